@@ -1,0 +1,17 @@
+"""Command-line entry point: `lingbot-world <command>` / `python -m lingbot_world <command>`."""
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="lingbot-world", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    from . import commands
+
+    commands.register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
