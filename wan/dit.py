@@ -1,0 +1,247 @@
+"""The LingBot-World DiT: Wan2.2 I2V-A14B transformer plus LingBot's camera layers (spec §2-3).
+
+`WanDiT(cfg).state_dict()` has exactly the released expert's keys and shapes (1,421 at full size). The model
+can be built on the `meta` device and filled tensor by tensor by a loader; nothing here allocates full-size
+float weights on the host unless asked to.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+from .dit_blocks import Head, WanBlock, as_compute, linear_fp32
+from .rope import RopeCache
+
+CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    dim: int = 5120
+    ffn_dim: int = 13824
+    freq_dim: int = 256
+    in_dim: int = 36
+    out_dim: int = 16
+    num_heads: int = 40
+    num_layers: int = 40
+    text_len: int = 512
+    text_dim: int = 4096
+    patch_size: tuple = (1, 2, 2)
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def camera_in(self) -> int:
+        return CAMERA_CHANNELS * math.prod(self.patch_size)
+
+    @classmethod
+    def from_json(cls, cfg: Mapping) -> "DiTConfig":
+        """From an expert's `config.json` (unknown keys such as `_class_name` are ignored)."""
+        if cfg.get("model_type", "i2v") != "i2v":
+            raise ValueError(f"config.json has model_type={cfg.get('model_type')!r}; LingBot-World experts are 'i2v'")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in cfg.items() if k in known}
+        if "patch_size" in kwargs:
+            kwargs["patch_size"] = tuple(kwargs["patch_size"])
+        out = cls(**kwargs)
+        out.validate()
+        return out
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["patch_size"] = list(self.patch_size)
+        return {"_class_name": "WanModel", "model_type": "i2v", **d}
+
+    def validate(self) -> None:
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if self.head_dim % 2 or self.head_dim < 6:
+            raise ValueError(f"head_dim {self.head_dim} must be even and >= 6 for the 3D RoPE split")
+        if self.in_dim != self.out_dim + 20:
+            raise ValueError(f"in_dim {self.in_dim} must be out_dim + 20 (noise | mask 4 | image latent 16)")
+
+    @classmethod
+    def tiny(cls, **over) -> "DiTConfig":
+        """A small config with the same structure, for tests and the demo."""
+        base = dict(dim=64, ffn_dim=128, freq_dim=32, num_heads=4, num_layers=2, text_dim=32)
+        base.update(over)
+        return cls(**base)
+
+
+def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
+    """[cos(t*w), sin(t*w)] with w_k = 10000^(-k/half), computed in float64 (spec §2.4 step 3)."""
+    half = dim // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t.device) / half)
+    ang = torch.outer(t.to(torch.float64), freqs)
+    return torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float()
+
+
+def pad_context(context: Union[torch.Tensor, Sequence[torch.Tensor]], text_len: int) -> torch.Tensor:
+    """Zero-pad text embeddings to `text_len` rows (the reference pads, never masks; spec §5.7)."""
+    if isinstance(context, torch.Tensor) and context.dim() == 3:
+        rows = list(context)
+    elif isinstance(context, torch.Tensor):
+        rows = [context]
+    else:
+        rows = list(context)
+    out = []
+    for c in rows:
+        if c.shape[0] > text_len:
+            raise ValueError(f"text embedding has {c.shape[0]} rows; the model takes at most {text_len}")
+        out.append(F.pad(c, (0, 0, 0, text_len - c.shape[0])))
+    return torch.stack(out)
+
+
+class WanDiT(nn.Module):
+    def __init__(self, cfg: DiTConfig, device=None, dtype=None):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        fk = {"device": device, "dtype": dtype}
+        d = cfg.dim
+        self.patch_embedding = nn.Conv3d(cfg.in_dim, d, kernel_size=cfg.patch_size, stride=cfg.patch_size, **fk)
+        self.patch_embedding_wancamctrl = nn.Linear(cfg.camera_in, d, **fk)
+        self.c2ws_hidden_states_layer1 = nn.Linear(d, d, **fk)
+        self.c2ws_hidden_states_layer2 = nn.Linear(d, d, **fk)
+        self.text_embedding = nn.Sequential(
+            nn.Linear(cfg.text_dim, d, **fk), nn.GELU(approximate="tanh"), nn.Linear(d, d, **fk)
+        )
+        self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, d, **fk), nn.SiLU(), nn.Linear(d, d, **fk))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d, **fk))
+        self.blocks = nn.ModuleList(
+            [WanBlock(d, cfg.ffn_dim, cfg.num_heads, cfg.eps, **fk) for _ in range(cfg.num_layers)]
+        )
+        self.head = Head(d, cfg.out_dim * math.prod(cfg.patch_size), cfg.eps, **fk)
+        self.rope = RopeCache(cfg.head_dim)
+        # Dtype of the bulk GEMMs; None = the dtype of the patch embedding weight.
+        self.compute_dtype: Optional[torch.dtype] = None
+        # Optional per-block hooks (block swap prefetch, cancellation): called with the block index.
+        self.before_block: Optional[Callable[[int], None]] = None
+        self.after_block: Optional[Callable[[int], None]] = None
+
+    # ---- helpers -------------------------------------------------------------------------------------
+    def dtype_for_compute(self) -> torch.dtype:
+        return self.compute_dtype or self.patch_embedding.weight.dtype
+
+    def set_ffn_chunk(self, tokens: Optional[int]) -> None:
+        for blk in self.blocks:
+            blk.ffn_chunk_tokens = tokens
+
+    def time_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """e [B, dim] and e0 [B, 6, dim] in float32: one row per sample instead of per token (spec §2.7)."""
+        sin = sinusoidal_embedding(self.cfg.freq_dim, t)
+        e = linear_fp32(self.time_embedding[2], F.silu(linear_fp32(self.time_embedding[0], sin)))
+        e0 = linear_fp32(self.time_projection[1], F.silu(e)).unflatten(1, (6, self.cfg.dim))
+        return e, e0
+
+    def camera_tokens(self, camera: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Plücker tensor [B, 384, F, H, W] -> camera tokens [B, L, dim] (spec §2.4 step 5)."""
+        _, p, q = self.cfg.patch_size
+        if camera.shape[1] != CAMERA_CHANNELS:
+            raise ValueError(f"camera tensor has {camera.shape[1]} channels; expected {CAMERA_CHANNELS}")
+        tokens = rearrange(camera, "b c f (h q) (w r) -> b (f h w) (c q r)", q=p, r=q)
+        pe = self.patch_embedding_wancamctrl(as_compute(tokens, dtype))
+        return pe + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(pe)))
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        context: Union[torch.Tensor, Sequence[torch.Tensor]],
+        y: torch.Tensor,
+        camera: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Velocity prediction.
+
+        x: noisy latent [B, 16, F, H, W]; t: integer timesteps [B] (or a scalar); context: text embeddings
+        ([B, <=512, text_dim] or a list of [L_i, text_dim]); y: I2V conditioning [B or 1, 20, F, H, W];
+        camera: Plücker tensor [B or 1, 384, F, H*8/... latent grid] or None (camera layers skipped).
+        Returns float32 [B, 16, F, H, W].
+        """
+        dtype = self.dtype_for_compute()
+        bsz = x.shape[0]
+        t = torch.as_tensor(t, device=x.device).reshape(-1).expand(bsz)
+        if y.shape[0] != bsz:
+            y = y.expand(bsz, *y.shape[1:])
+        if x.shape[2:] != y.shape[2:]:
+            raise ValueError(f"latent {tuple(x.shape)} and conditioning y {tuple(y.shape)} differ in size")
+
+        # Input order: noise 16 | mask 4 | image latent 16 (spec §2.4 step 1).
+        h = self.patch_embedding(torch.cat([x, y], dim=1).to(self.patch_embedding.weight.dtype))
+        grid = tuple(h.shape[2:])
+        h = h.flatten(2).transpose(1, 2).to(dtype)  # [B, L, dim]
+
+        e, e0 = self.time_modulation(t)
+        ctx = pad_context(context, self.cfg.text_len).to(x.device)
+        ctx = self.text_embedding(as_compute(ctx, dtype))
+        if ctx.shape[0] != bsz:
+            ctx = ctx.expand(bsz, -1, -1)
+
+        cam = None
+        if camera is not None:
+            cam = self.camera_tokens(camera.to(x.device), dtype)
+            if cam.shape[1] != h.shape[1]:
+                raise ValueError(
+                    f"camera tensor {tuple(camera.shape)} gives {cam.shape[1]} tokens but the latent has "
+                    f"{h.shape[1]}; build it for the same frames and size"
+                )
+        rope = self.rope.get(grid, x.device)
+
+        for i, block in enumerate(self.blocks):
+            if self.before_block is not None:
+                self.before_block(i)
+            h = block(h, e0, ctx, cam, rope, dtype)
+            if self.after_block is not None:
+                self.after_block(i)
+
+        out = self.head(h, e)  # [B, L, out_dim * 4] fp32
+        f, hh, ww = grid
+        pt, ph, pw = self.cfg.patch_size
+        return rearrange(
+            out, "b (f h w) (p q r c) -> b c (f p) (h q) (w r)", f=f, h=hh, w=ww, p=pt, q=ph, r=pw
+        ).float()
+
+
+# ---- state dict checks ----------------------------------------------------------------------------------
+class StateDictMismatch(ValueError):
+    """A checkpoint does not fit the model: names every missing, unexpected or mis-shaped key."""
+
+
+def check_state_dict_shapes(
+    model: nn.Module, shapes: Mapping[str, Sequence[int]], source: str = "checkpoint", strict: bool = True
+) -> None:
+    """Compare checkpoint key -> shape with the model's; raise StateDictMismatch naming each problem."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected)) if strict else []
+    wrong = sorted(k for k in set(expected) & set(shapes) if tuple(shapes[k]) != expected[k])
+    if not (missing or unexpected or wrong):
+        return
+    lines = [f"{source} does not match the model:"]
+    for k in wrong[:20]:
+        lines.append(f"  shape mismatch for {k}: checkpoint {tuple(shapes[k])} vs model {expected[k]}")
+    for k in missing[:20]:
+        lines.append(f"  missing key {k} (model expects shape {expected[k]})")
+    for k in unexpected[:20]:
+        lines.append(f"  unexpected key {k} {tuple(shapes[k])}")
+    extra = len(wrong) + len(missing) + len(unexpected) - (len(lines) - 1)
+    if extra > 0:
+        lines.append(f"  ... and {extra} more")
+    lines.append("Check that config.json belongs to these weights and that the file is a LingBot-World expert.")
+    raise StateDictMismatch("\n".join(lines))
+
+
+def load_dit_state_dict(model: WanDiT, sd: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+    """Strict load with readable errors (plain tensors; NF4 goes through loaders/)."""
+    check_state_dict_shapes(model, {k: v.shape for k, v in sd.items()}, source)
+    model.load_state_dict(sd, strict=True, assign=any(p.is_meta for p in model.parameters()))

@@ -1,0 +1,67 @@
+"""3D rotary position embedding of the Wan DiT (spec §2.5).
+
+Head dim d is split into frame / height / width parts of d - 4*(d//6), 2*(d//6), 2*(d//6) dims, each with
+its own frequency table (theta 10000). Pairs are *interleaved*: dims (2j, 2j+1) are the real and imaginary
+part of one complex number. Angles are computed in float64 like the reference; the rotation itself runs in
+float32 (the result is cast to bf16 for attention anyway).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def axis_dims(head_dim: int) -> tuple[int, int, int]:
+    """Real dims per axis (frame, height, width); each is even."""
+    hw = 2 * (head_dim // 6)
+    return head_dim - 2 * hw, hw, hw
+
+
+def _axis_freqs(dims: int, theta: float = 10000.0) -> torch.Tensor:
+    j = torch.arange(0, dims, 2, dtype=torch.float64)
+    return 1.0 / theta ** (j / dims)
+
+
+def rope_angles(grid: tuple[int, int, int], head_dim: int, device=None) -> torch.Tensor:
+    """Angles [F*H*W, head_dim/2] (float64) for tokens in (f, h, w) row-major order."""
+    f, h, w = grid
+    df, dh, dw = axis_dims(head_dim)
+    af = torch.outer(torch.arange(f, dtype=torch.float64), _axis_freqs(df))
+    ah = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(dh))
+    aw = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(dw))
+    angles = torch.cat(
+        [
+            af[:, None, None, :].expand(f, h, w, -1),
+            ah[None, :, None, :].expand(f, h, w, -1),
+            aw[None, None, :, :].expand(f, h, w, -1),
+        ],
+        dim=-1,
+    )
+    return angles.reshape(f * h * w, head_dim // 2).to(device)
+
+
+class RopeCache:
+    """cos/sin tables per (grid, device): tiny ([L, d/2] float32) and reused by every block and step."""
+
+    def __init__(self, head_dim: int):
+        self.head_dim = head_dim
+        self._tables: dict = {}
+
+    def get(self, grid: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (tuple(grid), str(device))
+        if key not in self._tables:
+            if len(self._tables) > 4:  # sizes rarely change within a session; keep a few
+                self._tables.clear()
+            ang = rope_angles(grid, self.head_dim)
+            self._tables[key] = (ang.cos().float().to(device), ang.sin().float().to(device))
+        return self._tables[key]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, L, heads, d] (interleaved pairs) by per-token angles; returns float32."""
+    b, seq, heads, d = x.shape
+    xr = x.float().reshape(b, seq, heads, d // 2, 2)
+    re, im = xr.unbind(-1)
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    out = torch.stack((re * c - im * s, re * s + im * c), dim=-1)
+    return out.reshape(b, seq, heads, d)
