@@ -1,0 +1,200 @@
+"""Building blocks of the Wan2.1 causal video VAE (spec §8.1).
+
+Attribute names and `nn.Sequential` indices reproduce the release's state-dict keys
+(`residual.0.gamma`, `residual.2.weight`, `resample.1.weight`, `time_conv.weight`, ...).
+
+Temporal causality: every block takes a `cache` dict that lives for one encode or decode call. Each
+layer with a temporal kernel keeps what it needs from the previous chunk under its own module as key,
+so chunked processing reproduces the reference's feature cache (spec §8.2) without index bookkeeping.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+CACHE_FRAMES = 2  # a 3-tap causal kernel needs the two frames before the chunk
+FeatureCache = dict  # module -> cached frames (or FIRST_CHUNK for the temporal upsamplers)
+
+
+class _FirstChunk:
+    """Marker: the temporal upsampler has seen the first chunk only (it was passed through)."""
+
+    def __repr__(self) -> str:
+        return "FIRST_CHUNK"
+
+
+FIRST_CHUNK = _FirstChunk()
+
+
+class CausalConv3d(nn.Conv3d):
+    """Conv3d padded causally in time: 2p zero frames in front, none behind; p on each side in H and W.
+
+    The spatial padding is left to the convolution itself (no padded copy of the activation); only the
+    front of the time axis is materialised, from cached frames where available, zeros otherwise.
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, kernel_size, stride=1, padding=0):
+        k = _triple(kernel_size)
+        p = _triple(padding)
+        super().__init__(in_ch, out_ch, k, stride=stride, padding=(0, p[1], p[2]))
+        self.time_pad = 2 * p[0]
+
+    def conv_after(self, x: torch.Tensor, history: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Convolve `x` preceded by `history` frames; zero frames fill what history does not cover."""
+        front = self.time_pad
+        if history is not None and front > 0:
+            x = torch.cat([history.to(x.dtype), x], dim=2)
+            front -= history.shape[2]
+        if front > 0:
+            x = F.pad(x, (0, 0, 0, 0, front, 0))
+        return self._conv_forward(x, self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor, cache: Optional[FeatureCache] = None) -> torch.Tensor:
+        if cache is None or self.time_pad == 0:
+            return self.conv_after(x)
+        prev = cache.get(self)
+        keep = x[:, :, -CACHE_FRAMES:]
+        if keep.shape[2] < CACHE_FRAMES and prev is not None:
+            # a 1-frame chunk: keep the last frame of the previous chunk too
+            keep = torch.cat([prev[:, :, -1:], keep], dim=2)
+        else:
+            keep = keep.clone()  # a view would keep the whole chunk alive
+        out = self.conv_after(x, prev)
+        cache[self] = keep
+        return out
+
+
+def _triple(v) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
+
+
+class RMSNorm(nn.Module):
+    """L2-normalise over channels, times sqrt(C) and a per-channel gamma (no bias).
+
+    `images=True` gives gamma the `[C,1,1]` shape of the 2D attention norm, otherwise `[C,1,1,1]`.
+    """
+
+    def __init__(self, dim: int, images: bool = False):
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *((1, 1) if images else (1, 1, 1))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # in place on the fresh normalised tensor: same rounding as `normalize(x) * scale * gamma`
+        return F.normalize(x, dim=1).mul_(self.scale).mul_(self.gamma)
+
+
+class ResidualBlock(nn.Module):
+    """RMS -> SiLU -> causal 3x3x3 -> RMS -> SiLU -> Dropout -> causal 3x3x3, plus a 1x1x1 shortcut."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.residual = nn.Sequential(
+            RMSNorm(in_dim),
+            nn.SiLU(),
+            CausalConv3d(in_dim, out_dim, 3, padding=1),
+            RMSNorm(out_dim),
+            nn.SiLU(),
+            nn.Dropout(dropout),
+            CausalConv3d(out_dim, out_dim, 3, padding=1),
+        )
+        self.shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+        norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
+        h = F.silu(norm1(x), inplace=True)
+        h = conv1(h, cache)
+        h = F.silu(norm2(h), inplace=True)
+        h = conv2(dropout(h), cache)
+        return h.add_(self.shortcut(x))
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the H*W positions of each frame on its own, residual."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = RMSNorm(dim, images=True)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, cache: Optional[FeatureCache] = None) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        frames = rearrange(x, "b c t h w -> (b t) c h w")
+        qkv = self.to_qkv(self.norm(frames))
+        q, k, v = rearrange(qkv, "n (three c) h w -> three n 1 (h w) c", three=3).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v)
+        out = self.proj(rearrange(out, "n 1 (h w) c -> n c h w", h=h, w=w))
+        return x + rearrange(out, "(b t) c h w -> b c t h w", b=b)
+
+
+class Resample(nn.Module):
+    """Spatial x2 up/down sampling, with a causal temporal x2 step in the "3d" modes (spec §8.1-8.2)."""
+
+    MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
+
+    def __init__(self, dim: int, mode: str):
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"unknown resample mode {mode!r}; expected one of {self.MODES}")
+        self.mode = mode
+        if mode.startswith("upsample"):
+            self.resample = nn.Sequential(
+                nn.Upsample(scale_factor=(2.0, 2.0), mode="nearest-exact"),
+                nn.Conv2d(dim, dim // 2, 3, padding=1),
+            )
+            if mode == "upsample3d":
+                self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        else:
+            self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=2))
+            if mode == "downsample3d":
+                self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+        if self.mode == "upsample3d":
+            x = self._time_upsample(x, cache)
+        x = self._spatial(x)
+        if self.mode == "downsample3d":
+            x = self._time_downsample(x, cache)
+        return x
+
+    def _spatial(self, x: torch.Tensor) -> torch.Tensor:
+        # frame by frame into one output: the x2-upsampled input never exists for all frames at once
+        b, _, t, h, w = x.shape
+        out = None
+        for i in range(t):
+            y = self.resample(x[:, :, i])
+            if out is None:
+                out = y.new_empty(b, y.shape[1], t, y.shape[2], y.shape[3])
+            out[:, :, i] = y
+            del y
+        return out
+
+    def _time_upsample(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+        state = cache.get(self)
+        if state is None:  # first chunk: passes through, one frame stays one frame
+            cache[self] = FIRST_CHUNK
+            return x
+        first = state is FIRST_CHUNK
+        keep = x[:, :, -CACHE_FRAMES:]
+        if keep.shape[2] < CACHE_FRAMES:
+            pad = torch.zeros_like(keep) if first else state[:, :, -1:]
+            keep = torch.cat([pad, keep], dim=2)
+        else:
+            keep = keep.clone()
+        # after the first chunk the history is zeros (the conv's own causal padding), then the cache
+        y = self.time_conv.conv_after(x, None if first else state)
+        cache[self] = keep
+        # the 2C output channels are two frames each (first C = the earlier one), interleaved in time
+        return rearrange(y, "b (two c) t h w -> b c (t two) h w", two=2)
+
+    def _time_downsample(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+        state = cache.get(self)
+        cache[self] = x[:, :, -1:].clone()
+        if state is None:  # first chunk: no time conv
+            return x
+        return self.time_conv(torch.cat([state, x], dim=2))
