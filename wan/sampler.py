@@ -1,0 +1,190 @@
+"""Dual-expert sampling loop of LingBot-World (spec §5.5).
+
+High-noise expert while t >= boundary*1000, then the low-noise expert; classifier-free guidance per expert in
+float32; the same camera tensor for both CFG passes. Expert placement is delegated to an `ExpertProvider`
+so ComfyUI's model management (nodes/) and plain policies (CLI) can both drive it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Sequence
+
+import torch
+import torch.nn as nn
+
+from .expert_schedule import expert_for_timestep
+from .schedulers import make_scheduler
+
+log = logging.getLogger(__name__)
+
+EXPERTS = ("high", "low")
+
+
+class ExpertProvider(Protocol):
+    """Places experts on the compute device for the sampler.
+
+    `acquire(name)` returns the expert ready to run ("high" or "low"); `release(name)` tells the provider the
+    sampler is done with it for now (it may keep it resident, move it off the GPU or drop it).
+    """
+
+    def acquire(self, name: str) -> nn.Module: ...
+
+    def release(self, name: str) -> None: ...
+
+
+class Cancelled(Exception):
+    """Raised when the cancel check asks the sampler to stop."""
+
+
+@dataclass
+class SamplingSettings:
+    steps: int = 70
+    shift: float = 10.0
+    boundary: float = 0.947
+    guide_high: float = 5.0
+    guide_low: float = 5.0
+    solver: str = "unipc"
+    cfg_mode: str = "auto"  # "batch" (cond+uncond as one batch of 2), "sequential", "auto"
+    num_train_timesteps: int = 1000
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not 0.0 < self.boundary <= 1.0:
+            raise ValueError(f"boundary must be in (0, 1], got {self.boundary}")
+        if self.cfg_mode not in ("auto", "batch", "sequential"):
+            raise ValueError(f"cfg_mode must be auto, batch or sequential, got {self.cfg_mode!r}")
+
+
+@dataclass
+class StepInfo:
+    index: int  # 0-based step just finished
+    total: int
+    timestep: int
+    expert: str
+    x0: torch.Tensor  # current clean-latent estimate [1, 16, F, H, W] (normalised latent space)
+
+
+def make_noise(shape: Sequence[int], seed: int, source: str = "cpu", device=None) -> torch.Tensor:
+    """Initial latent noise, float32.
+
+    The reference draws `randn(16, F, H, W)` from a CUDA generator seeded with `seed` (Philox), so
+    `source="cuda"` is reference-exact on a GPU; `source="cpu"` gives the same noise on every machine.
+    """
+    if source not in ("cpu", "cuda"):
+        raise ValueError(f"noise source must be 'cpu' or 'cuda', got {source!r}")
+    if source == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("noise source 'cuda' needs a CUDA GPU; use 'cpu' noise on this machine")
+    gen_device = torch.device("cuda") if source == "cuda" else torch.device("cpu")
+    g = torch.Generator(device=gen_device).manual_seed(int(seed))
+    noise = torch.randn(tuple(shape[1:]) if shape[0] == 1 else tuple(shape), generator=g, device=gen_device,
+                        dtype=torch.float32)
+    noise = noise.reshape(tuple(shape))
+    return noise.to(device) if device is not None else noise
+
+
+def _model_velocity(
+    model: nn.Module,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    ctx_pos: torch.Tensor,
+    ctx_neg: torch.Tensor,
+    y: torch.Tensor,
+    camera: Optional[torch.Tensor],
+    guide: float,
+    batched: bool,
+    cancel: Callable[[], None],
+) -> torch.Tensor:
+    """CFG velocity `uncond + g * (cond - uncond)` in float32."""
+    if guide == 1.0:  # uncond has no effect: skip its forward (exact)
+        cancel()
+        return model(x, t, ctx_pos, y, camera=camera).float()
+    if batched:
+        cancel()
+        both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera)
+        cond, uncond = both.float().chunk(2)
+    else:
+        cancel()
+        cond = model(x, t, ctx_pos, y, camera=camera).float()
+        cancel()
+        uncond = model(x, t, ctx_neg, y, camera=camera).float()
+    return uncond + guide * (cond - uncond)
+
+
+def sample(
+    provider: ExpertProvider,
+    noise: torch.Tensor,
+    context: torch.Tensor,
+    negative_context: torch.Tensor,
+    y: torch.Tensor,
+    camera: Optional[torch.Tensor] = None,
+    settings: Optional[SamplingSettings] = None,
+    device=None,
+    callback: Optional[Callable[[StepInfo], None]] = None,
+    cancel_check: Optional[Callable[[], bool]] = None,
+) -> torch.Tensor:
+    """Run the whole denoising loop; returns the final latent [1, 16, F, H, W] float32 (normalised space).
+
+    context / negative_context: [1, 512, text_dim] (already zero-padded, see `wan.dit.pad_context`).
+    cancel_check: called before every model call; returning True (or raising) stops the run.
+    """
+    s = settings or SamplingSettings()
+    s.validate()
+    device = torch.device(device) if device is not None else noise.device
+    sched = make_scheduler(s.solver, s.steps, s.shift)
+    timesteps = [int(v) for v in sched.timesteps]
+    total = len(timesteps)
+
+    x = noise.to(device=device, dtype=torch.float32)
+    ctx_pos = context.to(device)
+    ctx_neg = negative_context.to(device)
+    y = y.to(device=device, dtype=torch.float32)
+    cam = camera.to(device) if camera is not None else None
+    batched = s.cfg_mode == "batch"
+
+    def cancel() -> None:
+        if cancel_check is not None and cancel_check():
+            raise Cancelled("sampling cancelled")
+
+    current: Optional[str] = None
+    model: Optional[nn.Module] = None
+    try:
+        for i, t_int in enumerate(timesteps):
+            name = expert_for_timestep(t_int, s.boundary, s.num_train_timesteps)
+            if name != current:
+                if current is not None:
+                    model = None
+                    provider.release(current)
+                cancel()
+                model = provider.acquire(name)
+                current = name
+                log.info("step %d/%d: %s-noise expert (t=%d)", i + 1, total, name, t_int)
+            guide = s.guide_high if name == "high" else s.guide_low
+            t = torch.tensor([t_int], device=device, dtype=torch.long)
+            with torch.no_grad():
+                v = _model_velocity(model, x, t, ctx_pos, ctx_neg, y, cam, guide, batched, cancel)
+                x = sched.step(v, t_int, x)
+            del v
+            if callback is not None:
+                callback(StepInfo(i, total, t_int, name, sched.x0_estimate))
+    finally:
+        model = None
+        if current is not None:
+            provider.release(current)
+    return x
+
+
+class ResidentExperts:
+    """The simplest provider: both experts already on the device (tests, big GPUs)."""
+
+    def __init__(self, high: nn.Module, low: nn.Module):
+        self.models = {"high": high, "low": low}
+        self.events: list[tuple[str, str]] = []
+
+    def acquire(self, name: str) -> nn.Module:
+        self.events.append(("acquire", name))
+        return self.models[name]
+
+    def release(self, name: str) -> None:
+        self.events.append(("release", name))
