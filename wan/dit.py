@@ -19,6 +19,12 @@ from .dit_blocks import Head, WanBlock, as_compute, linear_fp32
 from .rope import RopeCache
 
 CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)
+_INT_FIELDS = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "text_len", "text_dim")
+_FIXED_OPTIONS = {"qk_norm": True, "cross_attn_norm": True, "window_size": (-1, -1)}
+
+
+def _as_tuple(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 @dataclass(frozen=True)
@@ -46,12 +52,18 @@ class DiTConfig:
     @classmethod
     def from_json(cls, cfg: Mapping) -> "DiTConfig":
         """From an expert's `config.json` (unknown keys such as `_class_name` are ignored)."""
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"DiT config.json must hold a JSON object, got {type(cfg).__name__}")
         if cfg.get("model_type", "i2v") != "i2v":
             raise ValueError(f"config.json has model_type={cfg.get('model_type')!r}; LingBot-World experts are 'i2v'")
+        # Options the reference keeps out of config.json; if a file carries them they must be the built-in ones.
+        for key, supported in _FIXED_OPTIONS.items():
+            if key in cfg and _as_tuple(cfg[key]) != supported:
+                raise ValueError(f"config.json has {key}={cfg[key]!r}; this DiT only supports {supported!r}")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in cfg.items() if k in known}
         if "patch_size" in kwargs:
-            kwargs["patch_size"] = tuple(kwargs["patch_size"])
+            kwargs["patch_size"] = _as_tuple(kwargs["patch_size"])
         out = cls(**kwargs)
         out.validate()
         return out
@@ -62,6 +74,17 @@ class DiTConfig:
         return {"_class_name": "WanModel", "model_type": "i2v", **d}
 
     def validate(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DiT config {name}={value!r} must be a positive integer")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0 < self.eps < 1:
+            raise ValueError(f"DiT config eps={self.eps!r} must be a small positive number (1e-6 in the release)")
+        if _as_tuple(self.patch_size) != (1, 2, 2):
+            # The camera packing (spec §3) and the Conv3d layout assume exactly this patch.
+            raise ValueError(f"DiT config patch_size={self.patch_size!r}; LingBot-World uses (1, 2, 2)")
+        if self.freq_dim % 2:
+            raise ValueError(f"freq_dim {self.freq_dim} must be even (half cos, half sin)")
         if self.dim % self.num_heads:
             raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 2 or self.head_dim < 6:
@@ -165,16 +188,28 @@ class WanDiT(nn.Module):
 
         x: noisy latent [B, 16, F, H, W]; t: integer timesteps [B] (or a scalar); context: text embeddings
         ([B, <=512, text_dim] or a list of [L_i, text_dim]); y: I2V conditioning [B or 1, 20, F, H, W];
-        camera: Plücker tensor [B or 1, 384, F, H*8/... latent grid] or None (camera layers skipped).
+        camera: packed Plücker tensor [B or 1, 384, F, H, W] on the latent grid (the 8x8 pixels of each latent
+        cell live in the channels, spec §3) or None (camera layers skipped).
         Returns float32 [B, 16, F, H, W].
         """
         dtype = self.dtype_for_compute()
         bsz = x.shape[0]
-        t = torch.as_tensor(t, device=x.device).reshape(-1).expand(bsz)
+        t = torch.as_tensor(t, device=x.device).reshape(-1)
+        _check_batch("timestep t", t.shape[0], bsz)
+        t = t.expand(bsz)
+        _check_batch("conditioning y", y.shape[0], bsz)
         if y.shape[0] != bsz:
             y = y.expand(bsz, *y.shape[1:])
-        if x.shape[2:] != y.shape[2:]:
+        if x.dim() != 5 or y.dim() != 5 or x.shape[2:] != y.shape[2:]:
             raise ValueError(f"latent {tuple(x.shape)} and conditioning y {tuple(y.shape)} differ in size")
+        if x.shape[1] + y.shape[1] != self.cfg.in_dim:
+            raise ValueError(
+                f"latent x has {x.shape[1]} channels and y {y.shape[1]}; the DiT takes {self.cfg.out_dim} + "
+                f"{self.cfg.in_dim - self.cfg.out_dim} (noise | mask 4 | image latent 16)"
+            )
+        if any(n % p for n, p in zip(x.shape[2:], self.cfg.patch_size)):
+            # The strided patch conv would silently drop the last row/column.
+            raise ValueError(f"latent size {tuple(x.shape[2:])} must be divisible by the patch {self.cfg.patch_size}")
 
         # Input order: noise 16 | mask 4 | image latent 16 (spec §2.4 step 1).
         h = self.patch_embedding(torch.cat([x, y], dim=1).to(self.patch_embedding.weight.dtype))
@@ -183,12 +218,16 @@ class WanDiT(nn.Module):
 
         e, e0 = self.time_modulation(t)
         ctx = pad_context(context, self.cfg.text_len).to(x.device)
+        _check_batch("text context", ctx.shape[0], bsz)
+        if ctx.shape[-1] != self.cfg.text_dim:
+            raise ValueError(f"text embeddings are {ctx.shape[-1]} wide; the DiT takes {self.cfg.text_dim} (umT5-XXL)")
         ctx = self.text_embedding(as_compute(ctx, dtype))
         if ctx.shape[0] != bsz:
             ctx = ctx.expand(bsz, -1, -1)
 
         cam = None
         if camera is not None:
+            _check_batch("camera tensor", camera.shape[0], bsz)
             cam = self.camera_tokens(camera.to(x.device), dtype)
             if cam.shape[1] != h.shape[1]:
                 raise ValueError(
@@ -210,6 +249,12 @@ class WanDiT(nn.Module):
         return rearrange(
             out, "b (f h w) (p q r c) -> b c (f p) (h q) (w r)", f=f, h=hh, w=ww, p=pt, q=ph, r=pw
         ).float()
+
+
+def _check_batch(what: str, n: int, bsz: int) -> None:
+    # Inputs shared by the whole batch (CFG's cond/uncond pair) may come with batch 1 and are broadcast.
+    if n not in (1, bsz):
+        raise ValueError(f"{what} has batch {n} but the latent x has batch {bsz}; give {bsz} or 1")
 
 
 # ---- state dict checks ----------------------------------------------------------------------------------
