@@ -42,13 +42,18 @@ def get_backend() -> str:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Unmasked multi-head attention. q [B, Lq, H, D], k/v [B, Lk, H, D] -> [B, Lq, H, D]."""
-    if _backend == "sage" and q.is_cuda:
-        from sageattention import sageattn
+    if _backend in ("sage", "flash") and q.is_cuda:
+        # Both kernels take only fp16/bf16; like the reference, run other dtypes in bf16 and cast back (spec §9).
+        kernel_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        qh, kh, vh = (a.to(kernel_dtype) for a in (q, k, v))
+        if _backend == "sage":
+            from sageattention import sageattn
 
-        return sageattn(q, k, v, tensor_layout="NHD", is_causal=False)
-    if _backend == "flash" and q.is_cuda:
-        from flash_attn import flash_attn_func
+            out = sageattn(qh, kh, vh, tensor_layout="NHD", is_causal=False)
+        else:
+            from flash_attn import flash_attn_func
 
-        return flash_attn_func(q, k, v)
+            out = flash_attn_func(qh, kh, vh)
+        return out.to(q.dtype)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     return out.transpose(1, 2)
