@@ -198,3 +198,17 @@ def test_input_errors(model):
         model(x, t, ctx, y[:, :, :2])
     with pytest.raises(ValueError, match="512"):
         model(x, t, [torch.zeros(513, CFG.text_dim)] * 2, y)
+    with pytest.raises(ValueError, match="36|channels"):
+        model(x, t, ctx, y[:, :16])
+    with pytest.raises(ValueError, match="divisible"):
+        model(x[..., :5], t, ctx, y[..., :5])  # odd latent width would lose a column in the patch conv
+    with pytest.raises(ValueError, match="wide"):
+        model(x, t, [torch.zeros(4, CFG.text_dim + 1)] * 2, y)
+    with pytest.raises(ValueError, match="timestep t has batch 3"):
+        model(x, torch.tensor([1, 2, 3]), ctx, y)
+    with pytest.raises(ValueError, match="text context has batch 3"):
+        model(x, t, [ctx[0]] * 3, y)
+    with pytest.raises(ValueError, match="camera tensor has batch 3"):
+        model(x, t, ctx, y, camera=torch.cat([cam, cam[:1]]))
+    with pytest.raises(ValueError, match="conditioning y has batch 2"):
+        model(x[:1], t[:1], ctx[:1], y)
