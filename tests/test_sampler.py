@@ -128,3 +128,10 @@ def test_noise_sources():
     assert torch.equal(a[0], torch.randn(16, 2, 4, 4, generator=g))
     with pytest.raises(ValueError):
         make_noise((1, 16, 2, 4, 4), 1, source="tpu")
+
+
+def test_duplicate_leading_timesteps_end_cleanly(setup):
+    # 100 steps at shift 12 start with 999, 999: the scheduler starts at index 1 and is done a call early
+    s = SamplingSettings(steps=100, shift=12.0, guide_high=1.0, guide_low=1.0)
+    out, log, _ = run(setup, s, camera=False)
+    assert len(log) == 99 and torch.isfinite(out).all()

@@ -151,6 +151,8 @@ def sample(
     model: Optional[nn.Module] = None
     try:
         for i, t_int in enumerate(timesteps):
+            if sched.done:  # duplicated leading timesteps: sigma 0 is reached one call early (spec §6.3)
+                break
             name = expert_for_timestep(t_int, s.boundary, s.num_train_timesteps)
             if name != current:
                 if current is not None:
