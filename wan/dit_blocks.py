@@ -95,9 +95,11 @@ class CrossAttention(nn.Module):
     def forward(self, x: torch.Tensor, context: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         b, seq, dim = x.shape
         hd = dim // self.num_heads
-        q = self.norm_q(self.q(as_compute(x, dtype))).view(b, seq, self.num_heads, hd)
+        # q/k are cast back to the compute dtype: norm gains kept in fp32 by a loader would otherwise make them
+        # fp32 next to a bf16 v, which SDPA rejects (the reference casts q/k/v to bf16 for attention too).
+        q = as_compute(self.norm_q(self.q(as_compute(x, dtype))), dtype).view(b, seq, self.num_heads, hd)
         ctx = as_compute(context, dtype)
-        k = self.norm_k(self.k(ctx)).view(ctx.shape[0], -1, self.num_heads, hd)
+        k = as_compute(self.norm_k(self.k(ctx)), dtype).view(ctx.shape[0], -1, self.num_heads, hd)
         v = self.v(ctx).view(ctx.shape[0], -1, self.num_heads, hd)
         out = attention(q, k, v).reshape(b, seq, dim)
         return self.o(as_compute(out, dtype))
