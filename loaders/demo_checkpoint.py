@@ -1,0 +1,114 @@
+"""A tiny random-weight LingBot-World checkpoint in the real on-disk formats, for the demo and tests.
+
+It has the community NF4 layout (two `*_bnb_nf4/` experts with config.json and quantization_meta.json),
+the release's T5 `.pth` (Wan naming, bf16), a SentencePiece tokenizer folder (trained here on a few
+sentences, umT5's special ids) and the release's VAE `.pth` — so the demo drives exactly the code paths a
+real download does, only with tiny sizes. Its output is noise: the weights are random.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..wan.dit import DiTConfig
+from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
+from ..wan.umt5 import UMT5Config, UMT5Encoder
+from ..wan.vae import VAEConfig, WanVAE
+from .checkpoint_dir import CheckpointFiles, find_checkpoint_files
+from .nf4_writer import make_random_nf4_expert
+
+DEMO_VERSION = 1
+MANIFEST = "lingbot_demo.json"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEMO_IMAGE = ASSETS / "demo_image.jpg"
+DEMO_PROMPT = (
+    "The video presents a soaring journey through a fantasy jungle. The ancient gothic castle approaches "
+    "steadily, its stone details becoming clearer against the backdrop of floating islands."
+)
+
+
+def demo_configs() -> tuple[DiTConfig, UMT5Config, VAEConfig]:
+    t5 = UMT5Config.tiny(vocab_size=384)
+    return DiTConfig.tiny(text_dim=t5.dim), t5, VAEConfig.tiny()
+
+
+def default_demo_dir() -> Path:
+    base = os.environ.get("LINGBOT_WORLD_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingbot-world"
+    )
+    return Path(base) / f"demo-v{DEMO_VERSION}"
+
+
+def _train_tokenizer(out: Path, vocab_size: int) -> None:
+    """A small unigram SentencePiece model with umT5's conventions (pad 0, eos 1, unk 2, no bos)."""
+    import sentencepiece as spm
+
+    corpus = [DEMO_PROMPT, DEFAULT_NEGATIVE_PROMPT] + [
+        "A camera moves forward through a misty forest at dawn.",
+        "An urban street with people walking, cars and neon signs at night.",
+        "Stonehenge under a cloudy sky, the camera orbits slowly around the stones.",
+        "A castle on a hill, waterfalls, floating islands, birds flying over the jungle.",
+        "镜头缓慢向前推进，穿过古老的城堡和茂密的丛林。",
+    ] * 4
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0, hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spiece.model").write_bytes(model.getvalue())
+
+
+def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0) -> CheckpointFiles:
+    """Create (once) and return the demo checkpoint folder. Safe to call repeatedly: a complete folder is reused."""
+    root = Path(root) if root is not None else default_demo_dir()
+    if (root / MANIFEST).is_file():
+        return find_checkpoint_files(root)
+    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dit_cfg, t5_cfg, vae_cfg = demo_configs()
+    for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
+        make_random_nf4_expert(dit_cfg, tmp / name, device="cpu", seed=seed + i)
+
+    g = torch.Generator().manual_seed(seed + 10)
+    with torch.device("meta"):
+        t5 = UMT5Encoder(t5_cfg)
+    t5_sd = {k: (torch.randn(v.shape, generator=g) * (0.5 if k.endswith("norm1.weight") else 0.2)).to(torch.bfloat16)
+             for k, v in t5.state_dict().items()}
+    torch.save(t5_sd, tmp / "models_t5_umt5-xxl-enc-bf16.pth")
+    _train_tokenizer(tmp / "google" / "umt5-xxl", t5_cfg.vocab_size)
+
+    torch.manual_seed(seed + 20)
+    vae = WanVAE(vae_cfg)
+    torch.save({k: v.clone() for k, v in vae.state_dict().items()}, tmp / "Wan2.1_VAE.pth")
+
+    (tmp / MANIFEST).write_text(json.dumps({
+        "demo_version": DEMO_VERSION,
+        "note": "random weights: the output is noise",
+        "dit": dit_cfg.to_json(),
+        "t5": {k: getattr(t5_cfg, k) for k in ("vocab_size", "dim", "num_heads", "head_dim", "ffn_dim", "num_layers")},
+        "vae": {"dim": vae_cfg.dim, "dim_mult": list(vae_cfg.dim_mult), "num_res_blocks": vae_cfg.num_res_blocks},
+    }, indent=2))
+    if root.exists():  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, root)
+    return find_checkpoint_files(root)
+
+
+def demo_vae_config(root: Path) -> Optional[VAEConfig]:
+    """The VAE config recorded in a demo folder's manifest (None for a real checkpoint)."""
+    m = Path(root) / MANIFEST
+    if not m.is_file():
+        return None
+    v = json.loads(m.read_text())["vae"]
+    return VAEConfig.tiny(dim=v["dim"], dim_mult=tuple(v["dim_mult"]), num_res_blocks=v["num_res_blocks"])
