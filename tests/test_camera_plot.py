@@ -1,0 +1,74 @@
+"""The trajectory picture: size, markers, axis orientation, IMAGE tensor conversion, committed example."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lingbot_world.wan.camera_presets import preset_camera
+from lingbot_world.wan.trajectory_plot import END, START, image_to_tensor, plot_trajectory
+
+DOC_PICTURE = Path(__file__).resolve().parents[1] / "docs" / "trajectory_example_01.png"
+
+
+def marker_centres(img: Image.Image, colour) -> list:
+    """Centroid (x, y) of the pixels of exactly `colour` in the left and the right panel."""
+    a = np.asarray(img)[: img.height - 30]  # leave out the legend strip at the bottom
+    ys, xs = np.nonzero((a == np.array(colour, dtype=np.uint8)).all(-1))
+    half = img.width // 2
+    out = []
+    for sel in (xs < half, xs >= half):
+        assert sel.sum() > 20, f"marker {colour} missing from a panel"
+        out.append((xs[sel].mean(), ys[sel].mean()))
+    return out
+
+
+def test_image_size_and_content():
+    img = plot_trajectory(*preset_camera("dolly_in+pan_right", frames=81), title="t", size=(800, 400))
+    assert img.mode == "RGB" and img.size == (800, 400)
+    assert len(np.unique(np.asarray(img).reshape(-1, 3), axis=0)) > 50  # drawn, not blank
+    marker_centres(img, START)
+    marker_centres(img, END)
+
+
+@pytest.mark.parametrize(
+    "preset, top_dx, top_dy, side_dx, side_dy",
+    [
+        ("dolly_in", 0, -1, 1, 0),  # forward: up the top view, right in the side view
+        ("truck_right", 1, 0, 0, 0),  # right: right in the top view, hidden in the side view
+        ("pedestal_up", 0, 0, 0, -1),  # up (-y): up the side view
+    ],
+)
+def test_axes_point_the_documented_way(preset, top_dx, top_dy, side_dx, side_dy):
+    img = plot_trajectory(*preset_camera(preset, frames=41))
+    (s_top, s_side), (e_top, e_side) = marker_centres(img, START), marker_centres(img, END)
+    for (s, e, dx, dy) in [(s_top, e_top, top_dx, top_dy), (s_side, e_side, side_dx, side_dy)]:
+        mx, my = e[0] - s[0], e[1] - s[1]
+        assert (np.sign(round(mx)) if abs(mx) > 20 else 0) == dx, (preset, mx, my)
+        assert (np.sign(round(my)) if abs(my) > 20 else 0) == dy, (preset, mx, my)
+
+
+def test_degenerate_paths_still_draw():
+    plot_trajectory(np.eye(4, dtype=np.float32)[None])  # a single pose
+    img = plot_trajectory(*preset_camera("static", frames=9))
+    # start drawn on top of end when the camera never moves
+    (s, _), (e, _) = marker_centres(img, START), marker_centres(img, END)
+    assert abs(s[0] - e[0]) < 2 and abs(s[1] - e[1]) < 2
+    with pytest.raises(ValueError, match=r"\[N, 4, 4\]"):
+        plot_trajectory(np.zeros((3, 3)))
+
+
+def test_image_to_tensor():
+    img = plot_trajectory(*preset_camera("orbit_left", frames=41), size=(320, 200))
+    t = image_to_tensor(img)
+    assert t.shape == (1, 200, 320, 3) and t.dtype == torch.float32
+    assert 0 <= t.min() and t.max() <= 1
+    np.testing.assert_array_equal((t[0].numpy() * 255).round().astype(np.uint8), np.asarray(img))
+
+
+def test_committed_example_picture():
+    assert DOC_PICTURE.is_file(), "render docs/trajectory_example_01.png from example 01"
+    assert DOC_PICTURE.stat().st_size < 200_000
+    with Image.open(DOC_PICTURE) as im:
+        assert im.format == "PNG" and im.width >= 640

@@ -1,0 +1,188 @@
+"""A picture of a camera path (PIL only): a top view and a side view with small frustums at key frames.
+
+Everything is drawn in the axes of the FIRST camera (OpenCV: x right, y down, z forward), so the picture
+reads the same whatever the world frame of poses.npy is:
+- top view: x (right) horizontal, z (forward) pointing up the picture;
+- side view: z (forward) horizontal, -y (up) pointing up the picture, i.e. seen from the camera's right.
+Both panels use equal scales on their two axes. The path is coloured from blue (start) to orange (end);
+the start is a green dot, the end a red square.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from .camera import INTRINSICS_HEIGHT, INTRINSICS_WIDTH, invert_rigid
+
+ArrayLike = Union[np.ndarray, torch.Tensor]
+
+BACKGROUND = (255, 255, 255)
+GRID = (228, 228, 228)
+AXIS = (120, 120, 120)
+TEXT = (30, 30, 30)
+START = (30, 160, 60)
+END = (210, 40, 40)
+PATH_FROM = (40, 90, 200)
+PATH_TO = (240, 140, 20)
+DEFAULT_INTRINSICS = (502.9116, 503.10812, 415.77786, 239.77779)  # examples' calibration at 480x832
+
+# (title, horizontal axis, vertical axis): axis = (index into x,y,z, sign, label)
+VIEWS = (
+    ("top view (x-z)", (0, 1.0, "x (right)"), (2, 1.0, "z (forward)")),
+    ("side view (z-y)", (2, 1.0, "z (forward)"), (1, -1.0, "-y (up)")),
+)
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1 has only the fixed bitmap font
+        return ImageFont.load_default()
+
+
+def _nice_step(span: float, target_ticks: int = 5) -> float:
+    raw = span / max(target_ticks, 1)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * magnitude >= raw:
+            return m * magnitude
+    return 10 * magnitude
+
+
+def _fmt(v: float, step: float) -> str:
+    decimals = max(0, -int(math.floor(math.log10(step)))) if step < 1 else 0
+    return f"{v:.{decimals}f}"
+
+
+def _lerp_colour(a: tuple, b: tuple, t: float) -> tuple:
+    return tuple(int(round(x + (y - x) * t)) for x, y in zip(a, b))
+
+
+def _frustum_points(rel: np.ndarray, intrinsics: Sequence[float], depth: float) -> np.ndarray:
+    """Camera centre + 4 image-corner points at `depth`, in first-camera axes: [5, 3]."""
+    fx, fy, cx, cy = intrinsics
+    corners = np.array(
+        [[0, 0], [INTRINSICS_WIDTH, 0], [INTRINSICS_WIDTH, INTRINSICS_HEIGHT], [0, INTRINSICS_HEIGHT]], dtype=float
+    )
+    cam = np.stack([(corners[:, 0] - cx) / fx, (corners[:, 1] - cy) / fy, np.ones(4)], axis=1) * depth
+    pts = np.concatenate([np.zeros((1, 3)), cam]) @ rel[:3, :3].T + rel[:3, 3]
+    return pts
+
+
+def _key_frames(n: int, count: int) -> list[int]:
+    if n <= count:
+        return list(range(n))
+    return sorted({int(round(i * (n - 1) / (count - 1))) for i in range(count)})
+
+
+def plot_trajectory(
+    poses: ArrayLike,
+    intrinsics: Optional[ArrayLike] = None,
+    title: Optional[str] = None,
+    size: tuple[int, int] = (960, 480),
+    key_frames: int = 7,
+) -> Image.Image:
+    """Top and side views of a camera path [N, 4, 4] (camera-to-world, OpenCV) as an RGB PIL image.
+
+    intrinsics: [4] or [N, 4] at 480x832 (first row shapes the frustums; default: the examples').
+    key_frames: how many evenly spaced poses get a frustum (first and last included).
+    """
+    c2w = torch.as_tensor(np.asarray(poses), dtype=torch.float64)
+    if c2w.ndim != 3 or c2w.shape[1:] != (4, 4) or c2w.shape[0] < 1:
+        raise ValueError(f"poses must be [N, 4, 4], got {tuple(c2w.shape)}")
+    rel = (invert_rigid(c2w[:1]) @ c2w).numpy()
+    k = DEFAULT_INTRINSICS if intrinsics is None else tuple(np.asarray(intrinsics, dtype=float).reshape(-1, 4)[0])
+    n = rel.shape[0]
+    centres = rel[:, :3, 3]
+
+    extent = float(np.ptp(centres, axis=0).max()) if n > 1 else 0.0
+    depth = 0.08 * extent if extent > 0 else 1.0
+    keys = _key_frames(n, key_frames)
+    frustums = {i: _frustum_points(rel[i], k, depth) for i in keys}
+    every = np.concatenate([centres] + list(frustums.values()))
+
+    width, height = size
+    img = Image.new("RGB", size, BACKGROUND)
+    draw = ImageDraw.Draw(img)
+    font, small = _font(15), _font(12)
+    header = 30
+    footer = 24
+    heading = title or "camera path"
+    draw.text((12, 7), heading, fill=TEXT, font=font)
+    info = f"{n} poses, path length {np.linalg.norm(np.diff(centres, axis=0), axis=1).sum():.3g} (first-camera axes)"
+    draw.text((width - 12, 9), info, fill=AXIS, font=small, anchor="ra")
+
+    panel_w = width // len(VIEWS)
+    for v, (name, (hi, hs, hlabel), (vi, vs, vlabel)) in enumerate(VIEWS):
+        left, right = v * panel_w + 58, (v + 1) * panel_w - 16
+        top, bottom = header + 22, height - footer - 34
+        hvals, vvals = every[:, hi] * hs, every[:, vi] * vs
+        hmid, vmid = (hvals.max() + hvals.min()) / 2, (vvals.max() + vvals.min()) / 2
+        span = max(np.ptp(hvals) / (right - left), np.ptp(vvals) / (bottom - top), 1e-9) * 1.1
+        scale = 1.0 / span  # pixels per scene unit, equal on both axes
+        if not np.isfinite(scale) or np.ptp(every) == 0:
+            scale = 1.0
+
+        def to_px(p: np.ndarray) -> tuple[float, float]:
+            return (
+                (left + right) / 2 + (p[hi] * hs - hmid) * scale,
+                (top + bottom) / 2 - (p[vi] * vs - vmid) * scale,
+            )
+
+        # grid and tick labels
+        hlo, hhi = hmid - (right - left) / 2 / scale, hmid + (right - left) / 2 / scale
+        vlo, vhi = vmid - (bottom - top) / 2 / scale, vmid + (bottom - top) / 2 / scale
+        step = _nice_step(max(hhi - hlo, vhi - vlo))
+        for t in np.arange(math.ceil(hlo / step) * step, hhi + 1e-9 * step, step):
+            x = (left + right) / 2 + (t - hmid) * scale
+            draw.line([(x, top), (x, bottom)], fill=AXIS if abs(t) < step * 1e-6 else GRID)
+            draw.text((x, bottom + 4), _fmt(t, step), fill=AXIS, font=small, anchor="ma")
+        for t in np.arange(math.ceil(vlo / step) * step, vhi + 1e-9 * step, step):
+            y = (top + bottom) / 2 - (t - vmid) * scale
+            draw.line([(left, y), (right, y)], fill=AXIS if abs(t) < step * 1e-6 else GRID)
+            draw.text((left - 5, y), _fmt(t, step), fill=AXIS, font=small, anchor="rm")
+        draw.rectangle([left, top, right, bottom], outline=AXIS)
+        draw.text(((left + right) / 2, header + 2), name, fill=TEXT, font=font, anchor="ma")
+        draw.text(((left + right) / 2, bottom + 20), hlabel, fill=TEXT, font=small, anchor="ma")
+        label = Image.new("RGB", (int(draw.textlength(vlabel, font=small)) + 4, 16), BACKGROUND)
+        ImageDraw.Draw(label).text((2, 1), vlabel, fill=TEXT, font=small)
+        label = label.rotate(90, expand=True)
+        img.paste(label, (v * panel_w + 4, int((top + bottom) / 2 - label.height / 2)))
+
+        # frustums, path, start and end markers
+        for i, pts in frustums.items():
+            colour = _lerp_colour(PATH_FROM, PATH_TO, i / max(n - 1, 1))
+            px = [to_px(p) for p in pts]
+            for c in px[1:]:
+                draw.line([px[0], c], fill=colour, width=1)
+            draw.line(px[1:] + [px[1]], fill=colour, width=2)
+        path = [to_px(p) for p in centres]
+        for j in range(len(path) - 1):
+            draw.line([path[j], path[j + 1]], fill=_lerp_colour(PATH_FROM, PATH_TO, j / max(n - 2, 1)), width=3)
+        ex, ey = path[-1]
+        draw.rectangle([ex - 7, ey - 7, ex + 7, ey + 7], fill=END, outline=TEXT)
+        sx, sy = path[0]  # drawn last so that it stays visible when the camera returns (or never moves)
+        draw.ellipse([sx - 5, sy - 5, sx + 5, sy + 5], fill=START, outline=TEXT)
+
+    legend_y = height - footer + 4
+    draw.ellipse([12, legend_y + 2, 24, legend_y + 14], fill=START, outline=TEXT)
+    draw.text((30, legend_y), "start", fill=TEXT, font=small)
+    draw.rectangle([78, legend_y + 3, 88, legend_y + 13], fill=END, outline=TEXT)
+    draw.text((94, legend_y), "end", fill=TEXT, font=small)
+    draw.text(
+        (134, legend_y),
+        f"frustums at frames {', '.join(str(i) for i in keys)}; colour = time (blue -> orange)",
+        fill=AXIS,
+        font=small,
+    )
+    return img
+
+
+def image_to_tensor(image: Image.Image) -> torch.Tensor:
+    """PIL image -> float32 [1, H, W, 3] in 0..1 (a ComfyUI IMAGE batch of one)."""
+    arr = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(arr).unsqueeze(0)
