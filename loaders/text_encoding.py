@@ -1,0 +1,273 @@
+"""Prompt embeddings from umT5-XXL, computed in a short-lived child process and cached on disk.
+
+The 11 GB encoder never enters the caller's process (ComfyUI or the CLI): `t5_worker.py` is started with
+`subprocess`, loads the encoder on CUDA when it fits (else the CPU), encodes, writes safetensors into a
+private temp dir and exits, returning all of its memory. A repeated prompt is served from the cache
+without starting the child. Live children are registered so ComfyUI's interrupt / free-memory hooks can
+stop them (`stop_all_text_encoders`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from safetensors.torch import load_file
+
+from .embedding_cache import CacheKey, EmbeddingCache, file_identity
+from .t5_tokenizer import MAX_LENGTH, TokenizerSource, resolve_tokenizer_source
+
+log = logging.getLogger(__name__)
+
+WORKER_SCRIPT = Path(__file__).resolve().with_name("t5_worker.py")
+KILLED_MESSAGE = "the text encoder process was killed, most likely out of RAM; try device=cuda or the fp8 encoder"
+_STDERR_TAIL = 4000
+_INPUT_ERRORS = {"FileNotFoundError", "TokenizerNotFoundError", "T5FormatError", "ValueError"}
+
+
+class TextEncoderError(RuntimeError):
+    """The text encoder process failed; the message says why and ends with its stderr tail."""
+
+
+class TextEncoderKilled(TextEncoderError):
+    """Killed by a signal nobody here sent (typically the kernel's OOM killer)."""
+
+
+class TextEncoderStopped(TextEncoderError):
+    """Stopped on purpose: stop_all_text_encoders() or a cancel check."""
+
+
+class TextEncoderTimeout(TextEncoderError, TimeoutError):
+    pass
+
+
+class TextEncoderInputError(TextEncoderError, ValueError):
+    """The worker rejected its inputs (missing/wrong encoder file, bad tokenizer)."""
+
+
+# ---- registry of live children ----------------------------------------------------------------------
+
+_lock = threading.Lock()
+_live: dict[int, subprocess.Popen] = {}
+_stopped: set[int] = set()
+
+
+def live_text_encoder_pids() -> list[int]:
+    with _lock:
+        return list(_live)
+
+
+def stop_all_text_encoders() -> int:
+    """Kill every running text-encoder child (for ComfyUI's interrupt / free memory). Returns how many.
+
+    The waiting `encode_prompts` call raises TextEncoderStopped; the caller's process is unaffected.
+    """
+    with _lock:
+        procs = list(_live.values())
+        for p in procs:
+            _stopped.add(p.pid)
+    for p in procs:
+        try:
+            p.kill()
+        except OSError:
+            pass
+    return len(procs)
+
+
+# ---- one child run ----------------------------------------------------------------------------------
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-_STDERR_TAIL:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace").strip()
+
+
+def _status(path: Path) -> Optional[dict]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def _with_tail(message: str, stderr_tail: str) -> str:
+    return f"{message}\n--- text encoder stderr (tail) ---\n{stderr_tail}" if stderr_tail else message
+
+
+def _failure(rc: int, status: Optional[dict], stopped: bool, stderr_tail: str) -> TextEncoderError:
+    if stopped:
+        return TextEncoderStopped("the text encoder process was stopped (interrupt or free-memory request)")
+    if rc == -getattr(signal, "SIGKILL", 9) and os.name != "nt":
+        return TextEncoderKilled(_with_tail(KILLED_MESSAGE, stderr_tail))
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = str(-rc)
+        return TextEncoderError(_with_tail(f"the text encoder process died from signal {name}", stderr_tail))
+    if status is not None and status.get("ok") is False:
+        cls = TextEncoderInputError if status.get("error_type") in _INPUT_ERRORS else TextEncoderError
+        return cls(_with_tail(f"text encoder failed: {status.get('error')}", stderr_tail))
+    return TextEncoderError(_with_tail(f"the text encoder process exited with code {rc} and no result", stderr_tail))
+
+
+def _worker_command(job_path: Path) -> list[str]:
+    cmd = [sys.executable]
+    if sys.version_info >= (3, 11):
+        cmd.append("-P")  # do not put the worker's folder on sys.path (its files could shadow top-level names)
+    return cmd + [str(WORKER_SCRIPT), str(job_path)]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+    proc.wait()
+
+
+def run_text_encoder(
+    encoder_path: Union[str, os.PathLike],
+    tokenizer: TokenizerSource,
+    texts: Sequence[str],
+    device: str = "auto",
+    dtype: str = "bfloat16",
+    max_length: int = MAX_LENGTH,
+    timeout: Optional[float] = None,
+    cancel_check: Optional[Callable[[], bool]] = None,
+    poll_interval: float = 0.05,
+) -> tuple[list[torch.Tensor], dict]:
+    """Encode `texts` in a fresh child process (no cache). Returns the embeddings [L_i, dim] on the CPU and
+    the child's JSON status (device, timings, peak RSS, VRAM).
+
+    cancel_check is polled while waiting: returning True stops the child (TextEncoderStopped); if it raises
+    (e.g. ComfyUI's interrupt exception) the child is killed and the exception propagates.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="lingbot-t5-"))  # mode 0700: private to this user
+    try:
+        job_path, out_path = workdir / "job.json", workdir / "embeddings.safetensors"
+        stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
+        job = {
+            "encoder": str(Path(encoder_path).expanduser().resolve()),
+            "tokenizer": {"kind": tokenizer.kind, "path": str(tokenizer.path)},
+            "prompts": list(texts),
+            "device": device,
+            "dtype": dtype,
+            "max_length": max_length,
+            "out": str(out_path),
+        }
+        job_path.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(_worker_command(job_path), stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        with _lock:
+            _live[proc.pid] = proc
+        t0 = time.monotonic()
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=poll_interval)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if cancel_check is not None and cancel_check():
+                    _kill(proc)
+                    raise TextEncoderStopped("text encoding was cancelled")
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    _kill(proc)
+                    raise TextEncoderTimeout(_with_tail(
+                        f"the text encoder process did not finish within {timeout:g} s and was stopped; "
+                        "raise the timeout (the CPU path of the full-size encoder can take minutes)",
+                        _tail(stderr_path),
+                    ))
+        finally:
+            _kill(proc)
+            with _lock:
+                _live.pop(proc.pid, None)
+                stopped = proc.pid in _stopped
+                _stopped.discard(proc.pid)
+        status = _status(stdout_path)
+        if stopped or rc != 0 or not status or not status.get("ok"):
+            raise _failure(rc, status, stopped, _tail(stderr_path))
+        tensors = load_file(str(out_path))
+        return [tensors[f"prompt_{i}"] for i in range(len(texts))], status
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---- public entry point -----------------------------------------------------------------------------
+
+
+def encode_prompts(
+    encoder_path: Union[str, os.PathLike],
+    tokenizer_source: Union[str, os.PathLike, TokenizerSource, None],
+    prompts: Sequence[str],
+    device: str = "auto",
+    dtype: str = "bfloat16",
+    cache_dir: Union[str, os.PathLike, None] = None,
+    use_cache: bool = True,
+    timeout: Optional[float] = None,
+    cancel_check: Optional[Callable[[], bool]] = None,
+    max_length: int = MAX_LENGTH,
+    stats: Optional[dict] = None,
+) -> list[torch.Tensor]:
+    """Embeddings [L_i, dim] (dtype `dtype`, on the CPU) for each prompt, trimmed to its true length.
+
+    tokenizer_source: a tokenizer folder/file, a umt5 safetensors with `spiece_model`, or None to look in
+    and beside the encoder file. Cache hits never start the child; misses are encoded in one child run
+    (identical texts once). `stats`, if given, receives {"cache_hits", "encoded", "worker": status}.
+    Raises FileNotFoundError / TokenizerNotFoundError before starting anything when inputs are missing,
+    and TextEncoderError subclasses when the child fails.
+    """
+    enc = Path(encoder_path).expanduser().resolve()
+    if not enc.is_file():
+        raise FileNotFoundError(f"text encoder file {enc} does not exist")
+    tok = tokenizer_source if isinstance(tokenizer_source, TokenizerSource) else resolve_tokenizer_source(
+        tokenizer_source, enc
+    )
+    cache = EmbeddingCache(cache_dir) if use_cache else None
+    keys = []
+    if cache is not None:
+        enc_id, tok_id = file_identity(enc), tok.identity()
+        keys = [CacheKey(enc_id, tok_id, text, dtype, max_length) for text in prompts]
+    results: list[Optional[torch.Tensor]] = [cache.get(k) if cache else None for k in keys] or [None] * len(prompts)
+
+    todo = list(dict.fromkeys(text for text, r in zip(prompts, results) if r is None))
+    status = None
+    if todo:
+        embeddings, status = run_text_encoder(
+            enc, tok, todo, device=device, dtype=dtype, max_length=max_length, timeout=timeout,
+            cancel_check=cancel_check,
+        )
+        log.info("text encoder: %d prompt(s) on %s in %.1f s (load %.1f s)", len(todo), status.get("device"),
+                 status.get("total_s", 0.0), status.get("load_s", 0.0))
+        by_text = dict(zip(todo, embeddings))
+        for i, text in enumerate(prompts):
+            if results[i] is None:
+                results[i] = by_text[text]
+                if cache is not None:
+                    cache.put(keys[i], results[i])
+    if stats is not None:
+        stats.update({"cache_hits": len(prompts) - sum(1 for t in prompts if t in todo), "encoded": len(todo),
+                      "worker": status})
+    return results  # type: ignore[return-value]
