@@ -1,0 +1,308 @@
+"""Which kind of DiT expert is on disk, decided from keys and metadata (not file names), and its config.
+
+Kinds:
+- "nf4_community":   `*_bnb_nf4/` folder: model.safetensors (bnb packed NF4) + config.json (+ quantization_meta.json)
+- "nf4_pt":          the older `model.pt` variant (read with torch.load(weights_only=True, mmap=True) only)
+- "official_sharded": diffusers-style folder (`diffusion_pytorch_model*.safetensors` [+ index.json]), fp32/bf16
+- "single_file_nf4" / "single_file_plain": one .safetensors file (ComfyUI's diffusion_models folder)
+
+The config comes from config.json, else a JSON "config" entry in the safetensors `__metadata__`, else it is
+inferred from tensor shapes (heads = dim / 128 as in Wan2.2 A14B).
+"""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Union
+
+import torch
+
+from ..wan.dit import DiTConfig
+from .nf4 import QUANT_STATE_KEY
+from .safetensors_stream import SafetensorsHeader, read_header
+
+KINDS = ("nf4_community", "nf4_pt", "official_sharded", "single_file_nf4", "single_file_plain")
+OFFICIAL_INDEX = "diffusion_pytorch_model.safetensors.index.json"
+OFFICIAL_SINGLE = "diffusion_pytorch_model.safetensors"
+KEY_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
+HEAD_DIM = 128  # Wan2.2 A14B: 5120 / 40
+
+
+class ExpertLoadError(ValueError):
+    """The path exists but does not hold a usable LingBot-World expert (wrong model, bad file...)."""
+
+
+class ExpertNotFoundError(FileNotFoundError):
+    """The expert folder or one of its files is missing."""
+
+
+@dataclass(frozen=True)
+class ExpertFormat:
+    kind: str
+    path: Path
+    files: tuple[Path, ...]
+    config: DiTConfig
+    config_source: str
+    quant_meta: Optional[dict] = None
+    key_prefix: str = ""
+    headers: Mapping[Path, SafetensorsHeader] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind in ("nf4_community", "nf4_pt", "single_file_nf4")
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "path": str(self.path),
+            "files": [str(p) for p in self.files],
+            "config": self.config.to_json(),
+            "config_source": self.config_source,
+            "key_prefix": self.key_prefix,
+            "file_bytes": self.file_bytes,
+        }
+
+
+# ---- what is this? ----------------------------------------------------------------------------------------
+def describe_foreign(keys: Sequence[str]) -> str:
+    """A guess at what model a key set belongs to, for error messages."""
+    ks = set(keys)
+    sample = ", ".join(sorted(ks)[:3])
+    if any(k.startswith(("encoder.", "decoder.")) for k in ks) and any("conv" in k for k in ks):
+        what = "a video VAE (e.g. Wan2.1_VAE), not a DiT expert"
+    elif "token_embedding.weight" in ks or "shared.weight" in ks or any(k.startswith("encoder.block.") for k in ks):
+        what = "a T5 text encoder, not a DiT expert"
+    elif "patch_embedding.weight" in ks and not any(k.startswith("patch_embedding_wancamctrl.") for k in ks):
+        what = "a Wan2.x DiT without LingBot's camera layers (plain Wan2.2?), not a LingBot-World expert"
+    else:
+        what = "not a LingBot-World DiT expert"
+    return f"its keys ({sample}, ...) look like {what}"
+
+
+def _strip_prefix(keys: Sequence[str]) -> str:
+    if "patch_embedding.weight" in keys:
+        return ""
+    for p in KEY_PREFIXES:
+        if p + "patch_embedding.weight" in keys:
+            return p
+    return ""
+
+
+def is_nf4_keyset(keys) -> bool:
+    return any(k.endswith(".weight." + QUANT_STATE_KEY) for k in keys)
+
+
+# ---- config ------------------------------------------------------------------------------------------------
+def _config_from_json_file(p: Path) -> DiTConfig:
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExpertLoadError(f"{p}: cannot read config ({e}); restore config.json from the release") from None
+    if not isinstance(raw, dict):
+        raise ExpertLoadError(f"{p}: config is not a JSON object")
+    try:
+        return DiTConfig.from_json(raw)
+    except (TypeError, ValueError) as e:
+        raise ExpertLoadError(f"{p}: not a LingBot-World DiT config ({e})") from None
+
+
+def infer_config(shapes: Mapping[str, Sequence[int]], source: str) -> DiTConfig:
+    """DiTConfig from tensor shapes (NF4 packed weights included: in = 2 * rows / out, out from the bias)."""
+
+    def need(k: str) -> tuple[int, ...]:
+        if k not in shapes:
+            raise ExpertLoadError(f"{source}: cannot infer the config, key {k!r} is missing; {describe_foreign(list(shapes))}")
+        return tuple(shapes[k])
+
+    def linear_in(prefix: str) -> int:
+        w, b = need(prefix + ".weight"), need(prefix + ".bias")
+        if len(w) == 2 and w[1] != 1:
+            return w[1]
+        return 2 * w[0] // b[0]  # packed NF4 [out*in/2, 1]
+
+    pe = need("patch_embedding.weight")
+    if len(pe) != 5:
+        raise ExpertLoadError(f"{source}: patch_embedding.weight has shape {pe}, expected a Conv3d [dim, in, 1, 2, 2]")
+    dim, in_dim, patch = pe[0], pe[1], tuple(pe[2:])
+    blocks = sorted({int(m.group(1)) for k in shapes for m in [re.match(r"blocks\.(\d+)\.", k)] if m})
+    if not blocks or blocks != list(range(len(blocks))):
+        raise ExpertLoadError(f"{source}: block indices {blocks[:5]}... are not 0..N-1")
+    if dim % HEAD_DIM:
+        raise ExpertLoadError(f"{source}: dim {dim} is not a multiple of {HEAD_DIM}; put the expert's config.json beside it")
+    head_out = need("head.head.bias")[0]
+    cfg = dict(
+        dim=dim,
+        in_dim=in_dim,
+        patch_size=list(patch),
+        num_layers=len(blocks),
+        ffn_dim=need("blocks.0.ffn.0.bias")[0],
+        freq_dim=linear_in("time_embedding.0"),
+        text_dim=linear_in("text_embedding.0"),
+        out_dim=head_out // math.prod(patch),
+        num_heads=dim // HEAD_DIM,
+    )
+    try:
+        return DiTConfig.from_json(cfg)
+    except (TypeError, ValueError) as e:
+        raise ExpertLoadError(f"{source}: inferred config {cfg} is invalid ({e}); put a config.json beside it") from None
+
+
+def _config_from_metadata(header: SafetensorsHeader) -> Optional[DiTConfig]:
+    raw = header.metadata.get("config")
+    if raw is None:
+        return None
+    try:
+        return DiTConfig.from_json(json.loads(raw))
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ExpertLoadError(f"{header.path}: the 'config' entry of __metadata__ is not a valid DiT config ({e})") from None
+
+
+def _resolve_config(folder_cfg: Optional[Path], header: Optional[SafetensorsHeader], shapes, source: str):
+    if folder_cfg is not None and folder_cfg.is_file():
+        return _config_from_json_file(folder_cfg), "config.json"
+    if header is not None:
+        cfg = _config_from_metadata(header)
+        if cfg is not None:
+            return cfg, "safetensors metadata"
+    return infer_config(shapes, source), "inferred from shapes"
+
+
+# ---- pickles ------------------------------------------------------------------------------------------------
+def load_pt_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A torch pickle of plain tensors, memory-mapped; anything needing code execution is refused."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExpertLoadError(
+            f"{path}: refused. Loading it would need code execution (it pickles Python objects beyond plain "
+            f"tensors: {first}). Only weights_only=True loads are allowed; use the model.safetensors release "
+            f"of these weights or re-save the state dict as plain tensors."
+        ) from None
+    except RuntimeError as e:
+        raise ExpertLoadError(f"{path}: not a readable torch zip checkpoint ({e}); re-save it with torch.save") from None
+    if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
+        obj = next(iter(obj.values()))  # {"state_dict": {...}} wrappers
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ExpertLoadError(f"{path}: expected a dict of tensors (a state dict), got {type(obj).__name__}")
+    return obj
+
+
+# ---- detection ----------------------------------------------------------------------------------------------
+def _check_dit_keys(keys: Sequence[str], where: str) -> str:
+    prefix = _strip_prefix(keys)
+    if prefix + "patch_embedding.weight" not in keys or not any(
+        k.startswith(prefix + "patch_embedding_wancamctrl.") for k in keys
+    ):
+        raise ExpertLoadError(f"{where} does not hold a LingBot-World DiT expert: {describe_foreign(list(keys))}")
+    return prefix
+
+
+def _unprefixed(shapes: Mapping[str, Sequence[int]], prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in shapes.items() if k.startswith(prefix)} if prefix else dict(shapes)
+
+
+def _single_safetensors(path: Path, folder_cfg: Optional[Path], community: bool) -> ExpertFormat:
+    header = read_header(path)
+    prefix = _check_dit_keys(list(header.entries), str(path))
+    shapes = _unprefixed(header.shapes(), prefix)
+    nf4 = is_nf4_keyset(header.entries)
+    cfg, src = _resolve_config(folder_cfg, header, shapes, str(path))
+    meta = None
+    if community and nf4:
+        qm = path.parent / "quantization_meta.json"
+        if qm.is_file():
+            try:
+                meta = json.loads(qm.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ExpertLoadError(f"{qm}: not valid JSON ({e})") from None
+        kind = "nf4_community"
+    else:
+        kind = "single_file_nf4" if nf4 else "single_file_plain"
+    return ExpertFormat(kind, path, (path,), cfg, src, meta, prefix, {path: header})
+
+
+def _official(folder: Path) -> ExpertFormat:
+    index = folder / OFFICIAL_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ExpertLoadError(f"{index}: not a valid diffusers index ({e}); download it again") from None
+        names = sorted(set(weight_map.values()))
+        files = tuple(folder / n for n in names)
+        for p in files:
+            if not p.is_file():
+                raise ExpertNotFoundError(f"{p}: shard listed in {index.name} is missing; finish the download")
+    else:
+        weight_map = None
+        files = (folder / OFFICIAL_SINGLE,)
+    headers = {p: read_header(p) for p in files}
+    shapes: dict[str, tuple] = {}
+    for p, h in headers.items():
+        for k, e in h.entries.items():
+            if k in shapes:
+                raise ExpertLoadError(f"{p}: key {k!r} appears in two shards")
+            shapes[k] = e.shape
+    if weight_map is not None:
+        for k, shard in weight_map.items():
+            if k not in headers[folder / shard].entries:
+                raise ExpertLoadError(f"{folder / shard}: key {k!r} listed in {OFFICIAL_INDEX} is not in this shard; the download is incomplete")
+    prefix = _check_dit_keys(list(shapes), str(folder))
+    shapes = _unprefixed(shapes, prefix)
+    cfg, src = _resolve_config(folder / "config.json", None, shapes, str(folder))
+    return ExpertFormat("official_sharded", folder, files, cfg, src, None, prefix, headers)
+
+
+def _pt(path: Path, folder_cfg: Optional[Path]) -> ExpertFormat:
+    sd = load_pt_state_dict(path)
+    prefix = _check_dit_keys(list(sd), str(path))
+    shapes = _unprefixed({k: tuple(v.shape) for k, v in sd.items()}, prefix)
+    cfg, src = _resolve_config(folder_cfg, None, shapes, str(path))
+    return ExpertFormat("nf4_pt", path, (path,), cfg, src, None, prefix)
+
+
+def detect_format(path: Union[str, Path]) -> ExpertFormat:
+    """Find out what kind of expert `path` (folder or file) holds; raises with a clear message if none."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ExpertNotFoundError(f"expert path not found: {path}")
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            return _single_safetensors(path, None, community=False)
+        if path.suffix in (".pt", ".pth", ".bin", ".ckpt"):
+            return _pt(path, path.parent / "config.json" if path.name == "model.pt" else None)
+        raise ExpertLoadError(f"{path}: unsupported file type {path.suffix!r}; expected .safetensors or model.pt")
+
+    cfg_file = path / "config.json"
+    if (path / "model.safetensors").is_file():
+        return _single_safetensors(path / "model.safetensors", cfg_file, community=True)
+    if (path / OFFICIAL_INDEX).is_file() or (path / OFFICIAL_SINGLE).is_file():
+        return _official(path)
+    if (path / "model.pt").is_file():
+        return _pt(path / "model.pt", cfg_file)
+    experts = sorted(p.name for p in path.iterdir() if p.is_dir() and "noise_model" in p.name)
+    if experts:
+        raise ExpertLoadError(f"{path} holds several experts ({', '.join(experts)}); pass one of these folders")
+    singles = sorted(path.glob("*.safetensors"))
+    if len(singles) == 1:
+        return _single_safetensors(singles[0], cfg_file, community=False)
+    found = sorted(p.name for p in path.iterdir())
+    hint = ""
+    low = " ".join(found).lower()
+    if "vae" in low:
+        hint = " It looks like a VAE folder."
+    elif "t5" in low or "umt5" in low:
+        hint = " It looks like a T5 text-encoder folder."
+    raise ExpertNotFoundError(
+        f"no DiT expert in {path}: expected model.safetensors (+config.json), {OFFICIAL_INDEX} with its shards, "
+        f"or model.pt; found {found[:8] or 'nothing'}.{hint}"
+    )

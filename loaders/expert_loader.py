@@ -1,0 +1,350 @@
+"""Load one DiT expert straight onto a device: meta model -> NF4 shells -> tensors streamed in one at a time.
+
+No full-size float weight ever exists on the host, and no empty module is copied to the GPU: the model is built
+on `meta`, its linears are swapped for `NF4Linear` shells (mode "nf4"), every key of the file(s) is checked
+against the model from the headers alone, and then each tensor is read from disk to the target device and put
+in place (`module._parameters[name] = ...`). Float linear weights (official release) are quantized on the
+target device as they arrive. On any failure everything already placed is dropped and the CUDA cache emptied
+before the error propagates, so nothing half-loaded stays on the GPU.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from ..wan.dit import StateDictMismatch, WanDiT
+from .expert_format import ExpertFormat, detect_format, load_pt_state_dict
+from .nf4 import (
+    NF4_COMPONENT_DTYPES,
+    NF4_COMPONENTS,
+    QUANT_STATE_KEY,
+    NF4Linear,
+    default_compute_dtype,
+    nf4_linear_names,
+    packed_shapes,
+    replace_linears_with_nf4,
+)
+from .safetensors_stream import iter_tensors, read_header
+
+MODES = ("nf4", "bf16")
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass
+class ExpertInfo:
+    """What a load did: sizes and speed."""
+
+    format: ExpertFormat
+    device: str
+    mode: str
+    compute_dtype: str
+    param_count: int
+    bytes_on_device: int
+    bytes_read: int
+    tensors: int
+    seconds: float
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_read / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        return {
+            "format": self.format.kind,
+            "path": str(self.format.path),
+            "config_source": self.format.config_source,
+            "device": self.device,
+            "mode": self.mode,
+            "compute_dtype": self.compute_dtype,
+            "param_count": self.param_count,
+            "bytes_on_device": self.bytes_on_device,
+            "bytes_read": self.bytes_read,
+            "tensors": self.tensors,
+            "seconds": round(self.seconds, 4),
+            "gb_per_s": round(self.gb_per_s, 3),
+        }
+
+
+def _is_host_key(name: str) -> bool:
+    return name.endswith(QUANT_STATE_KEY)  # the JSON blob is parsed on the CPU by bnb
+
+
+# ---- planning: every file key checked against the model before anything is read -------------------------
+@dataclass
+class _Plan:
+    plain: dict  # key -> expected shape (non-linear params and biases; linear weights in bf16 mode)
+    linears: dict  # linear name -> (out, in)
+    packed: dict  # linear name -> set of stored components ("" = the codes)
+    float_linear: set  # linear names whose weight is stored as a float tensor
+
+
+def _plan(model: WanDiT, nf4: bool, files: dict[str, tuple[torch.dtype, tuple]], sources: dict[str, Path]) -> _Plan:
+    linear_names = nf4_linear_names(model.cfg.num_layers)
+    linears = {}
+    for name in linear_names:
+        m = model.get_submodule(name)
+        linears[name] = (m.out_features, m.in_features)
+    plain = {k: tuple(p.shape) for k, p in model.named_parameters() if not (nf4 and k[:-7] in linears and k.endswith(".weight"))}
+    packed: dict[str, set] = {}
+    float_linear: set = set()
+    problems: list[str] = []
+    unexpected: list[str] = []
+
+    nested_owners = {k.partition(".weight.nested_")[0] for k in files if ".weight.nested_" in k}
+
+    def where(k: str) -> str:
+        return f"{sources[k].name}: {k}"
+
+    for k, (dtype, shape) in files.items():
+        owner, comp = None, None
+        if k.endswith(".weight") and k[:-7] in linears:
+            owner, comp = k[:-7], ""
+            if k + "." + QUANT_STATE_KEY not in files:
+                owner = None  # a float weight: handled as plain / float_linear below
+        else:
+            head, sep, tail = k.partition(".weight.")
+            if sep and head in linears and tail in NF4_COMPONENTS:
+                owner, comp = head, tail
+        if owner is not None:
+            packed.setdefault(owner, set()).add(comp)
+            want = NF4_COMPONENT_DTYPES[comp]
+            if comp == "absmax" and owner not in nested_owners:
+                want = torch.float32  # single-level statistics
+            if dtype != want:
+                problems.append(f"  {where(k)} has dtype {dtype}, NF4 stores it as {want}")
+            exp = packed_shapes(*linears[owner]).get(comp)
+            if comp in ("", "quant_map", "nested_quant_map") and shape != exp:
+                problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {exp} (NF4 of a {linears[owner]} weight)")
+            continue
+        if k.endswith(".weight") and k[:-7] in linears and nf4:
+            float_linear.add(k[:-7])
+            exp = linears[k[:-7]]
+        elif k in plain:
+            exp = plain[k]
+        else:
+            unexpected.append(f"  unexpected key {where(k)} {shape}")
+            continue
+        if shape != exp:
+            problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {exp}")
+        if dtype not in FLOAT_DTYPES:
+            problems.append(f"  {where(k)} has dtype {dtype}; expected a float tensor (float32, bfloat16 or float16)")
+
+    missing = []
+    for name, comps in packed.items():
+        need = {"", "absmax", "quant_map", QUANT_STATE_KEY}
+        if comps & {"nested_absmax", "nested_quant_map"}:
+            need |= {"nested_absmax", "nested_quant_map"}
+        for c in sorted(need - comps):
+            label = f"{name}.weight" + (f".{c}" if c else "")
+            missing.append(f"  missing key {label} (a piece of the NF4 linear {name}; the file is incomplete)")
+    for name in linears:
+        if name not in packed and name not in float_linear and f"{name}.weight" not in files:
+            missing.append(f"  missing key {name}.weight (model expects {linears[name]})")
+    for k, shape in plain.items():
+        if k not in files and not (k.endswith(".weight") and k[:-7] in packed):
+            missing.append(f"  missing key {k} (model expects shape {shape})")
+    lines = problems + missing + unexpected
+    if lines:
+        files_txt = ", ".join(sorted({str(p) for p in sources.values()}))
+        more = f"\n  ... and {len(lines) - 25} more" if len(lines) > 25 else ""
+        raise StateDictMismatch(
+            f"{files_txt} does not match the model built from its config:\n"
+            + "\n".join(lines[:25])
+            + more
+            + "\nCheck that config.json belongs to these weights and that the files are a complete LingBot-World expert."
+        )
+    return _Plan(plain, linears, packed, float_linear)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------
+def _file_keys(fmt: ExpertFormat):
+    """key -> (dtype, shape) and key -> file, prefix stripped, plus the reader; no tensor data is touched."""
+    p = fmt.key_prefix
+    keys, sources = {}, {}
+    if fmt.kind == "nf4_pt":
+        sd = load_pt_state_dict(fmt.files[0])
+        for k, v in sd.items():
+            if k.startswith(p):
+                keys[k[len(p):]] = (v.dtype, tuple(v.shape))
+                sources[k[len(p):]] = fmt.files[0]
+            else:
+                keys[k], sources[k] = (v.dtype, tuple(v.shape)), fmt.files[0]
+        return keys, sources, sd
+    for f in fmt.files:
+        h = fmt.headers.get(f) or read_header(f)
+        for k, e in h.entries.items():
+            kk = k[len(p):] if p and k.startswith(p) else k
+            keys[kk], sources[kk] = (e.dtype, e.shape), f
+    return keys, sources, None
+
+
+def _stream(fmt: ExpertFormat, device: torch.device, pt_sd) -> Iterator[tuple[str, torch.Tensor, int]]:
+    p = fmt.key_prefix
+    strip = (lambda k: k[len(p):] if k.startswith(p) else k) if p else (lambda k: k)
+    if pt_sd is not None:  # memory-mapped pickle: pages are touched once, tensor by tensor
+        for k in list(pt_sd):
+            t = pt_sd.pop(k)
+            n = t.numel() * t.element_size()
+            yield strip(k), (t if _is_host_key(k) else t.to(device)), n
+            del t
+        return
+    for f in fmt.files:
+        header = fmt.headers.get(f) or read_header(f)
+        for k, t in iter_tensors(header, device, host=_is_host_key):
+            yield strip(k), t, t.numel() * t.element_size()
+
+
+def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
+    mod_name, _, pname = key.rpartition(".")
+    mod = model.get_submodule(mod_name) if mod_name else model
+    mod._parameters[pname] = nn.Parameter(value, requires_grad=False)
+
+
+def device_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes held on the model's device incl. NF4 statistics, logical parameter count)."""
+    nbytes = count = 0
+    for m in model.modules():
+        for name, p in m._parameters.items():
+            if p is None:
+                continue
+            if isinstance(m, NF4Linear) and name == "weight":
+                qs = m.weight.quant_state
+                parts = [p.data, qs.absmax, qs.code]
+                if qs.nested:
+                    parts += [qs.state2.absmax, qs.state2.code, qs.offset]
+                nbytes += sum(t.numel() * t.element_size() for t in parts)
+                count += m.out_features * m.in_features
+            else:
+                nbytes += p.numel() * p.element_size()
+                count += p.numel()
+    return nbytes, count
+
+
+def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress) -> tuple[WanDiT, ExpertInfo]:
+    t0 = time.perf_counter()
+    nf4 = mode == "nf4"
+    param_dtype = compute_dtype
+    model = WanDiT(fmt.config, device="meta", dtype=param_dtype)
+    if nf4:
+        replace_linears_with_nf4(model, fmt.config.num_layers, compute_dtype)
+    keys, sources, pt_sd = _file_keys(fmt)
+    plan = _plan(model, nf4, keys, sources)
+    total = sum(math.prod(s) * d.itemsize for d, s in keys.values())
+    pending: dict[str, dict] = {}
+    done = tensors = 0
+    for key, t, nbytes in _stream(fmt, device, pt_sd):
+        owner, comp = None, None
+        if key.endswith(".weight") and key[:-7] in plan.packed:
+            owner, comp = key[:-7], ""
+        else:
+            head, sep, tail = key.partition(".weight.")
+            if sep and head in plan.packed:
+                owner, comp = head, tail
+        if owner is not None:
+            pieces = pending.setdefault(owner, {})
+            pieces[comp] = t
+            if len(pieces) == len(plan.packed[owner]):
+                _finish_packed(model, owner, pending.pop(owner), nf4, f"{sources[key]}: {owner}")
+        elif key[:-7] in plan.float_linear and key.endswith(".weight"):
+            model.get_submodule(key[:-7]).load_float_weight(t)
+        else:
+            # Rounded through bf16 like the reference's bf16 load, so every format gives the same model.
+            _set_param(model, key, t.to(torch.bfloat16).to(param_dtype))
+        del t
+        done += nbytes
+        tensors += 1
+        if progress is not None:
+            progress(done, total)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left or pending:
+        raise StateDictMismatch(f"{fmt.path}: not filled after reading every tensor: {(left + list(pending))[:10]}")
+    model.compute_dtype = compute_dtype
+    model.requires_grad_(False).eval()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    nbytes_dev, count = device_bytes(model)
+    info = ExpertInfo(fmt, str(device), mode, str(compute_dtype).replace("torch.", ""), count, nbytes_dev, done, tensors, seconds)
+    return model, info
+
+
+def _finish_packed(model: WanDiT, name: str, pieces: dict, nf4: bool, where: str) -> None:
+    packed = pieces.pop("")
+    if nf4:
+        model.get_submodule(name).load_prequantized(packed, pieces, where)
+        return
+    # bf16 mode from an NF4 file: dequantize on the device with bnb, keep a plain bf16 weight.
+    mod = model.get_submodule(name)
+    tmp = NF4Linear(mod.in_features, mod.out_features, bias=False, compute_dtype=torch.bfloat16)
+    tmp.load_prequantized(packed, pieces, where)
+    _set_param(model, f"{name}.weight", tmp.dequantized_weight(torch.bfloat16))
+
+
+def _resolve(device, mode: str, compute_dtype: Optional[torch.dtype]) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA is not available in this process; load with device='cpu' or fix the CUDA install")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose one of {MODES}")
+    if mode == "bf16":
+        if compute_dtype not in (None, torch.bfloat16):
+            raise ValueError(f"mode 'bf16' computes in bfloat16; compute_dtype={compute_dtype} is not possible")
+        return device, torch.bfloat16
+    compute_dtype = compute_dtype or default_compute_dtype(device)
+    if compute_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"compute_dtype {compute_dtype}: choose float32, bfloat16 or float16")
+    return device, compute_dtype
+
+
+def load_expert_with_info(
+    path: Union[str, Path, ExpertFormat],
+    device: Union[str, torch.device] = "cuda",
+    mode: str = "nf4",
+    compute_dtype: Optional[torch.dtype] = None,
+    progress: Optional[Progress] = None,
+) -> tuple[WanDiT, ExpertInfo]:
+    """Like `load_expert`, also returning the load statistics."""
+    device, compute_dtype = _resolve(device, mode, compute_dtype)
+    fmt = path if isinstance(path, ExpertFormat) else detect_format(path)
+    try:
+        return _load_into(fmt, device, mode, compute_dtype, progress)
+    except BaseException as exc:
+        # The traceback's frames still reference the half-built model and the last tensors read: drop them,
+        # then give the memory back before the error reaches the caller.
+        traceback.clear_frames(exc.__traceback__)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise
+
+
+def load_expert(
+    path: Union[str, Path, ExpertFormat],
+    device: Union[str, torch.device] = "cuda",
+    mode: str = "nf4",
+    compute_dtype: Optional[torch.dtype] = None,
+    progress: Optional[Progress] = None,
+) -> WanDiT:
+    """Load an expert (any kind `detect_format` knows) onto `device`.
+
+    mode "nf4": the 569 linears become bnb NF4 (pre-quantized files are used as stored; float files are
+    quantized on `device`); "bf16": plain bf16 model. compute_dtype: dtype of the GEMMs and of the
+    unquantized parameters (default bf16 on CUDA, float32 on CPU; "bf16" mode is always bf16).
+    progress(done_bytes, total_bytes) is called after each tensor; raising from it cancels the load cleanly.
+    The statistics are on `model.load_info` (an ExpertInfo).
+    """
+    model, info = load_expert_with_info(path, device, mode, compute_dtype, progress)
+    model.load_info = info
+    return model

@@ -1,0 +1,263 @@
+"""bitsandbytes NF4 linears for the DiT (spec §1.2): the module, the swap on a meta model, (de)serialization.
+
+Community NF4 experts quantize exactly the 569 `nn.Linear` weights of an expert (14 per block + 9 top-level)
+with bnb `quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4")` of the bf16 weight, and
+store each as bnb's packed state (`QuantState.as_dict(packed=True)`):
+
+    <L>.weight                                   uint8 [n/2, 1]   two 4-bit codes per byte
+    <L>.weight.absmax                            uint8 [n/64]     8-bit block scales (double quant)
+    <L>.weight.quant_map                         f32   [16]       NF4 codebook
+    <L>.weight.nested_absmax                     f32   [ceil(n/64/256)]
+    <L>.weight.nested_quant_map                  f32   [256]
+    <L>.weight.quant_state.bitsandbytes__nf4     uint8 [k]        JSON: quant_type, blocksize, dtype, shape, nested_*
+
+Everything else (conv, biases, norms, modulation) stays a plain tensor. Deserialization is bitsandbytes' own
+(`Params4bit.from_prequantized` -> `QuantState.from_dict`); this module only checks the pieces first so a bad
+file gives a message that names it.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Mapping, Optional
+
+import bitsandbytes.functional as bnbf
+import torch
+import torch.nn as nn
+from bitsandbytes.nn import Linear4bit, Params4bit
+
+NF4_BLOCKSIZE = 64
+NESTED_BLOCKSIZE = 256
+QUANT_STATE_KEY = "quant_state.bitsandbytes__nf4"
+# Packed components stored under "<L>.weight.<component>".
+NF4_COMPONENTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", QUANT_STATE_KEY)
+NF4_COMPONENT_DTYPES = {
+    "": torch.uint8,  # the packed codes themselves ("<L>.weight")
+    "absmax": torch.uint8,
+    "quant_map": torch.float32,
+    "nested_absmax": torch.float32,
+    "nested_quant_map": torch.float32,
+    QUANT_STATE_KEY: torch.uint8,
+}
+
+# The 569 quantized linears of spec §1.2 (module paths of WanDiT == checkpoint key prefixes).
+TOP_LEVEL_NF4_LINEARS = (
+    "patch_embedding_wancamctrl",
+    "c2ws_hidden_states_layer1",
+    "c2ws_hidden_states_layer2",
+    "text_embedding.0",
+    "text_embedding.2",
+    "time_embedding.0",
+    "time_embedding.2",
+    "time_projection.1",
+    "head.head",
+)
+BLOCK_NF4_LINEARS = (
+    "self_attn.q",
+    "self_attn.k",
+    "self_attn.v",
+    "self_attn.o",
+    "cross_attn.q",
+    "cross_attn.k",
+    "cross_attn.v",
+    "cross_attn.o",
+    "ffn.0",
+    "ffn.2",
+    "cam_injector_layer1",
+    "cam_injector_layer2",
+    "cam_scale_layer",
+    "cam_shift_layer",
+)
+
+
+class NF4FormatError(ValueError):
+    """A quantized linear's stored pieces are missing, mis-typed or inconsistent."""
+
+
+def nf4_linear_names(num_layers: int) -> list[str]:
+    """Module paths of the quantized linears of an expert with `num_layers` blocks (569 for 40)."""
+    names = list(TOP_LEVEL_NF4_LINEARS)
+    for i in range(num_layers):
+        names += [f"blocks.{i}.{n}" for n in BLOCK_NF4_LINEARS]
+    return names
+
+
+def default_compute_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on GPUs (the reference's precision); float32 on CPU, where bnb dequantizes straight to fp32."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def packed_shapes(out_features: int, in_features: int, blocksize: int = NF4_BLOCKSIZE) -> dict[str, tuple[int, ...]]:
+    """Shapes of the stored pieces of one NF4 weight (double quant), keyed like NF4_COMPONENT_DTYPES."""
+    n = out_features * in_features
+    blocks = math.ceil(n / blocksize)
+    return {
+        "": ((n + 1) // 2, 1),
+        "absmax": (blocks,),
+        "quant_map": (16,),
+        "nested_absmax": (math.ceil(blocks / NESTED_BLOCKSIZE),),
+        "nested_quant_map": (256,),
+    }
+
+
+def parse_quant_state_json(t: torch.Tensor, where: str) -> dict:
+    """Decode the `quant_state.bitsandbytes__nf4` blob (UTF-8 JSON in a uint8 tensor) with clear errors."""
+    try:
+        d = json.loads(bytes(t.detach().cpu().reshape(-1).numpy()).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NF4FormatError(f"{where}: quant_state is not valid JSON ({e}); the file is corrupted") from None
+    if not isinstance(d, dict):
+        raise NF4FormatError(f"{where}: quant_state JSON is not an object; the file is corrupted")
+    return d
+
+
+class NF4Linear(Linear4bit):
+    """A bnb `Linear4bit` (NF4, double quant) that is created on `meta` and holds no float weight.
+
+    Its weight is filled later by `load_prequantized` (stored NF4 pieces) or `load_float_weight` (quantized on
+    the weight's device). bnb's own forward is used; `dequantized_weight(dtype)` serves the DiT's fp32 regions.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: torch.dtype = torch.bfloat16):
+        super().__init__(
+            in_features,
+            out_features,
+            bias=bias,
+            compute_dtype=compute_dtype,
+            compress_statistics=True,
+            quant_type="nf4",
+            quant_storage=torch.uint8,
+            device="meta",
+        )
+        # bnb repacks weights for AVX512-BF16 CPUs on the first forward, storing bf16 block scales (lossy) and
+        # replacing weight.data; keep the standard layout so dequantized_weight() and forward agree everywhere.
+        self.support_avx512bf16_for_cpu = False
+
+    @property
+    def is_quantized(self) -> bool:
+        return getattr(self.weight, "quant_state", None) is not None and not self.weight.is_meta
+
+    def _set_weight(self, param: Params4bit) -> None:
+        self.weight = param
+        self.quant_state = param.quant_state
+
+    def load_prequantized(
+        self, packed: torch.Tensor, pieces: Mapping[str, torch.Tensor], where: str = "", strict_shape: bool = True
+    ) -> None:
+        """Rebuild the weight from its stored pieces (keys as in NF4_COMPONENTS) with bnb's deserialization.
+
+        The tensors should already be on the target device (the JSON blob may stay on the CPU).
+        """
+        where = where or "NF4 linear"
+        missing = [c for c in ("absmax", "quant_map", QUANT_STATE_KEY) if c not in pieces]
+        if missing:
+            raise NF4FormatError(f"{where}: missing {', '.join('weight.' + m for m in missing)}")
+        qs = parse_quant_state_json(pieces[QUANT_STATE_KEY], where)
+        nested = "nested_absmax" in pieces or "nested_quant_map" in pieces
+        need = {"quant_type", "blocksize", "dtype", "shape"} | ({"nested_blocksize", "nested_dtype", "nested_offset"} if nested else set())
+        if not need <= qs.keys():
+            raise NF4FormatError(f"{where}: quant_state JSON lacks {sorted(need - qs.keys())}; the file is corrupted")
+        if qs["quant_type"] != "nf4":
+            raise NF4FormatError(f"{where}: quant_type {qs['quant_type']!r}; only bitsandbytes NF4 is supported")
+        if nested and not {"nested_absmax", "nested_quant_map"} <= pieces.keys():
+            gone = {"nested_absmax", "nested_quant_map"} - pieces.keys()
+            raise NF4FormatError(f"{where}: missing {', '.join('weight.' + m for m in sorted(gone))}")
+        want = (self.out_features, self.in_features)
+        if strict_shape and tuple(qs["shape"]) != want:
+            raise NF4FormatError(f"{where}: stored weight shape {tuple(qs['shape'])} but the model expects {want}")
+        if qs["dtype"] not in ("bfloat16", "float16", "float32"):
+            raise NF4FormatError(f"{where}: quant_state dtype {qs['dtype']!r}; expected bfloat16/float16/float32")
+        shapes = packed_shapes(*qs["shape"], blocksize=int(qs["blocksize"]))
+        if not nested:  # single-level stats: float32 absmax, no nested pieces
+            shapes = {"": shapes[""], "absmax": shapes["absmax"], "quant_map": (16,)}
+        for comp, tensor in [("", packed), *pieces.items()]:
+            if comp == QUANT_STATE_KEY:
+                continue
+            label = "weight" + (f".{comp}" if comp else "")
+            want_dtype = torch.float32 if (comp == "absmax" and not nested) else NF4_COMPONENT_DTYPES.get(comp)
+            if want_dtype is None:
+                raise NF4FormatError(f"{where}: unexpected piece weight.{comp}")
+            if tensor.dtype != want_dtype:
+                raise NF4FormatError(f"{where}: {label} has dtype {tensor.dtype}, expected {want_dtype}")
+            if tuple(tensor.shape) != shapes[comp]:
+                raise NF4FormatError(f"{where}: {label} has shape {tuple(tensor.shape)}, expected {shapes[comp]}")
+        stats = {k: v for k, v in pieces.items()}
+        stats[QUANT_STATE_KEY] = pieces[QUANT_STATE_KEY].cpu()  # bnb parses it on the host
+        param = Params4bit.from_prequantized(packed, stats, device=packed.device, module=self)
+        self._set_weight(param)
+
+    def load_float_weight(self, weight: torch.Tensor) -> None:
+        """Quantize a float [out, in] weight on its own device (bf16 first, like the reference's bf16 load)."""
+        want = (self.out_features, self.in_features)
+        if tuple(weight.shape) != want:
+            raise NF4FormatError(f"float weight of shape {tuple(weight.shape)} for a linear of shape {want}")
+        packed, state = quantize_nf4(weight)
+        self._set_weight(
+            Params4bit(
+                packed,
+                requires_grad=False,
+                quant_state=state,
+                blocksize=NF4_BLOCKSIZE,
+                compress_statistics=True,
+                quant_type="nf4",
+                quant_storage=torch.uint8,
+                module=self,
+                bnb_quantized=True,
+            )
+        )
+
+    def dequantized_weight(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The [out, in] weight in `dtype`, dequantized by bitsandbytes directly into that dtype.
+
+        That is the weight bnb's own matmul uses for inputs of that dtype (one rounding from the fp32
+        `code[nibble] * absmax` product), so forward and this agree.
+        """
+        if not self.is_quantized:
+            raise RuntimeError("NF4Linear has no weight yet: load it first")
+        state = self.weight.quant_state
+        dtype = dtype or self.compute_dtype or state.dtype
+        if dtype != state.dtype:
+            state = copy.copy(state)
+            state.dtype = dtype
+        return bnbf.dequantize_4bit(self.weight.data, state)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, nf4, compute_dtype={self.compute_dtype}"
+
+
+def quantize_nf4(weight: torch.Tensor) -> tuple[torch.Tensor, bnbf.QuantState]:
+    """bnb NF4 quantization of a float weight on its device, from its bf16 value (spec §1.2 recipe)."""
+    return bnbf.quantize_4bit(
+        weight.detach().to(torch.bfloat16).contiguous(),
+        blocksize=NF4_BLOCKSIZE,
+        compress_statistics=True,
+        quant_type="nf4",
+    )
+
+
+def serialize_nf4(prefix: str, packed: torch.Tensor, state: bnbf.QuantState) -> dict[str, torch.Tensor]:
+    """Stored pieces of one linear (keys "<prefix>.weight[.component]") via bnb's packed serialization."""
+    out = {f"{prefix}.weight": packed}
+    for k, v in state.as_dict(packed=True).items():
+        out[f"{prefix}.weight.{k}"] = v
+    return out
+
+
+def replace_linears_with_nf4(model: nn.Module, num_layers: int, compute_dtype: torch.dtype) -> list[str]:
+    """Swap the 569-style set of linears of a meta-device DiT for empty NF4Linear shells; returns their names.
+
+    Only the linears listed by spec §1.2 are swapped; the conv, norms and modulation stay plain.
+    """
+    names = nf4_linear_names(num_layers)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        if type(old) is not nn.Linear:
+            raise TypeError(f"{name} is a {type(old).__name__}, expected nn.Linear")
+        if not old.weight.is_meta:
+            raise ValueError(f"{name} already holds weights; build the model on the 'meta' device first")
+        new = NF4Linear(old.in_features, old.out_features, bias=old.bias is not None, compute_dtype=compute_dtype)
+        setattr(parent, child, new)  # nn.Sequential children ("0", "2") keep their slot
+    return names
