@@ -1,5 +1,6 @@
 """umT5 file formats: release .pth, ComfyUI fp16 / scaled-fp8 safetensors, detection of wrong files."""
 import pickle
+import sys
 
 import pytest
 import torch
@@ -188,3 +189,27 @@ def test_unreadable_files(tmp_path):
     torch.save({"x": torch.zeros(1), "obj": object()}, evil)
     with pytest.raises(T5FormatError, match="weights-only"):
         inspect_t5_file(evil)
+
+
+def _rss_file_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page accounting via /proc (Linux)")
+def test_converted_tensors_leave_the_pth_pages_behind(tmp_path):
+    """When tensors are converted (the GPU path, or another dtype), pages of the mmap'ed .pth that were read
+    are dropped again, so host RAM in flight stays at one tensor instead of growing to the file size."""
+    cfg = UMT5Config.tiny(dim=512, num_heads=8, head_dim=64, ffn_dim=2048, num_layers=8)
+    path = tmp_path / "t5.pth"
+    torch.save({k: v.bfloat16() for k, v in UMT5Encoder(cfg).state_dict().items()}, path)
+    size = path.stat().st_size
+    info = inspect_t5_file(path)  # keeps the mapping alive, as during a load
+    before = _rss_file_bytes()
+    model = load_umt5(info, "cpu", torch.float32)
+    grown = _rss_file_bytes() - before
+    print(f"file {size / 2**20:.0f} MiB, file-backed RSS growth after a converting load {grown / 2**20:.1f} MiB")
+    assert model.blocks[7].ffn.fc2.weight.dtype == torch.float32
+    assert grown < size / 4

@@ -97,3 +97,20 @@ def test_xxl_on_meta_has_release_keys_and_no_storage():
                      "pos_embedding.embedding"):
             assert f"blocks.{i}.{part}.weight" in sd
     assert "norm.weight" in sd
+
+
+def test_bf16_error_is_that_of_transformers_in_bf16():
+    """In bf16 (the release dtype) our rounding should be no worse than transformers' own bf16 run."""
+    cfg = UMT5Config.tiny(num_layers=3)
+    ref = hf_model(cfg)
+    ours = UMT5Encoder(cfg).eval()
+    ours.load_state_dict(to_release(ref.state_dict()))
+    ids = torch.randint(3, cfg.vocab_size, (1, 48))
+    with torch.no_grad():
+        exact = ref(input_ids=ids).last_hidden_state
+        hf_bf16 = ref.to(torch.bfloat16)(input_ids=ids).last_hidden_state
+        ours_bf16 = ours.to(torch.bfloat16)(ids)
+    e_ours, e_hf = rel_err(ours_bf16, exact), rel_err(hf_bf16, exact)
+    print(f"bf16 relative error vs float32: ours {e_ours:.3e}, transformers {e_hf:.3e}")
+    assert ours_bf16.dtype == torch.bfloat16
+    assert e_ours <= 2 * e_hf + 1e-3
