@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -127,7 +128,8 @@ def _failure(rc: int, status: Optional[dict], stopped: bool, stderr_tail: str) -
         return TextEncoderError(_with_tail(f"the text encoder process died from signal {name}", stderr_tail))
     if status is not None and status.get("ok") is False:
         cls = TextEncoderInputError if status.get("error_type") in _INPUT_ERRORS else TextEncoderError
-        return cls(_with_tail(f"text encoder failed: {status.get('error')}", stderr_tail))
+        hint = "; try device=cpu" if status.get("error_type") == "OutOfMemoryError" else ""
+        return cls(_with_tail(f"text encoder failed: {status.get('error')}{hint}", stderr_tail))
     return TextEncoderError(_with_tail(f"the text encoder process exited with code {rc} and no result", stderr_tail))
 
 
@@ -164,6 +166,7 @@ def run_text_encoder(
     cancel_check is polled while waiting: returning True stops the child (TextEncoderStopped); if it raises
     (e.g. ComfyUI's interrupt exception) the child is killed and the exception propagates.
     """
+    _check_choices(device, dtype)
     workdir = Path(tempfile.mkdtemp(prefix="lingbot-t5-"))  # mode 0700: private to this user
     try:
         job_path, out_path = workdir / "job.json", workdir / "embeddings.safetensors"
@@ -217,6 +220,27 @@ def run_text_encoder(
 
 # ---- public entry point -----------------------------------------------------------------------------
 
+DTYPES = ("bfloat16", "float32")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _check_choices(device: str, dtype: str) -> None:
+    if not _DEVICE.fullmatch(device):
+        raise ValueError(f"text encoder device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"text encoder dtype must be one of {DTYPES}, got {dtype!r} (umT5 overflows in float16)")
+
+
+def estimate_child_vram_bytes(encoder_path: Union[str, os.PathLike], dtype: str = "bfloat16") -> int:
+    """VRAM the child takes when it runs on CUDA: weights in `dtype` (token table stays on the CPU) plus
+    the worker's margin. Reads only the file's header / pickle index."""
+    from .t5_files import inspect_t5_file
+    from .t5_worker import CUDA_MARGIN_BYTES
+
+    _check_choices("auto", dtype)
+    return inspect_t5_file(encoder_path).device_bytes(getattr(torch, dtype)) + CUDA_MARGIN_BYTES
+
+
 
 def encode_prompts(
     encoder_path: Union[str, os.PathLike],
@@ -239,6 +263,7 @@ def encode_prompts(
     Raises FileNotFoundError / TokenizerNotFoundError before starting anything when inputs are missing,
     and TextEncoderError subclasses when the child fails.
     """
+    _check_choices(device, dtype)
     enc = Path(encoder_path).expanduser().resolve()
     if not enc.is_file():
         raise FileNotFoundError(f"text encoder file {enc} does not exist")

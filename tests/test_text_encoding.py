@@ -237,6 +237,21 @@ def test_missing_inputs_fail_before_any_child(tmp_path, spiece, monkeypatch):
         te.encode_prompts(enc, None, [PROMPT])
 
 
+def test_bad_choices_fail_before_any_child(encoder_pth, spiece, monkeypatch):
+    monkeypatch.setattr(te.subprocess, "Popen", lambda *a, **k: pytest.fail("child started"))
+    with pytest.raises(ValueError, match="device must be"):
+        te.encode_prompts(encoder_pth, spiece, [PROMPT], device="gpu")
+    with pytest.raises(ValueError, match="float16"):
+        te.encode_prompts(encoder_pth, spiece, [PROMPT], dtype="float16")
+
+
+def test_vram_estimate(encoder_pth):
+    cfg = UMT5Config.tiny()
+    weights = 2 * (cfg.num_params() - cfg.vocab_size * cfg.dim)  # bf16, token table on the CPU
+    assert te.estimate_child_vram_bytes(encoder_pth) == weights + (1 << 30)
+    assert UMT5Config.xxl().num_params() * 2 - 256384 * 4096 * 2 == 9_261_522_944  # full size: 9.26 GB
+
+
 def test_wrong_file_is_reported_with_stderr_tail(tmp_path, spiece):
     vae = tmp_path / "wan_2.1_vae.safetensors"
     save_file({"decoder.middle.0.residual.0.gamma": torch.ones(4, 1, 1, 1),
