@@ -242,6 +242,33 @@ def estimate_child_vram_bytes(encoder_path: Union[str, os.PathLike], dtype: str 
 
 
 
+def _cache_keys(enc: Path, tok: TokenizerSource, prompts: Sequence[str], dtype: str, max_length: int) -> list:
+    enc_id, tok_id = file_identity(enc), tok.identity()
+    return [CacheKey(enc_id, tok_id, text, dtype, max_length) for text in prompts]
+
+
+def all_prompts_cached(
+    encoder_path: Union[str, os.PathLike],
+    tokenizer_source: Union[str, os.PathLike, TokenizerSource, None],
+    prompts: Sequence[str],
+    dtype: str = "bfloat16",
+    cache_dir: Union[str, os.PathLike, None] = None,
+    max_length: int = MAX_LENGTH,
+) -> bool:
+    """Would `encode_prompts` serve every prompt from the cache (no child, no VRAM)? Stat calls only;
+    False when the files cannot be found."""
+    try:
+        enc = Path(encoder_path).expanduser().resolve()
+        tok = tokenizer_source if isinstance(tokenizer_source, TokenizerSource) else resolve_tokenizer_source(
+            tokenizer_source, enc
+        )
+        keys = _cache_keys(enc, tok, prompts, dtype, max_length)
+    except (OSError, ValueError):
+        return False
+    cache = EmbeddingCache(cache_dir)
+    return all(cache.path_for(k).is_file() for k in keys)
+
+
 def encode_prompts(
     encoder_path: Union[str, os.PathLike],
     tokenizer_source: Union[str, os.PathLike, TokenizerSource, None],
@@ -271,10 +298,7 @@ def encode_prompts(
         tokenizer_source, enc
     )
     cache = EmbeddingCache(cache_dir) if use_cache else None
-    keys = []
-    if cache is not None:
-        enc_id, tok_id = file_identity(enc), tok.identity()
-        keys = [CacheKey(enc_id, tok_id, text, dtype, max_length) for text in prompts]
+    keys = _cache_keys(enc, tok, prompts, dtype, max_length) if cache is not None else []
     results: list[Optional[torch.Tensor]] = [cache.get(k) if cache else None for k in keys] or [None] * len(prompts)
 
     todo = list(dict.fromkeys(text for text, r in zip(prompts, results) if r is None))

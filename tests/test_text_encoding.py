@@ -178,6 +178,10 @@ def test_cache_hit_never_starts_the_child(tmp_path, encoder_pth, spiece, fake_en
     assert fake_encoder == [[PROMPT, DEFAULT_NEGATIVE_PROMPT]]
     assert len(list(cache.glob("*.safetensors"))) == 2
 
+    assert te.all_prompts_cached(encoder_pth, spiece, [PROMPT, DEFAULT_NEGATIVE_PROMPT], cache_dir=cache)
+    assert not te.all_prompts_cached(encoder_pth, spiece, [PROMPT, "other"], cache_dir=cache)
+    assert not te.all_prompts_cached(encoder_pth.with_name("gone.pth"), spiece, [PROMPT], cache_dir=cache)
+
     def no_child(*a, **k):
         raise AssertionError("a cache hit started the text encoder")
 
