@@ -250,7 +250,7 @@ class SafetensorsWriter:
     (rare: only when `header_reserve` was too small). The file appears under its name only when complete.
     """
 
-    def __init__(self, path: PathLike, metadata: Optional[Mapping[str, str]] = None, header_reserve: int = 1 << 20):
+    def __init__(self, path: PathLike, metadata: Optional[Mapping[str, str]] = None, header_reserve: int = 1 << 16):
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".partial")
         self.metadata = dict(metadata or {})
