@@ -1,0 +1,633 @@
+"""Memory modes: where the two experts live while the sampler runs (the `ExpertProvider`s of wan/sampler.py).
+
+- resident:    both experts on the device for the whole run (loaded on first use, no reload at the switch).
+- swap:        one expert on the device at a time. The released one is dropped (streamed from disk again next
+               time; host RAM stays small) or, with keep_in_ram, kept in pinned host RAM for a fast switch.
+- block_swap:  one expert at a time, and only its first N blocks (plus embeddings and head) on the device; the
+               other blocks stream from pinned host RAM one block ahead of the compute (loaders/block_swap.py).
+- auto:        picks one of these from free VRAM / RAM, the expert sizes and an activation estimate for the video
+               size (`plan_memory`), also batched vs sequential CFG, and logs the choice and why in one line.
+
+`make_provider(...)` builds any of them. Nothing here imports ComfyUI.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+from ..wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT
+from ..wan.sizes import token_count
+from .block_swap import BlockSwapper, _empty_part
+from .nf4 import default_compute_dtype, nf4_linear_names, packed_shapes
+from .pinned import WeightPart, clear_device_caches, dit_parts, free_device_memory, synchronize
+
+_log = logging.getLogger(__name__)
+
+MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
+WEIGHTS = ("nf4", "bf16")
+CFG_MODES = ("auto", "batch", "sequential")
+EXPERT_NAMES = ("high", "low")
+
+GiB = 1024**3
+# Device memory kept free beyond weights + activations: CUDA/cuBLAS workspaces, the largest dequantized NF4
+# weight (time_projection, 315 MB in bf16), allocator fragmentation.
+VRAM_HEADROOM = int(1.0 * GiB)
+# Host RAM left to everything else (OS, T5 on the CPU, ComfyUI) before the released expert may be pinned.
+RAM_RESERVE = int(8 * GiB)
+# Safety factor on the analytic activation estimate (see estimate_activation_bytes; checked by the benchmark).
+ACTIVATION_SAFETY = 1.10
+
+Log = Callable[[str], None]
+Loader = Callable[..., nn.Module]
+PathLike = Union[str, Path]
+
+
+# ---- sizes ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExpertSizes:
+    """Bytes of one expert on the device: total, everything outside the blocks, and one block."""
+
+    total: int
+    base: int
+    block: int
+    num_blocks: int
+
+
+def _nf4_linear_bytes(out_f: int, in_f: int) -> int:
+    shapes = packed_shapes(out_f, in_f)
+    # codes and absmax are uint8; quant_map, nested absmax/map and the offset are float32
+    return math.prod(shapes[""]) + math.prod(shapes["absmax"]) + 4 * (
+        math.prod(shapes["quant_map"]) + math.prod(shapes["nested_absmax"]) + math.prod(shapes["nested_quant_map"]) + 1
+    )
+
+
+def expert_sizes(cfg: DiTConfig, weights: str = "nf4", compute_bytes: int = 2) -> ExpertSizes:
+    """Device bytes of one expert from its config (NF4 packed weights + statistics, other tensors in the
+    compute dtype; bf16 mode: everything 2 bytes)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r}: choose one of {WEIGHTS}")
+    meta = WanDiT(cfg, device="meta")
+    linears = set(nf4_linear_names(cfg.num_layers)) if weights == "nf4" else set()
+    base = block = 0
+    for key, p in meta.named_parameters():
+        if key.endswith(".weight") and key[:-7] in linears:
+            n = _nf4_linear_bytes(*p.shape)
+        else:
+            n = p.numel() * (2 if weights == "bf16" else compute_bytes)
+        if key.startswith("blocks.0."):
+            block += n
+        elif not key.startswith("blocks."):
+            base += n
+    return ExpertSizes(base + block * cfg.num_layers, base, block, cfg.num_layers)
+
+
+def estimate_activation_bytes(
+    frames: int,
+    height: int,
+    width: int,
+    cfg: DiTConfig,
+    cfg_batch: bool,
+    *,
+    camera: bool = True,
+    compute_bytes: int = 2,
+    ffn_chunk: Optional[int] = None,
+) -> int:
+    """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit.py (batch 1 or 2).
+
+    Per token (L = F_lat*lat_h*lat_w/4, d = dim, f = ffn_dim, c = compute dtype bytes, B = 1 or 2 with batched
+    CFG), counting the tensors alive at once in each phase of a block:
+      whole forward:   residual x fp32 (4d B), camera tokens (c d, batch 1), camera input (384*4*4 B), RoPE
+                       tables, latents and the sampler's state;
+      self-attention:  fp32 modulated input (4d) + its compute copy (c d) + q (c d) + while k is made: its norm
+                       output (c d) and RoPE's fp32 copy, two fp32 halves and the stacked result (12d);
+      camera FiLM:     g, scale, shift, 1+scale (batch 1, c d each) + fp32 product and sum (8d B);
+      FFN:             fp32 input (4d) + compute copy (c d) + hidden before and after GELU (2 c f), chunked when
+                       `ffn_chunk` tokens are given;
+    the largest phase counts. The benchmark compares this with measured peaks (ACTIVATION_SAFETY covers the gap).
+    """
+    tokens = token_count(frames, height, width)
+    b = 2 if cfg_batch else 1
+    d, f, c = cfg.dim, cfg.ffn_dim, compute_bytes
+    cells = 4  # latent cells per token (2x2 patch)
+    per_token_persistent = b * 4 * d + 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)
+    if camera:
+        per_token_persistent += c * d + cells * CAMERA_CHANNELS * 4
+    attn = b * (4 * d + 3 * c * d + 12 * d)
+    film = (4 * c * d + b * 8 * d) if camera else 0
+    chunk_frac = 1.0 if not ffn_chunk else min(1.0, ffn_chunk / tokens)
+    ffn = b * (4 * d + c * d + 2 * c * f * chunk_frac + (2 * c * d if ffn_chunk else 0))
+    cross = b * (4 * d + 2 * c * d + 8 * d)
+    per_token = per_token_persistent + max(attn, film, ffn, cross)
+    # one-off: text context through text_embedding, [B, 512, d] a few times
+    text = b * cfg.text_len * (cfg.text_dim * 4 + 4 * d * c)
+    return int(tokens * per_token + text)
+
+
+# ---- free memory ----------------------------------------------------------------------------------------
+def free_vram_bytes(device: Union[str, torch.device] = "cuda") -> int:
+    """Device bytes this process can still use: free memory plus its own cached blocks, capped by
+    `torch.cuda.set_per_process_memory_fraction` when one is set."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    free, total = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    avail = free + torch.cuda.memory_reserved(device) - allocated
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if getter is not None:
+        frac = getter(device)
+        if frac < 1.0:
+            avail = min(avail, int(frac * total) - allocated)
+    return max(0, int(avail))
+
+
+def available_ram_bytes() -> int:
+    """Host RAM available to new allocations (MemAvailable)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read the available host RAM (no psutil, no /proc/meminfo)")
+
+
+# ---- the plan -------------------------------------------------------------------------------------------
+@dataclass
+class MemoryPlan:
+    mode: str  # "resident" | "swap" | "block_swap"
+    keep_in_ram: bool
+    blocks_on_gpu: Optional[int]
+    cfg_batch: bool
+    reason: str
+    ffn_chunk: Optional[int] = None
+    fits: bool = True
+    estimates: dict = field(default_factory=dict)
+
+    @property
+    def cfg_mode(self) -> str:
+        """What to put in SamplingSettings.cfg_mode."""
+        return "batch" if self.cfg_batch else "sequential"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["cfg_mode"] = self.cfg_mode
+        return d
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _fits_line(parts: Sequence[tuple[str, int]], budget: int, what: str) -> str:
+    total = sum(n for _, n in parts)
+    sign = "<=" if total <= budget else ">"
+    return " + ".join(f"{label} {_gb(n)}" for label, n in parts) + f" = {_gb(total)} {sign} {_gb(budget)} {what}"
+
+
+def plan_memory(
+    video: tuple[int, int, int],
+    cfg: DiTConfig,
+    vram_free: int,
+    ram_free: int,
+    *,
+    weights: str = "nf4",
+    mode: str = "auto",
+    keep_in_ram: Optional[bool] = None,
+    blocks_on_gpu: Optional[int] = None,
+    cfg_mode: str = "auto",
+    camera: bool = True,
+    compute_bytes: int = 2,
+    ffn_chunk: Optional[int] = None,
+) -> MemoryPlan:
+    """Decide the memory mode (when `mode="auto"`), keep_in_ram, blocks on the GPU and batched vs sequential CFG.
+
+    video: (frames, height, width) in pixels. vram_free / ram_free: bytes usable now (see free_vram_bytes,
+    available_ram_bytes). A mode that is given is kept; its missing settings are filled in the same way.
+    Pure function of its arguments, so the decision can be tested with made-up numbers.
+    """
+    if mode not in MODES:
+        raise ValueError(f"memory mode {mode!r}: choose one of {MODES}")
+    if cfg_mode not in CFG_MODES:
+        raise ValueError(f"cfg mode {cfg_mode!r}: choose one of {CFG_MODES}")
+    if mode == "swap_pinned":
+        mode, keep_in_ram = "swap", True
+    frames, height, width = video
+    sizes = expert_sizes(cfg, weights, compute_bytes)
+    acts = {
+        batch: int(
+            estimate_activation_bytes(frames, height, width, cfg, batch, camera=camera, compute_bytes=compute_bytes,
+                                      ffn_chunk=ffn_chunk) * ACTIVATION_SAFETY
+        )
+        for batch in (False, True)
+    }
+    batch_options = {"auto": (True, False), "batch": (True,), "sequential": (False,)}[cfg_mode]
+    size_txt = f"{height}x{width}x{frames}"
+    estimates = {
+        "expert_bytes": sizes.total,
+        "block_bytes": sizes.block,
+        "base_bytes": sizes.base,
+        "activation_bytes_sequential": acts[False],
+        "activation_bytes_batched": acts[True],
+        "vram_free": int(vram_free),
+        "ram_free": int(ram_free),
+        "headroom": VRAM_HEADROOM,
+    }
+
+    def act_label(batch: bool) -> str:
+        return f"activations ({size_txt}, {'batched' if batch else 'sequential'} CFG)"
+
+    def fits(weights_bytes: int, batch: bool) -> bool:
+        return weights_bytes + acts[batch] + VRAM_HEADROOM <= vram_free
+
+    def pick_batch(weights_bytes: int) -> tuple[bool, bool]:
+        for batch in batch_options:
+            if fits(weights_bytes, batch):
+                return batch, True
+        return batch_options[-1], False
+
+    def ram_for_pinned() -> bool:
+        return ram_free >= 2 * sizes.total + RAM_RESERVE
+
+    def with_ram_note(keep: bool, auto_keep: bool) -> str:
+        if not auto_keep:
+            return "keep_in_ram as requested" if keep else "released expert dropped as requested"
+        if keep:
+            return f"{_gb(ram_free)} RAM free >= 2 x {_gb(sizes.total)} + {_gb(RAM_RESERVE)}: released expert kept in pinned RAM"
+        return f"{_gb(ram_free)} RAM free < 2 x {_gb(sizes.total)} + {_gb(RAM_RESERVE)}: released expert dropped, reloaded from disk"
+
+    def block_count(batch: bool) -> int:
+        spare = vram_free - VRAM_HEADROOM - acts[batch] - sizes.base - 2 * sizes.block
+        return max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else sizes.num_blocks))
+
+    chosen = mode
+    if mode == "auto":
+        if fits(2 * sizes.total, batch_options[-1]):
+            chosen = "resident"
+        elif fits(sizes.total, batch_options[-1]):
+            chosen = "swap"
+        else:
+            chosen = "block_swap"
+    prefix = "auto: " if mode == "auto" else "requested: "
+
+    if chosen == "resident":
+        batch, ok = pick_batch(2 * sizes.total)
+        why = _fits_line([("both experts", 2 * sizes.total), (act_label(batch), acts[batch]), ("headroom", VRAM_HEADROOM)],
+                         vram_free, "free VRAM")
+        return MemoryPlan("resident", False, None, batch, f"{prefix}resident ({why})", ffn_chunk, ok, estimates)
+
+    if chosen == "swap":
+        batch, ok = pick_batch(sizes.total)
+        auto_keep = keep_in_ram is None
+        keep = ram_for_pinned() if auto_keep else bool(keep_in_ram)
+        why = _fits_line([("one expert", sizes.total), (act_label(batch), acts[batch]), ("headroom", VRAM_HEADROOM)],
+                         vram_free, "free VRAM")
+        if mode == "auto":
+            why += f"; both experts would need {_gb(2 * sizes.total + acts[False] + VRAM_HEADROOM)}"
+        name = "swap, keep_in_ram" if keep else "swap"
+        return MemoryPlan("swap", keep, None, batch, f"{prefix}{name} ({why}; {with_ram_note(keep, auto_keep)})",
+                          ffn_chunk, ok, estimates)
+
+    # block swap: as many blocks on the device as fit next to the activations, two ring buffers and the base
+    batch = batch_options[0]
+    if len(batch_options) == 2 and block_count(True) < block_count(False):
+        batch = False  # batched CFG would push blocks off the card: sequential streams twice but keeps more resident
+    n = blocks_on_gpu if blocks_on_gpu is not None else block_count(batch)
+    n = max(0, min(int(n), sizes.num_blocks))
+    on_device = sizes.base + n * sizes.block + (2 * sizes.block if n < sizes.num_blocks else 0)
+    ok = on_device + acts[batch] + VRAM_HEADROOM <= vram_free
+    if not ok and batch and len(batch_options) == 2:
+        batch = False  # nothing to gain from a batch that does not fit
+        ok = on_device + acts[batch] + VRAM_HEADROOM <= vram_free
+    why = _fits_line([(f"base + {n}/{sizes.num_blocks} blocks + 2 ring buffers", on_device), (act_label(batch), acts[batch]),
+                      ("headroom", VRAM_HEADROOM)], vram_free, "free VRAM")
+    host_need = (sizes.num_blocks - n) * sizes.block
+    auto_keep = keep_in_ram is None
+    keep = (ram_free >= 2 * sizes.total + RAM_RESERVE) if auto_keep else bool(keep_in_ram)
+    notes = [f"{sizes.num_blocks - n} blocks ({_gb(host_need)}) stream from pinned RAM"]
+    if mode == "auto":
+        notes.insert(0, f"one expert needs {_gb(sizes.total + acts[False] + VRAM_HEADROOM)}")
+    if not ok:
+        notes.append("WARNING: even this may not fit; reduce frames or size, or close other GPU programs")
+    if ram_free < sizes.total + GiB:
+        notes.append(f"WARNING: {_gb(ram_free)} RAM free; loading needs about {_gb(sizes.total + GiB)}")
+    name = f"block_swap {n}" + (", keep_in_ram" if keep else "")
+    return MemoryPlan("block_swap", keep, n, batch, f"{prefix}{name} ({why}; {'; '.join(notes)})", ffn_chunk, ok, estimates)
+
+
+# ---- providers ------------------------------------------------------------------------------------------
+def _default_loader(path, device, mode, compute_dtype):
+    from .expert_loader import load_expert
+
+    return load_expert(path, device=device, mode=mode, compute_dtype=compute_dtype)
+
+
+def _as_log(log) -> Log:
+    if log is None:
+        return _log.info
+    if isinstance(log, logging.Logger):
+        return log.info
+    return log
+
+
+class PlacementProvider:
+    """Shared parts of the providers: paths, loading with timing, events for benchmarks, close()."""
+
+    mode = "?"
+
+    def __init__(
+        self,
+        paths: dict[str, PathLike],
+        device: Union[str, torch.device] = "cuda",
+        weights: str = "nf4",
+        compute_dtype: Optional[torch.dtype] = None,
+        log: Optional[Union[Log, logging.Logger]] = None,
+        loader: Optional[Loader] = None,
+        plan: Optional[MemoryPlan] = None,
+    ):
+        missing = [n for n in EXPERT_NAMES if n not in paths]
+        if missing:
+            raise ValueError(f"no path for the {', '.join(missing)}-noise expert")
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights {weights!r}: choose one of {WEIGHTS}")
+        self.paths = {n: paths[n] for n in EXPERT_NAMES}
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.weights = weights
+        self.compute_dtype = compute_dtype or (torch.bfloat16 if weights == "bf16" else default_compute_dtype(self.device))
+        self.log = _as_log(log)
+        self.loader = loader or _default_loader
+        self.plan = plan
+        self.events: list[dict] = []  # one per acquire/release: op, name, source, seconds
+
+    def _load(self, name: str, device: torch.device) -> nn.Module:
+        t0 = time.perf_counter()
+        model = self.loader(self.paths[name], device=device, mode=self.weights, compute_dtype=self.compute_dtype)
+        synchronize(device)
+        dt = time.perf_counter() - t0
+        info = getattr(model, "load_info", None)
+        rate = f", {info.gb_per_s:.2f} GB/s" if info is not None else ""
+        self.log(f"{name}-noise expert loaded from disk to {device} in {dt:.1f} s{rate}")
+        return model
+
+    def _prepare(self, model: nn.Module) -> nn.Module:
+        if self.plan is not None and hasattr(model, "set_ffn_chunk"):
+            model.set_ffn_chunk(self.plan.ffn_chunk)
+        return model
+
+    def _event(self, op: str, name: str, source: str, t0: float) -> None:
+        synchronize(self.device)
+        rec = {"op": op, "name": name, "source": source, "seconds": time.perf_counter() - t0}
+        if self.device.type == "cuda":
+            rec["allocated_after"] = torch.cuda.memory_allocated(self.device)
+        self.events.append(rec)
+
+    def close(self) -> None:
+        """Free every expert (device and host copies)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ResidentProvider(PlacementProvider):
+    """Both experts stay on the device once loaded."""
+
+    mode = "resident"
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.models: dict[str, nn.Module] = {}
+
+    def acquire(self, name: str) -> nn.Module:
+        t0 = time.perf_counter()
+        source = "resident"
+        if name not in self.models:
+            self.models[name] = self._prepare(self._load(name, self.device))
+            source = "disk"
+        self._event("acquire", name, source, t0)
+        return self.models[name]
+
+    def release(self, name: str) -> None:
+        self.events.append({"op": "release", "name": name, "source": "kept", "seconds": 0.0})
+
+    def close(self) -> None:
+        self.models.clear()
+        free_device_memory(self.device)
+
+
+class SwapProvider(PlacementProvider):
+    """One expert on the device at a time; the released one is dropped or kept in pinned host RAM."""
+
+    mode = "swap"
+
+    def __init__(self, *args, keep_in_ram: bool = False, **kw):
+        super().__init__(*args, **kw)
+        self.keep_in_ram = keep_in_ram
+        self.active: Optional[str] = None
+        self.model: Optional[nn.Module] = None
+        self.kept: dict[str, tuple[nn.Module, list[WeightPart]]] = {}  # name -> model with host copies
+
+    def acquire(self, name: str) -> nn.Module:
+        if self.active == name:
+            return self.model
+        if self.active is not None:
+            self.release(self.active)  # the one-at-a-time promise holds even if a caller forgets to release
+        t0 = time.perf_counter()
+        if name in self.kept:
+            model, parts = self.kept[name]
+            for p in parts:
+                p.to_device(self.device)
+            source = "ram"
+            synchronize(self.device)
+            self.log(f"{name}-noise expert restored from pinned RAM in {time.perf_counter() - t0:.2f} s")
+        else:
+            model = self._load(name, self.device)
+            source = "disk"
+        self.model, self.active = self._prepare(model), name
+        self._event("acquire", name, source, t0)
+        return model
+
+    def release(self, name: str) -> None:
+        if self.active != name:
+            return
+        t0 = time.perf_counter()
+        model, self.model, self.active = self.model, None, None
+        if self.keep_in_ram:
+            parts = self.kept[name][1] if name in self.kept else dit_parts(model)
+            for p in parts:
+                p.to_host(pin=True)
+            clear_device_caches(model)
+            self.kept[name] = (model, parts)
+            source = "to_ram"
+        else:
+            _drop_model(model)
+            source = "dropped"
+        del model
+        free_device_memory(self.device)
+        self._event("release", name, source, t0)
+
+    def close(self) -> None:
+        if self.active is not None:
+            model, self.model, self.active = self.model, None, None
+            _drop_model(model)
+            del model
+        for model, parts in self.kept.values():
+            for p in parts:
+                _empty_part(p)
+        self.kept.clear()
+        free_device_memory(self.device)
+
+
+class BlockSwapProvider(PlacementProvider):
+    """One expert at a time with only `blocks_on_gpu` blocks resident; the rest stream from pinned RAM."""
+
+    mode = "block_swap"
+
+    def __init__(self, *args, blocks_on_gpu: int = 0, keep_in_ram: bool = False, **kw):
+        super().__init__(*args, **kw)
+        if not isinstance(blocks_on_gpu, int) or isinstance(blocks_on_gpu, bool) or blocks_on_gpu < 0:
+            raise ValueError(f"blocks_on_gpu must be an integer >= 0, got {blocks_on_gpu!r}")
+        self.blocks_on_gpu = blocks_on_gpu
+        self.keep_in_ram = keep_in_ram
+        self.active: Optional[str] = None
+        self.model: Optional[nn.Module] = None
+        self.swapper: Optional[BlockSwapper] = None
+        self.kept: dict[str, tuple[nn.Module, list[WeightPart]]] = {}
+        self.last_stats: dict = {}
+
+    def acquire(self, name: str) -> nn.Module:
+        if self.active == name:
+            return self.model
+        if self.active is not None:
+            self.release(self.active)
+        t0 = time.perf_counter()
+        if name in self.kept:
+            model, parts = self.kept.pop(name)
+            source = "ram"
+        else:
+            # Loaded to host memory first: the device never holds more than N blocks of it.
+            model, parts = self._load(name, torch.device("cpu")), None
+            source = "disk"
+        self.swapper = BlockSwapper(model, self.device, self.blocks_on_gpu, parts=parts, pin=True).install()
+        self.model, self.active = self._prepare(model), name
+        self.log(
+            f"{name}-noise expert placed for block swap: {self.swapper.resident}/{self.swapper.num_blocks} blocks on "
+            f"{self.device}, the rest streamed from pinned RAM ({time.perf_counter() - t0:.1f} s)"
+        )
+        self._event("acquire", name, source, t0)
+        return model
+
+    def release(self, name: str) -> None:
+        if self.active != name:
+            return
+        t0 = time.perf_counter()
+        self.last_stats = self.swapper.stats()
+        parts = self.swapper.remove(keep_host=self.keep_in_ram)
+        model, self.model, self.active, self.swapper = self.model, None, None, None
+        if self.keep_in_ram:
+            self.kept[name] = (model, parts)
+        del model, parts
+        free_device_memory(self.device)
+        self._event("release", name, "to_ram" if self.keep_in_ram else "dropped", t0)
+
+    def close(self) -> None:
+        if self.active is not None:
+            self.swapper.remove(keep_host=False)
+            self.model, self.active, self.swapper = None, None, None
+        for model, parts in self.kept.values():
+            for p in parts:
+                _empty_part(p)
+        self.kept.clear()
+        free_device_memory(self.device)
+
+
+def _drop_model(model: nn.Module) -> None:
+    """Cut the model's tensors loose now (callers may still hold the module object)."""
+    for p in dit_parts(model):
+        _empty_part(p)
+    clear_device_caches(model)
+    gc.collect()
+
+
+# ---- the factory ----------------------------------------------------------------------------------------
+def read_expert_config(path: PathLike) -> DiTConfig:
+    from .expert_format import detect_format
+
+    return detect_format(path).config
+
+
+def make_provider(
+    mode: str,
+    high_path: PathLike,
+    low_path: PathLike,
+    device: Union[str, torch.device] = "cuda",
+    weights: str = "nf4",
+    keep_in_ram: Optional[bool] = None,
+    blocks_on_gpu: Optional[int] = None,
+    *,
+    video: Optional[tuple[int, int, int]] = None,
+    cfg_mode: str = "auto",
+    camera: bool = True,
+    compute_dtype: Optional[torch.dtype] = None,
+    ffn_chunk: Optional[int] = None,
+    vram_free: Optional[int] = None,
+    ram_free: Optional[int] = None,
+    log: Optional[Union[Log, logging.Logger]] = None,
+    loader: Optional[Loader] = None,
+) -> PlacementProvider:
+    """Build the ExpertProvider for a memory mode ("auto", "resident", "swap", "swap_pinned", "block_swap").
+
+    video: (frames, height, width) of the generation; needed by "auto" and by "block_swap" without
+    blocks_on_gpu, and used to decide batched vs sequential CFG (`provider.plan.cfg_mode`, to pass to
+    SamplingSettings when the user chose "auto"). keep_in_ram: None = decide from free RAM (swap, block_swap).
+    vram_free / ram_free: override the measured free memory (tests, simulated cards).
+    The chosen plan is on `provider.plan` and is logged in one line.
+    """
+    if mode not in MODES:
+        raise ValueError(f"memory mode {mode!r}: choose one of {', '.join(MODES)}")
+    device = torch.device(device)
+    needs_video = mode == "auto" or (mode == "block_swap" and blocks_on_gpu is None)
+    if needs_video and video is None:
+        raise ValueError(f"memory mode {mode!r} needs video=(frames, height, width) to size the activations")
+    cfg = read_expert_config(high_path)
+    plan = None
+    if video is not None:
+        if vram_free is None:
+            vram_free = free_vram_bytes(device) if device.type == "cuda" else 1 << 60
+        if ram_free is None:
+            ram_free = available_ram_bytes()
+        cdt = compute_dtype or (torch.bfloat16 if weights == "bf16" else default_compute_dtype(device))
+        plan = plan_memory(
+            video, cfg, vram_free, ram_free, weights=weights, mode=mode, keep_in_ram=keep_in_ram,
+            blocks_on_gpu=blocks_on_gpu, cfg_mode=cfg_mode, camera=camera,
+            compute_bytes=torch.empty(0, dtype=cdt).element_size(), ffn_chunk=ffn_chunk,
+        )
+    else:
+        name = "swap" if mode == "swap_pinned" else mode
+        keep = True if mode == "swap_pinned" else bool(keep_in_ram)
+        batch = cfg_mode == "batch"
+        plan = MemoryPlan(name, keep, blocks_on_gpu, batch, f"requested: {name}", ffn_chunk)
+    _as_log(log)(f"memory plan: {plan.reason}")
+
+    common = dict(paths={"high": high_path, "low": low_path}, device=device, weights=weights,
+                  compute_dtype=compute_dtype, log=log, loader=loader, plan=plan)
+    if plan.mode == "resident":
+        return ResidentProvider(**common)
+    if plan.mode == "swap":
+        return SwapProvider(**common, keep_in_ram=plan.keep_in_ram)
+    return BlockSwapProvider(**common, blocks_on_gpu=int(plan.blocks_on_gpu or 0), keep_in_ram=plan.keep_in_ram)
