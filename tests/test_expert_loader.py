@@ -90,6 +90,28 @@ def test_detect_formats(official, converted, tmp_path):
         load_expert(lone, "cpu")
 
 
+def test_converted_file_has_the_community_layout(converted):
+    """Checked with safetensors' own reader: the packed keys of spec §1.2, bf16 plain tensors, config metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(converted / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert json.loads(f.metadata()["config"]) == CFG.to_json()
+        linears = nf4_linear_names(CFG.num_layers)
+        pieces = {"weight": torch.uint8, "weight.absmax": torch.uint8, "weight.quant_map": torch.float32,
+                  "weight.nested_absmax": torch.float32, "weight.nested_quant_map": torch.float32,
+                  f"weight.{QUANT_STATE_KEY}": torch.uint8}
+        for name in linears:
+            for suffix, dtype in pieces.items():
+                t = f.get_tensor(f"{name}.{suffix}")
+                assert t.dtype == dtype, (name, suffix)
+            m = WanDiT(CFG, device="meta").get_submodule(name)
+            assert f.get_slice(f"{name}.weight").get_shape() == [m.out_features * m.in_features // 2, 1]
+        plain = set(WanDiT(CFG, device="meta").state_dict()) - {f"{n}.weight" for n in linears}
+        assert keys == plain | {f"{n}.{s}" for n in linears for s in pieces}
+        assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in plain)
+
+
 def test_official_on_the_fly_equals_convert_then_load(official, nf4_model):
     fly = load_expert(official, "cpu")
     assert fly.load_info.format.kind == "official_sharded"
