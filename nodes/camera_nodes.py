@@ -1,0 +1,164 @@
+"""Camera trajectory nodes: from poses.npy/intrinsics.npy, from a preset, and saving one to the output folder.
+
+The trajectory travels as poses + intrinsics (LINGBOT_CAMERA); the sampler rasterises it to the packed
+Plücker tensor at the video's size and frame count. Each node also outputs a picture of the path.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, load_camera_files, save_camera_folder
+from ..wan.camera_presets import PRESET_NAMES, PRESETS, preset_camera
+from ..wan.trajectory_plot import image_to_tensor, plot_trajectory
+from . import comfy_paths
+from .payloads import CAMERA, CATEGORY, CameraInput
+
+log = logging.getLogger(__name__)
+
+INTRINSICS_MODES = ("first_frame", "per_frame")
+NO_PRESET = "none"
+MAX_FRAMES = 1601
+
+
+def trajectory_image(cam: CameraInput):
+    """IMAGE [1, H, W, 3] of the path (top and side views)."""
+    title = f"{cam.label} - {cam.num_frames} poses" if cam.label else f"{cam.num_frames} poses"
+    return image_to_tensor(plot_trajectory(cam.poses, cam.intrinsics, title=title))
+
+
+def load_camera_input(path: Path, intrinsics: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """A folder, a poses file + intrinsics file, or a poses.npy whose intrinsics.npy sits beside it."""
+    if intrinsics is not None:
+        cam = load_camera_files(path, intrinsics)
+    elif path.is_file() and (path.parent / INTRINSICS_FILE).is_file() and path.name != INTRINSICS_FILE:
+        cam = load_camera_files(path, path.parent / INTRINSICS_FILE)
+    else:
+        cam = load_camera(path)
+    return cam.poses, cam.intrinsics
+
+
+def _mtimes(*paths: Path) -> str:
+    out = []
+    for p in paths:
+        for q in ([p / POSES_FILE, p / INTRINSICS_FILE] if p.is_dir() else [p]):
+            try:
+                out.append(f"{q}:{q.stat().st_mtime_ns}")
+            except OSError:
+                out.append(f"{q}:missing")
+    return "|".join(out)
+
+
+class LingBotCameraFromFiles:
+    """A recorded trajectory: a folder with poses.npy + intrinsics.npy (LingBot's action_path), or two files."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "path": ("STRING", {"default": "", "tooltip": (
+                    "Folder holding poses.npy ([N,4,4] OpenCV camera-to-world) and intrinsics.npy ([N,4] fx, fy, cx, "
+                    "cy for a 480x832 frame), or a poses .npy file. Relative paths start in ComfyUI/input.")}),
+                "intrinsics": (list(INTRINSICS_MODES), {"default": "first_frame", "tooltip": (
+                    "first_frame: like the reference, the first frame's intrinsics for every frame (zoom is ignored). "
+                    "per_frame: follow changing intrinsics (zoom).")}),
+            },
+            "optional": {
+                "intrinsics_path": ("STRING", {"default": "", "tooltip": (
+                    "Only when 'path' is a poses file whose intrinsics are not beside it: the intrinsics .npy file.")}),
+            },
+        }
+
+    RETURN_TYPES = (CAMERA, "IMAGE")
+    RETURN_NAMES = ("camera", "trajectory")
+    OUTPUT_TOOLTIPS = ("Camera trajectory for LingBot Sampler (and LingBot Image To Video to clip the frames)",
+                       "Top and side views of the path")
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Loads a LingBot-World camera trajectory (poses.npy + intrinsics.npy)."
+
+    @classmethod
+    def IS_CHANGED(cls, path: str, intrinsics: str = "first_frame", intrinsics_path: str = ""):
+        p = comfy_paths.resolve_input_path(path, "camera path")
+        extra = [comfy_paths.resolve_input_path(intrinsics_path, "intrinsics path")] if intrinsics_path.strip() else []
+        return f"{intrinsics}|{_mtimes(p, *extra)}"
+
+    def load(self, path: str, intrinsics: str = "first_frame", intrinsics_path: str = ""):
+        if intrinsics not in INTRINSICS_MODES:
+            raise ValueError(f"intrinsics must be one of {INTRINSICS_MODES}, got {intrinsics!r}")
+        p = comfy_paths.resolve_input_path(path, "camera path")
+        k = comfy_paths.resolve_input_path(intrinsics_path, "intrinsics path") if intrinsics_path.strip() else None
+        poses, ks = load_camera_input(p, k)
+        cam = CameraInput(poses, ks, intrinsics == "per_frame", label=p.name)
+        return (cam, trajectory_image(cam))
+
+
+class LingBotCameraPreset:
+    """A camera move generated in code (pan, tilt, dolly, truck, pedestal, orbit, zoom, or two combined)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "preset": (list(PRESET_NAMES), {"default": "dolly_in", "tooltip": (
+                    "Camera move. pan/tilt: turn 0.5 deg per frame; dolly/truck/pedestal: move forward/sideways/up; "
+                    "orbit: circle a point 2 units ahead; zoom: change the focal length.")}),
+                "combine_with": ([NO_PRESET] + list(PRESET_NAMES), {"default": NO_PRESET, "tooltip": (
+                    "Optional second move added to the first (e.g. dolly_in + pan_right curves to the right).")}),
+                "speed": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 10.0, "step": 0.05, "tooltip": (
+                    "Multiplies every motion (1.0 = 0.5 deg or 0.05 units per frame).")}),
+                "frames": ("INT", {"default": 81, "min": 1, "max": MAX_FRAMES, "step": 4, "tooltip": (
+                    "Number of poses; use the video's frame count (4n+1, e.g. 81 = 5 s at 16 fps).")}),
+            }
+        }
+
+    RETURN_TYPES = (CAMERA, "IMAGE")
+    RETURN_NAMES = ("camera", "trajectory")
+    OUTPUT_TOOLTIPS = ("Camera trajectory for LingBot Sampler", "Top and side views of the path")
+    FUNCTION = "make"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Builds a camera trajectory from presets (zoom presets use per-frame intrinsics)."
+
+    def make(self, preset: str, combine_with: str = NO_PRESET, speed: float = 1.0, frames: int = 81):
+        names = [preset] if combine_with in (NO_PRESET, "", None) else [preset, combine_with]
+        path = preset_camera(names, frames=int(frames), speed=float(speed))
+        zoom = any(PRESETS[n].zoom for n in names)  # zoom lives in the intrinsics: follow them per frame
+        cam = CameraInput(path.poses, path.intrinsics, per_frame_intrinsics=zoom,
+                          label="+".join(names) + (f" x{speed:g}" if speed != 1.0 else ""))
+        return (cam, trajectory_image(cam))
+
+
+class LingBotSaveCamera:
+    """Writes a trajectory as poses.npy + intrinsics.npy into a new folder under ComfyUI/output."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "camera": (CAMERA, {"tooltip": "The trajectory to save"}),
+                "filename_prefix": ("STRING", {"default": "lingbot_camera/trajectory", "tooltip": (
+                    "Folder name prefix inside ComfyUI/output; a counter is appended (trajectory_00001_).")}),
+            }
+        }
+
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("folder",)
+    OUTPUT_TOOLTIPS = ("Absolute path of the written folder (usable by LingBot Camera From Files)",)
+    FUNCTION = "save"
+    OUTPUT_NODE = True
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Saves a camera trajectory in LingBot's action_path layout (poses.npy, intrinsics.npy)."
+
+    def save(self, camera: CameraInput, filename_prefix: str = "lingbot_camera/trajectory"):
+        import folder_paths
+
+        out_dir = folder_paths.get_output_directory()
+        full, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, out_dir)
+        folder = Path(full) / f"{name}_{counter:05}_"
+        save_camera_folder(folder, camera.poses, camera.intrinsics)
+        rel = os.path.relpath(folder, out_dir)
+        log.info("LingBot-World: saved camera trajectory to %s", folder)
+        return {"ui": {"text": [rel]}, "result": (str(folder),)}

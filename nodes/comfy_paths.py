@@ -1,0 +1,164 @@
+"""ComfyUI model folders for the pack: registration, combo lists and name -> path resolution.
+
+Layout (all keys can be extended from `extra_model_paths.yaml`):
+- `lingbot_world` (models/lingbot_world): whole checkpoints as downloaded, e.g. the community NF4 repo
+  `lingbot-world-base-cam-nf4/{high,low}_noise_model_bnb_nf4/`, `models_t5_umt5-xxl-enc-bf16.pth`,
+  `Wan2.1_VAE.pth`, `tokenizer/`;
+- `diffusion_models`: expert folders or single-file LingBot experts also work from there;
+- `text_encoders` / `vae`: ComfyUI's own umt5 / Wan VAE files (Comfy-Org repackaged).
+
+INPUT_TYPES calls the list_* functions on every UI refresh: they never raise (a broken folder logs and
+yields an empty list) and only list directories and read small headers.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..loaders import model_folders as mf
+
+log = logging.getLogger(__name__)
+
+FOLDER_KEY = "lingbot_world"
+AUTO_TOKENIZER = "auto"
+DOWNLOAD_HINT = (
+    "Download the NF4 experts from huggingface.co/cahlen/lingbot-world-base-cam-nf4 (or the official "
+    "robbyant/lingbot-world-base-cam) into ComfyUI/models/lingbot_world/, then refresh the page (press R)."
+)
+
+
+class ModelFileNotFound(FileNotFoundError):
+    """A model name from the workflow does not exist in any registered folder."""
+
+
+def _fp():
+    import folder_paths  # ComfyUI's module; imported here so the pack imports without ComfyUI
+
+    return folder_paths
+
+
+def register_model_folders() -> None:
+    """Add `lingbot_world` -> models/lingbot_world without dropping paths a user's yaml already added."""
+    fp = _fp()
+    default = os.path.join(fp.models_dir, FOLDER_KEY)
+    fp.add_model_folder_path(FOLDER_KEY, default, is_default=False)
+    try:
+        os.makedirs(default, exist_ok=True)  # so users see where the files go
+    except OSError as e:
+        log.debug("could not create %s: %s", default, e)
+
+
+def _paths(key: str) -> list[str]:
+    try:
+        return _fp().get_folder_paths(key)
+    except KeyError:
+        return []
+
+
+def lingbot_roots() -> list[str]:
+    return _paths(FOLDER_KEY)
+
+
+def expert_roots() -> list[str]:
+    return lingbot_roots() + _paths("diffusion_models")
+
+
+def _safe(fn: Callable[[], list[str]], what: str) -> list[str]:
+    try:
+        return fn()
+    except Exception:  # INPUT_TYPES must never fail: the node would vanish from the UI
+        log.exception("LingBot-World: listing %s failed", what)
+        return []
+
+
+def _unique(*lists: list[str]) -> list[str]:
+    return list(dict.fromkeys(n for lst in lists for n in lst))
+
+
+def list_experts() -> list[str]:
+    roots = expert_roots()
+    return _safe(lambda: _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots)), "experts")
+
+
+def list_text_encoders() -> list[str]:
+    return _safe(lambda: _unique(_fp().get_filename_list("text_encoders"), mf.scan_t5_files(lingbot_roots())),
+                 "text encoders")
+
+
+def list_tokenizers() -> list[str]:
+    roots = _paths("text_encoders") + lingbot_roots()
+    return [AUTO_TOKENIZER] + _safe(lambda: mf.scan_tokenizer_dirs(roots), "tokenizers")
+
+
+def list_vaes() -> list[str]:
+    return _safe(lambda: _unique(_fp().get_filename_list("vae"), mf.scan_vae_files(lingbot_roots())), "VAEs")
+
+
+def _not_found(kind: str, name: str, roots: list[str], hint: str) -> ModelFileNotFound:
+    where = ", ".join(roots) or "(no folders registered)"
+    return ModelFileNotFound(f"{kind} '{name}' was not found in: {where}. {hint}")
+
+
+def resolve_expert(name: str, which: str = "expert") -> Path:
+    roots = expert_roots()
+    p = mf.resolve_in_roots(roots, name)
+    if p is None:
+        raise _not_found(which, name, roots, DOWNLOAD_HINT)
+    return p
+
+
+def resolve_text_encoder(name: str) -> Path:
+    full = _fp().get_full_path("text_encoders", name)
+    if full is not None:
+        return Path(full)
+    p = mf.resolve_in_roots(lingbot_roots(), name, want_dir=False)
+    if p is None:
+        raise _not_found("text encoder", name, _paths("text_encoders") + lingbot_roots(),
+                         "Put umt5_xxl_fp16.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in "
+                         "models/text_encoders, or the release's models_t5_umt5-xxl-enc-bf16.pth in models/lingbot_world.")
+    return p
+
+
+def resolve_tokenizer(name: str) -> Optional[Path]:
+    """None for "auto" (the tokenizer inside / beside the encoder file), else the chosen folder."""
+    if name == AUTO_TOKENIZER:
+        return None
+    roots = _paths("text_encoders") + lingbot_roots()
+    p = mf.resolve_in_roots(roots, name, want_dir=True)
+    if p is None:
+        raise _not_found("tokenizer folder", name, roots, "Choose 'auto' or a folder with tokenizer.json / spiece.model.")
+    return p
+
+
+def resolve_vae(name: str) -> Path:
+    full = _fp().get_full_path("vae", name)
+    if full is not None:
+        return Path(full)
+    p = mf.resolve_in_roots(lingbot_roots(), name, want_dir=False)
+    if p is None:
+        raise _not_found("VAE", name, _paths("vae") + lingbot_roots(),
+                         "Put wan_2.1_vae.safetensors (Comfy-Org repackaged) in models/vae, or the release's "
+                         "Wan2.1_VAE.pth in models/lingbot_world.")
+    return p
+
+
+def resolve_input_path(path: str, what: str) -> Path:
+    """An absolute path, or one relative to ComfyUI's input folder."""
+    text = path.strip().strip('"').strip("'")
+    if not text:
+        raise ValueError(f"{what}: no path given; enter a folder or file inside ComfyUI/input or an absolute path")
+    p = Path(text).expanduser()
+    if p.is_absolute():
+        return p
+    return Path(_fp().get_input_directory()) / p
+
+
+def text_cache_dir() -> Path:
+    """Prompt-embedding cache under ComfyUI's user directory (survives restarts, per user install)."""
+    return Path(_fp().get_user_directory()) / "lingbot_world" / "text_cache"
+
+
+def output_directory() -> Path:
+    return Path(_fp().get_output_directory())

@@ -1,0 +1,150 @@
+"""Image-to-video conditioning (VAE encode of the first frame) and VAE decode to native IMAGE frames."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..wan.camera import usable_frames
+from ..wan.i2v import build_i2v_condition, image_to_model_range
+from ..wan.sizes import SIZE_AREAS, check_frames, latent_size, target_size
+from ..wan.vae import DEFAULT_OVERLAP, VAEConfig
+from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
+
+log = logging.getLogger(__name__)
+
+CUSTOM_SIZE = "custom"
+SIZE_CHOICES = tuple(SIZE_AREAS) + (CUSTOM_SIZE,)
+MAX_SIDE = 4096
+MAX_FRAMES = 1601
+CHUNK_FRAMES = 4  # the causal VAE works on 4 frames at a time
+# Live float32 activations per pixel of a 4-frame chunk, in units of the VAE's base width: the widest
+# full-resolution stage (2 x dim channels) times ~8 tensors alive at once (inputs, norms, cache, outputs).
+VAE_ACTIVATION_FACTOR = 2 * 8
+
+
+def vae_work_bytes(cfg: VAEConfig, height: int, width: int, frames: int, tiled: bool, tile_px: int) -> int:
+    """Rough peak VRAM of one VAE encode/decode beyond the weights, for ComfyUI's free_memory."""
+    h, w = (min(height, tile_px), min(width, tile_px)) if tiled else (height, width)
+    chunk = CHUNK_FRAMES * h * w * cfg.dim * VAE_ACTIVATION_FACTOR * 4
+    video = 3 * frames * height * width * 4  # the full output (decode) / input (encode) video
+    return int(chunk + video)
+
+
+def choose_size(size: str, image_h: int, image_w: int, width: int, height: int) -> tuple[int, int]:
+    """(h, w): the reference's max-area rule for 480p/720p (aspect from the image), or an explicit size."""
+    if size == CUSTOM_SIZE:
+        latent_size(int(height), int(width))  # raises with the rule (multiples of 16) when wrong
+        return int(height), int(width)
+    if size not in SIZE_AREAS:
+        raise ValueError(f"size must be one of {SIZE_CHOICES}, got {size!r}")
+    return target_size(image_h, image_w, SIZE_AREAS[size])
+
+
+def load_vae_to_device(vae: VAEHandle, work_bytes: int) -> torch.nn.Module:
+    import comfy.model_management as mm
+
+    mm.load_models_gpu([vae.patcher], memory_required=work_bytes, force_full_load=True)
+    return vae.model
+
+
+class LingBotImageToVideo:
+    """First frame + size + frame count -> the I2V conditioning y (mask + VAE latent of the image)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": (VAE, {"tooltip": "Wan2.1 VAE from LingBot VAE Loader"}),
+                "image": ("IMAGE", {"tooltip": "The first frame (e.g. from Load Image); only the first image is used"}),
+                "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
+                    "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (e.g. "
+                    "1280x720 -> 464x832 at 480p); the image is resized, not cropped. custom: width x height below.")}),
+                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                    "custom size only: output width, a multiple of 16")}),
+                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                    "custom size only: output height, a multiple of 16")}),
+                "frames": ("INT", {"default": 81, "min": 1, "max": MAX_FRAMES, "step": 4, "tooltip": (
+                    "Frames to generate, 4n+1 (81 = 5 s at 16 fps). A shorter camera trajectory lowers it.")}),
+                "tiled": ("BOOLEAN", {"default": False, "tooltip": (
+                    "Encode in overlapping spatial tiles (less VRAM at 720p, tiny seams).")}),
+            },
+            "optional": {
+                "camera": (CAMERA, {"tooltip": (
+                    "Optional: like the reference, the frame count is limited to what the trajectory covers.")}),
+            },
+        }
+
+    RETURN_TYPES = (I2V, "INT", "INT", "INT")
+    RETURN_NAMES = ("i2v", "width", "height", "frames")
+    OUTPUT_TOOLTIPS = ("Conditioning for LingBot Sampler", "Video width", "Video height", "Frame count")
+    FUNCTION = "encode"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Builds LingBot-World's image conditioning: the first frame VAE-encoded, then zero frames."
+
+    def encode(self, vae: VAEHandle, image: torch.Tensor, size: str = "480p", width: int = 832, height: int = 480,
+               frames: int = 81, tiled: bool = False, camera: CameraInput | None = None):
+        import comfy.model_management as mm
+
+        if image.dim() != 4 or image.shape[-1] != 3:
+            raise ValueError(f"image must be an IMAGE batch [B, H, W, 3], got shape {tuple(image.shape)}")
+        if image.shape[0] > 1:
+            log.warning("LingBot-World: %d images given; only the first one starts the video", image.shape[0])
+        h, w = choose_size(size, image.shape[1], image.shape[2], width, height)
+        frames = check_frames(int(frames))
+        note = None
+        if camera is not None:
+            frames, note = usable_frames(camera.num_frames, frames)
+            if note:
+                log.warning("LingBot-World: %s", note)
+        model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, frames, tiled, 256))
+        y = build_i2v_condition(model, image_to_model_range(image[0]), h, w, frames, tiled=tiled)
+        y = y.to(mm.intermediate_device())
+        cfg = vae.model.cfg
+        cond = I2VCondition(y, h, w, frames, tuple(cfg.latent_mean), tuple(cfg.latent_std), note)
+        return (cond, w, h, frames)
+
+
+class LingBotVAEDecode:
+    """Raw Wan latent (native LATENT) -> video frames as a native IMAGE batch [F, H, W, 3] in 0..1."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": (VAE, {"tooltip": "Wan2.1 VAE from LingBot VAE Loader"}),
+                "samples": ("LATENT", {"tooltip": "Latent video from LingBot Sampler (raw Wan 2.1 latent, [B,16,T,h,w])"}),
+                "tiled": ("BOOLEAN", {"default": False, "tooltip": (
+                    "Decode in overlapping spatial tiles: much less VRAM at 720p, tiny blending seams.")}),
+                "tile_size": ("INT", {"default": 32, "min": 8, "max": 256, "step": 8, "tooltip": (
+                    "Tile edge in latent cells (x8 pixels), tiled only.")}),
+            }
+        }
+
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("images",)
+    OUTPUT_TOOLTIPS = ("Video frames [F, H, W, 3] in 0..1, e.g. for Create Video -> Save Video (16 fps)",)
+    FUNCTION = "decode"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Decodes a LingBot-World latent video with the Wan2.1 VAE (float32, output clamped like the reference)."
+
+    def decode(self, vae: VAEHandle, samples: dict, tiled: bool = False, tile_size: int = 32):
+        import comfy.model_management as mm
+
+        mu = samples.get("samples") if isinstance(samples, dict) else None
+        cfg = vae.model.cfg
+        if mu is None or mu.dim() != 5 or mu.shape[1] != cfg.z_dim:
+            got = tuple(mu.shape) if isinstance(mu, torch.Tensor) else type(mu).__name__
+            raise ValueError(f"expected a Wan video latent [B, {cfg.z_dim}, T, h, w], got {got}; connect LingBot Sampler's LATENT")
+        s, t = cfg.spatial_factor, cfg.temporal_factor
+        frames = 1 + t * (mu.shape[2] - 1)
+        overlap = min(DEFAULT_OVERLAP, max(int(tile_size) // 4, 1))
+        work = vae_work_bytes(cfg, mu.shape[3] * s, mu.shape[4] * s, frames, tiled, int(tile_size) * s)
+        model = load_vae_to_device(vae, work)
+        out = []
+        for b in range(mu.shape[0]):
+            video = model.decode_raw(mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap)  # [1,3,F,H,W]
+            out.append(((video[0].permute(1, 2, 3, 0) + 1.0) * 0.5).to(mm.intermediate_device(), torch.float32))
+            del video
+        return (torch.cat(out, 0),)
+

@@ -1,0 +1,112 @@
+"""What travels along the pack's custom links (LINGBOT_EXPERTS, LINGBOT_TEXT, ...). No ComfyUI imports.
+
+ComfyUI passes these objects between nodes and caches them as node outputs, so they stay small: tensors
+on the CPU, paths, and for the experts the ModelPatchers that own the (lazily loaded) weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..loaders.expert_format import ExpertFormat
+
+# Custom link types; native IMAGE / LATENT are used wherever they fit.
+EXPERTS = "LINGBOT_EXPERTS"
+TEXT = "LINGBOT_TEXT"
+CAMERA = "LINGBOT_CAMERA"
+VAE = "LINGBOT_VAE"
+I2V = "LINGBOT_I2V"
+
+CATEGORY = "LingBot-World"
+WEIGHT_MODES = ("nf4", "bf16")
+MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
+
+
+@dataclass
+class ExpertPair:
+    """LINGBOT_EXPERTS: the two DiT experts, not loaded yet; the sampler loads them phase by phase."""
+
+    high: Any  # ExpertPatcher (a comfy ModelPatcher subclass) for the high-noise expert
+    low: Any  # ... for the low-noise expert
+    formats: dict[str, ExpertFormat]
+    weights: str  # "nf4" | "bf16"
+    memory_mode: str  # one of MEMORY_MODES
+    blocks_on_gpu: int  # block_swap only: DiT blocks kept on the GPU
+
+    def patcher(self, name: str) -> Any:
+        if name not in ("high", "low"):
+            raise ValueError(f"expert name must be 'high' or 'low', got {name!r}")
+        return self.high if name == "high" else self.low
+
+    @property
+    def text_len(self) -> int:
+        return self.formats["high"].config.text_len
+
+    @property
+    def text_dim(self) -> int:
+        return self.formats["high"].config.text_dim
+
+
+@dataclass
+class TextEmbeds:
+    """LINGBOT_TEXT: umT5 embeddings trimmed to their true length, [L, dim] each, on the CPU."""
+
+    positive: torch.Tensor
+    negative: torch.Tensor
+    prompt: str
+    negative_prompt: str
+
+
+@dataclass
+class CameraInput:
+    """LINGBOT_CAMERA: a trajectory (poses + intrinsics at 480x832); rasterised to Plücker at the sampler."""
+
+    poses: np.ndarray  # [N, 4, 4] float32 OpenCV camera-to-world
+    intrinsics: np.ndarray  # [N, 4] float32 (fx, fy, cx, cy)
+    per_frame_intrinsics: bool = False
+    label: str = ""
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.poses.shape[0])
+
+
+@dataclass
+class VAEHandle:
+    """LINGBOT_VAE: the Wan2.1 VAE inside a ComfyUI ModelPatcher (loaded to the GPU on use)."""
+
+    patcher: Any
+    path: Path
+
+    @property
+    def model(self):
+        return self.patcher.model.vae
+
+
+@dataclass
+class I2VCondition:
+    """LINGBOT_I2V: the 20-channel conditioning y and the sizes it was built for."""
+
+    y: torch.Tensor  # [1, 20, F_lat, h/8, w/8] float32, CPU
+    height: int
+    width: int
+    frames: int
+    latent_mean: tuple = field(default_factory=tuple)  # the VAE's latent statistics (raw = z*std + mean)
+    latent_std: tuple = field(default_factory=tuple)
+    note: Optional[str] = None
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int, int]:
+        _, _, f, h, w = self.y.shape
+        return (1, len(self.latent_mean) or 16, f, h, w)
+
+    def to_raw_latent(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalised latent (what the DiT samples) -> raw VAE latent (ComfyUI's LATENT for Wan)."""
+        shape = (1, z.shape[1], 1, 1, 1)
+        mean = torch.tensor(self.latent_mean, dtype=torch.float32, device=z.device).view(shape)
+        std = torch.tensor(self.latent_std, dtype=torch.float32, device=z.device).view(shape)
+        return z.float() * std + mean

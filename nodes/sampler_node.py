@@ -1,0 +1,131 @@
+"""The LingBot-World sampler node: dual-expert flow sampling with ComfyUI progress, previews and cancel."""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from ..wan.camera import camera_condition
+from ..wan.dit import pad_context
+from ..wan.sampler import Cancelled, SamplingSettings, make_noise, sample
+from .memory import ComfyExpertProvider, estimate_activation_bytes
+from .payloads import CAMERA, CATEGORY, EXPERTS, I2V, TEXT, CameraInput, ExpertPair, I2VCondition, TextEmbeds
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("unipc", "dpm++")
+CFG_MODES = ("auto", "batch", "sequential")
+NOISE_SOURCES = ("cpu", "cuda")
+MAX_SEED = 0xFFFFFFFFFFFFFFFF
+
+
+def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
+    """Rasterise the trajectory at the video's size; its frame count must cover the conditioning's."""
+    cc = camera_condition(camera.poses, camera.intrinsics, cond.height, cond.width, cond.frames,
+                          per_frame_intrinsics=camera.per_frame_intrinsics)
+    if cc.frames != cond.frames:
+        raise ValueError(
+            f"the camera trajectory covers {cc.frames} frames but the video has {cond.frames}: connect the camera to "
+            f"LingBot Image To Video too (it then limits the frames), or set its frames to {cc.frames}"
+        )
+    if cc.message:
+        log.info("LingBot-World camera: %s", cc.message)
+    return cc.plucker
+
+
+def text_contexts(text: TextEmbeds, experts: ExpertPair) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, text_len, dim] zero-padded contexts; refuses embeddings from a different text encoder."""
+    for label, e in (("prompt", text.positive), ("negative prompt", text.negative)):
+        if e.dim() != 2 or e.shape[1] != experts.text_dim:
+            raise ValueError(
+                f"the {label} embedding is {tuple(e.shape)} but these experts take [L, {experts.text_dim}]: the text "
+                f"encoder does not belong to these experts (umT5-XXL gives 4096)"
+            )
+    return pad_context([text.positive], experts.text_len), pad_context([text.negative], experts.text_len)
+
+
+class LingBotSampler:
+    """Denoises the video latent: high-noise expert first, then the low-noise one (spec defaults)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "experts": (EXPERTS, {"tooltip": "From LingBot Expert Loader"}),
+                "text": (TEXT, {"tooltip": "From LingBot Text Encode"}),
+                "i2v": (I2V, {"tooltip": "From LingBot Image To Video (first frame, size, frames)"}),
+                "steps": ("INT", {"default": 70, "min": 1, "max": 1000, "tooltip": (
+                    "Denoising steps (reference 70: 26 with the high-noise expert, 44 with the low-noise one).")}),
+                "shift": ("FLOAT", {"default": 10.0, "min": 0.1, "max": 100.0, "step": 0.1, "tooltip": (
+                    "Timestep shift of the flow schedule (reference 10).")}),
+                "boundary": ("FLOAT", {"default": 0.947, "min": 0.001, "max": 1.0, "step": 0.001, "tooltip": (
+                    "Switch from the high- to the low-noise expert when t drops below boundary x 1000 (reference 0.947).")}),
+                "guide_high": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 30.0, "step": 0.1, "tooltip": (
+                    "Classifier-free guidance of the high-noise expert (reference 5; 1 = no negative pass).")}),
+                "guide_low": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 30.0, "step": 0.1, "tooltip": (
+                    "Classifier-free guidance of the low-noise expert (reference 5).")}),
+                "seed": ("INT", {"default": 42, "min": 0, "max": MAX_SEED, "control_after_generate": True, "tooltip": (
+                    "Noise seed (reference default 42).")}),
+                "noise_source": (list(NOISE_SOURCES), {"default": "cpu", "tooltip": (
+                    "cpu: the same noise on every machine. cuda: the reference's GPU generator (bit-identical to "
+                    "the original scripts for the same seed; needs a CUDA GPU).")}),
+                "solver": (list(SOLVERS), {"default": "unipc", "tooltip": (
+                    "unipc: the reference's flow UniPC (order 2). dpm++: flow DPM-Solver++.")}),
+                "cfg_mode": (list(CFG_MODES), {"default": "auto", "tooltip": (
+                    "How the prompt and negative passes run: batch (one forward of 2, faster, more VRAM), "
+                    "sequential (two forwards, less VRAM), auto (decide from memory).")}),
+            },
+            "optional": {
+                "camera": (CAMERA, {"tooltip": (
+                    "Camera trajectory. Without it the camera layers are skipped (plain image-to-video).")}),
+            },
+        }
+
+    RETURN_TYPES = ("LATENT",)
+    RETURN_NAMES = ("samples",)
+    OUTPUT_TOOLTIPS = ("Raw Wan 2.1 latent video {'samples': [1,16,T,h,w]}; decode with LingBot VAE Decode",)
+    FUNCTION = "sample"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Runs LingBot-World's two experts with flow UniPC and CFG; shows progress and previews and "
+                   "stops at the next model call when cancelled.")
+
+    def sample(self, experts: ExpertPair, text: TextEmbeds, i2v: I2VCondition, steps: int = 70, shift: float = 10.0,
+               boundary: float = 0.947, guide_high: float = 5.0, guide_low: float = 5.0, seed: int = 42,
+               noise_source: str = "cpu", solver: str = "unipc", cfg_mode: str = "auto",
+               camera: Optional[CameraInput] = None):
+        import comfy.model_management as mm
+
+        from .progress import SamplingProgress, load_progress
+
+        for value, allowed, what in ((solver, SOLVERS, "solver"), (cfg_mode, CFG_MODES, "cfg_mode"),
+                                     (noise_source, NOISE_SOURCES, "noise_source")):
+            if value not in allowed:
+                raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+        settings = SamplingSettings(steps=int(steps), shift=float(shift), boundary=float(boundary),
+                                    guide_high=float(guide_high), guide_low=float(guide_low), solver=solver,
+                                    cfg_mode=cfg_mode)
+        settings.validate()
+        cfg = experts.formats["high"].config
+        ctx, neg = text_contexts(text, experts)
+        plucker = plucker_for(camera, i2v) if camera is not None else None
+        shape = (1, cfg.out_dim) + tuple(i2v.y.shape[2:])
+        noise = make_noise(shape, int(seed), noise_source)
+
+        device = mm.get_torch_device()
+        activations = estimate_activation_bytes(cfg, shape, cfg_mode == "batch")
+        provider = ComfyExpertProvider(experts, activations, progress=load_progress(experts.weights))
+        progress = SamplingProgress(settings.steps, device)
+        log.info("LingBot-World sampling %dx%d, %d frames, %d steps, memory_mode=%s, camera=%s",
+                 i2v.width, i2v.height, i2v.frames, settings.steps, experts.memory_mode,
+                 camera.label if camera is not None else "none")
+        try:
+            x = sample(provider, noise, ctx, neg, i2v.y, camera=plucker, settings=settings, device=device,
+                       callback=progress, cancel_check=mm.processing_interrupted)
+        except Cancelled:
+            mm.throw_exception_if_processing_interrupted()
+            raise mm.InterruptProcessingException()
+        progress.finish(settings.steps)
+        latent = i2v.to_raw_latent(x).to(mm.intermediate_device())
+        del x
+        return ({"samples": latent},)

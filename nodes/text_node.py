@@ -1,0 +1,137 @@
+"""Text encoding in a short-lived child process (umT5-XXL never enters ComfyUI's process)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..loaders.embedding_cache import CacheKey, EmbeddingCache, file_identity
+from ..loaders.t5_tokenizer import MAX_LENGTH, resolve_tokenizer_source
+from ..loaders.text_encoding import TextEncoderStopped, encode_prompts
+from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
+from . import comfy_paths
+from .payloads import CATEGORY, TEXT, TextEmbeds
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("auto", "cuda", "cpu")
+EMBED_DTYPE = "bfloat16"
+CHILD_MARGIN_BYTES = 1 << 30  # activations + CUDA context of the child
+
+
+class FreeMemoryRequested(RuntimeError):
+    """The user asked ComfyUI to free memory while the text encoder was running."""
+
+
+def all_cached(encoder: Path, tokenizer: Optional[Path], texts: list[str], cache_dir: Path) -> bool:
+    """Would `encode_prompts` serve every text from the cache (so no child and no VRAM is needed)?"""
+    try:
+        tok = resolve_tokenizer_source(tokenizer, encoder)
+        enc_id, tok_id = file_identity(encoder), tok.identity()
+    except (OSError, ValueError):
+        return False
+    cache = EmbeddingCache(cache_dir)
+    return all(cache.path_for(CacheKey(enc_id, tok_id, t, EMBED_DTYPE, MAX_LENGTH)).is_file() for t in texts)
+
+
+def child_device(choice: str, cpu_mode: bool) -> str:
+    """ComfyUI started with --cpu keeps the child on the CPU too, unless the user forces cuda."""
+    if choice not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {choice!r}")
+    return "cpu" if choice == "auto" and cpu_mode else choice
+
+
+def free_memory_requested() -> bool:
+    """True while a /free request (Unload models / Free memory buttons) waits for the current prompt."""
+    try:
+        import server
+
+        flags = server.PromptServer.instance.prompt_queue.get_flags(reset=False)
+    except Exception:  # no server (tests, scripts)
+        return False
+    return bool(flags.get("free_memory") or flags.get("unload_models"))
+
+
+def _child_vram_bytes(encoder: Path) -> int:
+    from ..loaders.t5_files import inspect_t5_file
+
+    return inspect_t5_file(encoder).device_bytes(getattr(torch, EMBED_DTYPE)) + CHILD_MARGIN_BYTES
+
+
+class LingBotTextEncode:
+    """Positive and negative prompt -> umT5 embeddings, computed in a child process and cached on disk."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        encoders = comfy_paths.list_text_encoders()
+        from ..loaders.model_folders import pick_default
+
+        default = pick_default(encoders, "umt5") or pick_default(encoders, "t5")
+        enc_opts = {"default": default} if default else {}
+        return {
+            "required": {
+                "text_encoder": (encoders, {**enc_opts, "tooltip": (
+                    "umT5-XXL encoder: umt5_xxl_fp16 / fp8_e4m3fn_scaled .safetensors (Comfy-Org repackaged, in "
+                    "models/text_encoders) or the release's models_t5_umt5-xxl-enc-bf16.pth. It runs in a separate "
+                    "process that exits after encoding, so its 11 GB never stay in ComfyUI.")}),
+                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, "tooltip": (
+                    "auto: the tokenizer stored inside Comfy-Org's umt5 .safetensors, or a google/umt5-xxl/ or "
+                    "tokenizer/ folder next to the encoder file. Or pick a folder with tokenizer.json / spiece.model.")}),
+                "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": (
+                    "What happens in the video. The camera motion comes from the camera input, not from the text.")}),
+                "negative_prompt": ("STRING", {"multiline": True, "default": DEFAULT_NEGATIVE_PROMPT, "tooltip": (
+                    "What to avoid. Defaults to LingBot-World's own negative prompt; leaving it empty uses that too.")}),
+                "device": (list(DEVICES), {"default": "auto", "tooltip": (
+                    "Where the child process runs the encoder. auto: the GPU if it has room after ComfyUI frees "
+                    "memory for it (about 10 GB), else the CPU (slow, needs about 12 GB RAM).")}),
+                "cache": ("BOOLEAN", {"default": True, "tooltip": (
+                    "Keep embeddings on disk (ComfyUI user folder, lingbot_world/text_cache): a repeated prompt "
+                    "never starts the encoder again.")}),
+            }
+        }
+
+    RETURN_TYPES = (TEXT,)
+    RETURN_NAMES = ("text",)
+    OUTPUT_TOOLTIPS = ("Prompt and negative prompt embeddings for LingBot Sampler",)
+    FUNCTION = "encode"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Encodes the prompts with umT5-XXL in a child process (stopped on cancel and on Free memory)."
+
+    def encode(self, text_encoder: str, tokenizer: str, prompt: str, negative_prompt: str, device: str = "auto",
+               cache: bool = True):
+        import comfy.model_management as mm
+
+        from .patchers import TextEncoderSlot, unload_patcher
+
+        encoder = comfy_paths.resolve_text_encoder(text_encoder)
+        tok = comfy_paths.resolve_tokenizer(tokenizer)
+        negative = negative_prompt if negative_prompt.strip() else DEFAULT_NEGATIVE_PROMPT
+        texts = [prompt, negative]
+        dev = child_device(device, mm.cpu_mode())
+        cache_dir = comfy_paths.text_cache_dir()
+
+        slot = None
+        if dev != "cpu" and not mm.cpu_mode() and not (cache and all_cached(encoder, tok, texts, cache_dir)):
+            # Make room on the GPU the way ComfyUI does for its own models, and be unloadable meanwhile.
+            slot = TextEncoderSlot(_child_vram_bytes(encoder), mm.get_torch_device(), torch.device("cpu"))
+            mm.load_models_gpu([slot], force_full_load=True)
+
+        def cancel() -> bool:
+            return mm.processing_interrupted() or free_memory_requested()
+
+        try:
+            positive_emb, negative_emb = encode_prompts(encoder, tok, texts, device=dev, dtype=EMBED_DTYPE,
+                                                        cache_dir=cache_dir, use_cache=cache, cancel_check=cancel)
+        except TextEncoderStopped:
+            mm.throw_exception_if_processing_interrupted()  # a cancel: ComfyUI reports it as interrupted
+            if free_memory_requested():
+                raise FreeMemoryRequested(
+                    "text encoding was stopped because ComfyUI was asked to free memory; queue the prompt again"
+                ) from None
+            raise
+        finally:
+            if slot is not None:
+                unload_patcher(slot)
+        return (TextEmbeds(positive_emb, negative_emb, prompt, negative),)
