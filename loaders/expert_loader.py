@@ -232,7 +232,7 @@ def device_bytes(model: nn.Module) -> tuple[int, int]:
 def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress) -> tuple[WanDiT, ExpertInfo]:
     t0 = time.perf_counter()
     nf4 = mode == "nf4"
-    param_dtype = compute_dtype
+    param_dtype = compute_dtype  # unquantized tensors are kept in the compute dtype
     model = WanDiT(fmt.config, device="meta", dtype=param_dtype)
     if nf4:
         replace_linears_with_nf4(model, fmt.config.num_layers, compute_dtype)

@@ -142,9 +142,7 @@ class NF4Linear(Linear4bit):
         self.weight = param
         self.quant_state = param.quant_state
 
-    def load_prequantized(
-        self, packed: torch.Tensor, pieces: Mapping[str, torch.Tensor], where: str = "", strict_shape: bool = True
-    ) -> None:
+    def load_prequantized(self, packed: torch.Tensor, pieces: Mapping[str, torch.Tensor], where: str = "") -> None:
         """Rebuild the weight from its stored pieces (keys as in NF4_COMPONENTS) with bnb's deserialization.
 
         The tensors should already be on the target device (the JSON blob may stay on the CPU).
@@ -164,7 +162,7 @@ class NF4Linear(Linear4bit):
             gone = {"nested_absmax", "nested_quant_map"} - pieces.keys()
             raise NF4FormatError(f"{where}: missing {', '.join('weight.' + m for m in sorted(gone))}")
         want = (self.out_features, self.in_features)
-        if strict_shape and tuple(qs["shape"]) != want:
+        if tuple(qs["shape"]) != want:
             raise NF4FormatError(f"{where}: stored weight shape {tuple(qs['shape'])} but the model expects {want}")
         if qs["dtype"] not in ("bfloat16", "float16", "float32"):
             raise NF4FormatError(f"{where}: quant_state dtype {qs['dtype']!r}; expected bfloat16/float16/float32")

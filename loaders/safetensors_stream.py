@@ -168,6 +168,8 @@ class _CudaStaging:
         self.slot = 0
 
     def read(self, f, entry: TensorEntry, path: Path) -> torch.Tensor:
+        if not entry.nbytes:
+            return torch.empty(entry.shape, dtype=entry.dtype, device=self.device)
         main = torch.cuda.current_stream(self.device)
         dst = torch.empty(entry.nbytes, dtype=torch.uint8, device=self.device)
         # dst may reuse memory that kernels queued on the main stream still read: copy only after them.
@@ -183,8 +185,8 @@ class _CudaStaging:
                 self.done[s].record(self.stream)
             self.slot = 1 - s
             pos += n
-        main.wait_stream(self.stream)
-        return dst.view(entry.dtype).view(entry.shape) if entry.nbytes else torch.empty(entry.shape, dtype=entry.dtype, device=self.device)
+        main.wait_stream(self.stream)  # consumers on the main stream see the finished tensor
+        return dst.view(entry.dtype).view(entry.shape)
 
     def close(self) -> None:
         for e in self.done:
