@@ -155,6 +155,14 @@ def test_normalisation(pair):
     torch.testing.assert_close(ours.decode(z[:1]), ours.decode_raw(ours.denormalize(z[:1])), rtol=0, atol=0)
 
 
+def test_batch_equals_one_by_one(pair):
+    ours, _ = pair
+    video = torch.rand(2, 3, 5, 32, 32) * 2 - 1
+    z = ours.encode(video)
+    torch.testing.assert_close(z[1:], ours.encode(video[1:]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.decode(z)[:1], ours.decode(z[:1]), rtol=1e-5, atol=1e-6)
+
+
 def test_output_is_clamped_and_a_normal_tensor(pair):
     ours, _ = pair
     loud = WanVAE(TINY).eval()

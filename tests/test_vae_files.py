@@ -123,3 +123,19 @@ def test_unreadable_files(tmp_path):
     save_file({"x": torch.zeros(2, dtype=torch.int64)}, str(ints))
     with pytest.raises(VAEFileError, match="missing key"):
         load_vae(ints, config=TINY)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_streams_to_cuda(tmp_path, tiny_sd):
+    path = tmp_path / "wan_2.1_vae.safetensors"
+    save_file({k: v.to(torch.bfloat16) for k, v in tiny_sd.items()}, str(path))
+    gpu = load_vae(path, device="cuda", config=TINY)
+    assert all(t.device.type == "cuda" and t.dtype == torch.float32 for t in gpu.state_dict().values())
+    cpu = load_vae(path, config=TINY)
+    z = torch.randn(1, 16, 3, 4, 6)
+    out = gpu.decode(z.cuda())
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out.cpu(), cpu.decode(z), rtol=0, atol=2e-3)  # TF32 convs on the GPU
+    video = torch.rand(1, 3, 9, 32, 48) * 2 - 1
+    torch.testing.assert_close(gpu.encode(video).cpu(), cpu.encode(video), rtol=0, atol=2e-2)
