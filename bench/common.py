@@ -1,8 +1,5 @@
-"""Shared helpers for benchmarks and memory checks: host RSS (VmRSS / VmHWM), VRAM peaks, JSON and tables.
-
-Peak host memory is read from /proc/self/status (Linux). `reset_peak_rss()` sets VmHWM back to the current
-RSS (write "5" to /proc/self/clear_refs), so a peak can be measured for one phase of a process.
-"""
+"""Shared helpers for the benchmarks: child processes returning JSON, machine info, tables (memory readings
+live in loaders/memstats.py)."""
 from __future__ import annotations
 
 import json
@@ -15,66 +12,16 @@ from typing import Optional, Sequence
 
 import torch
 
-_STATUS = "/proc/self/status"
-
-
-def proc_status_bytes(field: str) -> Optional[int]:
-    """A `kB` field of /proc/self/status (VmRSS, VmHWM, ...) in bytes, or None off Linux."""
-    try:
-        with open(_STATUS) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def rss_bytes() -> Optional[int]:
-    return proc_status_bytes("VmRSS")
-
-
-def peak_rss_bytes() -> Optional[int]:
-    return proc_status_bytes("VmHWM")
-
-
-def reset_peak_rss() -> bool:
-    """Make VmHWM equal the current RSS; False where the kernel does not allow it."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-class PeakRSS:
-    """Peak host RSS growth over a `with` block (VmHWM after minus RSS before, with VmHWM reset at entry)."""
-
-    def __enter__(self) -> "PeakRSS":
-        self.was_reset = reset_peak_rss()
-        self.start = (rss_bytes() if self.was_reset else peak_rss_bytes()) or 0
-        self.growth: Optional[int] = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        peak = peak_rss_bytes()
-        self.growth = None if peak is None else max(0, peak - self.start)
-
-
-def reset_peak_vram(device=None) -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_vram_bytes(device=None) -> Optional[int]:
-    return torch.cuda.max_memory_allocated(device) if torch.cuda.is_available() else None
-
-
-def vram_bytes(device=None) -> Optional[int]:
-    return torch.cuda.memory_allocated(device) if torch.cuda.is_available() else None
-
+from ..loaders.memstats import (  # noqa: F401  (re-exported for the benchmarks)
+    PeakRSS,
+    peak_rss_bytes,
+    peak_vram_bytes,
+    proc_status_bytes,
+    reset_peak_rss,
+    reset_peak_vram,
+    rss_bytes,
+    vram_bytes,
+)
 
 def run_json_child(args: Sequence[str], timeout: float = 600, env: Optional[dict] = None) -> dict:
     """Run `python <args>` in a fresh process and parse the last line of its stdout as JSON."""

@@ -7,17 +7,7 @@ from pathlib import Path
 
 import torch
 
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM), 0 where /proc is unavailable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+from ..loaders.memstats import peak_rss_bytes
 
 
 class ProgressLine:
@@ -59,7 +49,7 @@ class RunStats:
         total = time.perf_counter() - self.t_start
         parts = ", ".join(f"{name} {sec:.1f}s" for name, sec in self.stages)
         lines = [f"wrote {out}", f"seed {seed}; total {total:.1f}s ({parts})",
-                 f"peak RAM (this process) {peak_rss_bytes() / 2**30:.2f} GiB"]
+                 f"peak RAM (this process) {(peak_rss_bytes() or 0) / 2**30:.2f} GiB"]
         if torch.device(device).type == "cuda":
             lines.append(f"peak VRAM {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
                          f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB reserved")
