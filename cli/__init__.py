@@ -10,7 +10,12 @@ def main(argv=None) -> int:
 
     commands.register(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        # Bad input: the library's message names the file/key/shape and the fix; no traceback needed.
+        print(f"lingbot-world {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

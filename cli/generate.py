@@ -212,7 +212,9 @@ def run(args) -> int:
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     noise_source = args.noise if args.noise != "auto" else ("cuda" if device.type == "cuda" else "cpu")
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, noise_source, device=device)
-    provider = _provider(args, files, device, frames, height, width, settings)
+    provider = _provider(args, files, device, frames, height, width, camera is not None)
+    if settings.cfg_mode == "auto":
+        settings.cfg_mode = provider.plan.cfg_mode
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
     try:
         with torch.inference_mode():
@@ -240,16 +242,12 @@ def run(args) -> int:
     return 0
 
 
-def _provider(args, files, device, frames, height, width, settings):
+def _provider(args, files, device, frames, height, width, with_camera: bool):
     from ..loaders.placement import make_provider
 
-    mode = args.memory_mode
-    keep_in_ram = mode == "swap_pinned"
-    if keep_in_ram:
-        mode = "swap"
     return make_provider(
-        mode, files.high, files.low, device, weights=args.weights, keep_in_ram=keep_in_ram,
-        blocks_on_gpu=args.blocks_on_gpu, frames=frames, height=height, width=width, settings=settings,
+        args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
+        video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log,
     )
 
 

@@ -97,9 +97,14 @@ def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0) -> Checkpo
         "t5": {k: getattr(t5_cfg, k) for k in ("vocab_size", "dim", "num_heads", "head_dim", "ffn_dim", "num_layers")},
         "vae": {"dim": vae_cfg.dim, "dim_mult": list(vae_cfg.dim_mult), "num_res_blocks": vae_cfg.num_res_blocks},
     }, indent=2))
-    if root.exists():  # another process finished first
+    if (root / MANIFEST).is_file():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     else:
+        if root.exists():
+            if any(root.iterdir()):
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise FileExistsError(f"{root} exists and is not a demo checkpoint; choose another demo folder")
+            root.rmdir()
         root.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, root)
     return find_checkpoint_files(root)
