@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
                      help="trajectory folder with poses.npy + intrinsics.npy, or a preset such as "
                           "'dolly_in' or 'dolly_in+pan_right' (default: no camera)")
     src.add_argument("--camera-speed", type=float, default=1.0, help="speed multiplier for presets")
+    src.add_argument("--per-frame-intrinsics", action="store_true",
+                     help="use every latent frame's intrinsics (zoom); the reference uses the first frame's only")
     src.add_argument("--prompt", default=None, help="text prompt")
     src.add_argument("--negative-prompt", default=None, help="negative prompt (default: the model's)")
     src.add_argument("--high", type=Path, help="override: high-noise expert folder/file")
@@ -176,7 +178,8 @@ def run(args) -> int:
     cam_path = _camera(args.camera, args.camera_speed, frames)
     camera = None
     if cam_path is not None:
-        cond = camera_condition(cam_path.poses, cam_path.intrinsics, height, width, frames)
+        cond = camera_condition(cam_path.poses, cam_path.intrinsics, height, width, frames,
+                                per_frame_intrinsics=args.per_frame_intrinsics)
         if cond.message:
             log.warning("camera: %s", cond.message)
         frames, camera = cond.frames, cond.plucker
