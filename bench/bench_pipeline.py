@@ -100,6 +100,8 @@ def apply_cap(device: torch.device, cap_gib: Optional[float], context_gib: float
     """Limit this process's caching allocator like a card of `cap_gib` GiB whose context takes `context_gib`."""
     if device.type != "cuda" or not cap_gib:
         return None
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     cap = int((cap_gib - context_gib) * GiB)
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)

@@ -308,6 +308,26 @@ def restore_to_device(parts: list[WeightPart], device: Device) -> None:
     synchronize(device)
 
 
+def park_on_host(model: nn.Module, pin: bool = True) -> nn.Module:
+    """Park a loaded DiT in (pinned) host RAM; the parts are remembered on the model for `unpark`.
+
+    The first park copies the weights out (one flat buffer per block); later parks only drop the device copy.
+    """
+    parts = getattr(model, "_weight_parts", None) or dit_parts(model)
+    offload_to_host(model, parts, pin)
+    model._weight_parts = parts
+    return model
+
+
+def unpark(model: nn.Module, device: Device) -> nn.Module:
+    """Bring a parked model back to `device` (asynchronous copies from pinned memory, then one sync)."""
+    parts = getattr(model, "_weight_parts", None)
+    if parts is None:
+        raise ValueError("this model was not parked with park_on_host(); load it again or move it with .to()")
+    restore_to_device(parts, device)
+    return model
+
+
 def iter_model_tensors(parts: Iterable[WeightPart]) -> Iterator[torch.Tensor]:
     for p in parts:
         for s in p.slots:

@@ -111,7 +111,9 @@ def estimate_activation_bytes(
       camera FiLM:     g, scale, shift, 1+scale (batch 1, c d each) + fp32 product and sum (8d B);
       FFN:             fp32 input (4d) + compute copy (c d) + hidden before and after GELU (2 c f), chunked when
                        `ffn_chunk` tokens are given;
-    the largest phase counts. The benchmark compares this with measured peaks (ACTIVATION_SAFETY covers the gap).
+    the largest phase counts. Checked on an H100 at 464x832x81 (bench/bench_pipeline.py): measured 4.55-4.62 GB
+    sequential / 8.78 GB batched against 4.86 / 9.10 GB estimated; ACTIVATION_SAFETY and VRAM_HEADROOM cover
+    the rest (the allocator reserved 0.9-1.4 GB above the allocated peak).
     """
     tokens = token_count(frames, height, width)
     b = 2 if cfg_batch else 1
@@ -138,6 +140,8 @@ def free_vram_bytes(device: Union[str, torch.device] = "cuda") -> int:
     device = torch.device(device)
     if device.type != "cuda":
         return 0
+    if device.index is None:  # the memory-fraction getter wants an index
+        device = torch.device("cuda", torch.cuda.current_device())
     free, total = torch.cuda.mem_get_info(device)
     allocated = torch.cuda.memory_allocated(device)
     avail = free + torch.cuda.memory_reserved(device) - allocated

@@ -139,6 +139,16 @@ def test_bad_options_name_the_choices():
         plan(24, weights="fp8")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_free_vram_reads_the_card():
+    from lingbot_world.loaders.placement import available_ram_bytes, free_vram_bytes
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    for dev in ("cuda", "cuda:0", torch.device("cuda")):
+        assert 0 < free_vram_bytes(dev) <= total
+    assert available_ram_bytes() > 0
+
+
 def test_bf16_weights_are_planned_with_bf16_sizes():
     p = plan(75, weights="bf16")
     assert p.mode == "swap"  # 2 x 37 GB does not fit 75 GiB, one does
@@ -206,6 +216,20 @@ def test_parts_round_trip_through_a_host_copy_bit_exactly(experts):
     assert buf.how in ("pageable", "registered", "pinned") and buf.tensor.numel() == 1000
     buf.close()
     assert buf.tensor.numel() == 0
+
+
+def test_park_and_unpark_keep_the_output(experts):
+    from lingbot_world.loaders.pinned import park_on_host, unpark
+
+    model = load_expert(experts[1], device="cpu")
+    ref = forward(model)
+    with pytest.raises(ValueError, match="not parked"):
+        unpark(model, "cpu")
+    for _ in range(2):  # the second park reuses the host copies
+        park_on_host(model)
+        assert all(p.has_host_copy and p.device_buffer is None for p in model._weight_parts)
+        unpark(model, "cpu")
+        assert torch.equal(forward(model), ref)
 
 
 def test_make_provider_builds_the_planned_provider(experts, caplog):
