@@ -782,7 +782,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny config and video (CPU smoke run)")
+    p.add_argument("--tiny", action="store_true", help="tiny config and video, batched CFG, one thread per child (CPU smoke run)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
@@ -812,8 +812,11 @@ def main(argv=None) -> int:
     bad = [c for c in args.cases if c not in CASES]
     if bad:
         p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
-    if args.tiny:
+    if args.tiny:  # the smoke run: fewest forwards, one thread per child (CPU-bound and tiny)
         args.timed_steps = min(args.timed_steps, 1)
+        if args.cfg_mode == "sequential":
+            args.cfg_mode = "batch"
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     res = run(args)
     print_report(res)
     if args.out:
