@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from ..wan.dit import DiTConfig
+from ..wan.dit_blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
 from .common import machine_info, peak_rss_bytes, write_json
 
@@ -234,7 +235,7 @@ def child_sample(spec: dict) -> dict:
         out["auto_would_pick"] = plan_memory(video, cfg, free_vram_bytes(device), available_ram_bytes(),
                                              cfg_mode=spec["cfg_mode"]).reason
     prov = make_provider(spec["mode"], spec["high"], spec["low"], device=device, video=video, cfg_mode=spec["cfg_mode"],
-                         keep_in_ram=False, ffn_chunk=spec.get("ffn_chunk"), log=lines.append, **kw)
+                         keep_in_ram=False, token_chunk=spec.get("token_chunk"), log=lines.append, **kw)
     out["plan"] = prov.plan.to_json()
     settings = schedule(spec["high_steps"], spec["low_steps"])
     settings.cfg_mode = prov.plan.cfg_mode
@@ -264,7 +265,7 @@ def child_sample(spec: dict) -> dict:
     out["s_per_step"] = round(sum(timed) / len(timed), 3) if timed else None
     out["warmup_step_seconds"] = steps[0]["seconds"] if steps else None
     batch = prov.plan.cfg_batch
-    est = estimate_activation_bytes(*video, cfg, batch, ffn_chunk=spec.get("ffn_chunk"))
+    est = estimate_activation_bytes(*video, cfg, batch, token_chunk=spec.get("token_chunk"))
     for ph in rec.phases:
         ph["activation_estimate"] = est
         if ph.get("activation_peak"):
@@ -365,26 +366,28 @@ def child_cfg(spec: dict) -> dict:
     inputs = make_inputs(video, cfg, device)
     model = load_expert(spec["high"], device=device)
     out: dict = {}
-    runs = [("sequential", False, None, 1), ("batched", True, None, 0), ("sequential_ffn_chunk", False, spec["chunk"], 0)]
+    # Default token chunking (what users run) vs the whole sequence at once (the unchunked block's memory).
+    runs = [("sequential", False, spec["chunk"], 1), ("batched", True, spec["chunk"], 0),
+            ("sequential_unchunked", False, None, 0)]
     for name, batch, chunk, warm in runs:
-        model.set_ffn_chunk(chunk)
+        model.set_token_chunk(chunk)
         try:
             r = timed_forwards(model, inputs, device, batch, spec["timed"], warm=warm)
-            r["activation_estimate"] = estimate_activation_bytes(*video, cfg, batch, ffn_chunk=chunk)
+            r["activation_estimate"] = estimate_activation_bytes(*video, cfg, batch, token_chunk=chunk)
             if r.get("activation_peak"):
                 r["estimate_over_measured"] = round(r["activation_estimate"] / r["activation_peak"], 3)
         except torch.OutOfMemoryError as e:
             r = {"error": f"OOM: {str(e).splitlines()[0][:200]}"}
-        r["ffn_chunk"] = chunk
+        r["token_chunk"] = chunk
         out[name] = r
         if device.type == "cuda":
             torch.cuda.empty_cache()
     s, b = out["sequential"].get("s_per_step"), out["batched"].get("s_per_step")
     if s and b:
         out["batched_over_sequential"] = round(b / s, 3)
-    c = out["sequential_ffn_chunk"].get("s_per_step")
+    c = out["sequential_unchunked"].get("s_per_step")
     if s and c:
-        out["ffn_chunk_over_whole"] = round(c / s, 3)
+        out["chunked_over_unchunked"] = round(s / c, 3)
     return out
 
 
@@ -573,12 +576,12 @@ def case_spec(name: str, args, cfg: DiTConfig, experts: dict, device: str) -> di
         "case": name, "kind": base["kind"], "device": device, "config": cfg.to_json(), "tiny": args.tiny,
         "high": experts["paths"]["high"], "low": experts["paths"]["low"], "video": list(video),
         "cap_gib": base.get("cap_gib") if device == "cuda" else None, "context_gib": args.context_gib,
-        "cfg_mode": args.cfg_mode, "timed": args.timed_steps, "chunk": args.ffn_chunk,
+        "cfg_mode": args.cfg_mode, "timed": args.timed_steps, "chunk": args.token_chunk,
         "expandable_segments": not args.no_expandable_segments, "vae_tiled": args.vae_tiled,
     }
     if base["kind"] == "sample":
         spec.update(mode=base["mode"], high_steps=1 + args.timed_steps if base["high"] > 2 else base["high"],
-                    low_steps=base["low"], ffn_chunk=args.use_ffn_chunk)
+                    low_steps=base["low"], token_chunk=args.token_chunk)
         if base["mode"] == "block_swap" and (args.blocks_on_gpu is not None or args.tiny):
             # no card to size it from on a CPU: exercise the streaming
             spec["blocks_on_gpu"] = args.blocks_on_gpu if args.blocks_on_gpu is not None else 1
@@ -682,7 +685,7 @@ def print_report(res: dict) -> None:
             rows.append([name, val, r["nf4"]["s_per_step"], "-", "-", _gb_s(r.get("peak_rss")), TARGETS[name]])
         elif name == "cfg":
             val = (f"seq {r['sequential'].get('s_per_step')} s, batch {r['batched'].get('s_per_step')} s, "
-                   f"chunked {r['sequential_ffn_chunk'].get('s_per_step')} s")
+                   f"unchunked {r['sequential_unchunked'].get('s_per_step')} s")
             rows.append([name, val, r["sequential"].get("s_per_step"), _gb_s(r["sequential"].get("activation_peak")),
                          "-", _gb_s(r.get("peak_rss")), TARGETS[name]])
         elif name == "vae":
@@ -796,8 +799,8 @@ def main(argv=None) -> int:
     p.add_argument("--timed-steps", type=int, default=2, help="timed steps after the warm-up step")
     p.add_argument("--cfg-mode", default="sequential", choices=("sequential", "batch", "auto"),
                    help="CFG mode of the memory-mode cases (default sequential, like the reference)")
-    p.add_argument("--ffn-chunk", type=int, default=8192, help="FFN chunk (tokens) measured in the cfg case")
-    p.add_argument("--use-ffn-chunk", type=int, default=None, help="FFN chunk used in the memory-mode cases")
+    p.add_argument("--token-chunk", type=int, default=DEFAULT_TOKEN_CHUNK,
+                   help="tokens per chunk in the DiT's per-token phases (cfg case and memory-mode cases)")
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
     p.add_argument("--no-expandable-segments", action="store_true", help="do not set expandable_segments:True")
     p.add_argument("--vae-tiled", action="store_true", help="tiled VAE in the vae case")

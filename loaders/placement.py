@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from ..wan.dit_blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT
 from ..wan.sizes import token_count
 from .block_swap import BlockSwapper, _empty_part
@@ -98,42 +99,33 @@ def estimate_activation_bytes(
     *,
     camera: bool = True,
     compute_bytes: int = 2,
-    ffn_chunk: Optional[int] = None,
+    token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
 ) -> int:
-    """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit.py (batch 1 or 2).
+    """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit_blocks.py (batch 1 or 2).
 
-    Per token (L = F_lat*lat_h*lat_w/4, d = dim, f = ffn_dim, c = compute dtype bytes, B = 1 or 2 with batched
-    CFG), counting the tensors alive at once in each phase of a block:
-      whole forward:   residual x fp32 (4d B), camera tokens (c d, batch 1), camera input (384*4*4 B), RoPE
-                       tables, latents and the sampler's state;
-      self-attention:  fp32 modulated input (4d) + its compute copy (c d) + q (c d) + while k is made: its norm
-                       output (c d) and RoPE's fp32 copy, two fp32 halves and the stacked result (12d);
-      camera FiLM:     g, scale, shift, 1+scale (batch 1, c d each) + fp32 product and sum (8d B);
-      FFN:             fp32 input (4d) + compute copy (c d) + hidden before and after GELU (2 c f), chunked when
-                       `ffn_chunk` tokens are given;
-    the largest phase counts. Checked on an H100 at 464x832x81 (bench/bench_pipeline.py): measured 4.55-4.62 GB
-    sequential / 8.78 GB batched against 4.86 / 9.10 GB estimated; ACTIVATION_SAFETY and VRAM_HEADROOM cover
-    the rest (the allocator reserved 0.9-1.4 GB above the allocated peak).
+    Per token (L = F_lat*lat_h*lat_w/4, d = dim, f = ffn_dim, c = compute dtype bytes, B = 1 or 2 with batched CFG):
+      whole forward:  residual x fp32 (4d B), camera tokens (c d, batch 1), the Plücker input (4 cells x 384 fp32),
+                      RoPE tables, latents and the sampler's state;
+      self-attention: q, k, v and the attention output in the compute dtype (4 c d B) — the only full-length
+                      temporaries left: every other phase runs over `token_chunk` tokens at a time;
+      chunk work:     per chunk token, a few fp32 rows (norm, modulation, RoPE halves: ~4 x 4d) and the FFN hidden
+                      before and after GELU (2 c f), times B. token_chunk=None means the whole sequence at once.
     """
     tokens = token_count(frames, height, width)
     b = 2 if cfg_batch else 1
     d, f, c = cfg.dim, cfg.ffn_dim, compute_bytes
     cells = 4  # latent cells per token (2x2 patch)
-    per_token_persistent = b * 4 * d + 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)
+    persistent = b * 4 * d + 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)
     if camera:
-        per_token_persistent += c * d + cells * CAMERA_CHANNELS * 4
-    attn = b * (4 * d + 3 * c * d + 12 * d)
-    film = (4 * c * d + b * 8 * d) if camera else 0
-    chunk_frac = 1.0 if not ffn_chunk else min(1.0, ffn_chunk / tokens)
-    ffn = b * (4 * d + c * d + 2 * c * f * chunk_frac + (2 * c * d if ffn_chunk else 0))
-    cross = b * (4 * d + 2 * c * d + 8 * d)
-    per_token = per_token_persistent + max(attn, film, ffn, cross)
+        persistent += c * d + cells * CAMERA_CHANNELS * 4
+    attention = b * 4 * c * d
+    chunk = tokens if not token_chunk else min(token_chunk, tokens)
+    chunk_work = b * chunk * (4 * 4 * d + 2 * c * f)
     # one-off: text context through text_embedding, [B, 512, d] a few times
     text = b * cfg.text_len * (cfg.text_dim * 4 + 4 * d * c)
-    return int(tokens * per_token + text)
+    return int(tokens * (persistent + attention) + chunk_work + text)
 
 
-# ---- free memory ----------------------------------------------------------------------------------------
 def free_vram_bytes(device: Union[str, torch.device] = "cuda") -> int:
     """Device bytes this process can still use: free memory plus its own cached blocks, capped by
     `torch.cuda.set_per_process_memory_fraction` when one is set."""
@@ -175,7 +167,7 @@ class MemoryPlan:
     blocks_on_gpu: Optional[int]
     cfg_batch: bool
     reason: str
-    ffn_chunk: Optional[int] = None
+    token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
     fits: bool = True
     estimates: dict = field(default_factory=dict)
 
@@ -213,7 +205,7 @@ def plan_memory(
     cfg_mode: str = "auto",
     camera: bool = True,
     compute_bytes: int = 2,
-    ffn_chunk: Optional[int] = None,
+    token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
 ) -> MemoryPlan:
     """Decide the memory mode (when `mode="auto"`), keep_in_ram, blocks on the GPU and batched vs sequential CFG.
 
@@ -232,7 +224,7 @@ def plan_memory(
     acts = {
         batch: int(
             estimate_activation_bytes(frames, height, width, cfg, batch, camera=camera, compute_bytes=compute_bytes,
-                                      ffn_chunk=ffn_chunk) * ACTIVATION_SAFETY
+                                      token_chunk=token_chunk) * ACTIVATION_SAFETY
         )
         for batch in (False, True)
     }
@@ -289,7 +281,7 @@ def plan_memory(
         batch, ok = pick_batch(2 * sizes.total)
         why = _fits_line([("both experts", 2 * sizes.total), (act_label(batch), acts[batch]), ("headroom", VRAM_HEADROOM)],
                          vram_free, "free VRAM")
-        return MemoryPlan("resident", False, None, batch, f"{prefix}resident ({why})", ffn_chunk, ok, estimates)
+        return MemoryPlan("resident", False, None, batch, f"{prefix}resident ({why})", token_chunk, ok, estimates)
 
     if chosen == "swap":
         batch, ok = pick_batch(sizes.total)
@@ -301,7 +293,7 @@ def plan_memory(
             why += f"; both experts would need {_gb(2 * sizes.total + acts[False] + VRAM_HEADROOM)}"
         name = "swap, keep_in_ram" if keep else "swap"
         return MemoryPlan("swap", keep, None, batch, f"{prefix}{name} ({why}; {with_ram_note(keep, auto_keep)})",
-                          ffn_chunk, ok, estimates)
+                          token_chunk, ok, estimates)
 
     # block swap: as many blocks on the device as fit next to the activations, two ring buffers and the base
     batch = batch_options[0]
@@ -327,7 +319,7 @@ def plan_memory(
     if ram_free < sizes.total + GiB:
         notes.append(f"WARNING: {_gb(ram_free)} RAM free; loading needs about {_gb(sizes.total + GiB)}")
     name = f"block_swap {n}" + (", keep_in_ram" if keep else "")
-    return MemoryPlan("block_swap", keep, n, batch, f"{prefix}{name} ({why}; {'; '.join(notes)})", ffn_chunk, ok, estimates)
+    return MemoryPlan("block_swap", keep, n, batch, f"{prefix}{name} ({why}; {'; '.join(notes)})", token_chunk, ok, estimates)
 
 
 # ---- providers ------------------------------------------------------------------------------------------
@@ -387,8 +379,8 @@ class PlacementProvider:
         return model
 
     def _prepare(self, model: nn.Module) -> nn.Module:
-        if self.plan is not None and hasattr(model, "set_ffn_chunk"):
-            model.set_ffn_chunk(self.plan.ffn_chunk)
+        if self.plan is not None and self.plan.token_chunk is not None and hasattr(model, "set_token_chunk"):
+            model.set_token_chunk(self.plan.token_chunk)
         return model
 
     def _event(self, op: str, name: str, source: str, t0: float) -> None:
@@ -588,7 +580,7 @@ def make_provider(
     cfg_mode: str = "auto",
     camera: bool = True,
     compute_dtype: Optional[torch.dtype] = None,
-    ffn_chunk: Optional[int] = None,
+    token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
     vram_free: Optional[int] = None,
     ram_free: Optional[int] = None,
     log: Optional[Union[Log, logging.Logger]] = None,
@@ -619,13 +611,13 @@ def make_provider(
         plan = plan_memory(
             video, cfg, vram_free, ram_free, weights=weights, mode=mode, keep_in_ram=keep_in_ram,
             blocks_on_gpu=blocks_on_gpu, cfg_mode=cfg_mode, camera=camera,
-            compute_bytes=torch.empty(0, dtype=cdt).element_size(), ffn_chunk=ffn_chunk,
+            compute_bytes=torch.empty(0, dtype=cdt).element_size(), token_chunk=token_chunk,
         )
     else:
         name = "swap" if mode == "swap_pinned" else mode
         keep = True if mode == "swap_pinned" else bool(keep_in_ram)
         batch = cfg_mode == "batch"
-        plan = MemoryPlan(name, keep, blocks_on_gpu, batch, f"requested: {name}", ffn_chunk)
+        plan = MemoryPlan(name, keep, blocks_on_gpu, batch, f"requested: {name}", token_chunk)
     _as_log(log)(f"memory plan: {plan.reason}")
 
     common = dict(paths={"high": high_path, "low": low_path}, device=device, weights=weights,

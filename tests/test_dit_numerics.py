@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from lingbot_world.wan.dit_blocks import DEFAULT_TOKEN_CHUNK
 from lingbot_world.wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT, sinusoidal_embedding
 from lingbot_world.wan.rope import RopeCache, apply_rope, axis_dims
 
@@ -153,15 +154,16 @@ def test_broadcast_modulation_equals_per_token(model):
 
 
 # ---- whole-model behaviour ----------------------------------------------------------------------------
-def test_ffn_chunking_equals_whole_sequence(model):
+def test_token_chunking_equals_whole_sequence(model):
     x, t, ctx, y, cam = make_inputs(torch.Generator().manual_seed(31))
     with torch.no_grad():
-        whole = model(x, t, ctx, y, camera=cam)
         try:
-            model.set_ffn_chunk(7)  # 45 tokens -> 7 chunks, the last one short
+            model.set_token_chunk(None)
+            whole = model(x, t, ctx, y, camera=cam)
+            model.set_token_chunk(7)  # 45 tokens -> 7 chunks, the last one short
             chunked = model(x, t, ctx, y, camera=cam)
         finally:
-            model.set_ffn_chunk(None)
+            model.set_token_chunk(DEFAULT_TOKEN_CHUNK)
     # Not bit-exact: a GEMM over fewer rows may round differently (measured ~1e-6 max abs on outputs ~5).
     assert rel_err(chunked, whole) <= 1e-6
 

@@ -155,9 +155,10 @@ class WanDiT(nn.Module):
     def dtype_for_compute(self) -> torch.dtype:
         return self.compute_dtype or self.patch_embedding.weight.dtype
 
-    def set_ffn_chunk(self, tokens: Optional[int]) -> None:
+    def set_token_chunk(self, tokens: Optional[int]) -> None:
+        """Tokens per chunk in the blocks' per-token phases (None = whole sequence at once; more memory)."""
         for blk in self.blocks:
-            blk.ffn_chunk_tokens = tokens
+            blk.token_chunk = tokens
 
     def time_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """e [B, dim] and e0 [B, 6, dim] in float32: one row per sample instead of per token (spec §2.7)."""
@@ -239,11 +240,11 @@ class WanDiT(nn.Module):
         for i, block in enumerate(self.blocks):
             if self.before_block is not None:
                 self.before_block(i)
-            h = block(h, e0, ctx, cam, rope, dtype)
+            h = block(h, e0, ctx, cam, rope, dtype, inplace=True)
             if self.after_block is not None:
                 self.after_block(i)
 
-        out = self.head(h, e)  # [B, L, out_dim * 4] fp32
+        out = self.head(h, e, self.blocks[0].token_chunk if len(self.blocks) else None)  # [B, L, 64] fp32
         f, hh, ww = grid
         pt, ph, pw = self.cfg.patch_size
         return rearrange(

@@ -6,7 +6,7 @@ GPU), the residual stream and the modulation maths in float32.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -56,6 +56,18 @@ class WanRMSNorm(nn.Module):
         return normed.to(x.dtype) * self.weight
 
 
+# Per-token phases (norms, modulation, projections, RoPE, cross-attention, camera FiLM, FFN, gated residuals)
+# run over chunks of this many tokens, so no full-length float32 temporary is ever made: the block's peak is the
+# fp32 residual stream plus q, k, v and the attention output (spec §10.2 lists the temporaries this avoids).
+DEFAULT_TOKEN_CHUNK = 8192
+
+
+def token_slices(seq: int, chunk: Optional[int]):
+    if not chunk or seq <= chunk:
+        return [slice(None)]
+    return [slice(s, min(s + chunk, seq)) for s in range(0, seq, chunk)]
+
+
 class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, eps: float, **factory):
         super().__init__()
@@ -67,20 +79,37 @@ class SelfAttention(nn.Module):
         self.norm_q = WanRMSNorm(dim, eps, **factory)
         self.norm_k = WanRMSNorm(dim, eps, **factory)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype):
-        b, seq, dim = x.shape
-        h = as_compute(x, dtype)
-        shape = (b, seq, self.num_heads, dim // self.num_heads)
-        q = apply_rope(self.norm_q(self.q(h)).view(shape), *rope).to(dtype)
-        k = apply_rope(self.norm_k(self.k(h)).view(shape), *rope).to(dtype)
-        del h
-        v = self.v(as_compute(x, dtype)).view(shape)
-        out = attention(q, k, v).reshape(b, seq, dim)
+    def qkv(self, make_input: Callable[[slice], torch.Tensor], shape: tuple, rope, dtype: torch.dtype,
+            chunk: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (normed, rotated) and v in the compute dtype, [B, L, heads, head_dim], built chunk by chunk.
+
+        make_input(slice) gives the attention input of those tokens in the compute dtype.
+        """
+        b, seq, dim = shape
+        heads, hd = self.num_heads, dim // self.num_heads
+        q, k, v = (torch.empty(b, seq, heads, hd, dtype=dtype, device=self.q.weight.device) for _ in range(3))
+        cos, sin = rope
+        for sl in token_slices(seq, chunk):
+            h = make_input(sl)
+            n = h.shape[1]
+            q[:, sl] = apply_rope(self.norm_q(self.q(h)).view(b, n, heads, hd), cos[sl], sin[sl])
+            k[:, sl] = apply_rope(self.norm_k(self.k(h)).view(b, n, heads, hd), cos[sl], sin[sl])
+            v[:, sl] = self.v(h).view(b, n, heads, hd)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
+                chunk: Optional[int] = None) -> torch.Tensor:
+        """Self-attention of an already modulated input x [B, L, dim] (o projection included)."""
+        q, k, v = self.qkv(lambda sl: as_compute(x[:, sl], dtype), x.shape, rope, dtype, chunk)
+        out = attention(q, k, v).flatten(2)
         return self.o(as_compute(out, dtype))
 
 
 class CrossAttention(nn.Module):
-    """Video tokens attend to all 512 text rows (zero-padded rows included, no mask, no RoPE)."""
+    """Video tokens attend to all 512 text rows (zero-padded rows included, no mask, no RoPE).
+
+    Each video token attends independently, so the tokens can be processed in chunks.
+    """
 
     def __init__(self, dim: int, num_heads: int, eps: float, **factory):
         super().__init__()
@@ -92,17 +121,22 @@ class CrossAttention(nn.Module):
         self.norm_q = WanRMSNorm(dim, eps, **factory)
         self.norm_k = WanRMSNorm(dim, eps, **factory)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        b, seq, dim = x.shape
-        hd = dim // self.num_heads
+    def kv(self, context: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx = as_compute(context, dtype)
+        hd = ctx.shape[-1] // self.num_heads
         # q/k are cast back to the compute dtype: norm gains kept in fp32 by a loader would otherwise make them
         # fp32 next to a bf16 v, which SDPA rejects (the reference casts q/k/v to bf16 for attention too).
-        q = as_compute(self.norm_q(self.q(as_compute(x, dtype))), dtype).view(b, seq, self.num_heads, hd)
-        ctx = as_compute(context, dtype)
         k = as_compute(self.norm_k(self.k(ctx)), dtype).view(ctx.shape[0], -1, self.num_heads, hd)
         v = self.v(ctx).view(ctx.shape[0], -1, self.num_heads, hd)
-        out = attention(q, k, v).reshape(b, seq, dim)
-        return self.o(as_compute(out, dtype))
+        return k, v
+
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        b, seq, dim = x.shape
+        q = as_compute(self.norm_q(self.q(as_compute(x, dtype))), dtype).view(b, seq, self.num_heads, -1)
+        return self.o(as_compute(attention(q, k, v).reshape(b, seq, dim), dtype))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.attend(x, *self.kv(context, dtype), dtype)
 
 
 class WanBlock(nn.Module):
@@ -123,21 +157,13 @@ class WanBlock(nn.Module):
         self.cam_injector_layer2 = nn.Linear(dim, dim, **factory)
         self.cam_scale_layer = nn.Linear(dim, dim, **factory)
         self.cam_shift_layer = nn.Linear(dim, dim, **factory)
-        # Split the FFN over token chunks to bound its [L, ffn_dim] activation (None = whole sequence).
-        self.ffn_chunk_tokens: Optional[int] = None
+        self.token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
 
     def camera_film(self, cam: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift) of the camera FiLM; independent of x and t."""
         cam = as_compute(cam, dtype)
         g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
         return self.cam_scale_layer(g), self.cam_shift_layer(g)
-
-    def _ffn(self, h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        h = as_compute(h, dtype)
-        n = self.ffn_chunk_tokens
-        if not n or h.shape[1] <= n:
-            return self.ffn(h)
-        return torch.cat([self.ffn(part) for part in h.split(n, dim=1)], dim=1)
 
     def forward(
         self,
@@ -147,21 +173,38 @@ class WanBlock(nn.Module):
         cam: Optional[torch.Tensor],
         rope: tuple[torch.Tensor, torch.Tensor],
         dtype: torch.dtype,
+        inplace: bool = False,
     ) -> torch.Tensor:
+        """x [B, L, dim] -> x after the block (float32). inplace=True lets a float32 x be updated in place."""
         # e0 [B, 6, dim] fp32 is one row per sample, broadcast over tokens (spec §2.7).
         m = (self.modulation.float() + e0).unsqueeze(2)  # [B, 6, 1, dim]
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = m.unbind(1)
+        slices = token_slices(x.shape[1], self.token_chunk)
 
-        h = self.norm1(x).float() * (1 + scale_a) + shift_a
-        x = x + self.self_attn(h, rope, dtype).float() * gate_a
-        del h
+        def attn_input(sl: slice) -> torch.Tensor:
+            return (self.norm1(x[:, sl]).float() * (1 + scale_a) + shift_a).to(dtype)
+
+        q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk)
+        attn = attention(q, k, v).flatten(2)
+        del q, k, v
+        # The residual stream is float32 from the first gated add on (block 0 receives bf16; spec §2.6).
+        if x.dtype != torch.float32:
+            x = x.float()
+        elif not inplace:
+            x = x.clone()
+        for sl in slices:
+            x[:, sl] += self.self_attn.o(as_compute(attn[:, sl], dtype)).float() * gate_a
+        del attn
         if cam is not None:
-            s, b = self.camera_film(cam, dtype)
-            x = (1 + s) * x + b
-            del s, b
-        x = x + self.cross_attn(self.norm3(x), context, dtype)
-        h = self.norm2(x).float() * (1 + scale_f) + shift_f
-        x = x + self._ffn(h, dtype).float() * gate_f
+            for sl in slices:
+                s, b = self.camera_film(cam[:, sl], dtype)
+                x[:, sl] = (1 + s) * x[:, sl] + b
+        k_txt, v_txt = self.cross_attn.kv(context, dtype)
+        for sl in slices:
+            x[:, sl] += self.cross_attn.attend(self.norm3(x[:, sl]), k_txt, v_txt, dtype)
+        for sl in slices:
+            h = (self.norm2(x[:, sl]).float() * (1 + scale_f) + shift_f).to(dtype)
+            x[:, sl] += self.ffn(h).float() * gate_f
         return x
 
 
@@ -172,7 +215,10 @@ class Head(nn.Module):
         self.head = nn.Linear(dim, out_features, **factory)
         self.modulation = nn.Parameter(torch.randn(1, 2, dim, **factory) / dim**0.5)
 
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, e: torch.Tensor, chunk: Optional[int] = DEFAULT_TOKEN_CHUNK) -> torch.Tensor:
         # Uses e (time_embedding output), not e0; all fp32 (spec §2.4 step 7).
         shift, scale = (self.modulation.float() + e.float().unsqueeze(1)).unsqueeze(2).unbind(1)
-        return linear_fp32(self.head, self.norm(x).float() * (1 + scale) + shift)
+        out = torch.empty(*x.shape[:2], self.head.out_features, dtype=torch.float32, device=x.device)
+        for sl in token_slices(x.shape[1], chunk):
+            out[:, sl] = linear_fp32(self.head, self.norm(x[:, sl]).float() * (1 + scale) + shift)
+        return out
