@@ -1,0 +1,519 @@
+"""The pack inside a real ComfyUI: server start-up, /object_info, the demo workflow, interrupt, free memory.
+
+Needs a ComfyUI checkout: COMFYUI_PATH=/path/to/ComfyUI (and COMFYUI_PYTHON=its interpreter, default this
+one). The checkout is never modified: the server runs with `--base-directory` pointing at a temp folder
+whose custom_nodes/ links to this repository and whose models/lingbot_world/ holds the tiny demo
+checkpoint (`loaders.demo_checkpoint`) plus a larger random pair for the interrupt test.
+"""
+from __future__ import annotations
+
+import base64
+import inspect
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, ui_to_api
+
+pytestmark = pytest.mark.comfyui
+
+REPO = Path(__file__).resolve().parents[1]
+PACK_DIR_NAME = "ComfyUI-LingBot-World"
+COMFYUI = os.environ.get("COMFYUI_PATH")
+PYTHON = os.environ.get("COMFYUI_PYTHON", sys.executable)
+WORKFLOWS = REPO / "example_workflows"
+API_COPIES = REPO / "tests" / "workflows"
+DEMO = "lingbot_world_tiny_demo_cpu"
+FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
+               "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
+               "LoadImage.image"}
+MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
+
+if not COMFYUI or not (Path(COMFYUI) / "main.py").is_file():
+    pytest.skip("set COMFYUI_PATH to a ComfyUI checkout (and COMFYUI_PYTHON to its venv's python) to run the "
+                "real-server tests", allow_module_level=True)
+
+
+# ---- small clients ----------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WebSocket:
+    """Just enough RFC 6455 to read ComfyUI's event stream (server frames are never masked)."""
+
+    def __init__(self, port: int, client_id: str):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /ws?clientId={client_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                           f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           f"Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(4096)
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        assert b" 101 " in head.split(b"\r\n")[0], head
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("websocket closed")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        head = bytes([0x80 | opcode, 0x80 | len(payload)]) + mask  # control frames only: < 126 bytes
+        self.sock.sendall(head + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def recv(self, timeout: float):
+        """(opcode, payload): 1 = text, 2 = binary; None on timeout."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                b0, b1 = self._read(2)
+                opcode, n = b0 & 0x0F, b1 & 0x7F
+                if n == 126:
+                    (n,) = struct.unpack(">H", self._read(2))
+                elif n == 127:
+                    (n,) = struct.unpack(">Q", self._read(8))
+                payload = self._read(n)
+                if opcode == 9:
+                    self._send(10, payload)
+                    continue
+                if opcode == 8:
+                    raise ConnectionError("websocket closed by the server")
+                return opcode, payload
+        except socket.timeout:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, base: Path, log_path: Path):
+        self.proc, self.port, self.base, self.log_path = proc, port, base, log_path
+        self.url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return json.load(r)
+
+    def post(self, path: str, body: dict):
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            data = r.read()
+        return json.loads(data) if data else None
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def run(self, prompt: dict, timeout: float = 300, on_progress=None) -> dict:
+        """Queue an API prompt and follow it on the websocket until it ends; returns what happened."""
+        client_id = uuid.uuid4().hex
+        ws = WebSocket(self.port, client_id)
+        try:
+            try:
+                pid = self.post("/prompt", {"prompt": prompt, "client_id": client_id})["prompt_id"]
+            except urllib.error.HTTPError as e:
+                raise AssertionError(f"/prompt refused the workflow: {e.read().decode()[:3000]}") from None
+            result = {"prompt_id": pid, "progress": [], "previews": 0, "end": None, "error": None}
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < timeout:
+                msg = ws.recv(timeout=5)
+                if msg is None:
+                    continue
+                opcode, payload = msg
+                if opcode == 2:
+                    if struct.unpack(">I", payload[:4])[0] in (1, 4):  # PREVIEW_IMAGE (+ metadata variant)
+                        result["previews"] += 1
+                    continue
+                event = json.loads(payload)
+                kind, data = event.get("type"), event.get("data", {})
+                if data.get("prompt_id") not in (None, pid):
+                    continue
+                if kind == "progress":
+                    result["progress"].append((data["node"], data["value"], data["max"]))
+                    if on_progress is not None:
+                        on_progress(data)
+                elif kind == "execution_error":
+                    result["end"], result["error"] = "error", data
+                    break
+                elif kind == "execution_interrupted":
+                    result["end"] = "interrupted"
+                    break
+                elif kind == "executing" and data.get("node") is None and data.get("prompt_id") == pid:
+                    result["end"] = "done"
+                    break
+            result["seconds"] = time.monotonic() - t0
+            result["history"] = self.get(f"/history/{pid}").get(pid, {})
+            return result
+        finally:
+            ws.close()
+
+
+# ---- fixtures ----------------------------------------------------------------------------------------------
+def _medium_experts(root: Path) -> int:
+    """Two random NF4 experts of ~140 MB each sharing the demo's text width; returns one file's bytes."""
+    from lingbot_world.loaders.demo_checkpoint import demo_configs
+    from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
+
+    tiny, _, _ = demo_configs()
+    cfg = tiny.tiny(dim=1024, ffn_dim=4096, num_heads=8, num_layers=12, freq_dim=256, text_dim=tiny.text_dim)
+    for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
+        make_random_nf4_expert(cfg, root / name, device="cpu", seed=100 + i, reuse_per_shape=True)
+    return (root / "high_noise_model_bnb_nf4" / "model.safetensors").stat().st_size
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from lingbot_world.loaders.demo_checkpoint import DEMO_IMAGE, build_demo_checkpoint
+
+    base = tmp_path_factory.mktemp("comfy_base")
+    for d in ("custom_nodes", "models/lingbot_world", "input", "output", "user", "temp"):
+        (base / d).mkdir(parents=True, exist_ok=True)
+    (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
+    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
+    medium_bytes = _medium_experts(base / "models" / "lingbot_world" / MEDIUM)
+    shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
+
+    port = _free_port()
+    log_path = base / "server.log"
+    cmd = [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
+           "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
+    # A fixed mmap threshold makes glibc return freed tensor memory to the OS at once, so the server's RSS
+    # shows whether weights were really released (with the default dynamic threshold freed chunks stay cached).
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1")  # log lines in order, at once
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=COMFYUI, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env)
+    srv = Server(proc, port, base, log_path)
+    srv.medium_bytes = medium_bytes
+    t0 = time.monotonic()
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ComfyUI exited with {proc.returncode} during start-up:\n{srv.log()[-4000:]}")
+            try:
+                srv.get("/system_stats")
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() - t0 > 180:
+                    pytest.fail(f"ComfyUI did not answer within 180 s:\n{srv.log()[-4000:]}")
+                time.sleep(1)
+        srv.startup_s = time.monotonic() - t0
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _api(name: str) -> dict:
+    return json.loads((API_COPIES / f"{name}.api.json").read_text())
+
+
+def _by_type(prompt: dict, class_type: str) -> tuple[str, dict]:
+    return next((k, v) for k, v in prompt.items() if v["class_type"] == class_type)
+
+
+def _demo_prompt(**sampler) -> dict:
+    prompt = _api(DEMO)
+    _, s = _by_type(prompt, "LingBotSampler")
+    s["inputs"].update(sampler)
+    return prompt
+
+
+# ---- tests -------------------------------------------------------------------------------------------------
+def test_pack_loads_and_every_node_is_listed(server):
+    log = server.log()
+    assert "Cannot import" not in log or PACK_DIR_NAME not in log.split("Cannot import", 1)[1][:300], log[-3000:]
+    assert "IMPORT FAILED" not in log
+    stats = server.get("/system_stats")
+    info = server.get("/object_info")
+    for name in NODE_CLASS_MAPPINGS:
+        assert name in info, f"{name} missing from /object_info"
+        d = info[name]
+        assert d["category"] == "LingBot-World"
+        assert d["python_module"] == f"custom_nodes.{PACK_DIR_NAME}"
+        for section in ("required", "optional"):
+            for inp, spec in d["input"].get(section, {}).items():
+                assert len(spec) > 1 and spec[1].get("tooltip"), f"{name}.{inp} has no tooltip"
+    experts = info["LingBotExpertLoader"]["input"]["required"]["high_noise_expert"][0]
+    assert {"lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4"} <= set(experts)
+    assert "lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth" in info["LingBotTextEncode"]["input"]["required"]["text_encoder"][0]
+    assert "lingbot-demo/google/umt5-xxl" in info["LingBotTextEncode"]["input"]["required"]["tokenizer"][0]
+    assert "lingbot-demo/Wan2.1_VAE.pth" in info["LingBotVAELoader"]["input"]["required"]["vae_name"][0]
+    print(f"\nComfyUI {stats['system'].get('comfyui_version')} started in {server.startup_s:.1f} s; "
+          f"python {stats['system'].get('python_version', '').split()[0]}")
+
+
+def test_example_workflows_load_against_object_info(server):
+    info = server.get("/object_info")
+    templates = server.get("/api/workflow_templates")
+    listed = set(templates.get(PACK_DIR_NAME, []))
+    files = sorted(WORKFLOWS.glob("*.json"))
+    assert len(files) >= 3
+    for path in files:
+        ui = json.loads(path.read_text())
+        assert path.stem in listed, f"{path.name} is not served by /api/workflow_templates"
+        types = {n["type"] for n in ui["nodes"]}
+        assert types & {"Note", "MarkdownNote"}, f"{path.name} has no note listing the files"
+        missing = sorted(t for t in types - FRONTEND_ONLY if t not in info)
+        assert not missing, f"{path.name}: node types not installed: {missing}"
+        api = ui_to_api(ui, info, unchecked=FILE_COMBOS)
+        assert api == _api(path.stem), f"tests/workflows/{path.stem}.api.json is out of date with {path.name}"
+
+
+def test_demo_workflow_runs_to_completion(server):
+    prompt = _demo_prompt()
+    _, loader = _by_type(prompt, "LingBotExpertLoader")
+    loader["inputs"]["memory_mode"] = "swap"
+    dec_id, _ = _by_type(prompt, "LingBotVAEDecode")
+    prompt["900"] = {"class_type": "SaveImage", "inputs": {"images": [dec_id, 0], "filename_prefix": "lingbot_frames"}}
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    assert res["history"]["status"]["status_str"] == "success"
+    samp_id, samp = _by_type(prompt, "LingBotSampler")
+    steps = samp["inputs"]["steps"]
+    sampler_progress = [(v, m) for node, v, m in res["progress"] if node == samp_id and m == steps]
+    assert [v for v, _ in sampler_progress][-1] == steps and len(sampler_progress) >= steps - 1
+    assert res["previews"] >= 1, "no latent preview reached the websocket (--preview-method auto)"
+    outputs = res["history"]["outputs"]
+    frames = outputs["900"]["images"]
+    _, i2v = _by_type(prompt, "LingBotImageToVideo")
+    assert len(frames) == i2v["inputs"]["frames"]
+    from PIL import Image
+    import numpy as np
+
+    first = np.asarray(Image.open(server.base / "output" / frames[0]["subfolder"] / frames[0]["filename"]))
+    assert first.shape == (i2v["inputs"]["height"], i2v["inputs"]["width"], 3)
+    assert first.std() > 0  # random weights: noise, but not a constant frame
+    save_id, _ = _by_type(prompt, "SaveVideo")
+    video = outputs[save_id]["images"][0]
+    mp4 = server.base / "output" / video["subfolder"] / video["filename"]
+    assert mp4.is_file() and mp4.stat().st_size > 1000
+    print(f"\ndemo workflow: {res['seconds']:.1f} s, {len(frames)} frames "
+          f"{first.shape[1]}x{first.shape[0]}, {res['previews']} previews")
+
+
+def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:
+    prompt = _demo_prompt(steps=steps, seed=seed)
+    _, loader = _by_type(prompt, "LingBotExpertLoader")
+    loader["inputs"].update(high_noise_expert=f"{MEDIUM}/high_noise_model_bnb_nf4",
+                            low_noise_expert=f"{MEDIUM}/low_noise_model_bnb_nf4", memory_mode=memory_mode)
+    return prompt
+
+
+def _wait_idle(server, timeout: float = 60) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        q = server.get("/queue")
+        if not q["queue_running"] and not q["queue_pending"]:
+            return
+        time.sleep(0.5)
+    raise AssertionError("the queue did not become idle")
+
+
+def _interrupted_run(server, seed: int) -> dict:
+    """A medium run in swap mode, interrupted at sampler step 2; RSS before, during and after (post /free)."""
+    _free(server)
+    out = {"before": server.rss(), "mid": 0, "sent": False}
+    samp_id, _ = _by_type(_demo_prompt(), "LingBotSampler")
+
+    def on_progress(data):
+        if data["node"] == samp_id and data["max"] == 40 and data["value"] >= 2 and not out["sent"]:
+            out["mid"] = server.rss()
+            out["sent"] = True
+            server.post("/interrupt", {})
+
+    res = server.run(_medium_prompt(steps=40, seed=seed, memory_mode="swap"), timeout=600, on_progress=on_progress)
+    assert out["sent"], f"the sampler never reported progress: {res['progress'][-5:]} {res['error']}"
+    assert res["end"] == "interrupted", res["error"]
+    out["last"] = max(v for node, v, m in res["progress"] if node == samp_id and m == 40)
+    assert out["last"] < 40, "the run finished instead of stopping"
+    # Released: swap mode drops the expert in the sampler's finally; /free drops ComfyUI's caches too.
+    _free(server)
+    out["after"] = server.rss()
+    out["seconds"] = res["seconds"]
+    return out
+
+
+def _free(server, **flags) -> None:
+    """POST /free once the prompt worker is waiting again. ComfyUI 0.3.64 reads the flags between prompts; a
+    /free that lands while the worker finishes a prompt (after it read the flags, before it waits) is only
+    seen after the *next* prompt, so give the worker a moment first."""
+    _wait_idle(server)
+    time.sleep(2)
+    server.post("/free", flags or {"unload_models": True, "free_memory": True})
+    time.sleep(3)
+
+
+def test_interrupt_mid_sampling_keeps_server_healthy_and_frees_memory(server):
+    # The first run pays one-time costs (kernels, thread pools, allocator arenas); the second one shows
+    # whether an interrupted run leaves anything behind.
+    runs = [_interrupted_run(server, seed) for seed in (7, 8)]
+    mb = 1 / 2**20
+    for i, r in enumerate(runs):
+        print(f"\ninterrupted run {i + 1}: stopped at step {r['last']}/40 after {r['seconds']:.1f} s; server RSS "
+              f"before {r['before'] * mb:.0f} MB, while sampling {r['mid'] * mb:.0f} MB, after {r['after'] * mb:.0f} MB "
+              f"(expert file {server.medium_bytes * mb:.0f} MB)")
+    r = runs[1]
+    assert r["mid"] - r["before"] > 0.5 * server.medium_bytes, "the expert was never resident?"
+    assert r["after"] - r["before"] < 0.25 * server.medium_bytes, "memory was not given back after the interrupt"
+    assert server.get("/system_stats")["system"]
+    again = server.run(_demo_prompt(steps=2, seed=9), timeout=300)
+    assert again["end"] == "done", again["error"]
+
+
+def test_resident_experts_stay_loaded_until_free_memory(server):
+    _free(server)
+
+    def loads() -> int:
+        return server.log().count("Requested to load ExpertContainer")
+
+    def run(seed: int) -> None:
+        prompt = _demo_prompt(steps=2, seed=seed)
+        _, loader = _by_type(prompt, "LingBotExpertLoader")
+        loader["inputs"]["memory_mode"] = "resident"
+        res = server.run(prompt, timeout=300)
+        assert res["end"] == "done", res["error"]
+
+    start = len(server.log())
+    n0 = loads()
+    run(11)
+    n1 = loads()
+    run(12)
+    n2 = loads()
+    _free(server, unload_models=True)
+    run(13)
+    n3 = loads()
+    assert (n1 - n0, n2 - n1, n3 - n2) == (2, 0, 2), (
+        "resident: load both once, reuse, reload only after /free\n" + server.log()[start:][-4000:])
+
+
+def _probe_model_management(pack_dir: str, base_dir: str) -> dict:
+    """Runs INSIDE a ComfyUI interpreter (source shipped with inspect.getsource): real model_management."""
+    import gc
+    import importlib.util
+    import sys
+
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    sys.argv = [sys.argv[0], "--cpu", "--base-directory", base_dir]
+    import comfy.model_management as mm
+
+    spec = importlib.util.spec_from_file_location("lingbot_pack_probe", pack_dir + "/__init__.py",
+                                                  submodule_search_locations=[pack_dir])
+    pack = importlib.util.module_from_spec(spec)
+    sys.modules["lingbot_pack_probe"] = pack
+    spec.loader.exec_module(pack)
+    nodes = pack.NODE_CLASS_MAPPINGS
+    from lingbot_pack_probe.nodes import memory, patchers
+
+    out: dict = {"version": __import__("comfyui_version").__version__}
+    loader = nodes["LingBotExpertLoader"]()
+
+    def pair(mode):
+        return loader.load("lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4", "nf4", mode)[0]
+
+    experts = pair("swap")
+    prov = memory.ComfyExpertProvider(experts, activation_bytes=0)
+    m = prov.acquire("high")
+    out["after_acquire"] = [experts.high.is_loaded(), patchers.is_registered(experts.high), type(m).__name__]
+    del m
+    prov.release("high")
+    out["after_swap_release"] = [experts.high.is_loaded(), patchers.is_registered(experts.high)]
+    prov.acquire("high")
+    mm.free_memory(1e30, mm.get_torch_device())  # what /free and OOM recovery do
+    out["after_free_memory"] = [experts.high.is_loaded(), patchers.is_registered(experts.high),
+                                experts.high.weights.loads_from_disk]
+    prov.acquire("high")
+    lm = next(x for x in mm.current_loaded_models if x.model is experts.high)
+    out["partial_unload_request"] = lm.model_unload(memory_to_free=1)  # True = unloaded whole
+    out["after_partial"] = experts.high.is_loaded()
+    mm.current_loaded_models.remove(lm)
+
+    pinned = pair("swap_pinned")
+    prov = memory.ComfyExpertProvider(pinned, activation_bytes=0)
+    prov.acquire("low")
+    prov.release("low")
+    out["pinned_parked"] = pinned.low.weights.parked is not None
+    prov.acquire("low")
+    out["pinned_loads"] = [pinned.low.weights.loads_from_disk, pinned.low.weights.loads_from_ram]
+
+    resident = pair("resident")
+    prov = memory.ComfyExpertProvider(resident, activation_bytes=0)
+    prov.acquire("high")
+    prov.release("high")
+    prov.acquire("low")
+    prov.release("low")
+    out["resident_both"] = [resident.high.is_loaded(), resident.low.is_loaded()]
+    n_models = len(mm.current_loaded_models)
+    del resident, prov
+    gc.collect()
+    mm.cleanup_models()
+    out["dropped_pair_forgotten"] = n_models - len(mm.current_loaded_models)
+
+    stopped = []
+    patchers.stop_all_text_encoders = lambda: stopped.append(1) or 1
+    slot = patchers.TextEncoderSlot(123456, mm.get_torch_device(), mm.get_torch_device())
+    mm.load_models_gpu([slot], force_full_load=True)
+    out["slot_registered"] = patchers.is_registered(slot)
+    mm.unload_all_models()
+    out["slot_stopped_child"] = len(stopped)
+    mm.unload_all_models()
+    out["all_unloaded"] = [pinned.low.is_loaded(), experts.high.is_loaded(), len(mm.current_loaded_models)]
+    return out
+
+
+def test_patchers_against_real_model_management(server):
+    """The ModelPatcher subclass under ComfyUI's own load/free/unload code, in a separate interpreter."""
+    src = inspect.getsource(_probe_model_management)
+    code = (src + f"\nimport json\nprint('PROBE' + json.dumps(_probe_model_management({str(REPO)!r}, "
+            f"{str(server.base)!r})))\n")
+    proc = subprocess.run([PYTHON, "-c", code], cwd=COMFYUI, capture_output=True, text=True, timeout=300)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("PROBE")), None)
+    assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = json.loads(line[5:])
+    assert out["after_acquire"] == [True, True, "WanDiT"]
+    assert out["after_swap_release"] == [False, False]
+    assert out["after_free_memory"] == [False, False, 2]
+    assert out["partial_unload_request"] is True and out["after_partial"] is False
+    assert out["pinned_parked"] is True and out["pinned_loads"] == [1, 1]
+    assert out["resident_both"] == [True, True]
+    assert out["dropped_pair_forgotten"] == 2
+    assert out["slot_registered"] is True and out["slot_stopped_child"] == 1
+    assert out["all_unloaded"] == [False, False, 0]
+    assert "memory leak" not in proc.stderr.lower(), proc.stderr[-3000:]
