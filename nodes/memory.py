@@ -90,6 +90,8 @@ class ComfyExpertProvider:
                 log.info("LingBot-World: auto memory: the %s-noise expert does not fit beside the other one; "
                          "releasing the other first", name)
                 unload_patcher(other)
+        if not patcher.is_loaded():
+            log.info("LingBot-World: loading the %s (%.2f GiB)", patcher.weights.label, patcher.model_size() / GiB)
         if self.progress is not None:
             patcher.weights.progress = self.progress(name)
         try:

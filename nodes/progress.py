@@ -40,14 +40,13 @@ class SamplingProgress:
         self.pbar.update_absolute(total, total)
 
 
-def load_progress(label: str) -> Callable[[str], Callable[[int, int], None]]:
+def load_progress() -> Callable[[str], Callable[[int, int], None]]:
     """Factory for the provider: a per-expert (done_bytes, total_bytes) callback driving a 0..100 bar."""
     import comfy.utils
 
     def for_expert(name: str) -> Callable[[int, int], None]:
         pbar = comfy.utils.ProgressBar(100)
         last = [-1]
-        log.info("LingBot-World: loading the %s-noise expert (%s)", name, label)
 
         def update(done: int, total: int) -> None:
             pct = int(100 * done / total) if total else 100

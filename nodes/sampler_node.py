@@ -114,7 +114,7 @@ class LingBotSampler:
 
         device = mm.get_torch_device()
         activations = estimate_activation_bytes(cfg, shape, cfg_mode == "batch")
-        provider = ComfyExpertProvider(experts, activations, progress=load_progress(experts.weights))
+        provider = ComfyExpertProvider(experts, activations, progress=load_progress())
         progress = SamplingProgress(settings.steps, device)
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, memory_mode=%s, camera=%s",
                  i2v.width, i2v.height, i2v.frames, settings.steps, experts.memory_mode,
