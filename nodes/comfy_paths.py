@@ -78,8 +78,11 @@ def _unique(*lists: list[str]) -> list[str]:
 
 
 def list_experts() -> list[str]:
-    roots = expert_roots()
-    return _safe(lambda: _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots)), "experts")
+    def scan() -> list[str]:
+        roots = expert_roots()
+        return _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots))
+
+    return _safe(scan, "experts")
 
 
 def list_text_encoders() -> list[str]:
@@ -88,8 +91,8 @@ def list_text_encoders() -> list[str]:
 
 
 def list_tokenizers() -> list[str]:
-    roots = _paths("text_encoders") + lingbot_roots()
-    return [AUTO_TOKENIZER] + _safe(lambda: mf.scan_tokenizer_dirs(roots), "tokenizers")
+    return [AUTO_TOKENIZER] + _safe(lambda: mf.scan_tokenizer_dirs(_paths("text_encoders") + lingbot_roots()),
+                                    "tokenizers")
 
 
 def list_vaes() -> list[str]:

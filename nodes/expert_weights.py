@@ -1,84 +1,43 @@
 """Where one expert's weights come from when ComfyUI loads it, and where they go when it unloads it.
 
 Load = stream the file straight to the device (`load_expert`: no host copy of the 9.6 GB expert), or take
-the copy parked in host RAM if the user chose the RAM cache. Unload = drop the weights (the next load
-streams them again), or park them in (pinned, when CUDA is present) host RAM for a fast switch.
-No ComfyUI imports: the ModelPatcher in `patchers.py` calls this.
+the copy parked in pinned host RAM if the plan keeps one. With block swap, the expert is loaded to host
+memory and `loaders.block_swap.BlockSwapper` puts the non-block weights and the first N blocks on the
+device and streams the others during each forward. Unload = drop the weights (the next load streams them
+again) or park them in pinned RAM. No ComfyUI imports: the ModelPatcher in `patchers.py` calls this.
 """
 from __future__ import annotations
 
 import gc
 import logging
-import math
 from typing import Callable, Optional
 
 import torch
 
+from ..loaders.block_swap import BlockSwapper
 from ..loaders.expert_format import ExpertFormat
 from ..loaders.expert_loader import load_expert
-from ..loaders.nf4_writer import nf4_expert_bytes
+from ..loaders.nf4 import default_compute_dtype
+from ..loaders.pinned import park_on_host, unpark
+from ..loaders.placement import expert_sizes
 from ..wan.dit import WanDiT
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 
-# Seam for issue 9's placement code: a better host-parking function (pinned copies with non_blocking
-# transfers) can be installed here; the fallback below moves the module and pins what it can.
-PARK_HOOK: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None
 
-
-def expert_device_bytes(fmt: ExpertFormat, mode: str) -> int:
-    """Bytes the expert takes on the compute device once loaded (for ComfyUI's memory accounting)."""
+def compute_bytes_for(device: torch.device, mode: str) -> int:
     if mode == "bf16":
-        return sum(math.prod(p.shape) for p in WanDiT(fmt.config, device="meta").parameters()) * 2
-    if fmt.quantized:
-        return fmt.file_bytes  # packed codes + statistics + bf16 plain tensors, as stored
-    return nf4_expert_bytes(fmt.config)  # float release, quantized while streaming
-
-
-def _quant_state_tensors(p: torch.nn.Parameter) -> list[tuple[object, str]]:
-    qs = getattr(p, "quant_state", None)
-    if qs is None:
-        return []
-    out = [(qs, "absmax"), (qs, "code")]
-    if getattr(qs, "nested", False):
-        out += [(qs, "offset"), (qs.state2, "absmax"), (qs.state2, "code")]
-    return out
-
-
-def park_on_host(model: torch.nn.Module) -> torch.nn.Module:
-    """Move a loaded expert to host RAM, pinned when CUDA is available (fast copies back)."""
-    if PARK_HOOK is not None:
-        return PARK_HOOK(model)
-    model.to("cpu")
-    if not torch.cuda.is_available():
-        return model
-    try:
-        for m in model.modules():
-            for p in m._parameters.values():
-                if p is None:
-                    continue
-                if not p.data.is_pinned():
-                    p.data = p.data.pin_memory()
-                for owner, attr in _quant_state_tensors(p):
-                    t = getattr(owner, attr)
-                    if isinstance(t, torch.Tensor) and not t.is_pinned():
-                        setattr(owner, attr, t.pin_memory())
-    except RuntimeError as e:  # pinning can fail when page-locked memory runs out: pageable still works
-        log.warning("LingBot-World: could not pin the parked expert in RAM (%s); keeping pageable memory", e)
-    return model
-
-
-def _move(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    model.to(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return model
+        return 2
+    return torch.empty(0, dtype=default_compute_dtype(device)).element_size()
 
 
 class ExpertWeights:
-    """One expert's weight lifecycle: `materialize(device)` -> WanDiT, `evict(model)` -> dropped or parked."""
+    """One expert's weight lifecycle: `materialize(device)` -> WanDiT, `evict(model)` -> dropped or parked.
+
+    keep_in_ram and blocks_on_gpu are set by the sampler's memory plan before each load.
+    """
 
     def __init__(self, name: str, fmt: ExpertFormat, mode: str = "nf4", keep_in_ram: bool = False):
         if mode not in ("nf4", "bf16"):
@@ -87,7 +46,10 @@ class ExpertWeights:
         self.fmt = fmt
         self.mode = mode
         self.keep_in_ram = keep_in_ram
-        self.parked: Optional[torch.nn.Module] = None
+        self.blocks_on_gpu: Optional[int] = None  # None: the whole expert on the device
+        self.parked: Optional[WanDiT] = None  # whole model with pinned host copies (keep_in_ram)
+        self.swapper: Optional[BlockSwapper] = None
+        self.kept_parts: Optional[tuple[WanDiT, list]] = None  # block swap host copies (keep_in_ram)
         self.progress: Optional[Progress] = None  # set by the sampler while it waits for a load
         self.loads_from_disk = 0
         self.loads_from_ram = 0
@@ -96,29 +58,78 @@ class ExpertWeights:
     def label(self) -> str:
         return f"{self.name}-noise expert ({self.fmt.path})"
 
-    def estimated_bytes(self) -> int:
-        return expert_device_bytes(self.fmt, self.mode)
+    @property
+    def num_blocks(self) -> int:
+        return self.fmt.config.num_layers
+
+    def block_swapping(self) -> bool:
+        return self.blocks_on_gpu is not None and self.blocks_on_gpu < self.num_blocks
+
+    def device_bytes(self, device) -> int:
+        """Bytes on the compute device under the current placement (for ComfyUI's memory accounting)."""
+        sizes = expert_sizes(self.fmt.config, self.mode, compute_bytes_for(torch.device(device), self.mode))
+        if not self.block_swapping():
+            return sizes.total
+        return sizes.base + (self.blocks_on_gpu + 2) * sizes.block  # + two ring buffers for streamed blocks
+
+    def set_placement(self, keep_in_ram: bool, blocks_on_gpu: Optional[int]) -> bool:
+        """Apply a memory plan; returns True when host copies of the other placement kind had to go."""
+        changed = (blocks_on_gpu is not None) != (self.blocks_on_gpu is not None) or (
+            self.kept_parts is not None and blocks_on_gpu != self.blocks_on_gpu)
+        self.keep_in_ram, self.blocks_on_gpu = keep_in_ram, blocks_on_gpu
+        if changed or not keep_in_ram:
+            self.forget()
+        return changed
+
+    def _compute_dtype(self, device: torch.device) -> Optional[torch.dtype]:
+        return None if self.mode == "bf16" else default_compute_dtype(device)
 
     def materialize(self, device) -> WanDiT:
         device = torch.device(device)
+        if self.block_swapping():
+            return self._place_blocks(device)
         if self.parked is not None:
             model, self.parked = self.parked, None
             self.loads_from_ram += 1
-            return _move(model, device)
+            return unpark(model, device)
         model = load_expert(self.fmt, device, self.mode, progress=self.progress)
         self.loads_from_disk += 1
         return model
 
+    def _place_blocks(self, device: torch.device) -> WanDiT:
+        if self.kept_parts is not None:
+            model, parts = self.kept_parts
+            self.kept_parts = None
+            self.loads_from_ram += 1
+        else:
+            # Loaded to host memory first, in the device's compute dtype: the device never holds more than N blocks.
+            model = load_expert(self.fmt, "cpu", self.mode, compute_dtype=self._compute_dtype(device),
+                                progress=self.progress)
+            parts = None
+            self.loads_from_disk += 1
+        self.swapper = BlockSwapper(model, device, int(self.blocks_on_gpu), parts=parts, pin=True).install()
+        log.info("LingBot-World: %s placed for block swap: %d/%d blocks on %s, the rest streamed from pinned RAM",
+                 self.label, self.swapper.resident, self.swapper.num_blocks, device)
+        return model
+
     def evict(self, model: torch.nn.Module, device) -> None:
         """Called with the last reference the patcher holds; keeps a host copy only with the RAM cache."""
-        if self.keep_in_ram:
-            self.parked = park_on_host(model)
-        # else: nothing keeps the weights; the caller drops its reference and memory is returned
+        pin = torch.cuda.is_available()
+        if self.swapper is not None:
+            parts = self.swapper.remove(keep_host=self.keep_in_ram, pin=pin)
+            self.swapper = None
+            if self.keep_in_ram:
+                self.kept_parts = (model, parts)
+            del parts
+        elif self.keep_in_ram:
+            self.parked = park_on_host(model, pin=pin)
+        # else: nothing keeps the weights; the caller drops its reference and the memory is returned
         del model
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     def forget(self) -> None:
-        """Drop the RAM copy too (used when the loader node's output is replaced)."""
+        """Drop host copies (the plan changed, or the loader node's output was replaced)."""
         self.parked = None
+        self.kept_parts = None

@@ -72,8 +72,9 @@ class LingBotExpertLoader:
                     "time, the other dropped (re-read from disk). swap_pinned: like swap but the released expert "
                     "waits in pinned RAM (fast switch, about 10 GB of RAM). block_swap: stream DiT blocks from RAM "
                     "(12-16 GB GPUs).")}),
-                "blocks_on_gpu": ("INT", {"default": 20, "min": 0, "max": MAX_BLOCKS, "step": 1, "tooltip": (
-                    "block_swap only: how many of the 40 DiT blocks stay on the GPU; the rest are copied in per step.")}),
+                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1, "tooltip": (
+                    "block_swap only: how many of the 40 DiT blocks stay on the GPU (the rest stream from pinned "
+                    "RAM during each step); -1 = as many as fit, planned from free VRAM.")}),
             }
         }
 
@@ -85,7 +86,7 @@ class LingBotExpertLoader:
     DESCRIPTION = "Selects the two LingBot-World DiT experts (NF4 or bf16) and how they share GPU memory."
 
     def load(self, high_noise_expert: str, low_noise_expert: str, weights: str = "nf4", memory_mode: str = "auto",
-             blocks_on_gpu: int = 20):
+             blocks_on_gpu: int = -1):
         import comfy.model_management as mm
 
         from .patchers import ExpertContainer, ExpertPatcher
@@ -94,8 +95,8 @@ class LingBotExpertLoader:
             raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
         if memory_mode not in MEMORY_MODES:
             raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
-        if not 0 <= int(blocks_on_gpu) <= MAX_BLOCKS:
-            raise ValueError(f"blocks_on_gpu must be between 0 and {MAX_BLOCKS}, got {blocks_on_gpu}")
+        if not -1 <= int(blocks_on_gpu) <= MAX_BLOCKS:
+            raise ValueError(f"blocks_on_gpu must be between -1 (plan it) and {MAX_BLOCKS}, got {blocks_on_gpu}")
         high = comfy_paths.resolve_expert(high_noise_expert, "high-noise expert")
         low = comfy_paths.resolve_expert(low_noise_expert, "low-noise expert")
         fmt_high, fmt_low = detect_format(high), detect_format(low)  # header checks only: wrong files fail here
@@ -107,7 +108,7 @@ class LingBotExpertLoader:
         patchers = {}
         for name, fmt in (("high", fmt_high), ("low", fmt_low)):
             w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned")
-            patchers[name] = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.estimated_bytes())
+            patchers[name] = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World experts: high=%s (%s), low=%s (%s), weights=%s, memory_mode=%s",
                  high, fmt_high.kind, low, fmt_low.kind, weights, memory_mode)
         return (ExpertPair(patchers["high"], patchers["low"], {"high": fmt_high, "low": fmt_low}, weights,

@@ -4,73 +4,82 @@ Each expert is loaded with `load_models_gpu([patcher], memory_required=<activati
 right before its phase, so ComfyUI first evicts whatever else it holds (other models, our VAE, the other
 expert if needed) and can unload ours later ("free memory", OOM recovery, the next workflow's models).
 
-Memory modes (the loader node's `memory_mode`):
-- resident: keep both experts loaded after use (ComfyUI may still evict one when something else needs room);
-- swap: release each expert right after its phase (weights dropped, streamed from disk next time);
-- swap_pinned: like swap, but the released expert is parked in pinned host RAM for a fast switch back;
-- auto: resident when the low-noise expert fits beside the high-noise one, else release the high one first;
-- block_swap: delegated to issue 9's `loaders.block_swap`, when present.
+The memory mode is planned by `loaders.placement.plan_memory` (issue 9) from the video size, the expert
+config, the VRAM ComfyUI could make free and the host RAM:
+- resident: both experts stay loaded after use (ComfyUI may still evict one when something else needs room);
+- swap: each expert is released right after its phase, dropped or (keep_in_ram, "swap_pinned") parked in
+  pinned RAM for a fast switch back;
+- block_swap: one expert at a time with only N blocks on the GPU, the rest streamed from pinned RAM;
+- auto: the planner picks one of these and batched vs sequential CFG, and logs why.
 """
 from __future__ import annotations
 
 import logging
 from typing import Callable, Optional
 
-import torch
 import torch.nn as nn
 
-from ..wan.dit import DiTConfig
-from ..wan.sizes import PATCH
+from ..loaders.placement import MemoryPlan, available_ram_bytes, plan_memory
+from .expert_weights import compute_bytes_for
 from .payloads import ExpertPair
 
 log = logging.getLogger(__name__)
 
 GiB = 1024**3
+CPU_VRAM = 1 << 60  # ComfyUI --cpu: host RAM plays the GPU, the planner then keeps both experts
 
 
-def estimate_activation_bytes(cfg: DiTConfig, latent_shape: tuple, cfg_batch: bool) -> int:
-    """Peak extra VRAM of one DiT forward, beyond the weights (conservative; spec §10.2).
+def vram_comfy_can_free(mm, device) -> int:
+    """Free device memory now plus what ComfyUI holds in models it may evict for us."""
+    if mm.is_device_cpu(device):
+        return CPU_VRAM
+    held = sum(lm.model_loaded_memory() for lm in mm.current_loaded_models if lm.device == device)
+    return int(mm.get_free_memory(device) + held)
 
-    Uses issue 9's measured estimate (`loaders.placement.estimate_activation_bytes`) when it exists;
-    otherwise counts per token: the fp32 residual and its block temporaries (~8 x dim x 4 B), q/k/v and
-    RoPE copies (~6 x dim x 4 B), the FFN hidden twice in bf16 (2 x ffn x 2 B), plus the largest
-    dequantized weight (time_projection, 6 x dim^2 bf16).
-    """
-    _, _, f, h, w = latent_shape
-    tokens = f * (h // PATCH) * (w // PATCH)
-    batch = 2 if cfg_batch else 1
-    try:
-        from ..loaders import placement  # type: ignore  # issue 9, may not exist yet
 
-        frames = 1 + 4 * (f - 1)
-        return int(placement.estimate_activation_bytes(frames, h * 8, w * 8, cfg, cfg_batch))
-    except (ImportError, AttributeError, TypeError):
-        pass
-    per_token = (8 + 6) * cfg.dim * 4 + 2 * cfg.ffn_dim * 2
-    return int(batch * tokens * per_token + 6 * cfg.dim * cfg.dim * 2)
+def plan_for(experts: ExpertPair, video: tuple[int, int, int], cfg_mode: str, camera: bool,
+             vram_free: int, ram_free: Optional[int] = None, device=None) -> MemoryPlan:
+    """The memory plan for this run: the user's memory_mode / blocks_on_gpu, the rest decided by the planner."""
+    import torch
+
+    mode = experts.memory_mode
+    keep = {"swap": False, "swap_pinned": True, "resident": False}.get(mode)  # None: planner decides from RAM
+    blocks = experts.blocks_on_gpu if experts.blocks_on_gpu >= 0 else None
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return plan_memory(video, experts.formats["high"].config, vram_free,
+                       ram_free if ram_free is not None else available_ram_bytes(), weights=experts.weights,
+                       mode=mode, keep_in_ram=keep, blocks_on_gpu=blocks, cfg_mode=cfg_mode, camera=camera,
+                       compute_bytes=compute_bytes_for(device, experts.weights))
+
+
+def activation_bytes(plan: MemoryPlan) -> int:
+    key = "activation_bytes_batched" if plan.cfg_batch else "activation_bytes_sequential"
+    return int(plan.estimates.get(key, 0))
 
 
 class ComfyExpertProvider:
     """`wan.sampler.ExpertProvider` backed by ComfyUI's `load_models_gpu` and our ExpertPatchers."""
 
-    def __init__(self, experts: ExpertPair, activation_bytes: int, progress: Optional[Callable[[str], Callable]] = None):
+    def __init__(self, experts: ExpertPair, plan: MemoryPlan, progress: Optional[Callable[[str], Callable]] = None):
         import comfy.model_management as mm
 
-        mode = experts.memory_mode
-        if mode == "block_swap":
-            raise NotImplementedError(
-                "memory_mode 'block_swap' needs loaders/block_swap.py (issue 9), which this build does not have "
-                "yet; choose 'swap' (one expert on the GPU at a time) or 'auto'"
-            )
+        from .patchers import unload_patcher
+
         self.mm = mm
         self.experts = experts
-        self.mode = mode
-        self.activation_bytes = int(activation_bytes)
+        self.plan = plan
+        self.activation_bytes = activation_bytes(plan)
         self.progress = progress
         self.events: list[tuple[str, str]] = []
-
-    def _other(self, name: str):
-        return self.experts.patcher("low" if name == "high" else "high")
+        blocks = plan.blocks_on_gpu if plan.mode == "block_swap" else None
+        for name in ("high", "low"):
+            patcher = experts.patcher(name)
+            w = patcher.weights
+            if patcher.is_loaded() and (blocks != w.blocks_on_gpu):
+                unload_patcher(patcher)  # placed differently last run: reload under this plan
+            w.set_placement(plan.keep_in_ram, blocks)
+            if not patcher.is_loaded():
+                patcher.size = w.device_bytes(patcher.load_device)
 
     def _fits_beside_other(self, patcher) -> bool:
         mm = self.mm
@@ -84,14 +93,15 @@ class ComfyExpertProvider:
         from .patchers import is_registered, unload_patcher
 
         patcher = self.experts.patcher(name)
-        other = self._other(name)
-        if self.mode == "auto" and other.is_loaded() and not patcher.is_loaded():
+        other = self.experts.patcher("low" if name == "high" else "high")
+        if self.plan.mode == "resident" and other.is_loaded() and not patcher.is_loaded():
             if not self._fits_beside_other(patcher):
-                log.info("LingBot-World: auto memory: the %s-noise expert does not fit beside the other one; "
+                log.info("LingBot-World: the %s-noise expert does not fit beside the other one any more; "
                          "releasing the other first", name)
                 unload_patcher(other)
         if not patcher.is_loaded():
-            log.info("LingBot-World: loading the %s (%.2f GiB)", patcher.weights.label, patcher.model_size() / GiB)
+            log.info("LingBot-World: loading the %s (%.2f GiB on the device)", patcher.weights.label,
+                     patcher.model_size() / GiB)
         if self.progress is not None:
             patcher.weights.progress = self.progress(name)
         try:
@@ -100,13 +110,15 @@ class ComfyExpertProvider:
             patcher.weights.progress = None
         if not patcher.is_loaded() or not is_registered(patcher):
             raise RuntimeError(f"ComfyUI did not load the {name}-noise expert; see the log above")
+        model = patcher.model.diffusion_model
+        if self.plan.token_chunk is not None and hasattr(model, "set_token_chunk"):
+            model.set_token_chunk(self.plan.token_chunk)
         self.events.append(("acquire", name))
-        return patcher.model.diffusion_model
+        return model
 
     def release(self, name: str) -> None:
         from .patchers import unload_patcher
 
         self.events.append(("release", name))
-        if self.mode in ("swap", "swap_pinned"):
+        if self.plan.mode in ("swap", "block_swap"):
             unload_patcher(self.experts.patcher(name))
-

@@ -93,7 +93,7 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
                     ) from None
                 c.diffusion_model = dit
                 info = getattr(dit, "load_info", None)
-                if info is not None and info.bytes_on_device > 0:
+                if info is not None and info.bytes_on_device > 0 and not self.weights.block_swapping():
                     self.size = info.bytes_on_device  # exact figure for ComfyUI's accounting
             c.device = device
             c.model_loaded_weight_memory = self.model_size()

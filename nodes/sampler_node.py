@@ -9,7 +9,7 @@ import torch
 from ..wan.camera import camera_condition
 from ..wan.dit import pad_context
 from ..wan.sampler import Cancelled, SamplingSettings, make_noise, sample
-from .memory import ComfyExpertProvider, estimate_activation_bytes
+from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
 from .payloads import CAMERA, CATEGORY, EXPERTS, I2V, TEXT, CameraInput, ExpertPair, I2VCondition, TextEmbeds
 
 log = logging.getLogger(__name__)
@@ -102,22 +102,24 @@ class LingBotSampler:
                                      (noise_source, NOISE_SOURCES, "noise_source")):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+        cfg = experts.formats["high"].config
+        device = mm.get_torch_device()
+        plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, camera is not None,
+                        vram_comfy_can_free(mm, device), device=device)
+        log.info("LingBot-World memory plan: %s", plan.reason)
         settings = SamplingSettings(steps=int(steps), shift=float(shift), boundary=float(boundary),
                                     guide_high=float(guide_high), guide_low=float(guide_low), solver=solver,
-                                    cfg_mode=cfg_mode)
+                                    cfg_mode=plan.cfg_mode if cfg_mode == "auto" else cfg_mode)
         settings.validate()
-        cfg = experts.formats["high"].config
         ctx, neg = text_contexts(text, experts)
         plucker = plucker_for(camera, i2v) if camera is not None else None
         shape = (1, cfg.out_dim) + tuple(i2v.y.shape[2:])
         noise = make_noise(shape, int(seed), noise_source)
 
-        device = mm.get_torch_device()
-        activations = estimate_activation_bytes(cfg, shape, cfg_mode == "batch")
-        provider = ComfyExpertProvider(experts, activations, progress=load_progress())
+        provider = ComfyExpertProvider(experts, plan, progress=load_progress())
         progress = SamplingProgress(settings.steps, device)
-        log.info("LingBot-World sampling %dx%d, %d frames, %d steps, memory_mode=%s, camera=%s",
-                 i2v.width, i2v.height, i2v.frames, settings.steps, experts.memory_mode,
+        log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",
+                 i2v.width, i2v.height, i2v.frames, settings.steps, settings.cfg_mode,
                  camera.label if camera is not None else "none")
         try:
             x = sample(provider, noise, ctx, neg, i2v.y, camera=plucker, settings=settings, device=device,

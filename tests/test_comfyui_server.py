@@ -445,11 +445,16 @@ def _probe_model_management(pack_dir: str, base_dir: str) -> dict:
     out: dict = {"version": __import__("comfyui_version").__version__}
     loader = nodes["LingBotExpertLoader"]()
 
-    def pair(mode):
-        return loader.load("lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4", "nf4", mode)[0]
+    def pair(mode, blocks=-1):
+        return loader.load("lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4", "nf4", mode,
+                           blocks)[0]
+
+    def provider(experts):
+        plan = memory.plan_for(experts, (17, 64, 112), "sequential", True, vram_free=1 << 60, ram_free=1 << 36)
+        return memory.ComfyExpertProvider(experts, plan)
 
     experts = pair("swap")
-    prov = memory.ComfyExpertProvider(experts, activation_bytes=0)
+    prov = provider(experts)
     m = prov.acquire("high")
     out["after_acquire"] = [experts.high.is_loaded(), patchers.is_registered(experts.high), type(m).__name__]
     del m
@@ -466,15 +471,23 @@ def _probe_model_management(pack_dir: str, base_dir: str) -> dict:
     mm.current_loaded_models.remove(lm)
 
     pinned = pair("swap_pinned")
-    prov = memory.ComfyExpertProvider(pinned, activation_bytes=0)
+    prov = provider(pinned)
     prov.acquire("low")
     prov.release("low")
     out["pinned_parked"] = pinned.low.weights.parked is not None
     prov.acquire("low")
     out["pinned_loads"] = [pinned.low.weights.loads_from_disk, pinned.low.weights.loads_from_ram]
 
+    blocks = pair("block_swap", 1)
+    prov = provider(blocks)
+    prov.acquire("high")
+    out["block_swap_loaded"] = [blocks.high.is_loaded(), blocks.high.weights.swapper is not None,
+                                patchers.is_registered(blocks.high)]
+    mm.unload_all_models()
+    out["block_swap_unloaded"] = [blocks.high.is_loaded(), blocks.high.weights.swapper is None]
+
     resident = pair("resident")
-    prov = memory.ComfyExpertProvider(resident, activation_bytes=0)
+    prov = provider(resident)
     prov.acquire("high")
     prov.release("high")
     prov.acquire("low")
@@ -512,6 +525,7 @@ def test_patchers_against_real_model_management(server):
     assert out["after_free_memory"] == [False, False, 2]
     assert out["partial_unload_request"] is True and out["after_partial"] is False
     assert out["pinned_parked"] is True and out["pinned_loads"] == [1, 1]
+    assert out["block_swap_loaded"] == [True, True, True] and out["block_swap_unloaded"] == [False, True]
     assert out["resident_both"] == [True, True]
     assert out["dropped_pair_forgotten"] == 2
     assert out["slot_registered"] is True and out["slot_stopped_child"] == 1

@@ -1,0 +1,402 @@
+"""Node declarations, folder scanning, name resolution, camera nodes and workflow files, without ComfyUI.
+
+ComfyUI's `folder_paths` is replaced by a small stand-in module (`fake_folder_paths`) whose folders live
+in tmp_path; everything else here runs the pack's real code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lingbot_world.loaders import model_folders as mf
+from lingbot_world.loaders.vae_files import VAEFileError
+from lingbot_world.loaders.vae_shapes import infer_vae_config, vae_config_for_file
+from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, comfy_paths
+from lingbot_world.nodes.camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from lingbot_world.nodes.i2v_nodes import choose_size, vae_work_bytes
+from lingbot_world.nodes.payloads import CATEGORY, I2VCondition
+from lingbot_world.nodes.sampler_node import plucker_for, text_contexts
+from lingbot_world.nodes.text_node import child_device
+from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, WorkflowError, ui_to_api, v1_node_info
+from lingbot_world.wan.vae import VAEConfig, WanVAE
+
+REPO = Path(__file__).resolve().parents[1]
+WIDGET_KINDS = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+# Native nodes used by the example workflows, as ComfyUI 0.3.64's /object_info declares them.
+NATIVE = {
+    "LoadImage": {"input": {"required": {"image": [[], {"image_upload": True}]}},
+                  "input_order": {"required": ["image"]}, "output": ["IMAGE", "MASK"], "output_name": ["IMAGE", "MASK"],
+                  "display_name": "Load Image"},
+    "PreviewImage": {"input": {"required": {"images": ["IMAGE"]}}, "input_order": {"required": ["images"]},
+                     "output": [], "output_name": [], "display_name": "Preview Image"},
+    "CreateVideo": {"input": {"required": {"images": ["IMAGE", {}], "fps": ["FLOAT", {"default": 30.0, "min": 1.0, "max": 120.0}]},
+                              "optional": {"audio": ["AUDIO", {}]}},
+                    "input_order": {"required": ["images", "fps"], "optional": ["audio"]},
+                    "output": ["VIDEO"], "output_name": ["VIDEO"], "display_name": "Create Video"},
+    "SaveVideo": {"input": {"required": {"video": ["VIDEO", {}], "filename_prefix": ["STRING", {"default": "video/ComfyUI"}],
+                                         "format": ["COMBO", {"options": ["auto", "mp4"]}],
+                                         "codec": ["COMBO", {"options": ["auto", "h264"]}]}},
+                  "input_order": {"required": ["video", "filename_prefix", "format", "codec"]},
+                  "output": [], "output_name": [], "display_name": "Save Video"},
+}
+FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
+               "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
+               "LoadImage.image"}
+
+
+# ---- a stand-in for ComfyUI's folder_paths ------------------------------------------------------------------
+def make_folder_paths(base: Path) -> types.ModuleType:
+    fp = types.ModuleType("folder_paths")
+    fp.models_dir = str(base / "models")
+    fp.folder_names_and_paths = {
+        "diffusion_models": ([str(base / "models/unet"), str(base / "models/diffusion_models")], {".safetensors"}),
+        "text_encoders": ([str(base / "models/text_encoders")], {".safetensors", ".pth"}),
+        "vae": ([str(base / "models/vae")], {".safetensors", ".pth"}),
+    }
+
+    def add_model_folder_path(name, path, is_default=False):
+        if name in fp.folder_names_and_paths:
+            paths = fp.folder_names_and_paths[name][0]
+            if path not in paths:
+                paths.insert(0, path) if is_default else paths.append(path)
+        else:
+            fp.folder_names_and_paths[name] = ([path], set())
+
+    def get_folder_paths(name):
+        return list(fp.folder_names_and_paths[name][0])
+
+    def get_filename_list(name):
+        out = []
+        paths, exts = fp.folder_names_and_paths[name]
+        for root in paths:
+            for p in sorted(Path(root).rglob("*")) if Path(root).is_dir() else []:
+                if p.is_file() and (not exts or p.suffix in exts):
+                    out.append(p.relative_to(root).as_posix())
+        return sorted(set(out))
+
+    def get_full_path(name, filename):
+        for root in fp.folder_names_and_paths.get(name, ([], None))[0]:
+            p = Path(root) / filename
+            if p.is_file():
+                return str(p)
+        return None
+
+    def get_save_image_path(prefix, out_dir, w=0, h=0):
+        full = Path(out_dir) / os.path.dirname(prefix)
+        full.mkdir(parents=True, exist_ok=True)
+        name = os.path.basename(prefix)
+        counter = 1 + sum(1 for p in full.iterdir() if p.name.startswith(name + "_"))
+        return str(full), name, counter, os.path.dirname(prefix), prefix
+
+    fp.add_model_folder_path = add_model_folder_path
+    fp.get_folder_paths = get_folder_paths
+    fp.get_filename_list = get_filename_list
+    fp.get_full_path = get_full_path
+    fp.get_save_image_path = get_save_image_path
+    fp.get_input_directory = lambda: str(base / "input")
+    fp.get_output_directory = lambda: str(base / "output")
+    fp.get_user_directory = lambda: str(base / "user")
+    return fp
+
+
+@pytest.fixture
+def fake_folder_paths(tmp_path, monkeypatch):
+    for d in ("models/diffusion_models", "models/text_encoders", "models/vae", "input", "output", "user"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    fp = make_folder_paths(tmp_path)
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)
+    comfy_paths.register_model_folders()
+    return tmp_path
+
+
+def write_expert_dir(folder: Path, single_key: str = "patch_embedding_wancamctrl.weight") -> Path:
+    """Just the layout the scan looks at (config.json + a safetensors whose header names a camera key)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    save_file({single_key: torch.zeros(2)}, str(folder / "model.safetensors"))
+    return folder
+
+
+# ---- declarations ------------------------------------------------------------------------------------------
+def test_every_node_is_declared_completely(fake_folder_paths):
+    assert set(NODE_CLASS_MAPPINGS) == set(NODE_DISPLAY_NAME_MAPPINGS)
+    for name, cls in NODE_CLASS_MAPPINGS.items():
+        assert name.startswith("LingBot") and NODE_DISPLAY_NAME_MAPPINGS[name].startswith("LingBot")
+        assert cls.CATEGORY == CATEGORY and cls.DESCRIPTION
+        assert callable(getattr(cls, cls.FUNCTION))
+        assert len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES) == len(cls.OUTPUT_TOOLTIPS)
+        spec = cls.INPUT_TYPES()
+        assert set(spec) <= {"required", "optional", "hidden"}
+        for section in ("required", "optional"):
+            for inp, decl in spec.get(section, {}).items():
+                assert isinstance(decl, tuple) and len(decl) == 2, f"{name}.{inp}"
+                kind, opts = decl
+                assert opts.get("tooltip"), f"{name}.{inp} has no tooltip"
+                if isinstance(kind, list):
+                    assert "default" not in opts or opts["default"] in kind, f"{name}.{inp} default not in the list"
+                elif kind in ("INT", "FLOAT"):
+                    assert opts["min"] <= opts["default"] <= opts["max"], f"{name}.{inp}"
+                elif kind not in WIDGET_KINDS:
+                    assert kind.isupper(), f"{name}.{inp}: link type {kind!r}"
+    seed = NODE_CLASS_MAPPINGS["LingBotSampler"].INPUT_TYPES()["required"]["seed"]
+    assert seed[0] == "INT" and seed[1]["control_after_generate"] is True and seed[1]["max"] == 2**64 - 1
+    sampler = NODE_CLASS_MAPPINGS["LingBotSampler"].INPUT_TYPES()["required"]
+    assert (sampler["steps"][1]["default"], sampler["shift"][1]["default"], sampler["boundary"][1]["default"],
+            sampler["guide_high"][1]["default"], sampler["guide_low"][1]["default"]) == (70, 10.0, 0.947, 5.0, 5.0)
+
+
+def test_input_types_survive_broken_folders(monkeypatch):
+    fp = types.ModuleType("folder_paths")
+
+    def broken(*a, **k):
+        raise OSError("disk gone")
+
+    fp.get_folder_paths = broken
+    fp.get_filename_list = broken
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)
+    for cls in NODE_CLASS_MAPPINGS.values():
+        cls.INPUT_TYPES()  # must not raise: the node would vanish from ComfyUI's menu
+    assert NODE_CLASS_MAPPINGS["LingBotExpertLoader"].INPUT_TYPES()["required"]["high_noise_expert"][0] == []
+    assert NODE_CLASS_MAPPINGS["LingBotTextEncode"].INPUT_TYPES()["required"]["tokenizer"][0] == ["auto"]
+
+
+# ---- folder scanning --------------------------------------------------------------------------------------
+def test_scan_finds_expert_layouts_and_ignores_other_models(tmp_path):
+    root = tmp_path / "lingbot_world"
+    write_expert_dir(root / "repo" / "high_noise_model_bnb_nf4")
+    write_expert_dir(root / "repo" / "low_noise_model_bnb_nf4")
+    official = root / "official" / "high_noise_model"
+    official.mkdir(parents=True)
+    (official / "diffusion_pytorch_model.safetensors.index.json").write_text("{}")
+    (official / "config.json").write_text("{}")
+    other = tmp_path / "diffusion_models"
+    other.mkdir()
+    save_file({"patch_embedding_wancamctrl.weight": torch.zeros(1)}, str(other / "lingbot_high.safetensors"))
+    save_file({"model.diffusion_model.input_blocks.0.weight": torch.zeros(1)}, str(other / "sdxl.safetensors"))
+    (other / "broken.safetensors").write_bytes(b"\x00" * 5)
+    (root / "repo" / ".git").mkdir()
+    write_expert_dir(root / "repo" / ".git" / "hidden_expert")
+
+    roots = [root, other]
+    assert mf.scan_expert_dirs(roots) == ["official/high_noise_model", "repo/high_noise_model_bnb_nf4",
+                                          "repo/low_noise_model_bnb_nf4"]
+    assert mf.scan_expert_files(roots) == ["lingbot_high.safetensors"]  # model.safetensors inside dirs excluded
+    assert mf.pick_default(mf.scan_expert_dirs(roots), "low") == "repo/low_noise_model_bnb_nf4"
+
+
+def test_scan_release_files_and_tokenizers(tmp_path):
+    root = tmp_path / "lingbot_world"
+    (root / "ckpt" / "google" / "umt5-xxl").mkdir(parents=True)
+    (root / "ckpt" / "google" / "umt5-xxl" / "spiece.model").write_bytes(b"x")
+    (root / "ckpt" / "tokenizer").mkdir()
+    (root / "ckpt" / "tokenizer" / "tokenizer.json").write_text("{}")
+    (root / "ckpt" / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"x")
+    (root / "ckpt" / "Wan2.1_VAE.pth").write_bytes(b"x")
+    (root / "ckpt" / "notes.pth").write_bytes(b"x")
+    assert mf.scan_t5_files([root]) == ["ckpt/models_t5_umt5-xxl-enc-bf16.pth"]
+    assert mf.scan_vae_files([root]) == ["ckpt/Wan2.1_VAE.pth"]
+    assert mf.scan_tokenizer_dirs([root]) == ["ckpt/google/umt5-xxl", "ckpt/tokenizer"]
+
+
+def test_resolve_refuses_paths_outside_the_roots(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.bin").write_bytes(b"1")
+    (tmp_path / "secret").write_bytes(b"1")
+    assert mf.resolve_in_roots([tmp_path / "a"], "x.bin", want_dir=False) == tmp_path / "a" / "x.bin"
+    assert mf.resolve_in_roots([tmp_path / "a"], "../secret") is None
+    assert mf.resolve_in_roots([tmp_path / "a"], str(tmp_path / "secret")) is None
+    assert mf.resolve_in_roots([tmp_path / "a"], "x.bin", want_dir=True) is None
+
+
+def test_comfy_paths_lists_and_resolves_across_folders(fake_folder_paths):
+    base = fake_folder_paths
+    lingbot = base / "models" / "lingbot_world"
+    assert lingbot.is_dir()  # registered and created
+    write_expert_dir(lingbot / "ckpt" / "high_noise_model_bnb_nf4")
+    write_expert_dir(base / "models" / "diffusion_models" / "low_noise_model_bnb_nf4")
+    (lingbot / "ckpt" / "models_t5_umt5-xxl-enc-bf16.pth").write_bytes(b"x")
+    (base / "models" / "text_encoders" / "umt5_xxl_fp16.safetensors").write_bytes(b"x")
+    (base / "models" / "vae" / "wan_2.1_vae.safetensors").write_bytes(b"x")
+
+    assert comfy_paths.list_experts() == ["ckpt/high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4"]
+    assert comfy_paths.list_text_encoders() == ["umt5_xxl_fp16.safetensors", "ckpt/models_t5_umt5-xxl-enc-bf16.pth"]
+    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors"]
+    assert comfy_paths.resolve_expert("low_noise_model_bnb_nf4") == base / "models/diffusion_models/low_noise_model_bnb_nf4"
+    assert comfy_paths.resolve_text_encoder("ckpt/models_t5_umt5-xxl-enc-bf16.pth").parent == lingbot / "ckpt"
+    assert comfy_paths.resolve_tokenizer("auto") is None
+    with pytest.raises(comfy_paths.ModelFileNotFound, match="lingbot_world.*cahlen/lingbot-world-base-cam-nf4"):
+        comfy_paths.resolve_expert("nope/high_noise_model_bnb_nf4", "high-noise expert")
+    with pytest.raises(FileNotFoundError, match="text encoder 'missing.pth'.*models/text_encoders"):
+        comfy_paths.resolve_text_encoder("missing.pth")
+    with pytest.raises(FileNotFoundError, match="VAE 'x.pth'"):
+        comfy_paths.resolve_vae("x.pth")
+    assert comfy_paths.resolve_input_path("cams/00", "camera") == base / "input" / "cams" / "00"
+    assert comfy_paths.resolve_input_path(str(base), "camera") == base
+    with pytest.raises(ValueError, match="no path given"):
+        comfy_paths.resolve_input_path("  ", "camera path")
+    assert comfy_paths.text_cache_dir() == base / "user" / "lingbot_world" / "text_cache"
+
+
+def test_registration_keeps_paths_from_extra_model_paths(fake_folder_paths, monkeypatch):
+    fp = sys.modules["folder_paths"]
+    fp.folder_names_and_paths["lingbot_world"] = (["/mnt/big/lingbot"], set())  # from a user's yaml
+    comfy_paths.register_model_folders()
+    assert comfy_paths.lingbot_roots() == ["/mnt/big/lingbot", str(fake_folder_paths / "models" / "lingbot_world")]
+
+
+# ---- VAE config from shapes ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", [VAEConfig(), VAEConfig.tiny(), VAEConfig.tiny(dim=4, dim_mult=(1, 2, 4, 2),
+                                                                              num_res_blocks=3,
+                                                                              temporal_downsample=(True, False, True))])
+def test_vae_config_is_read_from_shapes(cfg):
+    with torch.device("meta"):
+        vae = WanVAE(cfg)
+    assert infer_vae_config({k: tuple(v.shape) for k, v in vae.state_dict().items()}) == cfg
+
+
+def test_vae_config_from_files_and_wrong_files(tmp_path):
+    cfg = VAEConfig.tiny()
+    sd = WanVAE(cfg).state_dict()
+    torch.save(sd, tmp_path / "vae.pth")
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "vae.safetensors"))
+    assert vae_config_for_file(tmp_path / "vae.pth") == cfg
+    assert vae_config_for_file(tmp_path / "vae.safetensors") == cfg
+    save_file({"blocks.0.self_attn.q.weight": torch.zeros(2, 2)}, str(tmp_path / "dit.safetensors"))
+    with pytest.raises(VAEFileError, match="DiT"):
+        vae_config_for_file(tmp_path / "dit.safetensors")
+    with pytest.raises(FileNotFoundError):
+        vae_config_for_file(tmp_path / "none.pth")
+
+
+# ---- sizes, camera, text glue -------------------------------------------------------------------------------
+def test_sizes_follow_the_reference_rule():
+    assert choose_size("480p", 720, 1280, 0, 0) == (464, 832)
+    assert choose_size("720p", 720, 1280, 0, 0) == (720, 1280)
+    assert choose_size("custom", 720, 1280, 112, 64) == (64, 112)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        choose_size("custom", 720, 1280, 100, 64)
+    with pytest.raises(ValueError, match="size must be one of"):
+        choose_size("1080p", 720, 1280, 0, 0)
+    cfg = VAEConfig()
+    assert vae_work_bytes(cfg, 464, 832, 81, True, 256) < vae_work_bytes(cfg, 464, 832, 81, False, 256)
+
+
+def test_camera_preset_node_outputs_path_and_picture():
+    cam, image = LingBotCameraPreset().make("dolly_in", "pan_right", 1.0, 17)
+    assert cam.poses.shape == (17, 4, 4) and cam.intrinsics.shape == (17, 4)
+    assert not cam.per_frame_intrinsics and cam.label == "dolly_in+pan_right"
+    assert image.dim() == 4 and image.shape[0] == 1 and image.shape[-1] == 3 and 0 <= image.min() <= image.max() <= 1
+    zoom, _ = LingBotCameraPreset().make("zoom_in", "none", 2.0, 9)
+    assert zoom.per_frame_intrinsics and zoom.intrinsics[-1, 0] > zoom.intrinsics[0, 0]
+    with pytest.raises(ValueError, match="unknown camera preset"):
+        LingBotCameraPreset().make("spin", "none", 1.0, 9)
+
+
+def test_camera_files_node_reads_folders_and_files(fake_folder_paths, examples_dir):
+    import shutil
+
+    shutil.copytree(examples_dir / "00", fake_folder_paths / "input" / "cams" / "00")
+    node = LingBotCameraFromFiles()
+    cam, image = node.load("cams/00", "first_frame")
+    assert cam.poses.shape == (961, 4, 4) and not cam.per_frame_intrinsics and image.shape[0] == 1
+    cam2, _ = node.load("cams/00/poses.npy", "per_frame")  # intrinsics.npy beside it
+    np.testing.assert_array_equal(cam2.poses, cam.poses)
+    assert cam2.per_frame_intrinsics
+    cam3, _ = node.load(str(examples_dir / "00" / "poses.npy"), "first_frame", str(examples_dir / "00" / "intrinsics.npy"))
+    np.testing.assert_array_equal(cam3.intrinsics, cam.intrinsics)
+    assert "cams/00" in node.IS_CHANGED("cams/00")
+    with pytest.raises(FileNotFoundError, match="camera path not found"):
+        node.load("cams/missing", "first_frame")
+
+
+def test_save_camera_writes_an_action_path_folder(fake_folder_paths):
+    cam, _ = LingBotCameraPreset().make("orbit_left", "none", 1.0, 9)
+    out = LingBotSaveCamera().save(cam, "lingbot_camera/trajectory")
+    folder = Path(out["result"][0])
+    assert folder.parent == fake_folder_paths / "output" / "lingbot_camera"
+    np.testing.assert_array_equal(np.load(folder / "poses.npy"), cam.poses)
+    np.testing.assert_array_equal(np.load(folder / "intrinsics.npy"), cam.intrinsics)
+    again, _ = LingBotCameraFromFiles().load(str(folder), "first_frame")
+    np.testing.assert_array_equal(again.poses, cam.poses)
+    second = Path(LingBotSaveCamera().save(cam, "lingbot_camera/trajectory")["result"][0])
+    assert second != folder  # a new numbered folder, never overwriting
+
+
+def test_camera_must_cover_the_video():
+    cond = I2VCondition(torch.zeros(1, 20, 5, 4, 6), 32, 48, 17, (0.0,) * 16, (1.0,) * 16)
+    cam, _ = LingBotCameraPreset().make("pan_left", "none", 1.0, 9)
+    with pytest.raises(ValueError, match="covers 9 frames but the video has 17"):
+        plucker_for(cam, cond)
+    long_cam, _ = LingBotCameraPreset().make("pan_left", "none", 1.0, 33)
+    assert tuple(plucker_for(long_cam, cond).shape) == (1, 384, 5, 4, 6)
+
+
+def test_text_context_width_must_match_the_experts():
+    from lingbot_world.nodes.payloads import TextEmbeds
+
+    experts = types.SimpleNamespace(text_dim=32, text_len=512)
+    ok = TextEmbeds(torch.ones(7, 32), torch.ones(3, 32), "p", "n")
+    pos, neg = text_contexts(ok, experts)
+    assert pos.shape == (1, 512, 32) and pos[0, 7:].abs().sum() == 0 and neg[0, :3].sum() == 3 * 32
+    with pytest.raises(ValueError, match="text encoder does not belong to these experts"):
+        text_contexts(TextEmbeds(torch.ones(7, 4096), torch.ones(3, 4096), "p", "n"), experts)
+
+
+def test_text_device_choice():
+    assert child_device("auto", cpu_mode=True) == "cpu"
+    assert child_device("auto", cpu_mode=False) == "auto"
+    assert child_device("cuda", cpu_mode=True) == "cuda"
+    with pytest.raises(ValueError):
+        child_device("tpu", cpu_mode=False)
+
+
+# ---- example workflows ----------------------------------------------------------------------------------------
+def _object_info() -> dict:
+    info = {name: v1_node_info(name, cls, NODE_DISPLAY_NAME_MAPPINGS[name]) for name, cls in NODE_CLASS_MAPPINGS.items()}
+    info.update(NATIVE)
+    return info
+
+
+def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
+    info = _object_info()
+    files = sorted((REPO / "example_workflows").glob("*.json"))
+    assert [p.stem for p in files] == ["lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
+                                       "lingbot_world_tiny_demo_cpu"]
+    for path in files:
+        ui = json.loads(path.read_text())
+        assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
+        notes = [n for n in ui["nodes"] if n["type"] in FRONTEND_ONLY]
+        text = " ".join(v for n in notes for v in n["widgets_values"])
+        for needed in ("models/lingbot_world", "lingbot-world") if "demo" not in path.stem else ("--demo", "lingbot-demo"):
+            assert needed in text, f"{path.name}: the note does not mention {needed}"
+        api = ui_to_api(ui, info, unchecked=FILE_COMBOS)
+        expected = json.loads((REPO / "tests" / "workflows" / f"{path.stem}.api.json").read_text())
+        assert api == expected, f"tests/workflows/{path.stem}.api.json is out of date with {path.name}"
+        chain = [v["class_type"] for v in api.values()]
+        for kind in ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo", "LingBotSampler"):
+            assert kind in chain
+
+
+def test_converter_rejects_inconsistent_workflows():
+    info = _object_info()
+    ui = json.loads((REPO / "example_workflows" / "lingbot_world_tiny_demo_cpu.json").read_text())
+    sampler = next(n for n in ui["nodes"] if n["type"] == "LingBotSampler")
+    sampler["widgets_values"] = sampler["widgets_values"][:-1]
+    with pytest.raises(WorkflowError, match="LingBotSampler"):
+        ui_to_api(ui, info, unchecked=FILE_COMBOS)
+    ui = json.loads((REPO / "example_workflows" / "lingbot_world_tiny_demo_cpu.json").read_text())
+    loader = next(n for n in ui["nodes"] if n["type"] == "LingBotExpertLoader")
+    loader["widgets_values"][3] = "everything_everywhere"
+    with pytest.raises(WorkflowError, match="memory_mode"):
+        ui_to_api(ui, info, unchecked=FILE_COMBOS)
+    ui["nodes"].append({"id": 99, "type": "SomeMissingNode", "widgets_values": []})
+    with pytest.raises(WorkflowError, match="not installed"):
+        ui_to_api(ui, {k: v for k, v in info.items()}, unchecked=FILE_COMBOS | {"LingBotExpertLoader.memory_mode"})

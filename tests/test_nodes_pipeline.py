@@ -1,0 +1,390 @@
+"""The node graph end to end on the tiny demo checkpoint, with small stand-ins for ComfyUI's modules.
+
+The stand-ins reproduce only the calls the pack makes (load_models_gpu / current_loaded_models /
+LoadedModel.model_unload / ModelPatcher's load-detach protocol, ProgressBar, the previewer, the interrupt
+flag), so the ExpertPatcher, the provider, the text-encoder child, the camera, I2V, sampler and decode
+nodes all run for real. The same classes against ComfyUI's own model management are tested in
+test_comfyui_server.py (needs COMFYUI_PATH).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+import uuid
+
+import pytest
+import torch
+
+from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
+from lingbot_world.loaders.expert_loader import load_expert
+from lingbot_world.wan.dit import pad_context
+from lingbot_world.wan.sampler import ResidentExperts, SamplingSettings, make_noise, sample
+
+H, W, FRAMES, STEPS = 32, 48, 9, 3
+
+
+# ---- stand-ins for ComfyUI ------------------------------------------------------------------------------------
+class Interrupted(Exception):
+    pass
+
+
+def make_comfy(base) -> dict[str, types.ModuleType]:
+    mm = types.ModuleType("comfy.model_management")
+    mm.current_loaded_models = []
+    mm.calls = []
+    mm.interrupt_after = None  # number of processing_interrupted() calls answered False before True
+    mm.InterruptProcessingException = Interrupted
+    cpu = torch.device("cpu")
+    for name in ("get_torch_device", "intermediate_device", "vae_device", "vae_offload_device", "unet_offload_device"):
+        setattr(mm, name, lambda: cpu)
+    mm.cpu_mode = lambda: True
+    mm.is_device_cpu = lambda d: torch.device(d).type == "cpu"
+    mm.get_free_memory = lambda dev=None: 1 << 40
+    mm.minimum_inference_memory = lambda: 0
+    mm.soft_empty_cache = lambda force=False: None
+
+    def processing_interrupted():
+        if mm.interrupt_after is None:
+            return False
+        mm.interrupt_after -= 1
+        return mm.interrupt_after < 0
+
+    def throw_exception_if_processing_interrupted():
+        if mm.interrupt_after is not None and mm.interrupt_after < 0:
+            mm.interrupt_after = None
+            raise Interrupted()
+
+    class LoadedModel:
+        def __init__(self, model):
+            self.model = model
+            self.device = model.load_device
+
+        def model_loaded_memory(self):
+            return self.model.model.model_loaded_weight_memory
+
+        def model_unload(self, memory_to_free=None, unpatch_weights=True):
+            self.model.detach(unpatch_weights)
+            return True
+
+    def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None,
+                        force_full_load=False):
+        mm.calls.append(("load_models_gpu", [type(m.model).__name__ for m in models], memory_required, force_full_load))
+        for m in models:
+            if any(lm.model is m for lm in mm.current_loaded_models):
+                continue
+            m.partially_load(m.load_device, 1e32)
+            mm.current_loaded_models.insert(0, LoadedModel(m))
+
+    def unload_all_models():
+        while mm.current_loaded_models:
+            mm.current_loaded_models.pop().model_unload()
+
+    mm.processing_interrupted = processing_interrupted
+    mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
+    mm.load_models_gpu = load_models_gpu
+    mm.unload_all_models = unload_all_models
+
+    mp = types.ModuleType("comfy.model_patcher")
+
+    class ModelPatcher:
+        def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
+            self.model, self.load_device, self.offload_device, self.size = model, load_device, offload_device, size
+            self.patches_uuid = uuid.uuid4()
+            self.backup, self.object_patches_backup = {}, {}
+            if not hasattr(model, "device"):
+                model.device = offload_device
+            model.model_loaded_weight_memory = 0
+            model.model_lowvram = False
+            model.lowvram_patch_counter = 0
+            model.current_weight_patches_uuid = None
+
+        def model_size(self):
+            if self.size <= 0:
+                self.size = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+            return self.size
+
+        def use_ejected(self, skip_and_inject_on_exit_only=False):
+            return contextlib.nullcontext()
+
+        def eject_model(self):
+            pass
+
+        def get_all_callbacks(self, kind):
+            return []
+
+        def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+            self.model.to(device_to)
+            self.model.model_loaded_weight_memory = self.model_size()
+
+        def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+            if self.model.model_loaded_weight_memory > 0 and not self.model.model_lowvram:
+                return 0
+            self.load(device_to, lowvram_model_memory=extra_memory, full_load=True)
+            return self.model.model_loaded_weight_memory
+
+        def unpatch_model(self, device_to=None, unpatch_weights=True):
+            if unpatch_weights:
+                self.model.to(device_to)
+                self.model.model_loaded_weight_memory = 0
+
+        def detach(self, unpatch_all=True):
+            if unpatch_all:
+                self.unpatch_model(self.offload_device, unpatch_weights=True)
+            return self.model
+
+    mp.ModelPatcher = ModelPatcher
+
+    utils = types.ModuleType("comfy.utils")
+    utils.progress = []
+
+    class ProgressBar:
+        def __init__(self, total, node_id=None):
+            self.total = total
+
+        def update_absolute(self, value, total=None, preview=None):
+            utils.progress.append((value, total or self.total, preview is not None))
+            throw_exception_if_processing_interrupted()  # as ComfyUI's hook does
+
+    utils.ProgressBar = ProgressBar
+    utils.set_attr = lambda obj, attr, value: setattr(obj, attr, value)
+
+    ext = types.ModuleType("comfy.patcher_extension")
+    ext.CallbacksMP = types.SimpleNamespace(ON_LOAD="on_load_after")
+    lf = types.ModuleType("comfy.latent_formats")
+    lf.Wan21 = type("Wan21", (), {"latent_channels": 16})
+    preview = types.ModuleType("latent_preview")
+
+    class Previewer:
+        def decode_latent_to_preview_image(self, fmt, x0):
+            assert x0.dim() == 5 and x0.shape[1] == 16
+            return ("JPEG", x0[0, :3, 0], 512)
+
+    preview.get_previewer = lambda device, fmt: Previewer()
+    comfy = types.ModuleType("comfy")
+    comfy.model_management, comfy.model_patcher, comfy.utils, comfy.latent_formats = mm, mp, utils, lf
+    comfy.patcher_extension = ext
+
+    return {"comfy": comfy, "comfy.model_management": mm, "comfy.model_patcher": mp, "comfy.utils": utils,
+            "comfy.patcher_extension": ext, "comfy.latent_formats": lf, "latent_preview": preview,
+            "folder_paths": _declaration_tests().make_folder_paths(base)}
+
+
+def _declaration_tests():
+    """test_nodes.py's folder_paths stand-in, loaded by file path (tests are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_lingbot_test_nodes", Path(__file__).with_name("test_nodes.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def demo_base(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfy")
+    for d in ("models/diffusion_models", "models/text_encoders", "models/vae", "input", "output", "user"):
+        (base / d).mkdir(parents=True, exist_ok=True)
+    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
+    return base
+
+
+@pytest.fixture
+def comfy(demo_base, monkeypatch):
+    mods = make_comfy(demo_base)
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    for name in ("lingbot_world.nodes.patchers",):  # subclasses the stand-in ModelPatcher: import fresh
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from lingbot_world.nodes import comfy_paths
+
+    comfy_paths.register_model_folders()
+    return mods["comfy.model_management"]
+
+
+def load_experts(mode: str = "swap", blocks_on_gpu: int = 1):
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+
+    return NODE_CLASS_MAPPINGS["LingBotExpertLoader"]().load(
+        "lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4", "nf4", mode, blocks_on_gpu)[0]
+
+
+@pytest.fixture
+def graph(comfy):
+    """Text, camera, VAE and I2V outputs of the demo graph (the expensive, mode-independent part)."""
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+
+    text = N["LingBotTextEncode"]().encode("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", "auto",
+                                           "a castle in a jungle", "", "auto", True)[0]
+    cam = N["LingBotCameraPreset"]().make("dolly_in", "pan_right", 1.0, 17)[0]
+    vae = N["LingBotVAELoader"]().load("lingbot-demo/Wan2.1_VAE.pth")[0]
+    image = torch.rand(1, 72, 128, 3, generator=torch.Generator().manual_seed(3))
+    i2v, w, h, frames = N["LingBotImageToVideo"]().encode(vae, image, "custom", W, H, FRAMES, False, cam)
+    return types.SimpleNamespace(text=text, cam=cam, vae=vae, i2v=i2v, size=(w, h, frames))
+
+
+def run_sampler(experts, g, **kw):
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+
+    args = dict(steps=STEPS, shift=10.0, boundary=0.947, guide_high=5.0, guide_low=4.0, seed=5, noise_source="cpu",
+                solver="unipc", cfg_mode="sequential", camera=g.cam)
+    args.update(kw)
+    return N["LingBotSampler"]().sample(experts, g.text, g.i2v, **args)[0]
+
+
+# ---- tests ---------------------------------------------------------------------------------------------------
+def test_graph_matches_the_library_pipeline(comfy, graph):
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+    from lingbot_world.nodes.sampler_node import plucker_for
+    from lingbot_world.wan.prompts import DEFAULT_NEGATIVE_PROMPT
+
+    assert graph.size == (W, H, FRAMES)
+    assert graph.text.negative_prompt == DEFAULT_NEGATIVE_PROMPT  # empty negative -> the model's own
+    assert graph.text.positive.shape[1] == 32 and graph.i2v.y.shape == (1, 20, 3, H // 8, W // 8)
+    experts = load_experts("swap")
+    latent = run_sampler(experts, graph)
+    assert latent["samples"].shape == (1, 16, 3, H // 8, W // 8)
+
+    # The same run through the library directly, with the experts loaded by load_expert.
+    demo = experts.formats
+    high, low = (load_expert(demo[n].path, "cpu") for n in ("high", "low"))
+    settings = SamplingSettings(steps=STEPS, guide_high=5.0, guide_low=4.0, cfg_mode="sequential")
+    noise = make_noise((1, 16, 3, H // 8, W // 8), 5, "cpu")
+    ctx, neg = pad_context([graph.text.positive], 512), pad_context([graph.text.negative], 512)
+    z = sample(ResidentExperts(high, low), noise, ctx, neg, graph.i2v.y, plucker_for(graph.cam, graph.i2v), settings)
+    torch.testing.assert_close(latent["samples"], graph.i2v.to_raw_latent(z), rtol=0, atol=0)
+
+    frames = N["LingBotVAEDecode"]().decode(graph.vae, latent, False, 32)[0]
+    assert frames.shape == (FRAMES, H, W, 3) and frames.dtype == torch.float32
+    assert 0 <= frames.min() <= frames.max() <= 1
+    tiled = N["LingBotVAEDecode"]().decode(graph.vae, latent, True, 8)[0]
+    assert tiled.shape == frames.shape
+    with pytest.raises(ValueError, match="Wan video latent"):
+        N["LingBotVAEDecode"]().decode(graph.vae, {"samples": torch.zeros(1, 4, 8, 8)}, False, 32)
+
+
+def test_progress_previews_and_loads_through_model_management(comfy, graph):
+    from lingbot_world.nodes import patchers
+
+    utils = sys.modules["comfy.utils"]
+    utils.progress.clear()
+    comfy.calls.clear()
+    experts = load_experts("swap")
+    run_sampler(experts, graph)
+    steps = [(v, t, p) for v, t, p in utils.progress if t == STEPS]
+    assert [v for v, _, _ in steps] == list(range(1, STEPS + 1)) + [STEPS] and all(p for _, _, p in steps[:-1])
+    loads = [c for c in comfy.calls if c[1] == ["ExpertContainer"]]
+    assert len(loads) == 2 and all(c[3] is True and c[2] > 0 for c in loads)  # force_full_load + activations
+    assert not experts.high.is_loaded() and not experts.low.is_loaded()  # swap: released after each phase
+    assert not any(isinstance(lm.model, patchers.ExpertPatcher) for lm in comfy.current_loaded_models)
+    assert experts.high.weights.loads_from_disk == experts.low.weights.loads_from_disk == 1
+
+
+def test_memory_modes_give_identical_videos(comfy, graph):
+    swap = load_experts("swap")
+    reference = run_sampler(swap, graph)["samples"]
+
+    resident = load_experts("resident")
+    torch.testing.assert_close(run_sampler(resident, graph)["samples"], reference, rtol=0, atol=0)
+    assert resident.high.is_loaded() and resident.low.is_loaded()
+    run_sampler(resident, graph, seed=6)  # reused, not streamed again
+    assert resident.high.weights.loads_from_disk == 1
+    comfy.unload_all_models()  # "free memory"
+    assert not resident.high.is_loaded() and resident.high.model.diffusion_model is None
+
+    pinned = load_experts("swap_pinned")
+    torch.testing.assert_close(run_sampler(pinned, graph)["samples"], reference, rtol=0, atol=0)
+    assert pinned.high.weights.parked is not None and pinned.low.weights.parked is not None
+    torch.testing.assert_close(run_sampler(pinned, graph)["samples"], reference, rtol=0, atol=0)
+    assert (pinned.high.weights.loads_from_disk, pinned.high.weights.loads_from_ram) == (1, 1)
+
+    blocks = load_experts("block_swap", blocks_on_gpu=1)  # 1 of the demo's 2 blocks resident, 1 streamed
+    torch.testing.assert_close(run_sampler(blocks, graph)["samples"], reference, rtol=0, atol=0)
+    assert not blocks.high.is_loaded() and not blocks.low.is_loaded()
+    assert blocks.high.weights.swapper is None and blocks.high.weights.loads_from_disk == 1
+    with pytest.raises(ValueError, match="blocks_on_gpu=20 but these experts have 2 blocks"):
+        load_experts("block_swap", 20)
+
+
+def test_auto_mode_follows_the_memory_plan(comfy, graph):
+    from lingbot_world.nodes.memory import plan_for
+
+    comfy.unload_all_models()
+    auto = load_experts("auto")
+    video = (FRAMES, H, W)
+    est = plan_for(auto, video, "sequential", True, vram_free=1 << 60, ram_free=1 << 30).estimates
+    one = est["expert_bytes"] + est["activation_bytes_sequential"] + est["headroom"]
+    assert plan_for(auto, video, "sequential", True, vram_free=one + 1, ram_free=1 << 30).mode == "swap"
+    assert plan_for(auto, video, "auto", True, vram_free=1 << 60, ram_free=1 << 30).mode == "resident"
+    assert plan_for(auto, video, "sequential", True, vram_free=one // 2, ram_free=1 << 30).mode == "block_swap"
+
+    comfy.is_device_cpu = lambda d: False  # pretend the device is a GPU with this much free memory
+    comfy.get_free_memory = lambda dev=None: one + 1
+    run_sampler(auto, graph)
+    assert not auto.high.is_loaded() and not auto.low.is_loaded()  # planned swap: each released after its phase
+    comfy.get_free_memory = lambda dev=None: 1 << 50
+    run_sampler(auto, graph)
+    assert auto.high.is_loaded() and auto.low.is_loaded()  # room for both: planned resident
+
+
+def test_interrupt_stops_within_a_step_and_leaves_nothing_loaded(comfy, graph):
+    experts = load_experts("swap")
+    comfy.interrupt_after = 5  # a few model calls in, i.e. mid-sampling
+    with pytest.raises(Interrupted):
+        run_sampler(experts, graph, steps=20)
+    assert not experts.high.is_loaded() and not experts.low.is_loaded()
+    assert comfy.interrupt_after is None  # the flag was consumed, as ComfyUI's throw_exception... does
+    assert run_sampler(experts, graph, steps=2)["samples"].isfinite().all()  # usable again
+
+
+def test_expert_oom_is_a_clear_cuda_oom(comfy, graph, monkeypatch):
+    from lingbot_world.nodes import patchers
+
+    experts = load_experts("swap")
+
+    def oom(device):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    monkeypatch.setattr(experts.high.weights, "materialize", oom)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="Not enough GPU memory to load the high-noise expert.*swap"):
+        run_sampler(experts, graph)
+    assert issubclass(patchers.ExpertOutOfMemory, torch.cuda.OutOfMemoryError)
+    assert not experts.high.is_loaded() and not comfy.current_loaded_models or all(
+        not isinstance(lm.model, patchers.ExpertPatcher) for lm in comfy.current_loaded_models)
+
+
+def test_loader_refuses_bad_pairs(comfy, demo_base):
+    from lingbot_world.loaders.expert_format import ExpertLoadError
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+
+    loader = N["LingBotExpertLoader"]()
+    with pytest.raises(ValueError, match="same"):
+        loader.load("lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/high_noise_model_bnb_nf4")
+    with pytest.raises(ValueError, match="memory_mode"):
+        loader.load("lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4", "nf4", "fast")
+    bad = demo_base / "models" / "diffusion_models" / "vae_as_expert.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"decoder.middle.0.residual.0.gamma": torch.zeros(2), "encoder.conv1.weight": torch.zeros(2)}, str(bad))
+    with pytest.raises(ExpertLoadError, match="VAE"):
+        loader.load(bad.name, "lingbot-demo/low_noise_model_bnb_nf4")
+
+
+def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph, monkeypatch):
+    from lingbot_world.loaders import text_encoding
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+    from lingbot_world.nodes import text_node
+
+    started = []
+    monkeypatch.setattr(text_encoding, "run_text_encoder", lambda *a, **k: started.append(1) or (_ for _ in ()).throw(
+        AssertionError("the child must not start for cached prompts")))
+    again = N["LingBotTextEncode"]().encode("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", "auto",
+                                            "a castle in a jungle", "", "auto", True)[0]
+    torch.testing.assert_close(again.positive, graph.text.positive, rtol=0, atol=0)
+    assert not started and not comfy.calls or all(c[1] != ["_EmptyContainer"] for c in comfy.calls)
+    from lingbot_world.nodes import comfy_paths
+
+    enc = comfy_paths.resolve_text_encoder("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth")
+    assert text_node.all_cached(enc, None, ["a castle in a jungle"], comfy_paths.text_cache_dir())
+    assert not text_node.all_cached(enc, None, ["never encoded"], comfy_paths.text_cache_dir())
