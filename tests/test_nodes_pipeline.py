@@ -388,3 +388,27 @@ def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph,
     enc = comfy_paths.resolve_text_encoder("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth")
     assert text_node.all_cached(enc, None, ["a castle in a jungle"], comfy_paths.text_cache_dir())
     assert not text_node.all_cached(enc, None, ["never encoded"], comfy_paths.text_cache_dir())
+
+
+def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeypatch):
+    from lingbot_world.loaders.text_encoding import live_text_encoder_pids
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+    from lingbot_world.nodes.text_node import FreeMemoryRequested
+
+    node = N["LingBotTextEncode"]()
+    args = ("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", "auto", "never cached", "", "cpu", False)
+    comfy.interrupt_after = 2  # the cancel check is polled while the child runs
+    with pytest.raises(Interrupted):
+        node.encode(*args)
+    assert live_text_encoder_pids() == []
+
+    flags = {"free_memory": True}
+    queue = types.SimpleNamespace(get_flags=lambda reset=True: dict(flags))
+    server = types.ModuleType("server")
+    server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(prompt_queue=queue))
+    monkeypatch.setitem(sys.modules, "server", server)
+    with pytest.raises(FreeMemoryRequested, match="free memory"):
+        node.encode(*args)
+    assert live_text_encoder_pids() == []
+    flags.clear()
+    assert node.encode(*args)[0].positive.shape[1] == 32  # and it works again
