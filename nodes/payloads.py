@@ -35,7 +35,7 @@ class ExpertPair:
     formats: dict[str, ExpertFormat]
     weights: str  # "nf4" | "bf16"
     memory_mode: str  # one of MEMORY_MODES
-    blocks_on_gpu: int  # block_swap only: DiT blocks kept on the GPU
+    blocks_on_gpu: int  # block_swap only: DiT blocks kept on the GPU; -1 = planned from free VRAM
 
     def patcher(self, name: str) -> Any:
         if name not in ("high", "low"):
