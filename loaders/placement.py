@@ -104,12 +104,16 @@ def estimate_activation_bytes(
     """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit_blocks.py (batch 1 or 2).
 
     Per token (L = F_lat*lat_h*lat_w/4, d = dim, f = ffn_dim, c = compute dtype bytes, B = 1 or 2 with batched CFG):
-      whole forward:  residual x fp32 (4d B), camera tokens (c d, batch 1), the Plücker input (4 cells x 384 fp32),
-                      RoPE tables, latents and the sampler's state;
-      self-attention: q, k, v and the attention output in the compute dtype (4 c d B) — the only full-length
-                      temporaries left: every other phase runs over `token_chunk` tokens at a time;
-      chunk work:     per chunk token, a few fp32 rows (norm, modulation, RoPE halves: ~4 x 4d) and the FFN hidden
-                      before and after GELU (2 c f), times B. token_chunk=None means the whole sequence at once.
+      whole forward:   residual x fp32 (4d B), camera tokens (c d, batch 1), the Plücker input (4 cells x 384 fp32),
+                       RoPE tables, latents and the sampler's state;
+    then the largest of the block's phases:
+      attention:       q, k, v and the attention output in the compute dtype (4 c d B per token);
+      building q/k/v:  3 c d B per token plus one chunk's input, projections and fp32 norm/RoPE rows (8d + 2cd);
+      per-token work:  one chunk of fp32 rows (norm, modulation, gated residual: 12d) and the FFN hidden before
+                       and after GELU (2 c f) — cross-attention, camera FiLM, FFN and head run chunk by chunk.
+    token_chunk=None means the whole sequence at once. Checked on an H100 at 464x832x81 (bench/bench_pipeline.py):
+    2.62 GB measured / 2.66 GB estimated with 8192-token chunks, 4.88 / 4.86 GB unchunked, 4.93 / 4.80 GB batched;
+    ACTIVATION_SAFETY and VRAM_HEADROOM cover the rest.
     """
     tokens = token_count(frames, height, width)
     b = 2 if cfg_batch else 1
@@ -118,12 +122,13 @@ def estimate_activation_bytes(
     persistent = b * 4 * d + 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)
     if camera:
         persistent += c * d + cells * CAMERA_CHANNELS * 4
-    attention = b * 4 * c * d
     chunk = tokens if not token_chunk else min(token_chunk, tokens)
-    chunk_work = b * chunk * (4 * 4 * d + 2 * c * f)
+    attention = b * 4 * c * d * tokens
+    build_qkv = b * 3 * c * d * tokens + b * chunk * (8 * d + 2 * c * d)
+    per_token_work = b * chunk * (12 * d + 2 * c * f)
     # one-off: text context through text_embedding, [B, 512, d] a few times
     text = b * cfg.text_len * (cfg.text_dim * 4 + 4 * d * c)
-    return int(tokens * (persistent + attention) + chunk_work + text)
+    return int(tokens * persistent + max(attention, build_qkv, per_token_work) + text)
 
 
 def free_vram_bytes(device: Union[str, torch.device] = "cuda") -> int:
