@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,15 +179,17 @@ def load_pt_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A torch pickle of plain tensors, memory-mapped; anything needing code execution is refused."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as e:
+    except RuntimeError as e:
+        raise ExpertLoadError(f"{path}: not a readable torch zip checkpoint ({e}); re-save it with torch.save") from None
+    except Exception as e:  # weights_only refusals are pickle.UnpicklingError (no pickle import needed here)
+        if type(e).__name__ != "UnpicklingError":
+            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ExpertLoadError(
             f"{path}: refused. Loading it would need code execution (it pickles Python objects beyond plain "
             f"tensors: {first}). Only weights_only=True loads are allowed; use the model.safetensors release "
             f"of these weights or re-save the state dict as plain tensors."
         ) from None
-    except RuntimeError as e:
-        raise ExpertLoadError(f"{path}: not a readable torch zip checkpoint ({e}); re-save it with torch.save") from None
     if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
         obj = next(iter(obj.values()))  # {"state_dict": {...}} wrappers
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from ..wan.umt5 import UMT5Config, UMT5Encoder
+from .safetensors_stream import SAFETENSORS_DTYPES
 
 WAN_EMBEDDING = "token_embedding.weight"
 
@@ -49,11 +50,6 @@ _HF_TO_WAN = [
 _IGNORED = re.compile(r"^(spiece_model|scaled_fp8|decoder\..*|lm_head\..*|.*\.scale_input|.*\.input_scale)$")
 _SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": torch.uint8, "I8": torch.int8,
-    "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool,
-}
 _PLAIN_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -161,7 +157,7 @@ def _read_index(path: Path, container: str) -> tuple[dict, Optional[dict]]:
     with safe_open(str(path), framework="pt") as f:
         for k in f.keys():
             sl = f.get_slice(k)
-            dt = _SAFETENSORS_DTYPES.get(sl.get_dtype())
+            dt = SAFETENSORS_DTYPES.get(sl.get_dtype())
             if dt is None:
                 raise T5FormatError(f"{path}: tensor {k} has unsupported dtype {sl.get_dtype()}")
             out[k] = (tuple(sl.get_shape()), dt)
