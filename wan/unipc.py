@@ -79,12 +79,12 @@ def first_step_index(timesteps: torch.Tensor, t: Timestep) -> int:
     return int(matches[1 if matches.numel() > 1 else 0])
 
 
-class FlowUniPCScheduler:
-    """Stateful UniPC (bh2, predict x0) for flow-matching velocity models.
-
-    Usage: `set_timesteps(steps, shift)`, then for t in `timesteps`: `x = step(v(x, t), t, x)`.
-    After the last step `done` is True and the returned sample equals `x0_estimate` exactly.
+class FlowMultistepScheduler:
+    """What the flow multistep solvers share: the grid, the step index (with the duplicate-timestep rule), the
+    x0 history and the bookkeeping around each step. Subclasses set `grid` and implement `_update(sample, x0, i)`.
     """
+
+    grid = staticmethod(flow_timesteps)  # (steps, shift, num_train_timesteps, device) -> (timesteps, sigmas)
 
     def __init__(self, num_train_timesteps: int = 1000, solver_order: int = 2):
         if solver_order not in (1, 2):
@@ -98,13 +98,12 @@ class FlowUniPCScheduler:
     def _reset(self) -> None:
         self.step_index: Optional[int] = None
         self.x0_estimate: Optional[torch.Tensor] = None
-        self.last_order: Optional[int] = None  # order of the predictor of the latest step
-        self._x0_history: list[torch.Tensor] = []  # data predictions, oldest first, at most 2
-        self._last_sample: Optional[torch.Tensor] = None  # corrected sample the latest predictor started from
+        self.last_order: Optional[int] = None  # order of the update of the latest step
+        self._x0_history: list[torch.Tensor] = []  # data predictions, oldest first, at most solver_order
         self._lower_order_nums = 0
 
     def set_timesteps(self, steps: int, shift: float, device=None) -> None:
-        self.timesteps, self.sigmas = flow_timesteps(steps, shift, self.num_train_timesteps, device)
+        self.timesteps, self.sigmas = self.grid(steps, shift, self.num_train_timesteps, device)
         self._reset()
 
     @property
@@ -116,6 +115,45 @@ class FlowUniPCScheduler:
         """True once the step landing on sigma 0 has run (with duplicated leading timesteps that happens one call
         before the end of `timesteps`, see `first_step_index`)."""
         return self.step_index is not None and self.step_index >= self.num_steps
+
+    def step(self, model_output: torch.Tensor, t: Timestep, sample: torch.Tensor) -> torch.Tensor:
+        """One step: `model_output` is the flow velocity at (sample, t); returns the next sample."""
+        name = type(self).__name__
+        if self.timesteps is None:
+            raise RuntimeError(f"{name}.step called before set_timesteps(steps, shift)")
+        if model_output.shape != sample.shape:
+            raise ValueError(
+                f"velocity shape {tuple(model_output.shape)} does not match sample shape {tuple(sample.shape)}"
+            )
+        if self.step_index is None:
+            self.step_index = first_step_index(self.timesteps, t)
+        if self.done:
+            raise RuntimeError(
+                f"the schedule is finished (step index {self.step_index} of {self.num_steps}): the sample is already "
+                "the final x0. With duplicated leading timesteps the first step starts at index 1, so stop when "
+                "scheduler.done is True instead of running every entry of timesteps"
+            )
+        i = self.step_index
+        x0 = sample - self.sigmas[i] * model_output
+        x_next = self._update(sample, x0, i)
+        self._lower_order_nums = min(self._lower_order_nums + 1, self.solver_order)
+        self.step_index = i + 1
+        return x_next
+
+    def _update(self, sample: torch.Tensor, x0: torch.Tensor, i: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class FlowUniPCScheduler(FlowMultistepScheduler):
+    """Stateful UniPC (bh2, predict x0) for flow-matching velocity models.
+
+    Usage: `set_timesteps(steps, shift)`, then for t in `timesteps`: `x = step(v(x, t), t, x)`.
+    After the last step `done` is True and the returned sample equals `x0_estimate` exactly.
+    """
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._last_sample: Optional[torch.Tensor] = None  # corrected sample the latest predictor started from
 
     def _scalars(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sigma = self.sigmas[i]
@@ -168,24 +206,7 @@ class FlowUniPCScheduler:
             x_next = x_next - alpha_t * b_h * (torch.tensor(0.5, dtype=x.dtype) * d1)
         return x_next.to(x.dtype)
 
-    def step(self, model_output: torch.Tensor, t: Timestep, sample: torch.Tensor) -> torch.Tensor:
-        """One UniPC step: `model_output` is the flow velocity at (sample, t); returns the next sample."""
-        if self.timesteps is None:
-            raise RuntimeError("FlowUniPCScheduler.step called before set_timesteps(steps, shift)")
-        if model_output.shape != sample.shape:
-            raise ValueError(
-                f"velocity shape {tuple(model_output.shape)} does not match sample shape {tuple(sample.shape)}"
-            )
-        if self.step_index is None:
-            self.step_index = first_step_index(self.timesteps, t)
-        if self.done:
-            raise RuntimeError(
-                f"the schedule is finished (step index {self.step_index} of {self.num_steps}): the sample is already "
-                "the final x0. With duplicated leading timesteps the first step starts at index 1, so stop when "
-                "scheduler.done is True instead of running every entry of timesteps"
-            )
-        i = self.step_index
-        x0 = sample - self.sigmas[i] * model_output
+    def _update(self, sample: torch.Tensor, x0: torch.Tensor, i: int) -> torch.Tensor:
         if i > 0 and self._last_sample is not None:
             sample = self._corrector(x0)
 
@@ -196,8 +217,4 @@ class FlowUniPCScheduler:
         order = min(order, self._lower_order_nums + 1)  # warm-up of the multistep history
         self.last_order = order
         self._last_sample = sample
-        x_next = self._predictor(sample, order)
-
-        self._lower_order_nums = min(self._lower_order_nums + 1, self.solver_order)
-        self.step_index = i + 1
-        return x_next
+        return self._predictor(sample, order)
