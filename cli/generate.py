@@ -5,7 +5,6 @@ of the first frame, dual-expert sampling with a memory policy, VAE decode, mp4 (
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import time
