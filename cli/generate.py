@@ -137,15 +137,16 @@ def load_image(path: Path) -> torch.Tensor:
 
 
 def _camera(spec: Optional[str], speed: float, frames: int):
-    """A CameraPath from a folder / poses.npy, or a preset name ('+'-combinations allowed)."""
+    """(CameraPath, is_zoom_preset) from a folder / poses.npy, or a preset name ('+'-combinations allowed)."""
     from ..loaders.camera_files import load_camera
-    from ..wan.camera_presets import preset_camera
+    from ..wan.camera_presets import PRESETS, parse_preset, preset_camera
 
     if not spec:
-        return None
+        return None, False
     if Path(spec).expanduser().exists():
-        return load_camera(Path(spec).expanduser())
-    return preset_camera(spec, frames=frames, speed=speed)
+        return load_camera(Path(spec).expanduser()), False
+    # zoom lives in the intrinsics, so zoom presets follow them per frame (as the camera preset node does)
+    return preset_camera(spec, frames=frames, speed=speed), any(PRESETS[n].zoom for n in parse_preset(spec))
 
 
 def run(args) -> int:
@@ -174,11 +175,11 @@ def run(args) -> int:
     image = load_image(args.image)
     height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
     frames = check_frames(args.frames)
-    cam_path = _camera(args.camera, args.camera_speed, frames)
+    cam_path, zoom_preset = _camera(args.camera, args.camera_speed, frames)
     camera = None
     if cam_path is not None:
         cond = camera_condition(cam_path.poses, cam_path.intrinsics, height, width, frames,
-                                per_frame_intrinsics=args.per_frame_intrinsics)
+                                per_frame_intrinsics=args.per_frame_intrinsics or zoom_preset)
         if cond.message:
             log.warning("camera: %s", cond.message)
         frames, camera = cond.frames, cond.plucker
