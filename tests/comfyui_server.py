@@ -1,0 +1,219 @@
+"""A real ComfyUI server for the opt-in tests: temp base directory with this pack linked in, start, stop.
+
+Loaded by path (tests/ is not a package): see `load_helper` in the test modules. Needs COMFYUI_PATH (a ComfyUI
+checkout, never modified) and optionally COMFYUI_PYTHON (its interpreter, default this one).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACK_DIR_NAME = "ComfyUI-LingBot-World"
+COMFYUI = os.environ.get("COMFYUI_PATH")
+PYTHON = os.environ.get("COMFYUI_PYTHON", sys.executable)
+
+
+def skip_reason() -> Optional[str]:
+    """Why the real-server tests cannot run here, or None."""
+    if not COMFYUI or not (Path(COMFYUI) / "main.py").is_file():
+        return ("set COMFYUI_PATH to a ComfyUI checkout (and COMFYUI_PYTHON to its venv's python) to run the "
+                "real-server tests")
+    return None
+
+
+# ---- small clients ----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WebSocket:
+    """Just enough RFC 6455 to read ComfyUI's event stream (server frames are never masked)."""
+
+    def __init__(self, port: int, client_id: str):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /ws?clientId={client_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                           f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           f"Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(4096)
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        assert b" 101 " in head.split(b"\r\n")[0], head
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("websocket closed")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        head = bytes([0x80 | opcode, 0x80 | len(payload)]) + mask  # control frames only: < 126 bytes
+        self.sock.sendall(head + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def recv(self, timeout: float):
+        """(opcode, payload): 1 = text, 2 = binary; None on timeout."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                b0, b1 = self._read(2)
+                opcode, n = b0 & 0x0F, b1 & 0x7F
+                if n == 126:
+                    (n,) = struct.unpack(">H", self._read(2))
+                elif n == 127:
+                    (n,) = struct.unpack(">Q", self._read(8))
+                payload = self._read(n)
+                if opcode == 9:
+                    self._send(10, payload)
+                    continue
+                if opcode == 8:
+                    raise ConnectionError("websocket closed by the server")
+                return opcode, payload
+        except socket.timeout:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, base: Path, log_path: Path):
+        self.proc, self.port, self.base, self.log_path = proc, port, base, log_path
+        self.url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return json.load(r)
+
+    def post(self, path: str, body: dict):
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            data = r.read()
+        return json.loads(data) if data else None
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def run(self, prompt: dict, timeout: float = 300, on_progress=None) -> dict:
+        """Queue an API prompt and follow it on the websocket until it ends; returns what happened."""
+        client_id = uuid.uuid4().hex
+        ws = WebSocket(self.port, client_id)
+        try:
+            try:
+                pid = self.post("/prompt", {"prompt": prompt, "client_id": client_id})["prompt_id"]
+            except urllib.error.HTTPError as e:
+                raise AssertionError(f"/prompt refused the workflow: {e.read().decode()[:3000]}") from None
+            result = {"prompt_id": pid, "progress": [], "previews": 0, "end": None, "error": None}
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < timeout:
+                msg = ws.recv(timeout=5)
+                if msg is None:
+                    continue
+                opcode, payload = msg
+                if opcode == 2:
+                    if struct.unpack(">I", payload[:4])[0] in (1, 4):  # PREVIEW_IMAGE (+ metadata variant)
+                        result["previews"] += 1
+                    continue
+                event = json.loads(payload)
+                kind, data = event.get("type"), event.get("data", {})
+                if data.get("prompt_id") not in (None, pid):
+                    continue
+                if kind == "progress":
+                    result["progress"].append((data["node"], data["value"], data["max"]))
+                    if on_progress is not None:
+                        on_progress(data)
+                elif kind == "execution_error":
+                    result["end"], result["error"] = "error", data
+                    break
+                elif kind == "execution_interrupted":
+                    result["end"] = "interrupted"
+                    break
+                elif kind == "executing" and data.get("node") is None and data.get("prompt_id") == pid:
+                    result["end"] = "done"
+                    break
+            result["seconds"] = time.monotonic() - t0
+            result["history"] = self.get(f"/history/{pid}").get(pid, {})
+            return result
+        finally:
+            ws.close()
+
+
+def prepare_base(base: Path) -> None:
+    """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, the tiny demo checkpoint and image."""
+    import shutil
+
+    from lingbot_world.loaders.demo_checkpoint import DEMO_IMAGE, build_demo_checkpoint
+
+    for d in ("custom_nodes", "models/lingbot_world", "input", "output", "user", "temp"):
+        (base / d).mkdir(parents=True, exist_ok=True)
+    (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
+    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
+    shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
+
+
+@contextmanager
+def running_server(base: Path, start_timeout: float = 180) -> Iterator[Server]:
+    """Start ComfyUI (CPU, 127.0.0.1, free port) on a prepared base directory; stop it on exit."""
+    port = free_port()
+    log_path = base / "server.log"
+    cmd = [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
+           "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
+    # A fixed mmap threshold makes glibc return freed tensor memory to the OS at once, so the server's RSS
+    # shows whether weights were really released (with the default dynamic threshold freed chunks stay cached).
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1")  # log lines in order, at once
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=COMFYUI, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env)
+    srv = Server(proc, port, base, log_path)
+    t0 = time.monotonic()
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ComfyUI exited with {proc.returncode} during start-up:\n{srv.log()[-4000:]}")
+            try:
+                srv.get("/system_stats")
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() - t0 > start_timeout:
+                    pytest.fail(f"ComfyUI did not answer within {start_timeout:.0f} s:\n{srv.log()[-4000:]}")
+                time.sleep(1)
+        srv.startup_s = time.monotonic() - t0
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
