@@ -68,7 +68,9 @@ def token_slices(seq: int, chunk: Optional[int]):
     return [slice(s, min(s + chunk, seq)) for s in range(0, seq, chunk)]
 
 
-class SelfAttention(nn.Module):
+class _AttentionLayers(nn.Module):
+    """q/k/v/o projections and the full-width q/k RMSNorms shared by self- and cross-attention (spec §2.2 keys)."""
+
     def __init__(self, dim: int, num_heads: int, eps: float, **factory):
         super().__init__()
         self.num_heads = num_heads
@@ -79,6 +81,8 @@ class SelfAttention(nn.Module):
         self.norm_q = WanRMSNorm(dim, eps, **factory)
         self.norm_k = WanRMSNorm(dim, eps, **factory)
 
+
+class SelfAttention(_AttentionLayers):
     def qkv(self, make_input: Callable[[slice], torch.Tensor], shape: tuple, rope, dtype: torch.dtype,
             chunk: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k (normed, rotated) and v in the compute dtype, [B, L, heads, head_dim], built chunk by chunk.
@@ -105,21 +109,11 @@ class SelfAttention(nn.Module):
         return self.o(as_compute(out, dtype))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_AttentionLayers):
     """Video tokens attend to all 512 text rows (zero-padded rows included, no mask, no RoPE).
 
     Each video token attends independently, so the tokens can be processed in chunks.
     """
-
-    def __init__(self, dim: int, num_heads: int, eps: float, **factory):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim, **factory)
-        self.k = nn.Linear(dim, dim, **factory)
-        self.v = nn.Linear(dim, dim, **factory)
-        self.o = nn.Linear(dim, dim, **factory)
-        self.norm_q = WanRMSNorm(dim, eps, **factory)
-        self.norm_k = WanRMSNorm(dim, eps, **factory)
 
     def kv(self, context: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         ctx = as_compute(context, dtype)
