@@ -98,17 +98,23 @@ def is_lingbot_safetensors(path: PathLike) -> bool:
     return answer
 
 
-def scan_expert_files(roots: Sequence[PathLike], max_depth: int = MAX_DEPTH) -> list[str]:
-    """Relative names of loose single-file LingBot experts (`*.safetensors` outside expert folders)."""
-    found: dict[str, None] = {}
+def _walk_outside_experts(roots: Sequence[PathLike], max_depth: int):
+    """(root, folder, file names) for every folder under `roots`, not descending into expert folders."""
     for root in map(Path, roots):
         for here, dirnames, filenames in _walk(root, max_depth):
             if here != root and is_expert_dir(here):
                 dirnames[:] = []
                 continue
-            for name in sorted(filenames):
-                if name.endswith((".safetensors", ".sft")) and is_lingbot_safetensors(here / name):
-                    found.setdefault(_rel(here / name, root))
+            yield root, here, filenames
+
+
+def scan_expert_files(roots: Sequence[PathLike], max_depth: int = MAX_DEPTH) -> list[str]:
+    """Relative names of loose single-file LingBot experts (`*.safetensors` outside expert folders)."""
+    found: dict[str, None] = {}
+    for root, here, filenames in _walk_outside_experts(roots, max_depth):
+        for name in sorted(filenames):
+            if name.endswith((".safetensors", ".sft")) and is_lingbot_safetensors(here / name):
+                found.setdefault(_rel(here / name, root))
     return sorted(found)
 
 
@@ -116,14 +122,10 @@ def scan_named_files(roots: Sequence[PathLike], names: Sequence[str], max_depth:
     """Relative paths of files called one of `names` (e.g. the release's T5/VAE files) under `roots`."""
     wanted = set(names)
     found: dict[str, None] = {}
-    for root in map(Path, roots):
-        for here, dirnames, filenames in _walk(root, max_depth):
-            if here != root and is_expert_dir(here):
-                dirnames[:] = []
-                continue
-            for name in sorted(filenames):
-                if name in wanted:
-                    found.setdefault(_rel(here / name, root))
+    for root, here, filenames in _walk_outside_experts(roots, max_depth):
+        for name in sorted(filenames):
+            if name in wanted:
+                found.setdefault(_rel(here / name, root))
     return sorted(found)
 
 
@@ -138,13 +140,9 @@ def scan_vae_files(roots: Sequence[PathLike]) -> list[str]:
 def scan_tokenizer_dirs(roots: Sequence[PathLike], max_depth: int = MAX_DEPTH) -> list[str]:
     """Relative names of folders holding tokenizer.json or spiece.model (google/umt5-xxl/, tokenizer/)."""
     found: dict[str, None] = {}
-    for root in map(Path, roots):
-        for here, dirnames, filenames in _walk(root, max_depth):
-            if here != root and is_expert_dir(here):
-                dirnames[:] = []
-                continue
-            if here != root and any(n in filenames for n in TOKENIZER_FILES):
-                found.setdefault(_rel(here, root))
+    for root, here, filenames in _walk_outside_experts(roots, max_depth):
+        if here != root and any(n in filenames for n in TOKENIZER_FILES):
+            found.setdefault(_rel(here, root))
     return sorted(found)
 
 

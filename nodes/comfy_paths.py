@@ -112,16 +112,22 @@ def resolve_expert(name: str, which: str = "expert") -> Path:
     return p
 
 
-def resolve_text_encoder(name: str) -> Path:
-    full = _fp().get_full_path("text_encoders", name)
+def _resolve_model_file(folder_key: str, name: str, what: str, hint: str) -> Path:
+    """A file from a ComfyUI model folder, or else from the lingbot_world folders."""
+    full = _fp().get_full_path(folder_key, name)
     if full is not None:
         return Path(full)
     p = mf.resolve_in_roots(lingbot_roots(), name, want_dir=False)
     if p is None:
-        raise _not_found("text encoder", name, _paths("text_encoders") + lingbot_roots(),
-                         "Put umt5_xxl_fp16.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in "
-                         "models/text_encoders, or the release's models_t5_umt5-xxl-enc-bf16.pth in models/lingbot_world.")
+        raise _not_found(what, name, _paths(folder_key) + lingbot_roots(), hint)
     return p
+
+
+def resolve_text_encoder(name: str) -> Path:
+    return _resolve_model_file(
+        "text_encoders", name, "text encoder",
+        "Put umt5_xxl_fp16.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in "
+        "models/text_encoders, or the release's models_t5_umt5-xxl-enc-bf16.pth in models/lingbot_world.")
 
 
 def resolve_tokenizer(name: str) -> Optional[Path]:
@@ -136,15 +142,10 @@ def resolve_tokenizer(name: str) -> Optional[Path]:
 
 
 def resolve_vae(name: str) -> Path:
-    full = _fp().get_full_path("vae", name)
-    if full is not None:
-        return Path(full)
-    p = mf.resolve_in_roots(lingbot_roots(), name, want_dir=False)
-    if p is None:
-        raise _not_found("VAE", name, _paths("vae") + lingbot_roots(),
-                         "Put wan_2.1_vae.safetensors (Comfy-Org repackaged) in models/vae, or the release's "
-                         "Wan2.1_VAE.pth in models/lingbot_world.")
-    return p
+    return _resolve_model_file(
+        "vae", name, "VAE",
+        "Put wan_2.1_vae.safetensors (Comfy-Org repackaged) in models/vae, or the release's "
+        "Wan2.1_VAE.pth in models/lingbot_world.")
 
 
 def resolve_input_path(path: str, what: str) -> Path:
