@@ -25,6 +25,19 @@ from .pinned import Device, WeightPart, clear_device_caches, dit_parts, synchron
 log = logging.getLogger(__name__)
 
 
+def streamed_block_keys(blocks_on_gpu: int) -> Callable[[str], bool]:
+    """Predicate for `load_expert(host=...)`: True for the keys of blocks N.. (the ones block swap streams), so a
+    load reads them into host memory and everything else straight to the device."""
+
+    def streamed(key: str) -> bool:
+        if not key.startswith("blocks."):
+            return False
+        index = key.split(".", 2)[1]
+        return index.isdigit() and int(index) >= blocks_on_gpu
+
+    return streamed
+
+
 class _Ring:
     """Two device buffers for streamed blocks, with the events that order copies against compute."""
 

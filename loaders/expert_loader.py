@@ -187,20 +187,33 @@ def _file_keys(fmt: ExpertFormat):
     return keys, sources, None
 
 
-def _stream(fmt: ExpertFormat, device: torch.device, pt_sd) -> Iterator[tuple[str, torch.Tensor, int]]:
+def _stream(fmt: ExpertFormat, device: torch.device, pt_sd,
+            on_host: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor, int]]:
+    """(key without prefix, tensor, bytes) in file order; keys for which on_host(key) is True stay on the CPU."""
     p = fmt.key_prefix
     strip = (lambda k: k[len(p):] if k.startswith(p) else k) if p else (lambda k: k)
     if pt_sd is not None:  # memory-mapped pickle: pages are touched once, tensor by tensor
         for k in list(pt_sd):
             t = pt_sd.pop(k)
             n = t.numel() * t.element_size()
-            yield strip(k), (t if _is_host_key(k) else t.to(device)), n
+            yield strip(k), (t if on_host(strip(k)) else t.to(device)), n
             del t
         return
     for f in fmt.files:
         header = fmt.headers.get(f) or read_header(f)
-        for k, t in iter_tensors(header, device, host=_is_host_key):
+        for k, t in iter_tensors(header, device, host=lambda name: on_host(strip(name))):
             yield strip(k), t, t.numel() * t.element_size()
+
+
+def _weight_to_host(model: nn.Module, linear: str) -> None:
+    """Move one linear's weight (NF4 codes and their QuantState, or a plain weight) to the CPU."""
+    mod = model.get_submodule(linear)
+    w = mod._parameters["weight"]
+    if isinstance(mod, NF4Linear):
+        w.quant_state.to("cpu")  # in place: absmax, code and the nested state
+        w.data = w.data.cpu()
+    else:
+        mod._parameters["weight"] = nn.Parameter(w.data.cpu(), requires_grad=False)
 
 
 def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
@@ -209,8 +222,9 @@ def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
     mod._parameters[pname] = nn.Parameter(value, requires_grad=False)
 
 
-def device_bytes(model: nn.Module) -> tuple[int, int]:
-    """(bytes held on the model's device incl. NF4 statistics, logical parameter count)."""
+def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tuple[int, int]:
+    """(bytes of the weights incl. NF4 statistics, logical parameter count); with `device`, only the weights
+    that are on it are counted (block swap keeps some in host memory)."""
     nbytes = count = 0
     for m in model.modules():
         for name, p in m._parameters.items():
@@ -221,15 +235,18 @@ def device_bytes(model: nn.Module) -> tuple[int, int]:
                 parts = [p.data, qs.absmax, qs.code]
                 if qs.nested:
                     parts += [qs.state2.absmax, qs.state2.code, qs.offset]
-                nbytes += sum(t.numel() * t.element_size() for t in parts)
+                held = sum(t.numel() * t.element_size() for t in parts)
                 count += m.out_features * m.in_features
             else:
-                nbytes += p.numel() * p.element_size()
+                held = p.numel() * p.element_size()
                 count += p.numel()
+            if device is None or p.device == device:
+                nbytes += held
     return nbytes, count
 
 
-def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress) -> tuple[WanDiT, ExpertInfo]:
+def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress,
+               host: Optional[Callable[[str], bool]] = None) -> tuple[WanDiT, ExpertInfo]:
     t0 = time.perf_counter()
     nf4 = mode == "nf4"
     param_dtype = compute_dtype  # unquantized tensors are kept in the compute dtype
@@ -241,21 +258,37 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
     total = sum(math.prod(s) * d.itemsize for d, s in keys.values())
     pending: dict[str, dict] = {}
     done = tensors = 0
-    for key, t, nbytes in _stream(fmt, device, pt_sd):
-        owner, comp = None, None
+
+    def packed_owner(key: str) -> tuple[Optional[str], Optional[str]]:
         if key.endswith(".weight") and key[:-7] in plan.packed:
-            owner, comp = key[:-7], ""
-        else:
-            head, sep, tail = key.partition(".weight.")
-            if sep and head in plan.packed:
-                owner, comp = head, tail
+            return key[:-7], ""
+        head, sep, tail = key.partition(".weight.")
+        return (head, tail) if sep and head in plan.packed else (None, None)
+
+    def transformed_on_device(key: str) -> bool:
+        """Quantized (float file, nf4 mode) or dequantized (NF4 file, bf16 mode): done on the device, then moved."""
+        if packed_owner(key)[0] is not None:
+            return not nf4
+        return key.endswith(".weight") and key[:-7] in plan.float_linear
+
+    to_host = host if host is not None and device.type != "cpu" else (lambda k: False)
+
+    def read_on_host(key: str) -> bool:
+        return _is_host_key(key) or (to_host(key) and not transformed_on_device(key))
+
+    for key, t, nbytes in _stream(fmt, device, pt_sd, read_on_host):
+        owner, comp = packed_owner(key)
         if owner is not None:
             pieces = pending.setdefault(owner, {})
             pieces[comp] = t
             if len(pieces) == len(plan.packed[owner]):
                 _finish_packed(model, owner, pending.pop(owner), nf4, f"{sources[key]}: {owner}")
+                if not nf4 and to_host(key):
+                    _weight_to_host(model, owner)
         elif key[:-7] in plan.float_linear and key.endswith(".weight"):
             model.get_submodule(key[:-7]).load_float_weight(t)
+            if to_host(key):
+                _weight_to_host(model, key[:-7])
         else:
             # Rounded through bf16 like the reference's bf16 load, so every format gives the same model.
             _set_param(model, key, t.to(torch.bfloat16).to(param_dtype))
@@ -272,7 +305,7 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    nbytes_dev, count = device_bytes(model)
+    nbytes_dev, count = device_bytes(model, device)
     info = ExpertInfo(fmt, str(device), mode, str(compute_dtype).replace("torch.", ""), count, nbytes_dev, done, tensors, seconds)
     return model, info
 
@@ -314,12 +347,13 @@ def load_expert_with_info(
     mode: str = "nf4",
     compute_dtype: Optional[torch.dtype] = None,
     progress: Optional[Progress] = None,
+    host: Optional[Callable[[str], bool]] = None,
 ) -> tuple[WanDiT, ExpertInfo]:
     """Like `load_expert`, also returning the load statistics."""
     device, compute_dtype = _resolve(device, mode, compute_dtype)
     fmt = path if isinstance(path, ExpertFormat) else detect_format(path)
     try:
-        return _load_into(fmt, device, mode, compute_dtype, progress)
+        return _load_into(fmt, device, mode, compute_dtype, progress, host)
     except BaseException as exc:
         # The traceback's frames still reference the half-built model and the last tensors read: drop them,
         # then give the memory back before the error reaches the caller.
@@ -336,6 +370,7 @@ def load_expert(
     mode: str = "nf4",
     compute_dtype: Optional[torch.dtype] = None,
     progress: Optional[Progress] = None,
+    host: Optional[Callable[[str], bool]] = None,
 ) -> WanDiT:
     """Load an expert (any kind `detect_format` knows) onto `device`.
 
@@ -343,8 +378,10 @@ def load_expert(
     quantized on `device`); "bf16": plain bf16 model. compute_dtype: dtype of the GEMMs and of the
     unquantized parameters (default bf16 on CUDA, float32 on CPU; "bf16" mode is always bf16).
     progress(done_bytes, total_bytes) is called after each tensor; raising from it cancels the load cleanly.
+    host(key) -> True keeps that tensor in host memory instead (block swap: the streamed blocks); weights that
+    must be quantized or dequantized still pass through `device` one at a time, so the work stays on the GPU.
     The statistics are on `model.load_info` (an ExpertInfo).
     """
-    model, info = load_expert_with_info(path, device, mode, compute_dtype, progress)
+    model, info = load_expert_with_info(path, device, mode, compute_dtype, progress, host)
     model.load_info = info
     return model

@@ -26,7 +26,7 @@ import torch.nn as nn
 from ..wan.dit_blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT
 from ..wan.sizes import token_count
-from .block_swap import BlockSwapper, _empty_part
+from .block_swap import BlockSwapper, _empty_part, streamed_block_keys
 from .nf4 import default_compute_dtype, nf4_linear_names, packed_shapes
 from .pinned import WeightPart, clear_device_caches, dit_parts, free_device_memory, synchronize
 
@@ -311,7 +311,8 @@ def plan_memory(
     if not ok and batch and len(batch_options) == 2:
         batch = False  # nothing to gain from a batch that does not fit
         ok = on_device + acts[batch] + VRAM_HEADROOM <= vram_free
-    why = _fits_line([(f"base + {n}/{sizes.num_blocks} blocks + 2 ring buffers", on_device), (act_label(batch), acts[batch]),
+    ring = " + 2 ring buffers" if n < sizes.num_blocks else ""
+    why = _fits_line([(f"base + {n}/{sizes.num_blocks} blocks{ring}", on_device), (act_label(batch), acts[batch]),
                       ("headroom", VRAM_HEADROOM)], vram_free, "free VRAM")
     host_need = (sizes.num_blocks - n) * sizes.block
     auto_keep = keep_in_ram is None
@@ -321,17 +322,17 @@ def plan_memory(
         notes.insert(0, f"one expert needs {_gb(sizes.total + acts[False] + VRAM_HEADROOM)}")
     if not ok:
         notes.append("WARNING: even this may not fit; reduce frames or size, or close other GPU programs")
-    if ram_free < sizes.total + GiB:
-        notes.append(f"WARNING: {_gb(ram_free)} RAM free; loading needs about {_gb(sizes.total + GiB)}")
+    if ram_free < host_need + GiB:
+        notes.append(f"WARNING: {_gb(ram_free)} RAM free; the streamed blocks need about {_gb(host_need + GiB)}")
     name = f"block_swap {n}" + (", keep_in_ram" if keep else "")
     return MemoryPlan("block_swap", keep, n, batch, f"{prefix}{name} ({why}; {'; '.join(notes)})", token_chunk, ok, estimates)
 
 
 # ---- providers ------------------------------------------------------------------------------------------
-def _default_loader(path, device, mode, compute_dtype):
+def _default_loader(path, device, mode, compute_dtype, host=None):
     from .expert_loader import load_expert
 
-    return load_expert(path, device=device, mode=mode, compute_dtype=compute_dtype)
+    return load_expert(path, device=device, mode=mode, compute_dtype=compute_dtype, host=host)
 
 
 def _as_log(log) -> Log:
@@ -373,9 +374,9 @@ class PlacementProvider:
         self.plan = plan
         self.events: list[dict] = []  # one per acquire/release: op, name, source, seconds
 
-    def _load(self, name: str, device: torch.device) -> nn.Module:
+    def _load(self, name: str, device: torch.device, **kw) -> nn.Module:
         t0 = time.perf_counter()
-        model = self.loader(self.paths[name], device=device, mode=self.weights, compute_dtype=self.compute_dtype)
+        model = self.loader(self.paths[name], device=device, mode=self.weights, compute_dtype=self.compute_dtype, **kw)
         synchronize(device)
         dt = time.perf_counter() - t0
         info = getattr(model, "load_info", None)
@@ -521,8 +522,8 @@ class BlockSwapProvider(PlacementProvider):
             model, parts = self.kept.pop(name)
             source = "ram"
         else:
-            # Loaded to host memory first: the device never holds more than N blocks of it.
-            model, parts = self._load(name, torch.device("cpu")), None
+            # Base and blocks 0..N-1 straight to the device, the streamed blocks to host memory (then pinned).
+            model, parts = self._load(name, self.device, host=streamed_block_keys(self.blocks_on_gpu)), None
             source = "disk"
         self.swapper = BlockSwapper(model, self.device, self.blocks_on_gpu, parts=parts, pin=True).install()
         self.model, self.active = self._prepare(model), name

@@ -1,9 +1,9 @@
 """Where one expert's weights come from when ComfyUI loads it, and where they go when it unloads it.
 
 Load = stream the file straight to the device (`load_expert`: no host copy of the 9.6 GB expert), or take
-the copy parked in pinned host RAM if the plan keeps one. With block swap, the expert is loaded to host
-memory and `loaders.block_swap.BlockSwapper` puts the non-block weights and the first N blocks on the
-device and streams the others during each forward. Unload = drop the weights (the next load streams them
+the copy parked in pinned host RAM if the plan keeps one. With block swap, the non-block weights and the first
+N blocks are streamed to the device and the other blocks to host memory; `loaders.block_swap.BlockSwapper`
+pins those and streams them to the device during each forward. Unload = drop the weights (the next load streams them
 again) or park them in pinned RAM. No ComfyUI imports: the ModelPatcher in `patchers.py` calls this.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..loaders.block_swap import BlockSwapper
+from ..loaders.block_swap import BlockSwapper, streamed_block_keys
 from ..loaders.expert_format import ExpertFormat
 from ..loaders.expert_loader import load_expert
 from ..loaders.nf4 import default_compute_dtype
@@ -81,9 +81,6 @@ class ExpertWeights:
             self.forget()
         return changed
 
-    def _compute_dtype(self, device: torch.device) -> Optional[torch.dtype]:
-        return None if self.mode == "bf16" else default_compute_dtype(device)
-
     def materialize(self, device) -> WanDiT:
         device = torch.device(device)
         if self.block_swapping():
@@ -102,9 +99,9 @@ class ExpertWeights:
             self.kept_parts = None
             self.loads_from_ram += 1
         else:
-            # Loaded to host memory first, in the device's compute dtype: the device never holds more than N blocks.
-            model = load_expert(self.fmt, "cpu", self.mode, compute_dtype=self._compute_dtype(device),
-                                progress=self.progress)
+            # Base and blocks 0..N-1 straight to the device, the streamed blocks to host memory (then pinned).
+            model = load_expert(self.fmt, device, self.mode, progress=self.progress,
+                                host=streamed_block_keys(int(self.blocks_on_gpu)))
             parts = None
             self.loads_from_disk += 1
         self.swapper = BlockSwapper(model, device, int(self.blocks_on_gpu), parts=parts, pin=True).install()

@@ -165,3 +165,12 @@ def test_cuda_release_frees_the_expert_bytes(experts):
             del m
             assert torch.cuda.memory_allocated() == base, mode
         assert torch.cuda.memory_allocated() == base
+
+
+def test_streamed_block_keys_pick_blocks_from_n_on():
+    from lingbot_world.loaders.block_swap import streamed_block_keys
+
+    pick = streamed_block_keys(2)
+    assert pick("blocks.2.ffn.0.weight") and pick("blocks.10.self_attn.q.weight.absmax")
+    assert not pick("blocks.1.ffn.0.weight") and not pick("head.head.weight") and not pick("patch_embedding.weight")
+    assert not streamed_block_keys(40)("blocks.39.modulation")

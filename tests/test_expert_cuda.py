@@ -73,3 +73,26 @@ def test_failed_load_leaves_gpu_memory_as_before(experts):
         load_expert(experts / "nf4", "cuda", progress=cancel)
     assert err.value.__traceback__ is not None
     assert torch.cuda.memory_allocated() == before
+
+
+def _tensors_of(module):
+    """Every tensor a module computes with, NF4 statistics included."""
+    from lingbot_world.loaders.pinned import tensor_slots
+
+    return [s.get() for s in tensor_slots(module)]
+
+
+@pytest.mark.parametrize("source,mode", [("nf4", "nf4"), ("official", "nf4"), ("nf4", "bf16")])
+def test_host_keys_load_to_cpu_and_equal_a_device_load(experts, source, mode):
+    from lingbot_world.loaders.block_swap import streamed_block_keys
+
+    full = load_expert(experts / source, "cuda", mode)
+    split = load_expert(experts / source, "cuda", mode, host=streamed_block_keys(1))
+    assert all(t.is_cuda for t in _tensors_of(split.blocks[0]))
+    for i in (1, 2):  # streamed blocks: codes, statistics and plain tensors all in host memory
+        assert all(t.device.type == "cpu" for t in _tensors_of(split.blocks[i])), i
+    outside = [t for n, m in split.named_children() if n != "blocks" for t in _tensors_of(m)]
+    assert outside and all(t.is_cuda for t in outside)
+    a, b = full.state_dict(), split.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
+    assert 0 < split.load_info.bytes_on_device < full.load_info.bytes_on_device
