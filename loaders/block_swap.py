@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from .pinned import Device, WeightPart, clear_device_caches, dit_parts, synchronize
+from .pinned import Device, WeightPart, clear_device_caches, dit_parts, return_freed_host_memory, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class BlockSwapper:
                 part.to_device(self.device)
             else:
                 part.to_host(self.pin)
+                return_freed_host_memory()  # the block's loaded tensors are freed now: keep the peak at one copy
         if len(self.streamed):
             sig = self.blocks[self.resident].signature()
             odd = [i for i in self.streamed if self.blocks[i].signature() != sig]
@@ -206,6 +207,7 @@ class BlockSwapper:
             else:
                 _empty_part(part)
         clear_device_caches(self.model)
+        return_freed_host_memory()
         return self.parts
 
     def stats(self) -> dict:

@@ -13,7 +13,10 @@ PyTorch's pinned allocator rounds each allocation up to a power of two (a 9.6 GB
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
@@ -281,6 +284,30 @@ def synchronize(device: Device) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _load_malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def return_freed_host_memory() -> None:
+    """Give freed heap pages back to the OS (glibc `malloc_trim`; a no-op elsewhere).
+
+    Weight tensors of 10-40 MB come from the malloc heap, and glibc keeps their pages after they are freed. When
+    the tensors of a streamed block are gathered into one pinned buffer, those pages would otherwise stay
+    resident next to the buffer: measured on the H100, 27 streamed blocks (6.4 GB) left 11.1 GB resident instead
+    of 6.9 GB.
+    """
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 def free_device_memory(device: Device) -> None:

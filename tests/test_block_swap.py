@@ -5,6 +5,10 @@ its bookkeeping (which block sits in which ring buffer, the one-ahead prefetch, 
 and the outputs are checked in CI. With CUDA the same tests also run on the GPU with a side stream and pinned
 host memory.
 """
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -174,3 +178,24 @@ def test_streamed_block_keys_pick_blocks_from_n_on():
     assert pick("blocks.2.ffn.0.weight") and pick("blocks.10.self_attn.q.weight.absmax")
     assert not pick("blocks.1.ffn.0.weight") and not pick("head.head.weight") and not pick("patch_embedding.weight")
     assert not streamed_block_keys(40)("blocks.39.modulation")
+
+
+TRIM_PROBE = """
+import torch
+from lingbot_world.loaders.pinned import return_freed_host_memory
+def rss(): return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]) * 1024
+n = 8 << 20
+t = torch.ones(n, dtype=torch.uint8); del t  # freeing an mmapped chunk raises glibc's mmap threshold
+ts = [torch.ones(n, dtype=torch.uint8) for _ in range(40)]  # now 320 MB of heap chunks, like a block's weights
+tail = torch.ones(n, dtype=torch.uint8)  # keeps the freed chunks below the top of the heap
+del ts
+before = rss(); return_freed_host_memory(); print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_freed_weight_pages_go_back_to_the_os():
+    # The loaded tensors of a streamed block stay resident after they are gathered into the pinned buffer unless
+    # the heap is trimmed (measured on the H100: 11.1 GB instead of 6.9 GB for 27 streamed blocks).
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) > 250 << 20
