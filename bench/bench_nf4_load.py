@@ -45,7 +45,7 @@ from .common import (
 TARGET_GBPS = 2.5
 TARGET_RSS = 1e9
 TARGET_VRAM = 10.5e9
-MODULE = "lingbot_world.bench.bench_nf4_load"
+MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 
 
 def bench_config(tiny: bool, layers: int | None = None) -> DiTConfig:

@@ -39,7 +39,8 @@ from ..wan.dit_blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
 from .common import machine_info, peak_rss_bytes, write_json
 
-MODULE = "lingbot_world.bench.bench_pipeline"
+MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
+PACKAGE = MODULE.rsplit(".bench.", 1)[0]
 GiB = 1024**3
 STEPS_HIGH, STEPS_LOW = 26, 44  # the default 70-step schedule (spec §5.5)
 
@@ -558,8 +559,8 @@ def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: floa
         raise RuntimeError(f"{workdir} has {free / 1e9:.1f} GB free; the two experts need {need / 1e9:.1f} GB. "
                            "Pass --workdir on a bigger disk.")
     code = (
-        "import json,sys,time;from pathlib import Path;from lingbot_world.wan.dit import DiTConfig;"
-        "from lingbot_world.bench.bench_nf4_load import make_full_size_expert as mk;"
+        f"import json,sys,time;from pathlib import Path;from {PACKAGE}.wan.dit import DiTConfig;"
+        f"from {PACKAGE}.bench.bench_nf4_load import make_full_size_expert as mk;"
         "cfg=DiTConfig.from_json(json.loads(sys.argv[1]));out={}\n"
         "for i,(n,p) in enumerate(json.loads(sys.argv[2]).items()):\n"
         "    out[n]=mk(Path(p),sys.argv[3],seed=i,cfg=cfg)\n"

@@ -31,10 +31,12 @@ from pathlib import Path
 
 import torch
 
-from lingbot_world.loaders.text_encoding import encode_prompts, run_text_encoder
-from lingbot_world.loaders.t5_tokenizer import resolve_tokenizer_source
-from lingbot_world.wan.prompts import DEFAULT_NEGATIVE_PROMPT
-from lingbot_world.wan.umt5 import UMT5Config, UMT5Encoder
+from ..loaders.text_encoding import encode_prompts, run_text_encoder
+from ..loaders.t5_tokenizer import resolve_tokenizer_source
+from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
+from ..wan.umt5 import UMT5Config, UMT5Encoder
+
+MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 
 PROMPT = (
     "The video presents a soaring journey through a fantasy jungle. The wind whips past the rider's blue hands "
@@ -174,7 +176,7 @@ def main(argv=None) -> int:
     try:
         enc = work / "models_t5_umt5-xxl-enc-bf16.pth"
         t0 = time.perf_counter()
-        cmd = [sys.executable, __file__, "--out", args.out, "--build-file", str(enc), "cuda" if cuda else "cpu"]
+        cmd = [sys.executable, "-m", MODULE, "--out", args.out, "--build-file", str(enc), "cuda" if cuda else "cpu"]
         subprocess.run(cmd + (["--tiny"] if args.tiny else []), check=True)
         result["file"] = {"bytes": enc.stat().st_size, "build_s": round(time.perf_counter() - t0, 2)}
         tok = resolve_tokenizer_source(train_tokenizer(work / "tokenizer", 2000 if not args.tiny else 400))
