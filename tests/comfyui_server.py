@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACK_DIR_NAME = "ComfyUI-LingBot-World"
 COMFYUI = os.environ.get("COMFYUI_PATH")
 PYTHON = os.environ.get("COMFYUI_PYTHON", sys.executable)
+# LINGBOT_COMFY_GPU=1: ComfyUI picks its own device (CUDA) instead of running with --cpu; memory checks then read
+# the card's used VRAM instead of the server's RSS.
+GPU = os.environ.get("LINGBOT_COMFY_GPU") == "1"
 
 
 def skip_reason() -> Optional[str]:
@@ -125,6 +128,15 @@ class Server:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def vram_used(self) -> int:
+        """Bytes in use on ComfyUI's device, as /system_stats reports it (the whole card)."""
+        dev = self.get("/system_stats")["devices"][0]
+        return int(dev["vram_total"]) - int(dev["vram_free"])
+
+    def memory_in_use(self) -> int:
+        """Where the weights live: VRAM with LINGBOT_COMFY_GPU=1, else the server's RSS."""
+        return self.vram_used() if GPU else self.rss()
+
     def run(self, prompt: dict, timeout: float = 300, on_progress=None) -> dict:
         """Queue an API prompt and follow it on the websocket until it ends; returns what happened."""
         client_id = uuid.uuid4().hex
@@ -184,10 +196,10 @@ def prepare_base(base: Path) -> None:
 
 @contextmanager
 def running_server(base: Path, start_timeout: float = 180) -> Iterator[Server]:
-    """Start ComfyUI (CPU, 127.0.0.1, free port) on a prepared base directory; stop it on exit."""
+    """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit."""
     port = free_port()
     log_path = base / "server.log"
-    cmd = [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
+    cmd = [PYTHON, "main.py"] + ([] if GPU else ["--cpu"]) + ["--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
            "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
     # A fixed mmap threshold makes glibc return freed tensor memory to the OS at once, so the server's RSS
     # shows whether weights were really released (with the default dynamic threshold freed chunks stay cached).

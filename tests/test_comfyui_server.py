@@ -85,7 +85,8 @@ def _demo_prompt(**sampler) -> dict:
 def test_pack_loads_and_every_node_is_listed(server):
     log = server.log()
     assert "Cannot import" not in log or PACK_DIR_NAME not in log.split("Cannot import", 1)[1][:300], log[-3000:]
-    assert "IMPORT FAILED" not in log
+    # ComfyUI's own optional nodes may fail for missing extras (e.g. API nodes without pydantic); ours must not.
+    assert not [ln for ln in log.splitlines() if "IMPORT FAILED" in ln and PACK_DIR_NAME in ln], log[-3000:]
     stats = server.get("/system_stats")
     info = server.get("/object_info")
     for name in NODE_CLASS_MAPPINGS:
@@ -173,14 +174,15 @@ def _wait_idle(server, timeout: float = 60) -> None:
 
 
 def _interrupted_run(server, seed: int) -> dict:
-    """A medium run in swap mode, interrupted at sampler step 2; RSS before, during and after (post /free)."""
+    """A medium run in swap mode, interrupted at sampler step 2; memory (RSS, or VRAM on a GPU) before, during and
+    after (post /free)."""
     _free(server)
-    out = {"before": server.rss(), "mid": 0, "sent": False}
+    out = {"before": server.memory_in_use(), "mid": 0, "sent": False}
     samp_id, _ = _by_type(_demo_prompt(), "LingBotSampler")
 
     def on_progress(data):
         if data["node"] == samp_id and data["max"] == 40 and data["value"] >= 2 and not out["sent"]:
-            out["mid"] = server.rss()
+            out["mid"] = server.memory_in_use()
             out["sent"] = True
             server.post("/interrupt", {})
 
@@ -191,7 +193,7 @@ def _interrupted_run(server, seed: int) -> dict:
     assert out["last"] < 40, "the run finished instead of stopping"
     # Released: swap mode drops the expert in the sampler's finally; /free drops ComfyUI's caches too.
     _free(server)
-    out["after"] = server.rss()
+    out["after"] = server.memory_in_use()
     out["seconds"] = res["seconds"]
     return out
 
@@ -212,7 +214,8 @@ def test_interrupt_mid_sampling_keeps_server_healthy_and_frees_memory(server):
     runs = [_interrupted_run(server, seed) for seed in (7, 8)]
     mb = 1 / 2**20
     for i, r in enumerate(runs):
-        print(f"\ninterrupted run {i + 1}: stopped at step {r['last']}/40 after {r['seconds']:.1f} s; server RSS "
+        print(f"\ninterrupted run {i + 1}: stopped at step {r['last']}/40 after {r['seconds']:.1f} s; "
+              f"{'card VRAM in use' if comfy.GPU else 'server RSS'} "
               f"before {r['before'] * mb:.0f} MB, while sampling {r['mid'] * mb:.0f} MB, after {r['after'] * mb:.0f} MB "
               f"(expert file {server.medium_bytes * mb:.0f} MB)")
     r = runs[1]
@@ -249,7 +252,7 @@ def test_resident_experts_stay_loaded_until_free_memory(server):
         "resident: load both once, reuse, reload only after /free\n" + server.log()[start:][-4000:])
 
 
-def _probe_model_management(pack_dir: str, base_dir: str) -> dict:
+def _probe_model_management(pack_dir: str, base_dir: str, cpu: bool = True) -> dict:
     """Runs INSIDE a ComfyUI interpreter (source shipped with inspect.getsource): real model_management."""
     import gc
     import importlib.util
@@ -258,7 +261,7 @@ def _probe_model_management(pack_dir: str, base_dir: str) -> dict:
     import comfy.options
 
     comfy.options.enable_args_parsing()
-    sys.argv = [sys.argv[0], "--cpu", "--base-directory", base_dir]
+    sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else []) + ["--base-directory", base_dir]
     import comfy.model_management as mm
 
     spec = importlib.util.spec_from_file_location("lingbot_pack_probe", pack_dir + "/__init__.py",
@@ -342,7 +345,7 @@ def test_patchers_against_real_model_management(server):
     """The ModelPatcher subclass under ComfyUI's own load/free/unload code, in a separate interpreter."""
     src = inspect.getsource(_probe_model_management)
     code = (src + f"\nimport json\nprint('PROBE' + json.dumps(_probe_model_management({str(REPO)!r}, "
-            f"{str(server.base)!r})))\n")
+            f"{str(server.base)!r}, cpu={not comfy.GPU})))\n")
     proc = subprocess.run([PYTHON, "-c", code], cwd=COMFYUI, capture_output=True, text=True, timeout=300)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("PROBE")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
