@@ -17,16 +17,6 @@ def is_camera_param(name: str) -> bool:
     return any(part.startswith(CAMERA_PREFIXES) for part in name.split("."))
 
 
-def randomise_(model: torch.nn.Module, gen: torch.Generator) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif p.dim() >= 2 and "modulation" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
-            else:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-
 
 def make_inputs(gen: torch.Generator, b: int = 2, f: int = 2, h: int = 4, w: int = 6):
     x = torch.randn(b, 16, f, h, w, generator=gen)
@@ -38,9 +28,9 @@ def make_inputs(gen: torch.Generator, b: int = 2, f: int = 2, h: int = 4, w: int
 
 
 @pytest.fixture()
-def model() -> WanDiT:
+def model(randomise_dit) -> WanDiT:
     m = WanDiT(CFG).eval()
-    randomise_(m, torch.Generator().manual_seed(7))
+    randomise_dit(m, torch.Generator().manual_seed(7))
     return m
 
 

@@ -14,21 +14,11 @@ from lingbot_world.wan.rope import RopeCache, apply_rope, axis_dims
 CFG = DiTConfig.tiny()
 
 
-def randomise_(model: torch.nn.Module, gen: torch.Generator) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif p.dim() >= 2 and "modulation" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
-            else:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-
 
 @pytest.fixture(scope="module")
-def model() -> WanDiT:
+def model(randomise_dit) -> WanDiT:
     m = WanDiT(CFG).eval()
-    randomise_(m, torch.Generator().manual_seed(11))
+    randomise_dit(m, torch.Generator().manual_seed(11))
     return m
 
 

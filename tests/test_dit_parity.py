@@ -33,17 +33,6 @@ key_map = _load_key_map()
 CFG = DiTConfig.tiny()  # dim 64 = 4 heads x 16, 2 layers, ffn 128, text_dim 32, freq_dim 32
 
 
-def randomise_(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """Non-trivial values everywhere: norm gains around 1, weights ~1/sqrt(fan_in), everything else O(0.1-1)."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif p.dim() >= 2 and "modulation" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
-            else:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-
 
 def diffusers_twin(cfg: DiTConfig) -> WanTransformer3DModel:
     """The Wan2.2 I2V transformer as diffusers configures it (no image_dim: no CLIP img_emb)."""
@@ -86,10 +75,10 @@ def test_key_map_covers_both_models():
         key_map.to_diffusers_key("blocks.0.mystery.weight")
 
 
-def test_matches_diffusers_wan_transformer():
+def test_matches_diffusers_wan_transformer(randomise_dit):
     gen = torch.Generator().manual_seed(1234)
     ours = WanDiT(CFG).eval()
-    randomise_(ours, gen)
+    randomise_dit(ours, gen)
     theirs = diffusers_twin(CFG)
     theirs.load_state_dict(key_map.to_diffusers_state_dict(ours.state_dict()), strict=True)
 
