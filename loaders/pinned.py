@@ -14,7 +14,7 @@ PyTorch's pinned allocator rounds each allocation up to a power of two (a 9.6 GB
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import logging
 import sys
 from dataclasses import dataclass
@@ -286,16 +286,15 @@ def synchronize(device: Device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _load_malloc_trim():
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim from the symbols already in the process (no library search, no subprocess), or None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return None
-
-
-_malloc_trim = _load_malloc_trim()
 
 
 def return_freed_host_memory() -> None:
@@ -306,8 +305,9 @@ def return_freed_host_memory() -> None:
     resident next to the buffer: measured on the H100, 27 streamed blocks (6.4 GB) left 11.1 GB resident instead
     of 6.9 GB.
     """
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def free_device_memory(device: Device) -> None:
