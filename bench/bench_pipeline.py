@@ -56,7 +56,7 @@ CASES: dict[str, dict] = {
     "blockswap12": dict(kind="sample", video=V480, mode="block_swap", cap_gib=12, high=3, low=1),
     "blockswap8": dict(kind="sample", video=V480, mode="block_swap", cap_gib=8, high=3, low=1),
     "swap720": dict(kind="sample", video=V720, mode="swap", cap_gib=24, high=2, low=1),
-    "blockswap16_720": dict(kind="sample", video=V720, mode="block_swap", cap_gib=16, high=2, low=1),
+    "blockswap16_720": dict(kind="sample", video=V720, mode="block_swap", cap_gib=16, high=2, low=1, ref="swap720"),
     "switch": dict(kind="switch", cap_gib=24),
     "nf4_vs_bf16": dict(kind="bf16", video=V480),
     "cfg": dict(kind="cfg", video=V480),
@@ -65,6 +65,8 @@ CASES: dict[str, dict] = {
 DEFAULT_CASES = list(CASES)
 SAMPLE_CASES = [n for n, c in CASES.items() if c["kind"] == "sample"]
 BLOCK_SWAP_CASES = [n for n in SAMPLE_CASES if CASES[n]["mode"] == "block_swap"]
+# the whole-expert case a block-swap case is compared with (same video size)
+REFERENCE = {n: CASES[n].get("ref", "resident24") for n in BLOCK_SWAP_CASES}
 
 TARGETS = {
     "swap24": "runs; peak VRAM <= 13 GB; peak RSS <= 4 GB",
@@ -600,10 +602,10 @@ def summarize(res: dict, args) -> dict:
     ok = lambda r: r is not None and "error" not in r  # noqa: E731
     s: dict = {}
     resident = c.get("resident24")
-    ref_step = resident.get("s_per_step") if ok(resident) else None
-    if ref_step is None and ok(c.get("cfg")):
-        ref_step = c["cfg"]["sequential"].get("s_per_step")
-    ref720 = c["swap720"].get("s_per_step") if ok(c.get("swap720")) else None
+    ref_step = {"resident24": resident.get("s_per_step") if ok(resident) else None}
+    if ref_step["resident24"] is None and ok(c.get("cfg")):
+        ref_step["resident24"] = c["cfg"]["sequential"].get("s_per_step")
+    ref_step["swap720"] = c["swap720"].get("s_per_step") if ok(c.get("swap720")) else None
     for name in SAMPLE_CASES:
         r = c.get(name)
         if not ok(r):
@@ -611,8 +613,8 @@ def summarize(res: dict, args) -> dict:
         row = {"s_per_step": r.get("s_per_step"), "peak_reserved_gb": _g(r.get("peak_reserved")),
                "peak_allocated_gb": _g(r.get("peak_allocated")), "smi_peak_gb": _mib_gb(r.get("smi_peak_used_mib")),
                "peak_rss_gb": _g(r.get("peak_rss")), "plan": r.get("plan", {}).get("reason")}
-        ref = ref720 if name.endswith("_720") else ref_step  # 720p block swap against 720p with the whole expert
-        if ref and r.get("s_per_step") and name.startswith("blockswap"):
+        ref = ref_step.get(REFERENCE.get(name))
+        if ref and r.get("s_per_step"):
             row["over_resident"] = round(r["s_per_step"] / ref, 3)
         s[name] = row
     sw = c.get("switch")
@@ -668,7 +670,7 @@ def check_targets(res: dict) -> dict:
         if name in c:
             t[f"{name}_runs"] = ok(c[name])
             if s.get(name, {}).get("over_resident") is not None:
-                ref = "swap720" if name.endswith("_720") else "resident"
+                ref = REFERENCE[name].removesuffix("24")
                 t[f"{name}_<=1.3x_{ref}"] = s[name]["over_resident"] <= 1.3
     if "swap720" in c:
         t["swap720_runs"] = ok(c["swap720"])
