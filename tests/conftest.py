@@ -44,3 +44,23 @@ def _randomise_dit(model: torch.nn.Module, gen: torch.Generator) -> None:
 def randomise_dit():
     """`randomise_dit(model, generator)`: random weights for the DiT tests (every parameter, norms included)."""
     return _randomise_dit
+
+
+def _make_velocity(seed: int = 1, channels: int = 4):
+    """A fixed nonlinear flow field v(x, t): random channel mix + tanh, so the multistep history matters."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(channels, channels, generator=g) / 2
+
+    def velocity(x: torch.Tensor, t: int) -> torch.Tensor:
+        s = t / 1000.0
+        mixed = torch.einsum("oc,bc...->bo...", w.to(x.dtype), x)
+        return torch.tanh(mixed * (0.5 + s)) + 0.3 * s * x - (1 - s) * torch.sin(x)
+
+    noise = torch.randn(1, channels, 2, 3, 5, generator=g)
+    return velocity, noise
+
+
+@pytest.fixture(scope="session")
+def make_velocity():
+    """`make_velocity(seed)` -> (velocity(x, t), noise): the scheduler tests' flow field."""
+    return _make_velocity

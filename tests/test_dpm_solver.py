@@ -9,20 +9,6 @@ import torch
 from lingbot_world.wan.dpm_solver import FlowDPMSolverScheduler, dpm_flow_timesteps
 
 
-def make_velocity(seed: int = 1, channels: int = 4):
-    """A fixed nonlinear flow field v(x, t): random channel mix + tanh, so the multistep history matters."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(channels, channels, generator=g) / 2
-
-    def velocity(x: torch.Tensor, t: int) -> torch.Tensor:
-        s = t / 1000.0
-        mixed = torch.einsum("oc,bc...->bo...", w.to(x.dtype), x)
-        return torch.tanh(mixed * (0.5 + s)) + 0.3 * s * x - (1 - s) * torch.sin(x)
-
-    noise = torch.randn(1, channels, 2, 3, 5, generator=g)
-    return velocity, noise
-
-
 def test_grid_starts_at_sigma_one_and_shifts_once():
     timesteps, sigmas = dpm_flow_timesteps(70, 10.0)
     assert timesteps.dtype == torch.int64 and sigmas.dtype == torch.float32
@@ -37,7 +23,7 @@ def test_grid_starts_at_sigma_one_and_shifts_once():
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy-2 __array__ notice raised inside diffusers
-def test_matches_diffusers_dpmsolver_maths():
+def test_matches_diffusers_dpmsolver_maths(make_velocity):
     """diffusers' flow grid differs by design (it starts at shift(0.999), not 1.0, and has no `sigmas=`
     argument), so its solver runs on our grid by replacing its timesteps/sigmas after set_timesteps."""
     diffusers = pytest.importorskip("diffusers")
@@ -94,7 +80,7 @@ class DPM64:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_matches_float64_rederivation(seed):
+def test_matches_float64_rederivation(seed, make_velocity):
     velocity, noise = make_velocity(seed)
     ours = FlowDPMSolverScheduler()
     ours.set_timesteps(70, 10.0)
@@ -112,7 +98,7 @@ def test_matches_float64_rederivation(seed):
     assert worst_run <= 1e-6, worst_run  # relative to the sample scale; measured ~5e-7
 
 
-def test_order_pattern_and_last_step_is_x0():
+def test_order_pattern_and_last_step_is_x0(make_velocity):
     velocity, noise = make_velocity()
     sched = FlowDPMSolverScheduler()
     sched.set_timesteps(70, 10.0)
@@ -128,7 +114,7 @@ def test_order_pattern_and_last_step_is_x0():
         sched.step(x, 126, x)
 
 
-def test_first_step_is_exact_interpolation():
+def test_first_step_is_exact_interpolation(make_velocity):
     # from sigma 1 (pure noise) the first-order update is x1 = sigma1 * x + (1 - sigma1) * x0
     velocity, noise = make_velocity()
     sched = FlowDPMSolverScheduler()

@@ -18,20 +18,6 @@ SPEC_TIMESTEPS = [
 ]
 
 
-def make_velocity(seed: int = 1, channels: int = 4):
-    """A fixed nonlinear flow field v(x, t): random channel mix + tanh, so the multistep history matters."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(channels, channels, generator=g) / 2
-
-    def velocity(x: torch.Tensor, t: int) -> torch.Tensor:
-        s = t / 1000.0
-        mixed = torch.einsum("oc,bc...->bo...", w.to(x.dtype), x)
-        return torch.tanh(mixed * (0.5 + s)) + 0.3 * s * x - (1 - s) * torch.sin(x)
-
-    noise = torch.randn(1, channels, 2, 3, 5, generator=g)
-    return velocity, noise
-
-
 def run(sched, velocity, x, timesteps=None, record=None):
     for t in sched.timesteps if timesteps is None else timesteps:
         t = int(t)
@@ -68,7 +54,7 @@ def test_default_grid_matches_spec():
     assert abs(sigmas[-2].item() - 0.12647) < 1e-5
 
 
-def test_matches_diffusers_unipc_bit_for_bit():
+def test_matches_diffusers_unipc_bit_for_bit(make_velocity):
     velocity, noise = make_velocity()
     ours = FlowUniPCScheduler()
     ours.set_timesteps(70, 10.0)
@@ -131,7 +117,7 @@ class UniPC64:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_matches_float64_rederivation(seed):
+def test_matches_float64_rederivation(seed, make_velocity):
     velocity, noise = make_velocity(seed)
     ours = FlowUniPCScheduler()
     ours.set_timesteps(70, 10.0)
@@ -145,7 +131,7 @@ def test_matches_float64_rederivation(seed):
     assert worst <= 1e-6, worst
 
 
-def test_last_step_returns_x0_and_order_pattern():
+def test_last_step_returns_x0_and_order_pattern(make_velocity):
     velocity, noise = make_velocity()
     sched = FlowUniPCScheduler()
     sched.set_timesteps(70, 10.0)
@@ -156,7 +142,7 @@ def test_last_step_returns_x0_and_order_pattern():
     assert sched.done and sched.step_index == 70
 
 
-def test_first_step_and_x0_estimate():
+def test_first_step_and_x0_estimate(make_velocity):
     velocity, noise = make_velocity()
     sched = FlowUniPCScheduler()
     sched.set_timesteps(70, 10.0)
@@ -171,7 +157,7 @@ def test_first_step_and_x0_estimate():
     assert (out.double() - expect).abs().max().item() < 1e-6
 
 
-def test_duplicate_timestep_starts_at_second_match():
+def test_duplicate_timestep_starts_at_second_match(make_velocity):
     timesteps, sigmas = flow_timesteps(100, 12.0)
     assert timesteps[0].item() == timesteps[1].item() == 999
     # spec: also at 150+ steps with shift >= 8; never at the defaults
@@ -195,7 +181,7 @@ def test_duplicate_timestep_starts_at_second_match():
         sched.step(velocity(x, int(timesteps[99])), int(timesteps[99]), x)
 
 
-def test_duplicate_timestep_matches_diffusers():
+def test_duplicate_timestep_matches_diffusers(make_velocity):
     velocity, noise = make_velocity()
     ours = FlowUniPCScheduler()
     ours.set_timesteps(100, 12.0)
@@ -211,7 +197,7 @@ def test_duplicate_timestep_matches_diffusers():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_output_keeps_sample_dtype(dtype):
+def test_output_keeps_sample_dtype(dtype, make_velocity):
     velocity, noise = make_velocity()
     sched = FlowUniPCScheduler()
     sched.set_timesteps(6, 5.0)
@@ -222,7 +208,7 @@ def test_output_keeps_sample_dtype(dtype):
     assert torch.isfinite(x.float()).all()
 
 
-def test_set_timesteps_resets_history():
+def test_set_timesteps_resets_history(make_velocity):
     velocity, noise = make_velocity()
     sched = FlowUniPCScheduler()
     sched.set_timesteps(8, 10.0)
@@ -232,7 +218,7 @@ def test_set_timesteps_resets_history():
     assert torch.equal(run(sched, velocity, noise), first)
 
 
-def test_accepts_tensor_timestep_and_single_step():
+def test_accepts_tensor_timestep_and_single_step(make_velocity):
     velocity, noise = make_velocity()
     sched = FlowUniPCScheduler()
     sched.set_timesteps(1, 10.0)
