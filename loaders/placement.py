@@ -323,7 +323,8 @@ def plan_memory(
     if not ok:
         notes.append("WARNING: even this may not fit; reduce frames or size, or close other GPU programs")
     if ram_free < host_need + GiB:
-        notes.append(f"WARNING: {_gb(ram_free)} RAM free; the streamed blocks need about {_gb(host_need + GiB)}")
+        notes.append(f"WARNING: {_gb(ram_free)} RAM free; the streamed blocks need about {_gb(host_need + GiB)}: close "
+                     "other programs, or reduce frames or size so more blocks stay on the GPU")
     name = f"block_swap {n}" + (", keep_in_ram" if keep else "")
     return MemoryPlan("block_swap", keep, n, batch, f"{prefix}{name} ({why}; {'; '.join(notes)})", token_chunk, ok, estimates)
 

@@ -293,3 +293,15 @@ def test_swap_drop_cuts_the_model_loose(experts):
     # a caller that kept a reference to the module does not keep its weights alive
     assert all(t.numel() == 0 for t in (s.get() for s in tensor_slots(m)))
     assert not prov.kept
+
+
+def test_block_swap_warns_when_ram_cannot_hold_the_streamed_blocks():
+    from lingbot_world.loaders.placement import plan_memory
+    from lingbot_world.wan.dit import DiTConfig
+
+    cfg = DiTConfig()  # the released size: 40 blocks of ~236 MB
+    plan = plan_memory((81, 464, 832), cfg, vram_free=6 << 30, ram_free=2 << 30, mode="block_swap")
+    assert plan.blocks_on_gpu < cfg.num_layers
+    assert "RAM free; the streamed blocks need about" in plan.reason and "close other programs" in plan.reason
+    roomy = plan_memory((81, 464, 832), cfg, vram_free=6 << 30, ram_free=64 << 30, mode="block_swap")
+    assert "RAM free;" not in roomy.reason
