@@ -29,7 +29,7 @@ from ..loaders.expert_format import detect_format
 from ..loaders.expert_loader import load_expert_with_info
 from ..loaders.safetensors_stream import iter_tensors
 from ..loaders.nf4_writer import make_random_nf4_expert, random_expert_state, write_official_expert
-from ..wan.dit import DiTConfig
+from ..wan.dit.model import DiTConfig
 from .common import (
     PeakRSS,
     gb,

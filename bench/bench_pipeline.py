@@ -34,8 +34,8 @@ from typing import Optional
 
 import torch
 
-from ..wan.dit import DiTConfig
-from ..wan.dit_blocks import DEFAULT_TOKEN_CHUNK
+from ..wan.dit.model import DiTConfig
+from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
 from .common import machine_info, peak_rss_bytes, write_json
 
@@ -120,8 +120,8 @@ def apply_cap(device: torch.device, cap_gib: Optional[float], context_gib: float
 
 def make_inputs(video: tuple, cfg: DiTConfig, device: torch.device, seed: int = 0) -> dict:
     """Real conditioning shapes: y (mask + random latent), a preset camera at the size, random bf16 text."""
-    from ..wan.camera import camera_condition
-    from ..wan.camera_presets import preset_camera
+    from ..wan.control.camera import camera_condition
+    from ..wan.control.camera_presets import preset_camera
     from ..wan.i2v import first_frame_mask
     from ..wan.sizes import latent_frames, latent_size
 
@@ -144,8 +144,8 @@ def make_inputs(video: tuple, cfg: DiTConfig, device: torch.device, seed: int = 
 
 def schedule(high: int, low: int, shift: float = 10.0):
     """SamplingSettings whose first `high` steps use the high-noise expert and the next `low` the low one."""
-    from ..wan.sampler import SamplingSettings
-    from ..wan.schedulers import make_scheduler
+    from ..wan.sampling.sampler import SamplingSettings
+    from ..wan.sampling.schedulers import make_scheduler
 
     steps = high + low
     ts = [int(t) for t in make_scheduler("unipc", steps, shift).timesteps]
@@ -225,8 +225,8 @@ def step_times(step_ends: list[tuple[int, str, float]], events: list[dict]) -> l
 
 # ---- children --------------------------------------------------------------------------------------------
 def child_sample(spec: dict) -> dict:
-    from ..loaders.placement import estimate_activation_bytes, free_vram_bytes, make_provider, plan_memory, available_ram_bytes
-    from ..wan.sampler import make_noise, sample
+    from ..memory.placement import estimate_activation_bytes, free_vram_bytes, make_provider, plan_memory, available_ram_bytes
+    from ..wan.sampling.sampler import make_noise, sample
 
     device = torch.device(spec["device"])
     cfg = DiTConfig.from_json(spec["config"])
@@ -293,7 +293,7 @@ def child_sample(spec: dict) -> dict:
 
 def child_switch(spec: dict) -> dict:
     """Expert switch times: swap dropping to disk, and swap keeping the released expert in pinned RAM."""
-    from ..loaders.placement import make_provider
+    from ..memory.placement import make_provider
 
     device = torch.device(spec["device"])
     out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}
@@ -330,7 +330,7 @@ def child_switch(spec: dict) -> dict:
 
 def timed_forwards(model, inputs: dict, device: torch.device, batch: bool, steps: int, warm: int = 1) -> dict:
     """CFG steps straight on a model (cond + uncond, batched or not): seconds per step and the activation peak."""
-    from ..wan.sampler import make_noise
+    from ..wan.sampling.sampler import make_noise
 
     x = make_noise(inputs["shape"], 1, source="cuda" if device.type == "cuda" else "cpu").to(device)
     t = torch.tensor([900], device=device)
@@ -367,7 +367,7 @@ def timed_forwards(model, inputs: dict, device: torch.device, batch: bool, steps
 def child_cfg(spec: dict) -> dict:
     """Batched vs sequential CFG and FFN chunking on one NF4 expert, uncapped (issue 7)."""
     from ..loaders.expert_loader import load_expert
-    from ..loaders.placement import estimate_activation_bytes
+    from ..memory.placement import estimate_activation_bytes
 
     device = torch.device(spec["device"])
     cfg = DiTConfig.from_json(spec["config"])
@@ -403,7 +403,7 @@ def child_cfg(spec: dict) -> dict:
 def child_bf16(spec: dict) -> dict:
     """NF4 vs a bf16 model of the same architecture (random bf16 weights made on the device), same inputs."""
     from ..loaders.expert_loader import load_expert
-    from ..wan.dit import WanDiT
+    from ..wan.dit.model import WanDiT
 
     device = torch.device(spec["device"])
     cfg = DiTConfig.from_json(spec["config"])
@@ -427,7 +427,7 @@ def child_bf16(spec: dict) -> dict:
 def child_vae(spec: dict) -> dict:
     """VAE encode of the conditioning video and decode of the latent at the size (the library's VAE, random
     weights; untiled unless --vae-tiled)."""
-    from ..wan.vae import VAEConfig, WanVAE
+    from ..wan.vae.model import VAEConfig, WanVAE
 
     device = torch.device(spec["device"])
     frames, h, w = spec["video"]

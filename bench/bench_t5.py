@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-from ..loaders.text_encoding import encode_prompts, run_text_encoder
+from ..text_encoder.encode import encode_prompts, run_text_encoder
 from ..loaders.t5_tokenizer import resolve_tokenizer_source
-from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
-from ..wan.umt5 import UMT5Config, UMT5Encoder
+from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
+from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 

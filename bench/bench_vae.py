@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 import torch
 
-from ..wan.vae import DEFAULT_OVERLAP, DEFAULT_TILE, VAEConfig, WanVAE
+from ..wan.vae.model import DEFAULT_OVERLAP, DEFAULT_TILE, VAEConfig, WanVAE
 
 FULL_SIZES = ("480x832x81", "464x832x81", "720x1280x81")
 TINY_SIZES = ("64x96x9", "48x80x9")

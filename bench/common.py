@@ -1,5 +1,5 @@
 """Shared helpers for the benchmarks: child processes returning JSON, machine info, tables (memory readings
-live in loaders/memstats.py)."""
+live in memory/memstats.py)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..loaders.memstats import (  # noqa: F401  (re-exported for the benchmarks)
+from ..memory.memstats import (  # noqa: F401  (re-exported for the benchmarks)
     PeakRSS,
     peak_rss_bytes,
     peak_vram_bytes,

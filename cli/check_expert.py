@@ -21,7 +21,7 @@ def check_expert(path: str, device: str | None = None, mode: str = "nf4") -> dic
     """Load the expert once and return the statistics (the model is dropped afterwards)."""
     import torch
 
-    from ..loaders.memstats import PeakRSS, peak_vram_bytes, reset_peak_vram
+    from ..memory.memstats import PeakRSS, peak_vram_bytes, reset_peak_vram
     from ..loaders.expert_format import detect_format
     from ..loaders.expert_loader import load_expert_with_info
 

@@ -139,7 +139,7 @@ def load_image(path: Path) -> torch.Tensor:
 def _camera(spec: Optional[str], speed: float, frames: int):
     """(CameraPath, is_zoom_preset) from a folder / poses.npy, or a preset name ('+'-combinations allowed)."""
     from ..loaders.camera_files import load_camera
-    from ..wan.camera_presets import PRESETS, parse_preset, preset_camera
+    from ..wan.control.camera_presets import PRESETS, parse_preset, preset_camera
 
     if not spec:
         return None, False
@@ -151,14 +151,14 @@ def _camera(spec: Optional[str], speed: float, frames: int):
 
 def run(args) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    from ..loaders.text_encoding import encode_prompts
+    from ..text_encoder.encode import encode_prompts
     from ..loaders.vae_files import load_vae
-    from ..wan.attention import set_backend
-    from ..wan.camera import camera_condition
-    from ..wan.dit import pad_context
+    from ..wan.dit.attention import set_backend
+    from ..wan.control.camera import camera_condition
+    from ..wan.dit.model import pad_context
     from ..wan.i2v import build_i2v_condition
-    from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
-    from ..wan.sampler import SamplingSettings, make_noise, sample
+    from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
+    from ..wan.sampling.sampler import SamplingSettings, make_noise, sample
     from ..wan.sizes import check_frames, latent_size, max_area_for, target_size
 
     if args.demo:
@@ -246,7 +246,7 @@ def run(args) -> int:
 
 
 def _provider(args, files, device, frames, height, width, with_camera: bool):
-    from ..loaders.placement import make_provider
+    from ..memory.placement import make_provider
 
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..loaders.memstats import peak_rss_bytes
+from ..memory.memstats import peak_rss_bytes
 
 
 class ProgressLine:

@@ -11,7 +11,7 @@ def run(args) -> int:
 
     import torch
 
-    from ..wan.dit import DiTConfig, WanDiT
+    from ..wan.dit.model import DiTConfig, WanDiT
 
     torch.manual_seed(0)
     cfg = DiTConfig.tiny()

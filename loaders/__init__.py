@@ -1,4 +1,5 @@
-"""Bytes on disk to modules on a device: format detection, NF4 streaming, conversion, T5 worker.
+"""Bytes on disk to modules: format detection, NF4 streaming and conversion, T5/VAE/camera files, model folders.
 
-Never imports ComfyUI.
+Where the loaded weights then live (GPU, pinned RAM, streamed blocks) is `memory/`; the text encoder's child
+process is `text_encoder/`. Never imports ComfyUI.
 """

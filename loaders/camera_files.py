@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..wan.camera import CameraInputError, CameraPath, check_camera
+from ..wan.control.camera import CameraInputError, CameraPath, check_camera
 
 POSES_FILE = "poses.npy"
 INTRINSICS_FILE = "intrinsics.npy"

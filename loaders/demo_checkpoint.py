@@ -16,10 +16,10 @@ from typing import Optional
 
 import torch
 
-from ..wan.dit import DiTConfig
-from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
-from ..wan.umt5 import UMT5Config, UMT5Encoder
-from ..wan.vae import VAEConfig, WanVAE
+from ..wan.dit.model import DiTConfig
+from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
+from ..wan.text.umt5 import UMT5Config, UMT5Encoder
+from ..wan.vae.model import VAEConfig, WanVAE
 from .checkpoint_dir import CheckpointFiles, find_checkpoint_files
 from .nf4_writer import make_random_nf4_expert
 

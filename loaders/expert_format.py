@@ -20,8 +20,8 @@ from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
-from ..wan.dit import DiTConfig
-from .nf4 import QUANT_STATE_KEY
+from ..wan.dit.model import DiTConfig
+from ..quant.nf4 import QUANT_STATE_KEY
 from .safetensors_stream import SafetensorsHeader, read_header
 
 KINDS = ("nf4_community", "nf4_pt", "official_sharded", "single_file_nf4", "single_file_plain")

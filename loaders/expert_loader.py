@@ -20,9 +20,9 @@ from typing import Callable, Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
-from ..wan.dit import StateDictMismatch, WanDiT
+from ..wan.dit.model import StateDictMismatch, WanDiT
 from .expert_format import ExpertFormat, detect_format, load_pt_state_dict
-from .nf4 import (
+from ..quant.nf4 import (
     NF4_COMPONENT_DTYPES,
     NF4_COMPONENTS,
     QUANT_STATE_KEY,

@@ -19,9 +19,9 @@ from typing import Callable, Iterable, Optional, Union
 
 import torch
 
-from ..wan.dit import DiTConfig, WanDiT
+from ..wan.dit.model import DiTConfig, WanDiT
 from .expert_format import OFFICIAL_INDEX, ExpertLoadError, detect_format
-from .nf4 import NF4_BLOCKSIZE, NF4_COMPONENTS, nf4_linear_names, packed_shapes, quantize_nf4, serialize_nf4
+from ..quant.nf4 import NF4_BLOCKSIZE, NF4_COMPONENTS, nf4_linear_names, packed_shapes, quantize_nf4, serialize_nf4
 from .safetensors_stream import SafetensorsWriter, iter_tensors, read_header
 
 QUANT_RECIPE = {"format": "bnb_nf4", "double_quant": True, "compute_dtype": "bfloat16", "blocksize": NF4_BLOCKSIZE}

@@ -27,7 +27,7 @@ from typing import Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
-from ..wan.umt5 import UMT5Config, UMT5Encoder
+from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from .safetensors_stream import SAFETENSORS_DTYPES
 
 WAN_EMBEDDING = "token_embedding.weight"

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, Optional, Tuple, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..wan.vae import VAEConfig, WanVAE
+from ..wan.vae.model import VAEConfig, WanVAE
 
 PathLike = Union[str, os.PathLike]
 VAE_MARKER = "decoder.middle.0.residual.0.gamma"  # what ComfyUI detects a Wan VAE by

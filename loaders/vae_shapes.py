@@ -15,7 +15,7 @@ from typing import Mapping, Sequence, Union
 
 import torch
 
-from ..wan.vae import VAEConfig
+from ..wan.vae.model import VAEConfig
 from .safetensors_stream import read_header
 from .vae_files import VAEFileError, describe_foreign_checkpoint
 

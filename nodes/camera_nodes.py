@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, load_camera_files, save_camera_folder
-from ..wan.camera_presets import PRESET_NAMES, PRESETS, preset_camera
-from ..wan.trajectory_plot import image_to_tensor, plot_trajectory
+from ..wan.control.camera_presets import PRESET_NAMES, PRESETS, preset_camera
+from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
 from . import comfy_paths
 from .payloads import CAMERA, CATEGORY, CameraInput
 

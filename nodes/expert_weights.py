@@ -14,13 +14,13 @@ from typing import Callable, Optional
 
 import torch
 
-from ..loaders.block_swap import BlockSwapper, streamed_block_keys
+from ..memory.block_swap import BlockSwapper, streamed_block_keys
 from ..loaders.expert_format import ExpertFormat
 from ..loaders.expert_loader import load_expert
-from ..loaders.nf4 import default_compute_dtype
-from ..loaders.pinned import park_on_host, unpark
-from ..loaders.placement import expert_sizes
-from ..wan.dit import WanDiT
+from ..quant.nf4 import default_compute_dtype
+from ..memory.pinned import park_on_host, unpark
+from ..memory.placement import expert_sizes
+from ..wan.dit.model import WanDiT
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ import logging
 
 import torch
 
-from ..wan.camera import usable_frames
+from ..wan.control.camera import usable_frames
 from ..wan.i2v import build_i2v_condition, image_to_model_range
 from ..wan.sizes import SIZE_AREAS, check_frames, latent_size, target_size
-from ..wan.vae import DEFAULT_OVERLAP, VAEConfig
+from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
 from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
 
 log = logging.getLogger(__name__)

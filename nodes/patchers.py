@@ -25,7 +25,7 @@ import comfy.model_patcher
 import comfy.utils
 from comfy.patcher_extension import CallbacksMP
 
-from ..loaders.text_encoding import stop_all_text_encoders
+from ..text_encoder.encode import stop_all_text_encoders
 from .expert_weights import ExpertWeights
 
 log = logging.getLogger(__name__)

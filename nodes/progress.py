@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from ..wan.sampler import StepInfo
+from ..wan.sampling.sampler import StepInfo
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from typing import Optional
 
 import torch
 
-from ..wan.camera import camera_condition
-from ..wan.dit import pad_context
-from ..wan.sampler import Cancelled, SamplingSettings, make_noise, sample
+from ..wan.control.camera import camera_condition
+from ..wan.dit.model import pad_context
+from ..wan.sampling.sampler import Cancelled, SamplingSettings, make_noise, sample
 from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
 from .payloads import CAMERA, CATEGORY, EXPERTS, I2V, TEXT, CameraInput, ExpertPair, I2VCondition, TextEmbeds
 

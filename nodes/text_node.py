@@ -7,10 +7,10 @@ from typing import Optional
 
 import torch
 
-from ..loaders.embedding_cache import CacheKey, EmbeddingCache, file_identity
+from ..text_encoder.cache import CacheKey, EmbeddingCache, file_identity
 from ..loaders.t5_tokenizer import MAX_LENGTH, resolve_tokenizer_source
-from ..loaders.text_encoding import TextEncoderStopped, encode_prompts
-from ..wan.prompts import DEFAULT_NEGATIVE_PROMPT
+from ..text_encoder.encode import TextEncoderStopped, encode_prompts
+from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from . import comfy_paths
 from .payloads import CATEGORY, TEXT, TextEmbeds
 

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from lingbot_world.loaders.block_swap import BlockSwapper
+from lingbot_world.memory.block_swap import BlockSwapper
 from lingbot_world.loaders.expert_loader import load_expert
 from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
-from lingbot_world.loaders.placement import make_provider
-from lingbot_world.wan.dit import DiTConfig, pad_context
-from lingbot_world.wan.sampler import SamplingSettings, make_noise, sample
-from lingbot_world.wan.schedulers import make_scheduler
+from lingbot_world.memory.placement import make_provider
+from lingbot_world.wan.dit.model import DiTConfig, pad_context
+from lingbot_world.wan.sampling.sampler import SamplingSettings, make_noise, sample
+from lingbot_world.wan.sampling.schedulers import make_scheduler
 
 LAYERS = 4
 TINY = DiTConfig.tiny(num_layers=LAYERS)
@@ -172,7 +172,7 @@ def test_cuda_release_frees_the_expert_bytes(experts):
 
 
 def test_streamed_block_keys_pick_blocks_from_n_on():
-    from lingbot_world.loaders.block_swap import streamed_block_keys
+    from lingbot_world.memory.block_swap import streamed_block_keys
 
     pick = streamed_block_keys(2)
     assert pick("blocks.2.ffn.0.weight") and pick("blocks.10.self_attn.q.weight.absmax")
@@ -182,7 +182,7 @@ def test_streamed_block_keys_pick_blocks_from_n_on():
 
 TRIM_PROBE = """
 import torch
-from lingbot_world.loaders.pinned import return_freed_host_memory
+from lingbot_world.memory.pinned import return_freed_host_memory
 def rss(): return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]) * 1024
 n = 8 << 20
 t = torch.ones(n, dtype=torch.uint8); del t  # freeing an mmapped chunk raises glibc's mmap threshold

@@ -5,7 +5,7 @@ import torch
 from einops import rearrange
 from scipy.spatial.transform import Rotation, Slerp
 
-from lingbot_world.wan.camera import (
+from lingbot_world.wan.control.camera import (
     CAMERA_CHANNELS,
     CameraInputError,
     camera_condition,
@@ -198,7 +198,7 @@ def test_packing_lands_at_the_spec_channel_index_after_dit_patchify():
     field = torch.arange(f_lat * h * w * 6, dtype=torch.float32).reshape(f_lat, h, w, 6)
     packed = pack_plucker(field)
     assert packed.shape == (1, CAMERA_CHANNELS, f_lat, lat_h, lat_w)
-    # the DiT's patchify (wan/dit.py camera_tokens)
+    # the DiT's patchify (wan/dit/model.py camera_tokens)
     tokens = rearrange(packed, "b c f (h q) (w r) -> b (f h w) (c q r)", q=2, r=2)
     assert tokens.shape == (1, f_lat * (lat_h // 2) * (lat_w // 2), 1536)
     for f, hp, wp in [(0, 0, 0), (1, 1, 2), (2, 1, 0), (2, 0, 2)]:

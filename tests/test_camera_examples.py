@@ -7,7 +7,7 @@ from scipy.interpolate import interp1d
 from scipy.spatial.transform import Rotation, Slerp
 
 from lingbot_world.loaders.camera_files import load_camera_folder
-from lingbot_world.wan.camera import camera_condition
+from lingbot_world.wan.control.camera import camera_condition
 from lingbot_world.wan.sizes import SIZE_AREAS, target_size
 
 EXAMPLES = ("00", "01", "02")

@@ -14,8 +14,8 @@ from lingbot_world.loaders.camera_files import (
     load_camera_folder,
     save_camera_folder,
 )
-from lingbot_world.wan.camera import CameraInputError, camera_condition
-from lingbot_world.wan.camera_presets import PRESET_NAMES, preset_camera
+from lingbot_world.wan.control.camera import CameraInputError, camera_condition
+from lingbot_world.wan.control.camera_presets import PRESET_NAMES, preset_camera
 
 K = [502.9116, 503.10812, 415.77786, 239.77779]
 

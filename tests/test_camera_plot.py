@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from lingbot_world.wan.camera_presets import preset_camera
-from lingbot_world.wan.trajectory_plot import END, START, image_to_tensor, plot_trajectory
+from lingbot_world.wan.control.camera_presets import preset_camera
+from lingbot_world.wan.control.trajectory_plot import END, START, image_to_tensor, plot_trajectory
 
 DOC_PICTURE = Path(__file__).resolve().parents[1] / "docs" / "trajectory_example_01.png"
 

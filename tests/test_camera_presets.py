@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_world.wan.camera import camera_condition, check_camera
-from lingbot_world.wan.camera_presets import (
+from lingbot_world.wan.control.camera import camera_condition, check_camera
+from lingbot_world.wan.control.camera_presets import (
     DEFAULT_INTRINSICS,
     ORBIT_RADIUS,
     PRESET_NAMES,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from lingbot_world.wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT
+from lingbot_world.wan.dit.model import CAMERA_CHANNELS, DiTConfig, WanDiT
 
 CFG = DiTConfig.tiny()
 CAMERA_PREFIXES = ("patch_embedding_wancamctrl", "c2ws_hidden_states_layer", "cam_")

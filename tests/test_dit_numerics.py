@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from lingbot_world.wan.dit_blocks import DEFAULT_TOKEN_CHUNK
-from lingbot_world.wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT, sinusoidal_embedding
-from lingbot_world.wan.rope import RopeCache, apply_rope, axis_dims
+from lingbot_world.wan.dit.blocks import DEFAULT_TOKEN_CHUNK
+from lingbot_world.wan.dit.model import CAMERA_CHANNELS, DiTConfig, WanDiT, sinusoidal_embedding
+from lingbot_world.wan.dit.rope import RopeCache, apply_rope, axis_dims
 
 CFG = DiTConfig.tiny()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lingbot_world.wan.dit import DiTConfig, WanDiT, pad_context
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers import WanTransformer3DModel  # noqa: E402

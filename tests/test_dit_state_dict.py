@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from lingbot_world.wan.dit import (
+from lingbot_world.wan.dit.model import (
     DiTConfig,
     StateDictMismatch,
     WanDiT,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_world.wan.dpm_solver import FlowDPMSolverScheduler, dpm_flow_timesteps
+from lingbot_world.wan.sampling.dpm_solver import FlowDPMSolverScheduler, dpm_flow_timesteps
 
 
 def test_grid_starts_at_sigma_one_and_shifts_once():

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lingbot_world.loaders import embedding_cache as ec
-from lingbot_world.loaders.embedding_cache import CacheKey, EmbeddingCache, default_cache_dir, file_identity
+from lingbot_world.text_encoder import cache as ec
+from lingbot_world.text_encoder.cache import CacheKey, EmbeddingCache, default_cache_dir, file_identity
 
 ENC = {"path": "/models/models_t5_umt5-xxl-enc-bf16.pth", "size": 11361920418, "mtime_ns": 1}
 TOK = {"kind": "tokenizer.json", "path": "/models/google/umt5-xxl/tokenizer.json", "size": 16837417, "mtime_ns": 2}

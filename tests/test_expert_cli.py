@@ -6,7 +6,7 @@ import torch
 
 from lingbot_world.cli import check_expert, convert_expert
 from lingbot_world.loaders.nf4_writer import random_expert_state, write_official_expert
-from lingbot_world.wan.dit import DiTConfig, WanDiT
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
 
 def _cli(argv):

@@ -7,7 +7,7 @@ import torch
 from lingbot_world.loaders.expert_loader import load_expert
 from lingbot_world.loaders.nf4_writer import convert_official_to_nf4, random_expert_state, write_official_expert
 from lingbot_world.loaders.safetensors_stream import iter_tensors, load_file
-from lingbot_world.wan.dit import DiTConfig
+from lingbot_world.wan.dit.model import DiTConfig
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CFG = DiTConfig.tiny(dim=256, ffn_dim=512, num_heads=2, text_dim=64, num_layers=3)
@@ -77,14 +77,14 @@ def test_failed_load_leaves_gpu_memory_as_before(experts):
 
 def _tensors_of(module):
     """Every tensor a module computes with, NF4 statistics included."""
-    from lingbot_world.loaders.pinned import tensor_slots
+    from lingbot_world.memory.pinned import tensor_slots
 
     return [s.get() for s in tensor_slots(module)]
 
 
 @pytest.mark.parametrize("source,mode", [("nf4", "nf4"), ("official", "nf4"), ("nf4", "bf16")])
 def test_host_keys_load_to_cpu_and_equal_a_device_load(experts, source, mode):
-    from lingbot_world.loaders.block_swap import streamed_block_keys
+    from lingbot_world.memory.block_swap import streamed_block_keys
 
     full = load_expert(experts / source, "cuda", mode)
     split = load_expert(experts / source, "cuda", mode, host=streamed_block_keys(1))

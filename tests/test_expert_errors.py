@@ -7,10 +7,10 @@ import torch
 
 from lingbot_world.loaders.expert_format import ExpertLoadError, ExpertNotFoundError, detect_format
 from lingbot_world.loaders.expert_loader import load_expert
-from lingbot_world.loaders.nf4 import QUANT_STATE_KEY, NF4FormatError
+from lingbot_world.quant.nf4 import QUANT_STATE_KEY, NF4FormatError
 from lingbot_world.loaders.nf4_writer import make_random_nf4_expert, random_expert_state, write_official_expert
 from lingbot_world.loaders.safetensors_stream import SafetensorsFormatError, SafetensorsWriter, iter_tensors
-from lingbot_world.wan.dit import DiTConfig, StateDictMismatch
+from lingbot_world.wan.dit.model import DiTConfig, StateDictMismatch
 
 CFG = DiTConfig.tiny()
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file as st_load_file
 import lingbot_world.loaders.expert_loader as expert_loader
 from lingbot_world.loaders.expert_format import detect_format
 from lingbot_world.loaders.expert_loader import load_expert, load_expert_with_info
-from lingbot_world.loaders.nf4 import QUANT_STATE_KEY, NF4Linear, nf4_linear_names
+from lingbot_world.quant.nf4 import QUANT_STATE_KEY, NF4Linear, nf4_linear_names
 from lingbot_world.loaders.nf4_writer import (
     QUANT_RECIPE,
     convert_official_to_nf4,
@@ -21,7 +21,7 @@ from lingbot_world.loaders.nf4_writer import (
     write_official_expert,
 )
 from lingbot_world.loaders.safetensors_stream import SafetensorsWriter, iter_tensors
-from lingbot_world.wan.dit import DiTConfig, WanDiT
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
 CFG = DiTConfig.tiny()  # dim 64, 2 blocks
 

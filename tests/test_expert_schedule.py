@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from lingbot_world.wan.dpm_solver import dpm_flow_timesteps
-from lingbot_world.wan.expert_schedule import boundary_timestep, expert_for_timestep, guide_for_timestep
-from lingbot_world.wan.unipc import flow_timesteps
+from lingbot_world.wan.sampling.dpm_solver import dpm_flow_timesteps
+from lingbot_world.wan.sampling.expert_schedule import boundary_timestep, expert_for_timestep, guide_for_timestep
+from lingbot_world.wan.sampling.unipc import flow_timesteps
 
 
 def test_defaults_give_26_high_then_44_low():

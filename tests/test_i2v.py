@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from lingbot_world.wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range, resize_first_frame
-from lingbot_world.wan.vae import VAEConfig, WanVAE
+from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 
 
 class SpyVAE:

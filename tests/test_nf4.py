@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from lingbot_world.loaders.nf4 import (
+from lingbot_world.quant.nf4 import (
     QUANT_STATE_KEY,
     NF4FormatError,
     NF4Linear,
@@ -17,7 +17,7 @@ from lingbot_world.loaders.nf4 import (
     serialize_nf4,
 )
 from lingbot_world.loaders.safetensors_stream import SafetensorsWriter
-from lingbot_world.wan.dit import DiTConfig, WanDiT
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
 # NF4 codebook as printed in spec §1.2 (7 decimals).
 SPEC_NF4 = [-1.0, -0.6961928, -0.5250731, -0.3949175, -0.2844414, -0.1847734, -0.0910500, 0.0,

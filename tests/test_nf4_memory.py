@@ -14,7 +14,7 @@ import pytest
 from lingbot_world.bench.common import run_json_child
 from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
 from lingbot_world.loaders.safetensors_stream import read_header
-from lingbot_world.wan.dit import DiTConfig
+from lingbot_world.wan.dit.model import DiTConfig
 
 BASE = DiTConfig(dim=1024, ffn_dim=2048, freq_dim=256, num_heads=8, text_dim=64, num_layers=1)
 SLACK = 300e6

@@ -26,7 +26,7 @@ from lingbot_world.nodes.payloads import CATEGORY, I2VCondition
 from lingbot_world.nodes.sampler_node import plucker_for, text_contexts
 from lingbot_world.nodes.text_node import child_device
 from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, WorkflowError, ui_to_api, v1_node_info
-from lingbot_world.wan.vae import VAEConfig, WanVAE
+from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 
 REPO = Path(__file__).resolve().parents[1]
 WIDGET_KINDS = {"INT", "FLOAT", "STRING", "BOOLEAN"}

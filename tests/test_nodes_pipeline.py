@@ -18,8 +18,8 @@ import torch
 
 from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
 from lingbot_world.loaders.expert_loader import load_expert
-from lingbot_world.wan.dit import pad_context
-from lingbot_world.wan.sampler import ResidentExperts, SamplingSettings, make_noise, sample
+from lingbot_world.wan.dit.model import pad_context
+from lingbot_world.wan.sampling.sampler import ResidentExperts, SamplingSettings, make_noise, sample
 
 H, W, FRAMES, STEPS = 32, 48, 9, 3
 
@@ -237,7 +237,7 @@ def run_sampler(experts, g, **kw):
 def test_graph_matches_the_library_pipeline(comfy, graph):
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
     from lingbot_world.nodes.sampler_node import plucker_for
-    from lingbot_world.wan.prompts import DEFAULT_NEGATIVE_PROMPT
+    from lingbot_world.wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 
     assert graph.size == (W, H, FRAMES)
     assert graph.text.negative_prompt == DEFAULT_NEGATIVE_PROMPT  # empty negative -> the model's own
@@ -372,7 +372,7 @@ def test_loader_refuses_bad_pairs(comfy, demo_base):
 
 
 def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph, monkeypatch):
-    from lingbot_world.loaders import text_encoding
+    from lingbot_world.text_encoder import encode as text_encoding
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
     from lingbot_world.nodes import text_node
 
@@ -391,7 +391,7 @@ def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph,
 
 
 def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeypatch):
-    from lingbot_world.loaders.text_encoding import live_text_encoder_pids
+    from lingbot_world.text_encoder.encode import live_text_encoder_pids
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
     from lingbot_world.nodes.text_node import FreeMemoryRequested
 

@@ -6,8 +6,8 @@ import torch
 
 from lingbot_world.loaders.expert_loader import load_expert
 from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
-from lingbot_world.loaders.pinned import HostBuffer, WeightPart, dit_parts, tensor_slots
-from lingbot_world.loaders.placement import (
+from lingbot_world.memory.pinned import HostBuffer, WeightPart, dit_parts, tensor_slots
+from lingbot_world.memory.placement import (
     ACTIVATION_SAFETY,
     VRAM_HEADROOM,
     BlockSwapProvider,
@@ -18,7 +18,7 @@ from lingbot_world.loaders.placement import (
     make_provider,
     plan_memory,
 )
-from lingbot_world.wan.dit import DiTConfig, pad_context
+from lingbot_world.wan.dit.model import DiTConfig, pad_context
 
 GiB = 1024**3
 FULL = DiTConfig()
@@ -150,7 +150,7 @@ def test_bad_options_name_the_choices():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_free_vram_reads_the_card():
-    from lingbot_world.loaders.placement import available_ram_bytes, free_vram_bytes
+    from lingbot_world.memory.placement import available_ram_bytes, free_vram_bytes
 
     total = torch.cuda.get_device_properties(0).total_memory
     for dev in ("cuda", "cuda:0", torch.device("cuda")):
@@ -229,7 +229,7 @@ def test_parts_round_trip_through_a_host_copy_bit_exactly(experts):
 
 
 def test_park_and_unpark_keep_the_output(experts):
-    from lingbot_world.loaders.pinned import park_on_host, unpark
+    from lingbot_world.memory.pinned import park_on_host, unpark
 
     model = load_expert(experts[1], device="cpu")
     ref = forward(model)
@@ -254,7 +254,7 @@ def test_make_provider_builds_the_planned_provider(experts, caplog):
     assert isinstance(p, SwapProvider) and p.keep_in_ram
     p = make_provider("block_swap", high, low, device="cpu", blocks_on_gpu=2, log=lines.append)
     assert isinstance(p, BlockSwapProvider) and p.blocks_on_gpu == 2
-    with caplog.at_level(logging.INFO, logger="lingbot_world.loaders.placement"):
+    with caplog.at_level(logging.INFO, logger="lingbot_world.memory.placement"):
         make_provider("resident", high, low, device="cpu")
     assert "memory plan: requested: resident" in caplog.text
     with pytest.raises(ValueError, match="needs video"):
@@ -296,8 +296,8 @@ def test_swap_drop_cuts_the_model_loose(experts):
 
 
 def test_block_swap_warns_when_ram_cannot_hold_the_streamed_blocks():
-    from lingbot_world.loaders.placement import plan_memory
-    from lingbot_world.wan.dit import DiTConfig
+    from lingbot_world.memory.placement import plan_memory
+    from lingbot_world.wan.dit.model import DiTConfig
 
     cfg = DiTConfig()  # the released size: 40 blocks of ~236 MB
     plan = plan_memory((81, 464, 832), cfg, vram_free=6 << 30, ram_free=2 << 30, mode="block_swap")

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from lingbot_world.wan.dit import DiTConfig, WanDiT, pad_context
-from lingbot_world.wan.expert_schedule import expert_for_timestep
-from lingbot_world.wan.sampler import Cancelled, ResidentExperts, SamplingSettings, make_noise, sample
-from lingbot_world.wan.schedulers import make_scheduler
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
+from lingbot_world.wan.sampling.expert_schedule import expert_for_timestep
+from lingbot_world.wan.sampling.sampler import Cancelled, ResidentExperts, SamplingSettings, make_noise, sample
+from lingbot_world.wan.sampling.schedulers import make_scheduler
 
 F, H, W = 2, 4, 6
 

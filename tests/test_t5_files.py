@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from lingbot_world.loaders.t5_files import T5FormatError, inspect_t5_file, load_umt5
-from lingbot_world.wan.umt5 import UMT5Config, UMT5Encoder
+from lingbot_world.wan.text.umt5 import UMT5Config, UMT5Encoder
 
 CFG = UMT5Config.tiny(num_layers=3)
 

@@ -12,7 +12,7 @@ from lingbot_world.loaders.t5_tokenizer import (
     clean_prompt,
     resolve_tokenizer_source,
 )
-from lingbot_world.wan.prompts import DEFAULT_NEGATIVE_PROMPT
+from lingbot_world.wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 
 sentencepiece = pytest.importorskip("sentencepiece")
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lingbot_world.loaders import text_encoding as te
+from lingbot_world.text_encoder import encode as te
 from lingbot_world.loaders.t5_files import load_umt5
 from lingbot_world.loaders.t5_tokenizer import UMT5Tokenizer
-from lingbot_world.loaders.t5_worker import TEST_DELAY_ENV, choose_device
-from lingbot_world.wan.prompts import DEFAULT_NEGATIVE_PROMPT
-from lingbot_world.wan.umt5 import UMT5Config, UMT5Encoder
+from lingbot_world.text_encoder.worker import TEST_DELAY_ENV, choose_device
+from lingbot_world.wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
+from lingbot_world.wan.text.umt5 import UMT5Config, UMT5Encoder
 
 sentencepiece = pytest.importorskip("sentencepiece")
 
@@ -123,7 +123,7 @@ def test_worker_runs_from_any_folder_without_the_pack_init(tmp_path, encoder_pth
     not execute the pack's root __init__ (it probes ComfyUI). Input: a ComfyUI-style fp16 file whose
     tokenizer is the embedded `spiece_model`."""
     pack = tmp_path / "custom_nodes" / "ComfyUI-LingBot-World (copy)"
-    for sub in ("wan", "loaders"):
+    for sub in ("wan", "loaders", "text_encoder"):
         shutil.copytree(PACK_ROOT / sub, pack / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (pack / "__init__.py").write_text("raise RuntimeError('the pack root __init__ ran in the worker')\n")
     enc = comfy_fp16_file(encoder_pth, spiece, tmp_path / "umt5_xxl_fp16.safetensors")
@@ -131,7 +131,7 @@ def test_worker_runs_from_any_folder_without_the_pack_init(tmp_path, encoder_pth
     job = {"encoder": str(enc), "tokenizer": {"kind": "safetensors", "path": str(enc)},
            "prompts": [PROMPT], "device": "auto", "dtype": "bfloat16", "out": str(out)}
     (tmp_path / "job.json").write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, str(pack / "loaders" / "t5_worker.py"), str(tmp_path / "job.json")],
+    proc = subprocess.run([sys.executable, str(pack / "text_encoder" / "worker.py"), str(tmp_path / "job.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -325,8 +325,8 @@ def test_cancel_check(encoder_pth, spiece, monkeypatch):
 _PARENT_SCRIPT = r"""
 import json, sys
 import torch
-from lingbot_world.loaders.text_encoding import encode_prompts
-from lingbot_world.wan.prompts import DEFAULT_NEGATIVE_PROMPT
+from lingbot_world.text_encoder.encode import encode_prompts
+from lingbot_world.wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 
 def hwm():
     for line in open("/proc/self/status"):

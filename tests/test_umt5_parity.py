@@ -3,7 +3,7 @@ import torch
 import pytest
 
 from lingbot_world.loaders.t5_files import hf_to_wan_key
-from lingbot_world.wan.umt5 import UMT5Config, UMT5Encoder, relative_position_bucket
+from lingbot_world.wan.text.umt5 import UMT5Config, UMT5Encoder, relative_position_bucket
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_world.wan.dpm_solver import FlowDPMSolverScheduler
-from lingbot_world.wan.schedulers import make_scheduler
-from lingbot_world.wan.unipc import FlowUniPCScheduler, flow_timesteps, train_sigma_max
+from lingbot_world.wan.sampling.dpm_solver import FlowDPMSolverScheduler
+from lingbot_world.wan.sampling.schedulers import make_scheduler
+from lingbot_world.wan.sampling.unipc import FlowUniPCScheduler, flow_timesteps, train_sigma_max
 
 # spec §5.5: the 70 integer timesteps at steps=70, shift=10
 SPEC_TIMESTEPS = [

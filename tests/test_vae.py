@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from lingbot_world.wan.vae import (LATENT_MEAN, LATENT_STD, VAEConfig, WanVAE, check_video_size, ramp_weights,
+from lingbot_world.wan.vae.model import (LATENT_MEAN, LATENT_STD, VAEConfig, WanVAE, check_video_size, ramp_weights,
                                    tile_spans)
 
 diffusers = pytest.importorskip("diffusers")

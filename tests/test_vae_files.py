@@ -5,7 +5,7 @@ from safetensors.torch import save_file
 
 from lingbot_world.loaders.vae_files import (VAEFileError, check_vae_keys, describe_foreign_checkpoint, load_vae,
                                              read_vae_state_dict)
-from lingbot_world.wan.vae import VAEConfig, WanVAE
+from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 
 TINY = VAEConfig.tiny()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .vae import DEFAULT_OVERLAP, DEFAULT_TILE, TileArg, WanVAE, check_video_size
+from .vae.model import DEFAULT_OVERLAP, DEFAULT_TILE, TileArg, WanVAE, check_video_size
 
 MASK_CHANNELS = 4
 

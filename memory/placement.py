@@ -1,10 +1,10 @@
-"""Memory modes: where the two experts live while the sampler runs (the `ExpertProvider`s of wan/sampler.py).
+"""Memory modes: where the two experts live while the sampler runs (the `ExpertProvider`s of wan/sampling/sampler.py).
 
 - resident:    both experts on the device for the whole run (loaded on first use, no reload at the switch).
 - swap:        one expert on the device at a time. The released one is dropped (streamed from disk again next
                time; host RAM stays small) or, with keep_in_ram, kept in pinned host RAM for a fast switch.
 - block_swap:  one expert at a time, and only its first N blocks (plus embeddings and head) on the device; the
-               other blocks stream from pinned host RAM one block ahead of the compute (loaders/block_swap.py).
+               other blocks stream from pinned host RAM one block ahead of the compute (memory/block_swap.py).
 - auto:        picks one of these from free VRAM / RAM, the expert sizes and an activation estimate for the video
                size (`plan_memory`), also batched vs sequential CFG, and logs the choice and why in one line.
 
@@ -23,11 +23,11 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from ..wan.dit_blocks import DEFAULT_TOKEN_CHUNK
-from ..wan.dit import CAMERA_CHANNELS, DiTConfig, WanDiT
+from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
+from ..wan.dit.model import CAMERA_CHANNELS, DiTConfig, WanDiT
 from ..wan.sizes import token_count
 from .block_swap import BlockSwapper, _empty_part, streamed_block_keys
-from .nf4 import default_compute_dtype, nf4_linear_names, packed_shapes
+from ..quant.nf4 import default_compute_dtype, nf4_linear_names, packed_shapes
 from .pinned import WeightPart, clear_device_caches, dit_parts, free_device_memory, synchronize
 
 _log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def estimate_activation_bytes(
     compute_bytes: int = 2,
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
 ) -> int:
-    """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit_blocks.py (batch 1 or 2).
+    """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit/blocks.py (batch 1 or 2).
 
     Per token (L = F_lat*lat_h*lat_w/4, d = dim, f = ffn_dim, c = compute dtype bytes, B = 1 or 2 with batched CFG):
       whole forward:   residual x fp32 (4d B), camera tokens (c d, batch 1), the Plücker input (4 cells x 384 fp32),
@@ -331,7 +331,7 @@ def plan_memory(
 
 # ---- providers ------------------------------------------------------------------------------------------
 def _default_loader(path, device, mode, compute_dtype, host=None):
-    from .expert_loader import load_expert
+    from ..loaders.expert_loader import load_expert
 
     return load_expert(path, device=device, mode=mode, compute_dtype=compute_dtype, host=host)
 
@@ -569,7 +569,7 @@ def _drop_model(model: nn.Module) -> None:
 
 # ---- the factory ----------------------------------------------------------------------------------------
 def read_expert_config(path: PathLike) -> DiTConfig:
-    from .expert_format import detect_format
+    from ..loaders.expert_format import detect_format
 
     return detect_format(path).config
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from einops import rearrange
 
-from .sizes import VAE_STRIDE, VAE_TEMPORAL_STRIDE, check_frames, latent_size
+from ..sizes import VAE_STRIDE, VAE_TEMPORAL_STRIDE, check_frames, latent_size
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .vae_blocks import AttentionBlock, CausalConv3d, FeatureCache, Resample, ResidualBlock, RMSNorm
+from .blocks import AttentionBlock, CausalConv3d, FeatureCache, Resample, ResidualBlock, RMSNorm
 
 LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)

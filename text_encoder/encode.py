@@ -1,6 +1,6 @@
 """Prompt embeddings from umT5-XXL, computed in a short-lived child process and cached on disk.
 
-The 11 GB encoder never enters the caller's process (ComfyUI or the CLI): `t5_worker.py` is started with
+The 11 GB encoder never enters the caller's process (ComfyUI or the CLI): `worker.py` is started with
 `subprocess`, loads the encoder on CUDA when it fits (else the CPU), encodes, writes safetensors into a
 private temp dir and exits, returning all of its memory. A repeated prompt is served from the cache
 without starting the child. Live children are registered so ComfyUI's interrupt / free-memory hooks can
@@ -25,12 +25,12 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from safetensors.torch import load_file
 
-from .embedding_cache import CacheKey, EmbeddingCache, file_identity
-from .t5_tokenizer import MAX_LENGTH, TokenizerSource, resolve_tokenizer_source
+from .cache import CacheKey, EmbeddingCache, file_identity
+from ..loaders.t5_tokenizer import MAX_LENGTH, TokenizerSource, resolve_tokenizer_source
 
 log = logging.getLogger(__name__)
 
-WORKER_SCRIPT = Path(__file__).resolve().with_name("t5_worker.py")
+WORKER_SCRIPT = Path(__file__).resolve().with_name("worker.py")
 KILLED_MESSAGE = "the text encoder process was killed, most likely out of RAM; try device=cuda or the fp8 encoder"
 _STDERR_TAIL = 4000
 _INPUT_ERRORS = {"FileNotFoundError", "TokenizerNotFoundError", "T5FormatError", "ValueError"}
@@ -234,8 +234,8 @@ def _check_choices(device: str, dtype: str) -> None:
 def estimate_child_vram_bytes(encoder_path: Union[str, os.PathLike], dtype: str = "bfloat16") -> int:
     """VRAM the child takes when it runs on CUDA: weights in `dtype` (token table stays on the CPU) plus
     the worker's margin. Reads only the file's header / pickle index."""
-    from .t5_files import inspect_t5_file
-    from .t5_worker import CUDA_MARGIN_BYTES
+    from ..loaders.t5_files import inspect_t5_file
+    from .worker import CUDA_MARGIN_BYTES
 
     _check_choices("auto", dtype)
     return inspect_t5_file(encoder_path).device_bytes(getattr(torch, dtype)) + CUDA_MARGIN_BYTES

@@ -1,6 +1,6 @@
 """Child process: tokenize and encode prompts with umT5, write the embeddings as safetensors, exit.
 
-Run as a plain script, `python t5_worker.py <job.json>` (started by `text_encoding.run_text_encoder`).
+Run as a plain script, `python worker.py <job.json>` (started by `encode.run_text_encoder`).
 Inside ComfyUI the pack's module name is a filesystem path and `multiprocessing` cannot re-import it, so
 this file is self-contained: at module level it imports only the standard library, and it reaches the
 pack's own modules by loading the pack from its path under a private package name.
@@ -120,7 +120,7 @@ def run_job(job: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: t5_worker.py <job.json>", file=sys.stderr)
+        print("usage: worker.py <job.json>", file=sys.stderr)
         return 64
     try:
         job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))

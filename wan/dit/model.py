@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .dit_blocks import Head, WanBlock, as_compute, linear_fp32
+from .blocks import Head, WanBlock, as_compute, linear_fp32
 from .rope import RopeCache
 
 CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)

@@ -1,6 +1,6 @@
 """Flow-matching DPM-Solver++ (2M, midpoint) scheduler, the reference's `--sample_solver dpm++` (spec §6.4).
 
-Differences from UniPC (wan/unipc.py): the grid starts at sigma 1.0 (linspace(1, 0, steps+1)[:steps], shifted
+Differences from UniPC (wan/sampling/unipc.py): the grid starts at sigma 1.0 (linspace(1, 0, steps+1)[:steps], shifted
 once), there is no corrector, and the update uses exp(-h) - 1 rather than expm1. Order 1 at the first and the
 last step (final sigma 0), order 2 in between. Scalar maths on 0-d float32 CPU tensors like the reference; the
 update itself runs in float32.

@@ -1,0 +1,1 @@
+"""Quantized linears (bitsandbytes NF4) and their compute paths."""

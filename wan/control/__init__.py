@@ -1,0 +1,1 @@
+"""What steers the video: camera geometry (Plücker), presets and pictures of a path."""

@@ -1,0 +1,1 @@
+"""The LingBot-World DiT: model, blocks, 3D RoPE and the attention backend."""

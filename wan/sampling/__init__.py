@@ -1,0 +1,1 @@
+"""Flow-matching schedulers and the sampling loops."""

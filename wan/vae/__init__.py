@@ -1,0 +1,1 @@
+"""The Wan2.1 causal video VAE."""
