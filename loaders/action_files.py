@@ -77,7 +77,7 @@ def read_key_files(path: PathLike) -> KeySource:
         wasd = read_npy(wasd_p) if wasd_p.is_file() else None
         ijkl = read_npy(ijkl_p) if ijkl_p.is_file() else None
         keys = _keys_from_arrays(wasd, ijkl, str(wasd_p), str(ijkl_p))
-        return KeySource(keys, path.name, True, _intrinsics_beside(path))
+        return KeySource(keys, f"key files in {path.name}", True, _intrinsics_beside(path))
     if path.is_file():
         if path.suffix != ".npy":
             raise ActionFileError(f"{path}: a key file is a .npy array [N, 4]; give the file or its folder")

@@ -234,7 +234,7 @@ def keys_for_video(keys: KeyTimeline, frames: Optional[int] = None, *, source: s
         raise KeyInputError(f"the {source} holds no frames")
     if frames is None:
         target = pad_to_4n1(keys.frames)
-        note = (f"The {source} covers {keys.frames} frames; padded with {target - keys.frames} frame(s) without keys "
+        note = (f"{source}: {keys.frames} frames of keys, padded with {target - keys.frames} frame(s) without keys "
                 f"to {target} (a video has 4n+1 frames).") if target != keys.frames else None
         return keys.padded(target), target, note
     check_frames(frames)
@@ -243,14 +243,14 @@ def keys_for_video(keys: KeyTimeline, frames: Optional[int] = None, *, source: s
     if keys.frames > frames:
         if not from_file:
             raise KeyInputError(
-                f"the {source} covers {keys.frames} frames but the video has {frames}; shorten the keys or ask for "
+                f"{source}: {keys.frames} frames of keys but the video has {frames}; shorten the keys or ask for "
                 f"{pad_to_4n1(keys.frames)} frames"
             )
-        return keys[:frames], frames, f"The {source} covers {keys.frames} frames; using the first {frames}."
+        return keys[:frames], frames, f"{source}: {keys.frames} frames of keys; using the first {frames}."
     if from_file:
         covered = ((keys.frames - 1) // VAE_TEMPORAL_STRIDE) * VAE_TEMPORAL_STRIDE + 1
         return keys[:covered], covered, (
-            f"The {source} covers {keys.frames} frames; generating {covered} frames instead of the requested {frames}.")
+            f"{source}: {keys.frames} frames of keys; generating {covered} frames instead of the requested {frames}.")
     return keys.padded(frames), frames, (
-        f"The {source} covers {keys.frames} frames; padded with {frames - keys.frames} frame(s) without keys to {frames}.")
+        f"{source}: {keys.frames} frames of keys, padded with {frames - keys.frames} frame(s) without keys to {frames}.")
 

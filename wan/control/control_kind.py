@@ -12,8 +12,8 @@ CAMERA = "camera"
 ACT = "act"
 
 MODEL_NAMES = {
-    CAMERA: "a Cam model (6-channel Plücker camera control)",
-    ACT: "an Act model (7-channel control: ray directions + WASD keys)",
+    CAMERA: "a Cam model with 6-channel camera control (Plücker rays)",
+    ACT: "an Act model with 7-channel control (ray directions + WASD keys)",
 }
 INPUT_NAMES = {
     CAMERA: "a camera trajectory (6-channel Plücker)",
@@ -34,6 +34,6 @@ def check_control(model_kind: str, given: Optional[str], fix: str = "") -> None:
     if given not in INPUT_NAMES:
         raise ValueError(f"unknown control kind {given!r}; expected one of {sorted(INPUT_NAMES)}")
     raise ControlMismatchError(
-        f"these experts are {MODEL_NAMES[model_kind]} (detected from their weights) but the input is "
+        f"these experts are {MODEL_NAMES[model_kind]}, detected from their weights, but the input is "
         f"{INPUT_NAMES[given]}" + (f"; {fix}" if fix else "")
     )
