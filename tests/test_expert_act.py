@@ -109,3 +109,25 @@ def test_an_unknown_control_width_is_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps(CAM.to_json()))
     with pytest.raises(ExpertLoadError, match="takes 1600 inputs, which is neither"):
         detect_format(folder)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_act_expert_on_cuda_matches_cpu(official_act, tmp_path, examples_dir):
+    """The Act expert loaded straight to the GPU (NF4) takes example 05's 7-channel tensor like the CPU load does."""
+    import numpy as np
+
+    from lingbot_world.loaders.action_files import read_act_folder
+    from lingbot_world.wan.control.act_control import act_condition
+
+    act = read_act_folder(examples_dir / "05")
+    cond = act_condition(act.path.poses, act.path.intrinsics, act.actions, 32, 32, 5)
+    inputs = {**_inputs(f=2, h=4, w=4), "camera": cond.tensor[:, :, :2]}
+    cpu = load_expert(official_act, "cpu")
+    gpu = load_expert(official_act, "cuda")
+    assert gpu.patch_embedding_wancamctrl.weight.is_cuda or any(p.is_cuda for p in gpu.parameters())
+    with torch.no_grad():
+        a = cpu(**inputs)
+        b = gpu(**{k: v.cuda() for k, v in inputs.items()}).cpu()
+    assert np.isfinite(b.numpy()).all()
+    assert (a - b).abs().max() / a.abs().max() < 5e-2  # bf16 GEMMs on the GPU vs the CPU's compute dtype
