@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from . import actions_arg
 from .progress import ProgressLine, RunStats
 from .video_out import write_video
 
@@ -30,7 +31,8 @@ def add_parser(sub) -> None:
     )
     src = p.add_argument_group("inputs")
     src.add_argument("--ckpt-dir", type=Path, help="checkpoint folder (official release or community NF4 package)")
-    src.add_argument("--demo", action="store_true", help="build/use the tiny random-weight demo checkpoint (CPU)")
+    src.add_argument("--demo", nargs="?", const="camera", default=None, choices=("camera", "act"),
+                     help="build/use the tiny random-weight demo checkpoint (CPU); '--demo act' uses tiny Act experts")
     src.add_argument("--demo-dir", type=Path, default=None, help="where the demo checkpoint is cached")
     src.add_argument("--image", type=Path, help="first frame (default: the bundled demo image with --demo)")
     src.add_argument("--camera", default=None,
@@ -49,8 +51,8 @@ def add_parser(sub) -> None:
 
     gen = p.add_argument_group("generation")
     gen.add_argument("--size", default="480*832", help="max area as H*W: 480*832 or 720*1280 (aspect follows the image)")
-    gen.add_argument("--frames", type=int, default=81, help="frame count, 4n+1 (16 fps)")
-    gen.add_argument("--steps", type=int, default=70)
+    gen.add_argument("--frames", type=int, default=None, help="frame count, 4n+1 (16 fps; default 81, or as long as --actions)")
+    gen.add_argument("--steps", type=int, default=None, help="denoising steps (default 70; 20 for the Act model)")
     gen.add_argument("--shift", type=float, default=10.0)
     gen.add_argument("--boundary", type=float, default=0.947, help="high-noise expert while t >= boundary*1000")
     gen.add_argument("--guide-scale", type=float, nargs="+", default=[5.0],
@@ -77,6 +79,7 @@ def add_parser(sub) -> None:
     out.add_argument("--out", type=Path, default=None, help="output .mp4 (or a folder for PNG frames)")
     out.add_argument("--fps", type=int, default=16)
     out.add_argument("--quiet", action="store_true")
+    actions_arg.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -92,13 +95,18 @@ def _resolve_device(name: str) -> torch.device:
 def _demo_defaults(args) -> None:
     from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
 
+    from ..loaders.action_files import looks_like_path
+
     args.image = args.image or DEMO_IMAGE
     args.prompt = args.prompt or DEMO_PROMPT
-    args.camera = args.camera or "dolly_in+pan_right"
+    if args.demo == "act":  # the release's Act example input (action.npy + poses.npy)
+        args.actions = args.actions or (None if args.camera else str(DEMO_IMAGE.parent / "examples" / "05"))
+    elif not args.actions:
+        args.camera = args.camera or "dolly_in+pan_right"
     if args.size == "480*832":
         args.size = "64*112"
-    if args.frames == 81:
-        args.frames = 17
+    if args.frames is None and not (args.actions and not looks_like_path(args.actions)):
+        args.frames = 17  # an action string sets its own length
     if args.device == "auto":
         args.device = "cpu"
     if args.out is None:
@@ -110,7 +118,7 @@ def _files(args):
     from ..loaders.demo_checkpoint import build_demo_checkpoint
 
     if args.demo:
-        files = build_demo_checkpoint(args.demo_dir)
+        files = build_demo_checkpoint(args.demo_dir, control=args.demo)
     elif args.ckpt_dir is not None:
         files = find_checkpoint_files(args.ckpt_dir)
     else:
@@ -169,23 +177,28 @@ def run(args) -> int:
     device = _resolve_device(args.device)
     set_backend(args.attention)
     files = _files(args)
+    kind = actions_arg.prepare(args, files.high, files.low, log)  # Cam or Act, from the weights; refuses mismatches
     stats.mark("setup")
 
     # Sizes: max area from --size, aspect ratio from the image (spec §5.2).
     image = load_image(args.image)
     height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
-    frames = check_frames(args.frames)
+    frames = check_frames(args.frames or actions_arg.DEFAULT_FRAMES)
     cam_path, zoom_preset = _camera(args.camera, args.camera_speed, frames)
     camera = None
     if cam_path is not None:
         cond = camera_condition(cam_path.poses, cam_path.intrinsics, height, width, frames,
-                                per_frame_intrinsics=args.per_frame_intrinsics or zoom_preset)
+                                per_frame_intrinsics=args.per_frame_intrinsics or zoom_preset,
+                                precision=args.camera_precision)
         if cond.message:
             log.warning("camera: %s", cond.message)
         frames, camera = cond.frames, cond.plucker
+        actions_arg.write_trajectory_picture(args, cam_path.poses[:frames], cam_path.intrinsics, str(args.camera))
+    if args.actions:
+        frames, camera = actions_arg.control(args, kind, height, width, log)
     lat_h, lat_w = latent_size(height, width)
     log.info("size %dx%d, %d frames (latent %dx%d x %d), camera: %s", height, width, frames, lat_h, lat_w,
-             (frames - 1) // 4 + 1, args.camera or "none")
+             (frames - 1) // 4 + 1, args.camera or args.actions or "none")
     stats.mark("camera")
 
     # Text: child process (or the cache); nothing of T5 stays in this process.

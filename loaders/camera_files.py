@@ -31,7 +31,8 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-def _read_npy(path: Path) -> np.ndarray:
+def read_npy(path: Path) -> np.ndarray:
+    """One array saved with np.save, read without pickle; every failure names the file."""
     if not path.is_file():
         raise CameraFileNotFoundError(f"camera file not found: {path}")
     with open(path, "rb") as fh:
@@ -53,8 +54,8 @@ def _read_npy(path: Path) -> np.ndarray:
 def load_camera_files(poses_path: PathLike, intrinsics_path: PathLike) -> CameraPath:
     """Load and validate a poses file and an intrinsics file; returns float32 arrays."""
     poses_path, intrinsics_path = Path(poses_path), Path(intrinsics_path)
-    poses = _read_npy(poses_path)
-    intrinsics = _read_npy(intrinsics_path)
+    poses = read_npy(poses_path)
+    intrinsics = read_npy(intrinsics_path)
     try:
         return check_camera(poses, intrinsics, str(poses_path), str(intrinsics_path))
     except CameraFileError:

@@ -1,6 +1,7 @@
 """A tiny random-weight LingBot-World checkpoint in the real on-disk formats, for the demo and tests.
 
-It has the community NF4 layout (two `*_bnb_nf4/` experts with config.json and quantization_meta.json),
+It has the community NF4 layout (two `*_bnb_nf4/` experts with config.json and quantization_meta.json; Cam
+experts by default, Act experts with `control="act"`, in a folder of their own as in the release),
 the release's T5 `.pth` (Wan naming, bf16), a SentencePiece tokenizer folder (trained here on a few
 sentences, umT5's special ids) and the release's VAE `.pth` — so the demo drives exactly the code paths a
 real download does, only with tiny sizes. Its output is noise: the weights are random.
@@ -33,16 +34,22 @@ DEMO_PROMPT = (
 )
 
 
-def demo_configs() -> tuple[DiTConfig, UMT5Config, VAEConfig]:
+DEMO_CONTROLS = ("camera", "act")
+CONTROL_IN = {"camera": 1536, "act": 1792}  # patch_embedding_wancamctrl input width (6 or 7 channels x 256)
+
+
+def demo_configs(control: str = "camera") -> tuple[DiTConfig, UMT5Config, VAEConfig]:
+    if control not in DEMO_CONTROLS:
+        raise ValueError(f"demo control {control!r}: choose one of {', '.join(DEMO_CONTROLS)}")
     t5 = UMT5Config.tiny(vocab_size=384)
-    return DiTConfig.tiny(text_dim=t5.dim), t5, VAEConfig.tiny()
+    return DiTConfig.tiny(text_dim=t5.dim, control_in=CONTROL_IN[control]), t5, VAEConfig.tiny()
 
 
-def default_demo_dir() -> Path:
+def default_demo_dir(control: str = "camera") -> Path:
     base = os.environ.get("LINGBOT_WORLD_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingbot-world"
     )
-    return Path(base) / f"demo-v{DEMO_VERSION}"
+    return Path(base) / (f"demo-v{DEMO_VERSION}" + ("" if control == "camera" else f"-{control}"))
 
 
 def _train_tokenizer(out: Path, vocab_size: int) -> None:
@@ -66,17 +73,26 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "spiece.model").write_bytes(model.getvalue())
 
 
-def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0) -> CheckpointFiles:
-    """Create (once) and return the demo checkpoint folder. Safe to call repeatedly: a complete folder is reused."""
-    root = Path(root) if root is not None else default_demo_dir()
+def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0, control: str = "camera") -> CheckpointFiles:
+    """Create (once) and return the demo checkpoint folder. Safe to call repeatedly: a complete folder is reused.
+
+    control: "camera" (Base Cam experts) or "act" (Base Act experts, 7-channel control); the text encoder,
+    tokenizer and VAE are the same files in both.
+    """
+    dit_cfg, t5_cfg, vae_cfg = demo_configs(control)
+    root = Path(root) if root is not None else default_demo_dir(control)
     if (root / MANIFEST).is_file():
-        return find_checkpoint_files(root)
+        files = find_checkpoint_files(root)
+        made = json.loads((root / MANIFEST).read_text()).get("control", "camera")
+        if made != control:
+            raise FileExistsError(f"{root} holds the {made} demo, not the {control} one; choose another demo folder")
+        return files
     tmp = root.with_name(root.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    dit_cfg, t5_cfg, vae_cfg = demo_configs()
+    expert_seed = seed + (0 if control == "camera" else 100)
     for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
-        make_random_nf4_expert(dit_cfg, tmp / name, device="cpu", seed=seed + i)
+        make_random_nf4_expert(dit_cfg, tmp / name, device="cpu", seed=expert_seed + i)
 
     g = torch.Generator().manual_seed(seed + 10)
     with torch.device("meta"):
@@ -93,6 +109,7 @@ def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0) -> Checkpo
     (tmp / MANIFEST).write_text(json.dumps({
         "demo_version": DEMO_VERSION,
         "note": "random weights: the output is noise",
+        "control": control,
         "dit": dit_cfg.to_json(),
         "t5": {k: getattr(t5_cfg, k) for k in ("vocab_size", "dim", "num_heads", "head_dim", "ffn_dim", "num_layers")},
         "vae": {"dim": vae_cfg.dim, "dim_mult": list(vae_cfg.dim_mult), "num_res_blocks": vae_cfg.num_res_blocks},

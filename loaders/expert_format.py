@@ -7,19 +7,22 @@ Kinds:
 - "single_file_nf4" / "single_file_plain": one .safetensors file (ComfyUI's diffusion_models folder)
 
 The config comes from config.json, else a JSON "config" entry in the safetensors `__metadata__`, else it is
-inferred from tensor shapes (heads = dim / 128 as in Wan2.2 A14B).
+inferred from tensor shapes (heads = dim / 128 as in Wan2.2 A14B). The control width (Cam 1536 / Act 1792, the
+input of `patch_embedding_wancamctrl`) is always read from the weights: the release's config.json is the same
+for Cam and Act, and a path name says nothing reliable (fast-act spec §1).
 """
 from __future__ import annotations
 
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
+from ..wan.control.control_kind import MODEL_NAMES
 from ..wan.dit.model import DiTConfig
 from ..quant.nf4 import QUANT_STATE_KEY
 from .safetensors_stream import SafetensorsHeader, read_header
@@ -100,6 +103,42 @@ def is_nf4_keyset(keys) -> bool:
 
 
 # ---- config ------------------------------------------------------------------------------------------------
+CONTROL_PREFIX = "patch_embedding_wancamctrl"
+
+
+def _linear_in(shapes: Mapping[str, Sequence[int]], prefix: str, need) -> int:
+    """Input width of a Linear from its weight shape; packed NF4 weights are [out*in/2, 1], so in = 2*rows/out."""
+    w, b = need(prefix + ".weight"), need(prefix + ".bias")
+    if len(w) == 2 and w[1] != 1:
+        return w[1]
+    return 2 * w[0] // b[0]
+
+
+def control_width(shapes: Mapping[str, Sequence[int]], source: str) -> int:
+    """Input width of `patch_embedding_wancamctrl` in the weights: 1536 (Cam, Fast) or 1792 (Act)."""
+
+    def need(k: str) -> tuple[int, ...]:
+        if k not in shapes:
+            raise ExpertLoadError(f"{source}: key {k!r} is missing; {describe_foreign(list(shapes))}")
+        return tuple(shapes[k])
+
+    return _linear_in(shapes, CONTROL_PREFIX, need)
+
+
+def _with_weights_control(cfg: DiTConfig, shapes: Mapping[str, Sequence[int]], source: str) -> DiTConfig:
+    """The config with the control width the weights have (config.json does not say Cam or Act)."""
+    width = control_width(shapes, source)
+    if width == cfg.control_in:
+        return cfg
+    try:
+        out = replace(cfg, control_in=width)
+        out.validate()
+    except ValueError as e:
+        raise ExpertLoadError(
+            f"{source}: patch_embedding_wancamctrl takes {width} inputs, which is neither a Cam/Fast (1536) nor "
+            f"an Act (1792) LingBot-World expert ({e})"
+        ) from None
+    return out
 def _config_from_json_file(p: Path) -> DiTConfig:
     try:
         raw = json.loads(p.read_text())
@@ -122,10 +161,7 @@ def infer_config(shapes: Mapping[str, Sequence[int]], source: str) -> DiTConfig:
         return tuple(shapes[k])
 
     def linear_in(prefix: str) -> int:
-        w, b = need(prefix + ".weight"), need(prefix + ".bias")
-        if len(w) == 2 and w[1] != 1:
-            return w[1]
-        return 2 * w[0] // b[0]  # packed NF4 [out*in/2, 1]
+        return _linear_in(shapes, prefix, need)
 
     pe = need("patch_embedding.weight")
     if len(pe) != 5:
@@ -147,6 +183,7 @@ def infer_config(shapes: Mapping[str, Sequence[int]], source: str) -> DiTConfig:
         text_dim=linear_in("text_embedding.0"),
         out_dim=head_out // math.prod(patch),
         num_heads=dim // HEAD_DIM,
+        control_in=linear_in(CONTROL_PREFIX),
     )
     try:
         return DiTConfig.from_json(cfg)
@@ -166,12 +203,23 @@ def _config_from_metadata(header: SafetensorsHeader) -> Optional[DiTConfig]:
 
 def _resolve_config(folder_cfg: Optional[Path], header: Optional[SafetensorsHeader], shapes, source: str):
     if folder_cfg is not None and folder_cfg.is_file():
-        return _config_from_json_file(folder_cfg), "config.json"
+        return _with_weights_control(_config_from_json_file(folder_cfg), shapes, source), "config.json"
     if header is not None:
         cfg = _config_from_metadata(header)
         if cfg is not None:
-            return cfg, "safetensors metadata"
+            return _with_weights_control(cfg, shapes, source), "safetensors metadata"
     return infer_config(shapes, source), "inferred from shapes"
+
+
+def check_control_pair(high: ExpertFormat, low: ExpertFormat) -> str:
+    """The control kind ('camera' or 'act') both experts share; refuses a Cam expert paired with an Act one."""
+    a, b = high.config.control_kind, low.config.control_kind
+    if a != b:
+        raise ExpertLoadError(
+            f"the high-noise expert {high.path} is {MODEL_NAMES[a]} but the low-noise expert {low.path} is "
+            f"{MODEL_NAMES[b]}; take both experts from the same download"
+        )
+    return a
 
 
 # ---- pickles ------------------------------------------------------------------------------------------------

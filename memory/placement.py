@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
-from ..wan.dit.model import CAMERA_CHANNELS, DiTConfig, WanDiT
+from ..wan.dit.model import DiTConfig, WanDiT
 from ..wan.sizes import token_count
 from .block_swap import BlockSwapper, _empty_part, streamed_block_keys
 from ..quant.nf4 import default_compute_dtype, nf4_linear_names, packed_shapes
@@ -121,7 +121,7 @@ def estimate_activation_bytes(
     cells = 4  # latent cells per token (2x2 patch)
     persistent = b * 4 * d + 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)
     if camera:
-        persistent += c * d + cells * CAMERA_CHANNELS * 4
+        persistent += c * d + cfg.control_in * 4  # control tensor fp32: 4 cells x 384 (camera) or 448 (act)
     chunk = tokens if not token_chunk else min(token_chunk, tokens)
     attention = b * 4 * c * d * tokens
     build_qkv = b * 3 * c * d * tokens + b * chunk * (8 * d + 2 * c * d)

@@ -5,6 +5,7 @@ model folder `lingbot_world` is registered only when ComfyUI's folder_paths is t
 """
 import logging
 
+from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
@@ -18,6 +19,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotCameraFromFiles": LingBotCameraFromFiles,
     "LingBotCameraPreset": LingBotCameraPreset,
     "LingBotSaveCamera": LingBotSaveCamera,
+    "LingBotActions": LingBotActions,
     "LingBotImageToVideo": LingBotImageToVideo,
     "LingBotSampler": LingBotSampler,
     "LingBotVAEDecode": LingBotVAEDecode,
@@ -30,6 +32,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotCameraFromFiles": "LingBot Camera From Files",
     "LingBotCameraPreset": "LingBot Camera Preset",
     "LingBotSaveCamera": "LingBot Save Camera",
+    "LingBotActions": "LingBot Actions",
     "LingBotImageToVideo": "LingBot Image To Video",
     "LingBotSampler": "LingBot Sampler",
     "LingBotVAEDecode": "LingBot VAE Decode",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..loaders.expert_format import detect_format
+from ..loaders.expert_format import check_control_pair, detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
 from . import comfy_paths
@@ -39,6 +39,7 @@ def check_expert_pair(high: Path, low: Path, fmt_high, fmt_low) -> None:
                 f"the two experts do not belong together: {field} is {getattr(a, field)} in {high} but "
                 f"{getattr(b, field)} in {low}"
             )
+    check_control_pair(fmt_high, fmt_low)  # a Cam expert with an Act one
     for path, expect, other in ((high, "high", "low"), (low, "low", "high")):
         name = path.as_posix().lower()
         if f"{other}_noise" in name and f"{expect}_noise" not in name:

@@ -18,6 +18,7 @@ from ..loaders.expert_format import ExpertFormat
 EXPERTS = "LINGBOT_EXPERTS"
 TEXT = "LINGBOT_TEXT"
 CAMERA = "LINGBOT_CAMERA"
+ACT = "LINGBOT_ACT"
 VAE = "LINGBOT_VAE"
 I2V = "LINGBOT_I2V"
 
@@ -65,14 +66,30 @@ class TextEmbeds:
 class CameraInput:
     """LINGBOT_CAMERA: a trajectory (poses + intrinsics at 480x832); rasterised to Plücker at the sampler."""
 
-    poses: np.ndarray  # [N, 4, 4] float32 OpenCV camera-to-world
+    poses: np.ndarray  # [N, 4, 4] float32 OpenCV camera-to-world (float64 for a path built from keys)
     intrinsics: np.ndarray  # [N, 4] float32 (fx, fy, cx, cy)
     per_frame_intrinsics: bool = False
     label: str = ""
+    includes_end_pose: bool = False  # a path built from keys: frames + 1 poses (see wan.control.act_to_camera)
 
     @property
     def num_frames(self) -> int:
-        return int(self.poses.shape[0])
+        return int(self.poses.shape[0]) - int(self.includes_end_pose)
+
+
+@dataclass
+class ActInput:
+    """LINGBOT_ACT: the Act model's control before rasterising: poses (orientation) + w,a,s,d per frame."""
+
+    poses: np.ndarray  # [N, 4, 4] camera-to-world (N = frames + 1 when includes_end_pose)
+    intrinsics: np.ndarray  # [N, 4] (fx, fy, cx, cy) at 480x832
+    actions: np.ndarray  # [M, 4] w, a, s, d values per frame
+    label: str = ""
+    includes_end_pose: bool = False
+
+    @property
+    def num_frames(self) -> int:
+        return min(int(self.poses.shape[0]) - int(self.includes_end_pose), int(self.actions.shape[0]))
 
 
 @dataclass

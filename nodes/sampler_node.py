@@ -6,11 +6,14 @@ from typing import Optional
 
 import torch
 
+from ..wan.control.act_control import act_condition
 from ..wan.control.camera import camera_condition
+from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
 from ..wan.dit.model import pad_context
 from ..wan.sampling.sampler import Cancelled, SamplingSettings, make_noise, sample
 from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
-from .payloads import CAMERA, CATEGORY, EXPERTS, I2V, TEXT, CameraInput, ExpertPair, I2VCondition, TextEmbeds
+from .payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair, I2VCondition,
+                       TextEmbeds)
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +23,18 @@ NOISE_SOURCES = ("cpu", "cuda")
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
 
 
+MISMATCH_FIX = {
+    ACT_KIND: "connect the 'act' output of LingBot Actions to the sampler's act input (the camera input is for Cam "
+              "and Fast models)",
+    CAMERA_KIND: "connect the 'camera' output of LingBot Actions (the keys walked into a camera path) or a camera "
+                 "trajectory to the sampler's camera input (the act input is for the Act model)",
+}
+
+
 def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
     """Rasterise the trajectory at the video's size; its frame count must cover the conditioning's."""
     cc = camera_condition(camera.poses, camera.intrinsics, cond.height, cond.width, cond.frames,
-                          per_frame_intrinsics=camera.per_frame_intrinsics)
+                          per_frame_intrinsics=camera.per_frame_intrinsics, includes_end_pose=camera.includes_end_pose)
     if cc.frames != cond.frames:
         raise ValueError(
             f"the camera trajectory covers {cc.frames} frames but the video has {cond.frames}: connect the camera to "
@@ -32,6 +43,34 @@ def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
     if cc.message:
         log.info("LingBot-World camera: %s", cc.message)
     return cc.plucker
+
+
+def act_tensor_for(act: ActInput, cond: I2VCondition) -> torch.Tensor:
+    """The Act model's 7-channel tensor at the video's size; the keys must cover the conditioning's frames."""
+    ac = act_condition(act.poses, act.intrinsics, act.actions, cond.height, cond.width, cond.frames,
+                       includes_end_pose=act.includes_end_pose, actions_name=act.label or "actions")
+    if ac.frames != cond.frames:
+        raise ValueError(
+            f"the act control covers {ac.frames} frames but the video has {cond.frames}: connect LingBot Actions' "
+            f"frames output to LingBot Image To Video's frames, or set them to {ac.frames}"
+        )
+    if ac.message:
+        log.info("LingBot-World act: %s", ac.message)
+    return ac.tensor
+
+
+def control_for(experts: ExpertPair, i2v: I2VCondition, camera: Optional[CameraInput],
+                act: Optional[ActInput]) -> Optional[torch.Tensor]:
+    """The control tensor the experts take (Plücker for Cam/Fast, 7-channel for Act), refusing the wrong kind."""
+    if camera is not None and act is not None:
+        raise ValueError("LingBot Sampler got both a camera and an act input; connect only the one the model takes "
+                         "(camera: Cam and Fast models, act: the Act model)")
+    kind = experts.formats["high"].config.control_kind
+    given = ACT_KIND if act is not None else CAMERA_KIND if camera is not None else None
+    check_control(kind, given, MISMATCH_FIX[kind])
+    if act is not None:
+        return act_tensor_for(act, i2v)
+    return plucker_for(camera, i2v) if camera is not None else None
 
 
 def text_contexts(text: TextEmbeds, experts: ExpertPair) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +117,11 @@ class LingBotSampler:
             },
             "optional": {
                 "camera": (CAMERA, {"tooltip": (
-                    "Camera trajectory. Without it the camera layers are skipped (plain image-to-video).")}),
+                    "Camera trajectory (Cam and Fast models), e.g. from LingBot Actions, Camera Preset or Camera From "
+                    "Files. Without a camera or act input the control layers are skipped (plain image-to-video).")}),
+                "act": (ACT, {"tooltip": (
+                    "Act control (Act model only: ray directions + WASD keys) from LingBot Actions. The Act "
+                    "release recommends 20 steps.")}),
             },
         }
 
@@ -93,7 +136,7 @@ class LingBotSampler:
     def sample(self, experts: ExpertPair, text: TextEmbeds, i2v: I2VCondition, steps: int = 70, shift: float = 10.0,
                boundary: float = 0.947, guide_high: float = 5.0, guide_low: float = 5.0, seed: int = 42,
                noise_source: str = "cpu", solver: str = "unipc", cfg_mode: str = "auto",
-               camera: Optional[CameraInput] = None):
+               camera: Optional[CameraInput] = None, act: Optional[ActInput] = None):
         import comfy.model_management as mm
 
         from .progress import SamplingProgress, load_progress
@@ -103,8 +146,9 @@ class LingBotSampler:
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         cfg = experts.formats["high"].config
+        control = control_for(experts, i2v, camera, act)  # refuses a control the model cannot take, before loading
         device = mm.get_torch_device()
-        plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, camera is not None,
+        plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, control is not None,
                         vram_comfy_can_free(mm, device), device=device)
         log.info("LingBot-World memory plan: %s", plan.reason)
         settings = SamplingSettings(steps=int(steps), shift=float(shift), boundary=float(boundary),
@@ -112,7 +156,6 @@ class LingBotSampler:
                                     cfg_mode=plan.cfg_mode if cfg_mode == "auto" else cfg_mode)
         settings.validate()
         ctx, neg = text_contexts(text, experts)
-        plucker = plucker_for(camera, i2v) if camera is not None else None
         shape = (1, cfg.out_dim) + tuple(i2v.y.shape[2:])
         noise = make_noise(shape, int(seed), noise_source)
 
@@ -120,9 +163,9 @@ class LingBotSampler:
         progress = SamplingProgress(settings.steps, device)
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",
                  i2v.width, i2v.height, i2v.frames, settings.steps, settings.cfg_mode,
-                 camera.label if camera is not None else "none")
+                 camera.label if camera is not None else f"act {act.label}" if act is not None else "none")
         try:
-            x = sample(provider, noise, ctx, neg, i2v.y, camera=plucker, settings=settings, device=device,
+            x = sample(provider, noise, ctx, neg, i2v.y, camera=control, settings=settings, device=device,
                        callback=progress, cancel_check=mm.processing_interrupted)
         except Cancelled:
             mm.throw_exception_if_processing_interrupted()

@@ -182,7 +182,8 @@ class Server:
 
 
 def prepare_base(base: Path) -> None:
-    """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, the tiny demo checkpoint and image."""
+    """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, the tiny demo checkpoints (Cam and Act)
+    and image, and the release's example 05 (image and key files) in input/lingbot_examples/05."""
     import shutil
 
     from lingbot_world.loaders.demo_checkpoint import DEMO_IMAGE, build_demo_checkpoint
@@ -191,7 +192,9 @@ def prepare_base(base: Path) -> None:
         (base / d).mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
     build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
+    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo-act", control="act")  # tiny Act experts
     shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
+    shutil.copytree(REPO / "assets" / "examples" / "05", base / "input" / "lingbot_examples" / "05")  # key files
 
 
 @contextmanager

@@ -72,3 +72,35 @@ def test_committed_example_picture():
     assert DOC_PICTURE.stat().st_size < 200_000
     with Image.open(DOC_PICTURE) as im:
         assert im.format == "PNG" and im.width >= 640
+
+
+def test_key_timeline_under_the_path():
+    from lingbot_world.wan.control.act_to_camera import keys_to_camera
+    from lingbot_world.wan.control.actions import KeyTimeline
+    from lingbot_world.wan.control.trajectory_plot import BACKGROUND, TIMELINE_ORDER, TIMELINE_ROW, plot_key_timeline
+
+    keys = KeyTimeline.from_string("w-10,none-10,jl-5,i-15")
+    path, _ = keys_to_camera(keys)
+    img = plot_trajectory(path.poses, path.intrinsics, size=(800, 400), keys=keys)
+    strip = plot_key_timeline(keys, 800)
+    assert img.size == (800, 400 + strip.height)
+    np.testing.assert_array_equal(np.asarray(img)[400:], np.asarray(strip))
+    a = np.asarray(strip)
+    x0, x1, top = 96, 800 - 16, 24  # the strip's plot area (see plot_key_timeline)
+    scale = (x1 - x0) / keys.frames
+
+    def held(key: str, frame: int) -> bool:
+        y = top + TIMELINE_ORDER.index(key) * TIMELINE_ROW + TIMELINE_ROW // 2
+        x = int(x0 + (frame + 0.5) * scale)
+        return tuple(a[y, x]) != BACKGROUND and tuple(a[y, x]) != (228, 228, 228)
+
+    assert held("w", 0) and held("w", 9) and not held("w", 10) and not held("s", 3)
+    assert held("j", 22) and held("l", 22) and not held("j", 30)  # both held (they cancel in the walk)
+    assert held("i", 39) and not held("k", 39)
+
+
+def test_committed_keys_picture():
+    picture = DOC_PICTURE.with_name("trajectory_keys_example.png")
+    assert picture.is_file() and picture.stat().st_size < 200_000
+    with Image.open(picture) as im:
+        assert im.format == "PNG" and im.width == 960 and im.height > 480

@@ -155,6 +155,55 @@ def test_demo_workflow_runs_to_completion(server):
           f"{first.shape[1]}x{first.shape[0]}, {res['previews']} previews")
 
 
+def test_act_workflow_runs_on_the_tiny_act_demo(server):
+    """The Act example (action.npy of example 05) with the tiny Act experts, small size, 9 frames, 2 steps."""
+    prompt = _api("lingbot_world_act_action_npy")
+    _, loader = _by_type(prompt, "LingBotExpertLoader")
+    loader["inputs"].update(high_noise_expert="lingbot-demo-act/high_noise_model_bnb_nf4",
+                            low_noise_expert="lingbot-demo-act/low_noise_model_bnb_nf4", memory_mode="swap")
+    _, text = _by_type(prompt, "LingBotTextEncode")
+    text["inputs"].update(text_encoder="lingbot-demo-act/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
+    _, vae = _by_type(prompt, "LingBotVAELoader")
+    vae["inputs"]["vae_name"] = "lingbot-demo-act/Wan2.1_VAE.pth"
+    _, i2v = _by_type(prompt, "LingBotImageToVideo")
+    i2v["inputs"].update(size="custom", width=64, height=32)
+    act_id, actions = _by_type(prompt, "LingBotActions")
+    actions["inputs"]["frames"] = 9
+    _, samp = _by_type(prompt, "LingBotSampler")
+    samp["inputs"]["steps"] = 2
+    dec_id, _ = _by_type(prompt, "LingBotVAEDecode")
+    prompt["900"] = {"class_type": "SaveImage", "inputs": {"images": [dec_id, 0], "filename_prefix": "lingbot_act"}}
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    outputs = res["history"]["outputs"]
+    assert len(outputs["900"]["images"]) == 9
+    preview_id, _ = _by_type(prompt, "PreviewImage")
+    assert len(outputs[preview_id]["images"]) == 2  # the key path and the Act input's poses + action.npy keys
+    print(f"\nAct workflow: {res['seconds']:.1f} s")
+
+
+def test_actions_node_steers_the_cam_demo_and_a_mismatch_is_refused(server):
+    """The tiny demo with its camera preset replaced by LingBot Actions (an action string); then the same
+    actions' act output on the Cam experts, which the sampler refuses with the reason."""
+    prompt = _demo_prompt(steps=2)
+    cam_id, _ = _by_type(prompt, "LingBotCameraPreset")
+    prompt[cam_id] = {"class_type": "LingBotActions", "inputs": {"actions": "w-8,il-4,none-4", "frames": 0, "key_files": ""}}
+    _, preview = _by_type(prompt, "PreviewImage")
+    preview["inputs"]["images"] = [cam_id, 2]
+    _, i2v = _by_type(prompt, "LingBotImageToVideo")
+    i2v["inputs"]["frames"] = [cam_id, 3]
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    _, samp = _by_type(prompt, "LingBotSampler")
+    samp["inputs"]["act"] = [cam_id, 1]
+    del samp["inputs"]["camera"]
+    res = server.run(prompt, timeout=300)
+    assert res["end"] == "error"
+    message = res["error"]["exception_message"]
+    assert "a Cam model" in message and "'camera' output of LingBot Actions" in message, message
+    assert server.proc.poll() is None  # ComfyUI keeps running
+
+
 def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:
     prompt = _demo_prompt(steps=steps, seed=seed)
     _, loader = _by_type(prompt, "LingBotExpertLoader")

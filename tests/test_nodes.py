@@ -368,8 +368,8 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert [p.stem for p in files] == ["lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
-                                       "lingbot_world_tiny_demo_cpu"]
+    assert [p.stem for p in files] == ["lingbot_world_act_action_npy", "lingbot_world_i2v_camera_preset",
+                                       "lingbot_world_i2v_trajectory_folder", "lingbot_world_tiny_demo_cpu"]
     for path in files:
         ui = json.loads(path.read_text())
         assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])

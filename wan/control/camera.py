@@ -1,20 +1,26 @@
 """Camera conditioning of LingBot-World: camera poses + intrinsics -> packed Plücker tensor (spec §3, §4).
 
-Pipeline (one call: `camera_condition`):
+Pipeline (one call: `camera_condition`; `camera_geometry` stops before the rays, for the Act tensor):
   1. validate the arrays (shapes, finiteness, orthonormal rotations, positive focal lengths);
   2. frame-count rule: ((N-1)//4)*4+1 usable frames, the request is clipped to it (§4.1);
-  3. resample the kept poses to one pose per latent frame (linear translation, quaternion slerp, §4.2);
-  4. framewise relative poses with the translation divided by the largest step (§4.3);
+  3. resample the kept poses to one pose per latent frame with scipy, exactly as the reference does (linear
+     translation, quaternion slerp after a sign fix, §4.2), in float64;
+  4. framewise relative poses with the translation divided by the largest step (§4.3), in the reference's
+     operation order and, by default, in its float32 precision (fast-act spec §8);
   5. first-frame intrinsics rescaled from the 480x832 calibration frame to the output size (§4.4; optionally
      per latent frame, as later reference revisions do);
   6. per-pixel rays [o, d] with pixel centres at +0.5 (§4.5), packed to [1, 384, F_lat, lat_h, lat_w]
      with channel c = c6*64 + py*8 + px (the DiT's 2x2 patchify then gives the 1536 order of §3).
 
-Poses are OpenCV camera-to-world matrices (x right, y down, z forward). The pose maths (a few dozen 4x4
-matrices) runs in float64 so that scenes with large world offsets (example 01 sits ~5,700 units from the
-origin) keep their small per-step moves; the per-pixel field is float32. The reference casts the resampled
-poses to float32 before the relative-pose step, so its origins carry cancellation noise (up to ~4e-4 on the
-shipped examples, ~6e-6 on example 00's worked values); ours follow the exact maths instead.
+Poses are OpenCV camera-to-world matrices (x right, y down, z forward).
+
+Precision of step 4 (`precision=`): the reference casts the resampled poses to float32 and multiplies them in
+float32. Far from the world origin (example 02 sits ~2,500 units out) that float32 arithmetic loses much of a
+small per-step move to cancellation, and the normalisation by the largest step then scales that noise up: on
+the shipped examples the exact (float64) result differs from the reference's by up to 5e-2 on 17-frame clips.
+The model was trained and is run by the release on the float32 values, so "float32" (the default) reproduces
+them operation for operation; "float64" gives the exact geometry, for poses whose float32 noise you do not
+want (e.g. your own trajectories with large world offsets and tiny moves).
 """
 from __future__ import annotations
 
@@ -43,6 +49,9 @@ ORTHONORMAL_REFUSE_TOL = 1e-1
 BOTTOM_ROW_TOL = 1e-5
 # Relative change of fx/fy over the used frames above which we tell the user that zoom is ignored.
 ZOOM_NOTE_TOL = 1e-3
+# Arithmetic of the relative-pose step: the reference's float32 (default) or exact float64 (see the docstring).
+POSE_PRECISIONS = ("float32", "float64")
+DEFAULT_POSE_PRECISION = "float32"
 
 
 class CameraInputError(ValueError):
@@ -57,23 +66,30 @@ class CameraPath(NamedTuple):
 
 
 @dataclass
-class CameraCondition:
-    """Everything the sampler and the UI need from one camera input."""
+class CameraGeometry:
+    """The pose part of one camera input, resampled to latent frames (everything but the per-pixel rays)."""
 
-    plucker: torch.Tensor  # [1, 384, F_lat, lat_h, lat_w] float32, CPU
     frames: int  # frame count to generate (the request, possibly reduced to what the poses cover)
     message: Optional[str]  # human note when something was changed or ignored, else None
-    poses: torch.Tensor  # [frames, 4, 4] float32: the input poses actually used
-    intrinsics: torch.Tensor  # [frames, 4] float32: the input intrinsics actually used (480x832 pixels)
+    poses: torch.Tensor  # [frames (+1), 4, 4] float32: the input poses actually used
+    intrinsics: torch.Tensor  # [frames (+1), 4] float32: the input intrinsics actually used (480x832 pixels)
     latent_poses: torch.Tensor  # [F_lat, 4, 4] float32: poses resampled to latent frames (absolute)
     relative_poses: torch.Tensor  # [F_lat, 4, 4] float32: framewise relative, translation normalised
     scaled_intrinsics: torch.Tensor  # [F_lat, 4] float32: (fx, fy, cx, cy) per latent frame at height x width
     height: int
     width: int
+    precision: str = DEFAULT_POSE_PRECISION  # arithmetic of the relative-pose step
 
     @property
     def latent_frames(self) -> int:
-        return self.plucker.shape[2]
+        return self.relative_poses.shape[0]
+
+
+@dataclass
+class CameraCondition(CameraGeometry):
+    """Everything the sampler and the UI need from one camera input."""
+
+    plucker: Optional[torch.Tensor] = None  # [1, 384, F_lat, lat_h, lat_w] float32, CPU
 
 
 # ---- validation ------------------------------------------------------------------------------------------
@@ -97,14 +113,17 @@ def _first_bad_rows(mask: np.ndarray, limit: int = 5) -> str:
     return shown + (f", ... ({len(rows)} in all)" if len(rows) > limit else "")
 
 
-def check_poses(poses: ArrayLike, name: str = "poses") -> np.ndarray:
-    """Validate [N,4,4] camera-to-world poses; return them as float32, rotations re-orthonormalised if needed.
+def check_poses(poses: ArrayLike, name: str = "poses", dtype: Optional[type] = np.float32) -> np.ndarray:
+    """Validate [N,4,4] camera-to-world poses; return them as `dtype`, rotations re-orthonormalised if needed.
 
+    dtype=None keeps float64 input in float64 (key-built paths, whose exact values the reference resamples)
+    and returns anything else as float32.
     Raises CameraInputError naming `name` for a wrong shape or dtype, NaN/inf, a bottom row other than
     (0,0,0,1), or a 3x3 block that is far from a rotation (|R^T R - I| > 0.1 or det <= 0). Rotations
     off by more than 1e-4 (but less than 0.1) are projected onto the nearest rotation with a warning.
     """
     p = _as_numpy(poses, name)
+    given = p.dtype
     if p.ndim != 3 or p.shape[1:] != (4, 4) or p.shape[0] < 1:
         raise CameraInputError(
             f"{name}: shape {tuple(p.shape)} is not [N, 4, 4] camera-to-world matrices (N >= 1)"
@@ -140,7 +159,9 @@ def check_poses(poses: ArrayLike, name: str = "poses") -> np.ndarray:
         u, _, vt = np.linalg.svd(rot[drift])
         p[drift, :3, :3] = u @ vt  # det > 0 was checked, so this is a proper rotation
     p[:, 3] = (0.0, 0.0, 0.0, 1.0)
-    return p.astype(np.float32)
+    if dtype is None:
+        dtype = np.float64 if given == np.float64 else np.float32
+    return p.astype(dtype)
 
 
 def check_intrinsics(intrinsics: ArrayLike, num_poses: Optional[int] = None, name: str = "intrinsics") -> np.ndarray:
@@ -165,10 +186,11 @@ def check_intrinsics(intrinsics: ArrayLike, num_poses: Optional[int] = None, nam
 
 
 def check_camera(
-    poses: ArrayLike, intrinsics: ArrayLike, poses_name: str = "poses", intrinsics_name: str = "intrinsics"
+    poses: ArrayLike, intrinsics: ArrayLike, poses_name: str = "poses", intrinsics_name: str = "intrinsics",
+    pose_dtype: Optional[type] = np.float32,
 ) -> CameraPath:
     """Validate a pose/intrinsics pair (see check_poses / check_intrinsics)."""
-    p = check_poses(poses, poses_name)
+    p = check_poses(poses, poses_name, pose_dtype)
     return CameraPath(p, check_intrinsics(intrinsics, p.shape[0], intrinsics_name))
 
 
@@ -199,108 +221,59 @@ def usable_frames(num_poses: int, frames: int) -> tuple[int, Optional[str]]:
     )
 
 
-# ---- rotations -------------------------------------------------------------------------------------------
-
-
-def quaternion_from_matrix(rot: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [..., 3, 3] -> unit quaternions [..., 4] as (w, x, y, z).
-
-    Shepperd's method: of the four algebraically equal formulas, use the one whose pivot (4 q_i^2) is
-    largest, which keeps the division well conditioned for every rotation angle.
-    """
-    m = rot
-    m00, m01, m02 = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
-    m10, m11, m12 = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
-    m20, m21, m22 = m[..., 2, 0], m[..., 2, 1], m[..., 2, 2]
-    pivots = torch.stack(
-        [1 + m00 + m11 + m22, 1 + m00 - m11 - m22, 1 - m00 + m11 - m22, 1 - m00 - m11 + m22], dim=-1
-    )
-    # Each candidate is 4*q_i*q (unnormalised), built from the pivot component i.
-    candidates = torch.stack(
-        [
-            torch.stack([pivots[..., 0], m21 - m12, m02 - m20, m10 - m01], dim=-1),
-            torch.stack([m21 - m12, pivots[..., 1], m01 + m10, m02 + m20], dim=-1),
-            torch.stack([m02 - m20, m01 + m10, pivots[..., 2], m12 + m21], dim=-1),
-            torch.stack([m10 - m01, m02 + m20, m12 + m21, pivots[..., 3]], dim=-1),
-        ],
-        dim=-2,
-    )
-    best = pivots.argmax(dim=-1)
-    q = torch.gather(candidates, -2, best[..., None, None].expand(*best.shape, 1, 4)).squeeze(-2)
-    return q / q.norm(dim=-1, keepdim=True)
-
-
-def matrix_from_quaternion(q: torch.Tensor) -> torch.Tensor:
-    """Quaternions [..., 4] (w, x, y, z), any norm -> rotation matrices [..., 3, 3]."""
-    q = q / q.norm(dim=-1, keepdim=True)
-    w, x, y, z = q.unbind(-1)
-    rows = [
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ]
-    return torch.stack(rows, dim=-1).unflatten(-1, (3, 3))
-
-
-def continuous_quaternions(q: torch.Tensor) -> torch.Tensor:
-    """Flip the sign of each quaternion [N, 4] whose dot product with the previous one is negative.
-
-    q and -q are the same rotation; keeping neighbours in one hemisphere makes slerp take the short way.
-    """
-    out = q.clone()
-    for i in range(1, out.shape[0]):
-        if torch.dot(out[i - 1], out[i]) < 0:
-            out[i] = -out[i]
-    return out
-
-
-def slerp(q0: torch.Tensor, q1: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Spherical interpolation of unit quaternions [..., 4] at fractions t [...] (0 -> q0, 1 -> q1)."""
-    dot = (q0 * q1).sum(-1).clamp(-1.0, 1.0)
-    q1 = torch.where(dot[..., None] < 0, -q1, q1)  # short arc
-    dot = dot.abs()
-    theta = torch.arccos(dot)
-    sin_theta = torch.sin(theta)
-    t = t[..., None]
-    near = sin_theta[..., None] < 1e-8  # (nearly) equal rotations: the linear blend is exact enough
-    sin_safe = torch.where(near, torch.ones_like(sin_theta[..., None]), sin_theta[..., None])
-    w0 = torch.where(near, 1 - t, torch.sin((1 - t) * theta[..., None]) / sin_safe)
-    w1 = torch.where(near, t, torch.sin(t * theta[..., None]) / sin_safe)
-    q = w0 * q0 + w1 * q1
-    return q / q.norm(dim=-1, keepdim=True)
-
-
 # ---- pose resampling and relative poses ------------------------------------------------------------------
 
 
-def latent_targets(num_frames: int) -> torch.Tensor:
-    """Source-frame positions of the latent frames: linspace(0, L-1, (L-1)//4 + 1) (spec §4.2)."""
-    count = (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
-    return torch.linspace(0, num_frames - 1, count, dtype=torch.float64)
+def check_precision(precision: str) -> torch.dtype:
+    """The torch dtype of a pose precision name ('float32' | 'float64')."""
+    if precision not in POSE_PRECISIONS:
+        raise CameraInputError(f"pose precision {precision!r}: choose one of {', '.join(POSE_PRECISIONS)}")
+    return torch.float32 if precision == "float32" else torch.float64
 
 
-def resample_poses(c2ws: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Poses [L, 4, 4] at fractional frame positions `targets` [F] in [0, L-1] -> [F, 4, 4] (float64).
+def latent_targets(num_frames: int, includes_end_pose: bool = False) -> torch.Tensor:
+    """Source-pose positions of the latent frames, float64 (spec §4.2; fast-act spec §7).
 
-    Translation is interpolated linearly, rotation by slerp between hemisphere-aligned quaternions.
-    At integer targets the result is the input pose (up to round-off).
+    Per-frame poses (L = num_frames of them): linspace(0, L-1, (L-1)//4 + 1), i.e. 0, 4, 8, ...
+    A path with an end pose (num_frames + 1 poses, built from keys): linspace(0, num_frames, (num_frames-1)//4 + 1),
+    non-integer positions. numpy's linspace, as the reference, so that the targets are bit-identical.
     """
-    c2ws = c2ws.to(torch.float64)
-    targets = targets.to(torch.float64)
-    n = c2ws.shape[0]
-    if targets.numel() and (targets.min() < 0 or targets.max() > n - 1):
-        raise ValueError(f"resample targets must lie in [0, {n - 1}], got {targets.min():.3f}..{targets.max():.3f}")
-    out = torch.eye(4, dtype=torch.float64).repeat(targets.shape[0], 1, 1)
+    count = (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+    last = num_frames if includes_end_pose else num_frames - 1
+    return torch.from_numpy(np.linspace(0, last, count))
+
+
+def resample_poses(c2ws: ArrayLike, targets: ArrayLike) -> torch.Tensor:
+    """Poses [L, 4, 4] at fractional pose positions `targets` [F] in [0, L-1] -> [F, 4, 4] float64.
+
+    The reference's resampling, through the same scipy calls on the same inputs (so the results are
+    bit-identical to it): translation by linear interpolation, rotation by quaternion slerp after flipping
+    each quaternion into the hemisphere of the previous one (short arcs). The input keeps its dtype (float32
+    for poses.npy, float64 for key-built paths), as in the reference.
+    """
+    from scipy.interpolate import interp1d
+    from scipy.spatial.transform import Rotation, Slerp
+
+    c = c2ws.detach().cpu().numpy() if isinstance(c2ws, torch.Tensor) else np.asarray(c2ws)
+    tgt = targets.detach().cpu().numpy() if isinstance(targets, torch.Tensor) else np.asarray(targets)
+    tgt = tgt.astype(np.float64)
+    n = c.shape[0]
+    if tgt.size and (tgt.min() < 0 or tgt.max() > n - 1):
+        raise ValueError(f"resample targets must lie in [0, {n - 1}], got {tgt.min():.3f}..{tgt.max():.3f}")
+    out = np.zeros((tgt.shape[0], 4, 4))
+    out[:, 3, 3] = 1.0
     if n == 1:
-        out[:, :3] = c2ws[0, :3]
-        return out
-    lo = targets.floor().long().clamp(0, n - 2)
-    frac = targets - lo
-    quats = continuous_quaternions(quaternion_from_matrix(c2ws[:, :3, :3]))
-    out[:, :3, :3] = matrix_from_quaternion(slerp(quats[lo], quats[lo + 1], frac))
-    t0, t1 = c2ws[lo, :3, 3], c2ws[lo + 1, :3, 3]
-    out[:, :3, 3] = t0 + frac[:, None] * (t1 - t0)
-    return out
+        out[:, :3] = c[0, :3]
+        return torch.from_numpy(out)
+    src = np.linspace(0, n - 1, n)
+    out[:, :3, 3] = interp1d(src, c[:, :3, 3], axis=0, kind="linear", bounds_error=False,
+                             fill_value="extrapolate")(tgt)
+    quats = Rotation.from_matrix(c[:, :3, :3]).as_quat().copy()
+    for i in range(1, n):  # q and -q are one rotation: keep neighbours in one hemisphere
+        if np.dot(quats[i], quats[i - 1]) < 0:
+            quats[i] = -quats[i]
+    out[:, :3, :3] = Slerp(src, Rotation.from_quat(quats))(tgt).as_matrix()
+    return torch.from_numpy(out)
 
 
 def invert_rigid(poses: torch.Tensor) -> torch.Tensor:
@@ -313,16 +286,17 @@ def invert_rigid(poses: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def relative_poses(c2ws: torch.Tensor) -> torch.Tensor:
-    """Framewise relative poses [F, 4, 4] with normalised translation (spec §4.3), float64.
+def relative_poses(c2ws: torch.Tensor, precision: str = DEFAULT_POSE_PRECISION) -> torch.Tensor:
+    """Framewise relative poses [F, 4, 4] with normalised translation (spec §4.3), in `precision`.
 
     rel_i = inv(c2w_0) c2w_i (frame 0 := I), then rel_i <- inv(rel_{i-1}) rel_i for i >= 1, i.e. the pose
     of frame i in the camera of frame i-1. Translations are divided by the largest translation norm
-    (when it is > 0), so the biggest step has length 1; rotations are untouched.
+    (when it is > 0), so the biggest step has length 1; rotations are untouched. The products run in the
+    reference's order; "float32" reproduces its arithmetic (see the module docstring), "float64" is exact.
     """
-    c2ws = c2ws.to(torch.float64)
+    c2ws = torch.as_tensor(c2ws).to(check_precision(precision))
     rel = invert_rigid(c2ws[:1]) @ c2ws
-    rel[0] = torch.eye(4, dtype=torch.float64)
+    rel[0] = torch.eye(4, dtype=c2ws.dtype)
     step = rel.clone()
     step[1:] = invert_rigid(rel[:-1]) @ rel[1:]
     largest = step[:, :3, 3].norm(dim=-1).max()
@@ -408,11 +382,15 @@ def pack_plucker(field: torch.Tensor) -> torch.Tensor:
     return packed.unsqueeze(0).contiguous()
 
 
-def packed_plucker(rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def packed_plucker(
+    rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int, origins: bool = True
+) -> torch.Tensor:
     """pack_plucker(plucker_rays(...)) without the F*h*w*6 intermediate: [1, 384, F, h/8, w/8] float32.
 
     The camera-space directions are packed once per distinct intrinsics row ([3, 64*lat_h*lat_w]); each
     frame is then a 3x3 rotation of them plus a constant origin, written straight into the output.
+    origins=False leaves the origins out: the ray directions alone, [1, 192, F, h/8, w/8] (the Act tensor's
+    first three channels, fast-act spec §6).
     """
     if height % VAE_STRIDE or width % VAE_STRIDE:
         raise ValueError(f"frame size {height}x{width} must be a multiple of {VAE_STRIDE} to pack into VAE cells")
@@ -421,7 +399,8 @@ def packed_plucker(rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: in
     rel = rel_poses.to(torch.float32)
     frames = rel.shape[0]
     ks = _per_frame(intrinsics, frames)
-    out = torch.empty(1, PLUCKER_CHANNELS, cell, frames, lat_h * lat_w, dtype=torch.float32)
+    first = 3 if origins else 0  # channel of d_x
+    out = torch.empty(1, first + 3, cell, frames, lat_h * lat_w, dtype=torch.float32)
     dirs, dirs_k = None, None
     for f in range(frames):
         if dirs_k is None or not torch.equal(ks[f], dirs_k):
@@ -432,40 +411,45 @@ def packed_plucker(rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: in
                 py=VAE_STRIDE,
                 px=VAE_STRIDE,
             )
-        out[0, :3, :, f] = rel[f, :3, 3][:, None, None]
-        out[0, 3:, :, f] = (rel[f, :3, :3] @ dirs).view(3, cell, lat_h * lat_w)
-    return out.view(1, CAMERA_CHANNELS, frames, lat_h, lat_w)
+        if origins:
+            out[0, :3, :, f] = rel[f, :3, 3][:, None, None]
+        out[0, first:, :, f] = (rel[f, :3, :3] @ dirs).view(3, cell, lat_h * lat_w)
+    return out.view(1, (first + 3) * cell, frames, lat_h, lat_w)
 
 
 # ---- top level -------------------------------------------------------------------------------------------
 
 
-def camera_condition(
+def camera_geometry(
     poses: ArrayLike,
     intrinsics: ArrayLike,
     height: int,
     width: int,
     frames: int,
     per_frame_intrinsics: bool = False,
-) -> CameraCondition:
-    """LingBot camera input for a `frames`-frame video of height x width pixels.
-
-    poses: [N, 4, 4] OpenCV camera-to-world; intrinsics: [N, 4] (fx, fy, cx, cy) at 480x832.
-    height, width: output size, multiples of 16 (see sizes.target_size). frames: requested 4n+1 count;
-    it is reduced to what the poses cover and `message` says so.
-    per_frame_intrinsics: False (spec §4.4, reference at 6ca87d4) uses the first frame's intrinsics for every
-    latent frame, so a zoom in the intrinsics is ignored; True interpolates them per latent frame like later
-    reference revisions (`resample_camera_intrinsics`).
-    Raises CameraInputError on bad input.
-    """
-    path = check_camera(poses, intrinsics)
+    *,
+    includes_end_pose: bool = False,
+    precision: str = DEFAULT_POSE_PRECISION,
+) -> CameraGeometry:
+    """Steps 1-5 of the conditioning: the poses and intrinsics of each latent frame (see `camera_condition`)."""
+    dtype = check_precision(precision)
+    path = check_camera(poses, intrinsics, pose_dtype=None)  # float64 key-built paths stay float64
     latent_size(height, width)  # validates the size
-    frames, note = usable_frames(path.poses.shape[0], frames)
+    n = path.poses.shape[0]
+    if includes_end_pose:
+        # A key-built path: pose i is the camera before frame i, the last one after the last frame.
+        if n < 2:
+            raise CameraInputError("a path with an end pose needs at least 2 poses (one frame)")
+        frames, note = usable_frames(n - 1, frames)
+        used = frames + 1
+    else:
+        frames, note = usable_frames(n, frames)
+        used = frames
     notes = [note] if note else []
 
-    used_poses = torch.from_numpy(path.poses[:frames].copy())
-    used_k = torch.from_numpy(path.intrinsics[:frames].copy())
-    targets = latent_targets(frames)
+    used_poses = torch.from_numpy(path.poses[:used].copy())
+    used_k = torch.from_numpy(path.intrinsics[:used].copy())
+    targets = latent_targets(frames, includes_end_pose)
     focal = used_k[:, :2].double()
     if not per_frame_intrinsics and ((focal - focal[0]).abs() / focal[0]).max() > ZOOM_NOTE_TOL:
         notes.append(
@@ -479,17 +463,48 @@ def camera_condition(
         k = scale_intrinsics(used_k[:1], height, width).expand(targets.shape[0], 4)
 
     latent = resample_poses(used_poses, targets)
-    rel = relative_poses(latent)
-    plucker = packed_plucker(rel, k, height, width)
-    return CameraCondition(
-        plucker=plucker,
+    # The reference casts the resampled poses to float32 (`torch.from_numpy(poses).float()`) before the products.
+    rel = relative_poses(latent.to(dtype), precision)
+    return CameraGeometry(
         frames=frames,
         message=" ".join(notes) if notes else None,
-        poses=used_poses,
+        poses=used_poses.to(torch.float32),
         intrinsics=used_k,
         latent_poses=latent.to(torch.float32),
         relative_poses=rel.to(torch.float32),
         scaled_intrinsics=k.to(torch.float32).contiguous(),
         height=height,
         width=width,
+        precision=precision,
     )
+
+
+def camera_condition(
+    poses: ArrayLike,
+    intrinsics: ArrayLike,
+    height: int,
+    width: int,
+    frames: int,
+    per_frame_intrinsics: bool = False,
+    *,
+    includes_end_pose: bool = False,
+    precision: str = DEFAULT_POSE_PRECISION,
+) -> CameraCondition:
+    """LingBot camera input for a `frames`-frame video of height x width pixels.
+
+    poses: [N, 4, 4] OpenCV camera-to-world; intrinsics: [N, 4] (fx, fy, cx, cy) at 480x832.
+    height, width: output size, multiples of 16 (see sizes.target_size). frames: requested 4n+1 count;
+    it is reduced to what the poses cover and `message` says so.
+    per_frame_intrinsics: False (spec §4.4, reference at 6ca87d4) uses the first frame's intrinsics for every
+    latent frame, so a zoom in the intrinsics is ignored; True interpolates them per latent frame like later
+    reference revisions (`resample_camera_intrinsics`).
+    includes_end_pose: the poses are a path built from keys (`act_to_camera`): frames + 1 of them, the last one
+    after the last frame, resampled over all of them at non-integer positions (fast-act spec §7).
+    precision: "float32" (default, the reference's arithmetic) or "float64" for the relative-pose step.
+    Raises CameraInputError on bad input.
+    """
+    geo = camera_geometry(poses, intrinsics, height, width, frames, per_frame_intrinsics,
+                          includes_end_pose=includes_end_pose, precision=precision)
+    # The rays come from the relative poses in `precision`; float32 covers the reference's values exactly.
+    plucker = packed_plucker(geo.relative_poses, geo.scaled_intrinsics, height, width)
+    return CameraCondition(**vars(geo), plucker=plucker)

@@ -6,6 +6,9 @@ reads the same whatever the world frame of poses.npy is:
 - side view: z (forward) horizontal, -y (up) pointing up the picture, i.e. seen from the camera's right.
 Both panels use equal scales on their two axes. The path is coloured from blue (start) to orange (end);
 the start is a green dot, the end a red square.
+
+For a path built from keys (`keys=`), a key timeline sits under the views: one row per key (W A S D move,
+I K look up/down, J L turn), a filled cell for every frame the key is held, in the same time colours as the path.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from .actions import KEYS, KeyTimeline
 from .camera import INTRINSICS_HEIGHT, INTRINSICS_WIDTH, invert_rigid
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -29,6 +33,10 @@ END = (210, 40, 40)
 PATH_FROM = (40, 90, 200)
 PATH_TO = (240, 140, 20)
 DEFAULT_INTRINSICS = (502.9116, 503.10812, 415.77786, 239.77779)  # examples' calibration at 480x832
+KEY_LABELS = {"w": "W: forward", "a": "A: left", "s": "S: back", "d": "D: right",
+              "i": "I: look up", "k": "K: look down", "j": "J: turn left", "l": "L: turn right"}
+TIMELINE_ORDER = "wsadikjl"  # opposite keys next to each other
+TIMELINE_ROW = 15
 
 # (title, horizontal axis, vertical axis): axis = (index into x,y,z, sign, label)
 VIEWS = (
@@ -79,18 +87,60 @@ def _key_frames(n: int, count: int) -> list[int]:
     return sorted({int(round(i * (n - 1) / (count - 1))) for i in range(count)})
 
 
+def plot_key_timeline(keys: KeyTimeline, width: int = 960) -> Image.Image:
+    """The key timeline strip: one row per key, a cell per frame the key is held (colour = time, as the path)."""
+    n = keys.frames
+    label_w, right, top = 96, 16, 24
+    bottom = 26
+    height = top + TIMELINE_ROW * len(TIMELINE_ORDER) + bottom
+    img = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(img)
+    font, small = _font(13), _font(11)
+    draw.text((12, 4), f"keys per frame ({n} frames)", fill=TEXT, font=font)
+    x0, x1 = label_w, width - right
+    scale = (x1 - x0) / max(n, 1)
+    step = _nice_step(max(n, 1), 8)
+    step = max(1, int(round(step)))
+    y_end = top + TIMELINE_ROW * len(TIMELINE_ORDER)
+    for t in range(0, n + 1, step):
+        x = x0 + t * scale
+        draw.line([(x, top), (x, y_end)], fill=GRID)
+        draw.text((x, y_end + 4), str(t), fill=AXIS, font=small, anchor="ma")
+    for r, key in enumerate(TIMELINE_ORDER):
+        y = top + r * TIMELINE_ROW
+        draw.text((8, y + TIMELINE_ROW / 2), KEY_LABELS[key], fill=TEXT, font=small, anchor="lm")
+        held = keys.pressed[:, KEYS.index(key)]
+        for f in np.flatnonzero(held):
+            colour = _lerp_colour(PATH_FROM, PATH_TO, f / max(n - 1, 1))
+            draw.rectangle([x0 + f * scale, y + 2, max(x0 + (f + 1) * scale - 1, x0 + f * scale), y + TIMELINE_ROW - 2],
+                           fill=colour)
+        draw.line([(x0, y + TIMELINE_ROW), (x1, y + TIMELINE_ROW)], fill=GRID)
+    draw.rectangle([x0, top, x1, y_end], outline=AXIS)
+    draw.text((x1, y_end + 4), "frame", fill=AXIS, font=small, anchor="ra")
+    return img
+
+
 def plot_trajectory(
     poses: ArrayLike,
     intrinsics: Optional[ArrayLike] = None,
     title: Optional[str] = None,
     size: tuple[int, int] = (960, 480),
     key_frames: int = 7,
+    keys: Optional[KeyTimeline] = None,
 ) -> Image.Image:
     """Top and side views of a camera path [N, 4, 4] (camera-to-world, OpenCV) as an RGB PIL image.
 
     intrinsics: [4] or [N, 4] at 480x832 (first row shapes the frustums; default: the examples').
     key_frames: how many evenly spaced poses get a frustum (first and last included).
+    keys: the keys the path was built from; adds the key timeline under the views (the image grows taller).
     """
+    if keys is not None:
+        views = plot_trajectory(poses, intrinsics, title, size, key_frames)
+        timeline = plot_key_timeline(keys, size[0])
+        out = Image.new("RGB", (size[0], views.height + timeline.height), BACKGROUND)
+        out.paste(views, (0, 0))
+        out.paste(timeline, (0, views.height))
+        return out
     c2w = torch.as_tensor(np.asarray(poses), dtype=torch.float64)
     if c2w.ndim != 3 or c2w.shape[1:] != (4, 4) or c2w.shape[0] < 1:
         raise ValueError(f"poses must be [N, 4, 4], got {tuple(c2w.shape)}")

@@ -19,7 +19,12 @@ from .blocks import Head, WanBlock, as_compute, linear_fp32
 from .rope import RopeCache
 
 CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)
-_INT_FIELDS = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "text_len", "text_dim")
+PIXELS_PER_CELL = 64  # the control tensors fold the 8 x 8 pixels of a VAE cell into channels
+# Per-pixel control channels the released models take: Base (Cam) and Fast 6 (Plücker origin + direction),
+# Base (Act) 7 (ray direction + WASD), i.e. patch_embedding_wancamctrl input widths 1536 and 1792.
+CONTROL_KINDS = {6: "camera", 7: "act"}
+_INT_FIELDS = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "text_len", "text_dim",
+               "control_in")
 _FIXED_OPTIONS = {"qk_norm": True, "cross_attn_norm": True, "window_size": (-1, -1)}
 
 
@@ -40,6 +45,9 @@ class DiTConfig:
     text_dim: int = 4096
     patch_size: tuple = (1, 2, 2)
     eps: float = 1e-6
+    # Input width of patch_embedding_wancamctrl: 1536 (6-channel Plücker camera) or 1792 (Act: 7 channels).
+    # The release's config.json does not carry it; loaders/expert_format.py reads it from the weights.
+    control_in: int = 6 * PIXELS_PER_CELL * 4
 
     @property
     def head_dim(self) -> int:
@@ -47,7 +55,22 @@ class DiTConfig:
 
     @property
     def camera_in(self) -> int:
-        return CAMERA_CHANNELS * math.prod(self.patch_size)
+        return self.control_in
+
+    @property
+    def control_channels(self) -> int:
+        """Control channels per pixel: 6 (Plücker camera: Cam, Fast) or 7 (ray directions + WASD: Act)."""
+        return self.control_in // (PIXELS_PER_CELL * math.prod(self.patch_size))
+
+    @property
+    def control_kind(self) -> str:
+        """'camera' (Base Cam, Fast) or 'act' (Base Act), from the control width."""
+        return CONTROL_KINDS[self.control_channels]
+
+    @property
+    def control_tensor_channels(self) -> int:
+        """Channels of the packed control tensor the forward takes: 384 (camera) or 448 (act)."""
+        return self.control_channels * PIXELS_PER_CELL
 
     @classmethod
     def from_json(cls, cfg: Mapping) -> "DiTConfig":
@@ -91,6 +114,10 @@ class DiTConfig:
             raise ValueError(f"head_dim {self.head_dim} must be even and >= 6 for the 3D RoPE split")
         if self.in_dim != self.out_dim + 20:
             raise ValueError(f"in_dim {self.in_dim} must be out_dim + 20 (noise | mask 4 | image latent 16)")
+        per_channel = PIXELS_PER_CELL * math.prod(self.patch_size)
+        if self.control_in % per_channel or self.control_in // per_channel not in CONTROL_KINDS:
+            widths = " or ".join(f"{c * per_channel} ({k}, {c} channels)" for c, k in CONTROL_KINDS.items())
+            raise ValueError(f"control_in {self.control_in} (patch_embedding_wancamctrl input width) must be {widths}")
 
     @classmethod
     def tiny(cls, **over) -> "DiTConfig":
@@ -168,10 +195,14 @@ class WanDiT(nn.Module):
         return e, e0
 
     def camera_tokens(self, camera: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Plücker tensor [B, 384, F, H, W] -> camera tokens [B, L, dim] (spec §2.4 step 5)."""
+        """Control tensor [B, 384 (Plücker) or 448 (Act), F, H, W] -> control tokens [B, L, dim] (spec §2.4 step 5)."""
         _, p, q = self.cfg.patch_size
-        if camera.shape[1] != CAMERA_CHANNELS:
-            raise ValueError(f"camera tensor has {camera.shape[1]} channels; expected {CAMERA_CHANNELS}")
+        expected = self.cfg.control_tensor_channels
+        if camera.dim() != 5 or camera.shape[1] != expected:
+            raise ValueError(
+                f"control tensor {tuple(camera.shape)} has {camera.shape[1] if camera.dim() > 1 else '?'} channels; "
+                f"this model ({self.cfg.control_kind} control, {self.cfg.control_channels} per pixel) takes {expected}"
+            )
         tokens = rearrange(camera, "b c f (h q) (w r) -> b (f h w) (c q r)", q=p, r=q)
         pe = self.patch_embedding_wancamctrl(as_compute(tokens, dtype))
         return pe + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(pe)))
@@ -189,8 +220,9 @@ class WanDiT(nn.Module):
 
         x: noisy latent [B, 16, F, H, W]; t: integer timesteps [B] (or a scalar); context: text embeddings
         ([B, <=512, text_dim] or a list of [L_i, text_dim]); y: I2V conditioning [B or 1, 20, F, H, W];
-        camera: packed Plücker tensor [B or 1, 384, F, H, W] on the latent grid (the 8x8 pixels of each latent
-        cell live in the channels, spec §3) or None (camera layers skipped).
+        camera: the packed control tensor on the latent grid (the 8x8 pixels of each latent cell live in the
+        channels, spec §3): Plücker [B or 1, 384, F, H, W] for Cam/Fast, ray directions + WASD [B or 1, 448, F, H, W]
+        for Act (fast-act spec §6); or None (camera layers skipped).
         Returns float32 [B, 16, F, H, W].
         """
         dtype = self.dtype_for_compute()
