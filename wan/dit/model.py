@@ -16,9 +16,14 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .blocks import Head, WanBlock, as_compute, linear_fp32
+from .kv_cache import KVCache
 from .rope import RopeCache
 
 CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)
+# The Fast release's class: the same weights (names and shapes) as a base expert, run causally with a K/V cache.
+# Only its config.json tells them apart (diffusers writes the class name and the causal-only init arguments).
+CAUSAL_CLASS = "WanModelFast"
+CAUSAL_KEYS = ("local_attn_size", "sink_size")
 _INT_FIELDS = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "text_len", "text_dim")
 _FIXED_OPTIONS = {"qk_norm": True, "cross_attn_norm": True, "window_size": (-1, -1)}
 
@@ -40,6 +45,11 @@ class DiTConfig:
     text_dim: int = 4096
     patch_size: tuple = (1, 2, 2)
     eps: float = 1e-6
+    # Fast (causal) model: run chunk by chunk with a K/V cache. local_attn_size / sink_size are the release
+    # config's values (latent frames; -1 = no window), kept for round trips; the released pipeline never evicts.
+    causal: bool = False
+    local_attn_size: int = -1
+    sink_size: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -62,6 +72,7 @@ class DiTConfig:
                 raise ValueError(f"config.json has {key}={cfg[key]!r}; this DiT only supports {supported!r}")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in cfg.items() if k in known}
+        kwargs["causal"] = is_causal_config(cfg)
         if "patch_size" in kwargs:
             kwargs["patch_size"] = _as_tuple(kwargs["patch_size"])
         out = cls(**kwargs)
@@ -71,7 +82,10 @@ class DiTConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["patch_size"] = list(self.patch_size)
-        return {"_class_name": "WanModel", "model_type": "i2v", **d}
+        if not d.pop("causal"):
+            del d["local_attn_size"], d["sink_size"]
+            return {"_class_name": "WanModel", "model_type": "i2v", **d}
+        return {"_class_name": CAUSAL_CLASS, "model_type": "i2v", **d}
 
     def validate(self) -> None:
         for name in _INT_FIELDS:
@@ -91,6 +105,10 @@ class DiTConfig:
             raise ValueError(f"head_dim {self.head_dim} must be even and >= 6 for the 3D RoPE split")
         if self.in_dim != self.out_dim + 20:
             raise ValueError(f"in_dim {self.in_dim} must be out_dim + 20 (noise | mask 4 | image latent 16)")
+        for name, low in (("local_attn_size", -1), ("sink_size", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low or (name == "local_attn_size" and value == 0):
+                raise ValueError(f"DiT config {name}={value!r} must be an integer >= {low} (and not 0 for a window)")
 
     @classmethod
     def tiny(cls, **over) -> "DiTConfig":
@@ -98,6 +116,13 @@ class DiTConfig:
         base = dict(dim=64, ffn_dim=128, freq_dim=32, num_heads=4, num_layers=2, text_dim=32)
         base.update(over)
         return cls(**base)
+
+
+def is_causal_config(cfg: Mapping) -> bool:
+    """Does a config.json describe the Fast (causal) model? Its class name, or the init arguments only the causal
+    class has (diffusers writes every init argument into config.json)."""
+    name = str(cfg.get("_class_name", ""))
+    return name == CAUSAL_CLASS or bool(cfg.get("causal", False)) or any(k in cfg for k in CAUSAL_KEYS)
 
 
 def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
@@ -184,6 +209,10 @@ class WanDiT(nn.Module):
         context: Union[torch.Tensor, Sequence[torch.Tensor]],
         y: torch.Tensor,
         camera: Optional[torch.Tensor] = None,
+        *,
+        kv_cache: Optional[KVCache] = None,
+        start_frame: int = 0,
+        cache_final: bool = True,
     ) -> torch.Tensor:
         """Velocity prediction.
 
@@ -191,6 +220,10 @@ class WanDiT(nn.Module):
         ([B, <=512, text_dim] or a list of [L_i, text_dim]); y: I2V conditioning [B or 1, 20, F, H, W];
         camera: packed Plücker tensor [B or 1, 384, F, H, W] on the latent grid (the 8x8 pixels of each latent
         cell live in the channels, spec §3) or None (camera layers skipped).
+        Causal (Fast) use: kv_cache holds the K/V of earlier chunks; x is the chunk whose first latent frame is
+        `start_frame` of the video (RoPE and cache slots follow it); cache_final says whether the K/V written now
+        are the ones later chunks read (the context pass) or will be overwritten (denoising steps). Without a
+        cache the model attends over x alone (the base model).
         Returns float32 [B, 16, F, H, W].
         """
         dtype = self.dtype_for_compute()
@@ -218,13 +251,15 @@ class WanDiT(nn.Module):
         h = h.flatten(2).transpose(1, 2).to(dtype)  # [B, L, dim]
 
         e, e0 = self.time_modulation(t)
-        ctx = pad_context(context, self.cfg.text_len).to(x.device)
-        _check_batch("text context", ctx.shape[0], bsz)
-        if ctx.shape[-1] != self.cfg.text_dim:
-            raise ValueError(f"text embeddings are {ctx.shape[-1]} wide; the DiT takes {self.cfg.text_dim} (umT5-XXL)")
-        ctx = self.text_embedding(as_compute(ctx, dtype))
-        if ctx.shape[0] != bsz:
-            ctx = ctx.expand(bsz, -1, -1)
+        ctx = None
+        if kv_cache is None or not kv_cache.text_ready:  # a cache holding every layer's text K/V needs no context
+            ctx = pad_context(context, self.cfg.text_len).to(x.device)
+            _check_batch("text context", ctx.shape[0], bsz)
+            if ctx.shape[-1] != self.cfg.text_dim:
+                raise ValueError(f"text embeddings are {ctx.shape[-1]} wide; the DiT takes {self.cfg.text_dim} (umT5-XXL)")
+            ctx = self.text_embedding(as_compute(ctx, dtype))
+            if ctx.shape[0] != bsz:
+                ctx = ctx.expand(bsz, -1, -1)
 
         cam = None
         if camera is not None:
@@ -235,14 +270,31 @@ class WanDiT(nn.Module):
                     f"camera tensor {tuple(camera.shape)} gives {cam.shape[1]} tokens but the latent has "
                     f"{h.shape[1]}; build it for the same frames and size"
                 )
-        rope = self.rope.get(grid, x.device)
+        rope = self.rope.get(grid, x.device, frame_offset=start_frame)
+        if kv_cache is not None:
+            if start_frame < 0:
+                raise ValueError(f"start_frame={start_frame} must be >= 0")
+            if kv_cache.batch != bsz or kv_cache.num_layers != len(self.blocks):
+                raise ValueError(f"K/V cache for batch {kv_cache.batch} and {kv_cache.num_layers} layers cannot serve "
+                                 f"batch {bsz} on a model with {len(self.blocks)} blocks")
+            kv_cache.begin(start_frame * grid[1] * grid[2], h.shape[1], final=cache_final)
+        elif start_frame:
+            raise ValueError("start_frame needs a kv_cache (it places a chunk inside a longer video)")
 
-        for i, block in enumerate(self.blocks):
-            if self.before_block is not None:
-                self.before_block(i)
-            h = block(h, e0, ctx, cam, rope, dtype, inplace=True)
-            if self.after_block is not None:
-                self.after_block(i)
+        try:
+            for i, block in enumerate(self.blocks):
+                if self.before_block is not None:
+                    self.before_block(i)
+                h = block(h, e0, ctx, cam, rope, dtype, inplace=True,
+                          kv=None if kv_cache is None else kv_cache.layer(i))
+                if self.after_block is not None:
+                    self.after_block(i)
+        except BaseException:
+            if kv_cache is not None:
+                kv_cache.abort()
+            raise
+        if kv_cache is not None:
+            kv_cache.end()
 
         out = self.head(h, e, self.blocks[0].token_chunk if len(self.blocks) else None)  # [B, L, 64] fp32
         f, hh, ww = grid
