@@ -273,9 +273,16 @@ def slerp(q0: torch.Tensor, q1: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 # ---- pose resampling and relative poses ------------------------------------------------------------------
 
 
-def latent_targets(num_frames: int) -> torch.Tensor:
-    """Source-frame positions of the latent frames: linspace(0, L-1, (L-1)//4 + 1) (spec §4.2)."""
-    count = (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+def latent_targets(num_frames: int, count: Optional[int] = None) -> torch.Tensor:
+    """Source-frame positions of the latent frames: linspace(0, L-1, (L-1)//4 + 1) (spec §4.2).
+
+    count: resample at that many latent frames instead (the Fast model keeps a multiple of its chunk size, so the
+    targets are not integers and the path is slightly time-compressed, spec Fast §2).
+    """
+    if count is None:
+        count = (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+    if count < 1:
+        raise ValueError(f"need at least one latent frame, got {count}")
     return torch.linspace(0, num_frames - 1, count, dtype=torch.float64)
 
 
@@ -447,6 +454,7 @@ def camera_condition(
     width: int,
     frames: int,
     per_frame_intrinsics: bool = False,
+    latent_frames: Optional[int] = None,
 ) -> CameraCondition:
     """LingBot camera input for a `frames`-frame video of height x width pixels.
 
@@ -456,6 +464,8 @@ def camera_condition(
     per_frame_intrinsics: False (spec §4.4, reference at 6ca87d4) uses the first frame's intrinsics for every
     latent frame, so a zoom in the intrinsics is ignored; True interpolates them per latent frame like later
     reference revisions (`resample_camera_intrinsics`).
+    latent_frames: resample the `frames` poses at this many latent frames (default (frames-1)//4+1); the Fast
+    model passes its chunk-rounded count.
     Raises CameraInputError on bad input.
     """
     path = check_camera(poses, intrinsics)
@@ -465,7 +475,7 @@ def camera_condition(
 
     used_poses = torch.from_numpy(path.poses[:frames].copy())
     used_k = torch.from_numpy(path.intrinsics[:frames].copy())
-    targets = latent_targets(frames)
+    targets = latent_targets(frames, latent_frames)
     focal = used_k[:, :2].double()
     if not per_frame_intrinsics and ((focal - focal[0]).abs() / focal[0]).max() > ZOOM_NOTE_TOL:
         notes.append(
