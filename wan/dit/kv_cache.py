@@ -239,3 +239,69 @@ def shift_left(t: torch.Tensor, dst: int, by: int, count: int) -> None:
     for j in range(0, count, by):
         n = min(by, count - j)
         t[:, dst + j:dst + j + n] = t[:, dst + by + j:dst + by + j + n]
+
+
+# ---- how big a cache a video needs --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CacheLayout:
+    """Capacity and eviction rules of one video's cache, and whether the output is the released pipeline's."""
+
+    capacity: int  # tokens per layer
+    sink_tokens: int
+    evict: bool
+    max_attention: Optional[int]
+    reference_exact: bool  # same attention as the release (whole video cached, or its max_attention_size)
+    note: Optional[str] = None
+
+    def make(self, num_layers: int, heads: int, head_dim: int, *, batch: int = 1, dtype=torch.bfloat16,
+             device=None, cache_text: bool = True) -> KVCache:
+        """An all-on-one-device cache with this layout (placements build theirs in memory/kv_placement.py)."""
+        return KVCache.allocate(num_layers, self.capacity, heads, head_dim, batch=batch, dtype=dtype, device=device,
+                                sink_tokens=self.sink_tokens, evict=self.evict, max_attention=self.max_attention,
+                                cache_text=cache_text)
+
+    def layer_bytes(self, heads: int, head_dim: int, dtype_bytes: int = 2, batch: int = 1) -> int:
+        return 2 * batch * self.capacity * heads * head_dim * dtype_bytes
+
+
+def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *,
+                 window_frames: Optional[int] = None, sink_frames: int = 0,
+                 max_attention: Optional[int] = None) -> CacheLayout:
+    """The cache for a video of `latent_frames` (tokens per latent frame `frame_tokens`).
+
+    Default: the released pipeline's, the whole video (nothing is ever evicted).
+    max_attention (tokens; the reference's `--max_attention_size`): each chunk attends to the latest tokens only.
+    Then only those need to be kept, so the cache holds max(max_attention, one chunk) tokens and evicts the oldest:
+    the attended keys are the same as the release's with that flag (reference-exact), in bounded memory.
+    window_frames / sink_frames (latent frames; the reference model's `local_attn_size` / `sink_size`): keep the
+    latest `window_frames` frames, of which the first `sink_frames` of the video are never evicted. Not what the
+    released pipeline does (it caches the whole video); for videos longer than the cache can hold.
+    """
+    chunk = chunk_frames * frame_tokens
+    whole = latent_frames * frame_tokens
+    if latent_frames < chunk_frames or latent_frames % chunk_frames:
+        raise ValueError(f"{latent_frames} latent frames are not a whole number of {chunk_frames}-frame chunks")
+    if max_attention is not None and (isinstance(max_attention, bool) or not isinstance(max_attention, int)
+                                      or max_attention < 1):
+        raise ValueError(f"max attention {max_attention!r} must be a positive number of tokens")
+    if sink_frames and window_frames is None:
+        raise ValueError(f"a sink of {sink_frames} frames only matters with a window: give the window size too")
+    if window_frames is None:
+        if max_attention is None or max_attention >= whole:
+            return CacheLayout(whole, 0, False, None, True)
+        return CacheLayout(max(max_attention, chunk), 0, True, max_attention, True,
+                           f"each chunk attends to the latest {max_attention} tokens "
+                           f"({max_attention / frame_tokens:.1f} latent frames); the cache keeps only those")
+    for name, value, low in (("window", window_frames, chunk_frames), ("sink", sink_frames, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} of {value!r} latent frames must be an integer >= {low}")
+    if window_frames < sink_frames + chunk_frames:
+        raise ValueError(f"a window of {window_frames} latent frames cannot hold the {sink_frames}-frame sink plus "
+                         f"one {chunk_frames}-frame chunk; use a window of at least {sink_frames + chunk_frames}")
+    if window_frames >= latent_frames:
+        return CacheLayout(whole, 0, False, max_attention, True,
+                           f"the window of {window_frames} latent frames covers the whole video "
+                           f"({latent_frames}); nothing is evicted")
+    return CacheLayout(window_frames * frame_tokens, sink_frames * frame_tokens, True, max_attention, False,
+                       f"window of {window_frames} latent frames with a {sink_frames}-frame sink: the oldest frames "
+                       "after the sink are dropped (not the released pipeline's output, which caches the whole video)")
