@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from . import fast_run
 from .progress import ProgressLine, RunStats
 from .video_out import write_video
 
@@ -77,6 +78,7 @@ def add_parser(sub) -> None:
     out.add_argument("--out", type=Path, default=None, help="output .mp4 (or a folder for PNG frames)")
     out.add_argument("--fps", type=int, default=16)
     out.add_argument("--quiet", action="store_true")
+    fast_run.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -150,6 +152,8 @@ def _camera(spec: Optional[str], speed: float, frames: int):
 
 
 def run(args) -> int:
+    if args.model == "fast":
+        return fast_run.run(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     from ..text_encoder.encode import encode_prompts
     from ..loaders.vae_files import load_vae
@@ -169,6 +173,7 @@ def run(args) -> int:
     device = _resolve_device(args.device)
     set_backend(args.attention)
     files = _files(args)
+    fast_run.check_base_experts(files)
     stats.mark("setup")
 
     # Sizes: max area from --size, aspect ratio from the image (spec §5.2).

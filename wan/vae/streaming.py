@@ -7,12 +7,13 @@ one after another runs exactly the operations of one whole-video decode: the fra
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from .blocks import FeatureCache
-from .model import DEFAULT_OVERLAP, DEFAULT_TILE, TileArg, WanVAE, _pair, tile_spans
+from .model import DEFAULT_OVERLAP, DEFAULT_TILE, TileArg, VAEConfig, WanVAE, _pair, tile_spans
 
 
 class StreamingDecoder:
@@ -73,3 +74,29 @@ class StreamingDecoder:
     def close(self) -> None:
         """Drop the feature caches (they hold two frames per causal conv at every resolution)."""
         self.caches.clear()
+
+
+@functools.lru_cache(maxsize=8)
+def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float]:
+    """(parameter count, feature-cache bytes per latent cell) of a streaming decode, from a dry run on `meta`."""
+    with torch.device("meta"):
+        vae = WanVAE(cfg)
+    cache: FeatureCache = {}
+    side = 2
+    mu = torch.empty(1, cfg.z_dim, 2, side, side, device="meta")
+    out = torch.empty(1, 3, 1 + cfg.temporal_factor, side * cfg.spatial_factor, side * cfg.spatial_factor,
+                      device="meta")
+    vae._decode_into(out, mu, cache)
+    held = sum(v.numel() * v.element_size() for v in cache.values() if isinstance(v, torch.Tensor))
+    return sum(p.numel() for p in vae.parameters()), held / (side * side)
+
+
+def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool = False) -> int:
+    """Device bytes a StreamingDecoder needs while it lives: weights, the causal feature caches (kept between
+    chunks: about 3.7 GB at 464x832) and one frame's full-resolution activations. Tiling does not shrink the
+    caches here (every tile keeps its own until the video ends)."""
+    s = cfg.spatial_factor
+    cells = (height // s) * (width // s)
+    params, per_cell = _decoder_footprint(cfg)
+    activations = 8 * cfg.dim * height * width * 4  # a few full-resolution tensors of the last stage
+    return int(4 * params + per_cell * cells + activations)
