@@ -6,6 +6,7 @@ model folder `lingbot_world` is registered only when ComfyUI's folder_paths is t
 import logging
 
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
 from .sampler_node import LingBotSampler
@@ -21,6 +22,8 @@ NODE_CLASS_MAPPINGS = {
     "LingBotImageToVideo": LingBotImageToVideo,
     "LingBotSampler": LingBotSampler,
     "LingBotVAEDecode": LingBotVAEDecode,
+    "LingBotFastLoader": LingBotFastLoader,
+    "LingBotFastSampler": LingBotFastSampler,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -33,6 +36,8 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotImageToVideo": "LingBot Image To Video",
     "LingBotSampler": "LingBot Sampler",
     "LingBotVAEDecode": "LingBot VAE Decode",
+    "LingBotFastLoader": "LingBot Fast Model Loader",
+    "LingBotFastSampler": "LingBot Fast Sampler",
 }
 
 
