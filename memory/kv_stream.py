@@ -10,7 +10,10 @@ pass), the chunk's slots are copied back to host memory. Within a chunk the four
 pass attend to the same past, and the chunk's own K/V never come from the host.
 
 Per forward the copies are the past of every streamed layer in (host -> device) and, on the context pass, one
-chunk per streamed layer out. Nothing else: no second host copy of the cache exists. On a CPU "device" the same
+chunk per streamed layer out. Nothing else: no second host copy of the cache exists. With a window the host layers
+are a ring after the sink: an eviction only advances the ring's offset (no bytes move in host memory), and the
+copies map cache slots to ring positions (at most three pieces per copy), so the device buffer holds the slots in
+the cache's order and attention sees exactly the keys of an all-resident cache. On a CPU "device" the same
 schedule runs with synchronous copies (the CI tests use that to check the bookkeeping and the outputs).
 """
 from __future__ import annotations
@@ -29,11 +32,37 @@ from .pinned import HostBuffer
 log = logging.getLogger(__name__)
 
 
+class _SlotMap:
+    """Cache slot -> host position: slots below the sink stay put, the rest rotate by `offset` (evictions)."""
+
+    def __init__(self, capacity: int, sink: int):
+        self.capacity, self.sink, self.offset = capacity, sink, 0
+
+    def advance(self, evicted: int) -> None:
+        self.offset = (self.offset + evicted) % (self.capacity - self.sink)
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """[a, b) as (slot, host position, count) runs."""
+        out = []
+        if a < self.sink:
+            n = min(b, self.sink) - a
+            out.append((a, a, n))
+            a += n
+        ring = self.capacity - self.sink
+        while a < b:
+            pos = self.sink + (a - self.sink + self.offset) % ring
+            n = min(b - a, self.capacity - pos)
+            out.append((a, pos, n))
+            a += n
+        return out
+
+
 class _HostLayer:
     """One streamed layer: K and V in one (pinned) host buffer, and the `part` protocol of the ring."""
 
     def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
         self.cache: Optional[KVCache] = None  # set once the cache exists
+        self.slots: Optional[_SlotMap] = None  # shared by every host layer of the cache
         self.half = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
         self.capacity = shape[1]
         self.buffer = HostBuffer(2 * self.half, pin)
@@ -56,8 +85,15 @@ class _HostLayer:
         k, v = _kv_views(flat, tuple(self.k.shape), self.k.dtype)
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
-            k[:, a:b].copy_(self.k[:, a:b], non_blocking=self.buffer.pinned)
-            v[:, a:b].copy_(self.v[:, a:b], non_blocking=self.buffer.pinned)
+            for slot, pos, n in self.slots.pieces(a, b):
+                k[:, slot:slot + n].copy_(self.k[:, pos:pos + n], non_blocking=self.buffer.pinned)
+                v[:, slot:slot + n].copy_(self.v[:, pos:pos + n], non_blocking=self.buffer.pinned)
+
+    def write_back(self, k: torch.Tensor, v: torch.Tensor, a: int, b: int) -> None:
+        """Device slots [a, b) of this layer -> their host positions (on the current stream)."""
+        for slot, pos, n in self.slots.pieces(a, b):
+            self.k[:, pos:pos + n].copy_(k[:, slot:slot + n], non_blocking=self.buffer.pinned)
+            self.v[:, pos:pos + n].copy_(v[:, slot:slot + n], non_blocking=self.buffer.pinned)
 
     def close(self) -> None:
         self.k = self.v = None
@@ -91,8 +127,10 @@ class KVStreamer:
         self.device = torch.device(device)
         self.host: dict[int, _HostLayer] = host
         self.resident = min(host) if host else cache.num_layers
+        self.slots = _SlotMap(cache.capacity, cache.sink_tokens)
         for layer in host.values():
-            layer.cache = cache
+            layer.cache, layer.slots = cache, self.slots
+        cache.self_evicting = set(host)
         self.ring: Optional[_Ring] = None
         self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
         if host:
@@ -197,21 +235,19 @@ class KVStreamer:
         """The chunk's final K/V of layer i: device buffer s -> host, after block i's kernels."""
         k, v = self._views[s]
         host = self.host[i]
-        sl = slice(plan.write_start, plan.write_end)
         if self.ring.cuda:
             stream = self.ring.stream
             stream.wait_event(self.ring.free[s])  # recorded by done(s) after the block's kernels
             with torch.cuda.stream(stream):
-                host.k[:, sl].copy_(k[:, sl], non_blocking=host.buffer.pinned)
-                host.v[:, sl].copy_(v[:, sl], non_blocking=host.buffer.pinned)
+                host.write_back(k, v, plan.write_start, plan.write_end)
         else:
-            host.k[:, sl].copy_(k[:, sl])
-            host.v[:, sl].copy_(v[:, sl])
+            host.write_back(k, v, plan.write_start, plan.write_end)
         self.written_back_bytes += host.slot_bytes(plan.write_start, plan.write_end)
 
     def _before_evict(self, plan: ForwardPlan) -> None:
-        # The shift rewrites host memory on the CPU: every copy that reads or writes it must be done.
-        self.synchronize()
+        # Host layers are a ring: the eviction is a new offset, no bytes move (the device layers are shifted by
+        # the cache). Copies in flight use positions they computed already, and later ones queue behind them.
+        self.slots.advance(plan.evicted)
         if self._prev_evict is not None:
             self._prev_evict(plan)
 
@@ -222,22 +258,23 @@ class KVStreamer:
     def stats(self) -> dict:
         return {"layers_on_device": self.resident, "streamed_layers": len(self.streamed),
                 "host_bytes": self.host_bytes, "uploaded_bytes": self.uploaded_bytes,
-                "written_back_bytes": self.written_back_bytes}
+                "written_back_bytes": self.written_back_bytes, "ring_offset": self.slots.offset}
 
     # ---- teardown -------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Unhook, finish the copies and free the host buffers and the ring (the cache must not be used again)."""
+        """Unhook, finish the copies and free the host buffers, the ring and the cache's tensors (the cache must not
+        be used again)."""
         if self._model is not None and self._prev is not None:
             self._model.before_block, self._model.after_block = self._prev
         self._model, self._prev = None, None
         if self.cache.on_evict == self._before_evict:
             self.cache.on_evict = self._prev_evict
+        self.cache.self_evicting = set()
         if self.ring is not None:
             self.ring.close()
             self.ring = None
         self._views = []
-        for i, h in self.host.items():
-            if i < len(self.cache.k):
-                self.cache.k[i] = self.cache.v[i] = torch.empty(0)
+        self.cache.release()  # the device layers and the text K/V too
+        for h in self.host.values():
             h.close()
         self.host.clear()

@@ -12,6 +12,7 @@ import torch
 from lingbot_world.memory.kv_placement import (
     CACHE_VRAM_SPARE, FastMemoryError, FastPlacement, place_kv_cache, plan_fast_memory)
 from lingbot_world.memory.kv_stream import KVStreamer
+from lingbot_world.memory.pinned import clear_device_caches
 from lingbot_world.wan.dit.kv_cache import KVCache, cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
@@ -120,10 +121,13 @@ def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32)
     return s.install(model)
 
 
-@pytest.mark.parametrize("layout_kw", [{}, {"max_attention": 2 * FSL + 1}, {"window_frames": 6, "sink_frames": 3}])
-def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw):
-    layout = cache_layout(9 if not layout_kw.get("window_frames") else 12, FSL, **layout_kw)
-    frames = 12 if layout_kw.get("window_frames") else 9  # the window case evicts (12 frames > 6-frame window)
+@pytest.mark.parametrize("layout_kw,frames", [
+    ({}, 9), ({"max_attention": 2 * FSL + 1}, 9),
+    ({"window_frames": 6, "sink_frames": 3}, 12),  # evicts one chunk per chunk: the host ring turns by its length
+    ({"window_frames": 7, "sink_frames": 2}, 15),  # ring of 5 frames turned by 3: copies wrap around its end
+])
+def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw, frames):
+    layout = cache_layout(frames, FSL, **layout_kw)
     resident = fast_latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.float32), frames)
     for on_device in (0, 1):
         s = streamed(model, layout, on_device)
@@ -135,6 +139,21 @@ def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw):
         torch.testing.assert_close(got, resident, rtol=0, atol=0)
         assert stats["streamed_layers"] == 3 - on_device and stats["written_back_bytes"] > 0
         assert model.before_block is None and model.after_block is None  # unhooked
+
+
+def test_host_ring_maps_slots_like_the_shifted_cache():
+    from lingbot_world.memory.kv_stream import _SlotMap
+
+    cap, sink = 10, 3
+    m = _SlotMap(cap, sink)
+    shifted = list(range(cap))  # what each slot of a shifted cache holds, as host positions written once
+    for evicted in (4, 2, 5, 7):
+        m.advance(evicted)
+        kept = shifted[sink + evicted:] + shifted[sink:sink + evicted]  # the reference shift (tail reused)
+        shifted = shifted[:sink] + kept
+        got = [pos + i for a, pos, n in m.pieces(0, cap) for i in range(n)]
+        assert got == shifted
+        assert all(n > 0 for _, _, n in m.pieces(2, 9)) and len(m.pieces(2, 9)) <= 3
 
 
 def test_only_the_context_pass_is_written_back(model):
@@ -197,17 +216,17 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 @cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize("layout_kw", [{}, {"window_frames": 6, "sink_frames": 3}])
-def test_cuda_host_streamed_cache_matches_the_resident_cache(model, layout_kw):
+@pytest.mark.parametrize("layout_kw,frames", [({}, 9), ({"window_frames": 7, "sink_frames": 2}, 15)])
+def test_cuda_host_streamed_cache_matches_the_resident_cache(model, layout_kw, frames):
     dev = torch.device("cuda")
     m = WanDiT(TINY, device=dev, dtype=torch.bfloat16).eval()
     m.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
-    frames = 12 if layout_kw else 9
     layout = cache_layout(frames, FSL, **layout_kw)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
     resident = fast_latents(m, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16, device=dev),
                             frames, device=dev)
+    clear_device_caches(m)  # the RoPE tables
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
     for on_device in (0, 2):
         s = KVStreamer.build(layout, 3, TINY.num_heads, TINY.head_dim, device=dev, layers_on_device=on_device,
                              dtype=torch.bfloat16, pin=True).install(m)
@@ -217,6 +236,7 @@ def test_cuda_host_streamed_cache_matches_the_resident_cache(model, layout_kw):
         finally:
             s.close()
         torch.testing.assert_close(got, resident, rtol=0, atol=0)
-    del resident, got
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == base  # ring buffers and resident layers freed
+        del got
+        clear_device_caches(m)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == base  # ring buffers, device layers and text K/V freed

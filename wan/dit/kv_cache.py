@@ -102,6 +102,9 @@ class KVCache:
         self.plan: Optional[ForwardPlan] = None
         # Called as on_evict(plan) before the tensors are shifted (a placement may have copies in flight).
         self.on_evict: Optional[Callable[[ForwardPlan], None]] = None
+        # Layers whose storage applies evictions itself (memory/kv_stream.py keeps host layers as a ring, so an
+        # eviction moves no bytes there); their tensors are not shifted here.
+        self.self_evicting: set[int] = set()
 
     @classmethod
     def allocate(cls, num_layers: int, capacity: int, heads: int, head_dim: int, *, batch: int = 1,
@@ -156,8 +159,10 @@ class KVCache:
             if self.on_evict is not None:
                 self.on_evict(plan)
             rolled = self.local_end - plan.evicted - self.sink_tokens
-            for t in (*self.k, *self.v):
-                shift_left(t, self.sink_tokens, plan.evicted, rolled)
+            for i in range(self.num_layers):
+                if i not in self.self_evicting:
+                    shift_left(self.k[i], self.sink_tokens, plan.evicted, rolled)
+                    shift_left(self.v[i], self.sink_tokens, plan.evicted, rolled)
         self.plan = plan
         return plan
 
