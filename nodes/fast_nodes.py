@@ -22,7 +22,7 @@ from ..memory.placement import available_ram_bytes
 from ..wan.control.camera import camera_condition
 from ..wan.dit.kv_cache import cache_layout
 from ..wan.dit.model import pad_context
-from ..wan.sampling.fast_sampler import CHUNK_FRAMES, FastRun, draw, fast_frames, make_generator
+from ..wan.sampling.fast_sampler import CHUNK_FRAMES, STEP_INDICES, FastRun, draw, fast_frames, make_generator
 from ..wan.sampling.sampler import Cancelled
 from . import comfy_paths
 from .expert_weights import ExpertWeights, compute_bytes_for
@@ -227,7 +227,7 @@ class LingBotFastSampler:
         generator = make_generator(int(seed), noise_source)
         noise = draw(generator, (1, cfg.out_dim, lat, lat_h, lat_w), device)
         ctx = pad_context([text.positive], cfg.text_len).to(device)
-        progress = FastProgress(plan_frames.chunks * 4, device, preview_vae)
+        progress = FastProgress(plan_frames.chunks * len(STEP_INDICES), device, preview_vae)
         placement = place_kv_cache(plan, model, device, model.dtype_for_compute())
         log.info("LingBot-World Fast: %dx%d, %d frames (%d chunks), camera=%s", i2v.width, i2v.height,
                  plan_frames.frames, plan_frames.chunks, camera.label if camera is not None else "none")
