@@ -3,7 +3,7 @@
     # one H100, two commands of < 9 minutes; the second reuses the experts written by the first (--workdir, --keep)
     python -m lingbot_world.bench.bench_fast --cases fast480_gpu,fast480_24,fast480_16,base480 \\
         --workdir /tmp/lwf --keep --fresh --budget-s 500 --t5-seconds 12.9 --out bench/results/fast_h100.json
-    python -m lingbot_world.bench.bench_fast --cases fast720_24,fast961_window_24,fast480_12 \\
+    python -m lingbot_world.bench.bench_fast --cases fast961_window_24,fast720_24,fast480_12 \\
         --workdir /tmp/lwf --budget-s 500 --t5-seconds 12.9 --out bench/results/fast_h100.json
     python -m lingbot_world.bench.bench_fast --tiny --out /tmp/fast_tiny.json          # CPU smoke run
 
@@ -94,7 +94,7 @@ def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frame
     cam = camera_condition(path.poses, path.intrinsics, h, w, ((frames - 1) // 4) * 4 + 1,
                            latent_frames=latent_frames).plucker
     ctx = (0.2 * torch.randn(1, cfg.text_len, cfg.text_dim, generator=g)).to(torch.bfloat16)
-    out.update(y=y.to(device), camera=cam.to(device), ctx=ctx.to(device))
+    out.update(y=y.cpu(), camera=cam, ctx=ctx.to(device))  # y and camera sliced per chunk by FastRun, as the CLI
     return out
 
 

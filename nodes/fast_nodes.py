@@ -232,9 +232,9 @@ class LingBotFastSampler:
         log.info("LingBot-World Fast: %dx%d, %d frames (%d chunks), camera=%s", i2v.width, i2v.height,
                  plan_frames.frames, plan_frames.chunks, camera.label if camera is not None else "none")
         try:
-            run = FastRun(model, noise, ctx, y.to(device), None if plucker is None else plucker.to(device),
-                          placement.cache, generator, device=device, callback=progress.step,
-                          on_chunk=progress.chunk_done, cancel_check=mm.processing_interrupted)
+            # y and the camera stay in host memory; each chunk's slice moves to the device when it runs
+            run = FastRun(model, noise, ctx, y, plucker, placement.cache, generator, device=device,
+                          callback=progress.step, on_chunk=progress.chunk_done, cancel_check=mm.processing_interrupted)
             with torch.inference_mode():
                 x = run.run()
         except Cancelled:

@@ -166,7 +166,8 @@ class FastRun:
     model: the causal DiT (a WanDiT built from a Fast config); it is only called, never moved.
     noise: the whole video's initial noise [1, 16, F_lat, h, w] (F_lat a multiple of 3), from `generator`.
     context: text embeddings [1, text_len, text_dim] (zero-padded). y: I2V conditioning [1, 20, F_lat, h, w].
-    camera: Plücker tensor [1, 384, F_lat, h, w] or None (camera layers skipped).
+    camera: Plücker tensor [1, 384, F_lat, h, w] or None (camera layers skipped). noise, y and camera may stay in
+    host memory: each chunk's slice is moved to `device` when the chunk runs.
     cache: an empty KVCache for this video (placed by the memory planner).
     generator: the generator that drew `noise`; the re-noise draws continue from it.
     callback(FastStepInfo) after every denoising call; on_chunk(index, x0 [1,16,3,h,w]) after every chunk.
