@@ -240,3 +240,23 @@ def test_cuda_host_streamed_cache_matches_the_resident_cache(model, layout_kw, f
         clear_device_caches(m)
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == base  # ring buffers, device layers and text K/V freed
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_cancel_returns_every_byte(model):
+    dev = torch.device("cuda")
+    m = WanDiT(TINY, device=dev, dtype=torch.bfloat16).eval()
+    m.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    plan = plan_fast_memory(32, 48, TINY, cache_layout(9, FSL), 1 << 40, 1 << 40, cache="host",
+                            cache_layers_on_gpu=1)
+    placement = place_kv_cache(plan, m, dev, torch.bfloat16)
+    calls = []
+    with pytest.raises(Cancelled):
+        fast_latents(m, placement.cache, device=dev, cancel_check=lambda: calls.append(1) or len(calls) > 7)
+    placement.close()
+    clear_device_caches(m)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base and m.before_block is None
