@@ -65,7 +65,6 @@ def run(args) -> int:
     from ..wan.control.camera import camera_condition
     from ..wan.dit.attention import set_backend
     from ..wan.dit.kv_cache import cache_layout
-    from ..wan.dit.model import pad_context
     from ..wan.sampling.fast_sampler import CHUNK_FRAMES, fast_frames
     from ..wan.sizes import latent_size, max_area_for, target_size
     from .generate import _camera, _demo_defaults, _empty_cache, _resolve_device, load_image
