@@ -459,10 +459,11 @@ def child_vae(spec: dict) -> dict:
 CHILDREN = {"sample": child_sample, "switch": child_switch, "cfg": child_cfg, "bf16": child_bf16, "vae": child_vae}
 
 
-def child_main(spec_path: str) -> int:
+def child_main(spec_path: str, children: Optional[dict] = None) -> int:
+    """Run one case (`children[spec["kind"]]`, this file's CHILDREN by default) and print its result as JSON."""
     spec = json.loads(Path(spec_path).read_text())
     try:
-        out = CHILDREN[spec["kind"]](spec)
+        out = (children or CHILDREN)[spec["kind"]](spec)
     except torch.OutOfMemoryError as e:
         out = {"error": f"OOM: {str(e).splitlines()[0][:300]}"}
     except Exception as e:  # recorded by the parent; the next case still runs
@@ -512,13 +513,14 @@ class SmiPoller:
             self._thread.join(timeout=10)
 
 
-def run_child(spec: dict, workdir: Path, timeout: float) -> dict:
+def run_child(spec: dict, workdir: Path, timeout: float, module: str = MODULE) -> dict:
+    """Run one case in a fresh `python -m <module> --child spec.json` while polling nvidia-smi; its JSON result."""
     path = workdir / f"spec_{spec['case']}.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ)
     if spec["device"] == "cuda" and spec.get("expandable_segments", True):
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, "-m", MODULE, "--child", str(path)]
+    cmd = [sys.executable, "-m", module, "--child", str(path)]
     t0 = time.perf_counter()
     with SmiPoller() as smi:
         baseline = smi.read() if smi.exe else None
@@ -546,30 +548,40 @@ def run_child(spec: dict, workdir: Path, timeout: float) -> dict:
 def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: float) -> dict:
     """Both random experts on disk (made on the GPU), or the ones already there when their config matches."""
     paths = {n: workdir / f"{n}_noise_model_bnb_nf4" for n in ("high", "low")}
-    want = cfg.to_json()
-    ok = all((p / "model.safetensors").is_file() and (p / "config.json").is_file()
-             and json.loads((p / "config.json").read_text()) == want for p in paths.values())
+    return write_random_experts(paths, {n: cfg for n in paths}, device, timeout)
+
+
+def write_random_experts(paths: dict, configs: dict, device: str, timeout: float) -> dict:
+    """Random NF4 experts (community layout, made on `device` in a child process) at `paths`, one per name with
+    `configs[name]`; folders whose config.json already matches are reused. Returns {"paths", "reused"|"made"}."""
+    paths = {n: Path(p) for n, p in paths.items()}
     info: dict = {"paths": {k: str(v) for k, v in paths.items()}}
-    if ok:
+    todo = {n: p for n, p in paths.items()
+            if not ((p / "model.safetensors").is_file() and (p / "config.json").is_file()
+                    and json.loads((p / "config.json").read_text()) == configs[n].to_json())}
+    if not todo:
         info["reused"] = True
         return info
     from ..loaders.nf4_writer import nf4_expert_bytes
 
-    need = 2 * nf4_expert_bytes(cfg) + 2 * GiB
+    workdir = next(iter(todo.values())).parent
+    workdir.mkdir(parents=True, exist_ok=True)
+    need = sum(nf4_expert_bytes(configs[n]) for n in todo) + 2 * GiB
     free = shutil.disk_usage(workdir).free
     if free < need:
-        raise RuntimeError(f"{workdir} has {free / 1e9:.1f} GB free; the two experts need {need / 1e9:.1f} GB. "
+        raise RuntimeError(f"{workdir} has {free / 1e9:.1f} GB free; the experts need {need / 1e9:.1f} GB. "
                            "Pass --workdir on a bigger disk.")
     code = (
-        f"import json,sys,time;from pathlib import Path;from {PACKAGE}.wan.dit import DiTConfig;"
+        f"import json,sys,time;from pathlib import Path;from {PACKAGE}.wan.dit.model import DiTConfig;"
         f"from {PACKAGE}.bench.bench_nf4_load import make_full_size_expert as mk;"
-        "cfg=DiTConfig.from_json(json.loads(sys.argv[1]));out={}\n"
-        "for i,(n,p) in enumerate(json.loads(sys.argv[2]).items()):\n"
-        "    out[n]=mk(Path(p),sys.argv[3],seed=i,cfg=cfg)\n"
+        "jobs=json.loads(sys.argv[1]);out={}\n"
+        "for i,(n,(p,c)) in enumerate(jobs.items()):\n"
+        "    out[n]=mk(Path(p),sys.argv[2],seed=i,cfg=DiTConfig.from_json(c))\n"
         "print(json.dumps(out))"
     )
+    jobs = {n: (str(p), configs[n].to_json()) for n, p in todo.items()}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(want), json.dumps(info["paths"]), device],
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(jobs), device],
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"making the random experts failed:\n{proc.stderr[-3000:]}")

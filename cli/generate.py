@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from . import actions_arg
+from . import fast_run
 from .progress import ProgressLine, RunStats
 from .video_out import write_video
 
@@ -80,6 +81,7 @@ def add_parser(sub) -> None:
     out.add_argument("--fps", type=int, default=16)
     out.add_argument("--quiet", action="store_true")
     actions_arg.add_arguments(p)
+    fast_run.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -158,6 +160,8 @@ def _camera(spec: Optional[str], speed: float, frames: int):
 
 
 def run(args) -> int:
+    if args.model == "fast":
+        return fast_run.run(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     from ..text_encoder.encode import encode_prompts
     from ..loaders.vae_files import load_vae
@@ -178,6 +182,7 @@ def run(args) -> int:
     set_backend(args.attention)
     files = _files(args)
     kind = actions_arg.prepare(args, files.high, files.low, log)  # Cam or Act, from the weights; refuses mismatches
+    fast_run.check_base_experts(files)
     stats.mark("setup")
 
     # Sizes: max area from --size, aspect ratio from the image (spec §5.2).

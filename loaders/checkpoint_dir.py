@@ -5,6 +5,8 @@ models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth, google/umt5-xxl/.
 Community NF4 (`cahlen/lingbot-world-base-cam-nf4`): high_noise_model_bnb_nf4/, low_noise_model_bnb_nf4/,
 the same T5 and VAE files, tokenizer/.
 When both expert flavours are present the NF4 folders win (they are what fits a consumer GPU).
+Fast (`robbyant/lingbot-world-fast`, placed as `lingbot_world_fast/` inside the base-cam folder, or its NF4 copy
+`lingbot_world_fast_bnb_nf4/`): one causal model; it reuses the base package's T5, tokenizer and VAE.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ EXPERT_DIRS = {
 T5_FILES = ("models_t5_umt5-xxl-enc-bf16.pth", "umt5_xxl_fp16.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
 VAE_FILES = ("Wan2.1_VAE.pth", "wan_2.1_vae.safetensors")
 TOKENIZER_DIRS = ("tokenizer", "google/umt5-xxl")
+FAST_DIRS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
 
 
 @dataclass
@@ -46,8 +49,27 @@ def find_checkpoint_files(root) -> CheckpointFiles:
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder {root} does not exist")
+    fast = next((root / d for d in FAST_DIRS if (root / d).is_dir()), None)
+    if fast is not None and not any((root / d).is_dir() for d in EXPERT_DIRS["high"] + EXPERT_DIRS["low"]):
+        raise FileNotFoundError(f"{root} holds only the Fast model ({fast.name}/), not the two base experts: "
+                                "run it with --model fast")
     high = _first(root, EXPERT_DIRS["high"], "high-noise expert folder", True)
     low = _first(root, EXPERT_DIRS["low"], "low-noise expert folder", True)
+    t5, vae, tok = _shared_files(root)
+    return CheckpointFiles(root, high, low, t5, vae, tok)
+
+
+@dataclass
+class FastCheckpointFiles:
+    root: Path
+    fast: Path
+    t5: Path
+    vae: Path
+    tokenizer: Optional[Path]
+
+
+def _shared_files(root: Path) -> tuple[Path, Path, Optional[Path]]:
+    """T5, VAE and tokenizer of a release folder (shared by the base experts and the Fast model)."""
     t5 = _first(root, T5_FILES, "umT5-XXL encoder file", False)
     vae = _first(root, VAE_FILES, "Wan2.1 VAE file", False)
     tok = next((root / d for d in TOKENIZER_DIRS if (root / d).is_dir()), None)
@@ -56,4 +78,30 @@ def find_checkpoint_files(root) -> CheckpointFiles:
             f"{root}: no tokenizer folder (looked for {', '.join(TOKENIZER_DIRS)}); the .pth encoder carries no "
             f"tokenizer, so download google/umt5-xxl/ (or tokenizer/) beside it"
         )
-    return CheckpointFiles(root, high, low, t5, vae, tok)
+    return t5, vae, tok
+
+
+def find_fast_checkpoint_files(root) -> FastCheckpointFiles:
+    """The Fast model folder and the base package's T5 / VAE / tokenizer from the same release folder.
+
+    The NF4 copy wins over the official folder when both are there. The Fast model may also sit one level up
+    (the release's own layout puts `lingbot_world_fast/` inside `lingbot-world-base-cam/`, so `root` may be either).
+    """
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {root} does not exist")
+    fast = next((root / d for d in FAST_DIRS if (root / d).is_dir()), None)
+    if fast is None and root.name in FAST_DIRS:  # --ckpt-dir pointed at the Fast folder itself
+        fast, root = root, root.parent
+    try:
+        t5, vae, tok = _shared_files(root)
+    except FileNotFoundError as e:
+        if fast is None:
+            raise FileNotFoundError(f"{root}: no Fast model folder ({' or '.join(FAST_DIRS)}) and {e}") from None
+        raise
+    if fast is None:
+        raise FileNotFoundError(
+            f"{root}: no Fast model folder (looked for {', '.join(FAST_DIRS)}). Download robbyant/lingbot-world-fast "
+            f"into {root / 'lingbot_world_fast'}; the T5 ({t5.name}), VAE ({vae.name}) and tokenizer of this folder "
+            "were found and are reused.")
+    return FastCheckpointFiles(root, fast, t5, vae, tok)

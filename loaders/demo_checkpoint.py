@@ -1,7 +1,8 @@
 """A tiny random-weight LingBot-World checkpoint in the real on-disk formats, for the demo and tests.
 
 It has the community NF4 layout (two `*_bnb_nf4/` experts with config.json and quantization_meta.json; Cam
-experts by default, Act experts with `control="act"`, in a folder of their own as in the release),
+experts by default, Act experts with `control="act"`, in a folder of their own as in the release; the Cam folder
+also holds the Fast model as `lingbot_world_fast_bnb_nf4/`, the same DiT with a causal config),
 the release's T5 `.pth` (Wan naming, bf16), a SentencePiece tokenizer folder (trained here on a few
 sentences, umT5's special ids) and the release's VAE `.pth` — so the demo drives exactly the code paths a
 real download does, only with tiny sizes. Its output is noise: the weights are random.
@@ -12,6 +13,7 @@ import io
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +23,7 @@ from ..wan.dit.model import DiTConfig
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from ..wan.vae.model import VAEConfig, WanVAE
-from .checkpoint_dir import CheckpointFiles, find_checkpoint_files
+from .checkpoint_dir import FAST_DIRS, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files, find_fast_checkpoint_files
 from .nf4_writer import make_random_nf4_expert
 
 DEMO_VERSION = 1
@@ -93,6 +95,8 @@ def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0, control: s
     expert_seed = seed + (0 if control == "camera" else 100)
     for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
         make_random_nf4_expert(dit_cfg, tmp / name, device="cpu", seed=expert_seed + i)
+    if control == "camera":  # the Fast model ships inside the base-cam package (fast-act spec §1)
+        _write_fast_model(tmp, seed)
 
     g = torch.Generator().manual_seed(seed + 10)
     with torch.device("meta"):
@@ -125,6 +129,27 @@ def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0, control: s
         root.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, root)
     return find_checkpoint_files(root)
+
+
+def _write_fast_model(root: Path, seed: int) -> None:
+    dit_cfg = replace(demo_configs()[0], causal=True)
+    make_random_nf4_expert(dit_cfg, root / FAST_DIRS[0], device="cpu", seed=seed + 2)
+
+
+def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0) -> FastCheckpointFiles:
+    """The demo folder with its tiny Fast model (added to a demo folder made before the Fast model existed)."""
+    root = Path(build_demo_checkpoint(root, seed).root)
+    if not (root / FAST_DIRS[0] / "config.json").is_file():
+        tmp = root / f".fast.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            _write_fast_model(tmp, seed)
+            if not (root / FAST_DIRS[0]).exists():  # another process may have finished first
+                os.replace(tmp / FAST_DIRS[0], root / FAST_DIRS[0])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return find_fast_checkpoint_files(root)
 
 
 def demo_vae_config(root: Path) -> Optional[VAEConfig]:

@@ -355,3 +355,40 @@ def detect_format(path: Union[str, Path]) -> ExpertFormat:
         f"no DiT expert in {path}: expected model.safetensors (+config.json), {OFFICIAL_INDEX} with its shards, "
         f"or model.pt; found {found[:8] or 'nothing'}.{hint}"
     )
+
+
+# ---- Fast (causal) vs base ------------------------------------------------------------------------------------
+MODEL_KINDS = ("base", "fast")
+
+
+def model_kind(fmt: ExpertFormat) -> Optional[str]:
+    """"fast" or "base" from the expert's config; None when it cannot be told.
+
+    The Fast model has exactly the base expert's tensors (names and shapes), so the weights alone cannot tell them
+    apart: the config does (class name `WanModelFast`, or its causal init arguments `local_attn_size` / `sink_size`,
+    in config.json or in the safetensors metadata our writers add). A config inferred from shapes says nothing.
+    """
+    if fmt.config_source == "inferred from shapes":
+        return None
+    return "fast" if fmt.config.causal else "base"
+
+
+def check_model_kind(fmt: ExpertFormat, want: str) -> Optional[str]:
+    """Refuse a base expert given as the Fast model and the reverse; returns a note when the kind is unknown."""
+    if want not in MODEL_KINDS:
+        raise ValueError(f"model kind {want!r}: choose one of {MODEL_KINDS}")
+    kind = model_kind(fmt)
+    if kind is None:
+        return (f"{fmt.path}: no config says whether this is the Fast or a base expert (their tensors are identical); "
+                f"using it as the {want} model as asked. Put its config.json beside it to have this checked.")
+    if kind == want:
+        return None
+    if want == "fast":
+        raise ExpertLoadError(
+            f"{fmt.path} is a base (high/low-noise) expert ({fmt.config_source} has _class_name WanModel), not the "
+            "Fast model: the Fast model is the folder lingbot_world_fast/ (robbyant/lingbot-world-fast), or its NF4 "
+            "copy from `lingbot-world convert-expert`. Use --model base for the two experts.")
+    raise ExpertLoadError(
+        f"{fmt.path} is the Fast (causal) model ({fmt.config_source} says WanModelFast), not a high/low-noise expert: "
+        "run it with --model fast (LingBot Fast Sampler in ComfyUI), or pick the high_noise_model / low_noise_model "
+        "folders for the base model.")

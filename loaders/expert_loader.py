@@ -385,3 +385,15 @@ def load_expert(
     model, info = load_expert_with_info(path, device, mode, compute_dtype, progress, host)
     model.load_info = info
     return model
+
+
+def check_expert_keys(fmt: ExpertFormat, mode: str = "nf4") -> None:
+    """Every tensor the model needs is in the file(s) with the right shape, from the headers alone (nothing read):
+    raises StateDictMismatch naming the missing or wrong tensors. Lets a caller refuse before expensive work."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose one of {MODES}")
+    model = WanDiT(fmt.config, device="meta")
+    if mode == "nf4":
+        replace_linears_with_nf4(model, fmt.config.num_layers, torch.bfloat16)
+    keys, sources, _ = _file_keys(fmt)
+    _plan(model, mode == "nf4", keys, sources)

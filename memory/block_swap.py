@@ -39,7 +39,8 @@ def streamed_block_keys(blocks_on_gpu: int) -> Callable[[str], bool]:
 
 
 class _Ring:
-    """Two device buffers for streamed blocks, with the events that order copies against compute."""
+    """Two device buffers for streamed blocks (or streamed K/V caches, memory/kv_stream.py), with the events that
+    order copies against compute. A `part` is anything with `nbytes` and `fill(flat_buffer, stream=None)`."""
 
     def __init__(self, nbytes: int, device: torch.device):
         self.device = device
@@ -86,6 +87,11 @@ class _Ring:
     def done(self, s: int) -> None:
         if self.cuda:
             self.free[s].record(torch.cuda.current_stream(self.device))
+
+    def forget(self) -> None:
+        """Treat both buffers as empty: their contents are stale (streamed K/V caches change between forwards).
+        Copies still in flight stay ordered by the events."""
+        self.holds = [None, None]
 
     def close(self) -> None:
         if self.cuda:

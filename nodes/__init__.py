@@ -7,6 +7,7 @@ import logging
 
 from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
 from .sampler_node import LingBotSampler
@@ -23,6 +24,8 @@ NODE_CLASS_MAPPINGS = {
     "LingBotImageToVideo": LingBotImageToVideo,
     "LingBotSampler": LingBotSampler,
     "LingBotVAEDecode": LingBotVAEDecode,
+    "LingBotFastLoader": LingBotFastLoader,
+    "LingBotFastSampler": LingBotFastSampler,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -36,6 +39,8 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotImageToVideo": "LingBot Image To Video",
     "LingBotSampler": "LingBot Sampler",
     "LingBotVAEDecode": "LingBot VAE Decode",
+    "LingBotFastLoader": "LingBot Fast Model Loader",
+    "LingBotFastSampler": "LingBot Fast Sampler",
 }
 
 

@@ -56,7 +56,8 @@ class ExpertWeights:
 
     @property
     def label(self) -> str:
-        return f"{self.name}-noise expert ({self.fmt.path})"
+        what = "Fast model" if self.name == "fast" else f"{self.name}-noise expert"
+        return f"{what} ({self.fmt.path})"
 
     @property
     def num_blocks(self) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..loaders.expert_format import check_control_pair, detect_format
+from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
 from . import comfy_paths
@@ -101,6 +101,10 @@ class LingBotExpertLoader:
         high = comfy_paths.resolve_expert(high_noise_expert, "high-noise expert")
         low = comfy_paths.resolve_expert(low_noise_expert, "low-noise expert")
         fmt_high, fmt_low = detect_format(high), detect_format(low)  # header checks only: wrong files fail here
+        for fmt in (fmt_high, fmt_low):
+            note = check_model_kind(fmt, "base")  # the Fast model belongs in LingBot Fast Model Loader
+            if note:
+                log.warning("LingBot-World: %s", note)
         check_expert_pair(high, low, fmt_high, fmt_low)
         if memory_mode == "block_swap" and int(blocks_on_gpu) > fmt_high.config.num_layers:
             raise ValueError(f"blocks_on_gpu={blocks_on_gpu} but these experts have {fmt_high.config.num_layers} blocks")

@@ -35,8 +35,9 @@ WORKFLOWS = REPO / "example_workflows"
 API_COPIES = REPO / "tests" / "workflows"
 DEMO = "lingbot_world_tiny_demo_cpu"
 FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
-               "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
-               "LoadImage.image"}
+               "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
+               "LingBotVAELoader.vae_name", "LoadImage.image"}
+FAST = "lingbot_world_fast_i2v"
 MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
 
 if comfy.skip_reason():
@@ -202,6 +203,35 @@ def test_actions_node_steers_the_cam_demo_and_a_mismatch_is_refused(server):
     message = res["error"]["exception_message"]
     assert "a Cam model" in message and "'camera' output of LingBot Actions" in message, message
     assert server.proc.poll() is None  # ComfyUI keeps running
+def _fast_demo_prompt(frames: int = 33) -> dict:
+    """The Fast example workflow pointed at the tiny demo's files (its Fast model, T5, VAE, image), small size."""
+    prompt = _api(FAST)
+    inputs = {t: v["inputs"] for v in prompt.values() for t in [v["class_type"]]}
+    inputs["LingBotFastLoader"]["fast_model"] = "lingbot-demo/lingbot_world_fast_bnb_nf4"
+    inputs["LingBotTextEncode"].update(text_encoder="lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
+    inputs["LingBotVAELoader"]["vae_name"] = "lingbot-demo/Wan2.1_VAE.pth"
+    inputs["LoadImage"]["image"] = "lingbot_demo.jpg"
+    inputs["LingBotCameraPreset"]["frames"] = frames
+    inputs["LingBotImageToVideo"].update(size="custom", width=112, height=64, frames=frames)
+    return prompt
+
+
+def test_fast_workflow_runs_on_the_tiny_demo(server):
+    info = server.get("/object_info")
+    fast_models = info["LingBotFastLoader"]["input"]["required"]["fast_model"][0]
+    assert "lingbot-demo/lingbot_world_fast_bnb_nf4" in fast_models
+    prompt = _fast_demo_prompt()
+    dec_id, _ = _by_type(prompt, "LingBotVAEDecode")
+    prompt["900"] = {"class_type": "SaveImage", "inputs": {"images": [dec_id, 0], "filename_prefix": "lingbot_fast"}}
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    samp_id, _ = _by_type(prompt, "LingBotFastSampler")
+    values = [v for node, v, m in res["progress"] if node == samp_id and m == 12]  # 3 chunks x 4 steps
+    assert values and values[-1] == 12 and len(values) >= 11
+    assert res["previews"] >= 3, "no chunk preview reached the websocket"
+    frames = res["history"]["outputs"]["900"]["images"]
+    assert len(frames) == 33
+    print(f"\nfast workflow: {res['seconds']:.1f} s, {len(frames)} frames, {res['previews']} previews")
 
 
 def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:

@@ -48,8 +48,8 @@ NATIVE = {
                   "output": [], "output_name": [], "display_name": "Save Video"},
 }
 FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
-               "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
-               "LoadImage.image"}
+               "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
+               "LingBotVAELoader.vae_name", "LoadImage.image"}
 
 
 # ---- a stand-in for ComfyUI's folder_paths ------------------------------------------------------------------
@@ -368,7 +368,7 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert [p.stem for p in files] == ["lingbot_world_act_action_npy", "lingbot_world_i2v_camera_preset",
+    assert [p.stem for p in files] == ["lingbot_world_act_action_npy", "lingbot_world_fast_i2v", "lingbot_world_i2v_camera_preset",
                                        "lingbot_world_i2v_trajectory_folder", "lingbot_world_tiny_demo_cpu"]
     for path in files:
         ui = json.loads(path.read_text())
@@ -381,8 +381,9 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
         expected = json.loads((REPO / "tests" / "workflows" / f"{path.stem}.api.json").read_text())
         assert api == expected, f"tests/workflows/{path.stem}.api.json is out of date with {path.name}"
         chain = [v["class_type"] for v in api.values()]
-        for kind in ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo", "LingBotSampler"):
+        for kind in ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo"):
             assert kind in chain
+        assert ("LingBotFastSampler" if "fast" in path.stem else "LingBotSampler") in chain
 
 
 def test_converter_rejects_inconsistent_workflows():

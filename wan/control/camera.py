@@ -231,14 +231,19 @@ def check_precision(precision: str) -> torch.dtype:
     return torch.float32 if precision == "float32" else torch.float64
 
 
-def latent_targets(num_frames: int, includes_end_pose: bool = False) -> torch.Tensor:
-    """Source-pose positions of the latent frames, float64 (spec §4.2; fast-act spec §7).
+def latent_targets(num_frames: int, includes_end_pose: bool = False, count: Optional[int] = None) -> torch.Tensor:
+    """Source-pose positions of the latent frames, float64 (spec §4.2; fast-act spec §2, §7).
 
     Per-frame poses (L = num_frames of them): linspace(0, L-1, (L-1)//4 + 1), i.e. 0, 4, 8, ...
     A path with an end pose (num_frames + 1 poses, built from keys): linspace(0, num_frames, (num_frames-1)//4 + 1),
-    non-integer positions. numpy's linspace, as the reference, so that the targets are bit-identical.
+    non-integer positions. count: resample at that many latent frames instead (the Fast model keeps a multiple of
+    its chunk size, so the targets are not integers and the path is slightly time-compressed, fast-act spec §2).
+    numpy's linspace, as the reference, so that the targets are bit-identical.
     """
-    count = (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+    if count is None:
+        count = (num_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+    if count < 1:
+        raise ValueError(f"need at least one latent frame, got {count}")
     last = num_frames if includes_end_pose else num_frames - 1
     return torch.from_numpy(np.linspace(0, last, count))
 
@@ -430,6 +435,7 @@ def camera_geometry(
     *,
     includes_end_pose: bool = False,
     precision: str = DEFAULT_POSE_PRECISION,
+    latent_frames: Optional[int] = None,
 ) -> CameraGeometry:
     """Steps 1-5 of the conditioning: the poses and intrinsics of each latent frame (see `camera_condition`)."""
     dtype = check_precision(precision)
@@ -449,7 +455,7 @@ def camera_geometry(
 
     used_poses = torch.from_numpy(path.poses[:used].copy())
     used_k = torch.from_numpy(path.intrinsics[:used].copy())
-    targets = latent_targets(frames, includes_end_pose)
+    targets = latent_targets(frames, includes_end_pose, latent_frames)
     focal = used_k[:, :2].double()
     if not per_frame_intrinsics and ((focal - focal[0]).abs() / focal[0]).max() > ZOOM_NOTE_TOL:
         notes.append(
@@ -489,6 +495,7 @@ def camera_condition(
     *,
     includes_end_pose: bool = False,
     precision: str = DEFAULT_POSE_PRECISION,
+    latent_frames: Optional[int] = None,
 ) -> CameraCondition:
     """LingBot camera input for a `frames`-frame video of height x width pixels.
 
@@ -501,10 +508,12 @@ def camera_condition(
     includes_end_pose: the poses are a path built from keys (`act_to_camera`): frames + 1 of them, the last one
     after the last frame, resampled over all of them at non-integer positions (fast-act spec §7).
     precision: "float32" (default, the reference's arithmetic) or "float64" for the relative-pose step.
+    latent_frames: resample the poses at this many latent frames (default (frames-1)//4+1); the Fast model passes
+    its chunk-rounded count.
     Raises CameraInputError on bad input.
     """
     geo = camera_geometry(poses, intrinsics, height, width, frames, per_frame_intrinsics,
-                          includes_end_pose=includes_end_pose, precision=precision)
+                          includes_end_pose=includes_end_pose, precision=precision, latent_frames=latent_frames)
     # The rays come from the relative poses in `precision`; float32 covers the reference's values exactly.
     plucker = packed_plucker(geo.relative_poses, geo.scaled_intrinsics, height, width)
     return CameraCondition(**vars(geo), plucker=plucker)

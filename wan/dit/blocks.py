@@ -6,7 +6,7 @@ GPU), the residual stream and the modulation maths in float32.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 from .attention import attention
 from .rope import apply_rope
+
+if TYPE_CHECKING:
+    from .kv_cache import LayerKV
 
 
 def as_compute(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -168,8 +171,14 @@ class WanBlock(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         dtype: torch.dtype,
         inplace: bool = False,
+        kv: Optional["LayerKV"] = None,
     ) -> torch.Tensor:
-        """x [B, L, dim] -> x after the block (float32). inplace=True lets a float32 x be updated in place."""
+        """x [B, L, dim] -> x after the block (float32). inplace=True lets a float32 x be updated in place.
+
+        kv: this block's layer of a K/V cache (the causal Fast model): the chunk's keys and values are stored
+        there and its queries attend to the cached past as well; the text K/V are computed once. None = the
+        base model's full attention over x.
+        """
         # e0 [B, 6, dim] fp32 is one row per sample, broadcast over tokens (spec §2.7).
         m = (self.modulation.float() + e0).unsqueeze(2)  # [B, 6, 1, dim]
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = m.unbind(1)
@@ -179,7 +188,7 @@ class WanBlock(nn.Module):
             return (self.norm1(x[:, sl]).float() * (1 + scale_a) + shift_a).to(dtype)
 
         q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk)
-        attn = attention(q, k, v).flatten(2)
+        attn = (attention(q, k, v) if kv is None else kv.attend(q, k, v)).flatten(2)
         del q, k, v
         # The residual stream is float32 from the first gated add on (block 0 receives bf16; spec §2.6).
         if x.dtype != torch.float32:
@@ -193,7 +202,10 @@ class WanBlock(nn.Module):
             for sl in slices:
                 s, b = self.camera_film(cam[:, sl], dtype)
                 x[:, sl] = (1 + s) * x[:, sl] + b
-        k_txt, v_txt = self.cross_attn.kv(context, dtype)
+        if kv is None:
+            k_txt, v_txt = self.cross_attn.kv(context, dtype)
+        else:
+            k_txt, v_txt = kv.text(lambda: self.cross_attn.kv(context, dtype))
         for sl in slices:
             x[:, sl] += self.cross_attn.attend(self.norm3(x[:, sl]), k_txt, v_txt, dtype)
         for sl in slices:

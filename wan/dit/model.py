@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .blocks import Head, WanBlock, as_compute, linear_fp32
+from .kv_cache import KVCache
 from .rope import RopeCache
 
 CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)
@@ -23,6 +24,10 @@ PIXELS_PER_CELL = 64  # the control tensors fold the 8 x 8 pixels of a VAE cell 
 # Per-pixel control channels the released models take: Base (Cam) and Fast 6 (Plücker origin + direction),
 # Base (Act) 7 (ray direction + WASD), i.e. patch_embedding_wancamctrl input widths 1536 and 1792.
 CONTROL_KINDS = {6: "camera", 7: "act"}
+# The Fast release's class: the same weights (names and shapes) as a base expert, run causally with a K/V cache.
+# Only its config.json tells them apart (diffusers writes the class name and the causal-only init arguments).
+CAUSAL_CLASS = "WanModelFast"
+CAUSAL_KEYS = ("local_attn_size", "sink_size")
 _INT_FIELDS = ("dim", "ffn_dim", "freq_dim", "in_dim", "out_dim", "num_heads", "num_layers", "text_len", "text_dim",
                "control_in")
 _FIXED_OPTIONS = {"qk_norm": True, "cross_attn_norm": True, "window_size": (-1, -1)}
@@ -48,6 +53,11 @@ class DiTConfig:
     # Input width of patch_embedding_wancamctrl: 1536 (6-channel Plücker camera) or 1792 (Act: 7 channels).
     # The release's config.json does not carry it; loaders/expert_format.py reads it from the weights.
     control_in: int = 6 * PIXELS_PER_CELL * 4
+    # Fast (causal) model: run chunk by chunk with a K/V cache. local_attn_size / sink_size are the release
+    # config's values (latent frames; -1 = no window), kept for round trips; the released pipeline never evicts.
+    causal: bool = False
+    local_attn_size: int = -1
+    sink_size: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -85,6 +95,7 @@ class DiTConfig:
                 raise ValueError(f"config.json has {key}={cfg[key]!r}; this DiT only supports {supported!r}")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in cfg.items() if k in known}
+        kwargs["causal"] = is_causal_config(cfg)
         if "patch_size" in kwargs:
             kwargs["patch_size"] = _as_tuple(kwargs["patch_size"])
         out = cls(**kwargs)
@@ -94,7 +105,10 @@ class DiTConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["patch_size"] = list(self.patch_size)
-        return {"_class_name": "WanModel", "model_type": "i2v", **d}
+        if not d.pop("causal"):
+            del d["local_attn_size"], d["sink_size"]
+            return {"_class_name": "WanModel", "model_type": "i2v", **d}
+        return {"_class_name": CAUSAL_CLASS, "model_type": "i2v", **d}
 
     def validate(self) -> None:
         for name in _INT_FIELDS:
@@ -118,6 +132,10 @@ class DiTConfig:
         if self.control_in % per_channel or self.control_in // per_channel not in CONTROL_KINDS:
             widths = " or ".join(f"{c * per_channel} ({k}, {c} channels)" for c, k in CONTROL_KINDS.items())
             raise ValueError(f"control_in {self.control_in} (patch_embedding_wancamctrl input width) must be {widths}")
+        for name, low in (("local_attn_size", -1), ("sink_size", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low or (name == "local_attn_size" and value == 0):
+                raise ValueError(f"DiT config {name}={value!r} must be an integer >= {low} (and not 0 for a window)")
 
     @classmethod
     def tiny(cls, **over) -> "DiTConfig":
@@ -125,6 +143,13 @@ class DiTConfig:
         base = dict(dim=64, ffn_dim=128, freq_dim=32, num_heads=4, num_layers=2, text_dim=32)
         base.update(over)
         return cls(**base)
+
+
+def is_causal_config(cfg: Mapping) -> bool:
+    """Does a config.json describe the Fast (causal) model? Its class name, or the init arguments only the causal
+    class has (diffusers writes every init argument into config.json)."""
+    name = str(cfg.get("_class_name", ""))
+    return name == CAUSAL_CLASS or bool(cfg.get("causal", False)) or any(k in cfg for k in CAUSAL_KEYS)
 
 
 def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
@@ -215,6 +240,10 @@ class WanDiT(nn.Module):
         context: Union[torch.Tensor, Sequence[torch.Tensor]],
         y: torch.Tensor,
         camera: Optional[torch.Tensor] = None,
+        *,
+        kv_cache: Optional[KVCache] = None,
+        start_frame: int = 0,
+        cache_final: bool = True,
     ) -> torch.Tensor:
         """Velocity prediction.
 
@@ -223,6 +252,10 @@ class WanDiT(nn.Module):
         camera: the packed control tensor on the latent grid (the 8x8 pixels of each latent cell live in the
         channels, spec §3): Plücker [B or 1, 384, F, H, W] for Cam/Fast, ray directions + WASD [B or 1, 448, F, H, W]
         for Act (fast-act spec §6); or None (camera layers skipped).
+        Causal (Fast) use: kv_cache holds the K/V of earlier chunks; x is the chunk whose first latent frame is
+        `start_frame` of the video (RoPE and cache slots follow it); cache_final says whether the K/V written now
+        are the ones later chunks read (the context pass) or will be overwritten (denoising steps). Without a
+        cache the model attends over x alone (the base model).
         Returns float32 [B, 16, F, H, W].
         """
         dtype = self.dtype_for_compute()
@@ -250,13 +283,15 @@ class WanDiT(nn.Module):
         h = h.flatten(2).transpose(1, 2).to(dtype)  # [B, L, dim]
 
         e, e0 = self.time_modulation(t)
-        ctx = pad_context(context, self.cfg.text_len).to(x.device)
-        _check_batch("text context", ctx.shape[0], bsz)
-        if ctx.shape[-1] != self.cfg.text_dim:
-            raise ValueError(f"text embeddings are {ctx.shape[-1]} wide; the DiT takes {self.cfg.text_dim} (umT5-XXL)")
-        ctx = self.text_embedding(as_compute(ctx, dtype))
-        if ctx.shape[0] != bsz:
-            ctx = ctx.expand(bsz, -1, -1)
+        ctx = None
+        if kv_cache is None or not kv_cache.text_ready:  # a cache holding every layer's text K/V needs no context
+            ctx = pad_context(context, self.cfg.text_len).to(x.device)
+            _check_batch("text context", ctx.shape[0], bsz)
+            if ctx.shape[-1] != self.cfg.text_dim:
+                raise ValueError(f"text embeddings are {ctx.shape[-1]} wide; the DiT takes {self.cfg.text_dim} (umT5-XXL)")
+            ctx = self.text_embedding(as_compute(ctx, dtype))
+            if ctx.shape[0] != bsz:
+                ctx = ctx.expand(bsz, -1, -1)
 
         cam = None
         if camera is not None:
@@ -267,14 +302,31 @@ class WanDiT(nn.Module):
                     f"camera tensor {tuple(camera.shape)} gives {cam.shape[1]} tokens but the latent has "
                     f"{h.shape[1]}; build it for the same frames and size"
                 )
-        rope = self.rope.get(grid, x.device)
+        rope = self.rope.get(grid, x.device, frame_offset=start_frame)
+        if kv_cache is not None:
+            if start_frame < 0:
+                raise ValueError(f"start_frame={start_frame} must be >= 0")
+            if kv_cache.batch != bsz or kv_cache.num_layers != len(self.blocks):
+                raise ValueError(f"K/V cache for batch {kv_cache.batch} and {kv_cache.num_layers} layers cannot serve "
+                                 f"batch {bsz} on a model with {len(self.blocks)} blocks")
+            kv_cache.begin(start_frame * grid[1] * grid[2], h.shape[1], final=cache_final)
+        elif start_frame:
+            raise ValueError("start_frame needs a kv_cache (it places a chunk inside a longer video)")
 
-        for i, block in enumerate(self.blocks):
-            if self.before_block is not None:
-                self.before_block(i)
-            h = block(h, e0, ctx, cam, rope, dtype, inplace=True)
-            if self.after_block is not None:
-                self.after_block(i)
+        try:
+            for i, block in enumerate(self.blocks):
+                if self.before_block is not None:
+                    self.before_block(i)
+                h = block(h, e0, ctx, cam, rope, dtype, inplace=True,
+                          kv=None if kv_cache is None else kv_cache.layer(i))
+                if self.after_block is not None:
+                    self.after_block(i)
+        except BaseException:
+            if kv_cache is not None:
+                kv_cache.abort()
+            raise
+        if kv_cache is not None:
+            kv_cache.end()
 
         out = self.head(h, e, self.blocks[0].token_chunk if len(self.blocks) else None)  # [B, L, 64] fp32
         f, hh, ww = grid

@@ -21,11 +21,16 @@ def _axis_freqs(dims: int, theta: float = 10000.0) -> torch.Tensor:
     return 1.0 / theta ** (j / dims)
 
 
-def rope_angles(grid: tuple[int, int, int], head_dim: int, device=None) -> torch.Tensor:
-    """Angles [F*H*W, head_dim/2] (float64) for tokens in (f, h, w) row-major order."""
+def rope_angles(grid: tuple[int, int, int], head_dim: int, device=None, frame_offset: int = 0) -> torch.Tensor:
+    """Angles [F*H*W, head_dim/2] (float64) for tokens in (f, h, w) row-major order.
+
+    frame_offset: temporal position of the first frame (the causal model's chunk at latent frame `start_frame`
+    uses rows start_frame .. start_frame + F - 1; height/width rows always start at 0, spec Fast §5).
+    """
     f, h, w = grid
     df, dh, dw = axis_dims(head_dim)
-    af = torch.outer(torch.arange(f, dtype=torch.float64), _axis_freqs(df))
+    frames = torch.arange(frame_offset, frame_offset + f, dtype=torch.float64)
+    af = torch.outer(frames, _axis_freqs(df))
     ah = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(dh))
     aw = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(dw))
     angles = torch.cat(
@@ -46,12 +51,12 @@ class RopeCache:
         self.head_dim = head_dim
         self._tables: dict = {}
 
-    def get(self, grid: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (tuple(grid), str(device))
+    def get(self, grid: tuple[int, int, int], device, frame_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (tuple(grid), str(device), int(frame_offset))
         if key not in self._tables:
             if len(self._tables) > 4:  # sizes rarely change within a session; keep a few
                 self._tables.clear()
-            ang = rope_angles(grid, self.head_dim)
+            ang = rope_angles(grid, self.head_dim, frame_offset=int(frame_offset))
             self._tables[key] = (ang.cos().float().to(device), ang.sin().float().to(device))
         return self._tables[key]
 

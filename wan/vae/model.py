@@ -327,15 +327,19 @@ class WanVAE(nn.Module):
         self._decode_into(out, part)
         return out
 
-    def _decode_into(self, out: torch.Tensor, mu: torch.Tensor) -> None:
-        """One latent frame at a time through the decoder, sharing one causal cache (unclamped)."""
-        cache: FeatureCache = {}
+    def _decode_into(self, out: torch.Tensor, mu: torch.Tensor, cache: Optional[FeatureCache] = None) -> None:
+        """One latent frame at a time through the decoder, sharing one causal cache (unclamped).
+
+        cache: continue a decode whose earlier latent frames went through it (streaming decode); `out` then
+        receives only this part's frames (4 per latent frame, plus 1 for the video's first)."""
+        cache = {} if cache is None else cache
         step = self.cfg.temporal_factor
-        x = self.conv2(mu.to(self.device, torch.float32))
-        for i in range(x.shape[2]):
-            frames = self.decoder(x[:, :, i:i + 1], cache)
-            t0 = 0 if i == 0 else 1 + step * (i - 1)
+        t0 = 0
+        for i in range(mu.shape[2]):
+            # conv2 (1x1x1) per latent frame, so a streaming decode computes exactly the same sums
+            frames = self.decoder(self.conv2(mu[:, :, i:i + 1].to(self.device, torch.float32)), cache)
             out[:, :, t0:t0 + frames.shape[2]] = frames
+            t0 += frames.shape[2]
             del frames
 
     # ---- tiling

@@ -1,0 +1,441 @@
+"""Benchmark: LingBot-World-Fast at full size on simulated consumer cards, and the base model in the same session.
+
+    # one H100, two commands of < 9 minutes; the second reuses the experts written by the first (--workdir, --keep)
+    python -m lingbot_world.bench.bench_fast --cases fast480_gpu,fast480_24,fast480_16,base480 \\
+        --workdir /tmp/lwf --keep --fresh --budget-s 500 --t5-seconds 12.9 --out bench/results/fast_h100.json
+    python -m lingbot_world.bench.bench_fast --cases fast961_window_24,fast720_24,fast480_12 \\
+        --workdir /tmp/lwf --budget-s 500 --t5-seconds 12.9 --out bench/results/fast_h100.json
+    python -m lingbot_world.bench.bench_fast --tiny --out /tmp/fast_tiny.json          # CPU smoke run
+
+Two random full-size NF4 experts in the real community layout are written once (made and quantized on the GPU,
+≈9.6 GB each, reused from --workdir when their config matches): the Fast model (config class WanModelFast) and
+one base expert. Each case runs in its own child process (bench_pipeline's run_child: memory cap via
+`set_per_process_memory_fraction` for a 24 / 16 / 12 GB card minus --context-gib, nvidia-smi polled by the parent,
+the child's VmHWM), through the library exactly as the CLI runs it: `plan_fast_memory` (auto placement),
+`FastPlacement` (model + K/V cache), `FastRun` over every chunk with real conditioning shapes (y from a random
+latent, a preset camera resampled at the chunk-rounded latent frames, random bf16 text context).
+
+Reported per Fast case: the plan, sampling seconds (every chunk, 4 steps + the context pass), seconds per chunk,
+model load and cache allocation seconds, VAE encode / decode (full-size random VAE; decode after the model and cache
+are freed), end to end (with --t5-seconds from bench_t5), peak VRAM (torch allocated / reserved, nvidia-smi), peak
+RSS, bytes streamed from host RAM, and per-chunk peaks for the long video (memory flat). The base case: one expert
+resident, seconds per 70-step-schedule step (CFG cond + uncond) from a warm-up and --timed-steps steps, end to end
+extrapolated to 70 steps (+ one expert switch from the pipeline benchmark, --switch-seconds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..wan.dit.model import DiTConfig
+from .bench_pipeline import apply_cap, bench_config, child_main, run_child, sync, timed_forwards, write_random_experts
+from .common import machine_info, peak_rss_bytes, rss_bytes, write_json
+
+MODULE = __spec__.name if __spec__ is not None else __name__
+GiB = 1024**3
+STEPS = 70
+
+V480 = (81, 480, 832)  # 30 x 52 tokens per latent frame: the spec's 32,760-token / 26.8 GB cache
+V720 = (81, 720, 1280)
+V961 = (961, 480, 832)
+CASES: dict[str, dict] = {
+    "fast480_gpu": dict(kind="fast", video=V480, cap_gib=None),  # uncapped H100: the whole cache on the GPU
+    "fast480_24": dict(kind="fast", video=V480, cap_gib=24),
+    "fast480_16": dict(kind="fast", video=V480, cap_gib=16),
+    "fast480_12": dict(kind="fast", video=V480, cap_gib=12),  # beyond the issue: model block swap too
+    "fast720_24": dict(kind="fast", video=V720, cap_gib=24),
+    "fast961_window_24": dict(kind="fast", video=V961, cap_gib=24, window=21, sink=3, vae=False),
+    "base480": dict(kind="base", video=V480, cap_gib=None),
+}
+TARGETS = {
+    "fast480_24": "runs; sampling <= 30 s; peak VRAM <= 22.5 GB; peak RSS <= 40 GB",
+    "fast480_16": "runs",
+    "fast720_24": "runs",
+    "fast961_window_24": "runs; per-chunk time within 1.2x of the first chunks'; memory flat",
+    "base480": ">= 20x slower end to end than fast480_24",
+}
+TINY_VIDEO = {"fast": (33, 64, 112), "long": (57, 64, 112)}
+
+
+# ---- inputs ----------------------------------------------------------------------------------------------------
+def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frames: int, vae=None, seed: int = 0) -> dict:
+    """y (mask + a random latent, or the VAE encode of a random first frame when `vae` is given), a preset camera at
+    the chunk-rounded latent frames, random bf16 text; the encode time when measured."""
+    from ..wan.control.camera import camera_condition
+    from ..wan.control.camera_presets import preset_camera
+    from ..wan.i2v import build_i2v_condition, first_frame_mask
+    from ..wan.sizes import latent_size
+
+    frames, h, w = video
+    lat_h, lat_w = latent_size(h, w)
+    g = torch.Generator().manual_seed(seed)
+    out: dict = {}
+    video_frames = 4 * (latent_frames - 1) + 1
+    if vae is not None:
+        image = torch.rand(3, h, w, generator=g) * 2 - 1
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            y = build_i2v_condition(vae, image, h, w, video_frames)
+        sync(device)
+        out["vae_encode_s"] = round(time.perf_counter() - t0, 3)
+    else:
+        latent = torch.randn(1, 16, latent_frames, lat_h, lat_w, generator=g)
+        y = torch.cat([first_frame_mask(latent_frames, lat_h, lat_w)[None], latent], dim=1)
+    path = preset_camera("dolly_in+pan_right", frames=frames)
+    cam = camera_condition(path.poses, path.intrinsics, h, w, ((frames - 1) // 4) * 4 + 1,
+                           latent_frames=latent_frames).plucker
+    ctx = (0.2 * torch.randn(1, cfg.text_len, cfg.text_dim, generator=g)).to(torch.bfloat16)
+    out.update(y=y.cpu(), camera=cam, ctx=ctx.to(device))  # y and camera sliced per chunk by FastRun, as the CLI
+    return out
+
+
+# ---- children ----------------------------------------------------------------------------------------------------
+def child_fast(spec: dict) -> dict:
+    from ..memory.kv_placement import FastPlacement, plan_fast_memory
+    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..wan.dit.kv_cache import cache_layout
+    from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+    from ..wan.vae.model import VAEConfig, WanVAE
+
+    device = torch.device(spec["device"])
+    cuda = device.type == "cuda"
+    out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}
+    if cuda:
+        torch.empty(1, device=device)
+    cfg = DiTConfig.from_json(spec["config"])
+    frames, h, w = spec["video"]
+    fr = fast_frames(frames)
+    out.update(frames=fr.frames, latent_frames=fr.latent_frames, chunks=fr.chunks)
+    vae = None
+    if spec.get("vae", True):
+        with torch.device(device):
+            vae = WanVAE(VAEConfig.tiny() if spec["tiny"] else VAEConfig()).eval().requires_grad_(False)
+    inputs = fast_inputs(spec["video"], cfg, device, fr.latent_frames, vae)
+    if vae is not None:
+        out["vae_encode_s"] = inputs["vae_encode_s"]
+        vae.to("cpu")
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    fsl = (h // 16) * (w // 16)
+    layout = cache_layout(fr.latent_frames, fsl, window_frames=spec.get("window"), sink_frames=spec.get("sink", 0))
+    vram = free_vram_bytes(device) if cuda else 1 << 60
+    plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), cache=spec.get("cache", "auto"),
+                            cache_layers_on_gpu=spec.get("cache_layers_on_gpu"))
+    out["vram_free_at_plan"] = vram
+    out["plan"] = plan.to_json()
+    placement = FastPlacement(plan, device, lambda s: None)
+    chunk_ends: list[float] = []
+    chunk_peaks: list[dict] = []
+
+    def on_chunk(index: int, x0: torch.Tensor) -> None:
+        sync(device)
+        chunk_ends.append(time.perf_counter())
+        rec = {"rss": rss_bytes()}
+        if cuda:
+            rec["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+            rec["peak_reserved"] = torch.cuda.max_memory_reserved(device)
+        chunk_peaks.append(rec)
+
+    try:
+        t0 = time.perf_counter()
+        model = placement.load_model(spec["fast"], "nf4")
+        sync(device)
+        out["load_s"] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
+        cache = placement.make_cache()
+        sync(device)
+        out["cache_alloc_s"] = round(time.perf_counter() - t0, 3)
+        gen = make_generator(42, "cuda" if cuda else "cpu")
+        noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
+        run = FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
+                      on_chunk=on_chunk)
+        sync(device)
+        t_start = time.perf_counter()
+        with torch.inference_mode():
+            latent = run.run()
+        sync(device)
+        out["sampling_s"] = round(time.perf_counter() - t_start, 3)
+        out["finite"] = bool(torch.isfinite(latent).all())
+        starts = [t_start] + chunk_ends[:-1]
+        out["chunk_s"] = [round(e - s, 3) for s, e in zip(starts, chunk_ends)]
+        out["chunk_peaks"] = chunk_peaks
+        out["stream"] = placement.placement.stats() if placement.placement else None
+        if cuda:
+            out["peak_allocated"] = max(c["peak_allocated"] for c in chunk_peaks)
+            out["peak_reserved"] = max(c["peak_reserved"] for c in chunk_peaks)
+        out["peak_rss_sampling"] = peak_rss_bytes()
+    finally:
+        placement.close()
+        if cuda:
+            torch.cuda.empty_cache()
+    if vae is not None:
+        vae.to(device)
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            vae.decode(latent)
+        sync(device)
+        out["vae_decode_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def child_base(spec: dict) -> dict:
+    """One base expert resident: s/step of the 70-step schedule (CFG cond + uncond) at the Fast cases' size."""
+    from ..loaders.expert_loader import load_expert
+    from .bench_pipeline import make_inputs
+
+    device = torch.device(spec["device"])
+    out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}
+    cfg = DiTConfig.from_json(spec["base_config"])
+    inputs = make_inputs(tuple(spec["video"]), cfg, device)
+    t0 = time.perf_counter()
+    model = load_expert(spec["base"], device=device)
+    sync(device)
+    out["load_s"] = round(time.perf_counter() - t0, 3)
+    out.update(timed_forwards(model, inputs, device, batch=False, steps=spec["timed"]))
+    return out
+
+
+CHILDREN = {"fast": child_fast, "base": child_base}
+
+
+# ---- parent ----------------------------------------------------------------------------------------------------
+def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
+    c = dict(CASES[name])
+    video = c["video"]
+    if args.tiny:
+        video = TINY_VIDEO["long" if video[0] > 81 else "fast"]
+    spec = {"case": name, "kind": c["kind"], "device": device, "tiny": args.tiny, "video": list(video),
+            "config": cfgs["fast"].to_json(), "base_config": cfgs["base"].to_json(),
+            "fast": experts["paths"]["fast"], "base": experts["paths"]["base"],
+            "cap_gib": c.get("cap_gib") if device == "cuda" else None, "context_gib": args.context_gib,
+            "timed": args.timed_steps, "vae": c.get("vae", True), "expandable_segments": True}
+    if c.get("window"):
+        spec.update(window=3 if args.tiny else c["window"], sink=1 if args.tiny else c["sink"])
+        if args.tiny:
+            spec["window"] = 9
+    if args.tiny and c.get("cap_gib") and c["cap_gib"] <= 16:
+        spec.update(cache="host", cache_layers_on_gpu=1)  # no card to plan from: exercise the streamed path
+    return spec
+
+
+def summarize(res: dict, args) -> dict:
+    c = res["cases"]
+    ok = lambda r: r is not None and "error" not in r  # noqa: E731
+    s: dict = {}
+    for name, r in c.items():
+        if not ok(r) or CASES.get(name, {}).get("kind") != "fast":
+            continue
+        row = {"plan": r["plan"]["reason"], "sampling_s": r.get("sampling_s"), "frames": r.get("frames"),
+               "load_s": r.get("load_s"), "cache_alloc_s": r.get("cache_alloc_s"),
+               "peak_allocated_gb": _g(r.get("peak_allocated")), "peak_reserved_gb": _g(r.get("peak_reserved")),
+               "smi_peak_gb": _mib_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": _g(r.get("peak_rss"))}
+        chunks = r.get("chunk_s") or []
+        if chunks:
+            row["first_chunk_s"], row["mean_chunk_s"] = chunks[0], round(sum(chunks) / len(chunks), 3)
+            head = chunks[1:4] or chunks[:1]
+            tail = chunks[-3:]
+            row["late_over_early_chunks"] = round((sum(tail) / len(tail)) / (sum(head) / len(head)), 3)
+        peaks = [p.get("peak_reserved") for p in r.get("chunk_peaks", []) if p.get("peak_reserved")]
+        if len(peaks) > 3:
+            row["late_over_early_peak_reserved"] = round(max(peaks[-3:]) / max(peaks[1:4]), 3)
+        rss = [p["rss"] for p in r.get("chunk_peaks", []) if p.get("rss")]
+        if len(rss) > 3:
+            row["late_over_early_rss"] = round(max(rss[-3:]) / max(rss[1:4]), 3)
+        parts = [args.t5_seconds, r.get("vae_encode_s"), r.get("load_s"), r.get("cache_alloc_s"), r.get("sampling_s"),
+                 r.get("vae_decode_s")]
+        if all(p is not None for p in parts):
+            row["end_to_end_s"] = round(sum(parts), 2)
+        s[name] = row
+    base = c.get("base480")
+    if ok(base):
+        fast_ref = c.get("fast480_24") if ok(c.get("fast480_24")) else c.get("fast480_gpu")
+        row = {"s_per_step": base["s_per_step"], "sampling_70_steps_s": round(base["s_per_step"] * STEPS, 1),
+               "load_s": base["load_s"]}
+        enc = (fast_ref or {}).get("vae_encode_s")
+        dec = (fast_ref or {}).get("vae_decode_s")
+        parts = [args.t5_seconds, enc, base["load_s"], row["sampling_70_steps_s"], args.switch_seconds, dec]
+        if all(p is not None for p in parts):
+            row["end_to_end_s"] = round(sum(parts), 1)
+        s["base480"] = row
+        for name in ("fast480_24", "fast480_gpu", "fast480_16"):
+            f = s.get(name)
+            if f and f.get("sampling_s"):
+                s.setdefault("speedup", {})[f"{name}_sampling"] = round(row["sampling_70_steps_s"] / f["sampling_s"], 1)
+                if f.get("end_to_end_s") and row.get("end_to_end_s"):
+                    s["speedup"][f"{name}_end_to_end"] = round(row["end_to_end_s"] / f["end_to_end_s"], 1)
+    return s
+
+
+def check_targets(res: dict) -> dict:
+    s = res.get("summary", {})
+    c = res["cases"]
+    t: dict = {}
+    ok = lambda n: n in c and "error" not in c[n]  # noqa: E731
+    for name in ("fast480_24", "fast480_16", "fast720_24", "fast961_window_24"):
+        if name in c:
+            t[f"{name}_runs"] = ok(name)
+    r = s.get("fast480_24")
+    if r and r.get("peak_reserved_gb") is not None:
+        t["fast480_24_sampling<=30s"] = r["sampling_s"] <= 30
+        t["fast480_24_peak_vram<=22.5GB"] = r["peak_reserved_gb"] <= 22.5
+        t["fast480_24_peak_rss<=40GB"] = (r.get("peak_rss_gb") or 0) <= 40
+    r = s.get("fast961_window_24")
+    if r and r.get("late_over_early_chunks") is not None:
+        t["fast961_chunks_flat<=1.2x"] = r["late_over_early_chunks"] <= 1.2
+        if r.get("late_over_early_peak_reserved") is not None:
+            t["fast961_vram_flat"] = r["late_over_early_peak_reserved"] <= 1.02
+    sp = s.get("speedup", {})
+    if "fast480_24_end_to_end" in sp:
+        t["fast480_24_>=20x_base_end_to_end"] = sp["fast480_24_end_to_end"] >= 20
+    return t
+
+
+def _g(n) -> Optional[float]:
+    return None if n is None else round(n / 1e9, 2)
+
+
+def _mib_gb(n) -> Optional[float]:
+    return None if n is None else round(n * 1024**2 / 1e9, 2)
+
+
+def print_report(res: dict) -> None:
+    print("\n| case | plan | frames | sampling s | s/chunk (first / mean) | load + cache s | end to end s | "
+          "peak VRAM alloc / reserved | nvidia-smi | peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in res["cases"].items():
+        if "error" in r:
+            print(f"| {name} | ERROR: {r['error'][:120]} | | | | | | | | |")
+            continue
+        row = res.get("summary", {}).get(name, {})
+        if CASES[name]["kind"] == "base":
+            print(f"| {name} | one base expert, sequential CFG | 81 | {row.get('sampling_70_steps_s')} (70 x "
+                  f"{r['s_per_step']} s/step) | | {r['load_s']} | {row.get('end_to_end_s')} | | | |")
+            continue
+        plan = r["plan"]
+        where = ("cache on GPU" if plan["cache"] == "gpu" else
+                 f"cache host, {plan['cache_layers_on_gpu']}/{plan['estimates']['num_layers']} on GPU") + (
+            f", blocks {plan['blocks_on_gpu']}" if plan.get("blocks_on_gpu") is not None else "")
+        print(f"| {name} | {where} | {r['frames']} | {r.get('sampling_s')} | {row.get('first_chunk_s')} / "
+              f"{row.get('mean_chunk_s')} | {r.get('load_s')} + {r.get('cache_alloc_s')} | {row.get('end_to_end_s')} | "
+              f"{row.get('peak_allocated_gb')} / {row.get('peak_reserved_gb')} GB | {row.get('smi_peak_gb')} GB | "
+              f"{row.get('peak_rss_gb')} GB |")
+    print("\nspeed-up:", json.dumps(res.get("summary", {}).get("speedup", {})))
+    print("targets:", json.dumps(res.get("targets", {})))
+
+
+def run(args) -> dict:
+    t_start = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base_cfg = bench_config(args.tiny)
+    cfgs = {"fast": DiTConfig(**{**base_cfg.__dict__, "causal": True}), "base": base_cfg}
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    res: dict = {"bench": "fast", "cases": {}}
+    if out is not None and out.is_file() and not args.fresh:
+        try:
+            res = json.loads(out.read_text())
+            res.setdefault("cases", {})
+        except json.JSONDecodeError:
+            pass
+    res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfgs["fast"].to_json(),
+               args={k: v for k, v in vars(args).items() if k != "child"},
+               notes=["Fast sampling: every chunk (4 steps + the context pass), timed from the first call to the last.",
+                      "base480: s/step of one resident expert (CFG cond + uncond) times 70; end to end adds T5, "
+                      "VAE encode/decode (from the Fast 480p case), one load and --switch-seconds.",
+                      "caps: set_per_process_memory_fraction of (card GiB - context_gib); nvidia-smi adds the context."])
+
+    def remaining() -> float:
+        return args.budget_s - (time.perf_counter() - t_start)
+
+    def save() -> None:
+        res["summary"] = summarize(res, args)
+        res["targets"] = check_targets(res)
+        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
+        if out is not None:
+            write_json(out, res)
+
+    paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4", "base": workdir / "high_noise_model_bnb_nf4"}
+    wanted = {n: paths[n] for n in ("fast", "base")
+              if n == "fast" or any(CASES[c]["kind"] == "base" for c in args.cases)}
+    print(f"[experts] {'tiny' if args.tiny else 'full-size'} random NF4 experts in {workdir} ...", flush=True)
+    experts = write_random_experts(wanted, cfgs, device, timeout=max(60.0, remaining()))
+    experts["paths"] = {n: str(p) for n, p in paths.items()}
+    res["experts"] = experts
+    print(f"[experts] {'reused' if experts.get('reused') else 'made in ' + str(experts.get('seconds')) + ' s'}",
+          flush=True)
+    save()
+    try:
+        for name in args.cases:
+            left = remaining()
+            if left < args.min_case_s:
+                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
+                print(f"[{name}] skipped (budget)", flush=True)
+                save()
+                continue
+            print(f"[{name}] running ({left:.0f} s of budget left) ...", flush=True)
+            try:
+                r = run_child(case_spec(name, args, cfgs, experts, device), workdir, timeout=left, module=MODULE)
+            except Exception as e:  # the parent never dies on one case
+                r = {"error": f"{type(e).__name__}: {e}"}
+            res["cases"][name] = r
+            print(f"[{name}] {(r.get('error') or 'ok in ' + str(r.get('child_seconds')) + ' s')[:300]}", flush=True)
+            save()
+    finally:
+        res["parent_peak_rss"] = peak_rss_bytes()
+        save()
+        if not args.keep:
+            for p in paths.values():
+                shutil.rmtree(p, ignore_errors=True)
+        for spec_file in workdir.glob("spec_*.json"):
+            spec_file.unlink(missing_ok=True)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny config and videos on the CPU (smoke run)")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
+    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget; later cases are skipped")
+    p.add_argument("--min-case-s", type=float, default=30.0, help="do not start a case with less budget left")
+    p.add_argument("--workdir", default="/tmp/lingbot_fast_bench", help="where the experts are written (≈19 GB)")
+    p.add_argument("--keep", action="store_true", help="keep the experts for the next call")
+    p.add_argument("--timed-steps", type=int, default=2, help="base case: timed steps after one warm-up step")
+    p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
+    p.add_argument("--t5-seconds", type=float, default=None, help="T5 encode seconds (bench_t5), for end to end")
+    p.add_argument("--switch-seconds", type=float, default=3.29,
+                   help="base end to end: one expert switch (BENCHMARKS.md, swap from disk)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child_main(args.child, CHILDREN)
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+    if args.tiny:
+        args.timed_steps = 1
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    res = run(args)
+    print_report(res)
+    if args.out:
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""`lingbot-world generate --model fast`: the Fast model, chunk by chunk, with its K/V cache placed for the card.
+
+Same inputs as the base model (image, camera, prompt, size, frames, seed), the base package's T5 / VAE /
+tokenizer from the same release folder, and the release's defaults (480x832, 81 frames, shift 10, 4 steps per
+chunk of 3 latent frames, no CFG). Every check that can fail runs before the text encoder starts: the Fast model's
+kind and tensors (headers only), the frame count, the camera, the cache plan against free VRAM and RAM. Each
+finished chunk is decoded right away (streaming decode) and appended to the output, so an interrupted run still
+leaves the frames made so far.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+log = logging.getLogger("lingbot_world.generate")
+
+MODELS = ("base", "fast")
+STREAM_DECODE = ("auto", "on", "off")
+DEMO_FAST_FRAMES = 33  # three chunks of the tiny demo
+
+
+def add_arguments(p) -> None:
+    """The Fast model's flags (generate.py's parser); the inputs, size, frames, seed, noise, device, weights, T5,
+    VAE and output flags are shared with the base model."""
+    p.add_argument("--model", choices=MODELS, default="base",
+                   help="base: the two experts, 70 steps with CFG (default). fast: LingBot-World-Fast, causal, "
+                        "4 steps per chunk of 3 latent frames, no CFG (needs lingbot_world_fast/ in --ckpt-dir)")
+    g = p.add_argument_group(
+        "fast model (--model fast)",
+        "--steps, --guide-scale, --boundary, --solver, --cfg-mode, --memory-mode and --negative-prompt do not apply: "
+        "the Fast model always runs its 4 distilled steps per chunk without guidance.")
+    g.add_argument("--fast-model", type=Path, default=None,
+                   help="override: the Fast model folder/file (default: lingbot_world_fast_bnb_nf4/ or "
+                        "lingbot_world_fast/ in --ckpt-dir)")
+    g.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="auto",
+                   help="where the K/V cache lives: gpu (the reference's layout; 26.8 GB at 480x832x81), host "
+                        "(pinned RAM, each layer streamed to the GPU one layer ahead), auto (GPU when it fits)")
+    g.add_argument("--kv-layers-on-gpu", type=int, default=None,
+                   help="host cache: layers whose K/V stay on the GPU (default: as many as fit)")
+    g.add_argument("--max-attention", type=int, default=None, metavar="TOKENS",
+                   help="each chunk attends to the latest TOKENS cached tokens only (the reference's "
+                        "--max_attention_size; same output as the reference with that flag, in bounded memory). "
+                        "1560 tokens = one latent frame at 480x832")
+    g.add_argument("--window", type=int, default=None, metavar="LATENT_FRAMES",
+                   help="NON-REFERENCE: keep only the latest LATENT_FRAMES latent frames (4 video frames each) in the "
+                        "cache, for long videos in bounded memory (the released pipeline caches the whole video)")
+    g.add_argument("--sink", type=int, default=0, metavar="LATENT_FRAMES",
+                   help="NON-REFERENCE, with --window: the first LATENT_FRAMES latent frames are never evicted")
+    g.add_argument("--stream-decode", choices=STREAM_DECODE, default="auto",
+                   help="decode each chunk as soon as it is done and append it to the output (partial output when "
+                        "interrupted): on, off (decode at the end), auto (on when the VAE fits beside the model)")
+
+
+def run(args) -> int:
+    """Entry point from generate.run() for --model fast."""
+    from ..loaders.expert_format import check_model_kind, detect_format
+    from ..loaders.expert_loader import check_expert_keys
+    from ..text_encoder.encode import encode_prompts
+    from ..wan.control.camera import camera_condition
+    from ..wan.dit.attention import set_backend
+    from ..wan.dit.kv_cache import cache_layout
+    from ..wan.sampling.fast_sampler import CHUNK_FRAMES, fast_frames
+    from ..wan.sizes import latent_size, max_area_for, target_size
+    from .generate import _camera, _demo_defaults, _empty_cache, _resolve_device, load_image
+    from .progress import RunStats
+
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    if args.demo:
+        requested_frames = args.frames
+        _demo_defaults(args)
+        if requested_frames == 81:
+            args.frames = DEMO_FAST_FRAMES
+    _warn_base_only_flags(args)
+    if args.image is None or args.prompt is None:
+        raise SystemExit("--image and --prompt are required (or use --demo)")
+    stats = RunStats()
+    device = _resolve_device(args.device)
+    set_backend(args.attention)
+    files = _fast_files(args)
+    fmt = detect_format(files.fast)
+    note = check_model_kind(fmt, "fast")
+    if note:
+        log.warning("%s", note)
+    check_expert_keys(fmt, args.weights)  # missing or mis-shaped tensors are named here, before any work
+    cfg = fmt.config
+
+    image = load_image(args.image)
+    height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
+    lat_h, lat_w = latent_size(height, width)
+    cam_path, zoom_preset = _camera(args.camera, args.camera_speed, max(args.frames, 1))
+    plan_frames = fast_frames(args.frames, None if cam_path is None else cam_path.poses.shape[0])
+    if plan_frames.note:
+        log.warning("frames: %s", plan_frames.note)
+    camera = None
+    if cam_path is not None:
+        cond = camera_condition(cam_path.poses, cam_path.intrinsics, height, width, plan_frames.pose_frames,
+                                per_frame_intrinsics=args.per_frame_intrinsics or zoom_preset,
+                                latent_frames=plan_frames.latent_frames)
+        if cond.message:
+            log.warning("camera: %s", cond.message)
+        camera = cond.plucker
+    frames = plan_frames.frames
+    fsl = (lat_h // 2) * (lat_w // 2)
+    layout = cache_layout(plan_frames.latent_frames, fsl, CHUNK_FRAMES, window_frames=args.window,
+                          sink_frames=args.sink, max_attention=args.max_attention)
+    if layout.note:
+        log.warning("K/V cache: %s", layout.note)
+    print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
+          f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)
+
+    plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files)
+    log.info("memory plan: %s", plan.reason)
+    stats.mark("setup")
+
+    pos = encode_prompts(files.t5, files.tokenizer, [args.prompt], device=args.t5_device, cache_dir=args.cache_dir,
+                         use_cache=not args.no_text_cache, timeout=args.t5_timeout)[0]
+    stats.mark("text")
+
+    from ..loaders.demo_checkpoint import demo_vae_config
+    from ..loaders.vae_files import load_vae
+    from ..wan.i2v import build_i2v_condition
+
+    vae = load_vae(files.vae, device, config=demo_vae_config(files.root))
+    with torch.inference_mode():
+        y = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
+    if not stream_vae:
+        vae.to("cpu")
+    _empty_cache(device)
+    stats.mark("vae_encode")
+
+    seed = args.seed if args.seed >= 0 else random.randrange(2**31)
+    out_path = args.out or _default_name(args.prompt)
+    latent, written = _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae if stream_vae else None,
+                              out_path, stats)
+    if written is None:
+        vae.to(device)
+        with torch.inference_mode():
+            video = vae.decode(latent, tiled=args.vae_tiled)[0]
+        del vae
+        stats.mark("vae_decode")
+        from .video_out import write_video
+
+        written = write_video(video, out_path, args.fps)
+        stats.mark("write")
+    print(f"Fast model: generated {frames} frames (requested {args.frames})")
+    print(stats.summary(written, seed=seed, device=device))
+    return 0
+
+
+def check_base_experts(files) -> None:
+    """The base path's refusal of the Fast model given as a high/low-noise expert (headers only)."""
+    from ..loaders.expert_format import check_model_kind, detect_format
+
+    for path in (files.high, files.low):
+        note = check_model_kind(detect_format(path), "base")
+        if note:
+            log.warning("%s", note)
+
+
+def _warn_base_only_flags(args) -> None:
+    ignored = [flag for flag, value, default in (
+        ("--steps", args.steps, 70), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
+        ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
+        ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None))
+        if value != default]
+    if ignored:
+        log.warning("--model fast ignores %s (4 distilled steps per chunk, no guidance)", ", ".join(ignored))
+    if args.shift != 10.0:
+        log.warning("--shift %.3g: the Fast model was distilled at shift 10; other values change its timesteps",
+                    args.shift)
+
+
+def _fast_files(args):
+    from ..loaders.checkpoint_dir import FastCheckpointFiles, find_fast_checkpoint_files
+    from ..loaders.demo_checkpoint import build_demo_fast_checkpoint
+
+    if args.demo:
+        files = build_demo_fast_checkpoint(args.demo_dir)
+    elif args.ckpt_dir is not None:
+        if args.fast_model is not None:
+            from ..loaders.checkpoint_dir import _shared_files
+
+            t5, vae, tok = _shared_files(Path(args.ckpt_dir).expanduser())
+            files = FastCheckpointFiles(Path(args.ckpt_dir), args.fast_model, t5, vae, tok)
+        else:
+            files = find_fast_checkpoint_files(args.ckpt_dir)
+    else:
+        missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(args, n) is None]
+        if missing:
+            raise SystemExit(f"give --ckpt-dir (or --demo), or {' '.join(missing)}")
+        return FastCheckpointFiles(Path("."), args.fast_model, args.t5, args.vae, args.tokenizer)
+    for n, attr in (("fast", "fast_model"), ("t5", "t5"), ("vae", "vae"), ("tokenizer", "tokenizer")):
+        if getattr(args, attr) is not None:
+            setattr(files, n, getattr(args, attr))
+    return files
+
+
+def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
+    """The memory plan, and whether the VAE streams chunk by chunk beside the model (--stream-decode)."""
+    from ..loaders.demo_checkpoint import demo_vae_config
+    from ..memory.kv_placement import FastMemoryError, plan_fast_memory
+    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..quant.nf4 import default_compute_dtype
+    from ..wan.vae.model import VAEConfig
+    from ..wan.vae.streaming import streaming_decode_bytes
+
+    cuda = device.type == "cuda"
+    vram = free_vram_bytes(device) if cuda else 1 << 60
+    ram = available_ram_bytes()
+    cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
+    kw = dict(weights=args.weights, cache=args.kv_cache, cache_layers_on_gpu=args.kv_layers_on_gpu,
+              camera=with_camera, compute_bytes=torch.empty(0, dtype=cdt).element_size())
+    try:
+        plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
+        if not cuda:
+            plan.reason = f"{device.type} run: the model and the K/V cache ({plan.estimates['cache_bytes'] / 1e9:.2f} GB) in RAM"
+        stream = args.stream_decode == "on" or not cuda and args.stream_decode == "auto"
+        if cuda and args.stream_decode != "off":
+            vae_cfg = demo_vae_config(files.root) or VAEConfig()
+            extra = streaming_decode_bytes(vae_cfg, height, width)
+            with_vae = plan_fast_memory(height, width, cfg, layout, vram, ram, extra_vram=extra, **kw)
+            if args.stream_decode == "on" or (with_vae.fits and with_vae.blocks_on_gpu is None):
+                plan, stream = with_vae, True
+            else:
+                log.info("streaming decode off: the VAE (%.1f GB while streaming) does not fit beside the model; "
+                         "the video is decoded after sampling", extra / 1e9)
+    except FastMemoryError as e:
+        raise SystemExit(f"error: {e}") from None
+    if not plan.fits:
+        log.warning("the plan may not fit in VRAM: %s", plan.reason)
+    return plan, stream
+
+
+def _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae, out_path: Path, stats):
+    """Load, place, run the chunks; returns (latent, written path or None when the video is decoded later)."""
+    from ..memory.kv_placement import FastPlacement
+    from ..wan.dit.model import pad_context
+    from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
+    from ..wan.sampling.sampler import Cancelled
+    from ..wan.vae.streaming import StreamingDecoder
+    from .progress import ProgressLine
+    from .video_out import FrameWriter
+
+    source = args.noise if args.noise != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+    generator = make_generator(seed, source)
+    noise = draw(generator, (1, 16, *y.shape[2:]), device)
+    placement = FastPlacement(plan, device, log.info)
+    decoder = StreamingDecoder(vae, tiled=args.vae_tiled) if vae is not None else None
+    writer: Optional[FrameWriter] = FrameWriter(out_path, args.fps) if decoder is not None else None
+    run = None
+    bar = None
+    t_decode = 0.0
+    try:
+        t0 = time.perf_counter()
+        model = placement.load_model(files.fast, args.weights)
+        cache = placement.make_cache()
+        log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
+        stats.mark("load")
+
+        def on_chunk(index: int, x0: torch.Tensor) -> None:
+            nonlocal t_decode
+            if decoder is None:
+                return
+            t = time.perf_counter()
+            with torch.inference_mode():
+                writer.append(decoder.decode(x0)[0])
+            t_decode += time.perf_counter() - t
+
+        # y and the camera stay in host memory: each chunk's slice goes to the device when it runs (the camera of
+        # a long video is GBs: 2.3 GB for 957 frames at 480p)
+        run = FastRun(model, noise, pad_context([pos], model.cfg.text_len).to(device), y.cpu(), camera, cache,
+                      generator, device=device, on_chunk=on_chunk)
+        bar = ProgressLine(run.chunks * run.schedule.steps, enabled=not args.quiet)
+        run.callback = lambda info: bar.update(replace(info, expert=f"chunk {info.chunk + 1}/{info.chunks}"))
+        with torch.inference_mode():
+            latent = run.run()
+        stats.mark("sampling")
+        if decoder is not None:
+            stats.stages.append(("of which streaming decode", t_decode))
+        written = writer.close() if writer is not None else None
+        writer = None
+        return latent, written
+    except (KeyboardInterrupt, Cancelled):
+        raise SystemExit(130) from None
+    finally:
+        if bar is not None:
+            bar.close()
+        if writer is not None:  # stopped early: keep what was decoded, never an empty file
+            done = 0 if run is None else run.chunk
+            total = "?" if run is None else run.chunks
+            if writer.frames:
+                print(f"stopped after {done} of {total} chunks: the {writer.frames} frames decoded so far are in "
+                      f"{writer.close()}", flush=True)
+            else:
+                writer.discard()
+                print(f"stopped after {done} of {total} chunks; nothing written", flush=True)
+        if decoder is not None:
+            decoder.close()
+        placement.close()
+        _empty(device)
+
+
+def _empty(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _default_name(prompt: str) -> Path:
+    from .generate import _default_name as base_name
+
+    p = base_name(prompt)
+    return p.with_name(p.name.replace("lingbot_", "lingbot_fast_", 1))

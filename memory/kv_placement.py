@@ -1,0 +1,274 @@
+"""Where the Fast model and its K/V cache live: the plan (`plan_fast_memory`) and carrying it out.
+
+The cache of the released pipeline holds the whole video: 40 layers x K and V x 32,760 tokens x 5120 x 2 B =
+26.8 GB at 480x832x81 in bf16. Placements:
+- cache "gpu":  every layer on the device (the reference's layout; needs model + cache + activations);
+- cache "host": the first N layers on the device, the rest in pinned host RAM, each streamed to the device one
+                layer ahead of the compute through two one-layer device buffers (memory/kv_stream.py). N is as
+                many as fit; host RAM holds exactly the other layers (nothing else is copied);
+- the model itself is resident, or block-swapped (memory/block_swap.py) on cards too small for it.
+Each layer's text K/V (0.4 GB for all layers) are kept when they fit, else recomputed every call (same values).
+
+`plan_fast_memory` decides from free VRAM / RAM, the video size and the cache layout (window, max attention),
+with the expert planner's helpers and margins (memory/placement.py), and logs why in one line; it refuses with the
+numbers when the cache cannot fit even in host RAM, before anything is allocated. Nothing here imports ComfyUI.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
+from ..wan.dit.kv_cache import CacheLayout, KVCache
+from ..wan.dit.model import DiTConfig
+from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
+from .block_swap import BlockSwapper, streamed_block_keys
+from .kv_stream import KVStreamer
+from .pinned import free_device_memory
+from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, VRAM_HEADROOM, WEIGHTS, _drop_model, _fits_line, _gb,
+                        estimate_activation_bytes, expert_sizes)
+
+log = logging.getLogger(__name__)
+
+CACHE_PLACEMENTS = ("auto", "gpu", "host")
+# Host RAM that must stay free beside the pinned cache (page-locked memory cannot be swapped out).
+RAM_MARGIN = 2 * 1024**3
+# Device memory left unused when cache layers fill the card: a streamed layer costs only PCIe traffic that overlaps
+# the compute, so the last layers are not worth the desktop's or ComfyUI's previews' memory (keeps a 24 GB card
+# at <= 22.5 GB).
+CACHE_VRAM_SPARE = int(2.5 * 1024**3)
+
+
+class FastMemoryError(MemoryError):
+    """The Fast run cannot be placed (the cache does not fit even in host RAM); the message has the numbers."""
+
+
+@dataclass
+class FastMemoryPlan:
+    cache: str  # "gpu" | "host"
+    cache_layers_on_gpu: int  # layers whose K/V stay on the device (all of them for "gpu")
+    cache_text: bool  # keep each layer's text K/V on the device
+    blocks_on_gpu: Optional[int]  # None: the whole model on the device; else block swap with N resident blocks
+    layout: CacheLayout
+    reason: str
+    fits: bool = True
+    token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
+    estimates: dict = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.estimates.get("num_layers", 0))
+
+    @property
+    def streamed_layers(self) -> int:
+        return self.num_layers - self.cache_layers_on_gpu
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["layout"] = asdict(self.layout)
+        return d
+
+
+def chunk_frames_pixels(chunk_latent_frames: int = 3) -> int:
+    """Video frames whose latent is one chunk (9 for 3 latent frames): what the activation estimate is sized for."""
+    return VAE_TEMPORAL_STRIDE * (chunk_latent_frames - 1) + 1
+
+
+def plan_fast_memory(
+    height: int,
+    width: int,
+    cfg: DiTConfig,
+    layout: CacheLayout,
+    vram_free: int,
+    ram_free: int,
+    *,
+    weights: str = "nf4",
+    cache: str = "auto",
+    cache_layers_on_gpu: Optional[int] = None,
+    blocks_on_gpu: Optional[int] = None,
+    camera: bool = True,
+    compute_bytes: int = 2,
+    token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
+    extra_vram: int = 0,
+) -> FastMemoryPlan:
+    """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
+    numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
+    many layers on the device as fit. extra_vram: other device memory the run needs (a VAE for previews).
+    Raises FastMemoryError when the streamed layers do not fit in host RAM either.
+    """
+    if cache not in CACHE_PLACEMENTS:
+        raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r}: choose one of {WEIGHTS}")
+    latent_size(height, width)
+    n_layers = cfg.num_layers
+    sizes = expert_sizes(cfg, weights, compute_bytes)
+    acts = int(estimate_activation_bytes(chunk_frames_pixels(), height, width, cfg, False, camera=camera,
+                                         compute_bytes=compute_bytes, token_chunk=token_chunk) * ACTIVATION_SAFETY)
+    layer = layout.layer_bytes(cfg.num_heads, cfg.head_dim, compute_bytes)
+    text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
+    whole_cache = n_layers * layer
+    vram = int(vram_free) - int(extra_vram)
+    est = {"num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
+           "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
+           "extra_vram": int(extra_vram), "vram_free": int(vram_free), "ram_free": int(ram_free),
+           "headroom": VRAM_HEADROOM, "cache_tokens": layout.capacity}
+    size_txt = f"{height}x{width}, chunks of {chunk_frames_pixels()} frames"
+    acts_label = f"activations ({size_txt})"
+    prefix = "auto: " if cache == "auto" else "requested: "
+    extra = [("preview VAE", int(extra_vram))] if extra_vram else []
+
+    gpu_parts = [("model", sizes.total), ("K/V cache", whole_cache), ("text K/V", text), (acts_label, acts),
+                 ("headroom", VRAM_HEADROOM)] + extra
+    gpu_need = sum(n for _, n in gpu_parts)
+    if cache == "gpu" or (cache == "auto" and gpu_need <= vram_free):
+        ok = gpu_need <= vram_free
+        why = _fits_line(gpu_parts, vram_free, "free VRAM")
+        note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
+        return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}",
+                              ok, token_chunk, est)
+
+    # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit.
+    ring = 2 * layer
+    model_bytes, blocks = sizes.total, blocks_on_gpu
+    if blocks is None and sizes.total + ring + acts + VRAM_HEADROOM > vram:
+        spare = vram - VRAM_HEADROOM - acts - ring - sizes.base - 2 * sizes.block
+        blocks = max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else 0))
+    if blocks is not None and blocks >= sizes.num_blocks:
+        blocks = None
+    if blocks is not None:
+        model_bytes = sizes.base + (blocks + 2) * sizes.block
+    fixed = model_bytes + ring + acts + VRAM_HEADROOM
+    cache_text = fixed + text <= vram
+    spare = vram - fixed - (text if cache_text else 0) - CACHE_VRAM_SPARE
+    planned = max(0, min(n_layers, spare // layer if layer else n_layers))
+    n = planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
+    on_device = fixed + n * layer + (text if cache_text else 0)
+    ok = on_device <= vram
+    host_cache = (n_layers - n) * layer
+    host_weights = (sizes.num_blocks - blocks) * sizes.block if blocks is not None else 0
+    host_need = host_cache + host_weights
+    est.update(host_bytes=host_need, cache_layers_on_gpu=n)
+    model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
+    parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
+    if cache_text:
+        parts.append(("text K/V", text))
+    parts += [(acts_label, acts), ("headroom", VRAM_HEADROOM)] + extra
+    why = _fits_line(parts, vram_free, "free VRAM")
+    if host_need > ram_free - RAM_MARGIN:
+        raise FastMemoryError(
+            f"the K/V cache does not fit: {n_layers - n} of {n_layers} layers ({_gb(host_cache)}"
+            + (f", plus {_gb(host_weights)} of streamed model blocks" if host_weights else "")
+            + f") would live in pinned host RAM but only {_gb(ram_free)} is available (keeping {_gb(RAM_MARGIN)} free); "
+            f"the whole video's cache is {_gb(whole_cache)} ({layout.capacity} tokens x {n_layers} layers). "
+            "Use fewer frames or a smaller size, --max-attention / a window (bounded cache), or close other programs.")
+    notes = [f"{n_layers - n} layers ({_gb(host_cache)}) stream from pinned RAM one layer ahead"]
+    if cache == "auto":
+        notes.insert(0, f"the whole cache on the GPU would need {_gb(gpu_need)}")
+    if not cache_text:
+        notes.append("text K/V recomputed every call (no room to keep them)")
+    if blocks is not None:
+        notes.append(f"model block swap: {sizes.num_blocks - blocks} blocks ({_gb(host_weights)}) stream from RAM")
+    if not ok:
+        notes.append("WARNING: even this may not fit; reduce the size or close other GPU programs")
+    if host_need > ram_free - RAM_RESERVE:
+        notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
+    reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
+    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason, ok, token_chunk, est)
+
+
+# ---- carrying a plan out ---------------------------------------------------------------------------------------
+@dataclass
+class CachePlacement:
+    """A KVCache placed by a plan, with the streamer (host layers) when there is one. close() frees both."""
+
+    cache: KVCache
+    streamer: Optional[KVStreamer] = None
+
+    def close(self) -> None:
+        if self.streamer is not None:
+            self.streamer.close()
+            self.streamer = None
+        self.cache.release()
+
+    def stats(self) -> dict:
+        return self.streamer.stats() if self.streamer is not None else {"layers_on_device": self.cache.num_layers}
+
+
+def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.dtype, *, batch: int = 1,
+                   pin: Optional[bool] = None) -> CachePlacement:
+    """Allocate the cache of `plan` for `model` (a causal WanDiT) and hook the streamer into it if needed."""
+    cfg = model.cfg
+    device = torch.device(device)
+    if plan.cache == "gpu" or plan.cache_layers_on_gpu >= cfg.num_layers:
+        cache = plan.layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, batch=batch, dtype=dtype,
+                                 device=device, cache_text=plan.cache_text)
+        return CachePlacement(cache)
+    pin = (device.type == "cuda") if pin is None else pin
+    streamer = KVStreamer.build(plan.layout, cfg.num_layers, cfg.num_heads, cfg.head_dim, device=device,
+                                layers_on_device=plan.cache_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
+                                cache_text=plan.cache_text)
+    streamer.install(model)
+    return CachePlacement(streamer.cache, streamer)
+
+
+class FastPlacement:
+    """The Fast model loaded as planned (whole, or block-swapped) and its cache; close() frees everything.
+
+    Used by the CLI and the benchmark (ComfyUI places the model through its own model management and only calls
+    `place_kv_cache`).
+    """
+
+    def __init__(self, plan: FastMemoryPlan, device, log_fn: Optional[Callable[[str], None]] = None):
+        self.plan = plan
+        self.device = torch.device(device)
+        self.log = log_fn or log.info
+        self.model: Optional[nn.Module] = None
+        self.swapper: Optional[BlockSwapper] = None
+        self.placement: Optional[CachePlacement] = None
+
+    def load_model(self, path, weights: str = "nf4", compute_dtype: Optional[torch.dtype] = None,
+                   loader: Optional[Callable[..., nn.Module]] = None) -> nn.Module:
+        from ..loaders.expert_loader import load_expert
+
+        loader = loader or load_expert
+        blocks = self.plan.blocks_on_gpu
+        kw = {} if blocks is None else {"host": streamed_block_keys(blocks)}
+        model = loader(path, device=self.device, mode=weights, compute_dtype=compute_dtype, **kw)
+        if blocks is not None:
+            self.swapper = BlockSwapper(model, self.device, blocks, pin=self.device.type == "cuda").install()
+            self.log(f"Fast model placed for block swap: {blocks}/{len(model.blocks)} blocks on {self.device}")
+        if self.plan.token_chunk is not None and hasattr(model, "set_token_chunk"):
+            model.set_token_chunk(self.plan.token_chunk)
+        self.model = model
+        return model
+
+    def make_cache(self, dtype: Optional[torch.dtype] = None) -> KVCache:
+        if self.model is None:
+            raise RuntimeError("load_model() first: the cache hooks into the model")
+        dtype = dtype or self.model.dtype_for_compute()
+        self.placement = place_kv_cache(self.plan, self.model, self.device, dtype)
+        return self.placement.cache
+
+    def close(self) -> None:
+        if self.placement is not None:
+            self.placement.close()
+            self.placement = None
+        if self.swapper is not None:
+            self.swapper.remove(keep_host=False)
+            self.swapper = None
+        elif self.model is not None:
+            _drop_model(self.model)  # callers may still hold the module: its tensors go now
+        self.model = None
+        free_device_memory(self.device)
+
+    def __enter__(self) -> "FastPlacement":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

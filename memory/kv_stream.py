@@ -1,0 +1,280 @@
+"""A K/V cache whose later layers live in pinned host memory and stream to the device one layer ahead.
+
+The released Fast pipeline keeps the whole video's K/V on the GPU: 26.8 GB in bf16 at 480x832x81, more than a
+24 GB card holds next to the 9.6 GB NF4 model. Here layers 0..N-1 keep their K/V on the device and the others
+keep them in page-locked host memory. While a streamed layer runs, its K/V sit in one of two device buffers (the
+block-swap ring of memory/block_swap.py, reused): before block i the cached past it attends to is copied in (queued
+one layer ahead on a side stream, so the copy of layer i+1 overlaps block i's compute); the block writes the
+chunk's K/V into the buffer and attends there; after block i, only in the forward whose K/V are final (the context
+pass), the chunk's slots are copied back to host memory. Within a chunk the four denoising calls and the context
+pass attend to the same past, and the chunk's own K/V never come from the host.
+
+Per forward the copies are the past of every streamed layer in (host -> device) and, on the context pass, one
+chunk per streamed layer out. Nothing else: no second host copy of the cache exists. With a window the host layers
+are a ring after the sink: an eviction only advances the ring's offset (no bytes move in host memory), and the
+copies map cache slots to ring positions (at most three pieces per copy), so the device buffer holds the slots in
+the cache's order and attention sees exactly the keys of an all-resident cache. On a CPU "device" the same
+schedule runs with synchronous copies (the CI tests use that to check the bookkeeping and the outputs).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+from ..wan.dit.kv_cache import ForwardPlan, KVCache
+from .block_swap import _Ring
+from .pinned import HostBuffer
+
+log = logging.getLogger(__name__)
+
+
+class _SlotMap:
+    """Cache slot -> host position: slots below the sink stay put, the rest rotate by `offset` (evictions)."""
+
+    def __init__(self, capacity: int, sink: int):
+        self.capacity, self.sink, self.offset = capacity, sink, 0
+
+    def advance(self, evicted: int) -> None:
+        self.offset = (self.offset + evicted) % (self.capacity - self.sink)
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """[a, b) as (slot, host position, count) runs."""
+        out = []
+        if a < self.sink:
+            n = min(b, self.sink) - a
+            out.append((a, a, n))
+            a += n
+        ring = self.capacity - self.sink
+        while a < b:
+            pos = self.sink + (a - self.sink + self.offset) % ring
+            n = min(b - a, self.capacity - pos)
+            out.append((a, pos, n))
+            a += n
+        return out
+
+
+class _HostLayer:
+    """One streamed layer: K and V in one (pinned) host buffer, and the `part` protocol of the ring."""
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
+        self.cache: Optional[KVCache] = None  # set once the cache exists
+        self.slots: Optional[_SlotMap] = None  # shared by every host layer of the cache
+        self.half = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+        self.capacity = shape[1]
+        self.buffer = HostBuffer(2 * self.half, pin)
+        self.k, self.v = _kv_views(self.buffer.tensor, shape, dtype)
+
+    def slot_bytes(self, a: int, b: int) -> int:
+        return 2 * max(0, b - a) * (self.half // self.capacity)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the next upload moves: the past the current forward attends to."""
+        p = self.cache.plan if self.cache is not None else None
+        return 0 if p is None else self.slot_bytes(*p.past)
+
+    def fill(self, flat: torch.Tensor, stream=None) -> None:
+        """Copy the past this forward attends to into the device buffer `flat` (same slots)."""
+        a, b = self.cache.plan.past
+        if b <= a:
+            return
+        k, v = _kv_views(flat, tuple(self.k.shape), self.k.dtype)
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            for slot, pos, n in self.slots.pieces(a, b):
+                k[:, slot:slot + n].copy_(self.k[:, pos:pos + n], non_blocking=self.buffer.pinned)
+                v[:, slot:slot + n].copy_(self.v[:, pos:pos + n], non_blocking=self.buffer.pinned)
+
+    def write_back(self, k: torch.Tensor, v: torch.Tensor, a: int, b: int) -> None:
+        """Device slots [a, b) of this layer -> their host positions (on the current stream)."""
+        for slot, pos, n in self.slots.pieces(a, b):
+            self.k[:, pos:pos + n].copy_(k[:, slot:slot + n], non_blocking=self.buffer.pinned)
+            self.v[:, pos:pos + n].copy_(v[:, slot:slot + n], non_blocking=self.buffer.pinned)
+
+    def close(self) -> None:
+        self.k = self.v = None
+        self.buffer.close()
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _kv_views(flat: torch.Tensor, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    half = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+    return (flat[:half].view(dtype).view(shape), flat[half:2 * half].view(dtype).view(shape))
+
+
+class KVStreamer:
+    """A KVCache with layers >= `layers_on_device` in (pinned) host memory, streamed to `device` during forwards.
+
+    `KVStreamer.build(...)` allocates the resident layers on the device and the streamed ones in host memory
+    (so host RAM holds exactly the streamed layers, device memory the resident ones plus two one-layer buffers)
+    and returns the streamer; its `cache` is an ordinary KVCache. `install(model)` hooks the DiT's
+    before_block/after_block (earlier hooks, e.g. block swap of the weights, keep running) and the cache's
+    eviction hook.
+    """
+
+    def __init__(self, cache: KVCache, host: dict, device):
+        self.cache = cache
+        self.device = torch.device(device)
+        self.host: dict[int, _HostLayer] = host
+        self.resident = min(host) if host else cache.num_layers
+        self.slots = _SlotMap(cache.capacity, cache.sink_tokens)
+        for layer in host.values():
+            layer.cache, layer.slots = cache, self.slots
+        cache.self_evicting = set(host)
+        self.ring: Optional[_Ring] = None
+        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if host:
+            layer = next(iter(host.values()))
+            self.ring = _Ring(2 * layer.half, self.device)
+            self._views = [_kv_views(buf, tuple(layer.k.shape), cache.dtype) for buf in self.ring.buffers]
+        self._current: Optional[int] = None
+        self._model: Optional[nn.Module] = None
+        self._prev: Optional[tuple[Optional[Callable], Optional[Callable]]] = None
+        self._prev_evict: Optional[Callable] = None
+        self.uploaded_bytes = 0
+        self.written_back_bytes = 0
+
+    @classmethod
+    def build(cls, layout, num_layers: int, heads: int, head_dim: int, *, device, layers_on_device: int,
+              dtype: torch.dtype = torch.bfloat16, batch: int = 1, pin: bool = True,
+              cache_text: bool = True) -> "KVStreamer":
+        """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`."""
+        if isinstance(layers_on_device, bool) or not isinstance(layers_on_device, int) \
+                or not 0 <= layers_on_device <= num_layers:
+            raise ValueError(f"layers_on_device must be an integer in 0..{num_layers}, got {layers_on_device!r}")
+        shape = (batch, layout.capacity, heads, head_dim)
+        host: dict[int, _HostLayer] = {}
+        try:
+            for i in range(layers_on_device, num_layers):
+                host[i] = _HostLayer(shape, dtype, pin)
+            k, v = [], []
+            for i in range(num_layers):
+                if i in host:
+                    k.append(host[i].k)
+                    v.append(host[i].v)
+                else:
+                    k.append(torch.empty(shape, dtype=dtype, device=device))
+                    v.append(torch.empty(shape, dtype=dtype, device=device))
+            cache = KVCache(k, v, sink_tokens=layout.sink_tokens, evict=layout.evict,
+                            max_attention=layout.max_attention, cache_text=cache_text)
+            return cls(cache, host, device)
+        except BaseException:
+            for h in host.values():
+                h.close()
+            raise
+
+    @property
+    def streamed(self) -> range:
+        return range(self.resident, self.cache.num_layers)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(h.buffer.nbytes for h in self.host.values())
+
+    # ---- hooks --------------------------------------------------------------------------------------------
+    def install(self, model: nn.Module) -> "KVStreamer":
+        self._model = model
+        self._prev = (model.before_block, model.after_block)
+        model.before_block, model.after_block = self.before_block, self.after_block
+        self._prev_evict = self.cache.on_evict
+        self.cache.on_evict = self._before_evict
+        return self
+
+    def before_block(self, i: int) -> None:
+        prev = self._prev[0] if self._prev else None
+        if prev is not None:
+            prev(i)
+        if self.ring is None:
+            return
+        if i == 0:
+            self.ring.forget()  # the buffers hold the previous forward's slots; the plan may have changed
+            self._current = None
+            for j, h in self.host.items():  # after an interrupted forward a layer may still point at a buffer
+                self.cache.k[j], self.cache.v[j] = h.k, h.v
+            if self.resident > 0:  # start the first streamed layer's copy behind the resident layers' compute
+                self._load(self.resident)
+        if i < self.resident:
+            return
+        s = self._load(i)
+        self.ring.use(s)
+        self.cache.k[i], self.cache.v[i] = self._views[s]
+        self._current = s
+        if i + 1 < self.cache.num_layers:
+            self._load(i + 1, avoid=s)
+
+    def after_block(self, i: int) -> None:
+        if i >= self.resident and self.ring is not None and self._current is not None:
+            s, self._current = self._current, None
+            self.ring.done(s)
+            plan = self.cache.plan
+            if plan is not None and plan.final:
+                self._write_back(i, s, plan)
+            host = self.host[i]
+            self.cache.k[i], self.cache.v[i] = host.k, host.v
+        prev = self._prev[1] if self._prev else None
+        if prev is not None:
+            prev(i)
+
+    def _load(self, i: int, avoid: Optional[int] = None) -> int:
+        before = self.ring.copied_bytes
+        s = self.ring.load(i, self.host[i], avoid=avoid)
+        self.uploaded_bytes += self.ring.copied_bytes - before
+        return s
+
+    def _write_back(self, i: int, s: int, plan: ForwardPlan) -> None:
+        """The chunk's final K/V of layer i: device buffer s -> host, after block i's kernels."""
+        k, v = self._views[s]
+        host = self.host[i]
+        if self.ring.cuda:
+            stream = self.ring.stream
+            stream.wait_event(self.ring.free[s])  # recorded by done(s) after the block's kernels
+            with torch.cuda.stream(stream):
+                host.write_back(k, v, plan.write_start, plan.write_end)
+        else:
+            host.write_back(k, v, plan.write_start, plan.write_end)
+        self.written_back_bytes += host.slot_bytes(plan.write_start, plan.write_end)
+
+    def _before_evict(self, plan: ForwardPlan) -> None:
+        # Host layers are a ring: the eviction is a new offset, no bytes move (the device layers are shifted by
+        # the cache). Copies in flight use positions they computed already, and later ones queue behind them.
+        self.slots.advance(plan.evicted)
+        if self._prev_evict is not None:
+            self._prev_evict(plan)
+
+    def synchronize(self) -> None:
+        if self.ring is not None and self.ring.cuda:
+            self.ring.stream.synchronize()
+
+    def stats(self) -> dict:
+        return {"layers_on_device": self.resident, "streamed_layers": len(self.streamed),
+                "host_bytes": self.host_bytes, "uploaded_bytes": self.uploaded_bytes,
+                "written_back_bytes": self.written_back_bytes, "ring_offset": self.slots.offset}
+
+    # ---- teardown -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unhook, finish the copies and free the host buffers, the ring and the cache's tensors (the cache must not
+        be used again)."""
+        if self._model is not None and self._prev is not None:
+            self._model.before_block, self._model.after_block = self._prev
+        self._model, self._prev = None, None
+        if self.cache.on_evict == self._before_evict:
+            self.cache.on_evict = self._prev_evict
+        self.cache.self_evicting = set()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        self._views = []
+        self.cache.release()  # the device layers and the text K/V too
+        for h in self.host.values():
+            h.close()
+        self.host.clear()

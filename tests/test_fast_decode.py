@@ -1,0 +1,39 @@
+"""Streaming decode (wan/vae/streaming.py): chunk by chunk with the causal feature cache carried over equals one
+whole-video decode, bit for bit (the same operations run: conv2 and the decoder per latent frame)."""
+import pytest
+import torch
+
+from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+from lingbot_world.wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
+
+
+@pytest.fixture(scope="module")
+def vae():
+    torch.manual_seed(1)
+    return WanVAE(VAEConfig.tiny()).eval()
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_chunk_by_chunk_equals_the_whole_decode(vae, tiled):
+    z = torch.randn(1, 16, 9, 4, 6, generator=torch.Generator().manual_seed(2))
+    kw = dict(tiled=True, tile=4, overlap=1) if tiled else {}
+    whole = vae.decode(z, **kw)
+    dec = StreamingDecoder(vae, **kw)
+    parts = [dec.decode(z[:, :, s:s + 3]) for s in range(0, 9, 3)]
+    assert [p.shape[2] for p in parts] == [9, 12, 12] and dec.frames == 33 == whole.shape[2]
+    assert torch.equal(torch.cat(parts, dim=2), whole)
+    dec.close()
+    assert not dec.caches
+
+
+def test_stream_refuses_a_chunk_of_another_video(vae):
+    dec = StreamingDecoder(vae)
+    dec.decode(torch.zeros(1, 16, 3, 4, 6))
+    with pytest.raises(ValueError, match="does not continue"):
+        dec.decode(torch.zeros(1, 16, 3, 4, 8))
+
+
+def test_streaming_decode_bytes_grow_with_the_frame_area():
+    cfg = VAEConfig.tiny()
+    small, big = streaming_decode_bytes(cfg, 64, 96), streaming_decode_bytes(cfg, 128, 192)
+    assert 0 < small < big < 5 * small

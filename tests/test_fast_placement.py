@@ -1,0 +1,268 @@
+"""K/V cache placement: the plan (made-up numbers), and every placement giving the same latents.
+
+On the CPU the host-streamed path runs with a CPU "device" (synchronous copies through the block-swap ring), so
+the bookkeeping of streamed layers (past uploaded, chunk written back only on the context pass, eviction shifts
+in host memory) is checked against the all-resident cache bit for bit. The CUDA tests run the same on a GPU.
+"""
+from __future__ import annotations
+
+import gc
+import traceback
+
+import pytest
+import torch
+
+from lingbot_world.memory.kv_placement import (
+    CACHE_VRAM_SPARE, FastMemoryError, FastPlacement, place_kv_cache, plan_fast_memory)
+from lingbot_world.memory.kv_stream import KVStreamer
+from lingbot_world.memory.pinned import clear_device_caches
+from lingbot_world.wan.dit.kv_cache import KVCache, cache_layout
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT
+from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+from lingbot_world.wan.sampling.sampler import Cancelled
+
+GB = 10**9
+GiB = 1024**3
+FULL = DiTConfig(causal=True)
+
+
+def layout480(**kw):
+    return cache_layout(21, 30 * 52, **kw)  # 480x832 -> 464x832 for 16:9; 480x832 itself: 30 x 52 tokens
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------------
+def test_whole_cache_on_a_big_gpu_is_the_reference_layout():
+    p = plan_fast_memory(480, 832, FULL, layout480(), 80 * GiB, 100 * GiB)
+    assert p.cache == "gpu" and p.cache_layers_on_gpu == 40 and p.cache_text and p.fits
+    assert abs(p.estimates["cache_bytes"] - 26.8e9) < 0.1e9  # spec: 26.8 GB in bf16 at 480x832x81
+    assert "K/V cache on the GPU" in p.reason and "<= " in p.reason
+
+
+@pytest.mark.parametrize("card_gib", [24, 16])
+def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
+    vram = int((card_gib - 0.5) * GiB)
+    p = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB)
+    assert p.cache == "host" and p.blocks_on_gpu is None and p.fits
+    est = p.estimates
+    on_device = (est["model_bytes"] + (p.cache_layers_on_gpu + 2) * est["cache_layer_bytes"] + est["text_kv_bytes"]
+                 + est["activation_bytes"] + est["headroom"])
+    assert on_device <= vram - CACHE_VRAM_SPARE  # the planned bytes leave the spare free
+    assert on_device + est["cache_layer_bytes"] > vram - CACHE_VRAM_SPARE  # ... and no more layer would fit
+    assert est["host_bytes"] == (40 - p.cache_layers_on_gpu) * est["cache_layer_bytes"]
+    assert f"{p.cache_layers_on_gpu}/40 layers on the GPU" in p.reason and "stream from pinned RAM" in p.reason
+    if card_gib == 24:
+        assert on_device <= 22.5 * GB
+
+
+def test_small_cards_block_swap_the_model_too():
+    p = plan_fast_memory(480, 832, FULL, layout480(), int(11.5 * GiB), 64 * GiB)
+    assert p.cache == "host" and p.cache_layers_on_gpu == 0 and p.blocks_on_gpu is not None and p.blocks_on_gpu < 40
+    assert not p.cache_text and "text K/V recomputed" in p.reason and "model block swap" in p.reason
+
+
+def test_refuses_when_the_cache_does_not_fit_in_host_ram_either():
+    with pytest.raises(FastMemoryError, match=r"layers \(\d+\.\d GB\) would live in pinned host RAM but only 8\.6 GB"):
+        plan_fast_memory(480, 832, FULL, layout480(), int(23.5 * GiB), 8 * GiB)
+    # a bounded cache fits where the whole video's does not
+    small = layout480(max_attention=3 * 1560)
+    assert plan_fast_memory(480, 832, FULL, small, int(23.5 * GiB), 8 * GiB).cache == "gpu"
+
+
+def test_requested_placements_are_kept():
+    p = plan_fast_memory(480, 832, FULL, layout480(), int(23.5 * GiB), 64 * GiB, cache="gpu")
+    assert p.cache == "gpu" and not p.fits and "WARNING" in p.reason
+    p = plan_fast_memory(480, 832, FULL, layout480(), 80 * GiB, 64 * GiB, cache="host", cache_layers_on_gpu=3)
+    assert p.cache == "host" and p.cache_layers_on_gpu == 3 and p.reason.startswith("requested:")
+    with pytest.raises(ValueError, match="cache placement"):
+        plan_fast_memory(480, 832, FULL, layout480(), GiB, GiB, cache="disk")
+
+
+def test_cache_layouts():
+    assert layout480().capacity == 21 * 1560 and layout480().reference_exact and not layout480().evict
+    m = layout480(max_attention=2000)
+    assert (m.capacity, m.evict, m.max_attention, m.reference_exact) == (4680, True, 2000, True)  # >= one chunk
+    w = layout480(window_frames=9, sink_frames=3)
+    assert (w.capacity, w.sink_tokens, w.evict, w.reference_exact) == (9 * 1560, 3 * 1560, True, False)
+    assert "not the released pipeline's" in w.note
+    assert layout480(window_frames=30).evict is False  # covers the whole video
+    with pytest.raises(ValueError, match="cannot hold the 3-frame sink plus one 3-frame chunk"):
+        layout480(window_frames=5, sink_frames=3)
+    with pytest.raises(ValueError, match="only matters with a window"):
+        layout480(sink_frames=3)
+    with pytest.raises(ValueError, match="window of 2"):
+        layout480(window_frames=2)
+
+
+# ---- identical latents in every placement -------------------------------------------------------------------
+TINY = DiTConfig.tiny(num_layers=3, text_dim=16, text_len=8, causal=True)
+LH, LW, FSL = 4, 6, 6
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = WanDiT(TINY).eval()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() < 2 else 1 / p[0].numel() ** 0.5))
+    return m
+
+
+def fast_latents(model, cache, frames=9, seed=3, device="cpu", **kw):
+    g = torch.Generator().manual_seed(50)
+    y = torch.randn(1, 20, frames, LH, LW, generator=g).to(device)
+    cam = torch.randn(1, 384, frames, LH, LW, generator=g).to(device)
+    ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g).to(device)
+    gen = make_generator(seed, "cuda" if torch.device(device).type == "cuda" else "cpu")
+    noise = draw(gen, (1, 16, frames, LH, LW), device)
+    return FastRun(model, noise, ctx, y, cam, cache, gen, device=device, **kw).run()
+
+
+def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32):
+    s = KVStreamer.build(layout, TINY.num_layers, TINY.num_heads, TINY.head_dim, device=device,
+                         layers_on_device=layers_on_device, dtype=dtype, pin=False)
+    return s.install(model)
+
+
+@pytest.mark.parametrize("layout_kw,frames", [
+    ({}, 9), ({"max_attention": 2 * FSL + 1}, 9),
+    ({"window_frames": 6, "sink_frames": 3}, 12),  # evicts one chunk per chunk: the host ring turns by its length
+    ({"window_frames": 7, "sink_frames": 2}, 15),  # ring of 5 frames turned by 3: copies wrap around its end
+])
+def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw, frames):
+    layout = cache_layout(frames, FSL, **layout_kw)
+    resident = fast_latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.float32), frames)
+    for on_device in (0, 1):
+        s = streamed(model, layout, on_device)
+        try:
+            got = fast_latents(model, s.cache, frames)
+            stats = s.stats()
+        finally:
+            s.close()
+        torch.testing.assert_close(got, resident, rtol=0, atol=0)
+        assert stats["streamed_layers"] == 3 - on_device and stats["written_back_bytes"] > 0
+        assert model.before_block is None and model.after_block is None  # unhooked
+
+
+def test_host_ring_maps_slots_like_the_shifted_cache():
+    from lingbot_world.memory.kv_stream import _SlotMap
+
+    cap, sink = 10, 3
+    m = _SlotMap(cap, sink)
+    shifted = list(range(cap))  # what each slot of a shifted cache holds, as host positions written once
+    for evicted in (4, 2, 5, 7):
+        m.advance(evicted)
+        kept = shifted[sink + evicted:] + shifted[sink:sink + evicted]  # the reference shift (tail reused)
+        shifted = shifted[:sink] + kept
+        got = [pos + i for a, pos, n in m.pieces(0, cap) for i in range(n)]
+        assert got == shifted
+        assert all(n > 0 for _, _, n in m.pieces(2, 9)) and len(m.pieces(2, 9)) <= 3
+
+
+def test_only_the_context_pass_is_written_back(model):
+    layout = cache_layout(9, FSL)
+    s = streamed(model, layout, 1)
+    try:
+        fast_latents(model, s.cache)
+        per_chunk = 2 * 3 * FSL * TINY.num_heads * TINY.head_dim * 4  # K and V of one chunk, float32
+        assert s.written_back_bytes == 3 * 2 * per_chunk  # 3 chunks x 2 streamed layers, context passes only
+        # uploads: per call the past of each streamed layer (0, 1 and 2 chunks for chunks 0, 1, 2; 5 calls each)
+        assert s.uploaded_bytes == 5 * (0 + 1 + 2) * 2 * per_chunk
+    finally:
+        s.close()
+
+
+def test_max_attention_bounded_cache_is_reference_exact(model):
+    # the release with --max_attention_size M keeps the whole video and attends to the latest M tokens; the bounded
+    # cache keeps only those: same keys in the same order, so the same latents
+    m = 2 * FSL + 1
+    whole = KVCache.allocate(3, 9 * FSL, TINY.num_heads, TINY.head_dim, dtype=torch.float32, max_attention=m)
+    bounded = cache_layout(9, FSL, max_attention=m)
+    assert bounded.capacity == 3 * FSL
+    torch.testing.assert_close(fast_latents(model, bounded.make(3, TINY.num_heads, TINY.head_dim,
+                                                                 dtype=torch.float32)),
+                               fast_latents(model, whole), rtol=0, atol=0)
+
+
+def test_cancel_leaves_nothing_allocated(model):
+    layout = cache_layout(9, FSL)
+    plan = plan_fast_memory(64, 96, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1)
+    placement = place_kv_cache(plan, model, "cpu", torch.float32)
+    host = placement.streamer.host
+    calls = []
+    with pytest.raises(Cancelled):
+        fast_latents(model, placement.cache, cancel_check=lambda: calls.append(1) or len(calls) > 6)
+    placement.close()
+    assert all(h.buffer.tensor.numel() == 0 and h.k is None for h in host.values())
+    assert all(t.numel() == 0 for t in placement.cache.k + placement.cache.v)
+    assert model.before_block is None and model.after_block is None
+
+
+def test_fast_placement_frees_the_model_and_the_cache(model, tmp_path):
+    from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
+
+    make_random_nf4_expert(TINY, tmp_path / "fast", device="cpu", seed=1)
+    layout = cache_layout(9, FSL)
+    plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1)
+    with FastPlacement(plan, "cpu") as fp:
+        m = fp.load_model(tmp_path / "fast")
+        cache = fp.make_cache()
+        assert cache.num_layers == 3 and m.cfg.causal
+        out = fast_latents(m, cache)
+        assert out.isfinite().all()
+    assert all(p.numel() == 0 for p in m.parameters())  # dropped, although the test still holds the module
+
+
+# ---- CUDA -------------------------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout_kw,frames", [({}, 9), ({"window_frames": 7, "sink_frames": 2}, 15)])
+def test_cuda_host_streamed_cache_matches_the_resident_cache(model, layout_kw, frames):
+    dev = torch.device("cuda")
+    m = WanDiT(TINY, device=dev, dtype=torch.bfloat16).eval()
+    m.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    layout = cache_layout(frames, FSL, **layout_kw)
+    resident = fast_latents(m, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16, device=dev),
+                            frames, device=dev)
+    clear_device_caches(m)  # the RoPE tables
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    for on_device in (0, 2):
+        s = KVStreamer.build(layout, 3, TINY.num_heads, TINY.head_dim, device=dev, layers_on_device=on_device,
+                             dtype=torch.bfloat16, pin=True).install(m)
+        try:
+            assert all(h.buffer.pinned for h in s.host.values())
+            got = fast_latents(m, s.cache, frames, device=dev)
+        finally:
+            s.close()
+        torch.testing.assert_close(got, resident, rtol=0, atol=0)
+        del got
+        clear_device_caches(m)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == base  # ring buffers, device layers and text K/V freed
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_cancel_returns_every_byte(model):
+    dev = torch.device("cuda")
+    m = WanDiT(TINY, device=dev, dtype=torch.bfloat16).eval()
+    m.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    plan = plan_fast_memory(32, 48, TINY, cache_layout(9, FSL), 1 << 40, 1 << 40, cache="host",
+                            cache_layers_on_gpu=1)
+    placement = place_kv_cache(plan, m, dev, torch.bfloat16)
+    calls = []
+    with pytest.raises(Cancelled) as stopped:
+        fast_latents(m, placement.cache, device=dev, cancel_check=lambda: calls.append(1) or len(calls) > 7)
+    traceback.clear_frames(stopped.value.__traceback__)  # the run's locals (noise, finished chunks) go with it
+    del stopped
+    placement.close()
+    clear_device_caches(m)
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base and m.before_block is None

@@ -1,0 +1,303 @@
+"""LingBot-World-Fast: few-step causal generation, chunk by chunk, with a K/V cache (spec Fast §2-4).
+
+The video is denoised in chunks of 3 latent frames. Each chunk takes 4 model calls at the timesteps
+[999, 978, 947, 825] (indices [0, 179, 358, 679] of the 1000-step, shift-10 flow grid), each turning the velocity
+into x0 and re-noising x0 to the next timestep with fresh noise; then one more call at t = 0 on the clean chunk (the
+"context pass") refreshes the chunk's K/V in the cache, so later chunks attend to the clean past. No CFG: one
+forward per call, the text K/V computed once.
+
+The run is an explicit object (`FastRun`: next chunk, the cache, the generator, the finished chunks), so it can
+stop after any chunk and continue, and nothing lives in globals. Noise follows the reference's order: the whole
+video's initial noise first, then every re-noise draw, all from one seeded generator (CUDA generator =
+reference-exact on a GPU; CPU = the same noise on every machine, like the base sampler's `make_noise`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..dit.kv_cache import KVCache
+from ..sizes import VAE_TEMPORAL_STRIDE
+from .sampler import Cancelled, StepInfo
+from .unipc import first_step_index, flow_timesteps
+
+log = logging.getLogger(__name__)
+
+CHUNK_FRAMES = 3  # latent frames per chunk
+STEP_INDICES = (0, 179, 358, 679)  # into the 1000-step grid: timesteps 999, 978, 947, 825
+SHIFT = 10.0  # generate_fast passes the config's shift (the function default 5 is never used)
+NUM_TRAIN_TIMESTEPS = 1000
+NOISE_SOURCES = ("cpu", "cuda")
+
+
+# ---- frames -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FastFrames:
+    """How many frames a Fast run produces for a request (spec Fast §2)."""
+
+    requested: int
+    pose_frames: int  # 4n+1 frames the camera poses are taken from (request rounded down, clipped to the poses)
+    latent_frames: int  # a multiple of the chunk size
+    frames: int  # frames of the output video: 4 * (latent_frames - 1) + 1
+    note: Optional[str]  # what changed, for the user; None when the request is produced as asked
+
+    @property
+    def chunks(self) -> int:
+        return self.latent_frames // CHUNK_FRAMES
+
+
+def fast_frames(requested: int, num_poses: Optional[int] = None, chunk: int = CHUNK_FRAMES) -> FastFrames:
+    """Frame rounding of the Fast model.
+
+    The request is rounded down to 4n+1 and clipped to what `num_poses` camera poses cover ((N-1)//4*4+1); its
+    latent frames (F-1)/4+1 are rounded down to a multiple of the chunk size; the video then has 4*(lat-1)+1
+    frames (81 -> 81, 25 -> 21, 17 -> 9). Raises ValueError when that leaves no chunk.
+    """
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"frame count must be a positive integer, got {requested!r}")
+    pose_frames = (requested - 1) // VAE_TEMPORAL_STRIDE * VAE_TEMPORAL_STRIDE + 1
+    notes = []
+    if num_poses is not None:
+        if num_poses < 1:
+            raise ValueError("no camera poses given")
+        covered = (num_poses - 1) // VAE_TEMPORAL_STRIDE * VAE_TEMPORAL_STRIDE + 1
+        if covered < pose_frames:
+            notes.append(f"the camera trajectory has {num_poses} poses, enough for {covered} frames")
+            pose_frames = covered
+    lat = (pose_frames - 1) // VAE_TEMPORAL_STRIDE + 1
+    lat -= lat % chunk
+    if lat == 0:
+        need = VAE_TEMPORAL_STRIDE * (chunk - 1) + 1
+        why = f" ({notes[0]})" if notes else ""
+        raise ValueError(
+            f"{requested} frames give no complete chunk{why}: the Fast model generates {chunk} latent frames at a "
+            f"time, so it needs at least {need} frames"
+            + (" and as many camera poses" if num_poses is not None else ""))
+    frames = VAE_TEMPORAL_STRIDE * (lat - 1) + 1
+    if frames != requested:
+        notes.append(f"the Fast model works in chunks of {chunk} latent frames ({VAE_TEMPORAL_STRIDE * chunk} video "
+                     f"frames), so it generates {frames} frames instead of the requested {requested}")
+    note = "; ".join(notes)
+    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None)
+
+
+# ---- schedule ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FastSchedule:
+    """The four timesteps and the sigmas the x0 and re-noise formulas use (spec Fast §3)."""
+
+    timesteps: tuple[int, ...]  # [999, 978, 947, 825]
+    x0_indices: tuple[int, ...]  # first grid index with that timestep: [0, 176, 354, 678]
+    renoise_indices: tuple[int, ...]  # for steps 1.. : second equal index of their timestep: [177, 355, 679]
+    sigma_x0: tuple[float, ...]  # float32 values of the grid's sigmas at x0_indices
+    sigma_renoise: tuple[float, ...]
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+
+def fast_schedule(step_indices: Sequence[int] = STEP_INDICES, shift: float = SHIFT,
+                  num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> FastSchedule:
+    """Timesteps of the 1000-step flow grid (the base sampler's `flow_timesteps`) at `step_indices`.
+
+    x0 = x - sigma_a * v uses the sigma at the *first* index holding the timestep (the reference looks it up with
+    argmin |timesteps - t|); re-noising to the next timestep uses the sigma at its *second* equal index (the
+    scheduler's `index_for_timestep` rule, `first_step_index` here).
+    """
+    idx = [int(i) for i in step_indices]
+    if not idx or any(b <= a for a, b in zip(idx, idx[1:])) or idx[0] < 0 or idx[-1] >= num_train_timesteps:
+        raise ValueError(f"step indices {idx} must increase within 0..{num_train_timesteps - 1}")
+    timesteps, sigmas = flow_timesteps(num_train_timesteps, shift, num_train_timesteps)
+    ts = [int(timesteps[i]) for i in idx]
+    x0_idx = [int((timesteps == t).nonzero()[0]) for t in ts]
+    re_idx = [first_step_index(timesteps, t) for t in ts[1:]]
+    return FastSchedule(tuple(ts), tuple(x0_idx), tuple(re_idx),
+                        tuple(float(sigmas[i]) for i in x0_idx), tuple(float(sigmas[i]) for i in re_idx))
+
+
+def velocity_to_x0(x: torch.Tensor, v: torch.Tensor, sigma: float) -> torch.Tensor:
+    """x0 = x - sigma * v in float64 (sigma is a float32 grid value), returned as float32, like the reference."""
+    return (x.double() - torch.tensor(sigma, dtype=torch.float32).double() * v.double()).float()
+
+
+def renoise(x0: torch.Tensor, eps: torch.Tensor, sigma: float) -> torch.Tensor:
+    """(1 - sigma) * x0 + sigma * eps in float32 (the scheduler's add_noise)."""
+    s = torch.tensor(sigma, dtype=torch.float32, device=x0.device)
+    return (1 - s) * x0.float() + s * eps.float()
+
+
+# ---- noise ------------------------------------------------------------------------------------------------
+def make_generator(seed: int, source: str = "cpu") -> torch.Generator:
+    """The run's one generator: initial noise and every re-noise draw come from it, in that order."""
+    if source not in NOISE_SOURCES:
+        raise ValueError(f"noise source must be 'cpu' or 'cuda', got {source!r}")
+    if source == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("noise source 'cuda' needs a CUDA GPU; use 'cpu' noise on this machine")
+    return torch.Generator(device="cuda" if source == "cuda" else "cpu").manual_seed(int(seed))
+
+
+def draw(generator: torch.Generator, shape: Sequence[int], device=None) -> torch.Tensor:
+    """Standard normal noise of `shape` [1, C, F, H, W], drawn unbatched ([C, F, H, W]) like the reference."""
+    shape = tuple(shape)
+    n = torch.randn(shape[1:] if shape[0] == 1 else shape, generator=generator, device=generator.device,
+                    dtype=torch.float32).reshape(shape)
+    return n if device is None else n.to(device)
+
+
+# ---- the run ----------------------------------------------------------------------------------------------
+@dataclass
+class FastStepInfo(StepInfo):
+    """A finished model call of a Fast run (`StepInfo` fields plus where in the chunk loop it was)."""
+
+    chunk: int  # 0-based chunk index
+    chunks: int
+    step: int  # 0-based denoising step within the chunk
+    steps: int
+
+
+class FastRun:
+    """One Fast generation, chunk by chunk. Everything it needs is on the object; `run()` or `next_chunk()`.
+
+    model: the causal DiT (a WanDiT built from a Fast config); it is only called, never moved.
+    noise: the whole video's initial noise [1, 16, F_lat, h, w] (F_lat a multiple of 3), from `generator`.
+    context: text embeddings [1, text_len, text_dim] (zero-padded). y: I2V conditioning [1, 20, F_lat, h, w].
+    camera: Plücker tensor [1, 384, F_lat, h, w] or None (camera layers skipped). noise, y and camera may stay in
+    host memory: each chunk's slice is moved to `device` when the chunk runs.
+    cache: an empty KVCache for this video (placed by the memory planner).
+    generator: the generator that drew `noise`; the re-noise draws continue from it.
+    callback(FastStepInfo) after every denoising call; on_chunk(index, x0 [1,16,3,h,w]) after every chunk.
+    cancel_check() before every model call: True (or raising) stops the run with `Cancelled`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        noise: torch.Tensor,
+        context: torch.Tensor,
+        y: torch.Tensor,
+        camera: Optional[torch.Tensor],
+        cache: KVCache,
+        generator: torch.Generator,
+        *,
+        schedule: Optional[FastSchedule] = None,
+        device=None,
+        callback: Optional[Callable[[FastStepInfo], None]] = None,
+        on_chunk: Optional[Callable[[int, torch.Tensor], None]] = None,
+        cancel_check: Optional[Callable[[], bool]] = None,
+        chunk_frames: int = CHUNK_FRAMES,
+    ):
+        if noise.dim() != 5 or noise.shape[0] != 1:
+            raise ValueError(f"noise must be [1, 16, F_lat, h, w], got {tuple(noise.shape)}")
+        f_lat = noise.shape[2]
+        if f_lat % chunk_frames or f_lat == 0:
+            raise ValueError(f"{f_lat} latent frames are not a whole number of {chunk_frames}-frame chunks; "
+                             "round the frame count with fast_frames()")
+        if y.shape[2:] != noise.shape[2:]:
+            raise ValueError(f"conditioning y {tuple(y.shape)} does not match the noise {tuple(noise.shape)}")
+        if camera is not None and camera.shape[2:] != noise.shape[2:]:
+            raise ValueError(f"camera tensor {tuple(camera.shape)} covers {camera.shape[2]} latent frames of size "
+                             f"{tuple(camera.shape[3:])}; the video has {f_lat} of {tuple(noise.shape[3:])}")
+        self.model = model
+        self.device = torch.device(device) if device is not None else noise.device
+        self.noise = noise
+        self.context = context
+        self.y = y
+        self.camera = camera  # may be replaced between chunks (new keys for the rest of the video)
+        self.cache = cache
+        self.generator = generator
+        self.schedule = schedule or fast_schedule()
+        self.callback = callback
+        self.on_chunk = on_chunk
+        self.cancel_check = cancel_check
+        self.chunk_frames = chunk_frames
+        self.chunk = 0  # next chunk to generate
+        self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
+
+    @property
+    def chunks(self) -> int:
+        return self.noise.shape[2] // self.chunk_frames
+
+    @property
+    def done(self) -> bool:
+        return self.chunk >= self.chunks
+
+    @property
+    def model_calls(self) -> int:
+        """Model calls of the whole run: steps + one context pass per chunk."""
+        return self.chunks * (self.schedule.steps + 1)
+
+    def _cancel(self) -> None:
+        if self.cancel_check is not None and self.cancel_check():
+            raise Cancelled("sampling cancelled")
+
+    def _slice(self, t: Optional[torch.Tensor], start: int) -> Optional[torch.Tensor]:
+        if t is None:
+            return None
+        return t[:, :, start:start + self.chunk_frames].to(self.device)
+
+    def next_chunk(self) -> torch.Tensor:
+        """Denoise the next chunk (4 calls + the context pass); returns its x0 [1, 16, 3, h, w] float32."""
+        if self.done:
+            raise RuntimeError(f"all {self.chunks} chunks are done")
+        c, s = self.chunk, self.schedule
+        start = c * self.chunk_frames
+        x = self._slice(self.noise, start).float()
+        y = self._slice(self.y, start).float()
+        cam = self._slice(self.camera, start)
+        ctx = self.context.to(self.device)
+        x0 = x
+        with torch.no_grad():
+            for i, t_int in enumerate(s.timesteps):
+                self._cancel()
+                t = torch.tensor([t_int], device=self.device, dtype=torch.long)
+                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=False)
+                x0 = velocity_to_x0(x, v.float(), s.sigma_x0[i])
+                del v
+                if i + 1 < s.steps:
+                    eps = draw(self.generator, x0.shape, self.device)
+                    x = renoise(x0, eps, s.sigma_renoise[i])
+                    del eps
+                if self.callback is not None:
+                    index = c * s.steps + i
+                    self.callback(FastStepInfo(index, self.chunks * s.steps, t_int, "fast", x0, c, self.chunks, i,
+                                               s.steps))
+            # Context pass: the clean chunk at t = 0 writes the K/V later chunks attend to; its output is unused.
+            self._cancel()
+            t0 = torch.zeros(1, device=self.device, dtype=torch.long)
+            self.model(x0, t0, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=True)
+        self.latents.append(x0)
+        self.chunk += 1
+        if self.on_chunk is not None:
+            self.on_chunk(c, x0)
+        return x0
+
+    def run(self) -> torch.Tensor:
+        """Every remaining chunk; returns the whole latent [1, 16, F_lat, h, w] float32."""
+        while not self.done:
+            self.next_chunk()
+        return self.latent()
+
+    def latent(self) -> torch.Tensor:
+        """The finished chunks concatenated along frames."""
+        if not self.latents:
+            raise RuntimeError("no chunk finished yet")
+        return torch.cat(self.latents, dim=2)
+
+
+def sample_fast(
+    model: nn.Module,
+    noise: torch.Tensor,
+    context: torch.Tensor,
+    y: torch.Tensor,
+    camera: Optional[torch.Tensor],
+    cache: KVCache,
+    generator: torch.Generator,
+    **kw,
+) -> torch.Tensor:
+    """`FastRun(...).run()`: the whole Fast video's latent [1, 16, F_lat, h, w] (normalised VAE space)."""
+    return FastRun(model, noise, context, y, camera, cache, generator, **kw).run()
