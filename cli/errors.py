@@ -66,6 +66,11 @@ def classify(exc: BaseException) -> Optional[tuple[int, str]]:
     return None
 
 
+def exit_code_for(exc: BaseException) -> int:
+    kind = classify(exc)
+    return kind[0] if kind else EXIT_FAILURE
+
+
 def _oom_message(exc: BaseException) -> Optional[str]:
     if isinstance(exc, MemoryError):
         return ("out of RAM" + (f" ({_first_line(exc)})" if str(exc) else "") +

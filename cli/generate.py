@@ -67,7 +67,8 @@ def add_parser(sub) -> None:
     gen.add_argument("--noise", choices=("auto", "cuda", "cpu"), default="auto",
                      help="noise generator: cuda = reference-exact on a GPU, cpu = same on every machine, "
                           "auto = cuda when computing on a GPU")
-    gen.add_argument("--solver", choices=("unipc", "dpm++"), default="unipc", help="sampler")
+    gen.add_argument("--solver", choices=("unipc", "dpm++"), default="unipc",
+                     help="sampler: flow UniPC (the reference's) or flow DPM++")
     gen.add_argument("--cfg-mode", choices=("auto", "batch", "sequential"), default="auto",
                      help="classifier-free guidance: both passes in one batch (faster, more memory) or one after "
                           "the other; auto picks from free memory")

@@ -116,17 +116,11 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 
 
 def _ffmpeg_frames(ffmpeg: str, path: Path) -> Optional[int]:
-    """Frames in a written video, counted by ffmpeg itself (decoding nothing: stream copy)."""
-    try:
-        from imageio_ffmpeg import count_frames_and_secs
-
-        return int(count_frames_and_secs(str(path))[0])
-    except ImportError:
-        pass
-    r = subprocess.run([ffmpeg, "-v", "error", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null", "-"],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    found = re.findall(r"frame=\s*(\d+)", r.stderr)
-    return int(found[-1]) if found else None
+    """Frames in a written video, counted by ffmpeg reading it back (stream copy: nothing is decoded)."""
+    r = subprocess.run([ffmpeg, "-hide_banner", "-nostdin", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null",
+                        "-"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    found = re.findall(r"frame=\s*(\d+)", r.stderr.decode("utf-8", "replace"))
+    return int(found[-1]) if r.returncode == 0 and found else None
 
 
 def _encode(frames: np.ndarray, ffmpeg: str, container: str, fps: int, tmp: Path) -> None:
