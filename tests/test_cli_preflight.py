@@ -200,3 +200,19 @@ def test_help_documents_every_flag_and_shows_defaults(capsys):
                   "(default: unipc)", "(default: nf4)", "(default: [5.0])", "(default: 16)", "(default: sdpa)",
                   "130 interrupted", "143 terminated"):
         assert shown in text, shown
+
+
+def test_debug_shows_the_traceback_and_bugs_always_do(capsys, demo_ckpt, tmp_path, monkeypatch):
+    rc = main(["--debug", "generate", "--demo", "--demo-dir", str(demo_ckpt), "--device", "tpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" in err and err.strip().endswith("use auto, cpu, cuda or cuda:N")
+
+    from lingbot_world.cli import generate
+
+    def bug(args, log):
+        return 1 / 0
+
+    monkeypatch.setattr(generate, "prepare", bug)
+    rc = main(["generate", "--demo", "--demo-dir", str(demo_ckpt)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "ZeroDivisionError" in err and "Traceback" in err and "please report it" in err

@@ -111,3 +111,38 @@ def test_cli_reports_a_failed_write_as_a_failure(demo_ckpt, demo_text_cache, tmp
     assert last.startswith("lingbot-world generate: ffmpeg failed writing") and last.endswith("Permission denied")
     assert "Traceback" not in captured.err
     assert out.read_bytes() == b"previous video" and _names(tmp_path) == ["fake_ffmpeg", "out.mp4"]
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX signals")
+def test_interrupt_while_encoding_stops_ffmpeg_and_keeps_the_previous_video(tmp_path):
+    """Issue case 2: Ctrl-C while ffmpeg writes. The old video stays, no temp file, no ffmpeg left running."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    pid_file = tmp_path / "ffmpeg.pid"
+    ffmpeg = _fake_ffmpeg(tmp_path, f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                                    "sys.stdin.buffer.read()\nopen(sys.argv[-1], 'wb').write(b'68 of 81 frames')\n"
+                                    "import time; time.sleep(60)")
+    out = tmp_path / "out.mp4"
+    out.write_bytes(b"previous video")
+    code = ("import torch\nfrom lingbot_world.cli.video_out import plan_output, write_video\n"
+            f"write_video(torch.zeros(3, 9, 32, 48), plan_output({str(out)!r}, {ffmpeg!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        t0 = time.monotonic()
+        while not (pid_file.exists() and pid_file.read_text() and list(tmp_path.glob(".out.mp4.tmp-*"))):
+            assert proc.poll() is None and time.monotonic() - t0 < 60
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    encoder = int(pid_file.read_text())
+    assert not psutil.pid_exists(encoder) or psutil.Process(encoder).status() == psutil.STATUS_ZOMBIE
+    assert out.read_bytes() == b"previous video"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake_ffmpeg", "ffmpeg.pid", "out.mp4"]
