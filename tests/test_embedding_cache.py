@@ -153,3 +153,13 @@ def test_non_finite_embeddings_are_never_stored(tmp_path):
     with pytest.raises(ValueError, match="NaN or infinite"):
         EmbeddingCache(tmp_path).put(key(), emb)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_all_finite(dtype):
+    t = torch.randn(7, 5).to(dtype)
+    assert ec.all_finite(t) and ec.all_finite(torch.full((3,), 3e4).to(dtype))  # large but finite
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        u = t.clone()
+        u[6, 4] = bad
+        assert not ec.all_finite(u)

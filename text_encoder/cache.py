@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -86,7 +87,7 @@ class EmbeddingCache:
                 raise ValueError("no checksum (written by an older version)")
             if tensor_sha256(tensor) != meta["sha256"]:
                 raise ValueError("its data does not match its checksum (the file was altered or damaged)")
-            if not bool(torch.isfinite(tensor).all()):
+            if not all_finite(tensor):
                 raise ValueError("it holds NaN or infinite values")
             return tensor.clone()  # own memory: the entry may be replaced or deleted later
         except Exception as e:
@@ -103,13 +104,23 @@ class EmbeddingCache:
         if embedding.dim() != 2:
             raise ValueError(f"embedding must be [L, dim], got {tuple(embedding.shape)}")
         tensor = embedding.detach().to("cpu").contiguous()
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise ValueError("embedding holds NaN or infinite values; not cached")
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(key)
         with atomic_path(path) as tmp:
             save_file({_TENSOR: tensor}, str(tmp), metadata={"key": key.canonical(), "sha256": tensor_sha256(tensor)})
         return path
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in a CPU tensor. Through numpy, several times faster than torch.isfinite on the CPU for a
+    [512, 4096] entry; bfloat16 (which numpy lacks) by its exponent bits: all ones means NaN or inf."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        bits = t.view(torch.int16).numpy()
+        return not bool(((bits & 0x7F80) == 0x7F80).any())
+    return bool(np.isfinite(t.numpy()).all())
 
 
 def tensor_sha256(t: torch.Tensor) -> str:

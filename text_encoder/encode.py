@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from safetensors.torch import load_file
 
-from .cache import CacheKey, EmbeddingCache, file_identity
+from .cache import CacheKey, EmbeddingCache, all_finite, file_identity
 from .worker import PARENT_PID_ENV
 from ..loaders.atomic import pid_alive
 from ..loaders.t5_tokenizer import MAX_LENGTH, TokenizerSource, resolve_tokenizer_source
@@ -342,7 +342,7 @@ def encode_prompts(
         log.info("text encoder: %d prompt(s) on %s in %.1f s (load %.1f s)", len(todo), status.get("device"),
                  status.get("total_s", 0.0), status.get("load_s", 0.0))
         for text, e in zip(todo, embeddings):
-            if not bool(torch.isfinite(e).all()):
+            if not all_finite(e):
                 raise TextEncoderError(
                     f"the text encoder produced NaN or infinite values for the prompt {text[:60]!r}; its weights "
                     f"({enc.name}) may be damaged: download the file again"
