@@ -216,3 +216,21 @@ def test_debug_shows_the_traceback_and_bugs_always_do(capsys, demo_ckpt, tmp_pat
     rc = main(["generate", "--demo", "--demo-dir", str(demo_ckpt)])
     err = capsys.readouterr().err
     assert rc == 1 and "ZeroDivisionError" in err and "Traceback" in err and "please report it" in err
+
+
+def test_exit_code_table():
+    from lingbot_world.cli.errors import Terminated, UsageError, classify
+    from lingbot_world.text_encoder.encode import TextEncoderInputError, TextEncoderKilled
+
+    assert classify(KeyboardInterrupt()) == (130, "interrupted")
+    assert classify(Terminated(15)) == (143, "terminated (SIGTERM)")
+    assert classify(UsageError("--x 1: bad")) == (2, "--x 1: bad")
+    assert classify(FileNotFoundError("a.png does not exist"))[0] == 2
+    assert classify(TextEncoderInputError("text encoder failed: wrong file\n--- stderr ---\nTraceback"))[1] == (
+        "text encoder failed: wrong file")  # the first line only
+    assert classify(TextEncoderKilled("killed"))[0] == 1
+    assert classify(OSError(28, "No space left on device"))[0] == 1
+    code, msg = classify(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert code == 1 and msg.startswith("out of GPU memory; try --memory-mode swap or block_swap")
+    assert classify(MemoryError())[1].startswith("out of RAM")
+    assert classify(ZeroDivisionError()) is None  # a bug: the traceback is shown
