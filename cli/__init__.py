@@ -1,22 +1,91 @@
 """Command-line entry point: `lingbot-world <command>` / `python -m lingbot_world <command>`."""
+from __future__ import annotations
+
 import argparse
 import sys
+import traceback
+
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, classify, signals_raise
+
+EPILOG = ("exit codes: 0 done, 1 runtime failure, 2 bad input (flag, file or model folder), 130 interrupted "
+          "(Ctrl-C), 143 terminated (SIGTERM); child processes and temp files are cleaned up in every case")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="lingbot-world", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to every option whose default is a value (None/False defaults are explained in
+    the help text itself, e.g. "default: cuda when available")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or "%(default)" in text or action.default in (None, False)
+                or action.default is argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", DefaultsHelpFormatter)
+        kw.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kw)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="lingbot-world", description=__doc__)
+    parser.add_argument("--debug", action="store_true",
+                        help="print the full traceback of a failure instead of its one-line message")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     from . import commands
 
     commands.register(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        # Bad input: the library's message names the file/key/shape and the fix; no traceback needed.
-        print(f"lingbot-world {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    return parser
 
+
+def _report(prog: str, code: int, message: str) -> None:
+    from .progress import break_progress_line
+
+    break_progress_line()
+    label = "error: " if code == EXIT_USAGE else ""
+    print(f"{prog}: {label}{message}", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    """Run one command; returns the exit code (also for argparse's own errors and --help)."""
+    try:
+        parser = build_parser()  # imports torch: Ctrl-C may land here too
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) and argparse's usage errors (2), already printed
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
+    except KeyboardInterrupt:
+        _report("lingbot-world", EXIT_INTERRUPTED, "interrupted")
+        return EXIT_INTERRUPTED
+    prog = f"lingbot-world {args.command}"
+    with signals_raise():
+        try:
+            return int(args.func(args) or 0)
+        except SystemExit as e:
+            if isinstance(e.code, int) or e.code is None:
+                return e.code or 0
+            _report(prog, EXIT_USAGE, str(e.code))
+            return EXIT_USAGE
+        except BaseException as e:  # noqa: BLE001 - every outcome becomes an exit code and one line
+            return _fail(prog, e, args.debug)
+
+
+def _fail(prog: str, exc: BaseException, debug: bool) -> int:
+    from .progress import break_progress_line
+
+    kind = classify(exc)
+    if kind is None or debug:
+        break_progress_line()
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    if kind is None:
+        print(f"{prog}: internal error ({type(exc).__name__}); please report it with the traceback above",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    code, message = kind
+    _report(prog, code, message)
+    return code
 
 if __name__ == "__main__":
     sys.exit(main())

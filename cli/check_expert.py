@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import sys
 
+from .errors import exit_code_for
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("check-expert", help="load one DiT expert (NF4 or official) and print load statistics as JSON")
     p.add_argument("path", help="expert folder (…_bnb_nf4/, high_noise_model/) or a single .safetensors file")
-    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
-    p.add_argument("--mode", choices=["nf4", "bf16"], default="nf4", help="keep/quantize NF4 (default) or load bf16")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="where to load it (default: cuda when available)")
+    p.add_argument("--mode", choices=["nf4", "bf16"], default="nf4", help="keep/quantize NF4 or load bf16")
     p.set_defaults(func=run)
 
 
@@ -43,9 +45,9 @@ def check_expert(path: str, device: str | None = None, mode: str = "nf4") -> dic
 def run(args) -> int:
     try:
         out = check_expert(args.path, args.device, args.mode)
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # JSON for scripts; the exit code says whose fault
         print(json.dumps({"ok": False, "path": args.path, "error": f"{type(e).__name__}: {e}"}, indent=2))
-        return 1
+        return exit_code_for(e)
     json.dump(out, sys.stdout, indent=2)
     print()
     return 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+
+from .errors import exit_code_for
 import time
 
 
@@ -33,8 +35,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     try:
         stats = convert_official_to_nf4(args.src, args.out, device=args.device, progress=progress)
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # JSON for scripts; the exit code says whose fault
         print(json.dumps({"ok": False, "src": args.src, "error": f"{type(e).__name__}: {e}"}, indent=2))
-        return 1
+        return exit_code_for(e)
     print(json.dumps({"ok": True, "src": args.src, "out": args.out, **stats, "seconds": round(time.perf_counter() - t0, 2)}, indent=2))
     return 0

@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from .errors import UsageError
+
 log = logging.getLogger("lingbot_world.generate")
 
 MODELS = ("base", "fast")
@@ -67,21 +69,29 @@ def run(args) -> int:
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import CHUNK_FRAMES, fast_frames
     from ..wan.sizes import latent_size, max_area_for, target_size
-    from .generate import _camera, _demo_defaults, _empty_cache, _resolve_device, load_image
+    from ..loaders.image_files import load_image
+    from .generate import _demo_defaults, _empty_cache
+    from .preflight import camera_path, default_output_name, noise_source, resolve_device
     from .progress import RunStats
+    from .video_out import plan_output
 
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     if args.demo:
         requested_frames = args.frames
         _demo_defaults(args)
-        if requested_frames == 81:
+        if requested_frames is None:
             args.frames = DEMO_FAST_FRAMES
+    if args.frames is None:
+        args.frames = 81
     _warn_base_only_flags(args)
     if args.image is None or args.prompt is None:
-        raise SystemExit("--image and --prompt are required (or use --demo)")
+        raise UsageError("--image and --prompt are required (or use --demo)")
+    if args.actions:
+        raise UsageError("--actions with --model fast is not supported yet; give a camera with --camera")
     stats = RunStats()
-    device = _resolve_device(args.device)
+    device = resolve_device(args.device)
+    noise = noise_source(args.noise, device)
     set_backend(args.attention)
+    target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
     files = _fast_files(args)
     fmt = detect_format(files.fast)
     note = check_model_kind(fmt, "fast")
@@ -90,10 +100,13 @@ def run(args) -> int:
     check_expert_keys(fmt, args.weights)  # missing or mis-shaped tensors are named here, before any work
     cfg = fmt.config
 
-    image = load_image(args.image)
+    decoded = load_image(args.image)
+    for image_note in decoded.notes:
+        log.info("image %s: %s", args.image, image_note)
+    image = decoded.pixels
     height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
     lat_h, lat_w = latent_size(height, width)
-    cam_path, zoom_preset = _camera(args.camera, args.camera_speed, max(args.frames, 1))
+    cam_path, zoom_preset = camera_path(args.camera, max(args.frames, 1), args.camera_speed) if args.camera else (None, False)
     plan_frames = fast_frames(args.frames, None if cam_path is None else cam_path.poses.shape[0])
     if plan_frames.note:
         log.warning("frames: %s", plan_frames.note)
@@ -135,9 +148,8 @@ def run(args) -> int:
     stats.mark("vae_encode")
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
-    out_path = args.out or _default_name(args.prompt)
-    latent, written = _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae if stream_vae else None,
-                              out_path, stats)
+    latent, written = _sample(args, files, fmt, plan, device, pos, y, camera, seed, noise,
+                              vae if stream_vae else None, target, stats)
     if written is None:
         vae.to(device)
         with torch.inference_mode():
@@ -146,7 +158,7 @@ def run(args) -> int:
         stats.mark("vae_decode")
         from .video_out import write_video
 
-        written = write_video(video, out_path, args.fps)
+        written = write_video(video, target, args.fps)
         stats.mark("write")
     print(f"Fast model: generated {frames} frames (requested {args.frames})")
     print(stats.summary(written, seed=seed, device=device))
@@ -193,7 +205,7 @@ def _fast_files(args):
     else:
         missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(args, n) is None]
         if missing:
-            raise SystemExit(f"give --ckpt-dir (or --demo), or {' '.join(missing)}")
+            raise UsageError(f"give --ckpt-dir (or --demo), or {' '.join(missing)}")
         return FastCheckpointFiles(Path("."), args.fast_model, args.t5, args.vae, args.tokenizer)
     for n, attr in (("fast", "fast_model"), ("t5", "t5"), ("vae", "vae"), ("tokenizer", "tokenizer")):
         if getattr(args, attr) is not None:
@@ -231,13 +243,14 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
                 log.info("streaming decode off: the VAE (%.1f GB while streaming) does not fit beside the model; "
                          "the video is decoded after sampling", extra / 1e9)
     except FastMemoryError as e:
-        raise SystemExit(f"error: {e}") from None
+    
+        raise UsageError(str(e)) from None
     if not plan.fits:
         log.warning("the plan may not fit in VRAM: %s", plan.reason)
     return plan, stream
 
 
-def _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae, out_path: Path, stats):
+def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, vae, target, stats):
     """Load, place, run the chunks; returns (latent, written path or None when the video is decoded later)."""
     from ..memory.kv_placement import FastPlacement
     from ..wan.dit.model import pad_context
@@ -245,14 +258,13 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae, out_path:
     from ..wan.sampling.sampler import Cancelled
     from ..wan.vae.streaming import StreamingDecoder
     from .progress import ProgressLine
-    from .video_out import FrameWriter
+    from .video_out import VideoWriter
 
-    source = args.noise if args.noise != "auto" else ("cuda" if device.type == "cuda" else "cpu")
     generator = make_generator(seed, source)
     noise = draw(generator, (1, 16, *y.shape[2:]), device)
     placement = FastPlacement(plan, device, log.info)
     decoder = StreamingDecoder(vae, tiled=args.vae_tiled) if vae is not None else None
-    writer: Optional[FrameWriter] = FrameWriter(out_path, args.fps) if decoder is not None else None
+    writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if decoder is not None else None
     run = None
     bar = None
     t_decode = 0.0
@@ -286,8 +298,8 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae, out_path:
         written = writer.close() if writer is not None else None
         writer = None
         return latent, written
-    except (KeyboardInterrupt, Cancelled):
-        raise SystemExit(130) from None
+    except Cancelled:
+        raise KeyboardInterrupt from None
     finally:
         if bar is not None:
             bar.close()
@@ -298,7 +310,7 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, vae, out_path:
                 print(f"stopped after {done} of {total} chunks: the {writer.frames} frames decoded so far are in "
                       f"{writer.close()}", flush=True)
             else:
-                writer.discard()
+                writer.abort()
                 print(f"stopped after {done} of {total} chunks; nothing written", flush=True)
         if decoder is not None:
             decoder.close()
@@ -312,7 +324,7 @@ def _empty(device) -> None:
 
 
 def _default_name(prompt: str) -> Path:
-    from .generate import _default_name as base_name
+    from .preflight import default_output_name
 
-    p = base_name(prompt)
+    p = default_output_name(prompt)
     return p.with_name(p.name.replace("lingbot_", "lingbot_fast_", 1))

@@ -1,14 +1,112 @@
-"""Write decoded frames as H.264 mp4 (imageio-ffmpeg, optional) or as PNG frames."""
+"""Video output: the target is checked before the run (`plan_output`) and written atomically (`write_video`).
+
+.mp4 (H.264), .webm (VP9) and .gif go through the ffmpeg binary of imageio-ffmpeg (optional: `pip install
+.[video]`); a path without an extension is a folder of PNG frames. The video is encoded into a temp file
+beside the target; ffmpeg's exit status and the frame count read back from that file are checked before it
+is renamed over the target, so a failed or interrupted write never leaves a truncated video under the
+final name (nor clobbers the previous one), and success is reported only for a file that exists.
+"""
 from __future__ import annotations
 
 import logging
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
+from ..loaders.atomic import atomic_dir, commit, remove_path, remove_stale_temps, temp_path
+
 log = logging.getLogger(__name__)
+
+# container -> ffmpeg output arguments (after the raw RGB input)
+FFMPEG_ARGS = {
+    ".mp4": ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", "10", "-movflags", "+faststart", "-f", "mp4"],
+    ".webm": ["-c:v", "libvpx-vp9", "-pix_fmt", "yuv420p", "-crf", "24", "-b:v", "0", "-row-mt", "1",
+              "-deadline", "good", "-cpu-used", "4", "-f", "webm"],
+    ".gif": ["-vf", "split[a][b];[a]palettegen=stats_mode=diff[p];[b][p]paletteuse", "-loop", "0", "-f", "gif"],
+}
+FRAME_NAME = "frame_{:04d}.png"
+_FRAME_FILE = re.compile(r"^frame_\d{4,}\.png$")
+
+
+class OutputPathError(ValueError):
+    """--out cannot be written; the message says why and what to use."""
+
+
+class VideoWriteError(RuntimeError):
+    """The encoder failed or wrote fewer frames than given; the target was left as it was."""
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    path: Path
+    container: Optional[str]  # ".mp4" | ".webm" | ".gif"; None = a folder of PNG frames
+    ffmpeg: Optional[str] = None  # the ffmpeg executable for containers
+
+
+def find_ffmpeg() -> Optional[str]:
+    """imageio-ffmpeg's ffmpeg binary, or None when it is not installed."""
+    try:
+        import imageio_ffmpeg
+
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError):
+        return None
+
+
+def _check_writable(folder: Path, flag: str) -> None:
+    if not folder.exists():
+        raise OutputPathError(f"{flag}: folder {folder} does not exist; create it first or choose another path")
+    if not folder.is_dir():
+        raise OutputPathError(f"{flag}: {folder} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".lingbot-write-probe-", dir=folder)
+    except OSError as e:
+        raise OutputPathError(f"{flag}: cannot write in {folder} ({e.strerror or e}); choose a writable folder") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def plan_output(out: Path, ffmpeg: Optional[str] = "auto", flag: str = "--out") -> OutputTarget:
+    """Check an output path before any work: a known extension (or none, for PNG frames), not a folder where a
+    file is wanted, an existing, writable parent folder. ffmpeg="auto" looks for imageio-ffmpeg's binary;
+    without it a video path falls back to a PNG folder of the same stem, with a warning now, not at the end."""
+    out = Path(out).expanduser()
+    suffix = out.suffix.lower()
+    if suffix in FFMPEG_ARGS:
+        if out.is_dir():
+            raise OutputPathError(f"{flag} {out} is an existing folder; give a file name such as {out / 'video'}{suffix}")
+        exe = find_ffmpeg() if ffmpeg == "auto" else ffmpeg
+        if exe is None:
+            folder = out.with_suffix("")
+            log.warning("imageio-ffmpeg is not installed (pip install 'lingbot-world-nf4[video]'): writing PNG frames "
+                        "to %s instead of %s", folder, out)
+            return plan_output(folder, None, flag)
+        _check_writable(out.parent, flag)
+        return OutputTarget(out, suffix, exe)
+    if suffix and not out.is_dir():
+        raise OutputPathError(
+            f"{flag} {out}: unknown extension {out.suffix!r}; use .mp4, .webm or .gif, or a folder name without an "
+            "extension for PNG frames"
+        )
+    # a folder of PNG frames: new, or one holding only frames of an earlier run (it is replaced as a whole)
+    if out.exists():
+        if not out.is_dir():
+            raise OutputPathError(f"{flag} {out} is an existing file; PNG frames need a folder name")
+        others = [p.name for p in out.iterdir() if not _FRAME_FILE.match(p.name)]
+        if others:
+            raise OutputPathError(
+                f"{flag} {out} is a folder holding other files ({', '.join(sorted(others)[:3])}); PNG frames are "
+                "written to a folder of their own, which replaces any earlier frames: choose a new folder name"
+            )
+    _check_writable(out.parent, flag)
+    return OutputTarget(out, None, None)
 
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
@@ -17,81 +115,126 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
     return v.permute(1, 2, 3, 0).contiguous().cpu().numpy()
 
 
-def write_video(video: torch.Tensor, out: Path, fps: int = 16) -> Path:
-    frames = to_uint8_frames(video)
-    out = Path(out)
-    if out.suffix.lower() == ".mp4":
-        try:
-            import imageio.v2 as imageio
-
-            with imageio.get_writer(out, fps=fps, codec="libx264", quality=8, macro_block_size=8) as w:
-                for f in frames:
-                    w.append_data(f)
-            return out
-        except ImportError:
-            log.warning("imageio/imageio-ffmpeg not installed (pip install 'lingbot-world-nf4[video]'): "
-                        "writing PNG frames instead")
-            out = out.with_suffix("")
-    from PIL import Image
-
-    out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(frames):
-        Image.fromarray(f).save(out / f"frame_{i:04d}.png")
-    return out
+def _ffmpeg_frames(ffmpeg: str, path: Path) -> Optional[int]:
+    """Frames in a written video, counted by ffmpeg reading it back (stream copy: nothing is decoded)."""
+    r = subprocess.run([ffmpeg, "-hide_banner", "-nostdin", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null",
+                        "-"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    found = re.findall(r"frame=\s*(\d+)", r.stderr.decode("utf-8", "replace"))
+    return int(found[-1]) if r.returncode == 0 and found else None
 
 
-class FrameWriter:
-    """Writes a video chunk by chunk as it is decoded (the Fast model's streaming output).
+class VideoWriter:
+    """Writes a video to `target` frame by frame, atomically: frames go to a temp sibling (ffmpeg reading raw RGB
+    from a pipe, or a temp folder of PNG frames) and `close()` checks the encoder's exit status and the frame count
+    before renaming it over the target. `abort()` removes the temp and leaves the target as it was.
 
-    mp4: frames go to `<name>.partial.mp4`, renamed to `out` by close(), so an interrupted run leaves a playable
-    file of what was decoded (close() is called for that too) and never a half-written `out`. Without
-    imageio-ffmpeg, or for a folder name: PNG frames appear in the folder as they come.
+    The Fast model appends each chunk as it is decoded; on an interrupt the caller may still `close()` to keep
+    the frames made so far (a shorter but complete video) and says so.
     """
 
-    def __init__(self, out: Path, fps: int = 16):
-        self.out = Path(out)
+    def __init__(self, target: OutputTarget, fps: int = 16):
+        self.target = target
         self.fps = fps
         self.frames = 0
-        self._writer = None
-        self._folder: Optional[Path] = None
-        if self.out.suffix.lower() == ".mp4":
-            try:
-                import imageio.v2 as imageio
-
-                self._tmp = self.out.with_name(self.out.stem + ".partial.mp4")
-                self._writer = imageio.get_writer(self._tmp, fps=fps, codec="libx264", quality=8, macro_block_size=8)
-            except ImportError:
-                log.warning("imageio/imageio-ffmpeg not installed (pip install 'lingbot-world-nf4[video]'): "
-                            "writing PNG frames instead")
-                self.out = self.out.with_suffix("")
-        if self._writer is None:
-            self._folder = self.out
-            self._folder.mkdir(parents=True, exist_ok=True)
+        self._proc: Optional[subprocess.Popen] = None
+        self._size: Optional[tuple[int, int]] = None
+        remove_stale_temps(target.path)
+        self._tmp = temp_path(target.path)
+        if target.container is None:
+            self._tmp.mkdir()
 
     def append(self, video: torch.Tensor) -> None:
         """Frames [3, T, H, W] in [-1, 1]."""
-        from PIL import Image
+        frames = to_uint8_frames(video)
+        if self.target.container is None:
+            from PIL import Image
 
-        for f in to_uint8_frames(video):
-            if self._writer is not None:
-                self._writer.append_data(f)
-            else:
-                Image.fromarray(f).save(self._folder / f"frame_{self.frames:04d}.png")
-            self.frames += 1
+            for f in frames:
+                Image.fromarray(f).save(self._tmp / FRAME_NAME.format(self.frames))
+                self.frames += 1
+            return
+        size = (frames.shape[2], frames.shape[1])
+        if self._proc is None:
+            self._size = size
+            cmd = [self.target.ffmpeg or "ffmpeg", "-hide_banner", "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt",
+                   "rgb24", "-s", f"{size[0]}x{size[1]}", "-r", str(self.fps), "-i", "-",
+                   *FFMPEG_ARGS[self.target.container], str(self._tmp)]
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        elif size != self._size:
+            raise VideoWriteError(f"frame size {size} differs from the first frames' {self._size}")
+        try:
+            self._proc.stdin.write(np.ascontiguousarray(frames).tobytes())
+        except BrokenPipeError:
+            self._fail_encoder()
+        self.frames += len(frames)
+
+    def _fail_encoder(self) -> None:
+        proc = self._proc
+        err = b""
+        if proc is not None:
+            if proc.stdin and not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+            try:
+                err = proc.stderr.read() if proc.stderr else b""
+            finally:
+                proc.wait()
+        tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
+        raise VideoWriteError(f"ffmpeg failed writing {self._tmp.name} (exit code {proc.returncode if proc else '?'})"
+                              + (f": {tail[-1]}" if tail else ""))
 
     def close(self) -> Path:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-            self._tmp.replace(self.out)
-        return self.out
+        """Finish, verify and rename into place; returns the path written (it exists)."""
+        try:
+            if self.frames == 0:
+                raise VideoWriteError("no frames to write")
+            if self.target.container is not None:
+                proc = self._proc
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+                err = proc.stderr.read() if proc.stderr else b""
+                proc.wait()
+                if proc.returncode != 0:
+                    tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
+                    raise VideoWriteError(f"ffmpeg failed writing {self._tmp.name} (exit code {proc.returncode})"
+                                          + (f": {tail[-1]}" if tail else ""))
+                got = _ffmpeg_frames(self.target.ffmpeg or "ffmpeg", self._tmp)
+                if got != self.frames:
+                    raise VideoWriteError(f"ffmpeg wrote {got} of {self.frames} frames; the video was not saved")
+                commit(self._tmp, self.target.path)
+            else:
+                written = len(list(self._tmp.glob("frame_*.png")))
+                if written != self.frames:
+                    raise VideoWriteError(f"{written} of {self.frames} PNG frames were written; the folder was not saved")
+                with atomic_dir(self.target.path, replace=True) as tmp:
+                    tmp.rmdir()
+                    os.replace(self._tmp, tmp)
+        except BaseException:
+            self.abort()
+            raise
+        if not self.target.path.exists():  # never report a file that is not there
+            raise VideoWriteError(f"{self.target.path} is missing after writing it")
+        return self.target.path
 
-    def discard(self) -> None:
-        """Close without keeping anything (no frame was written)."""
-        if self._writer is not None:
-            try:
-                self._writer.close()
-            except Exception:  # ffmpeg may refuse to finish a file without frames
-                pass
-            self._writer = None
-            self._tmp.unlink(missing_ok=True)
+    def abort(self) -> None:
+        """Stop the encoder and remove the temp; the target keeps its old content."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        remove_path(self._tmp)
+
+
+def write_video(video: torch.Tensor, target: OutputTarget, fps: int = 16) -> Path:
+    """Encode [3, F, H, W] in [-1, 1] to `target` atomically; returns the path written (it exists)."""
+    writer = VideoWriter(target, fps)
+    try:
+        writer.append(video)
+    except BaseException:  # interrupted while encoding: stop ffmpeg, the target keeps its old content
+        writer.abort()
+        raise
+    return writer.close()

@@ -11,6 +11,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .atomic import atomic_write
 from ..wan.control.camera import CameraInputError, CameraPath, check_camera
 
 POSES_FILE = "poses.npy"
@@ -96,11 +97,13 @@ def load_camera(path: PathLike, intrinsics_path: Optional[PathLike] = None) -> C
 def save_camera_folder(folder: PathLike, poses: np.ndarray, intrinsics: np.ndarray) -> Path:
     """Validate and write `poses.npy` + `intrinsics.npy` (float32) into `folder` (created if needed).
 
-    Existing files of those names are replaced. Returns the folder.
+    Existing files of those names are replaced, each atomically (a crash never leaves a truncated .npy).
+    Returns the folder.
     """
     folder = Path(folder)
     path = check_camera(poses, intrinsics, f"poses to save in {folder}", f"intrinsics to save in {folder}")
     folder.mkdir(parents=True, exist_ok=True)
-    np.save(folder / POSES_FILE, path.poses, allow_pickle=False)
-    np.save(folder / INTRINSICS_FILE, path.intrinsics, allow_pickle=False)
+    for name, array in ((POSES_FILE, path.poses), (INTRINSICS_FILE, path.intrinsics)):
+        with atomic_write(folder / name) as fh:  # each file whole or not replaced at all
+            np.save(fh, array, allow_pickle=False)
     return folder

@@ -23,6 +23,7 @@ from ..wan.dit.model import DiTConfig
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from ..wan.vae.model import VAEConfig, WanVAE
+from .atomic import atomic_dir
 from .checkpoint_dir import FAST_DIRS, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files, find_fast_checkpoint_files
 from .nf4_writer import make_random_nf4_expert
 
@@ -75,23 +76,51 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "spiece.model").write_bytes(model.getvalue())
 
 
+DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", FAST_DIRS[0],
+                          "models_t5_umt5-xxl-enc-bf16.pth", "google", "Wan2.1_VAE.pth", MANIFEST})
+
+
+class _BuiltElsewhere(Exception):
+    """Another process finished the same demo folder first (ours is discarded)."""
+
+
 def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0, control: str = "camera") -> CheckpointFiles:
     """Create (once) and return the demo checkpoint folder. Safe to call repeatedly: a complete folder is reused.
 
-    control: "camera" (Base Cam experts) or "act" (Base Act experts, 7-channel control); the text encoder,
-    tokenizer and VAE are the same files in both.
+    control: "camera" (Base Cam experts, plus the Fast model) or "act" (Base Act experts, 7-channel control); the
+    text encoder, tokenizer and VAE are the same files in both.
+    The folder is built under a temp name and renamed when complete (loaders/atomic.py), so a killed build
+    never leaves a folder that looks usable; its leftovers are removed by the next build. A folder holding
+    only demo files but no manifest (a partial build of an older version) is rebuilt.
     """
-    dit_cfg, t5_cfg, vae_cfg = demo_configs(control)
-    root = Path(root) if root is not None else default_demo_dir(control)
+    demo_configs(control)  # validates `control`
+    root = Path(root).expanduser() if root is not None else default_demo_dir(control)
     if (root / MANIFEST).is_file():
         files = find_checkpoint_files(root)
         made = json.loads((root / MANIFEST).read_text()).get("control", "camera")
         if made != control:
             raise FileExistsError(f"{root} holds the {made} demo, not the {control} one; choose another demo folder")
         return files
-    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if root.exists():
+        if not root.is_dir():
+            raise FileExistsError(f"{root} exists and is not a folder; choose another demo folder")
+        foreign = sorted(p.name for p in root.iterdir() if p.name not in DEMO_ENTRIES)
+        if foreign:
+            raise FileExistsError(f"{root} exists and is not a demo checkpoint (it holds {', '.join(foreign[:3])}); "
+                                  "choose another demo folder")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with atomic_dir(root, replace=True) as tmp:
+            _write_demo(tmp, seed, control)
+            if (root / MANIFEST).is_file():
+                raise _BuiltElsewhere
+    except _BuiltElsewhere:
+        pass
+    return find_checkpoint_files(root)
+
+
+def _write_demo(tmp: Path, seed: int, control: str) -> None:
+    dit_cfg, t5_cfg, vae_cfg = demo_configs(control)
     expert_seed = seed + (0 if control == "camera" else 100)
     for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
         make_random_nf4_expert(dit_cfg, tmp / name, device="cpu", seed=expert_seed + i)
@@ -118,17 +147,6 @@ def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0, control: s
         "t5": {k: getattr(t5_cfg, k) for k in ("vocab_size", "dim", "num_heads", "head_dim", "ffn_dim", "num_layers")},
         "vae": {"dim": vae_cfg.dim, "dim_mult": list(vae_cfg.dim_mult), "num_res_blocks": vae_cfg.num_res_blocks},
     }, indent=2))
-    if (root / MANIFEST).is_file():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        if root.exists():
-            if any(root.iterdir()):
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise FileExistsError(f"{root} exists and is not a demo checkpoint; choose another demo folder")
-            root.rmdir()
-        root.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, root)
-    return find_checkpoint_files(root)
 
 
 def _write_fast_model(root: Path, seed: int) -> None:

@@ -13,7 +13,6 @@ import datetime as _dt
 import importlib.metadata
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
 
@@ -22,6 +21,7 @@ import torch
 from ..wan.dit.model import DiTConfig, WanDiT
 from .expert_format import OFFICIAL_INDEX, ExpertLoadError, detect_format
 from ..quant.nf4 import NF4_BLOCKSIZE, NF4_COMPONENTS, nf4_linear_names, packed_shapes, quantize_nf4, serialize_nf4
+from .atomic import write_text
 from .safetensors_stream import SafetensorsWriter, iter_tensors, read_header
 
 QUANT_RECIPE = {"format": "bnb_nf4", "double_quant": True, "compute_dtype": "bfloat16", "blocksize": NF4_BLOCKSIZE}
@@ -108,9 +108,9 @@ class NF4ExpertWriter:
             raise ValueError(f"{self.out_dir}: the expert is incomplete, {len(missing)} keys never written: {missing[:5]}")
         path = self._w.close()
         if self.config_json is not None:
-            shutil.copyfile(self.config_json, self.out_dir / "config.json")
+            write_text(self.out_dir / "config.json", Path(self.config_json).read_text())
         else:
-            (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_json(), indent=2))
+            write_text(self.out_dir / "config.json", json.dumps(self.cfg.to_json(), indent=2))
         stats = {
             "linear_layers_quantized": self.quantized_linears,
             "quantized_bytes": self.quantized_bytes,
@@ -126,7 +126,7 @@ class NF4ExpertWriter:
             "tool_versions": _versions(),
             "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
-        (self.out_dir / "quantization_meta.json").write_text(json.dumps(meta, indent=2))
+        write_text(self.out_dir / "quantization_meta.json", json.dumps(meta, indent=2))
         return stats
 
     def abort(self) -> None:

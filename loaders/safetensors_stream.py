@@ -24,6 +24,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 
+from .atomic import commit, remove_stale_temps, temp_path
+
 PathLike = Union[str, os.PathLike]
 
 # dtype names of the safetensors format.
@@ -249,12 +251,14 @@ class SafetensorsWriter:
     """Append tensors to a safetensors file one by one; the header is written on `close()`.
 
     Data goes after a reserved header area; if the final header does not fit there, the data is moved once
-    (rare: only when `header_reserve` was too small). The file appears under its name only when complete.
+    (rare: only when `header_reserve` was too small). The file appears under its name only when complete
+    (a temp sibling, flushed and renamed: loaders/atomic.py).
     """
 
     def __init__(self, path: PathLike, metadata: Optional[Mapping[str, str]] = None, header_reserve: int = 1 << 16):
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".partial")
+        remove_stale_temps(self.path)
+        self.tmp = temp_path(self.path)
         self.metadata = dict(metadata or {})
         self.reserve = -(-max(header_reserve, 64) // 8) * 8
         self.entries: dict[str, dict] = {}
@@ -289,14 +293,13 @@ class SafetensorsWriter:
         else:
             self._f.close()
             padded = header + b" " * (-(8 + len(header)) % 8)
-            moved = self.tmp.with_name(self.tmp.name + "2")
+            moved = temp_path(self.path)
             with open(self.tmp, "rb") as src, open(moved, "wb") as dst:
                 dst.write(struct.pack("<Q", len(padded)) + padded)
                 src.seek(8 + self.reserve)
                 shutil.copyfileobj(src, dst, 16 << 20)
             os.replace(moved, self.tmp)
-        os.replace(self.tmp, self.path)
-        return self.path
+        return commit(self.tmp, self.path)
 
     def abort(self) -> None:
         if not self._f.closed:

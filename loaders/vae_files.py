@@ -147,15 +147,25 @@ def read_vae_state_dict(path: PathLike) -> Dict[str, torch.Tensor]:
     return {k: src.get(k) for k in src.keys}
 
 
-def load_vae(path: PathLike, device: Union[str, torch.device] = "cpu",
-             config: Optional[VAEConfig] = None) -> WanVAE:
-    """Build the VAE on `meta` and fill it from `path`, each tensor upcast to float32 on `device`."""
-    cfg = config or VAEConfig()
+def _checked_source(path: PathLike, cfg: VAEConfig) -> _TensorSource:
     src = _open(path)
     check_vae_keys(src.shapes, cfg, src.path)
     not_float = [k for k in src.keys if not _is_float(src.dtypes[k])]
     if not_float:
         raise VAEFileError(f"{src.path}: non-floating tensors in a VAE file: {_name_some(not_float)}")
+    return src
+
+
+def check_vae_file(path: PathLike, config: Optional[VAEConfig] = None) -> None:
+    """Everything load_vae checks (readable, keys, shapes, dtypes) without reading the weights."""
+    _checked_source(path, config or VAEConfig())
+
+
+def load_vae(path: PathLike, device: Union[str, torch.device] = "cpu",
+             config: Optional[VAEConfig] = None) -> WanVAE:
+    """Build the VAE on `meta` and fill it from `path`, each tensor upcast to float32 on `device`."""
+    cfg = config or VAEConfig()
+    src = _checked_source(path, cfg)
     with torch.device("meta"):
         vae = WanVAE(cfg)
     weights = {k: src.get(k).to(device=device, dtype=torch.float32) for k in src.keys}

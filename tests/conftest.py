@@ -57,3 +57,42 @@ def _make_velocity(seed: int = 1, channels: int = 4):
 def make_velocity():
     """`make_velocity(seed)` -> (velocity(x, t), noise): the scheduler tests' flow field."""
     return _make_velocity
+
+
+@pytest.fixture(scope="session")
+def demo_ckpt(tmp_path_factory) -> Path:
+    """The tiny demo checkpoint (real on-disk formats, random weights), built once per session. Read-only:
+    tests that damage files copy it first (`copy_demo`)."""
+    from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
+
+    root = tmp_path_factory.mktemp("demo") / "ckpt"
+    build_demo_checkpoint(root)
+    return root
+
+
+@pytest.fixture
+def copy_demo(demo_ckpt, tmp_path):
+    """`copy_demo()` -> a private copy of the demo checkpoint (a few MB) to damage."""
+    import shutil
+
+    def make(name: str = "ckpt") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(demo_ckpt, dst)
+        return dst
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def demo_text_cache(demo_ckpt) -> Path:
+    """A prompt cache holding the demo prompt and the default negative prompt, so CLI tests that are not about
+    text encoding skip the child process (`--cache-dir` this)."""
+    from lingbot_world.loaders.checkpoint_dir import find_checkpoint_files
+    from lingbot_world.loaders.demo_checkpoint import DEMO_PROMPT
+    from lingbot_world.text_encoder.encode import encode_prompts
+    from lingbot_world.wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
+
+    cache = demo_ckpt / "text_cache"
+    files = find_checkpoint_files(demo_ckpt)
+    encode_prompts(files.t5, files.tokenizer, [DEMO_PROMPT, DEFAULT_NEGATIVE_PROMPT], device="cpu", cache_dir=cache)
+    return cache

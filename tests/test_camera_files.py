@@ -192,3 +192,25 @@ def test_save_validates_before_writing(tmp_path):
     with pytest.raises(CameraInputError, match="intrinsics to save in .*: 3 rows but there are 9 poses"):
         save_camera_folder(tmp_path / "out", poses, k[:3])
     assert not (tmp_path / "out").exists()
+
+
+def test_save_is_atomic_per_file(tmp_path, monkeypatch):
+    """A write that fails half-way (disk full, Ctrl-C) leaves the previous trajectory readable and no temp file."""
+    poses, k = good()
+    folder = save_camera_folder(tmp_path / "traj", poses, k)
+    before = load_camera_folder(folder)
+    real_save = np.save
+
+    def half_then_fail(fh, arr, **kw):
+        real_save(fh, arr[: len(arr) // 2], **kw)
+        raise OSError(28, "No space left on device")
+
+    import lingbot_world.loaders.camera_files as cf
+
+    monkeypatch.setattr(cf.np, "save", half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        save_camera_folder(folder, poses[::-1].copy(), k)
+    monkeypatch.undo()
+    after = load_camera_folder(folder)
+    assert np.array_equal(after.poses, before.poses) and np.array_equal(after.intrinsics, before.intrinsics)
+    assert sorted(p.name for p in folder.iterdir()) == [INTRINSICS_FILE, POSES_FILE]

@@ -7,8 +7,8 @@ from lingbot_world.cli import main
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo_ckpt")
+def demo_dir(demo_ckpt, demo_text_cache):
+    return demo_ckpt  # its text_cache/ holds the demo prompts
 
 
 def _frames(folder):

@@ -110,3 +110,56 @@ def test_hit_time_full_size_entry(tmp_path):
         times.append(time.perf_counter() - t0)
     print(f"cache get of a [512, 4096] bf16 entry: best {min(times) * 1e3:.2f} ms")
     assert min(times) < 0.05
+
+
+# ---- integrity: the case 4 (garbage in an entry was served silently -> black videos forever) -------------
+def _payload_offset(path: Path) -> int:
+    import struct
+
+    with open(path, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
+
+
+def test_overwritten_payload_is_dropped_with_a_warning(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path)
+    path = cache.put(key(), torch.randn(6, 8).bfloat16())
+    data = bytearray(path.read_bytes())
+    start = _payload_offset(path)
+    data[start:] = bytes(len(data) - start)  # header intact, tensor bytes zeroed: a valid-looking file
+    path.write_bytes(bytes(data))
+    assert cache.get(key()) is None and not path.exists()
+    assert "does not match its checksum" in caplog.text and "encoded again" in caplog.text
+
+
+def test_non_finite_entry_is_dropped_even_with_a_matching_checksum(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path)
+    bad = torch.randn(6, 8).bfloat16()
+    bad[2, 3] = float("nan")
+    path = cache.path_for(key())
+    save_file({"embedding": bad}, str(path), metadata={"key": key().canonical(), "sha256": ec.tensor_sha256(bad)})
+    assert cache.get(key()) is None and not path.exists() and "NaN or infinite" in caplog.text
+
+
+def test_entry_without_checksum_is_re_encoded(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path)
+    path = cache.path_for(key())
+    save_file({"embedding": torch.randn(6, 8).bfloat16()}, str(path), metadata={"key": key().canonical()})
+    assert cache.get(key()) is None and "no checksum" in caplog.text
+
+
+def test_non_finite_embeddings_are_never_stored(tmp_path):
+    emb = torch.randn(4, 8).bfloat16()
+    emb[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        EmbeddingCache(tmp_path).put(key(), emb)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_all_finite(dtype):
+    t = torch.randn(7, 5).to(dtype)
+    assert ec.all_finite(t) and ec.all_finite(torch.full((3,), 3e4).to(dtype))  # large but finite
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        u = t.clone()
+        u[6, 4] = bad
+        assert not ec.all_finite(u)

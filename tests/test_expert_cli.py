@@ -38,6 +38,6 @@ def test_convert_then_check(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["format"] == "official_sharded" and rep["mode"] == "bf16" and rep["compute_dtype"] == "bfloat16"
 
-    assert _cli(["check-expert", str(tmp_path / "missing"), "--device", "cpu"]) == 1
+    assert _cli(["check-expert", str(tmp_path / "missing"), "--device", "cpu"]) == 2  # bad input
     err = json.loads(capsys.readouterr().out)
     assert not err["ok"] and "expert path not found" in err["error"]

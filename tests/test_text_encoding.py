@@ -228,6 +228,45 @@ def test_cache_misses_are_encoded_once_and_stored(tmp_path, encoder_pth, spiece,
     assert fake_encoder == [[PROMPT]]
 
 
+def test_poisoned_cache_entry_is_encoded_again(tmp_path, encoder_pth, spiece, fake_encoder, caplog):
+    """An entry whose payload was overwritten (header intact) is dropped, re-encoded and rewritten."""
+    cache = tmp_path / "cache"
+    first = te.encode_prompts(encoder_pth, spiece, [PROMPT], cache_dir=cache)
+    (entry,) = cache.glob("*.safetensors")
+    data = bytearray(entry.read_bytes())
+    data[-16:] = b"\xff" * 16  # bf16 0xffff is NaN
+    entry.write_bytes(bytes(data))
+    fake_encoder.clear()
+    again = te.encode_prompts(encoder_pth, spiece, [PROMPT], cache_dir=cache)
+    assert fake_encoder == [[PROMPT]] and torch.equal(again[0], first[0])
+    assert "dropping entry" in caplog.text
+    fake_encoder.clear()
+    assert torch.equal(te.encode_prompts(encoder_pth, spiece, [PROMPT], cache_dir=cache)[0], first[0])
+    assert fake_encoder == []  # the rewritten entry is good
+
+
+def test_nan_from_the_encoder_is_an_error_not_a_black_video(tmp_path, encoder_pth, spiece, monkeypatch):
+    def nan_encoder(encoder, tok, texts, **kw):
+        return [torch.full((3, 32), float("nan")).bfloat16() for _ in texts], {"ok": True, "device": "fake"}
+
+    monkeypatch.setattr(te, "run_text_encoder", nan_encoder)
+    with pytest.raises(te.TextEncoderError, match="NaN or infinite values"):
+        te.encode_prompts(encoder_pth, spiece, [PROMPT], cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_cache_write_failure_is_a_warning(tmp_path, encoder_pth, spiece, fake_encoder, monkeypatch, caplog):
+    from lingbot_world.text_encoder import cache as ec
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ec, "save_file", disk_full)
+    out = te.encode_prompts(encoder_pth, spiece, [PROMPT], cache_dir=tmp_path / "cache")
+    assert out[0].shape[1] == 32 and "cannot store the entry" in caplog.text
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # no temp file either
+
+
 # ---- errors and lifecycle ------------------------------------------------------------------------------
 
 

@@ -25,7 +25,9 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from safetensors.torch import load_file
 
-from .cache import CacheKey, EmbeddingCache, file_identity
+from .cache import CacheKey, EmbeddingCache, all_finite, file_identity
+from .worker import PARENT_PID_ENV
+from ..loaders.atomic import pid_alive
 from ..loaders.t5_tokenizer import MAX_LENGTH, TokenizerSource, resolve_tokenizer_source
 
 log = logging.getLogger(__name__)
@@ -147,6 +149,32 @@ def _kill(proc: subprocess.Popen) -> None:
         except OSError:
             pass
     proc.wait()
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+WORKDIR_PREFIX = "lingbot-t5-"
+_WORKDIR = re.compile(re.escape(WORKDIR_PREFIX) + r"(\d+)-")
+
+
+def remove_stale_workdirs(tmp_root: Optional[Path] = None) -> list[Path]:
+    """Remove child work folders left by parents that were SIGKILLed (a kill cannot be cleaned up after);
+    a folder's name carries its parent's pid. Returns the folders removed."""
+    root = Path(tmp_root or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _WORKDIR.match(p.name)
+        if m and p.is_dir() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def run_text_encoder(
@@ -167,7 +195,8 @@ def run_text_encoder(
     (e.g. ComfyUI's interrupt exception) the child is killed and the exception propagates.
     """
     _check_choices(device, dtype)
-    workdir = Path(tempfile.mkdtemp(prefix="lingbot-t5-"))  # mode 0700: private to this user
+    remove_stale_workdirs()
+    workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))  # mode 0700: private to this user
     try:
         job_path, out_path = workdir / "job.json", workdir / "embeddings.safetensors"
         stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
@@ -181,8 +210,10 @@ def run_text_encoder(
             "out": str(out_path),
         }
         job_path.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(_worker_command(job_path), stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            # stdin: a pipe we hold open and never write to; the child exits when it reads EOF (we are gone)
+            proc = subprocess.Popen(_worker_command(job_path), stdin=subprocess.PIPE, stdout=out, stderr=err, env=env)
         with _lock:
             _live[proc.pid] = proc
         t0 = time.monotonic()
@@ -310,12 +341,21 @@ def encode_prompts(
         )
         log.info("text encoder: %d prompt(s) on %s in %.1f s (load %.1f s)", len(todo), status.get("device"),
                  status.get("total_s", 0.0), status.get("load_s", 0.0))
+        for text, e in zip(todo, embeddings):
+            if not all_finite(e):
+                raise TextEncoderError(
+                    f"the text encoder produced NaN or infinite values for the prompt {text[:60]!r}; its weights "
+                    f"({enc.name}) may be damaged: download the file again"
+                )
         by_text = dict(zip(todo, embeddings))
         for i, text in enumerate(prompts):
             if results[i] is None:
                 results[i] = by_text[text]
                 if cache is not None:
-                    cache.put(keys[i], results[i])
+                    try:
+                        cache.put(keys[i], results[i])
+                    except OSError as e:  # a full disk or read-only cache folder costs a re-encode later, no more
+                        log.warning("text-embedding cache: cannot store the entry in %s (%s)", cache.root, e)
     if stats is not None:
         stats.update({"cache_hits": len(prompts) - sum(1 for t in prompts if t in todo), "encoded": len(todo),
                       "worker": status})

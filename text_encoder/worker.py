@@ -1,6 +1,7 @@
 """Child process: tokenize and encode prompts with umT5, write the embeddings as safetensors, exit.
 
-Run as a plain script, `python worker.py <job.json>` (started by `encode.run_text_encoder`).
+Run as a plain script, `python worker.py <job.json>` (started by `encode.run_text_encoder`). It reads and
+deletes the job file at once, and dies with its parent (see `_die_with_parent`).
 Inside ComfyUI the pack's module name is a filesystem path and `multiprocessing` cannot re-import it, so
 this file is self-contained: at module level it imports only the standard library, and it reaches the
 pack's own modules by loading the pack from its path under a private package name.
@@ -25,6 +26,9 @@ from typing import Optional
 PRIVATE_PACKAGE = "_lingbot_world_worker"
 CUDA_MARGIN_BYTES = 1 << 30  # activations (512 tokens), cuBLAS workspace, allocator slack
 TEST_DELAY_ENV = "LINGBOT_T5_WORKER_TEST_DELAY"  # tests only: seconds to sleep before loading
+PARENT_PID_ENV = "LINGBOT_T5_PARENT_PID"  # set by the parent: exit when that process is gone
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+EXIT_ORPHANED = 3  # the parent died; nobody reads this status
 
 
 def _pack_module(name: str):
@@ -118,12 +122,54 @@ def run_job(job: dict) -> dict:
     return status
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Never outlive the parent (ComfyUI or the CLI), even when it is SIGKILLed or OOM-killed.
+
+    Linux: the kernel sends SIGKILL when the parent goes (PR_SET_PDEATHSIG); a parent that died before
+    that call is caught by comparing getppid(). Everywhere: the parent holds our stdin pipe open and never
+    writes to it, so end-of-file means it is gone; a watchdog thread then exits at once (os._exit works
+    even while the main thread is inside a long torch call).
+    Ctrl-C in a terminal reaches the whole process group: the parent decides, so SIGINT is ignored here.
+    """
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still covers it
+        if os.getppid() != parent_pid:
+            os._exit(EXIT_ORPHANED)
+
+    def watchdog() -> None:
+        # the raw fd, not sys.stdin: a daemon thread blocked in a buffered reader holds its lock, which
+        # aborts the interpreter's shutdown
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: worker.py <job.json>", file=sys.stderr)
         return 64
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent:
+        _die_with_parent(int(parent))
     try:
-        job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+        job_path = Path(argv[0])
+        job = json.loads(job_path.read_text(encoding="utf-8"))
+        job_path.unlink()  # the prompt stays on disk no longer than needed, whatever happens next
         status = run_job(job)
     except Exception as e:  # report, never hang: the parent reads the status line and stderr
         traceback.print_exc()

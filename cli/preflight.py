@@ -1,0 +1,230 @@
+"""`generate`'s pre-flight: every check that costs seconds, run before any that costs minutes.
+
+Order: flag values (no I/O) -> device and noise source -> output path -> image decode -> checkpoint files
+(headers, sizes, keys; the demo checkpoint is built first when asked for) -> the video's memory floor
+-> camera. Each problem is one UsageError / ValueError / FileNotFoundError line naming the flag or file,
+the value and what to use (exit code 2); nothing has been loaded or started yet when it is raised.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import actions_arg, fast_run
+from .errors import UsageError
+from .video_out import OutputTarget, plan_output
+
+SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
+FPS_MAX = 240
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+
+
+def _finite(flag: str, value: float, low: Optional[float] = None, high: Optional[float] = None,
+            low_open: bool = False) -> None:
+    bad = not math.isfinite(value)
+    if not bad and low is not None:
+        bad = value <= low if low_open else value < low
+    if not bad and high is not None:
+        bad = value > high
+    if bad:
+        rng = (f"greater than {low:g}" if low_open else f"at least {low:g}") if low is not None else ""
+        if high is not None:
+            rng = f"between {low:g} and {high:g}" if low is not None else f"at most {high:g}"
+        raise UsageError(f"{flag} {value!r}: must be a finite number {rng}".rstrip())
+
+
+def check_flags(args) -> None:
+    """Values that are wrong whatever the machine (no I/O)."""
+    from ..wan.sizes import check_frames, max_area_for
+
+    if args.seed > SEED_MAX:
+        raise UsageError(f"--seed {args.seed}: use 0 .. {SEED_MAX} (2**64-1), or a negative number for a random seed")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: use at least 1 (the reference uses 70)")
+    if args.fps < 1 or args.fps > FPS_MAX:
+        raise UsageError(f"--fps {args.fps}: use 1 .. {FPS_MAX} (the model makes 16 fps video)")
+    _finite("--shift", args.shift, 0, low_open=True)
+    _finite("--boundary", args.boundary, 0, 1)
+    _finite("--camera-speed", args.camera_speed, 0, low_open=True)
+    if len(args.guide_scale) > 2:
+        raise UsageError(f"--guide-scale takes one value or two (LOW HIGH), got {len(args.guide_scale)}")
+    for g in args.guide_scale:
+        _finite("--guide-scale", g, 0)
+    if args.blocks_on_gpu is not None and args.blocks_on_gpu < 0:
+        raise UsageError(f"--blocks-on-gpu {args.blocks_on_gpu}: use 0 or more")
+    if args.t5_timeout is not None:
+        _finite("--t5-timeout", args.t5_timeout, 0, low_open=True)
+    try:
+        if args.frames is not None:  # None: 81, or as long as --actions
+            check_frames(args.frames)
+        max_area_for(args.size)
+    except ValueError as e:
+        flag = "--frames" if "frame" in str(e) else "--size"
+        raise UsageError(f"{flag}: {e}") from None
+    if args.image is None or args.prompt is None:
+        raise UsageError("--image and --prompt are required (or use --demo)")
+    if args.demo and args.ckpt_dir is not None:
+        raise UsageError("--demo and --ckpt-dir exclude each other: the demo uses its own tiny checkpoint")
+
+
+def resolve_device(name: str, flag: str = "--device") -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device that exists here (UsageError otherwise)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = _DEVICE.fullmatch(name.strip().lower())
+    if m is None:
+        raise UsageError(f"{flag} {name!r}: use auto, cpu, cuda or cuda:N")
+    if m.group(1) == "cpu":
+        if m.group(2) is not None:
+            raise UsageError(f"{flag} {name!r}: the CPU has no index; use cpu")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{flag} {name}: no CUDA GPU is available here; use {flag} cpu")
+    index = int(m.group(2)) if m.group(2) is not None else None
+    if index is not None and index >= torch.cuda.device_count():
+        raise UsageError(f"{flag} {name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    return torch.device("cuda", index) if index is not None else torch.device("cuda")
+
+
+def noise_source(choice: str, device: torch.device) -> str:
+    if choice == "auto":
+        return "cuda" if device.type == "cuda" else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--noise cuda needs a CUDA GPU (it reproduces the reference's GPU noise); use --noise cpu")
+    return choice
+
+
+def check_t5_device(choice: str) -> None:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--t5-device cuda: no CUDA GPU is available here; use --t5-device cpu or auto")
+
+
+def default_output_name(prompt: str) -> Path:
+    import time
+
+    stem = "".join(c if c.isalnum() else "_" for c in prompt[:50]).strip("_") or "video"
+    return Path(f"lingbot_{stem}_{time.strftime('%Y%m%d_%H%M%S')}.mp4")
+
+
+def total_ram_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def total_vram_bytes(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+@dataclass
+class Prepared:
+    """What the pre-flight found; the run uses it as is."""
+
+    device: torch.device
+    noise: str
+    output: OutputTarget
+    image: torch.Tensor  # [3, H, W] in [-1, 1]
+    files: object  # loaders.checkpoint_dir.CheckpointFiles
+    vae_config: object  # None for a real checkpoint
+    height: int
+    width: int
+    frames: int
+    camera: Optional[torch.Tensor]  # packed Plücker input or None
+    camera_note: Optional[str]
+
+
+def prepare(args, log) -> Prepared:
+    """Run every check; returns what the run needs. Builds the demo checkpoint when --demo asks for it."""
+    from ..loaders.checkpoint_check import check_checkpoint
+    from ..loaders.demo_checkpoint import demo_vae_config
+    from ..loaders.image_files import load_image
+    from ..memory.bounds import check_video_fits
+    from ..wan.dit.attention import set_backend
+    from ..wan.sizes import check_frames, max_area_for, target_size
+
+    check_flags(args)
+    device = resolve_device(args.device)
+    noise = noise_source(args.noise, device)
+    check_t5_device(args.t5_device)
+    try:
+        set_backend(args.attention)
+    except ValueError as e:
+        raise UsageError(f"--attention {args.attention}: {e}") from None
+    output = plan_output(args.out if args.out is not None else default_output_name(args.prompt))
+
+    decoded = load_image(args.image)
+    for note in decoded.notes:
+        log.info("image %s: %s", args.image, note)
+
+    files = _files(args)
+    kind = actions_arg.prepare(args, files.high, files.low, log)  # Cam or Act, from the weights; refuses mismatches
+    fast_run.check_base_experts(files)
+    vae_config = demo_vae_config(files.root)
+    checked = check_checkpoint(files, vae_config)
+
+    height, width = target_size(decoded.size[0], decoded.size[1], max_area_for(args.size))
+    frames = check_frames(args.frames or actions_arg.DEFAULT_FRAMES)
+    check_video_fits(frames, height, width, checked.high.config, total_ram=total_ram_bytes(),
+                     total_vram=total_vram_bytes(device), camera=bool(args.camera or args.actions),
+                     what=f"--frames {frames} --size {args.size}")
+    camera, note, frames = _camera(args, kind, frames, height, width, log)
+    return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note)
+
+
+def _files(args):
+    from ..loaders.checkpoint_dir import CheckpointFiles, find_checkpoint_files
+    from ..loaders.demo_checkpoint import build_demo_checkpoint
+
+    if args.demo:
+        files = build_demo_checkpoint(args.demo_dir, control=args.demo)
+    elif args.ckpt_dir is not None:
+        files = find_checkpoint_files(args.ckpt_dir)
+    else:
+        missing = ["--" + n for n in ("high", "low", "t5", "vae") if getattr(args, n) is None]
+        if missing:
+            raise UsageError(f"give --ckpt-dir (or --demo), or all of --high --low --t5 --vae (missing: "
+                             f"{' '.join(missing)})")
+        return CheckpointFiles(Path("."), args.high, args.low, args.t5, args.vae, args.tokenizer)
+    for n in ("high", "low", "t5", "vae", "tokenizer"):
+        if getattr(args, n) is not None:
+            setattr(files, n, getattr(args, n))
+    return files
+
+
+def camera_path(spec: str, frames: int, speed: float):
+    """(CameraPath, follows per-frame intrinsics) of --camera: a trajectory folder / poses.npy, or a preset name
+    ('+'-combinations allowed). Zoom lives in the intrinsics, so zoom presets follow them per frame (as the camera
+    preset node does)."""
+    from ..loaders.camera_files import load_camera
+    from ..wan.control.camera_presets import PRESETS, parse_preset, preset_camera
+
+    if Path(spec).expanduser().exists():
+        return load_camera(Path(spec).expanduser()), False
+    return preset_camera(spec, frames=frames, speed=speed), any(PRESETS[n].zoom for n in parse_preset(spec))
+
+
+def _camera(args, kind: str, frames: int, height: int, width: int, log):
+    """(packed control input or None, note for the log, frames the control covers): a trajectory or preset
+    (--camera, Plücker) or keys (--actions: a camera path for Cam, the 7-channel tensor for Act)."""
+    from ..wan.control.camera import camera_condition
+
+    if args.actions:
+        frames, tensor = actions_arg.control(args, kind, height, width, log)
+        return tensor, None, frames
+    spec = args.camera
+    if not spec:
+        return None, None, frames
+    path, zoom = camera_path(spec, frames, args.camera_speed)
+    cond = camera_condition(path.poses, path.intrinsics, height, width, frames,
+                            per_frame_intrinsics=args.per_frame_intrinsics or zoom, precision=args.camera_precision)
+    actions_arg.write_trajectory_picture(args, path.poses[:cond.frames], path.intrinsics, str(spec))
+    return cond.plucker, cond.message, cond.frames
