@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .progress import ProgressLine, RunStats
+from .speed_flags import add_speed_args, speed_plan
 from .video_out import write_video
 
 log = logging.getLogger("lingbot_world.generate")
@@ -71,7 +72,7 @@ def add_parser(sub) -> None:
     dev.add_argument("--no-text-cache", action="store_true", help="always run the text encoder")
     dev.add_argument("--cache-dir", type=Path, default=None, help="prompt-embedding cache folder")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
-    dev.add_argument("--attention", choices=("sdpa", "sage", "flash"), default="sdpa")
+    add_speed_args(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="output .mp4 (or a folder for PNG frames)")
@@ -153,7 +154,6 @@ def run(args) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     from ..text_encoder.encode import encode_prompts
     from ..loaders.vae_files import load_vae
-    from ..wan.dit.attention import set_backend
     from ..wan.control.camera import camera_condition
     from ..wan.dit.model import pad_context
     from ..wan.i2v import build_i2v_condition
@@ -167,7 +167,7 @@ def run(args) -> int:
         raise SystemExit("--image and --prompt are required (or use --demo)")
     stats = RunStats()
     device = _resolve_device(args.device)
-    set_backend(args.attention)
+    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
     files = _files(args)
     stats.mark("setup")
 
@@ -215,7 +215,7 @@ def run(args) -> int:
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     noise_source = args.noise if args.noise != "auto" else ("cuda" if device.type == "cuda" else "cpu")
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, noise_source, device=device)
-    provider = _provider(args, files, device, frames, height, width, camera is not None)
+    provider = _provider(args, files, device, frames, height, width, camera is not None, speed)
     if settings.cfg_mode == "auto":
         settings.cfg_mode = provider.plan.cfg_mode
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
@@ -245,12 +245,14 @@ def run(args) -> int:
     return 0
 
 
-def _provider(args, files, device, frames, height, width, with_camera: bool):
+def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None):
     from ..memory.placement import make_provider
+    from ..speed.options import apply_speed
 
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
         video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log,
+        prepare=None if speed is None else (lambda model: apply_speed(model, speed)),
     )
 
 

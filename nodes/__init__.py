@@ -9,6 +9,7 @@ from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSa
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
 from .sampler_node import LingBotSampler
+from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
 
 NODE_CLASS_MAPPINGS = {
@@ -21,6 +22,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotImageToVideo": LingBotImageToVideo,
     "LingBotSampler": LingBotSampler,
     "LingBotVAEDecode": LingBotVAEDecode,
+    "LingBotSpeedOptions": LingBotSpeedOptions,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -33,6 +35,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotImageToVideo": "LingBot Image To Video",
     "LingBotSampler": "LingBot Sampler",
     "LingBotVAEDecode": "LingBot VAE Decode",
+    "LingBotSpeedOptions": "LingBot Speed Options",
 }
 
 
