@@ -11,7 +11,6 @@ from ..speed.options import (
     COMPILE_CHOICES,
     COMPUTE_CHOICES,
     DEFAULTS,
-    SpeedOptionError,
     SpeedOptions,
     SpeedPlan,
     resolve_speed,
@@ -35,12 +34,10 @@ def add_speed_args(parser) -> None:
 
 
 def speed_plan(args, device: torch.device, log: logging.Logger) -> SpeedPlan:
-    """Resolve the flags for `device`; an explicit choice the machine cannot run stops here with one line."""
-    try:
-        plan = resolve_speed(SpeedOptions(args.compile, args.compute, args.attention), device,
-                             weights=getattr(args, "weights", "nf4"))
-    except SpeedOptionError as e:
-        raise SystemExit(str(e)) from None
+    """Resolve the flags for `device`. An explicit choice the machine cannot run raises SpeedOptionError (a
+    ValueError: the CLI prints its one line as a bad-input error) before anything loads."""
+    plan = resolve_speed(SpeedOptions(args.compile, args.compute, args.attention), device,
+                         weights=getattr(args, "weights", "nf4"))
     for note in plan.notes:
         log.info("speed: %s", note)
     log.info("speed: %s", plan.summary())

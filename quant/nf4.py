@@ -275,7 +275,8 @@ class NF4Linear(Linear4bit):
         if self.compute_mode == "bf16" or dtype not in (torch.bfloat16, torch.float16):
             return "bf16"
         rows = x.numel() // max(1, x.shape[-1])
-        if rows < self.lowp_min_rows or self.in_features % 16 or self.out_features % 16:
+        # _scaled_mm needs K, N multiples of 16; _int_mm more than 16 rows (cuBLASLt limits).
+        if rows < max(self.lowp_min_rows, 17) or self.in_features % 16 or self.out_features % 16:
             return "bf16"
         return self.compute_mode
 

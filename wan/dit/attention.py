@@ -13,6 +13,7 @@ give black Wan videos) is refused.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -92,6 +93,7 @@ def _sdpa_backends(order: Sequence[str]):
     return [getattr(SDPBackend, names[k]) for k in order if hasattr(SDPBackend, names[k])]
 
 
+@functools.cache
 def _priority_supported() -> bool:
     from torch.nn.attention import sdpa_kernel
 

@@ -56,7 +56,7 @@ class WanRMSNorm(nn.Module):
         # float32 and is stored once in x's dtype, which is the reference's `.to(x.dtype)` rounding.
         ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
         inv = torch.rsqrt(ss.square() / x.shape[-1] + self.eps)
-        normed = torch.mul(x, inv, out=torch.empty_like(x))
+        normed = token_ops.mul_to(x, inv, x.dtype)
         if self.weight.dtype == normed.dtype:
             return normed.mul_(self.weight)
         return normed * self.weight

@@ -31,6 +31,13 @@ def _no_grad_needed(*tensors: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
+def mul_to(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a * b computed in float32 (type promotion), stored once in `dtype`."""
+    if not _no_grad_needed(a, b):
+        return (a * b).to(dtype)
+    return torch.mul(a, b, out=torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device))
+
+
 def addcmul_to(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """base + a * b computed in float32 (type promotion), stored once in `dtype`."""
     shape = torch.broadcast_shapes(base.shape, a.shape, b.shape)
