@@ -512,13 +512,14 @@ class SmiPoller:
             self._thread.join(timeout=10)
 
 
-def run_child(spec: dict, workdir: Path, timeout: float) -> dict:
+def run_child(spec: dict, workdir: Path, timeout: float, module: str = MODULE) -> dict:
+    """Run one case in a fresh `python -m <module> --child SPEC` process (time-boxed; nvidia-smi polled)."""
     path = workdir / f"spec_{spec['case']}.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ)
     if spec["device"] == "cuda" and spec.get("expandable_segments", True):
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, "-m", MODULE, "--child", str(path)]
+    cmd = [sys.executable, "-m", module, "--child", str(path)]
     t0 = time.perf_counter()
     with SmiPoller() as smi:
         baseline = smi.read() if smi.exe else None
@@ -543,9 +544,10 @@ def run_child(spec: dict, workdir: Path, timeout: float) -> dict:
     return res
 
 
-def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: float) -> dict:
-    """Both random experts on disk (made on the GPU), or the ones already there when their config matches."""
-    paths = {n: workdir / f"{n}_noise_model_bnb_nf4" for n in ("high", "low")}
+def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: float,
+                 names: tuple = ("high", "low")) -> dict:
+    """The random experts on disk (made on the GPU), or the ones already there when their config matches."""
+    paths = {n: workdir / f"{n}_noise_model_bnb_nf4" for n in names}
     want = cfg.to_json()
     ok = all((p / "model.safetensors").is_file() and (p / "config.json").is_file()
              and json.loads((p / "config.json").read_text()) == want for p in paths.values())
@@ -555,13 +557,13 @@ def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: floa
         return info
     from ..loaders.nf4_writer import nf4_expert_bytes
 
-    need = 2 * nf4_expert_bytes(cfg) + 2 * GiB
+    need = len(paths) * nf4_expert_bytes(cfg) + 2 * GiB
     free = shutil.disk_usage(workdir).free
     if free < need:
-        raise RuntimeError(f"{workdir} has {free / 1e9:.1f} GB free; the two experts need {need / 1e9:.1f} GB. "
+        raise RuntimeError(f"{workdir} has {free / 1e9:.1f} GB free; the experts need {need / 1e9:.1f} GB. "
                            "Pass --workdir on a bigger disk.")
     code = (
-        f"import json,sys,time;from pathlib import Path;from {PACKAGE}.wan.dit import DiTConfig;"
+        f"import json,sys,time;from pathlib import Path;from {PACKAGE}.wan.dit.model import DiTConfig;"
         f"from {PACKAGE}.bench.bench_nf4_load import make_full_size_expert as mk;"
         "cfg=DiTConfig.from_json(json.loads(sys.argv[1]));out={}\n"
         "for i,(n,p) in enumerate(json.loads(sys.argv[2]).items()):\n"
