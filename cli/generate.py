@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from .progress import ProgressLine, RunStats
-from .speed_flags import add_speed_args, speed_plan
+from .speed_flags import add_speed_args, report_compile, speed_plan
 from .video_out import write_video
 
 log = logging.getLogger("lingbot_world.generate")
@@ -233,6 +233,7 @@ def run(args) -> int:
         del provider
         _empty_cache(device)
     stats.mark("sampling")
+    report_compile(speed, log)
 
     vae.to(device)
     with torch.inference_mode():

@@ -42,3 +42,11 @@ def speed_plan(args, device: torch.device, log: logging.Logger) -> SpeedPlan:
         log.info("speed: %s", note)
     log.info("speed: %s", plan.summary())
     return plan
+
+
+def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:
+    """After sampling: how long compiling took (the warm-up a cached second run mostly skips)."""
+    if plan.compile == "blocks":
+        from ..speed.compile import STATS
+
+        log.info("speed: %s", STATS.summary())

@@ -88,10 +88,15 @@ class CompileStats:
         self.compiling_calls = 0
         self.seconds = 0.0
         self.fallbacks: list[str] = []
+        self.announced = False
 
     def to_json(self) -> dict:
         return {"compiling_calls": self.compiling_calls, "seconds": round(self.seconds, 2),
                 "fallbacks": list(self.fallbacks), "graphs": _graph_count()}
+
+    def summary(self) -> str:
+        text = f"torch.compile warm-up: {self.compiling_calls} compilations, {self.seconds:.1f} s"
+        return text + (f"; ran eagerly after a compile error: {', '.join(self.fallbacks)}" if self.fallbacks else "")
 
 
 STATS = CompileStats()
@@ -120,6 +125,10 @@ class CompiledFn:
     def __call__(self, *args, **kwargs):
         if self.failed:
             return self.fn(*args, **kwargs)
+        if not STATS.announced:
+            STATS.announced = True
+            log.info("torch.compile: building the DiT's per-token kernels on first use (a minute or two the first "
+                     "time; later runs load them from %s)", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "the cache"))
         before = _graph_count()
         t0 = time.perf_counter()
         try:
@@ -138,6 +147,7 @@ class CompiledFn:
         if _graph_count() != before:
             STATS.compiling_calls += 1
             STATS.seconds += time.perf_counter() - t0
+            log.debug("torch.compile: DiT phase %r compiled in %.1f s", self.name, time.perf_counter() - t0)
         return out
 
 
