@@ -198,6 +198,7 @@ def aot_eager(monkeypatch):
     yield
 
 
+@pytest.mark.slow  # traces every phase twice (static, then dynamic token count): ~10 s on two cores
 def test_compiled_phases_equal_eager_for_every_chunk_and_expert(model, aot_eager):
     x, t, ctx, y, cam = make_inputs(torch.Generator().manual_seed(21), b=1)
     other = WanDiT(CFG).eval().requires_grad_(False)  # "the other expert": same code, other weights
