@@ -3,7 +3,7 @@
     # H100: two calls of <= 9 minutes; the second reuses the expert and the inductor cache of the first
     python -m lingbot_world.bench.bench_speed --cases baseline,eager,compile,attention,fp8 \\
         --keep --workdir /tmp/lws --fresh --budget-s 530 --out bench/results/speed_h100.json
-    python -m lingbot_world.bench.bench_speed --cases fp8_compile,int8,int8_compile,compile_warm,sage,tiny \\
+    python -m lingbot_world.bench.bench_speed --cases fp8_compile,int8,int8_compile,compile_warm,fp16acc,sage,tiny \\
         --workdir /tmp/lws --budget-s 530 --out bench/results/speed_h100.json
     python -m lingbot_world.bench.bench_speed --tiny --out /tmp/speed_tiny.json        # CPU smoke run
 
@@ -12,7 +12,7 @@ the way the sampler calls it (sequential CFG: a step is a cond and an uncond for
 chunks) in one fresh process per case, capped like a 24 GB card (the swap layout holds one expert):
 
 - baseline: the block and NF4 forward as they were before issue 15 (bench/legacy_block.py), same session;
-- eager / compile / fp8 / fp8_compile / int8 / int8_compile / sage: the library's paths (speed/options.py);
+- eager / compile / fp8 / fp8_compile / int8 / int8_compile / fp16acc / sage: the library's paths (speed/options.py);
 - compile_warm: compile again in a new process, so its warm-up is the cached one a second run pays.
 
 Per case: the first forward (compile warm-up included), s/forward and s/step over --timed-steps steps, peak VRAM
@@ -59,12 +59,13 @@ CASES: dict[str, dict] = {
     "fp8_compile": dict(kind=FORWARD, compute="fp8", compile="blocks", profile=True),
     "int8": dict(kind=FORWARD, compute="int8"),
     "int8_compile": dict(kind=FORWARD, compute="int8", compile="blocks", profile=True),
+    "fp16acc": dict(kind=FORWARD, compute="fp16acc"),  # its error; an H100 gains no speed from it
     "sage": dict(kind=FORWARD, attention="sage"),
     "attention": dict(kind="attention"),
     "tiny": dict(kind="tiny"),
 }
 DEFAULT_CASES = ["baseline", "eager", "compile", "attention", "fp8", "fp8_compile", "int8", "int8_compile",
-                 "compile_warm", "sage", "tiny"]
+                 "compile_warm", "fp16acc", "sage", "tiny"]
 
 TARGETS = {  # issue 15, H100, s/step at 464x832x81, sequential CFG, swap on a 24 GB cap
     "eager": ("s_per_step", 7.8),
@@ -78,10 +79,10 @@ SWAP_VRAM_TARGET = 13e9
 # Lovelace architecture whitepaper v1.1, Appendix A (GeForce cards run bf16/fp16 and fp8 GEMMs with float32
 # accumulation at half the fp16-accumulate rate). RTX 3090: NVIDIA Ampere GA102 GPU architecture whitepaper,
 # Table 9 (same float32-accumulate halving).
-PROJECTION_CARDS = {
-    "H100 SXM5": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "bw_gbs": 3350},
-    "RTX 4090": {"bf16": 165.2, "fp8": 330.3, "int8": 660.6, "bw_gbs": 1008},
-    "RTX 3090": {"bf16": 71.0, "fp8": None, "int8": 284.0, "bw_gbs": 936},
+PROJECTION_CARDS = {  # dense TFLOP/s (TOPS for int8); fp16acc = fp16 with fp16 accumulation
+    "H100 SXM5": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "fp16acc": 989.4, "bw_gbs": 3350},
+    "RTX 4090": {"bf16": 165.2, "fp8": 330.3, "int8": 660.6, "fp16acc": 330.3, "bw_gbs": 1008},
+    "RTX 3090": {"bf16": 71.0, "fp8": None, "int8": 284.0, "fp16acc": 142.0, "bw_gbs": 936},
 }
 MEASURED_ON = "H100 SXM5"
 
@@ -147,7 +148,7 @@ def profile_split(run, device: torch.device) -> dict:
 def project(split_seconds: dict, compute: str, card: dict, measured: dict) -> Optional[float]:
     """Seconds on `card` for a forward whose H100 kernel split is `split_seconds`: attention and GEMMs scale with
     the tensor-core peak of their precision, dequant and elementwise work with memory bandwidth."""
-    gemm_kind = compute if compute in ("fp8", "int8") else "bf16"
+    gemm_kind = compute if compute in ("fp8", "int8", "fp16acc") else "bf16"
     if card.get(gemm_kind) is None:
         return None
     t = split_seconds["attention"] * measured["bf16"] / card["bf16"]
@@ -379,7 +380,7 @@ def child_tiny(spec: dict) -> dict:
     ref_f, ref_r = forward(nf4), run4(nf4)
     out["nf4_vs_float_weights"] = {"forward": rel(ref_f, forward(plain)), "run4": rel(ref_r, run4(plain))}
     del plain
-    for name in ("compile", "fp8", "fp8_compile", "int8", "int8_compile"):
+    for name in ("compile", "fp8", "fp8_compile", "int8", "int8_compile", "fp16acc"):
         case = CASES[name]
         try:
             plan = _plan_for({**spec, **case}, device)
@@ -475,19 +476,25 @@ def summarize(res: dict) -> dict:
         prof = r.get("profile")
         if prof:
             compute = CASES[name].get("compute", "bf16")
-            measured = PROJECTION_CARDS[MEASURED_ON]
-            proj = {"h100_kernel_split_s": prof["seconds"]}
-            overhead = r["s_per_forward"] - prof["kernel_seconds"] if r.get("s_per_forward") else 0.0
-            proj["h100_non_kernel_s"] = round(overhead, 3)
-            for card, spec in PROJECTION_CARDS.items():
-                if card == MEASURED_ON:
-                    continue
-                fwd = project(prof["seconds"], compute, spec, measured)
-                proj[card] = None if fwd is None else {
-                    "s_per_forward": round(fwd, 2), "s_per_step": round(2 * fwd, 2),
-                    "sampling_70_steps_min": round(70 * 2 * fwd / 60, 1)}
-            s["projection"][name] = proj
+            s["projection"][name] = projection_row(prof, compute, r)
+            if compute == "bf16":  # the same kernels with fp16-accumulate GEMMs (the H100 runs those at bf16 speed)
+                s["projection"][f"{name}+fp16acc (derived)"] = projection_row(prof, "fp16acc", r)
     return s
+
+
+def projection_row(prof: dict, compute: str, r: dict) -> dict:
+    measured = PROJECTION_CARDS[MEASURED_ON]
+    proj = {"h100_kernel_split_s": prof["seconds"], "compute": compute}
+    overhead = r["s_per_forward"] - prof["kernel_seconds"] if r.get("s_per_forward") else 0.0
+    proj["h100_non_kernel_s"] = round(overhead, 3)
+    for card, spec in PROJECTION_CARDS.items():
+        if card == MEASURED_ON:
+            continue
+        fwd = project(prof["seconds"], compute, spec, measured)
+        proj[card] = None if fwd is None else {
+            "s_per_forward": round(fwd, 2), "s_per_step": round(2 * fwd, 2),
+            "sampling_70_steps_min": round(70 * 2 * fwd / 60, 1)}
+    return proj
 
 
 def check_targets(res: dict) -> dict:

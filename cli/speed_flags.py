@@ -25,8 +25,9 @@ def add_speed_args(parser) -> None:
                         "~/.cache/lingbot-world/inductor)")
     g.add_argument("--compute", choices=COMPUTE_CHOICES, default=DEFAULTS["compute"],
                    help="GEMM precision of the NF4 linears: bf16 (exact, default), fp8 (RTX 40xx/Ada, Hopper+), "
-                        "int8 (Ampere+), or auto (fp8 where the card has it, else int8 on Ampere, else bf16); "
-                        "fp8/int8 are faster and change the output slightly")
+                        "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards), or auto (fp8 "
+                        "where the card has it, else int8 on Ampere, else bf16); all but bf16 change the output "
+                        "slightly")
     g.add_argument("--attention", choices=ATTENTION_CHOICES, default=DEFAULTS["attention"],
                    help="attention kernel: auto (torch SDPA with the fastest exact kernel for the GPU: cuDNN on "
                         "Hopper, FlashAttention-2 on Ampere/Ada), sdpa (the same), sage (SageAttention, "

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from . import fp8, int8
+from . import fp8, fp16acc, int8
 
 
 def _capability(device: torch.device) -> Optional[tuple[int, int]]:
@@ -20,8 +20,11 @@ def _probe(mode: str, device: torch.device) -> Optional[str]:
         g = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(64, 64, device=device, generator=g, dtype=torch.bfloat16)
         w = torch.randn(32, 64, device=device, generator=g, dtype=torch.bfloat16)
-        mod = fp8 if mode == "fp8" else int8
-        y = mod.linear(x, *mod.quantize_weight(w), None, torch.bfloat16)
+        if mode == "fp16acc":
+            y = fp16acc.linear(x, w.half(), None, torch.bfloat16)
+        else:
+            mod = fp8 if mode == "fp8" else int8
+            y = mod.linear(x, *mod.quantize_weight(w), None, torch.bfloat16)
         ref = x.float() @ w.float().t()
         err = ((y.float() - ref).norm() / ref.norm()).item()
         torch.cuda.synchronize(device)
@@ -33,7 +36,7 @@ def _probe(mode: str, device: torch.device) -> Optional[str]:
 
 
 def unavailable_reason(mode: str, device: torch.device) -> Optional[str]:
-    """Why `mode` ("fp8"/"int8") cannot run on `device`, or None."""
+    """Why `mode` ("fp8", "int8", "fp16acc") cannot run on `device`, or None."""
     device = torch.device(device)
     cap = _capability(device)
     if cap is None:
@@ -50,6 +53,11 @@ def unavailable_reason(mode: str, device: torch.device) -> Optional[str]:
             return f"{name} (sm{cap[0]}{cap[1]}) has no INT8 tensor-core GEMMs usable from torch"
         if not hasattr(torch, "_int_mm"):
             return f"this torch {torch.__version__} has no INT8 matmul (torch._int_mm); update torch"
+    elif mode == "fp16acc":
+        if cap < (7, 0):
+            return f"{name} (sm{cap[0]}{cap[1]}) has no fp16 tensor cores"
+        if not fp16acc.available():
+            return f"this torch {torch.__version__} cannot accumulate GEMMs in fp16 (needs torch 2.7+)"
     else:
         raise ValueError(f"unknown low-precision mode {mode!r}")
     problem = _probe(mode, device)

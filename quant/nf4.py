@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from bitsandbytes.nn import Linear4bit, Params4bit
 
-from . import fp8, int8
+from . import fp8, fp16acc, int8
 
 NF4_BLOCKSIZE = 64
 NESTED_BLOCKSIZE = 256
@@ -116,8 +116,9 @@ def parse_quant_state_json(t: torch.Tensor, where: str) -> dict:
 
 
 # Compute paths of the NF4 linears' forward (quant/compute.py picks one per GPU): the dequantized weight in the
-# compute dtype (exact), or re-quantized per row to FP8 / INT8 for the low-precision tensor cores.
-COMPUTE_MODES = ("bf16", "fp8", "int8")
+# compute dtype (exact), re-quantized per row to FP8 / INT8 for the low-precision tensor cores, or fp16 GEMMs with
+# fp16 accumulation (GeForce cards' 2x mode).
+COMPUTE_MODES = ("bf16", "fp8", "int8", "fp16acc")
 # Only token-wise GEMMs (the DiT's video tokens) take the low-precision path; the few-row ones (time embedding,
 # the 512 text rows) stay exact: they cost nothing and their error would reach every token.
 LOWP_MIN_ROWS = 1024
@@ -242,7 +243,7 @@ class NF4Linear(Linear4bit):
     # ---- compute ----------------------------------------------------------------------------------------
     def set_compute(self, mode: str, min_rows: Optional[int] = None, fast_accum: Optional[bool] = None,
                     ops: Optional[dict] = None) -> None:
-        """mode: "bf16" (the compute dtype, exact), "fp8" or "int8". ops: compiled quantizers or None (eager)."""
+        """mode: "bf16" (the compute dtype, exact), "fp8", "int8" or "fp16acc". ops: compiled quantizers or None."""
         if mode not in COMPUTE_MODES:
             raise ValueError(f"compute mode {mode!r}: choose one of {COMPUTE_MODES}")
         self.compute_mode = mode
@@ -298,6 +299,8 @@ class NF4Linear(Linear4bit):
             w8, scale = self._prepared("int8", dtype)
             y = int8.linear(x, w8, scale, bias, dtype, quantize=ops.get("int8", int8.quantize_rows),
                             rescale_fn=ops.get("int8_rescale", int8.rescale))
+        elif mode == "fp16acc":
+            y = fp16acc.linear(x, self._prepared("float", torch.float16), bias, dtype)
         else:
             y = F.linear(x, self._prepared("float", dtype), bias)
         return y if y.dtype == inp_dtype else y.to(inp_dtype)

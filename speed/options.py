@@ -27,7 +27,7 @@ from . import compile as compile_mod
 log = logging.getLogger(__name__)
 
 COMPILE_CHOICES = ("auto", "off", "blocks")
-COMPUTE_CHOICES = ("auto", "bf16", "fp8", "int8")
+COMPUTE_CHOICES = ("auto", "bf16", "fp8", "int8", "fp16acc")
 ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash
 DEFAULTS = {"compile": "auto", "compute": "bf16", "attention": "auto"}
 
@@ -96,11 +96,11 @@ def _resolve_compute(choice: str, device: torch.device, weights: str, notes: lis
         return "bf16"
     if weights != "nf4":
         if choice == "auto":
-            notes.append(f"compute auto: bf16 (FP8/INT8 compute applies to NF4 weights, not {weights})")
+            notes.append(f"compute auto: bf16 (low-precision compute applies to NF4 weights, not {weights})")
             return "bf16"
         raise SpeedOptionError(f"--compute {choice} works with NF4 weights; with --weights {weights} use "
                                "--compute bf16")
-    if choice in ("fp8", "int8"):
+    if choice in ("fp8", "int8", "fp16acc"):
         reason = qcompute.unavailable_reason(choice, device)
         if reason:
             raise SpeedOptionError(f"--compute {choice}: {reason}; use --compute bf16 (or auto)")

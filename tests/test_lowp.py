@@ -83,7 +83,7 @@ def nf4_layer(out_f=96, in_f=128, seed=0) -> NF4Linear:
     return lin
 
 
-@pytest.mark.parametrize("mode,bound", [("fp8", 0.06), ("int8", 0.02)])
+@pytest.mark.parametrize("mode,bound", [("fp8", 0.06), ("int8", 0.02), ("fp16acc", 0.01)])
 def test_nf4_linear_compute_modes(mode, bound):
     lin = nf4_layer()
     x = torch.randn(4, 300, 128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -101,7 +101,7 @@ def test_nf4_linear_compute_modes(mode, bound):
         lin.set_compute("fp4")
 
 
-@pytest.mark.parametrize("mode", ["bf16", "fp8", "int8"])
+@pytest.mark.parametrize("mode", ["bf16", "fp8", "int8", "fp16acc"])
 def test_every_mode_starts_from_the_dequantize_step(mode, monkeypatch):
     # Contract with LoRA (issue 16): a patch of the dequantized weight must reach every compute path.
     lin = nf4_layer(seed=2)
