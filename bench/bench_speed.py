@@ -332,7 +332,7 @@ def child_attention(spec: dict) -> dict:
             out[name] = {"ms": round(sec * 1e3, 2), "tflops": round(flops / sec / 1e12, 1),
                          "rel_error_vs_fp32": attn.relative_error(o[:, :nq], ref)}
         except Exception as e:  # noqa: BLE001 - a kernel this GPU or build lacks
-            out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            out[name] = {"error": type(e).__name__ + ": " + str(e).partition("\n")[0][:200]}
     if "sage" in attn.available_backends() and device.type == "cuda":
         out["sage_probe"] = attn.probe_sage(device) or "ok"
     return out
@@ -390,7 +390,7 @@ def child_tiny(spec: dict) -> dict:
                     m.lowp_min_rows = 1
             out[name] = {"forward": rel(forward(nf4), ref_f), "run4": rel(run4(nf4), ref_r)}
         except Exception as e:  # noqa: BLE001
-            out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            out[name] = {"error": type(e).__name__ + ": " + str(e).partition("\n")[0][:300]}
     return out
 
 
@@ -403,7 +403,7 @@ def child_main(spec_path: str) -> int:
     try:
         out = CHILDREN[spec["kind"]](spec)
     except torch.OutOfMemoryError as e:
-        out = {"error": f"OOM: {str(e).splitlines()[0][:300]}"}
+        out = {"error": "OOM: " + str(e).partition("\n")[0][:300]}
     except Exception as e:  # recorded by the parent; the next case still runs
         out = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
     out["peak_rss"] = peak_rss_bytes()

@@ -29,7 +29,7 @@ def _probe(mode: str, device: torch.device) -> Optional[str]:
         err = ((y.float() - ref).norm() / ref.norm()).item()
         torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001 - any refusal of the kernel is the answer
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return type(e).__name__ + ": " + str(e).partition("\n")[0][:200]
     if not err < 0.1:
         return f"a test GEMM gave a relative error of {err:.3g}"
     return None

@@ -137,12 +137,13 @@ class CompiledFn:
             raise  # memory, not the compiler: the caller's OOM handling applies
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager is the same maths
             if self.strict:
+                first = str(e).partition("\n")[0][:300]
                 raise CompileUnavailable(f"torch.compile failed on the DiT phase {self.name!r}: "
-                                         f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+                                         f"{type(e).__name__}: {first}") from e
             self.failed = True
             STATS.fallbacks.append(self.name)
             log.warning("torch.compile failed on the DiT phase %r (%s: %s); running it eagerly from now on",
-                        self.name, type(e).__name__, str(e).splitlines()[0][:200])
+                        self.name, type(e).__name__, str(e).partition("\n")[0][:200])
             return self.fn(*args, **kwargs)
         if _graph_count() != before:
             STATS.compiling_calls += 1

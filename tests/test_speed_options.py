@@ -70,7 +70,7 @@ def test_compile_without_a_compiler(monkeypatch):
 def test_compile_blocks_is_allowed_on_a_cpu_with_a_compiler(monkeypatch):
     monkeypatch.setattr(compile_mod, "unavailable_reason", lambda device: None)
     plan = resolve_speed(SpeedOptions(compile="blocks"), CPU)
-    assert plan.compile == "blocks" and plan.strict_compile
+    assert plan.compile == "blocks" and not plan.strict_compile  # a mid-run compiler error falls back to eager
 
 
 def test_inductor_cache_is_persistent_and_configurable(tmp_path, monkeypatch):

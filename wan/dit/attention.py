@@ -183,7 +183,8 @@ def probe_sage(device: torch.device, seq: int = 2048, heads: int = 4) -> Optiona
         q, k = q * 2.5, k * 2.5  # peaked attention rows, as after RMSNorm with gains above 1
         err = relative_error(_kernel("sage", q, k, v), sdpa(q.float(), k.float(), v.float()))
     except Exception as e:  # noqa: BLE001 - a kernel that cannot run is the answer
-        return f"sageattention failed on a test input ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        first = str(e).partition("\n")[0][:200]
+        return f"sageattention failed on a test input ({type(e).__name__}: {first})"
     if not err <= SAGE_MAX_REL_ERROR:
         return (f"sageattention {version} differs from SDPA by {err:.3g} (relative) on a test input; the PyPI 1.0.6 "
                 "build is known to give black Wan videos, install SageAttention 2")
