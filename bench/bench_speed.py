@@ -640,7 +640,7 @@ def main(argv=None) -> int:
     p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
     p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated subset of {','.join(CASES)}")
     p.add_argument("--budget-s", type=float, default=530.0, help="wall-clock budget; later cases are skipped")
-    p.add_argument("--case-timeout-s", type=float, default=240.0, help="time box of one case")
+    p.add_argument("--case-timeout-s", type=float, default=300.0, help="time box of one case")
     p.add_argument("--min-case-s", type=float, default=40.0, help="do not start a case with less budget left")
     p.add_argument("--workdir", default="/tmp/lingbot_speed_bench", help="expert (9.6 GB), outputs, inductor cache")
     p.add_argument("--keep", action="store_true", help="keep the expert for the next call")
