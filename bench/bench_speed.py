@@ -2,9 +2,9 @@
 
     # H100: two calls of <= 9 minutes; the second reuses the expert and the inductor cache of the first
     python -m lingbot_world.bench.bench_speed --cases baseline,eager,compile,attention,fp8 \\
-        --keep --workdir /tmp/lws --fresh --budget-s 530 --out bench/results/speed_h100.json
+        --keep --workdir /tmp/lws --fresh --budget-s 530 --out /tmp/lws/speed_h100.json
     python -m lingbot_world.bench.bench_speed --cases fp8_compile,int8,int8_compile,compile_warm,fp16acc,sage,tiny \\
-        --workdir /tmp/lws --budget-s 530 --out bench/results/speed_h100.json
+        --workdir /tmp/lws --budget-s 530 --out /tmp/lws/speed_h100.json
     python -m lingbot_world.bench.bench_speed --tiny --out /tmp/speed_tiny.json        # CPU smoke run
 
 A random full-size NF4 expert (bench_pipeline.make_experts, 9.6 GB, reused from --workdir) runs the DiT forward
