@@ -545,9 +545,10 @@ def run_child(spec: dict, workdir: Path, timeout: float, module: str = MODULE) -
     return res
 
 
-def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: float) -> dict:
-    """Both random experts on disk (made on the GPU), or the ones already there when their config matches."""
-    paths = {n: workdir / f"{n}_noise_model_bnb_nf4" for n in ("high", "low")}
+def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: float,
+                 names: tuple = ("high", "low")) -> dict:
+    """The random experts on disk (made on the GPU), or the ones already there when their config matches."""
+    paths = {n: workdir / f"{n}_noise_model_bnb_nf4" for n in names}
     return write_random_experts(paths, {n: cfg for n in paths}, device, timeout)
 
 

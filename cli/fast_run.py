@@ -65,7 +65,6 @@ def run(args) -> int:
     from ..loaders.expert_loader import check_expert_keys
     from ..text_encoder.encode import encode_prompts
     from ..wan.control.camera import camera_condition
-    from ..wan.dit.attention import set_backend
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import CHUNK_FRAMES, fast_frames
     from ..wan.sizes import latent_size, max_area_for, target_size
@@ -73,6 +72,7 @@ def run(args) -> int:
     from .generate import _demo_defaults, _empty_cache
     from .preflight import camera_path, default_output_name, noise_source, resolve_device
     from .progress import RunStats
+    from .speed_flags import report_compile, speed_plan
     from .video_out import plan_output
 
     if args.demo:
@@ -90,7 +90,7 @@ def run(args) -> int:
     stats = RunStats()
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
-    set_backend(args.attention)
+    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
     target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
     files = _fast_files(args)
     fmt = detect_format(files.fast)
@@ -149,7 +149,8 @@ def run(args) -> int:
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     latent, written = _sample(args, files, fmt, plan, device, pos, y, camera, seed, noise,
-                              vae if stream_vae else None, target, stats)
+                              vae if stream_vae else None, target, stats, speed)
+    report_compile(speed, log)
     if written is None:
         vae.to(device)
         with torch.inference_mode():
@@ -250,9 +251,10 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
     return plan, stream
 
 
-def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, vae, target, stats):
+def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, vae, target, stats, speed):
     """Load, place, run the chunks; returns (latent, written path or None when the video is decoded later)."""
     from ..memory.kv_placement import FastPlacement
+    from ..speed.options import apply_speed
     from ..wan.dit.model import pad_context
     from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
     from ..wan.sampling.sampler import Cancelled
@@ -270,7 +272,7 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, v
     t_decode = 0.0
     try:
         t0 = time.perf_counter()
-        model = placement.load_model(files.fast, args.weights)
+        model = apply_speed(placement.load_model(files.fast, args.weights), speed)
         cache = placement.make_cache()
         log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
         stats.mark("load")

@@ -15,6 +15,7 @@ from . import actions_arg
 from . import fast_run
 from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
+from .speed_flags import add_speed_args, report_compile
 from .video_out import write_video
 
 log = logging.getLogger("lingbot_world.generate")
@@ -93,8 +94,7 @@ def add_parser(sub) -> None:
     dev.add_argument("--cache-dir", type=Path, default=None,
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
-    dev.add_argument("--attention", choices=("sdpa", "sage", "flash"), default="sdpa",
-                     help="attention kernel (sage/flash only when installed)")
+    add_speed_args(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
@@ -150,6 +150,7 @@ def _run(args) -> int:
     # Everything that can be checked in seconds is checked before anything that takes minutes.
     pre = prepare(args, log)
     device, files, frames, height, width, camera = pre.device, pre.files, pre.frames, pre.height, pre.width, pre.camera
+    speed = pre.speed
     if pre.camera_note:
         log.warning("camera: %s", pre.camera_note)
     lat_h, lat_w = latent_size(height, width)
@@ -179,7 +180,7 @@ def _run(args) -> int:
     )
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, pre.noise, device=device)
-    provider = _provider(args, files, device, frames, height, width, camera is not None)
+    provider = _provider(args, files, device, frames, height, width, camera is not None, speed)
     if settings.cfg_mode == "auto":
         settings.cfg_mode = provider.plan.cfg_mode
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
@@ -197,6 +198,7 @@ def _run(args) -> int:
         del provider
         _empty_cache(device)
     stats.mark("sampling")
+    report_compile(speed, log)
 
     vae.to(device)
     with torch.inference_mode():
@@ -209,12 +211,14 @@ def _run(args) -> int:
     return 0
 
 
-def _provider(args, files, device, frames, height, width, with_camera: bool):
+def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None):
     from ..memory.placement import make_provider
+    from ..speed.options import apply_speed
 
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
         video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log,
+        prepare=None if speed is None else (lambda model: apply_speed(model, speed)),
     )
 
 

@@ -17,6 +17,7 @@ import torch
 
 from . import actions_arg, fast_run
 from .errors import UsageError
+from .speed_flags import speed_plan
 from .video_out import OutputTarget, plan_output
 
 SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
@@ -140,6 +141,7 @@ class Prepared:
     frames: int
     camera: Optional[torch.Tensor]  # packed Plücker input or None
     camera_note: Optional[str]
+    speed: object  # speed.options.SpeedPlan: compile / compute / attention for this device
 
 
 def prepare(args, log) -> Prepared:
@@ -148,17 +150,13 @@ def prepare(args, log) -> Prepared:
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..loaders.image_files import load_image
     from ..memory.bounds import check_video_fits
-    from ..wan.dit.attention import set_backend
     from ..wan.sizes import check_frames, max_area_for, target_size
 
     check_flags(args)
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
     check_t5_device(args.t5_device)
-    try:
-        set_backend(args.attention)
-    except ValueError as e:
-        raise UsageError(f"--attention {args.attention}: {e}") from None
+    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
     output = plan_output(args.out if args.out is not None else default_output_name(args.prompt))
 
     decoded = load_image(args.image)
@@ -177,7 +175,8 @@ def prepare(args, log) -> Prepared:
                      total_vram=total_vram_bytes(device), camera=bool(args.camera or args.actions),
                      what=f"--frames {frames} --size {args.size}")
     camera, note, frames = _camera(args, kind, frames, height, width, log)
-    return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note)
+    return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,
+                    speed)
 
 
 def _files(args):

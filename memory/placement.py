@@ -358,6 +358,7 @@ class PlacementProvider:
         log: Optional[Union[Log, logging.Logger]] = None,
         loader: Optional[Loader] = None,
         plan: Optional[MemoryPlan] = None,
+        prepare: Optional[Callable[[nn.Module], object]] = None,
     ):
         missing = [n for n in EXPERT_NAMES if n not in paths]
         if missing:
@@ -373,6 +374,7 @@ class PlacementProvider:
         self.log = _as_log(log)
         self.loader = loader or _default_loader
         self.plan = plan
+        self.prepare = prepare  # called on every expert placed on the device (speed options)
         self.events: list[dict] = []  # one per acquire/release: op, name, source, seconds
 
     def _load(self, name: str, device: torch.device, **kw) -> nn.Module:
@@ -388,6 +390,8 @@ class PlacementProvider:
     def _prepare(self, model: nn.Module) -> nn.Module:
         if self.plan is not None and self.plan.token_chunk is not None and hasattr(model, "set_token_chunk"):
             model.set_token_chunk(self.plan.token_chunk)
+        if self.prepare is not None:
+            self.prepare(model)
         return model
 
     def _event(self, op: str, name: str, source: str, t0: float) -> None:
@@ -592,12 +596,14 @@ def make_provider(
     ram_free: Optional[int] = None,
     log: Optional[Union[Log, logging.Logger]] = None,
     loader: Optional[Loader] = None,
+    prepare: Optional[Callable[[nn.Module], object]] = None,
 ) -> PlacementProvider:
     """Build the ExpertProvider for a memory mode ("auto", "resident", "swap", "swap_pinned", "block_swap").
 
     video: (frames, height, width) of the generation; needed by "auto" and by "block_swap" without
     blocks_on_gpu, and used to decide batched vs sequential CFG (`provider.plan.cfg_mode`, to pass to
     SamplingSettings when the user chose "auto"). keep_in_ram: None = decide from free RAM (swap, block_swap).
+    prepare: called with every expert placed on the device (e.g. `speed.options.apply_speed`).
     vram_free / ram_free: override the measured free memory (tests, simulated cards).
     The chosen plan is on `provider.plan` and is logged in one line.
     """
@@ -628,7 +634,7 @@ def make_provider(
     _as_log(log)(f"memory plan: {plan.reason}")
 
     common = dict(paths={"high": high_path, "low": low_path}, device=device, weights=weights,
-                  compute_dtype=compute_dtype, log=log, loader=loader, plan=plan)
+                  compute_dtype=compute_dtype, log=log, loader=loader, plan=plan, prepare=prepare)
     if plan.mode == "resident":
         return ResidentProvider(**common)
     if plan.mode == "swap":

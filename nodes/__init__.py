@@ -11,6 +11,7 @@ from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
 from .sampler_node import LingBotSampler
+from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
 
 NODE_CLASS_MAPPINGS = {
@@ -26,6 +27,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotVAEDecode": LingBotVAEDecode,
     "LingBotFastLoader": LingBotFastLoader,
     "LingBotFastSampler": LingBotFastSampler,
+    "LingBotSpeedOptions": LingBotSpeedOptions,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -41,6 +43,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotVAEDecode": "LingBot VAE Decode",
     "LingBotFastLoader": "LingBot Fast Model Loader",
     "LingBotFastSampler": "LingBot Fast Sampler",
+    "LingBotSpeedOptions": "LingBot Speed Options",
 }
 
 

@@ -39,7 +39,7 @@ class ExpertWeights:
     keep_in_ram and blocks_on_gpu are set by the sampler's memory plan before each load.
     """
 
-    def __init__(self, name: str, fmt: ExpertFormat, mode: str = "nf4", keep_in_ram: bool = False):
+    def __init__(self, name: str, fmt: ExpertFormat, mode: str = "nf4", keep_in_ram: bool = False, speed=None):
         if mode not in ("nf4", "bf16"):
             raise ValueError(f"weight mode must be 'nf4' or 'bf16', got {mode!r}")
         self.name = name
@@ -53,6 +53,7 @@ class ExpertWeights:
         self.progress: Optional[Progress] = None  # set by the sampler while it waits for a load
         self.loads_from_disk = 0
         self.loads_from_ram = 0
+        self.speed = speed  # speed.options.SpeedPlan, applied after every load (flags and shared compiled code)
 
     @property
     def label(self) -> str:
@@ -85,13 +86,18 @@ class ExpertWeights:
     def materialize(self, device) -> WanDiT:
         device = torch.device(device)
         if self.block_swapping():
-            return self._place_blocks(device)
-        if self.parked is not None:
+            model = self._place_blocks(device)
+        elif self.parked is not None:
             model, self.parked = self.parked, None
             self.loads_from_ram += 1
-            return unpark(model, device)
-        model = load_expert(self.fmt, device, self.mode, progress=self.progress)
-        self.loads_from_disk += 1
+            model = unpark(model, device)
+        else:
+            model = load_expert(self.fmt, device, self.mode, progress=self.progress)
+            self.loads_from_disk += 1
+        if self.speed is not None:
+            from ..speed.options import apply_speed
+
+            apply_speed(model, self.speed)
         return model
 
     def _place_blocks(self, device: torch.device) -> WanDiT:

@@ -11,7 +11,7 @@ from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
 from . import comfy_paths
 from .expert_weights import ExpertWeights
-from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
+from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,12 @@ class LingBotExpertLoader:
                 "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1, "tooltip": (
                     "block_swap only: how many of the 40 DiT blocks stay on the GPU (the rest stream from pinned "
                     "RAM during each step); -1 = as many as fit, planned from free VRAM.")}),
-            }
+            },
+            "optional": {
+                "speed": (SPEED, {"tooltip": (
+                    "From LingBot Speed Options (torch.compile, FP8/INT8 matrix multiplies, attention kernel). "
+                    "Unconnected: compile auto, compute bf16, attention auto.")}),
+            },
         }
 
     RETURN_TYPES = (EXPERTS,)
@@ -87,10 +92,12 @@ class LingBotExpertLoader:
     DESCRIPTION = "Selects the two LingBot-World DiT experts (NF4 or bf16) and how they share GPU memory."
 
     def load(self, high_noise_expert: str, low_noise_expert: str, weights: str = "nf4", memory_mode: str = "auto",
-             blocks_on_gpu: int = -1):
+             blocks_on_gpu: int = -1, speed=None):
         import comfy.model_management as mm
 
+        from ..speed.options import SpeedOptions
         from .patchers import ExpertContainer, ExpertPatcher
+        from .speed_node import plan_speed
 
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
@@ -109,15 +116,20 @@ class LingBotExpertLoader:
         if memory_mode == "block_swap" and int(blocks_on_gpu) > fmt_high.config.num_layers:
             raise ValueError(f"blocks_on_gpu={blocks_on_gpu} but these experts have {fmt_high.config.num_layers} blocks")
 
+        if speed is None:
+            speed = plan_speed(SpeedOptions(), weights)
+        elif speed.compute != "bf16" and weights != "nf4":
+            raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
+                             f"set weights to nf4 or compute to bf16")
         device = mm.get_torch_device()
         patchers = {}
         for name, fmt in (("high", fmt_high), ("low", fmt_low)):
-            w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned")
+            w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned", speed=speed)
             patchers[name] = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World experts: high=%s (%s), low=%s (%s), weights=%s, memory_mode=%s",
                  high, fmt_high.kind, low, fmt_low.kind, weights, memory_mode)
         return (ExpertPair(patchers["high"], patchers["low"], {"high": fmt_high, "low": fmt_low}, weights,
-                           memory_mode, int(blocks_on_gpu)),)
+                           memory_mode, int(blocks_on_gpu), speed),)
 
 
 class LingBotVAELoader:

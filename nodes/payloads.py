@@ -21,6 +21,7 @@ CAMERA = "LINGBOT_CAMERA"
 ACT = "LINGBOT_ACT"
 VAE = "LINGBOT_VAE"
 I2V = "LINGBOT_I2V"
+SPEED = "LINGBOT_SPEED"
 
 CATEGORY = "LingBot-World"
 WEIGHT_MODES = ("nf4", "bf16")
@@ -37,6 +38,7 @@ class ExpertPair:
     weights: str  # "nf4" | "bf16"
     memory_mode: str  # one of MEMORY_MODES
     blocks_on_gpu: int  # block_swap only: DiT blocks kept on the GPU; -1 = planned from free VRAM
+    speed: Any = None  # speed.options.SpeedPlan applied to each expert when it loads
 
     def patcher(self, name: str) -> Any:
         if name not in ("high", "low"):

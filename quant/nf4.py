@@ -25,7 +25,10 @@ from typing import Mapping, Optional
 import bitsandbytes.functional as bnbf
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from bitsandbytes.nn import Linear4bit, Params4bit
+
+from . import fp8, fp16acc, int8
 
 NF4_BLOCKSIZE = 64
 NESTED_BLOCKSIZE = 256
@@ -112,12 +115,29 @@ def parse_quant_state_json(t: torch.Tensor, where: str) -> dict:
     return d
 
 
+# Compute paths of the NF4 linears' forward (quant/compute.py picks one per GPU): the dequantized weight in the
+# compute dtype (exact), re-quantized per row to FP8 / INT8 for the low-precision tensor cores, or fp16 GEMMs with
+# fp16 accumulation (GeForce cards' 2x mode).
+COMPUTE_MODES = ("bf16", "fp8", "int8", "fp16acc")
+# Only token-wise GEMMs (the DiT's video tokens) take the low-precision path; the few-row ones (time embedding,
+# the 512 text rows) stay exact: they cost nothing and their error would reach every token.
+LOWP_MIN_ROWS = 1024
+
+
 class NF4Linear(Linear4bit):
     """A bnb `Linear4bit` (NF4, double quant) that is created on `meta` and holds no float weight.
 
     Its weight is filled later by `load_prequantized` (stored NF4 pieces) or `load_float_weight` (quantized on
-    the weight's device). bnb's own forward is used; `dequantized_weight(dtype)` serves the DiT's fp32 regions.
+    the weight's device). forward = two steps: dequantize the weight (`dequantized_weight`, bitsandbytes' kernel,
+    also serving the DiT's fp32 regions), then one GEMM in the compute mode (`set_compute`). Between
+    `hold_weight()` and `release_weight()` the prepared weight is kept for all token chunks of a block phase.
     """
+
+    compute_mode = "bf16"
+    lowp_min_rows = LOWP_MIN_ROWS
+    fp8_fast_accum = True
+    _lowp_ops: Optional[dict] = None  # compiled twins of the activation quantizers (compile option)
+    _held: Optional[dict] = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: torch.dtype = torch.bfloat16):
         super().__init__(
@@ -220,8 +240,74 @@ class NF4Linear(Linear4bit):
             state.dtype = dtype
         return bnbf.dequantize_4bit(self.weight.data, state)
 
+    # ---- compute ----------------------------------------------------------------------------------------
+    def set_compute(self, mode: str, min_rows: Optional[int] = None, fast_accum: Optional[bool] = None,
+                    ops: Optional[dict] = None) -> None:
+        """mode: "bf16" (the compute dtype, exact), "fp8", "int8" or "fp16acc". ops: compiled quantizers or None."""
+        if mode not in COMPUTE_MODES:
+            raise ValueError(f"compute mode {mode!r}: choose one of {COMPUTE_MODES}")
+        self.compute_mode = mode
+        if min_rows is not None:
+            self.lowp_min_rows = int(min_rows)
+        if fast_accum is not None:
+            self.fp8_fast_accum = bool(fast_accum)
+        self._lowp_ops = ops
+        self._held = None
+
+    def hold_weight(self) -> None:
+        """Keep the prepared (dequantized / FP8 / INT8) weight until release_weight()."""
+        self._held = {}
+
+    def release_weight(self) -> None:
+        self._held = None
+
+    def _prepared(self, kind: str, dtype: torch.dtype):
+        key = (kind, dtype)
+        if self._held is not None and key in self._held:
+            return self._held[key]
+        # Step 1, dequantize: every path starts from this weight (a LoRA weight patch belongs right here).
+        w = self.dequantized_weight(dtype)
+        prepared = fp8.quantize_weight(w) if kind == "fp8" else int8.quantize_weight(w) if kind == "int8" else w
+        if self._held is not None:
+            self._held[key] = prepared
+        return prepared
+
+    def _mode_for(self, x: torch.Tensor, dtype: torch.dtype) -> str:
+        if self.compute_mode == "bf16" or dtype not in (torch.bfloat16, torch.float16):
+            return "bf16"
+        rows = x.numel() // max(1, x.shape[-1])
+        # _scaled_mm needs K, N multiples of 16; _int_mm more than 16 rows (cuBLASLt limits).
+        if rows < max(self.lowp_min_rows, 17) or self.in_features % 16 or self.out_features % 16:
+            return "bf16"
+        return self.compute_mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.compute_dtype or x.dtype
+        inp_dtype = x.dtype
+        x = x if x.dtype == dtype else x.to(dtype)
+        bias = self.bias
+        if bias is not None and bias.dtype != dtype:
+            bias = bias.to(dtype)
+        # Step 2, one GEMM (an output-side LoRA term would be added to y).
+        mode = self._mode_for(x, dtype)
+        ops = self._lowp_ops or {}
+        if mode == "fp8":
+            w8, scale = self._prepared("fp8", dtype)
+            y = fp8.linear(x, w8, scale, bias, dtype, quantize=ops.get("fp8", fp8.quantize_rows),
+                           fast_accum=self.fp8_fast_accum)
+        elif mode == "int8":
+            w8, scale = self._prepared("int8", dtype)
+            y = int8.linear(x, w8, scale, bias, dtype, quantize=ops.get("int8", int8.quantize_rows),
+                            rescale_fn=ops.get("int8_rescale", int8.rescale))
+        elif mode == "fp16acc":
+            y = fp16acc.linear(x, self._prepared("float", torch.float16), bias, dtype)
+        else:
+            y = F.linear(x, self._prepared("float", dtype), bias)
+        return y if y.dtype == inp_dtype else y.to(inp_dtype)
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, nf4, compute_dtype={self.compute_dtype}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, nf4, "
+                f"compute_dtype={self.compute_dtype}, compute={self.compute_mode}")
 
 
 def quantize_nf4(weight: torch.Tensor) -> tuple[torch.Tensor, bnbf.QuantState]:

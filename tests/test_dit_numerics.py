@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from lingbot_world.wan.dit import token_ops
 from lingbot_world.wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from lingbot_world.wan.dit.model import CAMERA_CHANNELS, DiTConfig, WanDiT, sinusoidal_embedding
 from lingbot_world.wan.dit.rope import RopeCache, apply_rope, axis_dims
@@ -96,15 +97,17 @@ def test_sinusoid_cos_first_float64():
 
 
 def per_token_block(block, x, e0_tokens, context, cam, rope, dtype):
-    """The reference's block with per-token modulation m = modulation + e0 [B, L, 6, dim] (spec §2.4 step 6)."""
+    """The block with per-token modulation m = modulation + e0 [B, L, 6, dim] like the reference (spec §2.4 step
+    6), through the same fused per-token phases as the block, so only the broadcasting differs."""
     m = block.modulation.float()[None] + e0_tokens  # [B, L, 6, dim]
     shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = m.unbind(2)
-    x = x + block.self_attn(block.norm1(x).float() * (1 + scale_a) + shift_a, rope, dtype).float() * gate_a
+    h = token_ops.modulate(block.norm1, x, shift_a, 1 + scale_a, dtype)
+    x = token_ops.gated_residual(x.float().clone(), block.self_attn(h, rope, dtype), gate_a)
     if cam is not None:
-        s, b = block.camera_film(cam, dtype)
-        x = (1 + s) * x + b
-    x = x + block.cross_attn(block.norm3(x), context, dtype)
-    return x + block.ffn(block.norm2(x).float() * (1 + scale_f) + shift_f).float() * gate_f
+        token_ops.film(x, *block.camera_film(cam, dtype))
+    x = x + block.cross_attn(token_ops.norm_to(block.norm3, x, dtype), context, dtype)
+    h = token_ops.gelu_tanh(block.ffn[0](token_ops.modulate(block.norm2, x, shift_f, 1 + scale_f, dtype)))
+    return token_ops.gated_residual(x, block.ffn[2](h), gate_f)
 
 
 def test_broadcast_modulation_equals_per_token(model):
@@ -133,7 +136,7 @@ def test_broadcast_modulation_equals_per_token(model):
                 assert (ours - ref).abs().max().item() == 0.0
         # Head: e broadcast vs per token.
         shift, scale = (model.head.modulation.float()[None] + e_tok[:, :, None]).unbind(2)
-        head_ref = model.head.head(model.head.norm(x) * (1 + scale) + shift)
+        head_ref = model.head.head(token_ops.modulate(model.head.norm, x, shift, 1 + scale, torch.float32))
         assert (model.head(x, e_tok[:, 0]) - head_ref).abs().max().item() == 0.0
 
         # Our one-row time_modulation agrees with the per-token rows up to GEMM rounding (a [B, .] and a

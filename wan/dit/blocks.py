@@ -6,14 +6,15 @@ GPU), the residual stream and the modulation maths in float32.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import token_ops
 from .attention import attention
-from .rope import apply_rope
 
 if TYPE_CHECKING:
     from .kv_cache import LayerKV
@@ -54,9 +55,14 @@ class WanRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
+        # mean(x^2) from one float32 reduction over x as it is (no float32 copy of x); the scaling runs in
+        # float32 and is stored once in x's dtype, which is the reference's `.to(x.dtype)` rounding.
+        ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        inv = torch.rsqrt(ss.square() / x.shape[-1] + self.eps)
+        normed = token_ops.mul_to(x, inv, x.dtype)
+        if self.weight.dtype == normed.dtype:
+            return normed.mul_(self.weight)
+        return normed * self.weight
 
 
 # Per-token phases (norms, modulation, projections, RoPE, cross-attention, camera FiLM, FFN, gated residuals)
@@ -69,6 +75,20 @@ def token_slices(seq: int, chunk: Optional[int]):
     if not chunk or seq <= chunk:
         return [slice(None)]
     return [slice(s, min(s + chunk, seq)) for s in range(0, seq, chunk)]
+
+
+@contextmanager
+def weights_held(*layers: nn.Module):
+    """Quantized linears prepare their compute weight (dequantized NF4, or FP8/INT8) once for all token chunks
+    of a phase instead of once per chunk; plain linears are untouched."""
+    held = [m for m in layers if hasattr(m, "hold_weight")]
+    for m in held:
+        m.hold_weight()
+    try:
+        yield
+    finally:
+        for m in held:
+            m.release_weight()
 
 
 class _AttentionLayers(nn.Module):
@@ -87,7 +107,8 @@ class _AttentionLayers(nn.Module):
 
 class SelfAttention(_AttentionLayers):
     def qkv(self, make_input: Callable[[slice], torch.Tensor], shape: tuple, rope, dtype: torch.dtype,
-            chunk: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            chunk: Optional[int], ops: Optional[token_ops.TokenOps] = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k (normed, rotated) and v in the compute dtype, [B, L, heads, head_dim], built chunk by chunk.
 
         make_input(slice) gives the attention input of those tokens in the compute dtype.
@@ -96,12 +117,14 @@ class SelfAttention(_AttentionLayers):
         heads, hd = self.num_heads, dim // self.num_heads
         q, k, v = (torch.empty(b, seq, heads, hd, dtype=dtype, device=self.q.weight.device) for _ in range(3))
         cos, sin = rope
-        for sl in token_slices(seq, chunk):
-            h = make_input(sl)
-            n = h.shape[1]
-            q[:, sl] = apply_rope(self.norm_q(self.q(h)).view(b, n, heads, hd), cos[sl], sin[sl])
-            k[:, sl] = apply_rope(self.norm_k(self.k(h)).view(b, n, heads, hd), cos[sl], sin[sl])
-            v[:, sl] = self.v(h).view(b, n, heads, hd)
+        ops = ops or token_ops.EAGER
+        with weights_held(self.q, self.k, self.v):
+            for sl in token_slices(seq, chunk):
+                h = make_input(sl)
+                n = h.shape[1]
+                ops.qk_norm_rope(self.q(h), self.norm_q, cos[sl], sin[sl], q[:, sl])
+                ops.qk_norm_rope(self.k(h), self.norm_k, cos[sl], sin[sl], k[:, sl])
+                v[:, sl] = self.v(h).view(b, n, heads, hd)
         return q, k, v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
@@ -127,9 +150,12 @@ class CrossAttention(_AttentionLayers):
         v = self.v(ctx).view(ctx.shape[0], -1, self.num_heads, hd)
         return k, v
 
-    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+               ops: Optional[token_ops.TokenOps] = None) -> torch.Tensor:
+        """x: the normed video tokens of one chunk (any float dtype; the GEMMs take them in `dtype`)."""
         b, seq, dim = x.shape
-        q = as_compute(self.norm_q(self.q(as_compute(x, dtype))), dtype).view(b, seq, self.num_heads, -1)
+        ops = ops or token_ops.EAGER
+        q = ops.norm_to(self.norm_q, self.q(as_compute(x, dtype)), dtype).view(b, seq, self.num_heads, -1)
         return self.o(as_compute(attention(q, k, v).reshape(b, seq, dim), dtype))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -155,11 +181,13 @@ class WanBlock(nn.Module):
         self.cam_scale_layer = nn.Linear(dim, dim, **factory)
         self.cam_shift_layer = nn.Linear(dim, dim, **factory)
         self.token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
+        self.ops: token_ops.TokenOps = token_ops.EAGER  # eager or compiled per-token phases (compile option)
 
     def camera_film(self, cam: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift) of the camera FiLM; independent of x and t."""
         cam = as_compute(cam, dtype)
-        g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
+        g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam), inplace=not torch.is_grad_enabled()))
+        g = g.add_(cam) if not torch.is_grad_enabled() else g + cam
         return self.cam_scale_layer(g), self.cam_shift_layer(g)
 
     def forward(
@@ -179,15 +207,17 @@ class WanBlock(nn.Module):
         there and its queries attend to the cached past as well; the text K/V are computed once. None = the
         base model's full attention over x.
         """
+        ops = self.ops
         # e0 [B, 6, dim] fp32 is one row per sample, broadcast over tokens (spec §2.7).
         m = (self.modulation.float() + e0).unsqueeze(2)  # [B, 6, 1, dim]
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = m.unbind(1)
+        scale1_a, scale1_f = 1 + scale_a, 1 + scale_f
         slices = token_slices(x.shape[1], self.token_chunk)
 
         def attn_input(sl: slice) -> torch.Tensor:
-            return (self.norm1(x[:, sl]).float() * (1 + scale_a) + shift_a).to(dtype)
+            return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
 
-        q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk)
+        q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk, ops)
         attn = (attention(q, k, v) if kv is None else kv.attend(q, k, v)).flatten(2)
         del q, k, v
         # The residual stream is float32 from the first gated add on (block 0 receives bf16; spec §2.6).
@@ -195,22 +225,28 @@ class WanBlock(nn.Module):
             x = x.float()
         elif not inplace:
             x = x.clone()
-        for sl in slices:
-            x[:, sl] += self.self_attn.o(as_compute(attn[:, sl], dtype)).float() * gate_a
+        with weights_held(self.self_attn.o):
+            for sl in slices:
+                ops.gated_residual(x[:, sl], self.self_attn.o(as_compute(attn[:, sl], dtype)), gate_a)
         del attn
         if cam is not None:
-            for sl in slices:
-                s, b = self.camera_film(cam[:, sl], dtype)
-                x[:, sl] = (1 + s) * x[:, sl] + b
+            film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
+                           self.cam_shift_layer)
+            with weights_held(*film_layers):
+                for sl in slices:
+                    ops.film(x[:, sl], *self.camera_film(cam[:, sl], dtype))
         if kv is None:
             k_txt, v_txt = self.cross_attn.kv(context, dtype)
         else:
             k_txt, v_txt = kv.text(lambda: self.cross_attn.kv(context, dtype))
-        for sl in slices:
-            x[:, sl] += self.cross_attn.attend(self.norm3(x[:, sl]), k_txt, v_txt, dtype)
-        for sl in slices:
-            h = (self.norm2(x[:, sl]).float() * (1 + scale_f) + shift_f).to(dtype)
-            x[:, sl] += self.ffn(h).float() * gate_f
+        with weights_held(self.cross_attn.q, self.cross_attn.o):
+            for sl in slices:
+                xn = ops.norm_to(self.norm3, x[:, sl], dtype)
+                x[:, sl] += self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops)
+        with weights_held(self.ffn[0], self.ffn[2]):
+            for sl in slices:
+                h = ops.gelu_tanh(self.ffn[0](ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype)))
+                ops.gated_residual(x[:, sl], self.ffn[2](h), gate_f)
         return x
 
 
@@ -221,10 +257,13 @@ class Head(nn.Module):
         self.head = nn.Linear(dim, out_features, **factory)
         self.modulation = nn.Parameter(torch.randn(1, 2, dim, **factory) / dim**0.5)
 
-    def forward(self, x: torch.Tensor, e: torch.Tensor, chunk: Optional[int] = DEFAULT_TOKEN_CHUNK) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, e: torch.Tensor, chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
+                ops: Optional[token_ops.TokenOps] = None) -> torch.Tensor:
         # Uses e (time_embedding output), not e0; all fp32 (spec §2.4 step 7).
+        ops = ops or token_ops.EAGER
         shift, scale = (self.modulation.float() + e.float().unsqueeze(1)).unsqueeze(2).unbind(1)
+        scale1 = 1 + scale
         out = torch.empty(*x.shape[:2], self.head.out_features, dtype=torch.float32, device=x.device)
         for sl in token_slices(x.shape[1], chunk):
-            out[:, sl] = linear_fp32(self.head, self.norm(x[:, sl]).float() * (1 + scale) + shift)
+            out[:, sl] = linear_fp32(self.head, ops.modulate(self.norm, x[:, sl], shift, scale1, torch.float32))
         return out

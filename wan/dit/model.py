@@ -18,6 +18,7 @@ from einops import rearrange
 from .blocks import Head, WanBlock, as_compute, linear_fp32
 from .kv_cache import KVCache
 from .rope import RopeCache
+from .token_ops import EAGER, TokenOps
 
 CAMERA_CHANNELS = 384  # 6 Plücker channels x 8 x 8 pixels of one VAE cell (spec §3)
 PIXELS_PER_CELL = 64  # the control tensors fold the 8 x 8 pixels of a VAE cell into channels
@@ -197,6 +198,7 @@ class WanDiT(nn.Module):
         )
         self.head = Head(d, cfg.out_dim * math.prod(cfg.patch_size), cfg.eps, **fk)
         self.rope = RopeCache(cfg.head_dim)
+        self.token_ops: TokenOps = EAGER  # set_token_ops
         # Dtype of the bulk GEMMs; None = the dtype of the patch embedding weight.
         self.compute_dtype: Optional[torch.dtype] = None
         # Optional per-block hooks (block swap prefetch, cancellation): called with the block index.
@@ -211,6 +213,13 @@ class WanDiT(nn.Module):
         """Tokens per chunk in the blocks' per-token phases (None = whole sequence at once; more memory)."""
         for blk in self.blocks:
             blk.token_chunk = tokens
+
+    def set_token_ops(self, ops: TokenOps) -> None:
+        """The per-token phase functions of every block and the head: eager, or compiled (the compile option,
+        see speed/options.py). Shared function objects, so every expert reuses the same compiled code."""
+        self.token_ops = ops
+        for blk in self.blocks:
+            blk.ops = ops
 
     def time_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """e [B, dim] and e0 [B, 6, dim] in float32: one row per sample instead of per token (spec §2.7)."""
@@ -328,7 +337,8 @@ class WanDiT(nn.Module):
         if kv_cache is not None:
             kv_cache.end()
 
-        out = self.head(h, e, self.blocks[0].token_chunk if len(self.blocks) else None)  # [B, L, 64] fp32
+        chunk = self.blocks[0].token_chunk if len(self.blocks) else None
+        out = self.head(h, e, chunk, self.token_ops)  # [B, L, 64] fp32
         f, hh, ww = grid
         pt, ph, pw = self.cfg.patch_size
         return rearrange(

@@ -7,6 +7,8 @@ float32 (the result is cast to bf16 for attention anyway).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -61,12 +63,22 @@ class RopeCache:
         return self._tables[key]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, L, heads, d] (interleaved pairs) by per-token angles; returns float32."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Rotate x [B, L, heads, d] (interleaved pairs) by per-token angles, in float32.
+
+    Returns float32, or writes the result into `out` (any float dtype, e.g. the bf16 q/k buffer) and returns it.
+    Eager: one complex multiply (each element read once, written once); under torch.compile the same maths
+    in real arithmetic, which inductor fuses into one kernel (it has no complex code generation).
+    """
     b, seq, heads, d = x.shape
-    xr = x.float().reshape(b, seq, heads, d // 2, 2)
-    re, im = xr.unbind(-1)
     c = cos[None, :, None, :]
     s = sin[None, :, None, :]
-    out = torch.stack((re * c - im * s, re * s + im * c), dim=-1)
-    return out.reshape(b, seq, heads, d)
+    if torch.compiler.is_compiling():
+        re, im = x.float().reshape(b, seq, heads, d // 2, 2).unbind(-1)
+        rot = torch.stack((re * c - im * s, re * s + im * c), dim=-1).reshape(b, seq, heads, d)
+    else:
+        xc = torch.view_as_complex(x.float().reshape(b, seq, heads, d // 2, 2))
+        rot = torch.view_as_real(xc * torch.complex(c, s)).reshape(b, seq, heads, d)
+    if out is None:
+        return rot
+    return out.copy_(rot)

@@ -1,0 +1,673 @@
+"""Benchmark: the speed options of issue 15 on one full-size NF4 expert, 464x832x81, swap layout on a 24 GB cap.
+
+    # H100: two calls of <= 9 minutes; the second reuses the expert and the inductor cache of the first
+    python -m lingbot_world.bench.bench_speed --cases baseline,eager,compile,attention,fp8 \\
+        --keep --workdir /tmp/lws --fresh --budget-s 530 --out /tmp/lws/speed_h100.json
+    python -m lingbot_world.bench.bench_speed --cases fp8_compile,int8,int8_compile,compile_warm,fp16acc,sage,tiny \\
+        --workdir /tmp/lws --budget-s 530 --out /tmp/lws/speed_h100.json
+    python -m lingbot_world.bench.bench_speed --tiny --out /tmp/speed_tiny.json        # CPU smoke run
+
+A random full-size NF4 expert (bench_pipeline.make_experts, 9.6 GB, reused from --workdir) runs the DiT forward
+the way the sampler calls it (sequential CFG: a step is a cond and an uncond forward; camera on; 8192-token
+chunks) in one fresh process per case, capped like a 24 GB card (the swap layout holds one expert):
+
+- baseline: the block and NF4 forward as they were before issue 15 (bench/legacy_block.py), same session;
+- eager / compile / fp8 / fp8_compile / int8 / int8_compile / fp16acc / sage: the library's paths (speed/options.py);
+- compile_warm: compile again in a new process, so its warm-up is the cached one a second run pays.
+
+Per case: the first forward (compile warm-up included), s/forward and s/step over --timed-steps steps, peak VRAM
+(allocated / reserved, and over the resident weights), the compile statistics, optionally a torch.profiler
+kernel split of one forward (attention / GEMM / dequant / elementwise+copies), the cond output of the first
+forward and the final latent of a 4-step sampling run at 240x416x17 (saved under --workdir). The parent then
+reports each path's relative error against `eager` (bf16, exact) per forward at full size and over the whole
+4-step run, and projects s/step on an RTX 3090 and 4090 from the kernel split (see PROJECTION_CARDS).
+`attention` times SDPA's cuDNN / flash / efficient kernels (and SageAttention / flash-attn when installed) on
+the full-size self-attention; `tiny` reports the error of every path on the tiny config, with NF4's own
+quantization error next to it. Each case is time-boxed and isolated; the JSON is rewritten after every case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
+from ..wan.dit.model import DiTConfig
+from .bench_pipeline import V480, apply_cap, bench_config, make_experts, make_inputs, run_child, schedule, sync
+from .common import machine_info, peak_rss_bytes, write_json
+
+MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
+SMALL_VIDEO = (17, 240, 416)  # the 4-step error run
+TINY_VIDEO = (9, 32, 48)
+TINY_SMALL_VIDEO = (9, 48, 64)  # 36 tokens: the low-precision paths need more than 16 rows
+REFERENCE = "eager"
+
+FORWARD = "forward"
+CASES: dict[str, dict] = {
+    "baseline": dict(kind=FORWARD, legacy=True),
+    "eager": dict(kind=FORWARD, profile=True),
+    "compile": dict(kind=FORWARD, compile="blocks", profile=True),
+    "compile_warm": dict(kind=FORWARD, compile="blocks"),
+    "fp8": dict(kind=FORWARD, compute="fp8"),
+    "fp8_compile": dict(kind=FORWARD, compute="fp8", compile="blocks", profile=True),
+    "int8": dict(kind=FORWARD, compute="int8"),
+    "int8_compile": dict(kind=FORWARD, compute="int8", compile="blocks", profile=True),
+    "fp16acc": dict(kind=FORWARD, compute="fp16acc"),  # its error; an H100 gains no speed from it
+    "sage": dict(kind=FORWARD, attention="sage"),
+    "attention": dict(kind="attention"),
+    "tiny": dict(kind="tiny"),
+}
+DEFAULT_CASES = ["baseline", "eager", "compile", "attention", "fp8", "fp8_compile", "int8", "int8_compile",
+                 "compile_warm", "fp16acc", "sage", "tiny"]
+
+TARGETS = {  # issue 15, H100, s/step at 464x832x81, sequential CFG, swap on a 24 GB cap
+    "eager": ("s_per_step", 7.8),
+    "compile": ("s_per_step", 6.3),
+    "fp8_compile": ("s_per_step", 4.6),
+}
+SWAP_VRAM_TARGET = 13e9
+
+# ---- consumer-card projection -------------------------------------------------------------------------------
+# Published dense peaks (no sparsity). H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet. RTX 4090: NVIDIA Ada
+# Lovelace architecture whitepaper v1.1, Appendix A (GeForce cards run bf16/fp16 and fp8 GEMMs with float32
+# accumulation at half the fp16-accumulate rate). RTX 3090: NVIDIA Ampere GA102 GPU architecture whitepaper,
+# Table 9 (same float32-accumulate halving).
+PROJECTION_CARDS = {  # dense TFLOP/s (TOPS for int8); fp16acc = fp16 with fp16 accumulation
+    "H100 SXM5": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "fp16acc": 989.4, "bw_gbs": 3350},
+    "RTX 4090": {"bf16": 165.2, "fp8": 330.3, "int8": 660.6, "fp16acc": 330.3, "bw_gbs": 1008},
+    "RTX 3090": {"bf16": 71.0, "fp8": None, "int8": 284.0, "fp16acc": 142.0, "bw_gbs": 936},
+}
+MEASURED_ON = "H100 SXM5"
+
+
+# ---- kernel split ---------------------------------------------------------------------------------------------
+def kernel_category(name: str) -> str:
+    """attention / gemm / dequant / elementwise (everything else: elementwise, reductions, norms, copies)."""
+    n = name.lower()
+    if any(k in n for k in ("fmha", "flash", "sdpa", "attention", "attn_fwd", "_attn")):
+        return "attention"
+    if "dequantize" in n or n.startswith("kdequant") or "bitsandbytes" in n:
+        return "dequant"
+    if any(k in n for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "_mm", "matmul", "aten::mm",
+                            "aten::addmm", "aten::bmm", "aten::linear", "scaled_mm", "int_mm", "rowwise")):
+        return "gemm"
+    return "elementwise"
+
+
+def profile_split(run, device: torch.device) -> dict:
+    """Seconds per kernel category for one call of `run` (device kernels on CUDA, self CPU time on a CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        run()
+        sync(device)
+    wall = time.perf_counter() - t0
+    events = list(prof.key_averages())
+
+    def tally(select, time_of):
+        split = {"attention": 0.0, "gemm": 0.0, "dequant": 0.0, "elementwise": 0.0}
+        top: dict[str, float] = {}
+        for ev in events:
+            us = time_of(ev) if select(ev) else 0.0
+            if us:
+                split[kernel_category(ev.key)] += us / 1e6
+                top[ev.key[:120]] = top.get(ev.key[:120], 0.0) + us / 1e6
+        return split, top
+
+    def device_us(ev):
+        us = getattr(ev, "self_device_time_total", None)
+        return getattr(ev, "self_cuda_time_total", 0.0) if us is None else us
+
+    if device.type == "cuda":
+        # Kernels are the events on the device; older profilers only attribute them to the launching op.
+        split, top = tally(lambda ev: str(getattr(ev, "device_type", "")).endswith("CUDA"), device_us)
+        if not sum(split.values()):
+            split, top = tally(lambda ev: True, device_us)
+    else:
+        split, top = tally(lambda ev: True, lambda ev: ev.self_cpu_time_total)
+    total = sum(split.values())
+    return {
+        "seconds": {k: round(v, 4) for k, v in split.items()},
+        "share": {k: round(v / total, 4) for k, v in split.items()} if total else {},
+        "kernel_seconds": round(total, 4),
+        "profiled_wall_seconds": round(wall, 3),
+        "top_kernels": [[k, round(v, 4)] for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:25]],
+    }
+
+
+def project(split_seconds: dict, compute: str, card: dict, measured: dict) -> Optional[float]:
+    """Seconds on `card` for a forward whose H100 kernel split is `split_seconds`: attention and GEMMs scale with
+    the tensor-core peak of their precision, dequant and elementwise work with memory bandwidth."""
+    gemm_kind = compute if compute in ("fp8", "int8", "fp16acc") else "bf16"
+    if card.get(gemm_kind) is None:
+        return None
+    t = split_seconds["attention"] * measured["bf16"] / card["bf16"]
+    t += split_seconds["gemm"] * measured[gemm_kind] / card[gemm_kind]
+    t += (split_seconds["dequant"] + split_seconds["elementwise"]) * measured["bw_gbs"] / card["bw_gbs"]
+    return t
+
+
+# ---- children -------------------------------------------------------------------------------------------------
+def _plan_for(spec: dict, device: torch.device):
+    from ..speed.options import SpeedOptions, SpeedOptionError, SpeedPlan, resolve_speed
+
+    opts = SpeedOptions(compile=spec.get("compile", "off"), compute=spec.get("compute", "bf16"),
+                        attention=spec.get("attention", "sdpa"))
+    try:
+        return resolve_speed(opts, device)
+    except SpeedOptionError:
+        if not spec["tiny"]:
+            raise
+        # CPU smoke run: exercise the low-precision paths through their CPU emulation anyway.
+        return SpeedPlan(compile=opts.compile, compute=opts.compute, attention="sdpa", device=str(device),
+                         strict_compile=True)
+
+
+def _forward_setup(spec: dict):
+    """Model (speed plan applied), inputs and the forward closure for a forward case."""
+    from ..loaders.expert_loader import load_expert
+    from ..speed import compile as compile_mod
+    from ..speed.options import apply_speed
+    from ..wan.dit import attention as attn
+    from ..wan.sampling.sampler import make_noise
+
+    device = torch.device(spec["device"])
+    cfg = DiTConfig.from_json(spec["config"])
+    info: dict = {}
+    if spec.get("compile") == "blocks":
+        info["inductor_cache"] = str(compile_mod.configure_cache(Path(spec["workdir"]) / "inductor"))
+        if device.type == "cpu":
+            compile_mod.BACKEND = "aot_eager"  # the smoke run checks the plumbing, not the C++ build
+    dtype = torch.bfloat16 if spec["tiny"] else None  # the CPU smoke run computes in bf16 like a GPU
+    model = load_expert(spec["expert"], device=device, compute_dtype=dtype)
+    model.set_token_chunk(spec["chunk"])
+    if spec.get("legacy"):
+        attn.set_backend("sdpa", device, sdpa_order=())  # torch's own kernel order, as before issue 15
+        info["plan"] = "legacy block, bitsandbytes forward, torch's default SDPA"
+    else:
+        plan = _plan_for(spec, device)
+        plan.strict_compile = False  # a phase that fails to compile runs eagerly and is listed in compile_stats
+        apply_speed(model, plan)
+        info["plan"] = plan.to_json()
+        if spec["tiny"]:
+            for m in model.modules():
+                if hasattr(m, "lowp_min_rows"):
+                    m.lowp_min_rows = 1
+    inputs = make_inputs(tuple(spec["video"]), cfg, device)
+    noise = make_noise(inputs["shape"], 1, source="cuda" if device.type == "cuda" else "cpu").to(device)
+    t = torch.tensor([900], device=device)
+
+    def forward(ctx):
+        with torch.inference_mode():
+            return model(noise, t, ctx, inputs["y"], camera=inputs["camera"])
+
+    return model, inputs, forward, info
+
+
+def _small_run(model, spec: dict, device: torch.device) -> tuple[torch.Tensor, float]:
+    """4 sampling steps (2 + 2, the same expert for both phases) at a small size: the whole-run error check."""
+    from ..wan.sampling.sampler import ResidentExperts, make_noise, sample
+
+    cfg = DiTConfig.from_json(spec["config"])
+    inputs = make_inputs(tuple(spec["small_video"]), cfg, device, seed=3)
+    settings = schedule(2, 2)
+    settings.cfg_mode = "sequential"
+    noise = make_noise(inputs["shape"], 7, source="cuda" if device.type == "cuda" else "cpu")
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        latent = sample(ResidentExperts(model, model), noise, inputs["ctx"], inputs["neg"], inputs["y"],
+                        inputs["camera"], settings, device=device)
+    sync(device)
+    return latent, time.perf_counter() - t0
+
+
+def _save(path: Path, tensor: torch.Tensor) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file({"t": tensor.detach().float().cpu().contiguous()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def child_forward(spec: dict) -> dict:
+    from contextlib import nullcontext
+
+    from ..speed import compile as compile_mod
+    from .legacy_block import legacy_forward
+
+    device = torch.device(spec["device"])
+    out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}
+    if device.type == "cuda":
+        torch.empty(1, device=device)
+    workdir = Path(spec["workdir"])
+    with legacy_forward() if spec.get("legacy") else nullcontext():
+        t_load = time.perf_counter()
+        model, inputs, forward, info = _forward_setup(spec)
+        sync(device)
+        out.update(info, load_seconds=round(time.perf_counter() - t_load, 2))
+        if device.type == "cuda":
+            out["weights_allocated"] = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        # First forward: includes compiling (compile cases) and one-time kernel selection.
+        t0 = time.perf_counter()
+        first = forward(inputs["ctx"])
+        sync(device)
+        out["first_forward_seconds"] = round(time.perf_counter() - t0, 3)
+        out["finite"] = bool(torch.isfinite(first).all())
+        _save(workdir / f"out_{spec['case']}.safetensors", first[0])
+        del first
+        t0 = time.perf_counter()
+        forward(inputs["neg"])
+        sync(device)
+        out["second_forward_seconds"] = round(time.perf_counter() - t0, 3)
+        steps = []
+        for _ in range(spec["timed"]):
+            t0 = time.perf_counter()
+            forward(inputs["ctx"])
+            forward(inputs["neg"])
+            sync(device)
+            steps.append(time.perf_counter() - t0)
+        out["step_seconds"] = [round(s, 3) for s in steps]
+        out["s_per_step"] = round(sum(steps) / len(steps), 3)
+        out["s_per_forward"] = round(out["s_per_step"] / 2, 3)
+        if device.type == "cuda":
+            out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+            out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
+            out["activation_peak"] = out["peak_allocated"] - out["weights_allocated"]
+        out["compile_stats"] = compile_mod.STATS.to_json()
+        from ..wan.dit import attention as attn
+
+        out["attention"] = {"backend_in_use": attn.get_backend(), "sdpa_order": attn.get_sdpa_order(),
+                            "first_call_checks": dict(attn.CHECKS)}
+        if spec.get("profile"):
+            out["profile"] = profile_split(lambda: forward(inputs["ctx"]), device)
+        if spec.get("small_run"):
+            latent, seconds = _small_run(model, spec, device)
+            out["small_run_seconds"] = round(seconds, 2)
+            out["small_run_finite"] = bool(torch.isfinite(latent).all())
+            _save(workdir / f"small_{spec['case']}.safetensors", latent)
+    return out
+
+
+def child_attention(spec: dict) -> dict:
+    """SDPA kernels (and installed packages) on the full-size self-attention: ms, TFLOP/s, error vs float32."""
+    from ..wan.dit import attention as attn
+
+    device = torch.device(spec["device"])
+    b, seq, heads, hd = spec["attn_shape"]
+    g = torch.Generator(device=device).manual_seed(0)
+    dtype = torch.bfloat16
+    q, k, v = (torch.randn(b, seq, heads, hd, device=device, generator=g, dtype=dtype) for _ in range(3))
+    flops = 4 * b * heads * seq * seq * hd
+    nq = min(seq, 1024)
+    ref = attn.sdpa(q[:, :nq].float(), k.float(), v.float())  # float32 reference for the first queries
+    out: dict = {"shape": [b, seq, heads, hd], "flops": flops, "order_auto": attn.sdpa_kernel_order(device)}
+    runs = {f"sdpa_{kname}": (lambda kname=kname: attn.sdpa(q, k, v, (kname,))) for kname in
+            (("cudnn", "flash", "efficient") if device.type == "cuda" else ("math",))}
+    runs["sdpa_auto"] = lambda: attn.sdpa(q, k, v, attn.sdpa_kernel_order(device))
+    for name in ("sage", "flash"):
+        if name in attn.available_backends() and device.type == "cuda":
+            runs[name] = lambda name=name: attn._kernel(name, q, k, v)
+    for name, fn in runs.items():
+        try:
+            fn()
+            sync(device)
+            n = spec["attn_iters"]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                o = fn()
+            sync(device)
+            sec = (time.perf_counter() - t0) / n
+            out[name] = {"ms": round(sec * 1e3, 2), "tflops": round(flops / sec / 1e12, 1),
+                         "rel_error_vs_fp32": attn.relative_error(o[:, :nq], ref)}
+        except Exception as e:  # noqa: BLE001 - a kernel this GPU or build lacks
+            out[name] = {"error": type(e).__name__ + ": " + str(e).partition("\n")[0][:200]}
+    if "sage" in attn.available_backends() and device.type == "cuda":
+        out["sage_probe"] = attn.probe_sage(device) or "ok"
+    return out
+
+
+def child_tiny(spec: dict) -> dict:
+    """Every compute/compile path on the tiny config, against the bf16 NF4 path (and NF4 against its float
+    weights, for scale): per forward and over a 4-step run."""
+    import tempfile
+
+    from ..loaders.expert_loader import load_expert
+    from ..loaders.nf4_writer import random_expert_state, write_official_expert
+    from ..speed import compile as compile_mod
+    from ..speed.options import apply_speed
+    from ..wan.sampling.sampler import make_noise
+
+    device = torch.device(spec["device"])
+    cfg = DiTConfig.tiny()
+    if device.type == "cpu":
+        compile_mod.BACKEND = "aot_eager"
+    compile_mod.configure_cache(Path(spec["workdir"]) / "inductor")
+    spec = {**spec, "config": cfg.to_json(), "tiny": True}
+    out: dict = {"config": cfg.to_json()}
+    with tempfile.TemporaryDirectory(dir=spec["workdir"]) as tmp:
+        write_official_expert(random_expert_state(cfg, "cpu", seed=5, dtype=torch.bfloat16), cfg, tmp,
+                              dtype=torch.bfloat16)
+        nf4 = load_expert(tmp, device=device, mode="nf4", compute_dtype=torch.bfloat16)
+        plain = load_expert(tmp, device=device, mode="bf16")
+    inputs = make_inputs(TINY_VIDEO, cfg, device)
+    noise = make_noise(inputs["shape"], 1, source="cpu").to(device)
+    t = torch.tensor([900], device=device)
+
+    def forward(model):
+        with torch.inference_mode():
+            return model(noise, t, inputs["ctx"], inputs["y"], camera=inputs["camera"]).float()
+
+    small = {"config": cfg.to_json(), "small_video": list(TINY_SMALL_VIDEO)}
+
+    def run4(model):
+        return _small_run(model, small, device)[0].float()
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    ref_f, ref_r = forward(nf4), run4(nf4)
+    out["nf4_vs_float_weights"] = {"forward": rel(ref_f, forward(plain)), "run4": rel(ref_r, run4(plain))}
+    del plain
+    for name in ("compile", "fp8", "fp8_compile", "int8", "int8_compile", "fp16acc"):
+        case = CASES[name]
+        try:
+            plan = _plan_for({**spec, **case}, device)
+            apply_speed(nf4, plan)
+            for m in nf4.modules():
+                if hasattr(m, "lowp_min_rows"):
+                    m.lowp_min_rows = 1
+            out[name] = {"forward": rel(forward(nf4), ref_f), "run4": rel(run4(nf4), ref_r)}
+        except Exception as e:  # noqa: BLE001
+            out[name] = {"error": type(e).__name__ + ": " + str(e).partition("\n")[0][:300]}
+    return out
+
+
+CHILDREN = {FORWARD: child_forward, "attention": child_attention, "tiny": child_tiny}
+
+
+def child_main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    torch.manual_seed(0)
+    try:
+        out = CHILDREN[spec["kind"]](spec)
+    except torch.OutOfMemoryError as e:
+        out = {"error": "OOM: " + str(e).partition("\n")[0][:300]}
+    except Exception as e:  # recorded by the parent; the next case still runs
+        out = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
+    out["peak_rss"] = peak_rss_bytes()
+    print(json.dumps(out, default=str))
+    return 0
+
+
+# ---- parent ---------------------------------------------------------------------------------------------------
+def case_spec(name: str, args, cfg: DiTConfig, expert: str, device: str, workdir: Path) -> dict:
+    base = dict(CASES[name])
+    full = (1, 31668, 40, 128)
+    spec = {
+        **base, "case": name, "device": device, "config": cfg.to_json(), "tiny": args.tiny, "expert": expert,
+        "workdir": str(workdir), "video": list(TINY_VIDEO if args.tiny else V480),
+        "small_video": list(TINY_SMALL_VIDEO if args.tiny else SMALL_VIDEO), "small_run": not args.no_small_run,
+        "cap_gib": None if (args.tiny or device != "cuda") else args.cap_gib, "context_gib": args.context_gib,
+        "timed": args.timed_steps, "chunk": args.token_chunk, "expandable_segments": True,
+        "attn_shape": [1, 96, 2, 64] if args.tiny else list(full), "attn_iters": 2 if args.tiny else 10,
+    }
+    if args.no_profile:
+        spec["profile"] = False
+    return spec
+
+
+def _load_saved(path: Path) -> Optional[torch.Tensor]:
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(str(path))["t"]
+
+
+def errors_vs_reference(res: dict, workdir: Path) -> None:
+    """Relative error of every forward case against `eager` (files saved by the children, possibly by an earlier
+    call with the same --workdir)."""
+    for kind, prefix in (("forward", "out"), ("run4", "small")):
+        ref = _load_saved(workdir / f"{prefix}_{REFERENCE}.safetensors")
+        if ref is None:
+            continue
+        for name, r in res["cases"].items():
+            if name == REFERENCE or "error" in r or CASES.get(name, {}).get("kind") != FORWARD:
+                continue
+            out = _load_saved(workdir / f"{prefix}_{name}.safetensors")
+            if out is not None and out.shape == ref.shape:
+                r.setdefault("rel_error_vs_eager", {})[kind] = ((out - ref).norm() / ref.norm()).item()
+
+
+def summarize(res: dict) -> dict:
+    c = res["cases"]
+    ok = lambda r: r is not None and "error" not in r  # noqa: E731
+    s: dict = {"rows": {}, "projection": {}}
+    base = c.get("baseline", {}).get("s_per_step") if ok(c.get("baseline")) else None
+    eager = c.get("eager", {}).get("s_per_step") if ok(c.get("eager")) else None
+    for name, r in c.items():
+        if CASES.get(name, {}).get("kind") != FORWARD or not ok(r):
+            continue
+        row = {k: r.get(k) for k in ("s_per_step", "s_per_forward", "first_forward_seconds",
+                                     "second_forward_seconds")}
+        row["warmup_seconds"] = (round(r["first_forward_seconds"] - r["s_per_forward"], 2)
+                                 if r.get("s_per_forward") else None)
+        row["peak_allocated_gb"] = round(r["peak_allocated"] / 1e9, 2) if r.get("peak_allocated") else None
+        row["peak_reserved_gb"] = round(r["peak_reserved"] / 1e9, 2) if r.get("peak_reserved") else None
+        row["activation_peak_gb"] = round(r["activation_peak"] / 1e9, 2) if r.get("activation_peak") else None
+        if base and r.get("s_per_step"):
+            row["over_baseline"] = round(r["s_per_step"] / base, 3)
+        if eager and r.get("s_per_step"):
+            row["over_eager"] = round(r["s_per_step"] / eager, 3)
+        row["rel_error_vs_eager"] = r.get("rel_error_vs_eager")
+        s["rows"][name] = row
+        prof = r.get("profile")
+        if prof:
+            compute = CASES[name].get("compute", "bf16")
+            s["projection"][name] = projection_row(prof, compute, r)
+            if compute == "bf16":  # the same kernels with fp16-accumulate GEMMs (the H100 runs those at bf16 speed)
+                s["projection"][f"{name}+fp16acc (derived)"] = projection_row(prof, "fp16acc", r)
+    return s
+
+
+def projection_row(prof: dict, compute: str, r: dict) -> dict:
+    measured = PROJECTION_CARDS[MEASURED_ON]
+    proj = {"h100_kernel_split_s": prof["seconds"], "compute": compute}
+    overhead = r["s_per_forward"] - prof["kernel_seconds"] if r.get("s_per_forward") else 0.0
+    proj["h100_non_kernel_s"] = round(overhead, 3)
+    for card, spec in PROJECTION_CARDS.items():
+        if card == MEASURED_ON:
+            continue
+        fwd = project(prof["seconds"], compute, spec, measured)
+        proj[card] = None if fwd is None else {
+            "s_per_forward": round(fwd, 2), "s_per_step": round(2 * fwd, 2),
+            "sampling_70_steps_min": round(70 * 2 * fwd / 60, 1)}
+    return proj
+
+
+def check_targets(res: dict) -> dict:
+    c, t = res["cases"], {}
+    for name, (key, limit) in TARGETS.items():
+        r = c.get(name)
+        if r is not None and "error" not in r and r.get(key) is not None:
+            t[f"{name}_{key}<={limit}"] = r[key] <= limit
+    for name, r in c.items():
+        if CASES.get(name, {}).get("kind") == FORWARD and r and "error" not in r and r.get("peak_reserved"):
+            t[f"{name}_swap_vram<=13GB"] = r["peak_reserved"] <= SWAP_VRAM_TARGET
+    comp = c.get("compile", {}).get("rel_error_vs_eager", {}) if "error" not in c.get("compile", {"error": 1}) else {}
+    if comp.get("forward") is not None:
+        t["compile_error<=5e-3"] = comp["forward"] <= 5e-3
+    return t
+
+
+def print_report(res: dict) -> None:
+    s = res.get("summary", {})
+    print("\n| case | s/step | s/forward | warm-up s | peak VRAM alloc / reserved | vs baseline | err/forward | err/4 steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in res["cases"].items():
+        if "error" in r:
+            print(f"| {name} | ERROR: {r['error'][:90]} | | | | | | |")
+            continue
+        row = s.get("rows", {}).get(name)
+        if row is None:
+            continue
+        e = row.get("rel_error_vs_eager") or {}
+        fmt = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
+        print(f"| {name} | {row['s_per_step']} | {row['s_per_forward']} | {row['warmup_seconds']} | "
+              f"{row['peak_allocated_gb']} / {row['peak_reserved_gb']} GB | {row.get('over_baseline', '-')} | "
+              f"{fmt(e.get('forward'))} | {fmt(e.get('run4'))} |")
+    for name in ("attention", "tiny"):
+        if name in res["cases"]:
+            print(f"\n{name}: {json.dumps(res['cases'][name], default=str)[:1500]}")
+    if s.get("projection"):
+        cards = [c for c in PROJECTION_CARDS if c != MEASURED_ON]
+        print("\n| path | H100 kernel split (s/forward): attention / GEMM / dequant / elementwise | "
+              + " | ".join(f"{c} s/step (70 steps)" for c in cards) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in cards) + " |")
+        for name, proj in s["projection"].items():
+            sp = proj["h100_kernel_split_s"]
+            cells = []
+            for c in cards:
+                v = proj.get(c)
+                cells.append("-" if v is None else f"{v['s_per_step']} ({v['sampling_70_steps_min']} min)")
+            print(f"| {name} | {sp['attention']} / {sp['gemm']} / {sp['dequant']} / {sp['elementwise']} | "
+                  + " | ".join(cells) + " |")
+    print("\ntargets:", json.dumps(res.get("targets", {})))
+
+
+def run(args) -> dict:
+    t_start = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = bench_config(args.tiny, args.layers)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    res: dict = {"bench": "speed", "cases": {}}
+    if out is not None and out.is_file() and not args.fresh:
+        try:
+            res = json.loads(out.read_text())
+            res.setdefault("cases", {})
+        except json.JSONDecodeError:
+            pass
+    res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfg.to_json(),
+               args={k: v for k, v in vars(args).items() if k != "child"},
+               notes=["s/step = a cond + an uncond forward (sequential CFG), mean of the timed steps after two "
+                      "warm-up forwards; the first forward includes compiling.",
+                      "errors are relative (L2) against the eager bf16 path: the cond output of the first forward "
+                      f"at {V480}, and the final latent of a 4-step run (2+2, one expert) at {SMALL_VIDEO}.",
+                      "projection: H100 kernel split scaled by published peaks (attention/GEMM: tensor-core "
+                      "FLOP/s of their precision; dequant/elementwise: memory bandwidth); not a measurement."])
+
+    def remaining() -> float:
+        return args.budget_s - (time.perf_counter() - t_start)
+
+    def save() -> None:
+        errors_vs_reference(res, workdir)
+        res["summary"] = summarize(res)
+        res["targets"] = check_targets(res)
+        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
+        if out is not None:
+            write_json(out, res)
+
+    forward_cases = [n for n in args.cases if CASES[n]["kind"] == FORWARD]
+    if forward_cases and REFERENCE not in args.cases and not (workdir / f"out_{REFERENCE}.safetensors").is_file():
+        # errors are taken against eager: a fresh machine (or workdir) runs it first
+        print(f"[{REFERENCE}] its outputs are not in {workdir}: running it first as the error reference", flush=True)
+        args.cases = [REFERENCE] + list(args.cases)
+    need_expert = bool(forward_cases)
+    expert = None
+    if need_expert:
+        print(f"[expert] {'tiny' if args.tiny else 'full-size'} random NF4 expert in {workdir} ...", flush=True)
+        experts = make_experts(args, cfg, workdir, device, timeout=max(60.0, remaining()), names=("high",))
+        res["expert"] = experts
+        expert = experts["paths"]["high"]
+        print(f"[expert] {'reused' if experts.get('reused') else 'made in %s s' % experts.get('seconds')}", flush=True)
+    save()
+    try:
+        for name in args.cases:
+            left = remaining()
+            if left < args.min_case_s:
+                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
+                print(f"[{name}] skipped (budget)", flush=True)
+                save()
+                continue
+            spec = case_spec(name, args, cfg, expert, device, workdir)
+            if name == "sage" and not args.tiny:
+                from ..wan.dit.attention import available_backends
+
+                if "sage" not in available_backends():
+                    res["cases"][name] = {"error": "skipped: sageattention is not installed"}
+                    save()
+                    continue
+            print(f"[{name}] running ({left:.0f} s of budget left) ...", flush=True)
+            try:
+                r = run_child(spec, workdir, timeout=min(left, args.case_timeout_s), module=MODULE)
+            except Exception as e:  # the parent never dies on one case
+                r = {"error": f"{type(e).__name__}: {e}"}
+            res["cases"][name] = r
+            msg = r.get("error") or f"ok in {r.get('child_seconds')} s, {r.get('s_per_step', '')} s/step"
+            print(f"[{name}] {msg[:300]}", flush=True)
+            save()
+    finally:
+        res["parent_peak_rss"] = peak_rss_bytes()
+        save()
+        for spec_file in workdir.glob("spec_*.json"):
+            spec_file.unlink(missing_ok=True)
+        if not args.keep and expert is not None:
+            import shutil
+
+            shutil.rmtree(expert, ignore_errors=True)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny config and video on the CPU (smoke run)")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
+    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    p.add_argument("--budget-s", type=float, default=530.0, help="wall-clock budget; later cases are skipped")
+    p.add_argument("--case-timeout-s", type=float, default=300.0, help="time box of one case")
+    p.add_argument("--min-case-s", type=float, default=40.0, help="do not start a case with less budget left")
+    p.add_argument("--workdir", default="/tmp/lingbot_speed_bench", help="expert (9.6 GB), outputs, inductor cache")
+    p.add_argument("--keep", action="store_true", help="keep the expert for the next call")
+    p.add_argument("--layers", type=int, default=None, help="blocks of the expert (default 40)")
+    p.add_argument("--timed-steps", type=int, default=2, help="timed steps (2 forwards each) after the warm-up")
+    p.add_argument("--token-chunk", type=int, default=DEFAULT_TOKEN_CHUNK, help="tokens per chunk (default 8192)")
+    p.add_argument("--cap-gib", type=float, default=24.0, help="simulated card size (swap layout)")
+    p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiler kernel split")
+    p.add_argument("--no-small-run", action="store_true", help="skip the 4-step error run")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child_main(args.child)
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+    if args.tiny:
+        args.timed_steps = min(args.timed_steps, 1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    res = run(args)
+    print_report(res)
+    if args.out:
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""`generate`'s speed flags (--compile, --compute, --attention): parsed into SpeedOptions and checked against the
+device before anything loads (speed/options.py does the work)."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..speed.options import (
+    ATTENTION_CHOICES,
+    COMPILE_CHOICES,
+    COMPUTE_CHOICES,
+    DEFAULTS,
+    SpeedOptions,
+    SpeedPlan,
+    resolve_speed,
+)
+
+
+def add_speed_args(parser) -> None:
+    g = parser.add_argument_group("speed")
+    g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"],
+                   help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "
+                        "Triton; same results to bf16 rounding; the first run compiles, later runs use the cache in "
+                        "~/.cache/lingbot-world/inductor)")
+    g.add_argument("--compute", choices=COMPUTE_CHOICES, default=DEFAULTS["compute"],
+                   help="GEMM precision of the NF4 linears: bf16 (exact, default), fp8 (RTX 40xx/Ada, Hopper+), "
+                        "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards), or auto (fp8 "
+                        "where the card has it, else int8 on Ampere, else bf16); all but bf16 change the output "
+                        "slightly")
+    g.add_argument("--attention", choices=ATTENTION_CHOICES, default=DEFAULTS["attention"],
+                   help="attention kernel: auto (torch SDPA with the fastest exact kernel for the GPU: cuDNN on "
+                        "Hopper, FlashAttention-2 on Ampere/Ada), sdpa (the same), sage (SageAttention, "
+                        "approximate), flash (flash-attn package)")
+
+
+def speed_plan(args, device: torch.device, log: logging.Logger) -> SpeedPlan:
+    """Resolve the flags for `device`. An explicit choice the machine cannot run raises SpeedOptionError (a
+    ValueError: the CLI prints its one line as a bad-input error) before anything loads."""
+    plan = resolve_speed(SpeedOptions(args.compile, args.compute, args.attention), device,
+                         weights=getattr(args, "weights", "nf4"))
+    for note in plan.notes:
+        log.info("speed: %s", note)
+    log.info("speed: %s", plan.summary())
+    return plan
+
+
+def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:
+    """After sampling: how long compiling took (the warm-up a cached second run mostly skips)."""
+    if plan.compile == "blocks":
+        from ..speed.compile import STATS
+
+        log.info("speed: %s", STATS.summary())

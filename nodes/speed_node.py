@@ -1,0 +1,69 @@
+"""LingBot Speed Options: compile, GEMM precision and attention kernel for the experts, checked against the GPU
+when the node runs (before any expert loads) and applied by the Expert Loader's experts on every load."""
+from __future__ import annotations
+
+import logging
+
+from ..speed.options import (
+    ATTENTION_CHOICES,
+    COMPILE_CHOICES,
+    COMPUTE_CHOICES,
+    DEFAULTS,
+    SpeedOptionError,
+    SpeedOptions,
+    SpeedPlan,
+    resolve_speed,
+)
+from .payloads import CATEGORY, SPEED
+
+log = logging.getLogger(__name__)
+
+
+def plan_speed(options: SpeedOptions, weights: str = "nf4") -> SpeedPlan:
+    """Resolve options for ComfyUI's torch device; an explicit choice the GPU cannot run raises one line."""
+    import comfy.model_management as mm
+
+    try:
+        plan = resolve_speed(options, mm.get_torch_device(), weights=weights)
+    except SpeedOptionError as e:
+        raise ValueError(f"LingBot Speed Options: {e}") from None
+    for note in plan.notes:
+        log.info("LingBot-World speed: %s", note)
+    log.info("LingBot-World speed: %s", plan.summary())
+    return plan
+
+
+class LingBotSpeedOptions:
+    """Speed settings for LingBot Expert Loader (without this node: compile auto, compute bf16, attention auto)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "compile": (list(COMPILE_CHOICES), {"default": DEFAULTS["compile"], "tooltip": (
+                    "torch.compile of the DiT's per-token work (norms, modulation, RoPE, gated residuals). auto: on "
+                    "when the GPU has Triton. The first run compiles (about a minute, shown in the log); later runs "
+                    "load the kernels from ~/.cache/lingbot-world/inductor. Same results to bf16 rounding.")}),
+                "compute": (list(COMPUTE_CHOICES), {"default": DEFAULTS["compute"], "tooltip": (
+                    "Precision of the big matrix multiplies. bf16: exact (the reference's). fp8: RTX 40xx / Ada, "
+                    "Hopper and newer, faster, slightly different output. int8: Ampere (RTX 30xx) and newer, "
+                    "faster, slightly different output. fp16acc: fp16 multiplies with fp16 accumulation, 2x on RTX "
+                    "cards, slightly different output. auto: the fastest the card has.")}),
+                "attention": (list(ATTENTION_CHOICES), {"default": DEFAULTS["attention"], "tooltip": (
+                    "auto / sdpa: torch's attention with the fastest exact kernel for the GPU (cuDNN on H100, "
+                    "FlashAttention-2 on RTX cards). sage: SageAttention (installed separately; approximate, faster "
+                    "on RTX 30xx/40xx; checked against sdpa on the first call). flash: the flash-attn package.")}),
+            }
+        }
+
+    RETURN_TYPES = (SPEED,)
+    RETURN_NAMES = ("speed",)
+    OUTPUT_TOOLTIPS = ("Speed settings; connect to LingBot Expert Loader's speed input",)
+    FUNCTION = "choose"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Chooses torch.compile, FP8/INT8 matrix multiplies and the attention kernel for the LingBot-World "
+                   "experts; refuses a choice this GPU cannot run before anything loads.")
+
+    def choose(self, compile: str = DEFAULTS["compile"], compute: str = DEFAULTS["compute"],
+               attention: str = DEFAULTS["attention"]):
+        return (plan_speed(SpeedOptions(compile, compute, attention)),)

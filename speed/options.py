@@ -1,0 +1,185 @@
+"""Speed options of a run: compile, compute (GEMM precision) and attention kernel, checked before anything
+loads and applied to each expert when it is placed on the device.
+
+    options = SpeedOptions(compile="auto", compute="fp8", attention="auto")
+    plan = resolve_speed(options, device)      # SpeedOptionError (one line) if an explicit choice cannot run
+    for line in plan.notes: log.info(line)     # what `auto` picked and why
+    apply_speed(model, plan)                   # after every load of an expert (cheap: flags and shared code)
+
+`auto` picks per GPU and says why: compile when Triton is there; the attention kernel that is fastest and exact
+for the GPU; compute FP8 on cards with FP8 tensor cores (sm89+), INT8 on Ampere (sm80-86), bf16 otherwise. An
+explicit choice the machine cannot run is refused; `auto` instead falls back to the exact path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..quant import compute as qcompute
+from ..quant import fp8, int8
+from ..wan.dit import attention as attn
+from . import compile as compile_mod
+
+log = logging.getLogger(__name__)
+
+COMPILE_CHOICES = ("auto", "off", "blocks")
+COMPUTE_CHOICES = ("auto", "bf16", "fp8", "int8", "fp16acc")
+ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash
+DEFAULTS = {"compile": "auto", "compute": "bf16", "attention": "auto"}
+
+
+class SpeedOptionError(ValueError):
+    """An explicitly chosen speed option cannot run on this machine (the message is one line)."""
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    compile: str = DEFAULTS["compile"]
+    compute: str = DEFAULTS["compute"]
+    attention: str = DEFAULTS["attention"]
+
+    def validate(self) -> None:
+        for name, value, allowed in (("compile", self.compile, COMPILE_CHOICES),
+                                     ("compute", self.compute, COMPUTE_CHOICES),
+                                     ("attention", self.attention, ATTENTION_CHOICES)):
+            if value not in allowed:
+                raise SpeedOptionError(f"{name}={value!r} is not an option; choose one of {', '.join(allowed)}")
+
+
+@dataclass
+class SpeedPlan:
+    """What runs: compile "off"/"blocks", compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"."""
+
+    compile: str
+    compute: str
+    attention: str
+    device: str
+    sdpa_order: Optional[tuple] = None
+    notes: list[str] = field(default_factory=list)
+    # False: a compiler error mid-run logs one line and that phase runs eagerly (the same maths); the preflight
+    # has already refused machines that cannot compile at all. True (tests, debugging): the error is raised.
+    strict_compile: bool = False
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["sdpa_order"] = list(self.sdpa_order) if self.sdpa_order else None
+        return d
+
+    def summary(self) -> str:
+        order = f" ({'>'.join(self.sdpa_order)})" if self.attention == "sdpa" and self.sdpa_order else ""
+        return f"compile={self.compile}, compute={self.compute}, attention={self.attention}{order}"
+
+
+def _resolve_compile(choice: str, device: torch.device, notes: list) -> str:
+    if choice == "off":
+        return "off"
+    reason = compile_mod.unavailable_reason(device)
+    if choice == "blocks":
+        if reason:
+            raise SpeedOptionError(f"--compile blocks: {reason}; use --compile off (or auto)")
+        return "blocks"
+    if device.type != "cuda":
+        notes.append("compile auto: off on the CPU (building the kernels takes longer than they save here)")
+        return "off"
+    if reason:
+        notes.append(f"compile auto: off, {reason}; running eagerly (same results)")
+        return "off"
+    notes.append("compile auto: blocks (the DiT's per-token phases through torch.compile; the first steps "
+                 "include compiling, later runs load the kernels from the cache)")
+    return "blocks"
+
+
+def _resolve_compute(choice: str, device: torch.device, weights: str, notes: list) -> str:
+    if choice == "bf16":
+        return "bf16"
+    if weights != "nf4":
+        if choice == "auto":
+            notes.append(f"compute auto: bf16 (low-precision compute applies to NF4 weights, not {weights})")
+            return "bf16"
+        raise SpeedOptionError(f"--compute {choice} works with NF4 weights; with --weights {weights} use "
+                               "--compute bf16")
+    if choice in ("fp8", "int8", "fp16acc"):
+        reason = qcompute.unavailable_reason(choice, device)
+        if reason:
+            raise SpeedOptionError(f"--compute {choice}: {reason}; use --compute bf16 (or auto)")
+        return choice
+    mode, why = qcompute.auto_mode(device)
+    notes.append(f"compute auto: {mode} ({why})")
+    return mode
+
+
+def _resolve_attention(choice: str, device: torch.device, notes: list) -> str:
+    if choice in ("sage", "flash"):
+        if choice not in attn.available_backends():
+            pkg = "sageattention" if choice == "sage" else "flash-attn (or FlashAttention-3)"
+            raise SpeedOptionError(f"--attention {choice}: {pkg} is not installed; install it or use "
+                                   "--attention auto")
+        if device.type != "cuda":
+            raise SpeedOptionError(f"--attention {choice} needs a CUDA GPU; use --attention auto on the CPU")
+        if choice == "sage":
+            problem = attn.probe_sage(device)
+            if problem:
+                raise SpeedOptionError(f"--attention sage: {problem}; use --attention auto")
+        return choice
+    order = attn.sdpa_kernel_order(device)
+    if choice == "auto" and order:
+        notes.append(f"attention auto: torch SDPA, kernels tried in the order {' > '.join(order)} "
+                     f"(the fastest exact one on sm{''.join(map(str, torch.cuda.get_device_capability(device)))})")
+    return "sdpa"
+
+
+def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedPlan:
+    """Decide what runs on `device`, before any weights load. Raises SpeedOptionError for explicit choices the
+    machine cannot run; `auto` choices fall back to the exact path and say so in `plan.notes`."""
+    options.validate()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    notes: list[str] = []
+    plan = SpeedPlan(
+        compile=_resolve_compile(options.compile, device, notes),
+        compute=_resolve_compute(options.compute, device, weights, notes),
+        attention=_resolve_attention(options.attention, device, notes),
+        device=str(device),
+        notes=notes,
+    )
+    plan.sdpa_order = attn.sdpa_kernel_order(device) if plan.attention == "sdpa" else None
+    return plan
+
+
+def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
+    """Set the plan on a loaded DiT: attention kernel (process-wide), compiled or eager per-token phases on every
+    block and the head, compute mode on every NF4 linear. Cheap; call it after each load."""
+    attn.set_backend(plan.attention, torch.device(plan.device), plan.sdpa_order)
+    if plan.compile == "blocks":
+        compile_mod.configure_cache()
+    from ..wan.dit.token_ops import EAGER
+
+    ops = EAGER if plan.compile == "off" else compiled_token_ops(plan.strict_compile)
+    if hasattr(model, "set_token_ops"):
+        model.set_token_ops(ops)
+    lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else None
+    for module in model.modules():
+        if hasattr(module, "set_compute"):
+            module.set_compute(plan.compute, ops=lowp_ops)
+    return model
+
+
+def compiled_token_ops(strict: bool = False):
+    """The DiT's per-token phases through torch.compile, shared by every model in the process."""
+    from ..wan.dit.token_ops import TokenOps
+
+    return TokenOps(lambda fn: compile_mod.compiled(fn, strict), name="compiled" + ("-strict" if strict else ""))
+
+
+def compiled_quantizers(strict: bool = False) -> dict:
+    """The FP8/INT8 activation quantizers and the INT8 rescale through torch.compile (one fused kernel each)."""
+    return {
+        "fp8": compile_mod.compiled(fp8.quantize_rows, strict),
+        "int8": compile_mod.compiled(int8.quantize_rows, strict),
+        "int8_rescale": compile_mod.compiled(int8.rescale, strict),
+    }

@@ -1,0 +1,154 @@
+"""Speed paths on a CUDA GPU (issue 15): FP8 `_scaled_mm` and INT8 `_int_mm` against their float32 emulation,
+the NF4 linears in each mode, inductor-compiled phases against eager, and the SDPA kernels. Skipped without a
+GPU; FP8 tests also without FP8 tensor cores (sm89+)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CUDA = torch.device("cuda")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def has_fp8() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def bf16(*shape, seed=0):
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=CUDA, dtype=torch.bfloat16)
+
+
+@pytest.mark.skipif(not has_fp8(), reason="needs FP8 tensor cores (sm89+)")
+def test_scaled_mm_matches_its_emulation():
+    from lingbot_world.quant import compute, fp8
+
+    assert compute.unavailable_reason("fp8", CUDA) is None
+    x, w = bf16(4096, 5120), bf16(1024, 5120, seed=1)
+    x8, sx = fp8.quantize_rows(x)
+    assert fp8._narrowing_out_ok, "the CUDA mul kernel could not store e4m3 directly"
+    w8, sw = fp8.quantize_weight(w)
+    bias = bf16(1024, seed=2)
+    for fast in (True, False):
+        out = fp8.scaled_mm(x8, w8.t(), sx, sw, bias, torch.bfloat16, fast_accum=fast)
+        assert rel_err(out, fp8.emulated_scaled_mm(x8, w8.t(), sx, sw, bias, torch.bfloat16)) < 5e-3
+    assert rel_err(fp8.linear(x, w8, sw, bias, torch.bfloat16), x.float() @ w.float().t() + bias.float()) < 0.06
+
+
+def test_int_mm_matches_integer_maths():
+    from lingbot_world.quant import compute, int8
+
+    assert compute.unavailable_reason("int8", CUDA) is None
+    x, w = bf16(2048, 5120), bf16(768, 5120, seed=3)
+    w8, sw = int8.quantize_weight(w)
+    x8, sx = int8.quantize_rows(x)
+    acc = int8.int_mm(x8, w8.t())
+    assert torch.equal(acc.cpu(), x8.cpu().int() @ w8.cpu().int().t())
+    assert rel_err(int8.linear(x, w8, sw, None, torch.bfloat16), x.float() @ w.float().t()) < 0.02
+
+
+def _nf4_model(cfg, seed=0):
+    from lingbot_world.quant.nf4 import NF4Linear, replace_linears_with_nf4
+    from lingbot_world.wan.dit.model import WanDiT
+
+    torch.manual_seed(seed)
+    ref = WanDiT(cfg)
+    model = WanDiT(cfg, device="meta")
+    replace_linears_with_nf4(model, cfg.num_layers, torch.bfloat16)
+    sd = ref.state_dict()
+    plain = {}
+    for key, value in sd.items():
+        owner = key.rpartition(".")[0]
+        mod = model.get_submodule(owner)
+        if isinstance(mod, NF4Linear) and key.endswith(".weight"):
+            mod.load_float_weight(value.to(CUDA))
+        else:
+            plain[key] = value.to(CUDA, torch.bfloat16)
+    model.load_state_dict(plain, strict=False, assign=True)
+    model.compute_dtype = torch.bfloat16
+    return model.eval().requires_grad_(False)
+
+
+def _inputs(cfg, f=5, h=16, w=24):
+    from lingbot_world.wan.dit.model import CAMERA_CHANNELS
+
+    g = torch.Generator(device=CUDA).manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=g, device=CUDA)  # noqa: E731
+    return (r(1, 16, f, h, w), torch.tensor([900], device=CUDA), r(1, 20, cfg.text_dim).bfloat16(),
+            r(1, 20, f, h, w), r(1, CAMERA_CHANNELS, f, h, w).bfloat16())
+
+
+@pytest.mark.parametrize("compute,bound", [("int8", 0.05), pytest.param("fp8", 0.12, marks=pytest.mark.skipif(
+    not has_fp8(), reason="needs FP8 tensor cores (sm89+)"))])
+def test_model_compute_modes_on_the_gpu(compute, bound):
+    from lingbot_world.speed.options import SpeedOptions, apply_speed, resolve_speed
+    from lingbot_world.wan.dit.model import DiTConfig
+
+    cfg = DiTConfig.tiny(dim=256, ffn_dim=512, num_heads=2, text_dim=64)
+    model = _nf4_model(cfg)
+    x, t, ctx, y, cam = _inputs(cfg)
+    exact = model(x, t, ctx, y, camera=cam)
+    plan = resolve_speed(SpeedOptions(compile="off", compute=compute, attention="auto"), CUDA)
+    apply_speed(model, plan)
+    for m in model.modules():
+        if hasattr(m, "lowp_min_rows"):
+            m.lowp_min_rows = 64
+    low = model(x, t, ctx, y, camera=cam)
+    assert torch.isfinite(low).all() and 1e-4 < rel_err(low, exact) < bound
+
+
+def test_inductor_phases_match_eager_without_recompiles():
+    from lingbot_world.speed import compile as compile_mod
+    from lingbot_world.speed.options import SpeedOptions, apply_speed, resolve_speed
+    from lingbot_world.wan.dit.model import DiTConfig
+
+    if compile_mod.unavailable_reason(CUDA):
+        pytest.skip(compile_mod.unavailable_reason(CUDA))
+    cfg = DiTConfig.tiny(dim=256, ffn_dim=512, num_heads=2, text_dim=64)
+    high, low = _nf4_model(cfg, 0), _nf4_model(cfg, 1)
+    x, t, ctx, y, cam = _inputs(cfg)
+    with torch.inference_mode():
+        eager = {id(m): m(x, t, ctx, y, camera=cam) for m in (high, low)}
+        plan = resolve_speed(SpeedOptions(compile="blocks"), CUDA)
+        for m in (high, low):
+            apply_speed(m, plan)
+            m.set_token_chunk(200)  # 480 tokens: two full chunks and a short one
+        assert rel_err(high(x, t, ctx, y, camera=cam), eager[id(high)]) < 5e-3
+        graphs = compile_mod._graph_count()
+        assert rel_err(low(x, t, ctx, y, camera=cam), eager[id(low)]) < 5e-3  # the expert switch
+        high.set_token_chunk(150)
+        high(x, t, ctx, y, camera=cam)
+        assert compile_mod._graph_count() == graphs, "recompiled at the expert switch or for a new chunk length"
+    assert not compile_mod.STATS.fallbacks
+
+
+def test_sdpa_kernels_agree():
+    from lingbot_world.wan.dit import attention as attn
+
+    q, k, v = (bf16(1, 2048, 4, 128, seed=s) for s in range(3))
+    ref = attn.sdpa(q.float(), k.float(), v.float())
+    for name in ("cudnn", "flash", "efficient"):
+        try:
+            out = attn.sdpa(q, k, v, (name,))
+        except RuntimeError:
+            continue  # a kernel this GPU / build does not offer
+        assert rel_err(out, ref) < 2e-2, name
+    order = attn.sdpa_kernel_order(CUDA)
+    assert rel_err(attn.sdpa(q, k, v, order), ref) < 2e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or __import__("importlib").util.find_spec("sageattention") is None,
+                    reason="needs sageattention")
+def test_sage_probe_and_first_call_check():
+    from lingbot_world.wan.dit import attention as attn
+
+    problem = attn.probe_sage(CUDA)
+    q, k, v = (bf16(1, 2048, 4, 128, seed=s) for s in range(3))
+    err = attn.check_against_sdpa("sage", q, k, v)
+    if problem is None:  # a build that passes the probe must also agree on these inputs
+        assert err <= attn.SAGE_MAX_REL_ERROR
