@@ -55,7 +55,9 @@ def _camera_film(self, cam, dtype):
     return self.cam_scale_layer(g), self.cam_shift_layer(g)
 
 
-def _block_forward(self, x, e0, context, cam, rope, dtype, inplace=False):
+def _block_forward(self, x, e0, context, cam, rope, dtype, inplace=False, kv=None):
+    if kv is not None:
+        raise NotImplementedError("the pre-issue-15 block has no K/V cache (the base model's baseline only)")
     as_compute = blocks.as_compute
     m = (self.modulation.float() + e0).unsqueeze(2)
     shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = m.unbind(1)
