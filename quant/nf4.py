@@ -25,6 +25,7 @@ from typing import Mapping, Optional
 import bitsandbytes.functional as bnbf
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from bitsandbytes.nn import Linear4bit, Params4bit
 
 NF4_BLOCKSIZE = 64
@@ -117,7 +118,11 @@ class NF4Linear(Linear4bit):
 
     Its weight is filled later by `load_prequantized` (stored NF4 pieces) or `load_float_weight` (quantized on
     the weight's device). bnb's own forward is used; `dequantized_weight(dtype)` serves the DiT's fp32 regions.
+    `lora` is the LoRA hook (`quant.lora.LinearLora`, set by `quant.lora.attach`): its low-rank terms are added to
+    the output, its weight patches go between "dequantize" and "GEMM".
     """
+
+    lora = None  # quant.lora.LinearLora while a LoRA is attached
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: torch.dtype = torch.bfloat16):
         super().__init__(
@@ -204,6 +209,17 @@ class NF4Linear(Linear4bit):
                 bnb_quantized=True,
             )
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lora = self.lora
+        if lora is None:
+            return super().forward(x)
+        if lora.patches_weight:  # dequantize -> patch the weight -> GEMM
+            w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(x.dtype)
+            out = F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+        else:
+            out = super().forward(x)
+        return lora.add_terms(x, out)
 
     def dequantized_weight(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The [out, in] weight in `dtype`, dequantized by bitsandbytes directly into that dtype.
