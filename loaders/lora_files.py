@@ -318,12 +318,14 @@ def lora_hooks(loras: Iterable[tuple[LoraSet, float]], linear_names: Iterable[st
                ) -> tuple[dict[str, LinearLora], dict[str, WeightPatch]]:
     """Several LoRAs with their strengths -> per-linear hooks and patches of plain tensors (`quant.lora.apply_lora`).
 
-    Low-rank weights of the linears become fused low-rank terms; full differences of a linear's weight become
-    weight patches; every other tensor (norms, modulation, biases, the patch conv) gets a plain patch.
+    Low-rank weights of the linears become fused low-rank terms, bias differences of the linears an output term
+    of the same hook, full differences of a linear's weight weight patches; every other tensor (norms, modulation,
+    the patch conv) gets a plain patch.
     """
     linears = set(linear_names)
     terms: dict[str, list[LowRank]] = {}
     weight_patches: dict[str, list[WeightPatch]] = {}
+    biases: dict[str, torch.Tensor] = {}
     plain: dict[str, list[WeightPatch]] = {}
     for lora, strength in loras:
         if strength == 0:
@@ -335,9 +337,12 @@ def lora_hooks(loras: Iterable[tuple[LoraSet, float]], linear_names: Iterable[st
                     terms.setdefault(module, []).append(LowRank(w.up, w.down, lora_scale(strength, w.alpha, w.rank)))
                 else:
                     weight_patches.setdefault(module, []).append(_plain_patch(w, strength))
+            elif pname == "bias" and module in linears and not w.low_rank:
+                biases[module] = biases.get(module, 0) + strength * w.diff.float()  # an output term of the hook
             else:
                 plain.setdefault(target, []).append(_plain_patch(w, strength))
-    hooks = {m: LinearLora(terms.get(m, ()), weight_patches.get(m, ())) for m in set(terms) | set(weight_patches)}
+    hooks = {m: LinearLora(terms.get(m, ()), weight_patches.get(m, ()), biases.get(m))
+             for m in set(terms) | set(weight_patches) | set(biases)}
     return hooks, {k: _chain(v) for k, v in plain.items()}
 
 

@@ -67,13 +67,15 @@ class LinearLora:
     float32 on the weight's device.
     """
 
-    def __init__(self, low_rank: Sequence[LowRank] = (), weight_patches: Sequence[WeightPatch] = ()):
+    def __init__(self, low_rank: Sequence[LowRank] = (), weight_patches: Sequence[WeightPatch] = (),
+                 bias: Optional[torch.Tensor] = None):
         terms = [t for t in low_rank if t.scale != 0.0]
         shapes = {t.shape for t in terms}
         if len(shapes) > 1:
             raise ValueError(f"LoRA terms of different shapes on one linear: {sorted(shapes)}")
         self.terms = terms
         self.weight_patches = list(weight_patches)
+        self.bias = None if bias is None else bias.float()  # [out] added to the output (a bias difference)
         self.down: Optional[torch.Tensor] = None  # [sum r, in]
         self.up: Optional[torch.Tensor] = None  # [out, sum r], scales folded in
         if terms:
@@ -82,7 +84,7 @@ class LinearLora:
 
     @property
     def empty(self) -> bool:
-        return self.up is None and not self.weight_patches
+        return self.up is None and not self.weight_patches and self.bias is None
 
     @property
     def patches_weight(self) -> bool:
@@ -93,27 +95,33 @@ class LinearLora:
         return 0 if self.down is None else self.down.shape[0]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.up, self.down) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.up, self.down, self.bias) if t is not None)
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "LinearLora":
         if self.up is not None:
             self.up = self.up.to(device=device, dtype=dtype)
             self.down = self.down.to(device=device, dtype=dtype)
+        if self.bias is not None:
+            self.bias = self.bias.to(device=device)  # float32: added once per output element
         return self
 
     def add_terms(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out + x A^T B^T (all terms at once), computed in the dtype of the factors."""
-        if self.up is None:
-            return out
-        h = F.linear(x.to(self.down.dtype), self.down)
-        return out + F.linear(h, self.up).to(out.dtype)
+        """out + x A^T B^T (all terms at once, in the dtype of the factors) + the bias difference."""
+        if self.up is not None:
+            h = F.linear(x.to(self.down.dtype), self.down)
+            out = out + F.linear(h, self.up).to(out.dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
 
     def linear_fp32(self, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """The whole linear in float32 (the DiT's fp32 regions): patched weight, then the low-rank terms."""
         out = F.linear(x.float(), self.patch_weight(w.float()), bias)
-        if self.up is None:
-            return out
-        return out + F.linear(F.linear(x.float(), self.down.float()), self.up.float())
+        if self.up is not None:
+            out = out + F.linear(F.linear(x.float(), self.down.float()), self.up.float())
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out
 
     def patch_weight(self, w: torch.Tensor) -> torch.Tensor:
         """Apply the weight patches in order to a float32 weight (not the low-rank terms)."""
@@ -127,6 +135,12 @@ class LinearLora:
         if self.up is not None:
             w = w + self.up.float() @ self.down.float().to(w.device)
         return w
+
+    def merged_bias(self, b: Optional[torch.Tensor], out_features: int) -> Optional[torch.Tensor]:
+        if self.bias is None:
+            return b
+        base = b.float() if b is not None else torch.zeros(out_features, device=self.bias.device)
+        return base + self.bias.to(base.device)
 
 
 def lora_of(module: nn.Module) -> Optional[LinearLora]:
@@ -169,6 +183,9 @@ def merge(module: nn.Module, lora: LinearLora) -> None:
         module._parameters["weight"] = nn.Parameter(lora.merged_weight(w.data).to(w.dtype), requires_grad=False)
     else:
         raise TypeError(f"LoRA can only be merged into a linear layer, not {type(module).__name__}")
+    if lora.bias is not None:
+        dtype = module.bias.dtype if module.bias is not None else torch.float32
+        module.bias = nn.Parameter(lora.merged_bias(module.bias, module.out_features).to(dtype), requires_grad=False)
 
 
 class AppliedLora:
@@ -178,7 +195,7 @@ class AppliedLora:
         self.model = model
         self.hooked: list[str] = []
         self.merged: list[str] = []
-        self.originals: dict[str, torch.Tensor] = {}  # param key -> the tensor before patching
+        self.originals: dict[str, torch.Tensor] = {}  # param key -> its data before patching
         self.nbytes = 0
 
     def remove(self) -> None:
@@ -187,7 +204,7 @@ class AppliedLora:
         for key, value in self.originals.items():
             mod_name, _, pname = key.rpartition(".")
             mod = self.model.get_submodule(mod_name) if mod_name else self.model
-            mod._parameters[pname] = value
+            mod._parameters[pname].data = value
         self.hooked, self.originals, self.nbytes = [], {}, 0
         # merged weights cannot be taken out again: the caller reloads the expert (`needs_reload`)
 
@@ -202,12 +219,15 @@ def apply_lora(
     params: Optional[Mapping[str, WeightPatch]] = None,
     merge_linears: bool = False,
     dtype: Optional[torch.dtype] = None,
+    device: Optional[torch.device] = None,
 ) -> AppliedLora:
     """Put LoRAs on a loaded model.
 
     linears: module name (e.g. "blocks.0.self_attn.q") -> LinearLora; their factors move to the linear's device in
-    `dtype` (default: the model's compute dtype). params: parameter key (e.g. "blocks.0.norm3.weight",
-    "head.head.bias") -> patch of that plain tensor, applied once now (the original is kept for `remove`).
+    `dtype` (default: the model's compute dtype) — or to `device` when given (block swap: a streamed block's
+    weights sit in host memory but it computes on the GPU). params: parameter key (e.g. "blocks.0.norm3.weight",
+    "head.head.bias") -> patch of that plain tensor, applied once now (the parameter keeps its identity, only its
+    data changes, so pinned/parked copies stay valid; the original data is kept for `remove`).
     merge_linears: merge the linears' LoRAs into their weights instead of hooking them.
     """
     applied = AppliedLora(model)
@@ -217,12 +237,11 @@ def apply_lora(
             if lora.empty:
                 continue
             mod = model.get_submodule(name)
-            device = mod.weight.device
             if merge_linears:
-                merge(mod, lora.to(device))
+                merge(mod, lora.to(mod.weight.device))
                 applied.merged.append(name)
                 continue
-            attach(mod, lora.to(device, compute or torch.float32))
+            attach(mod, lora.to(device or mod.weight.device, compute or torch.float32))
             applied.hooked.append(name)
             applied.nbytes += lora.nbytes()
         for key, patch in (params or {}).items():
@@ -234,8 +253,8 @@ def apply_lora(
             new = patch(old.data.float()).to(old.dtype)
             if tuple(new.shape) != tuple(old.shape):
                 raise ValueError(f"patch of {key} changed its shape {tuple(old.shape)} -> {tuple(new.shape)}")
-            applied.originals[key] = old
-            mod._parameters[pname] = nn.Parameter(new, requires_grad=False)
+            applied.originals[key] = old.data
+            old.data = new
     except BaseException:
         applied.remove()
         raise

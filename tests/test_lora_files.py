@@ -139,8 +139,11 @@ def test_differences_of_plain_tensors():
     assert set(lora.weights) == {"blocks.0.norm3.weight", "head.head.bias", "blocks.1.modulation",
                                  "blocks.0.ffn.0.bias"}
     hooks, plain = lora_hooks([(lora, 0.5)], LINEARS)
-    assert not hooks and set(plain) == set(lora.weights)
+    assert set(plain) == {"blocks.0.norm3.weight", "blocks.1.modulation"}
     torch.testing.assert_close(plain["blocks.1.modulation"](torch.zeros(1, 6, 64)), torch.full((1, 6, 64), 0.5))
+    # bias differences of linears are an output term of the linear's hook (they survive block swap)
+    assert set(hooks) == {"head.head", "blocks.0.ffn.0"} and hooks["head.head"].up is None
+    torch.testing.assert_close(hooks["blocks.0.ffn.0"].bias, torch.full((128,), 0.5))
 
 
 def test_strength_zero_gives_no_hooks():
