@@ -91,6 +91,7 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
         def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
             self.model, self.load_device, self.offload_device, self.size = model, load_device, offload_device, size
             self.patches_uuid = uuid.uuid4()
+            self.patches, self.object_patches = {}, {}
             self.backup, self.object_patches_backup = {}, {}
             if not hasattr(model, "device"):
                 model.device = offload_device
@@ -116,6 +117,14 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
         def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
             self.model.to(device_to)
             self.model.model_loaded_weight_memory = self.model_size()
+
+        def patch_model(self, device_to=None, lowvram_model_memory=0, load_weights=True, force_patch_weights=False):
+            for k, v in self.object_patches.items():
+                self.object_patches_backup.setdefault(k, getattr(self.model, k))
+                setattr(self.model, k, v)
+            if load_weights:
+                self.load(device_to, lowvram_model_memory, force_patch_weights, full_load=lowvram_model_memory == 0)
+            return self.model
 
         def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
             if self.model.model_loaded_weight_memory > 0 and not self.model.model_lowvram:
