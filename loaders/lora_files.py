@@ -274,8 +274,8 @@ def _low_rank(raw: str, module: str, parts: dict, shapes: Mapping[str, tuple], s
     if not ok:
         raise LoraFileError(
             f"{source}: {raw} does not fit this model: LoRA up {tuple(up.shape)} x down {tuple(down.shape)} vs "
-            f"{target} {tuple(want)}. This LoRA was made for another model (LingBot-World is Wan 2.2 14B, dim "
-            f"{want[0] if len(want) else '?'})")
+            f"{target} {tuple(want)}. This LoRA was made for another model (LingBot-World takes LoRAs of the "
+            f"Wan 2.1/2.2 14B DiT)")
     alpha = parts.get("alpha")
     alpha = float(alpha.float().reshape(-1)[0]) if alpha is not None else None
     return LoraWeight(target, raw, up=up, down=down, alpha=alpha)

@@ -8,6 +8,8 @@ import logging
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
+from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
+from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
 from .sampler_node import LingBotSampler
 from .text_node import LingBotTextEncode
 
@@ -21,6 +23,12 @@ NODE_CLASS_MAPPINGS = {
     "LingBotImageToVideo": LingBotImageToVideo,
     "LingBotSampler": LingBotSampler,
     "LingBotVAEDecode": LingBotVAEDecode,
+    # native door (issue 16): LingBot experts as MODEL, camera / first frame on CONDITIONING, LoRA
+    "LingBotModelLoader": LingBotModelLoader,
+    "LingBotLoraLoader": LingBotLoraLoader,
+    "LingBotExpertsFromModels": LingBotExpertsFromModels,
+    "LingBotCameraConditioning": LingBotCameraConditioning,
+    "LingBotImageToVideoNative": LingBotImageToVideoNative,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -33,6 +41,11 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotImageToVideo": "LingBot Image To Video",
     "LingBotSampler": "LingBot Sampler",
     "LingBotVAEDecode": "LingBot VAE Decode",
+    "LingBotModelLoader": "LingBot NF4 Model Loader",
+    "LingBotLoraLoader": "LingBot LoRA Loader (NF4)",
+    "LingBotExpertsFromModels": "LingBot Experts From Models",
+    "LingBotCameraConditioning": "LingBot Camera Conditioning",
+    "LingBotImageToVideoNative": "LingBot Image To Video (native)",
 }
 
 

@@ -59,7 +59,8 @@ class ExpertWeights:
 
     @property
     def label(self) -> str:
-        return f"{self.name}-noise expert ({self.fmt.path})"
+        kind = f"{self.name}-noise expert" if self.name in ("high", "low") else "LingBot-World expert"
+        return f"{kind} ({self.fmt.path})"
 
     @property
     def num_blocks(self) -> int:

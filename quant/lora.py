@@ -124,7 +124,9 @@ class LinearLora:
         return out
 
     def patch_weight(self, w: torch.Tensor) -> torch.Tensor:
-        """Apply the weight patches in order to a float32 weight (not the low-rank terms)."""
+        """Apply the weight patches in order to a float32 weight (not the low-rank terms); `w` is not modified."""
+        if self.weight_patches:
+            w = w.clone()  # patches may work in place (ComfyUI's calculate_weight does)
         for patch in self.weight_patches:
             w = patch(w)
         return w
@@ -250,7 +252,7 @@ def apply_lora(
             old = mod._parameters.get(pname)
             if old is None or isinstance(mod, NF4Linear) and pname == "weight":
                 raise KeyError(f"{key} is not a plain parameter of this model")
-            new = patch(old.data.float()).to(old.dtype)
+            new = patch(old.data.to(torch.float32, copy=True)).to(old.dtype)
             if tuple(new.shape) != tuple(old.shape):
                 raise ValueError(f"patch of {key} changed its shape {tuple(old.shape)} -> {tuple(new.shape)}")
             applied.originals[key] = old.data
