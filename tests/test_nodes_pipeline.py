@@ -273,6 +273,28 @@ def test_graph_matches_the_library_pipeline(comfy, graph):
         N["LingBotVAEDecode"]().decode(graph.vae, {"samples": torch.zeros(1, 4, 8, 8)}, False, 32)
 
 
+def test_native_conditioning_into_lingbot_sampler_is_the_same_video(comfy, graph):
+    """LingBot Text Encode's CONDITIONING outputs (what CLIPTextEncode gives) drive LingBot Sampler exactly like
+    its LINGBOT_TEXT output: [1, 512, width] zero-padded rows are LingBot's own zero padding."""
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+
+    _, pos, neg = N["LingBotTextEncode"]().encode("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", "auto",
+                                                  "a castle in a jungle", "", "auto", True)
+    assert pos[0][0].shape == (1, 512, 32) and pos[0][0][0, graph.text.positive.shape[0]:].abs().sum() == 0
+    experts = load_experts("resident")
+    reference = run_sampler(experts, graph, steps=2)["samples"]
+    native = N["LingBotSampler"]().sample(experts, None, graph.i2v, steps=2, guide_low=4.0, seed=5,
+                                          cfg_mode="sequential", camera=graph.cam, positive=pos, negative=neg)[0]
+    torch.testing.assert_close(native["samples"], reference, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="either 'text'"):
+        N["LingBotSampler"]().sample(experts, graph.text, graph.i2v, steps=1, positive=pos, negative=neg)
+    with pytest.raises(ValueError, match="needs the prompt"):
+        N["LingBotSampler"]().sample(experts, None, graph.i2v, steps=1, positive=pos)
+    with pytest.raises(ValueError, match="768 wide.*umT5-XXL"):
+        N["LingBotSampler"]().sample(experts, None, graph.i2v, steps=1, positive=[[torch.zeros(1, 77, 768), {}]],
+                                     negative=neg)
+
+
 def test_progress_previews_and_loads_through_model_management(comfy, graph):
     from lingbot_world.nodes import patchers
 
