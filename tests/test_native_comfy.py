@@ -17,9 +17,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
-
 pytestmark = pytest.mark.comfyui
 
 
@@ -35,37 +32,6 @@ if comfy.skip_reason():
     pytest.skip(comfy.skip_reason(), allow_module_level=True)
 
 
-def write_tiny_loras(loras: Path, cfg) -> None:
-    """The same random LoRA twice (ComfyUI keys with alpha, diffusers keys through diffusers' converter) and one
-    made for a wider model."""
-    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
-
-    from lingbot_world.loaders.lora_files import dit_weight_shapes
-    from lingbot_world.quant.nf4 import nf4_linear_names
-
-    loras.mkdir(parents=True, exist_ok=True)
-    shapes = dit_weight_shapes(cfg)
-    g = torch.Generator().manual_seed(5)
-    comfy_sd, plain = {}, {}
-    rank = 4
-    for name in nf4_linear_names(cfg.num_layers):
-        if "cam" in name or "c2ws" in name:
-            continue  # diffusers has no camera layers
-        out_f, in_f = shapes[f"{name}.weight"]
-        down = torch.randn(rank, in_f, generator=g) / in_f**0.5
-        up = 0.5 * torch.randn(out_f, rank, generator=g)
-        comfy_sd[f"diffusion_model.{name}.lora_down.weight"] = down
-        comfy_sd[f"diffusion_model.{name}.lora_up.weight"] = up
-        comfy_sd[f"diffusion_model.{name}.alpha"] = torch.tensor(float(rank))  # scale 1
-        plain[f"diffusion_model.{name}.lora_A.weight"] = down
-        plain[f"diffusion_model.{name}.lora_B.weight"] = up
-    save_file(comfy_sd, str(loras / "lingbot_tiny_comfy.safetensors"))
-    save_file(_convert_non_diffusers_wan_lora_to_diffusers(plain), str(loras / "lingbot_tiny_diffusers.safetensors"))
-    save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.zeros(4, 1536),
-               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.zeros(1536, 4)},
-              str(loras / "wan_1_3b_style.safetensors"))
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint, demo_configs
@@ -74,7 +40,7 @@ def probe(tmp_path_factory):
     for d in ("custom_nodes", "input", "output", "user", "temp"):
         (base / d).mkdir()
     build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
-    write_tiny_loras(base / "models" / "loras", demo_configs()[0])
+    comfy.write_tiny_loras(base / "models" / "loras", demo_configs()[0])
     env = dict(os.environ, PYTHONPATH=comfy.COMFYUI)  # ComfyUI's modules; the pack is imported by path
     proc = subprocess.run([comfy.PYTHON, str(Path(__file__).with_name("native_probe.py")), str(comfy.REPO), str(base)],
                           cwd=comfy.COMFYUI, capture_output=True, text=True, timeout=900, env=env)
