@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from ..memory.placement import read_expert_config
+from .lora_run import add_lora_arguments, lora_loader, read_cli_loras
 from .progress import ProgressLine, RunStats
 from .video_out import write_video
 
@@ -72,6 +74,8 @@ def add_parser(sub) -> None:
     dev.add_argument("--cache-dir", type=Path, default=None, help="prompt-embedding cache folder")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
     dev.add_argument("--attention", choices=("sdpa", "sage", "flash"), default="sdpa")
+
+    add_lora_arguments(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="output .mp4 (or a folder for PNG frames)")
@@ -169,6 +173,7 @@ def run(args) -> int:
     device = _resolve_device(args.device)
     set_backend(args.attention)
     files = _files(args)
+    loras = read_cli_loras(args, read_expert_config(files.high))  # a bad LoRA stops here, before any work
     stats.mark("setup")
 
     # Sizes: max area from --size, aspect ratio from the image (spec §5.2).
@@ -215,7 +220,8 @@ def run(args) -> int:
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     noise_source = args.noise if args.noise != "auto" else ("cuda" if device.type == "cuda" else "cpu")
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, noise_source, device=device)
-    provider = _provider(args, files, device, frames, height, width, camera is not None)
+    provider = _provider(args, files, device, frames, height, width, camera is not None,
+                         loader=lora_loader(loras, {"high": files.high, "low": files.low}))
     if settings.cfg_mode == "auto":
         settings.cfg_mode = provider.plan.cfg_mode
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
@@ -245,12 +251,12 @@ def run(args) -> int:
     return 0
 
 
-def _provider(args, files, device, frames, height, width, with_camera: bool):
+def _provider(args, files, device, frames, height, width, with_camera: bool, loader=None):
     from ..memory.placement import make_provider
 
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
-        video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log,
+        video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log, loader=loader,
     )
 
 
