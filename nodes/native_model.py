@@ -24,9 +24,10 @@ from typing import Optional
 import torch
 
 import comfy.conds
+import comfy.latent_formats
 import comfy.model_base
 import comfy.patcher_extension
-import comfy.supported_models
+import comfy.supported_models_base
 
 from ..memory.placement import ACTIVATION_SAFETY, estimate_activation_bytes
 from ..wan.dit.model import CAMERA_CHANNELS, DiTConfig
@@ -39,10 +40,15 @@ NATIVE_KINDS = {"base": "lingbot_world_base"}  # the Fast model adds e.g. "fast"
 TEXT_ENCODER_HINT = "umT5-XXL (CLIPLoader type 'wan' with umt5_xxl_fp16/fp8 .safetensors, or LingBot Text Encode)"
 
 
-class LingBotWorldConfig(comfy.supported_models.WAN21_I2V):
-    """ComfyUI's model config for a LingBot-World expert: Wan 2.1 latents, flow sampling with shift 10."""
+class LingBotWorldConfig(comfy.supported_models_base.BASE):
+    """ComfyUI's model config for a LingBot-World expert (what WAN21_I2V declares, without its text-encoder
+    imports): Wan 2.1 latents, flow sampling with shift 10, the DiT built by this pack (not by ComfyUI)."""
 
     sampling_settings = {"shift": DEFAULT_SHIFT}
+    unet_extra_config = {}
+    latent_format = comfy.latent_formats.Wan21
+    supported_inference_dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    memory_usage_factor = 1.0  # unused: LingBotWorldModel.memory_required estimates the activations itself
 
     def __init__(self, cfg: DiTConfig, kind: str = "base"):
         super().__init__({"image_model": "wan2.1", "model_type": NATIVE_KINDS[kind], "in_dim": cfg.in_dim,
