@@ -40,7 +40,7 @@ log = logging.getLogger("lingbot_world.bench.lora")
 
 
 def bench_config(tiny: bool) -> DiTConfig:
-    return DiTConfig.tiny(num_layers=4, dim=256, ffn_dim=512, num_heads=2, text_dim=64) if tiny else DiTConfig()
+    return DiTConfig.tiny() if tiny else DiTConfig()
 
 
 def random_lora(cfg: DiTConfig, rank: int, device: torch.device, seed: int = 0) -> dict:

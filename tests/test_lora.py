@@ -289,3 +289,18 @@ def test_merged_dit_equals_requantized_weights(nf4_dit):
         assert torch.equal(mod.weight.data, packed), name
     out = _run(model)
     assert out.isfinite().all() and not torch.equal(out, _run(load_expert(nf4_dit, "cpu")))
+
+
+def test_bench_lora_smoke(tmp_path):
+    """bench/bench_lora.py --tiny (the hook path; the ComfyUI path runs on the GPU box)."""
+    import json
+
+    from lingbot_world.bench.bench_lora import main
+
+    out = tmp_path / "lora.json"
+    assert main(["--tiny", "--device", "cpu", "--out", str(out), "--workdir", str(tmp_path), "--calls", "1",
+                 "--path", "hook", "--rank", "8"]) == 0
+    r = json.loads(out.read_text())
+    assert r["path"] == "hook" and r["lora"]["linears"] == 2 * 14 + 9 and r["lora"]["rank"] == 8
+    assert set(r["overhead"]) == {"on_the_fly", "merged", "none_again"}
+    assert all(r[k]["s_per_step"] > 0 for k in ("none", "on_the_fly", "merged", "none_again"))
