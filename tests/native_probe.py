@@ -72,6 +72,7 @@ def main(pack_dir: str, base_dir: str) -> dict:
     ctx[:, 7:] = 0  # like ComfyUI's umT5: padded rows are zero
     ctx_neg[:, 5:] = 0
     cam = N["LingBotCameraPreset"]().make("dolly_in", "pan_right", 1.0, (f - 1) * 4 + 1)[0]
+    cam_short = N["LingBotCameraPreset"]().make("pan_left", "none", 1.0, 5)[0]
     latent = {"samples": torch.zeros(1, 16, f, h, w)}
     mask = torch.ones(1, 1, f, h, w)
     mask[:, :, 0] = 0
@@ -215,6 +216,28 @@ def main(pack_dir: str, base_dir: str) -> dict:
                           "err": (res - base).abs().max().item()}
     except Exception as e:
         out["compile"] = {"ok": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+
+    # ---- the first frame through ComfyUI's Wan 2.1 VAE == through ours (same weights, float32) ------------------
+    from lingbot_native_probe.loaders.vae_files import load_vae
+    from lingbot_native_probe.nodes.i2v_nodes import native_vae_condition
+    from lingbot_native_probe.wan.i2v import build_i2v_condition, image_to_model_range
+
+    vae_file = base_dir + "/models/vae/wan_2.1_vae.safetensors"
+    native_vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(vae_file))
+    ours_vae = load_vae(vae_file, "cpu")
+    image = torch.rand(40, 56, 3, generator=g)
+    with torch.no_grad():
+        y_native = native_vae_condition(native_vae, image, 32, 48, 5)
+        y_ours = build_i2v_condition(ours_vae, image_to_model_range(image), 32, 48, 5)
+    out["native_vae_y_err"] = (y_native - y_ours).abs().max().item()
+    out["native_vae_y_scale"] = y_ours.abs().max().item()
+    img_node = N["LingBotImageToVideoNative"]()
+    p2, n2, lat2 = img_node.encode([[ctx, {}]], [[ctx_neg, {}]], native_vae, image[None], "custom", 48, 32, 5, cam_short)
+    conds = high.model.extra_conds(noise=lat2["samples"], device=torch.device("cpu"), cross_attn=ctx, **p2[0][1])
+    out["native_i2v_node_y_err"] = (conds["c_concat"].cond - y_ours).abs().max().item()
+    out["native_i2v_node_camera"] = list(conds["camera_conditions"].cond.shape)
+    out["wan22_vae_refused"] = _err(lambda: img_node.encode([[ctx, {}]], [[ctx, {}]], "not a vae", image[None],
+                                                            "custom", 48, 32, 5))
 
     # ---- bad input: one clear line before anything runs --------------------------------------------------------
     wide = [[torch.zeros(1, 77, 768), {}]]

@@ -41,6 +41,7 @@ def probe(tmp_path_factory):
         (base / d).mkdir()
     build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
     comfy.write_tiny_loras(base / "models" / "loras", demo_configs()[0])
+    comfy.write_random_wan21_vae(base / "models" / "vae" / "wan_2.1_vae.safetensors")
     env = dict(os.environ, PYTHONPATH=comfy.COMFYUI)  # ComfyUI's modules; the pack is imported by path
     proc = subprocess.run([comfy.PYTHON, str(Path(__file__).with_name("native_probe.py")), str(comfy.REPO), str(base)],
                           cwd=comfy.COMFYUI, capture_output=True, text=True, timeout=900, env=env)
@@ -68,6 +69,16 @@ def test_conditions_become_lingbot_y_and_camera(probe):
     assert probe["concat_err"] < 1e-5  # WAN21's concat of concat_latent_image/concat_mask == LingBot's y
     assert probe["wan21_stats_equal"]
     assert probe["camera_cond"] == [1, 384, 3, 4, 6]
+
+
+def test_first_frame_through_comfyui_vae_equals_ours(probe):
+    """Same Wan 2.1 weights in ComfyUI's VAE and ours: the I2V conditioning y agrees to float32 rounding, from
+    LingBot Image To Video (native VAE input) and from LingBot Image To Video (native) through WAN21's concat."""
+    tol = 1e-4 * max(1.0, probe["native_vae_y_scale"])
+    assert probe["native_vae_y_err"] < tol, probe["native_vae_y_err"]
+    assert probe["native_i2v_node_y_err"] < tol, probe["native_i2v_node_y_err"]
+    assert probe["native_i2v_node_camera"] == [1, 384, 2, 4, 6]
+    assert "not the Wan 2.1 VAE" in probe["wan22_vae_refused"]
 
 
 def test_native_sampling_calls_equal_our_sampler_velocity(probe):
