@@ -221,12 +221,11 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
 
     def _release_weights(self) -> None:
         c = self.model
-        if c.applied_lora is not None:
+        merged = False
+        if c.applied_lora is not None:  # hooks off and plain tensors restored before any host copy is made
             merged = c.applied_lora.needs_reload
             c.applied_lora.remove()
             c.applied_lora = None
-            if merged:
-                self.weights.forget()  # a parked copy would hold the merged weights
         c.lora_uuid = None
         dit = c.slot.detach()
         c.model_loaded_weight_memory = 0
@@ -234,6 +233,8 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
         if dit is not None:
             self.weights.evict(dit, self.load_device)
             del dit
+            if merged:
+                self.weights.forget()  # a parked copy would hold the merged weights: the next load reads the file
             mm.soft_empty_cache()
 
     def unpatch_model(self, device_to=None, unpatch_weights=True, **kwargs):

@@ -38,7 +38,7 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
                "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name", "CLIPLoader.clip_name",
                "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name"}
-NATIVE_DEMO = "lingbot_world_native_tiny_demo_cpu"
+NATIVE_DEMO = "Tiny CPU demo with native KSamplers (random weights)"
 MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
 
 if comfy.skip_reason():

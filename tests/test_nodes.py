@@ -83,7 +83,8 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
                "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name", "CLIPLoader.clip_name",
                "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name"}
-NATIVE_WORKFLOWS = ("lingbot_world_native_i2v_camera", "lingbot_world_native_lora", "lingbot_world_native_tiny_demo_cpu")
+NATIVE_WORKFLOWS = ("Image to video with native KSamplers, camera preset", "Image to video with native KSamplers and LoRA",
+                    "Tiny CPU demo with native KSamplers (random weights)")
 
 
 # ---- a stand-in for ComfyUI's folder_paths ------------------------------------------------------------------
@@ -403,14 +404,14 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert [p.stem for p in files] == ["lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
-                                       *NATIVE_WORKFLOWS, "lingbot_world_tiny_demo_cpu"]
+    assert {p.stem for p in files} == {"lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
+                                       "lingbot_world_tiny_demo_cpu", *NATIVE_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
         assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
         notes = [n for n in ui["nodes"] if n["type"] in FRONTEND_ONLY]
         text = " ".join(v for n in notes for v in n["widgets_values"])
-        for needed in ("models/lingbot_world", "lingbot-world") if "demo" not in path.stem else ("--demo", "lingbot-demo"):
+        for needed in ("models/lingbot_world", "lingbot-world") if "demo" not in path.stem.lower() else ("--demo", "lingbot-demo"):
             assert needed in text, f"{path.name}: the note does not mention {needed}"
         api = ui_to_api(ui, info, unchecked=FILE_COMBOS)
         expected = json.loads((REPO / "tests" / "workflows" / f"{path.stem}.api.json").read_text())
@@ -427,7 +428,7 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
             kinds = ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo", "LingBotSampler")
         for kind in kinds:
             assert kind in chain
-    lora = _api_copy("lingbot_world_native_lora")
+    lora = _api_copy("Image to video with native KSamplers and LoRA")
     assert [v["class_type"] for v in lora.values()].count("LingBotLoraLoader") == 2
 
 
