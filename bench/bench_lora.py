@@ -84,7 +84,7 @@ def _alloc(device: torch.device) -> int:
 
 def time_calls(step, device: torch.device, calls: int) -> dict:
     with torch.no_grad():
-        step()  # warm-up (kernels, allocator)
+        first = step().float().cpu()  # warm-up (kernels, allocator); kept to compare the cases
         _sync(device)
         reset_peak_vram(device) if device.type == "cuda" else None
         before = _alloc(device)
@@ -97,7 +97,7 @@ def time_calls(step, device: torch.device, calls: int) -> dict:
             del out
     peak = peak_vram_bytes(device) if device.type == "cuda" else 0
     return {"s_per_step": sum(times) / len(times), "calls": times, "alloc_before": before,
-            "peak_step_bytes": max(peak - before, 0) if device.type == "cuda" else None}
+            "peak_step_bytes": max(peak - before, 0) if device.type == "cuda" else None, "output": first}
 
 
 # ---- the ComfyUI path ----------------------------------------------------------------------------------------
@@ -259,11 +259,22 @@ def main(argv=None) -> int:
     result.update(run(fmt, lora_sd, cfg, device, video, args.calls))
     base = result["none"]["s_per_step"]
     result["overhead"] = {k: result[k]["s_per_step"] / base for k in ("on_the_fly", "merged", "none_again")}
+    outs = {k: result[k].pop("output") for k in ("none", "on_the_fly", "merged", "none_again")}
+
+    def rel(a, b):
+        return ((outs[a] - outs[b]).norm() / outs[b].norm()).item()
+
+    # The LoRA changes the output; merging differs from on the fly by NF4 rounding only; removing the hooks
+    # gives back exactly the LoRA-free output.
+    result["checks"] = {"lora_effect": rel("on_the_fly", "none"), "merged_vs_on_the_fly": rel("merged", "on_the_fly"),
+                        "none_again_vs_none": rel("none_again", "none"),
+                        "finite": all(bool(o.isfinite().all()) for o in outs.values())}
     write_json(args.out, result)
     rows = [(k, f"{result[k]['s_per_step']:.3f}", f"{result[k]['s_per_step'] / base:.3f}x",
              "-" if result[k]["peak_step_bytes"] is None else f"{result[k]['peak_step_bytes'] / 1e9:.2f} GB")
             for k in ("none", "on_the_fly", "merged", "none_again")]
     print(table(rows, ["case", "s/step", "vs none", "step peak"]))
+    print(f"checks: {result['checks']}")
     print(f"path: {result['path']}; expert {result['alloc_expert'] / 1e9:.2f} GB, LoRA factors "
           f"{result['alloc_lora_factors'] / 1e9:.3f} GB on the device; loads: {result['load_seconds']}")
     return 0

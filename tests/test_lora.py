@@ -304,3 +304,5 @@ def test_bench_lora_smoke(tmp_path):
     assert r["path"] == "hook" and r["lora"]["linears"] == 2 * 14 + 9 and r["lora"]["rank"] == 8
     assert set(r["overhead"]) == {"on_the_fly", "merged", "none_again"}
     assert all(r[k]["s_per_step"] > 0 for k in ("none", "on_the_fly", "merged", "none_again"))
+    c = r["checks"]
+    assert c["finite"] and c["lora_effect"] > 1e-4 and c["none_again_vs_none"] == 0.0 and c["merged_vs_on_the_fly"] < 0.5
