@@ -18,7 +18,7 @@ means reloading the expert).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -49,10 +49,6 @@ class LowRank:
     @property
     def rank(self) -> int:
         return self.down.shape[0]
-
-    def delta(self) -> torch.Tensor:
-        """The float32 weight difference `scale * up @ down`."""
-        return (self.up.float() @ self.down.float()) * self.scale
 
 
 def lora_scale(strength: float, alpha: Optional[float], rank: int) -> float:
@@ -143,10 +139,6 @@ class LinearLora:
             return b
         base = b.float() if b is not None else torch.zeros(out_features, device=self.bias.device)
         return base + self.bias.to(base.device)
-
-
-def lora_of(module: nn.Module) -> Optional[LinearLora]:
-    return getattr(module, "lora", None)
 
 
 def _plain_linear_hook(module: nn.Linear, inputs, output):
@@ -262,6 +254,3 @@ def apply_lora(
         raise
     return applied
 
-
-def linear_names_with_lora(model: nn.Module) -> Iterable[str]:
-    return (n for n, m in model.named_modules() if lora_of(m) is not None)
