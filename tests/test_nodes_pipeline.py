@@ -443,3 +443,30 @@ def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeyp
     assert live_text_encoder_pids() == []
     flags.clear()
     assert node.encode(*args)[0].positive.shape[1] == 32  # and it works again
+
+
+def test_comfyui_memory_budget_becomes_block_swap(comfy):
+    """ComfyUI's lowvram budget for a model that does not fit: the expert loads whole when the budget holds it,
+    else with as many blocks on the GPU as fit beside the base weights and the two streaming buffers."""
+    from lingbot_world.memory.placement import expert_sizes
+    from lingbot_world.nodes.expert_weights import compute_bytes_for
+
+    import dataclasses
+
+    from lingbot_world.wan.dit.model import DiTConfig
+
+    experts = load_experts("auto")
+    patcher, w = experts.high, experts.high.weights
+    w.fmt = dataclasses.replace(w.fmt, config=DiTConfig())  # sized like the real 40-block expert (no file read)
+    cuda = torch.device("cuda")
+    sizes = expert_sizes(w.fmt.config, "nf4", compute_bytes_for(cuda, "nf4"))
+    patcher._place_for_budget(cuda, sizes.total)
+    assert w.blocks_on_gpu is None and not w.block_swapping()
+    patcher._place_for_budget(cuda, int(sizes.base + 17.5 * sizes.block))  # 15 blocks + 2 ring buffers
+    assert w.blocks_on_gpu == 15 and w.block_swapping()
+    patcher._place_for_budget(cuda, 1)
+    assert w.blocks_on_gpu == 0
+    patcher._place_for_budget(cuda, sizes.total + 1)
+    assert w.blocks_on_gpu is None
+    patcher._place_for_budget(torch.device("cpu"), 1)  # host RAM: ComfyUI does not budget it
+    assert w.blocks_on_gpu is None
