@@ -14,6 +14,8 @@ from typing import Callable, Optional
 from ..loaders.lora_files import LoraFileError, LoraSet, dit_weight_shapes, load_lora, lora_hooks
 from ..quant.nf4 import nf4_linear_names
 
+from .errors import UsageError
+
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +40,8 @@ def parse_spec(spec: str) -> tuple[Path, float]:
 
 
 def read_cli_loras(args, config) -> dict[str, list[tuple[LoraSet, float]]]:
-    """{"high": [(lora, strength), ...], "low": [...]} from the flags; SystemExit with one line on bad input."""
+    """{"high": [(lora, strength), ...], "low": [...]} from the flags; a UsageError (exit code 2) with one line on
+    bad input."""
     shapes = dit_weight_shapes(config)
     out: dict[str, list] = {"high": [], "low": []}
     cache: dict[Path, LoraSet] = {}
@@ -49,7 +52,7 @@ def read_cli_loras(args, config) -> dict[str, list[tuple[LoraSet, float]]]:
                 try:
                     cache[path] = load_lora(path, shapes)
                 except LoraFileError as e:
-                    raise SystemExit(f"--{flag.replace('_', '-')} {spec}: {e}") from None
+                    raise UsageError(f"--{flag.replace('_', '-')} {spec}: {e}") from None
                 log.info("LoRA %s", cache[path].report())
             for name in experts:
                 out[name].append((cache[path], strength))

@@ -81,6 +81,9 @@ def test_lora_flags(demo_dir, tmp_path, capsys):
     wrong = tmp_path / "other.safetensors"
     save_file({"lora_unet_blocks_0_self_attn_q.lora_down.weight": torch.zeros(4, 5120),
                "lora_unet_blocks_0_self_attn_q.lora_up.weight": torch.zeros(5120, 4)}, str(wrong))
-    with pytest.raises(SystemExit) as e:
-        _generate(demo_dir, tmp_path / "x", "--lora-low", str(wrong))
-    assert "--lora-low" in str(e.value) and "(4, 5120)" in str(e.value) and "another model" in str(e.value)
+    capsys.readouterr()
+    rc = main(["generate", "--demo", "--demo-dir", str(demo_dir), "--out", str(tmp_path / "x"), "--quiet",
+               "--lora-low", str(wrong)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert "--lora-low" in err and "(4, 5120)" in err and "another model" in err
