@@ -181,7 +181,7 @@ class Server:
             ws.close()
 
 
-def prepare_base(base: Path) -> None:
+def prepare_base(base: Path, demo: bool = True) -> None:
     """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, the tiny demo checkpoint and image."""
     import shutil
 
@@ -190,20 +190,23 @@ def prepare_base(base: Path) -> None:
     for d in ("custom_nodes", "models/lingbot_world", "input", "output", "user", "temp"):
         (base / d).mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
-    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
-    shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
+    if demo:
+        build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
+        shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
 
 
 @contextmanager
-def running_server(base: Path, start_timeout: float = 180) -> Iterator[Server]:
-    """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit."""
+def running_server(base: Path, start_timeout: float = 180, env: Optional[dict] = None) -> Iterator[Server]:
+    """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit.
+
+    env: extra environment variables for the server process."""
     port = free_port()
     log_path = base / "server.log"
     cmd = [PYTHON, "main.py"] + ([] if GPU else ["--cpu"]) + ["--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
            "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
     # A fixed mmap threshold makes glibc return freed tensor memory to the OS at once, so the server's RSS
     # shows whether weights were really released (with the default dynamic threshold freed chunks stay cached).
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1")  # log lines in order, at once
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1", **(env or {}))  # log lines in order
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=COMFYUI, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env)

@@ -106,6 +106,25 @@ def test_pack_loads_and_every_node_is_listed(server):
           f"python {stats['system'].get('python_version', '').split()[0]}")
 
 
+def test_missing_dependency_shows_as_import_failed(tmp_path):
+    """With bitsandbytes unimportable, ComfyUI's own report says IMPORT FAILED for the pack and names the package;
+    the server still starts and serves its other nodes."""
+    base = tmp_path / "base"
+    comfy.prepare_base(base, demo=False)
+    shadow = tmp_path / "shadow" / "bitsandbytes"  # first on the path, fails like a missing package does
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'bitsandbytes'\", name='bitsandbytes')\n")
+    with comfy.running_server(base, env={"PYTHONPATH": str(shadow.parent)}) as srv:
+        info = srv.get("/object_info")
+        log = srv.log()
+    assert "KSampler" in info and not [n for n in NODE_CLASS_MAPPINGS if n in info]
+    failed = [ln for ln in log.splitlines() if "IMPORT FAILED" in ln and PACK_DIR_NAME in ln]
+    assert failed, log[-3000:]
+    reason = [ln for ln in log.splitlines() if ln.startswith("Cannot import") and PACK_DIR_NAME in ln]
+    assert reason and "needs the Python package 'bitsandbytes'" in reason[0] and "pip install -r" in reason[0], log[-3000:]
+    print(f"\n{failed[0].strip()}\n{reason[0].strip()}")
+
+
 def test_example_workflows_load_against_object_info(server):
     info = server.get("/object_info")
     templates = server.get("/api/workflow_templates")
