@@ -36,19 +36,21 @@ NODE_DISPLAY_NAME_MAPPINGS = {
 }
 
 
-def _register_folders() -> None:
+def _setup_inside_comfyui() -> None:
     try:
         import folder_paths  # noqa: F401
     except ImportError:
         return  # outside ComfyUI (tests, CLI)
+    from . import host_memory
     from .comfy_paths import register_model_folders
 
+    host_memory.install()
     try:
         register_model_folders()
     except Exception:
         logging.getLogger(__name__).exception("LingBot-World: could not register the lingbot_world model folder")
 
 
-_register_folders()
+_setup_inside_comfyui()
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

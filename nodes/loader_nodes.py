@@ -9,7 +9,7 @@ import torch
 from ..loaders.expert_format import detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
-from . import comfy_paths
+from . import comfy_paths, host_memory
 from .expert_weights import ExpertWeights
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
 
@@ -108,6 +108,7 @@ class LingBotExpertLoader:
         patchers = {}
         for name, fmt in (("high", fmt_high), ("low", fmt_low)):
             w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned")
+            host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
             patchers[name] = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World experts: high=%s (%s), low=%s (%s), weights=%s, memory_mode=%s",
                  high, fmt_high.kind, low, fmt_low.kind, weights, memory_mode)
@@ -146,5 +147,6 @@ class LingBotVAELoader:
         path = comfy_paths.resolve_vae(vae_name)
         cfg = vae_config_for_file(path)
         vae = load_vae(path, device=mm.vae_offload_device(), config=cfg)
+        host_memory.track(vae)
         patcher = comfy.model_patcher.ModelPatcher(VAEContainer(vae), mm.vae_device(), mm.vae_offload_device())
         return (VAEHandle(patcher, path),)

@@ -26,6 +26,7 @@ import comfy.utils
 from comfy.patcher_extension import CallbacksMP
 
 from ..text_encoder.encode import stop_all_text_encoders
+from . import host_memory
 from .expert_weights import ExpertWeights
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
             self.weights.evict(dit, self.load_device)
             del dit
             mm.soft_empty_cache()
+            host_memory.trim_now()  # on the CPU (or with pinned copies) the weights were host RAM
 
     def unpatch_model(self, device_to=None, unpatch_weights=True, **kwargs):
         self.eject_model()

@@ -204,9 +204,9 @@ def running_server(base: Path, start_timeout: float = 180, env: Optional[dict] =
     log_path = base / "server.log"
     cmd = [PYTHON, "main.py"] + ([] if GPU else ["--cpu"]) + ["--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
            "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
-    # A fixed mmap threshold makes glibc return freed tensor memory to the OS at once, so the server's RSS
-    # shows whether weights were really released (with the default dynamic threshold freed chunks stay cached).
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1", **(env or {}))  # log lines in order
+    # glibc's default heap behaviour on purpose (no MALLOC_MMAP_THRESHOLD_): freed weight chunks stay in its heap
+    # unless the pack trims it, so the RSS checks see what users see.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))  # PYTHONUNBUFFERED: log lines in order, at once
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=COMFYUI, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env)
