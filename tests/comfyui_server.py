@@ -146,7 +146,8 @@ class Server:
                 pid = self.post("/prompt", {"prompt": prompt, "client_id": client_id})["prompt_id"]
             except urllib.error.HTTPError as e:
                 raise AssertionError(f"/prompt refused the workflow: {e.read().decode()[:3000]}") from None
-            result = {"prompt_id": pid, "progress": [], "previews": 0, "end": None, "error": None}
+            result = {"prompt_id": pid, "progress": [], "previews": 0, "preview_images": [], "texts": [], "end": None,
+                      "error": None}
             t0 = time.monotonic()
             while time.monotonic() - t0 < timeout:
                 msg = ws.recv(timeout=5)
@@ -154,8 +155,17 @@ class Server:
                     continue
                 opcode, payload = msg
                 if opcode == 2:
-                    if struct.unpack(">I", payload[:4])[0] in (1, 4):  # PREVIEW_IMAGE (+ metadata variant)
+                    kind = struct.unpack(">I", payload[:4])[0]
+                    if kind == 1:  # PREVIEW_IMAGE: image type, then the encoded image
                         result["previews"] += 1
+                        result["preview_images"].append(payload[8:])
+                    elif kind == 4:  # PREVIEW_IMAGE_WITH_METADATA: JSON length, JSON, image
+                        (n,) = struct.unpack(">I", payload[4:8])
+                        result["previews"] += 1
+                        result["preview_images"].append(payload[8 + n:])
+                    elif kind == 3:  # TEXT (progress text shown on a node): node id length, node id, text
+                        (n,) = struct.unpack(">I", payload[4:8])
+                        result["texts"].append((payload[8:8 + n].decode(), payload[8 + n:].decode()))
                     continue
                 event = json.loads(payload)
                 kind, data = event.get("type"), event.get("data", {})

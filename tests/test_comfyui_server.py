@@ -12,6 +12,7 @@ import inspect
 import json
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,27 @@ def test_demo_workflow_runs_to_completion(server):
     assert plan and "CPU run" in plan[-1] and "free VRAM" not in plan[-1], plan[-1:]  # no invented VRAM on --cpu
     print(f"\ndemo workflow: {res['seconds']:.1f} s, {len(frames)} frames "
           f"{first.shape[1]}x{first.shape[0]}, {res['previews']} previews")
+
+
+def test_text_encode_reports_its_stages_on_the_bar_and_on_the_node(server):
+    prompt = _demo_prompt(steps=2, seed=31)
+    te_id, te = _by_type(prompt, "LingBotTextEncode")
+    te["inputs"]["prompt"] = f"A lighthouse on a cliff at dusk ({uuid.uuid4().hex})"  # never in the cache
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    texts = [t for node, t in res["texts"] if node == te_id]
+    bar = [v for node, v, m in res["progress"] if node == te_id and m == 100]
+    print(f"\ntext encode node: {texts}; bar {bar}")
+    assert texts[0] == "umT5: starting the encoder process..."
+    assert any(t.startswith("umT5: loading the encoder weights (") and t.endswith(" MB)...") for t in texts)
+    assert any(t.startswith("umT5: encoding") for t in texts)
+    assert texts[-1].startswith("umT5 on cpu: ") and " encoded in " in texts[-1]
+    assert bar == sorted(bar) and bar[-1] == 100 and len(set(bar)) >= 4  # start, loading..., encoding, done
+    # The same prompts again (device changed so ComfyUI runs the node): served by the pack's cache, said so.
+    te["inputs"]["device"] = "cpu"
+    again = server.run(prompt, timeout=600)
+    assert again["end"] == "done", again["error"]
+    assert [t for node, t in again["texts"] if node == te_id] == ["umT5: both prompts from the cache (no encoder run)"]
 
 
 def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:
