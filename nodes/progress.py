@@ -9,7 +9,7 @@ Size node uses too); the frontend shows it under the node's widgets.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 from ..wan.sampling.sampler import StepInfo
 
@@ -17,26 +17,35 @@ log = logging.getLogger(__name__)
 
 
 class SamplingProgress:
-    """`callback(StepInfo)` for `wan.sampler.sample`: progress + preview per step."""
+    """`callback(StepInfo)` for `wan.sampler.sample`: progress + a preview of the whole clip per step, at ComfyUI's
+    cadence and with its previewer (`--preview-method`, `--preview-size`). Any sampler loop can use it: call it with
+    a StepInfo, or `preview(x0)` / `pbar` directly."""
 
     def __init__(self, total_steps: int, device):
         import comfy.latent_formats
         import comfy.utils
         import latent_preview
 
+        from .previews import ClipPreview
+
         self.pbar = comfy.utils.ProgressBar(total_steps)
-        self.previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
-        self.preview_failed = False
+        previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
+        self.max_side = latent_preview.MAX_PREVIEW_RESOLUTION
+        self.clip = ClipPreview(previewer.decode_latent_to_preview, self.max_side) if previewer is not None else None
+
+    def preview(self, x0) -> Optional[tuple]:
+        """ComfyUI's preview tuple for x0 [B, C, T, h, w] (every latent frame), or None (previews off or failed)."""
+        if self.clip is None:
+            return None
+        try:
+            return ("JPEG", self.clip(x0.float()), self.max_side)
+        except Exception as e:  # a preview must never stop a generation
+            self.clip = None
+            log.warning("LingBot-World: latent preview disabled for this run: %s", e)
+            return None
 
     def __call__(self, info: StepInfo) -> None:
-        preview = None
-        if self.previewer is not None and not self.preview_failed:
-            try:
-                preview = self.previewer.decode_latent_to_preview_image("JPEG", info.x0.float())
-            except Exception as e:  # a preview must never stop a generation
-                self.preview_failed = True
-                log.warning("LingBot-World: latent preview disabled for this run: %s", e)
-        self.pbar.update_absolute(info.index + 1, info.total, preview)
+        self.pbar.update_absolute(info.index + 1, info.total, self.preview(info.x0))
 
     def finish(self, total: int) -> None:
         self.pbar.update_absolute(total, total)

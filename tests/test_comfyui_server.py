@@ -156,7 +156,22 @@ def test_demo_workflow_runs_to_completion(server):
     steps = samp["inputs"]["steps"]
     sampler_progress = [(v, m) for node, v, m in res["progress"] if node == samp_id and m == steps]
     assert [v for v, _ in sampler_progress][-1] == steps and len(sampler_progress) >= steps - 1
-    assert res["previews"] >= 1, "no latent preview reached the websocket (--preview-method auto)"
+    assert res["previews"] >= steps - 1, "a latent preview per step should reach the websocket (--preview-method auto)"
+    # Each preview is the whole clip: a grid of every latent frame (demo: 5 frames of 8x14 latent pixels -> 2 x 3
+    # cells), which the server scales to --preview-size; a first-frame-only preview would have the 14:8 aspect.
+    import io
+
+    from PIL import Image as PILImage
+
+    from lingbot_world.nodes.previews import GAP, grid_layout
+
+    _, i2v_node = _by_type(prompt, "LingBotImageToVideo")
+    h, w = i2v_node["inputs"]["height"] // 8, i2v_node["inputs"]["width"] // 8
+    frames_lat = (i2v_node["inputs"]["frames"] - 1) // 4 + 1
+    cols, rows = grid_layout(frames_lat, w, h)
+    want = (cols * w + (cols - 1) * GAP) / (rows * h + (rows - 1) * GAP)
+    got = PILImage.open(io.BytesIO(res["preview_images"][-1]))
+    assert abs(got.width / got.height - want) < 0.05, (got.size, want)
     outputs = res["history"]["outputs"]
     frames = outputs["900"]["images"]
     _, i2v = _by_type(prompt, "LingBotImageToVideo")
