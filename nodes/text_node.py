@@ -14,6 +14,7 @@ from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from . import comfy_paths
 from .payloads import CATEGORY, TEXT, TextEmbeds
 from .progress import TextEncodeProgress
+from .ui_hints import short_labels
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +86,12 @@ class LingBotTextEncode:
         enc_opts = {"default": default} if default else {}
         return {
             "required": {
-                "text_encoder": (encoders, {**enc_opts, "tooltip": (
+                "text_encoder": (encoders, {**enc_opts, **short_labels(), "tooltip": (
                     "umT5-XXL encoder: umt5_xxl_fp16 / fp8_e4m3fn_scaled .safetensors (Comfy-Org repackaged, in "
                     "models/text_encoders) or the release's models_t5_umt5-xxl-enc-bf16.pth. It runs in a separate "
                     "process that exits after encoding, so its 11 GB never stay in ComfyUI.")}),
-                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, "tooltip": (
+                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, **short_labels(),
+                                                               "tooltip": (
                     "auto: the tokenizer stored inside Comfy-Org's umt5 .safetensors, or a google/umt5-xxl/ or "
                     "tokenizer/ folder next to the encoder file. Or pick a folder with tokenizer.json / spiece.model.")}),
                 "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": (

@@ -193,16 +193,13 @@ class Server:
 
 def prepare_base(base: Path, demo: bool = True) -> None:
     """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, the tiny demo checkpoint and image."""
-    import shutil
-
-    from lingbot_world.loaders.demo_checkpoint import DEMO_IMAGE, build_demo_checkpoint
+    from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
 
     for d in ("custom_nodes", "models/lingbot_world", "input", "output", "user", "temp"):
         (base / d).mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
-    if demo:
+    if demo:  # the demo image comes with the example inputs the pack copies into input/ at start-up
         build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
-        shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
 
 
 @contextmanager

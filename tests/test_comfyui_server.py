@@ -34,10 +34,10 @@ comfy = _load_helper()
 REPO, PACK_DIR_NAME, COMFYUI, PYTHON = comfy.REPO, comfy.PACK_DIR_NAME, comfy.COMFYUI, comfy.PYTHON
 WORKFLOWS = REPO / "example_workflows"
 API_COPIES = REPO / "tests" / "workflows"
-DEMO = "lingbot_world_tiny_demo_cpu"
+DEMO = "Tiny CPU demo (random weights)"
 FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
                "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer", "LingBotVAELoader.vae_name",
-               "LoadImage.image"}
+               "LoadImage.image", "LingBotCameraFromFiles.trajectory"}
 MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
 
 if comfy.skip_reason():
