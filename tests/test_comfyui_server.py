@@ -187,7 +187,8 @@ def test_demo_workflow_runs_to_completion(server):
     mp4 = server.base / "output" / video["subfolder"] / video["filename"]
     assert mp4.is_file() and mp4.stat().st_size > 1000
     plan = [ln for ln in server.log().splitlines() if "LingBot-World memory plan" in ln]
-    assert plan and "CPU run" in plan[-1] and "free VRAM" not in plan[-1], plan[-1:]  # no invented VRAM on --cpu
+    if not comfy.GPU:  # --cpu: no invented VRAM figure in the plan
+        assert plan and "CPU run" in plan[-1] and "free VRAM" not in plan[-1], plan[-1:]
     print(f"\ndemo workflow: {res['seconds']:.1f} s, {len(frames)} frames "
           f"{first.shape[1]}x{first.shape[0]}, {res['previews']} previews")
 
@@ -202,9 +203,9 @@ def test_text_encode_reports_its_stages_on_the_bar_and_on_the_node(server):
     bar = [v for node, v, m in res["progress"] if node == te_id and m == 100]
     print(f"\ntext encode node: {texts}; bar {bar}")
     assert texts[0] == "umT5: starting the encoder process..."
-    assert any(t.startswith("umT5: loading the encoder weights (") and t.endswith(" MB)...") for t in texts)
+    assert any(t.startswith("umT5: loading the encoder weights (") and t.endswith(" kB)...") for t in texts)
     assert any(t.startswith("umT5: encoding") for t in texts)
-    assert texts[-1].startswith("umT5 on cpu: ") and " encoded in " in texts[-1]
+    assert texts[-1].startswith("umT5 on c") and " encoded in " in texts[-1]  # cpu, or cuda with LINGBOT_COMFY_GPU=1
     assert bar == sorted(bar) and bar[-1] == 100 and len(set(bar)) >= 4  # start, loading..., encoding, done
     # The same prompts again (device changed so ComfyUI runs the node): served by the pack's cache, said so.
     te["inputs"]["device"] = "cpu"
@@ -352,6 +353,7 @@ def _probe_model_management(pack_dir: str, base_dir: str, cpu: bool = True) -> d
     comfy.options.enable_args_parsing()
     sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else []) + ["--base-directory", base_dir]
     import comfy.model_management as mm
+    import folder_paths  # noqa: F401  (ComfyUI imports both before any custom node; the pack checks for them)
 
     spec = importlib.util.spec_from_file_location("lingbot_pack_probe", pack_dir + "/__init__.py",
                                                   submodule_search_locations=[pack_dir])
