@@ -7,7 +7,7 @@ import torch
 
 from ..wan.control.camera import usable_frames
 from ..wan.i2v import build_i2v_condition, image_to_model_range
-from ..wan.sizes import SIZE_AREAS, frames_at_most, latent_size, target_size
+from ..wan.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
 from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
 from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
 from .progress import show_on_node
@@ -60,7 +60,7 @@ def video_frames(requested: int, camera_poses: int | None) -> tuple[int, list[st
 
 def video_summary(width: int, height: int, frames: int, notes: list[str]) -> str:
     """The node's text: what will be generated, then any adjustment."""
-    line = f"{width}x{height}, {frames} frames ({frames / FPS:.1f} s at {FPS} fps), {(frames - 1) // 4 + 1} latent frames"
+    line = f"{width}x{height}, {frames} frames ({frames / FPS:.1f} s at {FPS} fps), {latent_frames(frames)} latent frames"
     return "\n".join([line] + notes)
 
 

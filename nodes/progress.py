@@ -30,7 +30,7 @@ class SamplingProgress:
 
         self.pbar = comfy.utils.ProgressBar(total_steps)
         previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
-        self.max_side = latent_preview.MAX_PREVIEW_RESOLUTION
+        self.max_side = getattr(latent_preview, "MAX_PREVIEW_RESOLUTION", 512)  # --preview-size
         self.clip = ClipPreview(previewer.decode_latent_to_preview, self.max_side) if previewer is not None else None
 
     def preview(self, x0) -> Optional[tuple]:

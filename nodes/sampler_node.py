@@ -20,8 +20,16 @@ NOISE_SOURCES = ("cpu", "cuda")
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
 
 
-def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
-    """Rasterise the trajectory at the video's size; its frame count must cover the conditioning's."""
+def plan_summary(plan, settings: SamplingSettings, camera_note: Optional[str]) -> str:
+    """The sampler node's text: how the run uses memory (what `auto` picked), then any camera note."""
+    mode = plan.mode + (f" {plan.blocks_on_gpu} blocks on the GPU" if plan.mode == "block_swap" else "")
+    mode += ", released expert kept in RAM" if plan.keep_in_ram and plan.mode != "resident" else ""
+    lines = [f"{settings.steps} steps, {settings.solver}, {settings.cfg_mode} CFG; memory: {mode}"]
+    return "\n".join(lines + ([camera_note] if camera_note else []))
+
+
+def camera_for(camera: CameraInput, cond: I2VCondition):
+    """The trajectory rasterised at the video's size (`.plucker`, `.message`); it must cover the video's frames."""
     cc = camera_condition(camera.poses, camera.intrinsics, cond.height, cond.width, cond.frames,
                           per_frame_intrinsics=camera.per_frame_intrinsics)
     if cc.frames != cond.frames:
@@ -31,7 +39,12 @@ def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
         )
     if cc.message:
         log.info("LingBot-World camera: %s", cc.message)
-    return cc.plucker
+    return cc
+
+
+def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
+    """Rasterise the trajectory at the video's size; its frame count must cover the conditioning's."""
+    return camera_for(camera, cond).plucker
 
 
 def text_contexts(text: TextEmbeds, experts: ExpertPair) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +109,7 @@ class LingBotSampler:
                camera: Optional[CameraInput] = None):
         import comfy.model_management as mm
 
-        from .progress import SamplingProgress, load_progress
+        from .progress import SamplingProgress, load_progress, show_on_node
 
         for value, allowed, what in ((solver, SOLVERS, "solver"), (cfg_mode, CFG_MODES, "cfg_mode"),
                                      (noise_source, NOISE_SOURCES, "noise_source")):
@@ -112,10 +125,12 @@ class LingBotSampler:
                                     cfg_mode=plan.cfg_mode if cfg_mode == "auto" else cfg_mode)
         settings.validate()
         ctx, neg = text_contexts(text, experts)
-        plucker = plucker_for(camera, i2v) if camera is not None else None
+        cc = camera_for(camera, i2v) if camera is not None else None
+        plucker, camera_note = (cc.plucker, cc.message) if cc is not None else (None, None)
         shape = (1, cfg.out_dim) + tuple(i2v.y.shape[2:])
         noise = make_noise(shape, int(seed), noise_source)
 
+        show_on_node(plan_summary(plan, settings, camera_note))
         provider = ComfyExpertProvider(experts, plan, progress=load_progress())
         progress = SamplingProgress(settings.steps, device)
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",

@@ -417,6 +417,7 @@ def test_demo_workflow_runs_from_the_frontend(page, server, tmp_path):
     assert shown["LingBotTextEncode"]["text"].startswith("umT5")
     assert shown["LingBotImageToVideo"]["text"].startswith("112x64, 17 frames")
     assert shown["LingBotCameraPreset"]["text"].startswith("dolly_in+pan_right: 17 poses")
+    assert shown["LingBotSampler"]["text"].startswith("8 steps, unipc, ")
     sampler = str(page.evaluate("() => window.app.graph._nodes.find((n) => n.type === 'LingBotSampler').id"))
     previews = [(w, h) for node, w, h in page.evaluate("() => window.__lingbotPreviews") if node == sampler]
     steps = next(n for n in ui["nodes"] if n["type"] == "LingBotSampler")["widgets_values"][0]

@@ -87,3 +87,19 @@ def test_encode_summary():
         "umT5 on cpu: 1 prompt encoded in 12.3 s (loading 10.0 s); 1 from the cache"
     assert encode_summary({"cache_hits": 0, "encoded": 2, "worker": worker}) == \
         "umT5 on cpu: 2 prompts encoded in 12.3 s (loading 10.0 s)"
+
+
+def test_sampler_node_text_says_what_auto_picked():
+    from lingbot_world.memory.placement import MemoryPlan
+    from lingbot_world.nodes.sampler_node import plan_summary
+    from lingbot_world.wan.sampling.sampler import SamplingSettings
+
+    settings = SamplingSettings(steps=70, cfg_mode="sequential")
+    assert plan_summary(MemoryPlan("resident", False, None, False, "..."), settings, None) == \
+        "70 steps, unipc, sequential CFG; memory: resident"
+    swap = MemoryPlan("swap", True, None, False, "...")
+    assert plan_summary(swap, settings, "zoom ignored") == \
+        "70 steps, unipc, sequential CFG; memory: swap, released expert kept in RAM\nzoom ignored"
+    blocks = MemoryPlan("block_swap", False, 12, True, "...")
+    assert plan_summary(blocks, SamplingSettings(steps=8, cfg_mode="batch"), None) == \
+        "8 steps, unipc, batch CFG; memory: block_swap 12 blocks on the GPU"
