@@ -214,6 +214,54 @@ def test_text_encode_reports_its_stages_on_the_bar_and_on_the_node(server):
     assert [t for node, t in again["texts"] if node == te_id] == ["umT5: both prompts from the cache (no encoder run)"]
 
 
+def _on_demo_files(prompt: dict) -> dict:
+    """A full-size example workflow pointed at the tiny demo files, at the demo's size, with 2 steps."""
+    demo = _api(DEMO)
+    for kind in ("LingBotExpertLoader", "LingBotTextEncode", "LingBotVAELoader"):
+        _, node = _by_type(prompt, kind)
+        _, tiny = _by_type(demo, kind)
+        for name, value in tiny["inputs"].items():
+            if name in ("high_noise_expert", "low_noise_expert", "text_encoder", "tokenizer", "vae_name"):
+                node["inputs"][name] = value
+    _, i2v = _by_type(prompt, "LingBotImageToVideo")
+    i2v["inputs"].update(size="custom", width=112, height=64, frames=17)
+    _, sampler = _by_type(prompt, "LingBotSampler")
+    sampler["inputs"].update(steps=2)
+    return prompt
+
+
+def test_trajectory_workflow_runs_out_of_the_box(server):
+    """The recorded-trajectory example needs nothing but model files: its first frame and trajectory
+    (lingbot_examples/00) are the example inputs the pack installed into input/ when the server started."""
+    prompt = _on_demo_files(_api("Image to video, recorded trajectory"))
+    _, camera = _by_type(prompt, "LingBotCameraFromFiles")
+    _, image = _by_type(prompt, "LoadImage")
+    assert camera["inputs"]["trajectory"] == "lingbot_examples/00" and image["inputs"]["image"].startswith("lingbot_examples/00/")
+    assert not (server.base / "input" / "lingbot_examples" / "00" / "poses.npy").is_symlink()
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    cam_id, _ = _by_type(prompt, "LingBotCameraFromFiles")
+    assert [t for node, t in res["texts"] if node == cam_id] == [
+        "00: 961 poses, enough for 961 video frames (60.1 s at 16 fps)"]
+
+
+def test_frame_adjustments_are_shown_on_the_node(server):
+    prompt = _demo_prompt(steps=1, seed=41)
+    _, cam = _by_type(prompt, "LingBotCameraPreset")
+    cam["inputs"]["frames"] = 9  # a camera shorter than the video ...
+    i2v_id, i2v = _by_type(prompt, "LingBotImageToVideo")
+    i2v["inputs"]["frames"] = 18  # ... and a count that is not 4n+1
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    texts = [t for node, t in res["texts"] if node == i2v_id]
+    assert len(texts) == 1, res["texts"]
+    lines = texts[0].split("\n")
+    assert lines[0] == "112x64, 9 frames (0.6 s at 16 fps), 3 latent frames"
+    assert lines[1] == "18 frames is not of the form 4n+1: using 17."
+    assert "9 poses, enough for 9 frames; generating 9 frames instead of the requested 17" in lines[2]
+    assert res["history"]["status"]["status_str"] == "success"
+
+
 def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:
     prompt = _demo_prompt(steps=steps, seed=seed)
     _, loader = _by_type(prompt, "LingBotExpertLoader")
