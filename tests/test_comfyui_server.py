@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -115,7 +116,8 @@ def test_missing_dependency_shows_as_import_failed(tmp_path):
     shadow = tmp_path / "shadow" / "bitsandbytes"  # first on the path, fails like a missing package does
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'bitsandbytes'\", name='bitsandbytes')\n")
-    with comfy.running_server(base, env={"PYTHONPATH": str(shadow.parent)}) as srv:
+    path = os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")]))
+    with comfy.running_server(base, env={"PYTHONPATH": path}) as srv:
         info = srv.get("/object_info")
         log = srv.log()
     assert "KSampler" in info and not [n for n in NODE_CLASS_MAPPINGS if n in info]
