@@ -17,6 +17,7 @@ import struct
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
+from .camera_files import INTRINSICS_FILE, POSES_FILE
 from .checkpoint_dir import T5_FILES, VAE_FILES
 from .expert_format import OFFICIAL_INDEX, OFFICIAL_SINGLE
 
@@ -143,6 +144,17 @@ def scan_tokenizer_dirs(roots: Sequence[PathLike], max_depth: int = MAX_DEPTH) -
     for root, here, filenames in _walk_outside_experts(roots, max_depth):
         if here != root and any(n in filenames for n in TOKENIZER_FILES):
             found.setdefault(_rel(here, root))
+    return sorted(found)
+
+
+def scan_trajectory_dirs(roots: Sequence[PathLike], max_depth: int = 3) -> list[str]:
+    """Relative names of camera trajectory folders (poses.npy + intrinsics.npy, the release's action_path
+    layout) under `roots`, e.g. ComfyUI's input folder; a root that is itself one is not listed."""
+    found: dict[str, None] = {}
+    for root in map(Path, roots):
+        for here, _, filenames in _walk(root, max_depth):
+            if here != root and POSES_FILE in filenames and INTRINSICS_FILE in filenames:
+                found.setdefault(_rel(here, root))
     return sorted(found)
 
 

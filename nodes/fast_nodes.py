@@ -195,8 +195,6 @@ class LingBotFastSampler:
                                     extra_vram=extra)
         except FastMemoryError as e:
             raise MemoryError(f"LingBot-World Fast: {e}") from None
-        if mm.is_device_cpu(device):
-            plan.reason = "CPU run: the model and the K/V cache in RAM"
         log.info("LingBot-World Fast memory plan: %s", plan.reason)
         weights = patcher.weights
         if patcher.is_loaded() and plan.blocks_on_gpu != weights.blocks_on_gpu:

@@ -84,9 +84,9 @@ def _experts(control_in: int):
 def test_sampler_takes_the_control_its_model_needs_and_refuses_the_other():
     i2v = I2VCondition(torch.zeros(1, 20, 5, 4, 6), 32, 48, 17, (0.0,) * 16, (1.0,) * 16)
     camera, act, _, _ = LingBotActions().build("wi-8,dl-8,none-1", 0)
-    assert control_for(_experts(1792), i2v, None, act).shape == (1, 448, 5, 4, 6)
-    assert control_for(_experts(1536), i2v, camera, None).shape == (1, 384, 5, 4, 6)
-    assert control_for(_experts(1792), i2v, None, None) is None  # no control: plain image-to-video
+    assert control_for(_experts(1792), i2v, None, act)[0].shape == (1, 448, 5, 4, 6)
+    assert control_for(_experts(1536), i2v, camera, None)[0].shape == (1, 384, 5, 4, 6)
+    assert control_for(_experts(1792), i2v, None, None) == (None, None)  # no control: plain image-to-video
     with pytest.raises(ControlMismatchError, match="an Act model.*camera trajectory.*'act' output of LingBot Actions"):
         control_for(_experts(1792), i2v, camera, None)
     with pytest.raises(ControlMismatchError, match="a Cam model.*Act control.*'camera' output of LingBot Actions"):
