@@ -72,7 +72,7 @@ def run(args) -> int:
     from .generate import _demo_defaults, _empty_cache
     from .preflight import camera_path, default_output_name, noise_source, resolve_device
     from .progress import RunStats
-    from .speed_flags import report_compile, speed_plan
+    from .speed_flags import log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output
 
     if args.demo:
@@ -90,7 +90,7 @@ def run(args) -> int:
     stats = RunStats()
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
-    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
+    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
     target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
     files = _fast_files(args)
     fmt = detect_format(files.fast)
@@ -124,6 +124,7 @@ def run(args) -> int:
                           sink_frames=args.sink, max_attention=args.max_attention)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
+    log_speed_plan(speed, log)
     print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
           f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)
 

@@ -17,7 +17,7 @@ import torch
 
 from . import actions_arg, fast_run
 from .errors import UsageError
-from .speed_flags import speed_plan
+from .speed_flags import log_speed_plan, speed_plan
 from .video_out import OutputTarget, plan_output
 
 SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
@@ -159,7 +159,7 @@ def prepare(args, log) -> Prepared:
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
     check_t5_device(args.t5_device)
-    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
+    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
     output = plan_output(args.out if args.out is not None else default_output_name(args.prompt))
 
     decoded = load_image(args.image)
@@ -179,6 +179,7 @@ def prepare(args, log) -> Prepared:
                      total_vram=total_vram_bytes(device), camera=bool(args.camera or args.actions),
                      what=f"--frames {frames} --size {args.size}")
     camera, note, frames = _camera(args, kind, frames, height, width, log)
+    log_speed_plan(speed, log)
     return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,
                     speed, loras)
 
