@@ -171,7 +171,7 @@ class LingBotVAEDecode:
                 "samples": ("LATENT", {"tooltip": "Latent video from LingBot Sampler (raw Wan 2.1 latent, [B,16,T,h,w])"}),
                 "tiled": ("BOOLEAN", {"default": False, "tooltip": (
                     "Decode in overlapping spatial tiles: much less VRAM at 720p, tiny blending seams.")}),
-                "tile_size": ("INT", {"default": 32, "min": 8, "max": 256, "step": 8, "tooltip": (
+                "tile_size": ("INT", {"default": 32, "min": 8, "max": 256, "step": 8, **show_if(tiled=[True]), "tooltip": (
                     "Tile edge in latent cells (x8 pixels), tiled only.")}),
             }
         }

@@ -8,6 +8,8 @@ that declares them, so a new node gets the behaviour with one line, e.g.
 
 - show_if: the widget is shown only while each named widget has one of the listed values (it stays visible when
   it, or a controlling widget, is driven by a link);
+- hide_if: the other way round: hidden while a named widget has one of the listed values (e.g. a setting that
+  only matters when another one is not 0);
 - short_labels: a combo of paths shows the shortest distinct end of each path ("high_noise_model_bnb_nf4"
   instead of "lingbot-world-base-cam-nf4/high_noise_model_bnb_nf4"); the value sent to the server is unchanged;
 - upload: adds an upload button of the named kind next to a combo ("camera_npy": poses.npy + intrinsics.npy into
@@ -17,6 +19,7 @@ No ComfyUI imports: plain dicts.
 from __future__ import annotations
 
 SHOW_IF = "lingbot_show_if"
+HIDE_IF = "lingbot_hide_if"
 SHORT_LABELS = "lingbot_short_labels"
 UPLOAD = "lingbot_upload"
 UPLOAD_KINDS = ("camera_npy",)
@@ -27,6 +30,13 @@ def show_if(**conditions: list) -> dict:
     if not conditions:
         raise ValueError("show_if needs at least one widget=[values] condition")
     return {SHOW_IF: {name: list(values) for name, values in conditions.items()}}
+
+
+def hide_if(**conditions: list) -> dict:
+    """Options that hide the widget while any named widget holds one of its listed values."""
+    if not conditions:
+        raise ValueError("hide_if needs at least one widget=[values] condition")
+    return {HIDE_IF: {name: list(values) for name, values in conditions.items()}}
 
 
 def short_labels() -> dict:

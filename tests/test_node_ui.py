@@ -7,7 +7,7 @@ import pytest
 from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from lingbot_world.nodes.example_inputs import (DEMO_IMAGE, EXAMPLE_IMAGE, EXAMPLE_TRAJECTORY, install_example_inputs,
                                                 shipped_files)
-from lingbot_world.nodes.ui_hints import SHOW_IF, short_labels, show_if, upload
+from lingbot_world.nodes.ui_hints import HIDE_IF, SHOW_IF, hide_if, short_labels, show_if, upload
 
 
 def test_example_inputs_are_copied_once_and_repaired(tmp_path):
@@ -32,10 +32,13 @@ def test_an_unwritable_input_folder_is_reported_not_raised(tmp_path, caplog):
 
 def test_ui_hints():
     assert show_if(size=["custom"]) == {SHOW_IF: {"size": ["custom"]}}
+    assert hide_if(window=[0]) == {HIDE_IF: {"window": [0]}}
     assert short_labels() == {"lingbot_short_labels": True}
     assert upload("camera_npy") == {"lingbot_upload": "camera_npy"}
     with pytest.raises(ValueError):
         show_if()
+    with pytest.raises(ValueError):
+        hide_if()
     with pytest.raises(ValueError, match="upload kind"):
         upload("anything")
 
@@ -46,3 +49,20 @@ def test_display_names_are_found_by_searching_lingbot_and_wan():
     assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_CLASS_MAPPINGS)
     for name, title in NODE_DISPLAY_NAME_MAPPINGS.items():
         assert title.startswith("LingBot ") and 0 <= title.find("Wan") <= 30, title
+
+
+def test_the_newer_nodes_declare_their_hints():
+    """Fast, Actions, native loaders and VAE Decode: settings that only apply to one choice hide, paths are short."""
+    def opts(node, name):
+        inputs = NODE_CLASS_MAPPINGS[node].INPUT_TYPES()
+        return {**inputs["required"], **inputs.get("optional", {})}[name][1]
+
+    assert opts("LingBotFastSampler", "sink")[HIDE_IF] == {"window": [0]}
+    assert opts("LingBotFastLoader", "fast_model")["lingbot_short_labels"]
+    assert opts("LingBotActions", "actions")[SHOW_IF] == {"key_files": ["(action string)"]}
+    assert opts("LingBotActions", "path")[SHOW_IF] == {"key_files": ["(custom path)"]}
+    assert opts("LingBotModelLoader", "expert")["lingbot_short_labels"]
+    assert opts("LingBotLoraLoader", "lora_name")["lingbot_short_labels"]
+    assert opts("LingBotExpertsFromModels", "blocks_on_gpu")[SHOW_IF] == {"memory_mode": ["block_swap"]}
+    assert opts("LingBotImageToVideoNative", "width")[SHOW_IF] == {"size": ["custom"]}
+    assert opts("LingBotVAEDecode", "tile_size")[SHOW_IF] == {"tiled": [True]}

@@ -1,6 +1,7 @@
 // LingBot-World frontend extension: acts on hints that nodes declare in their input options (nodes/ui_hints.py), so
 // any node of the pack gets the behaviour from one line in its INPUT_TYPES:
 //   lingbot_show_if: {widget: [values]}  the widget is shown only while each named widget holds one of the values
+//   lingbot_hide_if: {widget: [values]}  the widget is hidden while any named widget holds one of the values
 //   lingbot_short_labels: true           a path combo shows the shortest distinct end of each path
 //   lingbot_upload: "camera_npy"          an upload button for poses.npy + intrinsics.npy (a new trajectory folder)
 // Nothing here changes what a workflow stores or what the server receives.
@@ -8,6 +9,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const SHOW_IF = "lingbot_show_if";
+const HIDE_IF = "lingbot_hide_if";
 const SHORT_LABELS = "lingbot_short_labels";
 const UPLOAD = "lingbot_upload";
 const TRAJECTORY_UPLOADS = "lingbot_trajectories";
@@ -61,14 +63,19 @@ function setHidden(widget, hide) {
 function applyVisibility(node, rules, keepSize = false) {
   const before = node.computeSize()[1];
   let changed = false;
-  for (const [name, conditions] of Object.entries(rules)) {
+  for (const [name, { show = {}, hide: hideWhen = {} }] of Object.entries(rules)) {
     const widget = widgetNamed(node, name);
     if (!widget) continue;
-    const holds = Object.entries(conditions).every(([other, values]) => {
+    // A controlling widget driven by a link has no value here: it never hides anything.
+    const holds = Object.entries(show).every(([other, values]) => {
       const ctl = widgetNamed(node, other);
       return !ctl || isLinked(node, other) || values.includes(ctl.value);
     });
-    const hide = !holds && !isLinked(node, name);
+    const hidden = Object.entries(hideWhen).some(([other, values]) => {
+      const ctl = widgetNamed(node, other);
+      return !!ctl && !isLinked(node, other) && values.includes(ctl.value);
+    });
+    const hide = (!holds || hidden) && !isLinked(node, name);
     if (!!widget.hidden !== hide) {
       setHidden(widget, hide);
       changed = true;
@@ -183,13 +190,13 @@ app.registerExtension({
     const short = [];
     const uploads = [];
     for (const [name, opts] of Object.entries(options)) {
-      if (opts[SHOW_IF]) rules[name] = opts[SHOW_IF];
+      if (opts[SHOW_IF] || opts[HIDE_IF]) rules[name] = { show: opts[SHOW_IF], hide: opts[HIDE_IF] };
       if (opts[SHORT_LABELS]) short.push(name);
       if (opts[UPLOAD]) uploads.push([name, opts[UPLOAD]]);
     }
     const hasRules = Object.keys(rules).length > 0;
     if (!hasRules && !short.length && !uploads.length) return;
-    const controls = [...new Set(Object.values(rules).flatMap((c) => Object.keys(c)))];
+    const controls = [...new Set(Object.values(rules).flatMap((r) => [...Object.keys(r.show ?? {}), ...Object.keys(r.hide ?? {})]))];
 
     const onNodeCreated = nodeType.prototype.onNodeCreated;
     nodeType.prototype.onNodeCreated = function () {
