@@ -103,3 +103,28 @@ def test_sampler_node_text_says_what_auto_picked():
     blocks = MemoryPlan("block_swap", False, 12, True, "...")
     assert plan_summary(blocks, SamplingSettings(steps=8, cfg_mode="batch"), None) == \
         "8 steps, unipc, batch CFG; memory: block_swap 12 blocks on the GPU"
+
+
+def test_fast_sampler_node_text_says_what_it_generates_and_where_the_cache_lives():
+    from lingbot_world.memory.kv_placement import plan_fast_memory
+    from lingbot_world.nodes.fast_nodes import fast_summary
+    from lingbot_world.wan.dit.kv_cache import cache_layout
+    from lingbot_world.wan.dit.model import DiTConfig
+    from lingbot_world.wan.sampling.fast_sampler import fast_frames
+
+    GiB = 1024**3
+    cfg, layout = DiTConfig(causal=True), cache_layout(21, 30 * 52)
+    frames = fast_frames(85)
+    host = plan_fast_memory(480, 832, cfg, layout, int(23.5 * GiB), 64 * GiB)
+    assert fast_summary(frames, 832, 480, host, [frames.note, None]).split("\n") == [
+        "832x480, 81 frames (5.1 s at 16 fps): 7 chunks x 4 steps",
+        f"memory: K/V cache (26.8 GB) in pinned RAM, {host.cache_layers_on_gpu}/40 layers on the GPU",
+        "The Fast model works in chunks of 3 latent frames (12 video frames), so it generates 81 frames instead of "
+        "the requested 85."]
+    gpu = plan_fast_memory(480, 832, cfg, layout, 80 * GiB, 64 * GiB)
+    assert fast_summary(fast_frames(81), 832, 480, gpu, []).endswith("memory: K/V cache (26.8 GB) on the GPU")
+    cpu = plan_fast_memory(480, 832, cfg, layout, None, 64 * GiB)
+    assert fast_summary(fast_frames(81), 832, 480, cpu, []).endswith(
+        "memory: model and K/V cache (26.8 GB) in RAM (CPU run)")
+    small = plan_fast_memory(480, 832, cfg, layout, int(11.5 * GiB), 64 * GiB)
+    assert "blocks on the GPU)" in fast_summary(fast_frames(81), 832, 480, small, [])

@@ -152,7 +152,7 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
             self.total = total
 
         def update_absolute(self, value, total=None, preview=None):
-            utils.progress.append((value, total or self.total, preview is not None))
+            utils.progress.append((value, total or self.total, preview))  # the preview tuple, or None
             throw_exception_if_processing_interrupted()  # as ComfyUI's hook does
 
     utils.ProgressBar = ProgressBar
