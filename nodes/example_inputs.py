@@ -1,9 +1,10 @@
 """The release's example inputs the example workflows use, put into ComfyUI's input folder at start-up.
 
-ComfyUI's Load Image lists only files under input/, and LingBot Camera From Files lists trajectory folders there,
-so the pack copies one official example (first frame, camera trajectory, prompt; Apache-2.0, assets/examples) and the
-demo image to input/lingbot_examples/ when they are missing: the example workflows then run without any setup
-beyond the model files. A file whose size differs from the shipped one (an interrupted copy) is copied again;
+ComfyUI's Load Image lists only files under input/, and LingBot Camera From Files / LingBot Actions list trajectory
+and key-file folders there, so the pack copies the official examples its workflows use (Apache-2.0,
+assets/examples: 00 the camera example, 03 the Fast model's, 05 the Act model's with its key files) and the demo
+image to input/lingbot_examples/ when they are missing: the example workflows then run without any setup beyond
+the model files. A file whose size differs from the shipped one (an interrupted copy) is copied again;
 nothing else in input/ is touched. No ComfyUI imports: the caller passes the input folder.
 """
 from __future__ import annotations
@@ -16,10 +17,17 @@ log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 FOLDER = "lingbot_examples"
-EXAMPLES = {"00": ("image.jpg", "poses.npy", "intrinsics.npy", "prompt.txt")}  # example id -> files it ships
+CAMERA_FILES = ("image.jpg", "poses.npy", "intrinsics.npy", "prompt.txt")
+EXAMPLES = {  # example id -> files it ships
+    "00": CAMERA_FILES,  # the base (Cam) model's example
+    "03": CAMERA_FILES,  # the Fast model's example (the release's run_fast.sh)
+    "05": CAMERA_FILES + ("action.npy", "wasd_action.npy", "ijkl_action.npy"),  # the Act model's example, with keys
+}
 EXTRA = {"demo_image.jpg": ASSETS / "demo_image.jpg", "NOTICE.md": ASSETS / "examples" / "NOTICE.md"}
 EXAMPLE_IMAGE = f"{FOLDER}/00/image.jpg"  # what the example workflows load
 EXAMPLE_TRAJECTORY = f"{FOLDER}/00"
+FAST_EXAMPLE = f"{FOLDER}/03"
+ACT_EXAMPLE = f"{FOLDER}/05"
 DEMO_IMAGE = f"{FOLDER}/demo_image.jpg"
 
 

@@ -313,6 +313,16 @@ def test_widgets_show_only_where_they_apply(page):
     assert not {"path", "intrinsics_path"} & _visible(page, camera)
     page.evaluate(SET_WIDGET, [camera, "trajectory", "(custom path)"])
     assert {"path", "intrinsics_path"} <= _visible(page, camera)
+
+    actions = page.evaluate(NEW_NODE, "LingBotActions")  # the action string by default, a path only when custom
+    assert "actions" in _visible(page, actions) and "path" not in _visible(page, actions)
+    page.evaluate(SET_WIDGET, [actions, "key_files", "(custom path)"])
+    assert "path" in _visible(page, actions) and "actions" not in _visible(page, actions)
+
+    fast = page.evaluate(NEW_NODE, "LingBotFastSampler")  # sink only matters with a window (hide_if window=0)
+    assert "window" in _visible(page, fast) and "sink" not in _visible(page, fast)
+    page.evaluate(SET_WIDGET, [fast, "window", 8])
+    assert "sink" in _visible(page, fast)
     _fresh_graph(page)
 
 
