@@ -40,8 +40,9 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
                "LingBotVAELoader.vae_name", "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name",
                "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name",
-               "LingBotCameraFromFiles.trajectory"}
-FAST = "lingbot_world_fast_i2v"
+               "LingBotCameraFromFiles.trajectory", "LingBotActions.key_files"}
+FAST = "Fast image to video, camera preset"
+ACT = "Act model steered with keys"
 NATIVE_DEMO = "Tiny CPU demo with native KSamplers (random weights)"
 MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
 
@@ -205,7 +206,7 @@ def test_demo_workflow_runs_to_completion(server):
 
 def test_act_workflow_runs_on_the_tiny_act_demo(server):
     """The Act example (action.npy of example 05) with the tiny Act experts, small size, 9 frames, 2 steps."""
-    prompt = _api("lingbot_world_act_action_npy")
+    prompt = _api(ACT)
     _, loader = _by_type(prompt, "LingBotExpertLoader")
     loader["inputs"].update(high_noise_expert="lingbot-demo-act/high_noise_model_bnb_nf4",
                             low_noise_expert="lingbot-demo-act/low_noise_model_bnb_nf4", memory_mode="swap")
@@ -235,7 +236,8 @@ def test_actions_node_steers_the_cam_demo_and_a_mismatch_is_refused(server):
     actions' act output on the Cam experts, which the sampler refuses with the reason."""
     prompt = _demo_prompt(steps=2)
     cam_id, _ = _by_type(prompt, "LingBotCameraPreset")
-    prompt[cam_id] = {"class_type": "LingBotActions", "inputs": {"actions": "w-8,il-4,none-4", "frames": 0, "key_files": ""}}
+    prompt[cam_id] = {"class_type": "LingBotActions", "inputs": {
+        "key_files": "(action string)", "actions": "w-8,il-4,none-4", "frames": 0}}
     _, preview = _by_type(prompt, "PreviewImage")
     preview["inputs"]["images"] = [cam_id, 2]
     _, i2v = _by_type(prompt, "LingBotImageToVideo")

@@ -30,6 +30,8 @@ from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_WORKFLOW = "Tiny CPU demo (random weights)"
+FAST_WORKFLOW = "Fast image to video, camera preset"
+ACT_WORKFLOW = "Act model steered with keys"
 WIDGET_KINDS = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 # Native nodes used by the example workflows, as ComfyUI 0.3.64's /object_info declares them.
 NATIVE = {
@@ -84,7 +86,7 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
                "LingBotVAELoader.vae_name", "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name",
                "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name",
-               "LingBotCameraFromFiles.trajectory"}
+               "LingBotCameraFromFiles.trajectory", "LingBotActions.key_files"}
 NATIVE_WORKFLOWS = ("Image to video with native KSamplers, camera preset", "Image to video with native KSamplers and LoRA",
                     "Tiny CPU demo with native KSamplers (random weights)")
 
@@ -390,13 +392,16 @@ def test_camera_files_node_lists_reads_folders_and_paths(fake_folder_paths, exam
 
 def test_camera_files_node_defaults_to_the_installed_example(fake_folder_paths):
     from lingbot_world.nodes.camera_nodes import CUSTOM_PATH
-    from lingbot_world.nodes.example_inputs import EXAMPLE_TRAJECTORY, install_example_inputs
+    from lingbot_world.nodes.example_inputs import (ACT_EXAMPLE, EXAMPLE_TRAJECTORY, FAST_EXAMPLE,
+                                                    install_example_inputs)
 
     names, opts = LingBotCameraFromFiles.INPUT_TYPES()["required"]["trajectory"]
     assert names == [CUSTOM_PATH] and opts["default"] == CUSTOM_PATH  # nothing under input/ yet
     install_example_inputs(fake_folder_paths / "input")
     names, opts = LingBotCameraFromFiles.INPUT_TYPES()["required"]["trajectory"]
-    assert names == [EXAMPLE_TRAJECTORY, CUSTOM_PATH] and opts["default"] == EXAMPLE_TRAJECTORY
+    # the camera example first (the default), then the Fast and Act examples (05 also holds key files)
+    assert names == [EXAMPLE_TRAJECTORY, FAST_EXAMPLE, ACT_EXAMPLE, CUSTOM_PATH]
+    assert opts["default"] == EXAMPLE_TRAJECTORY
     cam, _ = LingBotCameraFromFiles().load(EXAMPLE_TRAJECTORY, "first_frame")
     assert cam.num_frames == 961
 
@@ -452,8 +457,7 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert {p.stem for p in files} == {"lingbot_world_act_action_npy", "lingbot_world_fast_i2v",
-                                       "Image to video, camera preset", "Image to video, recorded trajectory",
+    assert {p.stem for p in files} == {ACT_WORKFLOW, FAST_WORKFLOW, "Image to video, camera preset", "Image to video, recorded trajectory",
                                        "Tiny CPU demo (random weights)", *NATIVE_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
@@ -475,7 +479,7 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
             _check_two_pass(api)
         else:
             kinds = ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo",
-                     "LingBotFastSampler" if "fast" in path.stem else "LingBotSampler")
+                     "LingBotFastSampler" if path.stem == FAST_WORKFLOW else "LingBotSampler")
         for kind in kinds:
             assert kind in chain
     lora = _api_copy("Image to video with native KSamplers and LoRA")
@@ -519,9 +523,9 @@ def test_thumbnails_are_drawn_from_what_the_workflow_uses():
 
     from lingbot_world.tools.template_thumbnails import camera_picture, first_frame, thumbnail
 
-    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory"):
+    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory", FAST_WORKFLOW, ACT_WORKFLOW):
         ui = json.loads((REPO / "example_workflows" / f"{stem}.json").read_text())
-        assert first_frame(ui).size == (1280, 720) and camera_picture(ui) is not None
+        assert min(first_frame(ui).size) >= 720 and camera_picture(ui) is not None  # the example's own image
         im = thumbnail(ui)
         assert im.size == (512, 512) and max(hi - lo for lo, hi in im.getextrema()) > 100
     demo = json.loads((REPO / "example_workflows" / f"{DEMO_WORKFLOW}.json").read_text())

@@ -5,7 +5,8 @@
 
 ComfyUI's frontend shows example_workflows/<name>.jpg on the workflow's card. Each thumbnail is drawn from what
 the workflow itself uses: its first frame (Load Image, resolved to the pack's example inputs) on top and, below,
-the picture of its camera path (a preset or a trajectory folder). A workflow whose experts are the random-weight
+the picture of its camera path (a preset, a trajectory folder, or LingBot Actions' keys: an action string, or an
+Act example folder's poses.npy with its action.npy keys). A workflow whose experts are the random-weight
 demo shows a strip of frames the demo really generates (coloured noise) instead, rendered once with the CLI.
 """
 from __future__ import annotations
@@ -20,8 +21,11 @@ from typing import Optional
 
 from PIL import Image, ImageDraw, ImageOps
 
+from ..loaders.action_files import read_act_folder
 from ..loaders.camera_files import load_camera
 from ..nodes.example_inputs import shipped_files
+from ..wan.control.act_to_camera import keys_to_camera
+from ..wan.control.actions import KeyTimeline
 from ..wan.control.camera_presets import preset_camera
 from ..wan.control.trajectory_plot import plot_trajectory
 
@@ -55,6 +59,17 @@ def camera_picture(ui: dict) -> Optional[Image.Image]:
         folder = shipped_files()[f"{node['widgets_values'][0]}/poses.npy"].parent
         path = load_camera(folder)
         return plot_trajectory(path.poses, path.intrinsics, title=f"example {folder.name}")
+    if (node := _node(ui, "LingBotActions")) is not None:
+        key_files, actions, frames = node["widgets_values"][:3]
+        if f"{key_files}/action.npy" in shipped_files():  # what the Act model gets: poses.npy + action.npy keys
+            act = read_act_folder(shipped_files()[f"{key_files}/action.npy"].parent)
+            n = int(frames) or act.actions.shape[0]
+            keys = KeyTimeline.from_arrays(wasd=act.actions[:n])
+            return plot_trajectory(act.path.poses[:n], act.path.intrinsics, title=f"keys of example {act.label}",
+                                   keys=keys)
+        keys = KeyTimeline.from_string(actions)
+        walk, _ = keys_to_camera(keys)
+        return plot_trajectory(walk.poses, walk.intrinsics, title=actions, keys=keys)
     return None
 
 
