@@ -142,6 +142,7 @@ class Prepared:
     camera: Optional[torch.Tensor]  # packed Plücker input or None
     camera_note: Optional[str]
     speed: object  # speed.options.SpeedPlan: compile / compute / attention for this device
+    num_heads: int = 40  # attention heads of the experts (how far a sequence split can go)
 
 
 def prepare(args, log) -> Prepared:
@@ -176,7 +177,7 @@ def prepare(args, log) -> Prepared:
                      what=f"--frames {frames} --size {args.size}")
     camera, note, frames = _camera(args, kind, frames, height, width, log)
     return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,
-                    speed)
+                    speed, checked.high.config.num_heads)
 
 
 def _files(args):
