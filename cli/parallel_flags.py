@@ -9,7 +9,6 @@ the summary. The other ranks log warnings only, prefixed with their rank.
 from __future__ import annotations
 
 import logging
-import sys
 import torch
 
 from ..parallel.group import DEFAULT_TIMEOUT_S, LaunchError, Session, launched_by_torchrun
@@ -98,14 +97,13 @@ def check_same_models(session: Session, paths: dict, log: logging.Logger) -> Non
     """Every rank must load the same model files: compare their fingerprints (refused on every rank if not)."""
     if not session.parallel:
         return
-    from ..parallel.fingerprint import expert_fingerprint, mismatch, run_signature
+    from ..parallel.fingerprint import expert_fingerprint, mismatch
 
     with session.all_ranks("comparing the model files"):
         mine = {name: expert_fingerprint(p) for name, p in paths.items()}
-    mine["command"] = {"name": "command line", "digest": run_signature(sys.argv[1:])}
     every = session.gather_json(mine, "comparing the model files")
-    for name in list(paths) + ["command"]:
-        line = mismatch([fp[name] for fp in every], f"{name} files" if name != "command" else "command lines")
+    for name in paths:
+        line = mismatch([fp[name] for fp in every], f"{name} files")
         if line:
             raise UsageError(line)
     log.info("parallel: every rank loads the same model files")
@@ -135,10 +133,10 @@ def check_same_inputs(session: Session, tensors: dict, what: str = "the sampling
     different videos are stopped before the first step."""
     if not session.parallel:
         return
-    sums = {k: None if t is None else [float(t.double().sum()), float(t.double().abs().sum())]
+    sums = {k: None if t is None else [list(t.shape), float(t.double().sum()), float(t.double().abs().sum())]
             for k, t in tensors.items()}
     every = session.gather_json(sums, what)
     bad = sorted({k for other in every[1:] for k in sums if other[k] != every[0][k]})
     if bad:
-        raise RuntimeError(f"the ranks would sample from different {', '.join(bad)} (rank 0's differ from another "
-                           "rank's); this is a bug, please report it")
+        raise RuntimeError(f"the ranks would sample from different {', '.join(bad)}: were they started with different "
+                           "arguments or files? (torchrun gives every process the same command line)")

@@ -37,7 +37,7 @@ class CFGParallel:
         try:
             dist.all_gather(both, own, group=self.group)
         except RuntimeError as e:
-            raise collective_failure("exchanging the guidance passes", e, dist.get_rank()) from e
+            raise collective_failure("exchanging the guidance passes", e) from e
         self.exchanges += 1
         cond, uncond = both
         return uncond + guide * (cond - uncond)

@@ -8,7 +8,6 @@ another quantization, a truncated copy) differ there; a rank that sees other fil
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
@@ -46,20 +45,17 @@ def expert_fingerprint(path) -> dict:
 
     fmt = detect_format(path)
     fp = model_fingerprint(fmt.path, {"kind": fmt.kind, **fmt.config.to_json()}, fmt.files)
+    fp["name"] = str(Path(path).expanduser())
     return fp
 
 
 def mismatch(fingerprints: list[dict], what: str) -> Optional[str]:
     """One line naming the ranks whose `what` differs from rank 0's, or None when every rank agrees."""
     ref = fingerprints[0]
-    bad = [r for r, fp in enumerate(fingerprints) if fp != ref]
+    bad = [r for r, fp in enumerate(fingerprints) if fp["digest"] != ref["digest"]]
     if not bad:
         return None
     seen = ", ".join(f"rank {r}: {fingerprints[r]['name']} ({fingerprints[r]['digest']})" for r in bad[:4])
     return (f"the ranks load different {what}: rank 0 has {ref['name']} ({ref['digest']}), {seen}; every process "
             "must read the same files (same folder, or identical copies on every machine)")
 
-
-def run_signature(argv: Iterable[str]) -> str:
-    """The command line every rank was started with (torchrun gives all the same one)."""
-    return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16] + f"-{os.environ.get('WORLD_SIZE', '1')}"

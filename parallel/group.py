@@ -141,7 +141,7 @@ class Session:
             if dist.is_initialized():
                 dist.destroy_process_group()
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ParallelError(f"rank {rank}: could not connect to the other {world - 1} process(es) within "
+            raise ParallelError(f"could not connect to the other {world - 1} process(es) within "
                                 f"{timeout_s:.0f} s ({first[:160]}); check that every process started") from e
         s = cls(rank, world, local_rank, device, backend, timeout_s, Layout(world, 1, 1), control, None, None, True)
         return s

@@ -22,20 +22,20 @@ class ParallelError(RuntimeError):
     """A collective with the other ranks failed: one of them stopped, crashed or did not answer in time."""
 
 
-def collective_failure(what: str, exc: BaseException, rank: Optional[int] = None) -> ParallelError:
+def collective_failure(what: str, exc: BaseException) -> ParallelError:
+    """One line for a failed collective: what was being exchanged, the likely reason, the transport's own words."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     lost = any(s in first for s in ("Connection reset", "Connection closed", "Broken pipe", "closed by peer"))
     why = ("another rank stopped or crashed (its own error is above)" if lost else
            "another rank failed, stopped or did not answer within --parallel-timeout (see its error)")
-    who = f"rank {rank}: " if rank is not None else ""
-    return ParallelError(f"{who}{what} with the other ranks failed: {why} [{first[:160]}]")
+    return ParallelError(f"{what} with the other ranks failed: {why} [{first[:120]}]")
 
 
 def _call(what: str, fn, group=None):
     try:
         return fn()
     except (RuntimeError, ValueError) as e:  # dist's errors are RuntimeError subclasses (DistBackendError, ...)
-        raise collective_failure(what, e, dist.get_rank() if dist.is_initialized() else None) from e
+        raise collective_failure(what, e) from e
 
 
 def all_gather_bytes(data: bytes, group=None, what: str = "exchanging messages") -> list[bytes]:

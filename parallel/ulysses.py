@@ -125,7 +125,7 @@ class SequenceParallel:
         try:
             fn()
         except RuntimeError as e:
-            raise collective_failure(what, e, dist.get_rank()) from e
+            raise collective_failure(what, e) from e
 
     def __repr__(self) -> str:
         return f"SequenceParallel(rank {self.rank} of {self.degree})"
