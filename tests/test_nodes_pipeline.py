@@ -412,3 +412,25 @@ def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeyp
     assert live_text_encoder_pids() == []
     flags.clear()
     assert node.encode(*args)[0].positive.shape[1] == 32  # and it works again
+
+
+def test_cfg_parallel_on_a_second_device_gives_the_same_latent(comfy, graph, monkeypatch):
+    """cfg_parallel: the unconditional pass on a second device with its own expert copies (two CPU "devices" here:
+    the choice is forced to the CPU), freed when the run ends; the latent equals the one-device run's."""
+    from lingbot_world.nodes import cfg_parallel
+    from lingbot_world.parallel import local_cfg
+
+    experts = load_experts("swap")
+    reference = run_sampler(experts, graph)["samples"]
+    pairs = []
+    real = local_cfg.TwoDeviceCFG
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cfg_parallel, "second_device", lambda choice, main: torch.device("cpu"))
+        mp.setattr(cfg_parallel, "TwoDeviceCFG", lambda *a, **k: pairs.append(real(*a, **k)) or pairs[-1])
+        got = run_sampler(experts, graph, cfg_parallel="auto")["samples"]
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+    (pair,) = pairs
+    assert pair.closed and pair.second.events[-1]["op"] == "release"  # the second copies are gone
+    assert not experts.high.is_loaded() and not experts.low.is_loaded()
+    with pytest.raises(ValueError, match="needs two CUDA GPUs"):
+        run_sampler(experts, graph, cfg_parallel="cuda:1")
