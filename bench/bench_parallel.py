@@ -25,6 +25,8 @@ kernel): the comparison is between GPU counts, not against the compiled path.
   extrapolated from the mean of the chunks after the window filled, and reported as extrapolated): s/chunk and
   sampling seconds on 1 GPU and 2 GPUs (Ulysses: tokens and K/V cache heads split).
 - per rank: peak VRAM (torch allocated / reserved; nvidia-smi per GPU from the parent), weights on the device.
+- output: rank 0 saves the final latent (base) / the last chunk's x0 (fast); `rel_l2_vs_one_gpu` is its relative L2
+  distance from the one-GPU case's (same seed and inputs): the bf16 rounding the split adds.
 - communication: in the Ulysses children, the four all-to-alls of one block at the case's shapes are timed alone
   (CUDA-synchronised, --comm-iters) and scaled to a step/chunk; in the CFG child, the all-gather of the two
   velocities. The summary projects 4 and 8 GPUs from these (a projection, labelled so): per pass
@@ -107,6 +109,28 @@ def _peaks(device: torch.device) -> dict:
         return {"peak_rss": peak_rss_bytes()}
     return {"peak_allocated": torch.cuda.max_memory_allocated(device),
             "peak_reserved": torch.cuda.max_memory_reserved(device), "peak_rss": peak_rss_bytes()}
+
+
+def _save_output(spec: dict, session, tensor: torch.Tensor) -> None:
+    """Rank 0 keeps the case's output so the parent can measure how far 2 GPUs are from 1 (bf16 rounding)."""
+    if session.is_main and spec.get("workdir"):
+        from safetensors.torch import save_file
+
+        save_file({"out": tensor.detach().float().cpu().contiguous()}, str(Path(spec["workdir"]) /
+                                                                          f"out_{spec['case']}.safetensors"))
+
+
+def output_difference(workdir: Path, case: str, reference: str) -> Optional[float]:
+    """Relative L2 distance of a case's output from its one-GPU reference (None when either is missing)."""
+    from safetensors.torch import load_file
+
+    a, b = workdir / f"out_{case}.safetensors", workdir / f"out_{reference}.safetensors"
+    if not (a.is_file() and b.is_file()):
+        return None
+    x, y = load_file(str(a))["out"].double(), load_file(str(b))["out"].double()
+    if x.shape != y.shape:
+        return None
+    return float((x - y).norm() / y.norm().clamp_min(1e-30))
 
 
 def _comm_block(session, tokens: int, cfg: DiTConfig, batch: int, iters: int, dtype) -> Optional[float]:
@@ -192,6 +216,7 @@ def child_base(spec: dict) -> dict:
                 latent = sample(prov, noise, inputs["ctx"], inputs["neg"], inputs["y"], inputs["camera"], settings,
                                 device=device, callback=on_step, velocity=velocity)
             finite = bool(torch.isfinite(latent).all())
+            _save_output(spec, session, latent)
         finally:
             prov.close()
         steps = [b - a for a, b in zip([t0] + ends[:-1], ends)]
@@ -265,6 +290,7 @@ def child_fast(spec: dict) -> dict:
                     sync(device)
                     ends.append(time.perf_counter())
             finite = bool(torch.isfinite(x0).all())
+            _save_output(spec, session, x0)
             peaks = _peaks(device)
         finally:
             placement.close()
@@ -397,7 +423,7 @@ def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
             "tiny": args.tiny, "video": list(video), "config": cfgs["base"].to_json(),
             "fast_config": cfgs["fast"].to_json(), "base": experts["paths"]["base"], "fast": experts["paths"]["fast"],
             "timed": args.timed_steps, "chunks": args.fast_chunks, "comm_iters": args.comm_iters,
-            "timeout_s": args.collective_timeout}
+            "timeout_s": args.collective_timeout, "workdir": str(Path(args.workdir))}
     if c.get("window"):
         spec.update(window=6 if args.tiny else c["window"], sink=1 if args.tiny else c["sink"])
         if args.tiny:  # 5 chunks of which 4 run: the window is full from chunk 3
@@ -540,6 +566,10 @@ def run(args) -> dict:
                 r = run_case(case_spec(name, args, cfgs, experts, device), workdir, timeout=box)
             except Exception as e:  # the parent never dies on one case
                 r = {"error": f"{type(e).__name__}: {e}"}
+            if name in PAIRS and "error" not in r:
+                diff = output_difference(workdir, name, PAIRS[name])
+                if diff is not None:
+                    r["rel_l2_vs_one_gpu"] = diff  # same seed and inputs: the bf16 rounding of the split
             res["cases"][name] = r
             print(f"[{name}] {(r.get('error') or 'ok in ' + str(r.get('child_seconds')) + ' s')[:300]}", flush=True)
             save()
@@ -553,6 +583,9 @@ def run(args) -> dict:
                 shutil.rmtree(p, ignore_errors=True)
         for spec_file in workdir.glob("spec_*.json"):
             spec_file.unlink(missing_ok=True)
+        if not args.keep:
+            for f in workdir.glob("out_*.safetensors"):
+                f.unlink(missing_ok=True)
     return res
 
 

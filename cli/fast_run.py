@@ -152,6 +152,7 @@ def _run(args, session) -> int:
     plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files, session.sp_degree)
     log.info("memory plan: %s", plan.reason)
     session.end_checks()
+    parallel_flags.agree_on_plans(session, plan.reason, False, log)
     parallel_flags.check_same_models(session, {"Fast model": files.fast}, log)
     stats.mark("setup")
 

@@ -212,8 +212,9 @@ def _generate(args, session, stats: RunStats) -> int:
     parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos, "negative text": neg,
                                                "camera": camera})
     provider = _provider(args, files, device, frames, height, width, camera is not None, speed, session, cfg_mode)
+    batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
     if settings.cfg_mode == "auto" or velocity is not None:
-        settings.cfg_mode = provider.plan.cfg_mode
+        settings.cfg_mode = "batch" if batch else "sequential"
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
     try:
         with torch.inference_mode():

@@ -140,3 +140,14 @@ def check_same_inputs(session: Session, tensors: dict, what: str = "the sampling
     if bad:
         raise RuntimeError(f"the ranks would sample from different {', '.join(bad)}: were they started with different "
                            "arguments or files? (torchrun gives every process the same command line)")
+
+
+def agree_on_plans(session: Session, reason: str, cfg_batch: bool, log: logging.Logger) -> bool:
+    """Log every rank's memory plan on rank 0 (GPUs of different sizes get different plans) and agree on batched CFG:
+    batched only when every rank planned it, as the ranks of a sequence split exchange tensors of the same batch."""
+    if not session.parallel:
+        return cfg_batch
+    every = session.gather_json({"plan": reason, "batch": bool(cfg_batch)}, "comparing memory plans")
+    for r, p in enumerate(every[1:], start=1):
+        log.info("memory plan of rank %d: %s", r, p["plan"])
+    return all(p["batch"] for p in every)

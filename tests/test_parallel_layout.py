@@ -86,8 +86,9 @@ def _on_every_rank(sps, fn):
         return list(pool.map(fn, sps, range(len(sps))))
 
 
-def test_head_regrouping_is_the_all_to_all_of_ulysses(monkeypatch):
-    n, b, per, heads, d = 4, 2, 3, 8, 5
+@pytest.mark.parametrize("n, heads", [(4, 8), (5, 40), (8, 40)])
+def test_head_regrouping_is_the_all_to_all_of_ulysses(monkeypatch, n, heads):
+    b, per, d = 2, 3, 5
     _threaded_all_to_all(monkeypatch, n)
     sps = [SequenceParallel(n, r) for r in range(n)]
     x = torch.randn(b, n * per, heads, d)
@@ -148,3 +149,46 @@ def test_launch_checks_before_any_process_group(monkeypatch):
     assert group.launched_by_torchrun()
     monkeypatch.delenv("MASTER_PORT")
     assert not group.launched_by_torchrun()
+
+
+@pytest.mark.parametrize("degree", [5, 8])
+def test_a_forward_split_over_5_or_8_ranks_equals_the_whole_forward(monkeypatch, degree):
+    """The released model's 40 heads over 5 and 8 ranks (threads standing in for the processes), 45 tokens (padded
+    to 50 and 48), camera on: the DiT forward equals the unsplit one."""
+    from lingbot_world.wan.dit.model import DiTConfig, WanDiT
+
+    _threaded_all_to_all(monkeypatch, degree)
+    barrier = threading.Barrier(degree)
+    shards: list = [None] * degree
+
+    def gather(self, out):
+        shards[self.rank] = out
+        barrier.wait()
+        joined = torch.cat(shards, dim=1)[:, :self.tokens]
+        barrier.wait()
+        return joined
+
+    monkeypatch.setattr(SequenceParallel, "gather", gather)
+    cfg = DiTConfig.tiny(dim=320, num_heads=40, num_layers=2, text_dim=16, text_len=8)
+    torch.manual_seed(0)
+    whole = WanDiT(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(1, 16, 5, 6, 6, generator=g), torch.randn(1, 20, 5, 6, 6, generator=g)
+    cam, ctx = torch.randn(1, 384, 5, 6, 6, generator=g), torch.randn(1, 8, 16, generator=g)
+    t = torch.tensor([500])
+    with torch.no_grad():
+        ref = whole(x, t, ctx, y, camera=cam)
+    models = []
+    for r in range(degree):
+        m = WanDiT(cfg).eval()
+        m.load_state_dict(whole.state_dict())
+        m.set_seq_parallel(SequenceParallel(degree, r, num_heads=40))
+        models.append(m)
+
+    def run(m, r):
+        with torch.no_grad():
+            return m(x, t, ctx, y, camera=cam)
+
+    outs = _on_every_rank(models, lambda m, r: run(m, r))
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
