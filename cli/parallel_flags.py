@@ -129,18 +129,18 @@ def velocity(session: Session):
 
 
 def check_same_inputs(session: Session, tensors: dict, what: str = "the sampling inputs") -> None:
-    """A checksum of the inputs every rank samples from (noise, conditioning, text, camera): ranks that would make
-    different videos are stopped before the first step."""
+    """The inputs every rank samples from (noise, conditioning, text, camera) must be the same bytes: ranks that would
+    make different videos are stopped before the first step."""
     if not session.parallel:
         return
-    sums = {k: None if t is None else [list(t.shape), float(t.double().sum()), float(t.double().abs().sum())]
-            for k, t in tensors.items()}
-    every = session.gather_json(sums, what)
-    bad = sorted({k for other in every[1:] for k in sums if other[k] != every[0][k]})
+    from ..parallel.fingerprint import tensor_digest
+
+    mine = {k: None if t is None else tensor_digest(t) for k, t in tensors.items()}
+    every = session.gather_json(mine, what)
+    bad = sorted({k for other in every[1:] for k in mine if other[k] != every[0][k]})
     if bad:
         raise RuntimeError(f"the ranks would sample from different {', '.join(bad)}: were they started with different "
-                           "arguments or files? (torchrun gives every process the same command line)")
-
+                           "arguments or files, or on GPUs of different kinds with --noise cuda (then use --noise cpu)?")
 
 def agree_on_plans(session: Session, reason: str, cfg_batch: bool, log: logging.Logger) -> bool:
     """Log every rank's memory plan on rank 0 (GPUs of different sizes get different plans) and agree on batched CFG:

@@ -59,3 +59,20 @@ def mismatch(fingerprints: list[dict], what: str) -> Optional[str]:
     return (f"the ranks load different {what}: rank 0 has {ref['name']} ({ref['digest']}), {seen}; every process "
             "must read the same files (same folder, or identical copies on every machine)")
 
+
+
+def tensor_digest(t, sample_above: int = 256 << 20) -> str:
+    """Shape, dtype and a sha256 of a tensor's bytes (for tensors over `sample_above` bytes, of an evenly strided
+    subsample of its elements plus its first and last MiB), computed on the CPU: equal exactly when the bytes are."""
+    import torch
+
+    flat = t.detach().reshape(-1)
+    h = hashlib.sha256(f"{tuple(t.shape)} {t.dtype}".encode())
+    nbytes = flat.numel() * flat.element_size()
+    if nbytes > sample_above:
+        edge = max(1, EDGE // flat.element_size())
+        step = max(1, flat.numel() // (sample_above // flat.element_size()))
+        flat = torch.cat([flat[:edge], flat[::step], flat[-edge:]])
+    raw = flat.cpu().contiguous().view(torch.uint8) if flat.numel() else flat.cpu().view(torch.uint8)
+    h.update(raw.numpy().tobytes())
+    return h.hexdigest()[:16]
