@@ -147,11 +147,12 @@ def _run(args, session) -> int:
     if session.is_main:
         print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
               f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)
-    parallel_flags.set_layout(session, args, cfg.num_heads, "fast", False, log)
+    split = parallel_flags.plan(session, args, cfg.num_heads, "fast", False, log)
 
-    plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files, session.sp_degree)
+    plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files, split.ulysses)
     log.info("memory plan: %s", plan.reason)
     session.end_checks()
+    parallel_flags.use(session, split, log)
     parallel_flags.agree_on_plans(session, plan.reason, False, log)
     parallel_flags.check_same_models(session, {"Fast model": files.fast}, log)
     stats.mark("setup")

@@ -12,7 +12,7 @@ import logging
 import torch
 
 from ..parallel.group import DEFAULT_TIMEOUT_S, LaunchError, Session, launched_by_torchrun
-from ..parallel.layout import MODES, plan_layout
+from ..parallel.layout import MODES, Layout, plan_layout
 from .errors import UsageError
 
 
@@ -78,10 +78,10 @@ def _device_kind(device: str) -> str:
                      "auto (or cuda; cpu for a test run) and choose the GPUs with CUDA_VISIBLE_DEVICES")
 
 
-def set_layout(session: Session, args, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> None:
-    """Decide and create the layout (the same on every rank; a refusal is the same line on every rank)."""
+def plan(session: Session, args, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> Layout:
+    """The layout of this launch (no collective: the same on every rank, and so is a refusal)."""
     if not session.parallel:
-        return
+        return session.layout
     try:
         layout = plan_layout(args.parallel, session.world, num_heads, model=model, guidance=guidance)
     except ValueError as e:
@@ -89,8 +89,18 @@ def set_layout(session: Session, args, num_heads: int, model: str, guidance: boo
     if args.parallel == "cfg" and not guidance:
         log.warning("--parallel cfg with guide scale 1: there is no unconditional pass, every rank computes the "
                     "same conditional one")
-    session.set_layout(layout)
-    log.info("parallel: %s", layout.describe())
+    return layout
+
+
+def set_layout(session: Session, args, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> None:
+    """Decide the layout and create its groups (a collective: every rank calls it, after the pre-flight)."""
+    use(session, plan(session, args, num_heads, model, guidance, log), log)
+
+
+def use(session: Session, layout: Layout, log: logging.Logger) -> None:
+    if session.parallel:
+        session.set_layout(layout)
+        log.info("parallel: %s", layout.describe())
 
 
 def check_same_models(session: Session, paths: dict, log: logging.Logger) -> None:
