@@ -96,7 +96,7 @@ def _run(args, session) -> int:
     from .generate import _empty_cache
     from .preflight import camera_path, default_output_name, noise_source, resolve_device
     from .progress import RunStats
-    from .speed_flags import report_compile, speed_plan
+    from .speed_flags import log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output
 
     if args.frames is None:
@@ -110,7 +110,7 @@ def _run(args, session) -> int:
     session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
-    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
+    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
     target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
     files = _fast_files(args)
     fmt = detect_format(files.fast)
@@ -144,6 +144,7 @@ def _run(args, session) -> int:
                           sink_frames=args.sink, max_attention=args.max_attention)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
+    log_speed_plan(speed, log)
     if session.is_main:
         print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
               f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)

@@ -14,6 +14,7 @@ import torch
 from . import actions_arg
 from . import fast_run
 from . import parallel_flags
+from .lora_run import add_lora_arguments, lora_loader
 from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
 from .speed_flags import add_speed_args, report_compile
@@ -97,6 +98,8 @@ def add_parser(sub) -> None:
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
     add_speed_args(p)
     parallel_flags.add_arguments(p)
+
+    add_lora_arguments(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
@@ -211,7 +214,8 @@ def _generate(args, session, stats: RunStats) -> int:
     cfg_mode = "sequential" if velocity is not None else args.cfg_mode
     parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos, "negative text": neg,
                                                "camera": camera})
-    provider = _provider(args, files, device, frames, height, width, camera is not None, speed, session, cfg_mode)
+    provider = _provider(args, files, device, frames, height, width, camera is not None, speed, session, cfg_mode,
+                         loader=lora_loader(pre.loras, {"high": files.high, "low": files.low}))
     batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
     if settings.cfg_mode == "auto" or velocity is not None:
         settings.cfg_mode = "batch" if batch else "sequential"
@@ -246,7 +250,7 @@ def _generate(args, session, stats: RunStats) -> int:
 
 
 def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None, session=None,
-              cfg_mode=None):
+              cfg_mode=None, loader=None):
     from ..memory.placement import make_provider
     from ..speed.options import apply_speed
 
@@ -259,7 +263,7 @@ def _provider(args, files, device, frames, height, width, with_camera: bool, spe
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
         video=(frames, height, width), cfg_mode=cfg_mode or args.cfg_mode, camera=with_camera, log=log,
-        prepare=prepare_model, seq_parallel=1 if session is None else session.sp_degree,
+        loader=loader, prepare=prepare_model, seq_parallel=1 if session is None else session.sp_degree,
     )
 
 

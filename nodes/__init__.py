@@ -10,6 +10,8 @@ from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSa
 from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
+from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
+from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
 from .sampler_node import LingBotSampler
 from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
@@ -28,6 +30,12 @@ NODE_CLASS_MAPPINGS = {
     "LingBotFastLoader": LingBotFastLoader,
     "LingBotFastSampler": LingBotFastSampler,
     "LingBotSpeedOptions": LingBotSpeedOptions,
+    # native door (issue 16): LingBot experts as MODEL, camera / first frame on CONDITIONING, LoRA
+    "LingBotModelLoader": LingBotModelLoader,
+    "LingBotLoraLoader": LingBotLoraLoader,
+    "LingBotExpertsFromModels": LingBotExpertsFromModels,
+    "LingBotCameraConditioning": LingBotCameraConditioning,
+    "LingBotImageToVideoNative": LingBotImageToVideoNative,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -44,6 +52,11 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotFastLoader": "LingBot Fast Model Loader",
     "LingBotFastSampler": "LingBot Fast Sampler",
     "LingBotSpeedOptions": "LingBot Speed Options",
+    "LingBotModelLoader": "LingBot NF4 Model Loader",
+    "LingBotLoraLoader": "LingBot LoRA Loader (NF4)",
+    "LingBotExpertsFromModels": "LingBot Experts From Models",
+    "LingBotCameraConditioning": "LingBot Camera Conditioning",
+    "LingBotImageToVideoNative": "LingBot Image To Video (native)",
 }
 
 
