@@ -7,7 +7,9 @@ swap, the same modes as the CLI) and driven from a worker thread (parallel/local
 pass at the same time. ComfyUI does not know about that copy, so it lives only for the sampler run: it is loaded
 when the run starts (and at the expert switch), and freed when the run ends, is cancelled or fails. Cost: the
 second GPU holds one expert (9.6 GB in NF4; both experts, 19.2 GB, when its plan is resident) plus one pass's
-activations; nothing stays on it between runs. No ComfyUI imports here: the node passes its model management in.
+activations; nothing stays on it between runs. LoRAs on the experts (ComfyUI patches, e.g. LoraLoaderModelOnly on
+a LingBot MODEL) are put on the second copy too (`quant.lora`, merged or on the fly as on the main copy), so both
+passes see the same model. No ComfyUI imports at module level: the node passes its model management in.
 """
 from __future__ import annotations
 
@@ -54,12 +56,42 @@ def two_device_provider(main_provider, experts, device: torch.device, video: tup
     from ..memory.placement import make_provider
     from ..speed.options import apply_speed
 
-    speed = experts.speed
+    speed = experts.speed if experts.speed is not None else experts.high.weights.speed
     blocks = experts.blocks_on_gpu if experts.blocks_on_gpu >= 0 else None
     second = make_provider(
         experts.memory_mode, experts.formats["high"].path, experts.formats["low"].path, device,
         weights=experts.weights, blocks_on_gpu=blocks, video=video, cfg_mode="sequential", camera=camera,
-        log=lambda line: log.info("LingBot-World CFG on %s: %s", device, line),
+        log=lambda line: log.info("LingBot-World CFG on %s: %s", device, line), loader=_patched_loader(experts),
         prepare=None if speed is None else (lambda model: apply_speed(model, speed)))
     log.info("LingBot-World: CFG-parallel, the unconditional pass on %s (%s)", device, second.plan.reason)
     return TwoDeviceCFG(main_provider, second, device)
+
+
+def _patched_loader(experts):
+    """A `make_provider(loader=...)` that puts each expert's ComfyUI patches (its LoRAs) on the second copy; None
+    when neither expert has any."""
+    patches = {name: dict(experts.patcher(name).patches) for name in ("high", "low")}
+    if not any(patches.values()):
+        return None
+    merge = bool(getattr(experts.high.weights, "lora_merge", False))
+    by_path: dict[str, dict] = {}
+    for name in ("high", "low"):
+        path = str(experts.formats[name].path)
+        if path in by_path and experts.high.patches_uuid != experts.low.patches_uuid:
+            raise ValueError("cfg_parallel: the two experts are the same file with different LoRAs, which the second "
+                             "GPU's copy cannot tell apart; set cfg_parallel to off")
+        by_path[path] = patches[name]
+    from ..memory.placement import _default_loader
+    from ..quant.lora import apply_lora
+    from .lora_patches import hooks_from_patches
+
+    def load(path, device, mode, compute_dtype, host=None):
+        model = _default_loader(path, device=device, mode=mode, compute_dtype=compute_dtype, host=host)
+        chosen = by_path.get(str(path))
+        if chosen:
+            hooks, plain = hooks_from_patches(chosen, model)
+            # merged like the main copy when the loader node asked for it, unless blocks stream from RAM (host)
+            apply_lora(model, hooks, plain, merge_linears=merge and host is None, dtype=compute_dtype, device=device)
+        return model
+
+    return load

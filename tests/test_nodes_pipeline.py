@@ -468,6 +468,41 @@ def test_cfg_parallel_on_a_second_device_gives_the_same_latent(comfy, graph, mon
 
 
 
+def test_cfg_parallel_puts_the_experts_loras_on_the_second_copy(comfy, graph, monkeypatch):
+    """An expert with a LoRA (ComfyUI patches, as LoraLoaderModelOnly leaves them): the second device's copy gets
+    the same LoRA, so cfg_parallel's latent equals the one-device run's with that LoRA (and differs without it)."""
+    from lingbot_world.nodes import cfg_parallel
+
+    class LoRAAdapter:  # the one field of comfy.weight_adapter.LoRAAdapter the pack reads
+        def __init__(self, keys, weights):
+            self.weights = weights
+
+    wa = types.ModuleType("comfy.weight_adapter")
+    wa.LoRAAdapter = LoRAAdapter
+    lora = types.ModuleType("comfy.lora")
+    lora.calculate_weight = None  # only plain LoRAs here: ComfyUI's generic path is not taken
+    monkeypatch.setitem(sys.modules, "comfy.weight_adapter", wa)
+    monkeypatch.setitem(sys.modules, "comfy.lora", lora)
+    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.lora_patches", raising=False)
+
+    experts = load_experts("swap")
+    plain = run_sampler(experts, graph)["samples"]
+    dim = experts.formats["high"].config.dim
+    g = torch.Generator().manual_seed(3)
+    for name in ("high", "low"):
+        up, down = torch.randn(dim, 4, generator=g) * 0.5, torch.randn(4, dim, generator=g) * 0.5
+        patcher = experts.patcher(name)
+        patcher.patches = {f"diffusion_model.blocks.{i}.self_attn.q.weight":
+                           [(1.0, LoRAAdapter(set(), (up, down, 4.0, None, None, None)), 1.0, None, None)]
+                           for i in range(2)}
+        patcher.patches_uuid = uuid.uuid4()
+    reference = run_sampler(experts, graph)["samples"]
+    assert (reference - plain).abs().max() > 1e-3  # the LoRA changes the video
+    monkeypatch.setattr(cfg_parallel, "second_device", lambda choice, main: torch.device("cpu"))
+    got = run_sampler(experts, graph, cfg_parallel="auto")["samples"]
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+
+
 def test_comfyui_memory_budget_becomes_block_swap(comfy):
     """ComfyUI's lowvram budget for a model that does not fit: the expert loads whole when the budget holds it,
     else with as many blocks on the GPU as fit beside the base weights and the two streaming buffers."""
