@@ -171,7 +171,8 @@ def _generate(args, session, stats: RunStats) -> int:
     speed = pre.speed
     guidance = not (args.guide_scale[0] == 1.0 and args.guide_scale[-1] == 1.0)
     parallel_flags.set_layout(session, args, pre.num_heads, "base", guidance, log)
-    parallel_flags.check_same_models(session, {"high-noise expert": files.high, "low-noise expert": files.low}, log)
+    parallel_flags.check_same_models(session, {"high-noise expert": files.high, "low-noise expert": files.low}, log,
+                                     args)
     if pre.camera_note:
         log.warning("camera: %s", pre.camera_note)
     lat_h, lat_w = latent_size(height, width)

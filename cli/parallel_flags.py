@@ -103,20 +103,36 @@ def use(session: Session, layout: Layout, log: logging.Logger) -> None:
         log.info("parallel: %s", layout.describe())
 
 
-def check_same_models(session: Session, paths: dict, log: logging.Logger) -> None:
-    """Every rank must load the same model files: compare their fingerprints (refused on every rank if not)."""
+def check_same_models(session: Session, paths: dict, log: logging.Logger, args=None) -> None:
+    """Every rank must load the same model files (and the same --lora files and strengths, from `args`): compare
+    their fingerprints (refused on every rank if not)."""
     if not session.parallel:
         return
     from ..parallel.fingerprint import expert_fingerprint, mismatch
 
     with session.all_ranks("comparing the model files"):
         mine = {name: expert_fingerprint(p) for name, p in paths.items()}
+        mine["LoRA"] = _lora_fingerprint(args)
     every = session.gather_json(mine, "comparing the model files")
-    for name in paths:
+    for name in list(paths) + ["LoRA"]:
         line = mismatch([fp[name] for fp in every], f"{name} files")
         if line:
             raise UsageError(line)
     log.info("parallel: every rank loads the same model files")
+
+
+def _lora_fingerprint(args) -> dict:
+    """One fingerprint of every --lora/--lora-high/--lora-low file with its strength (the same on every rank)."""
+    from ..parallel.fingerprint import model_fingerprint
+    from .lora_run import parse_spec
+
+    specs = [(flag, *parse_spec(spec)) for flag in ("lora", "lora_high", "lora_low")
+             for spec in (getattr(args, flag, None) or [])]
+    names = ", ".join(f"--{flag.replace('_', '-')} {path.name}:{strength:g}" for flag, path, strength in specs)
+    fp = model_fingerprint(".", {"specs": repr([(flag, strength) for flag, _, strength in specs])},
+                           files=[path.expanduser() for _, path, _ in specs])
+    fp["name"] = names or "no LoRA"
+    return fp
 
 
 def attach(session: Session, model: torch.nn.Module) -> torch.nn.Module:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from lingbot_world.cli import main
@@ -121,6 +122,22 @@ def test_different_checkpoints_per_rank_are_refused(demo, tmp_path):
     with DL.Ranks([_cli(demo, tmp_path / "x", "--steps", "2"), _cli(other, tmp_path / "x", "--steps", "2")],
                   tmp_path / "logs") as ranks:
         _refused(ranks, 2, 2, "the ranks load different low-noise expert files")
+
+
+def test_different_loras_per_rank_are_refused(demo, tmp_path):
+    from safetensors.torch import save_file
+
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        save_file({"lora_unet_blocks_0_self_attn_q.lora_down.weight": torch.randn(2, 64, generator=g),
+                   "lora_unet_blocks_0_self_attn_q.lora_up.weight": torch.randn(64, 2, generator=g)},
+                  str(tmp_path / f"style{seed}.safetensors"))
+    (tmp_path / "other").mkdir()
+    shutil.copy(tmp_path / "style1.safetensors", tmp_path / "other" / "style0.safetensors")  # same name, other bytes
+    first = _cli(demo, tmp_path / "x", "--steps", "2", "--lora", str(tmp_path / "style0.safetensors"))
+    second = _cli(demo, tmp_path / "x", "--steps", "2", "--lora", str(tmp_path / "other" / "style0.safetensors"))
+    with DL.Ranks([first, second], tmp_path / "logs") as ranks:
+        _refused(ranks, 2, 2, "the ranks load different LoRA files: rank 0 has --lora style0.safetensors:1")
 
 
 def _run_until_sampling(demo, tmp_path, *extra):
