@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         _report("lingbot-world", EXIT_INTERRUPTED, "interrupted")
         return EXIT_INTERRUPTED
-    prog = f"lingbot-world {args.command}"
+    prog = f"lingbot-world {args.command}" + _rank_suffix()
     with signals_raise():
         try:
             return int(args.func(args) or 0)
@@ -70,6 +70,14 @@ def main(argv=None) -> int:
             return EXIT_USAGE
         except BaseException as e:  # noqa: BLE001 - every outcome becomes an exit code and one line
             return _fail(prog, e, args.debug)
+
+
+def _rank_suffix() -> str:
+    """" [rank N]" in the messages of a process torchrun started (its errors interleave with the other ranks')."""
+    import os
+
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+    return f" [rank {rank}]" if rank is not None and world not in ("", "1") else ""
 
 
 def _fail(prog: str, exc: BaseException, debug: bool) -> int:

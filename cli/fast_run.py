@@ -60,7 +60,30 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    """Entry point from generate.run() for --model fast."""
+    """Entry point from generate.run() for --model fast (one process, or one rank of a torchrun launch)."""
+    from . import parallel_flags
+
+    if args.demo:
+        requested_frames = args.frames
+        from .generate import _demo_defaults
+
+        _demo_defaults(args)
+        if requested_frames is None:
+            args.frames = DEMO_FAST_FRAMES
+    session = parallel_flags.start(args, log)
+    failed = True
+    try:
+        code = _run(args, session)
+        failed = False
+        return code
+    except Exception as e:
+        session.report_failure(e)  # a check that failed here is raised on every rank
+        raise
+    finally:
+        session.close(failed)
+
+
+def _run(args, session) -> int:
     from ..loaders.expert_format import check_model_kind, detect_format
     from ..loaders.expert_loader import check_expert_keys
     from ..text_encoder.encode import encode_prompts
@@ -69,17 +92,13 @@ def run(args) -> int:
     from ..wan.sampling.fast_sampler import CHUNK_FRAMES, fast_frames
     from ..wan.sizes import latent_size, max_area_for, target_size
     from ..loaders.image_files import load_image
-    from .generate import _demo_defaults, _empty_cache
+    from . import parallel_flags
+    from .generate import _empty_cache
     from .preflight import camera_path, default_output_name, noise_source, resolve_device
     from .progress import RunStats
     from .speed_flags import log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output
 
-    if args.demo:
-        requested_frames = args.frames
-        _demo_defaults(args)
-        if requested_frames is None:
-            args.frames = DEMO_FAST_FRAMES
     if args.frames is None:
         args.frames = 81
     _warn_base_only_flags(args)
@@ -88,6 +107,7 @@ def run(args) -> int:
     if args.actions:
         raise UsageError("--actions with --model fast is not supported yet; give a camera with --camera")
     stats = RunStats()
+    session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
     speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
@@ -125,33 +145,49 @@ def run(args) -> int:
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
     log_speed_plan(speed, log)
-    print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
-          f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)
+    if session.is_main:
+        print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
+              f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)
+    split = parallel_flags.plan(session, args, cfg.num_heads, "fast", False, log)
 
-    plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files)
+    plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files, split.ulysses)
     log.info("memory plan: %s", plan.reason)
+    session.end_checks()
+    parallel_flags.use(session, split, log)
+    parallel_flags.agree_on_plans(session, plan.reason, False, log)
+    parallel_flags.check_same_models(session, {"Fast model": files.fast}, log)
     stats.mark("setup")
 
-    pos = encode_prompts(files.t5, files.tokenizer, [args.prompt], device=args.t5_device, cache_dir=args.cache_dir,
-                         use_cache=not args.no_text_cache, timeout=args.t5_timeout)[0]
+    pos, = session.from_main(lambda: encode_prompts(
+        files.t5, files.tokenizer, [args.prompt], device=args.t5_device, cache_dir=args.cache_dir,
+        use_cache=not args.no_text_cache, timeout=args.t5_timeout), "the text encoding")
     stats.mark("text")
 
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..loaders.vae_files import load_vae
     from ..wan.i2v import build_i2v_condition
 
-    vae = load_vae(files.vae, device, config=demo_vae_config(files.root))
-    with torch.inference_mode():
-        y = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
-    if not stream_vae:
-        vae.to("cpu")
-    _empty_cache(device)
+    vae = None
+
+    def encode_image():  # rank 0 only when there are several: the others receive y
+        nonlocal vae
+        vae = load_vae(files.vae, device, config=demo_vae_config(files.root))
+        with torch.inference_mode():
+            cond = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
+        if not stream_vae:
+            vae.to("cpu")
+        _empty_cache(device)
+        return [cond]
+
+    y, = session.from_main(encode_image, "the first frame's encoding")
     stats.mark("vae_encode")
 
-    seed = args.seed if args.seed >= 0 else random.randrange(2**31)
+    seed = session.same_value(args.seed if args.seed >= 0 else random.randrange(2**31), "the seed")
     latent, written = _sample(args, files, fmt, plan, device, pos, y, camera, seed, noise,
-                              vae if stream_vae else None, target, stats, speed)
+                              vae if stream_vae else None, target, stats, speed, session)
     report_compile(speed, log)
+    if not session.is_main:
+        return 0  # rank 0 decodes and writes the video
     if written is None:
         vae.to(device)
         with torch.inference_mode():
@@ -215,7 +251,7 @@ def _fast_files(args):
     return files
 
 
-def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
+def _plan(args, cfg, layout, device, height, width, with_camera: bool, files, seq_parallel: int = 1):
     """The memory plan, and whether the VAE streams chunk by chunk beside the model (--stream-decode)."""
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..memory.kv_placement import FastMemoryError, plan_fast_memory
@@ -229,7 +265,7 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
     ram = available_ram_bytes()
     cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
     kw = dict(weights=args.weights, cache=args.kv_cache, cache_layers_on_gpu=args.kv_layers_on_gpu,
-              camera=with_camera, compute_bytes=torch.empty(0, dtype=cdt).element_size())
+              camera=with_camera, compute_bytes=torch.empty(0, dtype=cdt).element_size(), seq_parallel=seq_parallel)
     try:
         plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
         stream = args.stream_decode == "on" or not cuda and args.stream_decode == "auto"
@@ -249,7 +285,8 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
     return plan, stream
 
 
-def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, vae, target, stats, speed):
+def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, vae, target, stats, speed,
+            session=None):
     """Load, place, run the chunks; returns (latent, written path or None when the video is decoded later)."""
     from ..memory.kv_placement import FastPlacement
     from ..speed.options import apply_speed
@@ -271,6 +308,12 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, v
     try:
         t0 = time.perf_counter()
         model = apply_speed(placement.load_model(files.fast, args.weights), speed)
+        if session is not None:
+            from . import parallel_flags
+
+            parallel_flags.attach(session, model)  # this rank's tokens; its cache holds this rank's heads
+            parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos,
+                                                       "camera": camera})
         cache = placement.make_cache()
         log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
         stats.mark("load")

@@ -13,6 +13,7 @@ import torch
 
 from . import actions_arg
 from . import fast_run
+from . import parallel_flags
 from .lora_run import add_lora_arguments, lora_loader
 from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
@@ -96,6 +97,7 @@ def add_parser(sub) -> None:
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
     add_speed_args(p)
+    parallel_flags.add_arguments(p)
 
     add_lora_arguments(p)
 
@@ -139,6 +141,20 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    if args.demo:
+        _demo_defaults(args)
+    stats = RunStats()
+    session = parallel_flags.start(args, log)  # one process, or one rank of a torchrun launch (its device set)
+    failed = True
+    try:
+        code = _generate(args, session, stats)
+        failed = False
+        return code
+    finally:
+        session.close(failed)
+
+
+def _generate(args, session, stats: RunStats) -> int:
     from ..text_encoder.encode import encode_prompts
     from ..loaders.vae_files import load_vae
     from ..wan.dit.model import pad_context
@@ -147,13 +163,16 @@ def _run(args) -> int:
     from ..wan.sampling.sampler import SamplingSettings, make_noise, sample
     from ..wan.sizes import latent_size
 
-    if args.demo:
-        _demo_defaults(args)
-    stats = RunStats()
-    # Everything that can be checked in seconds is checked before anything that takes minutes.
-    pre = prepare(args, log)
+    # Everything that can be checked in seconds is checked before anything that takes minutes (on every rank;
+    # rank 0 first, as it may build the demo checkpoint the others read).
+    with session.main_first("the pre-flight"):
+        pre = prepare(args, log)
     device, files, frames, height, width, camera = pre.device, pre.files, pre.frames, pre.height, pre.width, pre.camera
     speed = pre.speed
+    guidance = not (args.guide_scale[0] == 1.0 and args.guide_scale[-1] == 1.0)
+    parallel_flags.set_layout(session, args, pre.num_heads, "base", guidance, log)
+    parallel_flags.check_same_models(session, {"high-noise expert": files.high, "low-noise expert": files.low}, log,
+                                     args)
     if pre.camera_note:
         log.warning("camera: %s", pre.camera_note)
     lat_h, lat_w = latent_size(height, width)
@@ -161,38 +180,52 @@ def _run(args) -> int:
              (frames - 1) // 4 + 1, args.camera or "none")
     stats.mark("checks")
 
-    # Text: child process (or the cache); nothing of T5 stays in this process.
+    # Text: child process (or the cache); nothing of T5 stays in this process. Several ranks: rank 0 encodes.
     negative = args.negative_prompt if args.negative_prompt else DEFAULT_NEGATIVE_PROMPT
-    pos, neg = encode_prompts(
+    pos, neg = session.from_main(lambda: encode_prompts(
         files.t5, files.tokenizer, [args.prompt, negative], device=args.t5_device,
         cache_dir=args.cache_dir, use_cache=not args.no_text_cache, timeout=args.t5_timeout,
-    )
+    ), "the text encoding")
     stats.mark("text")
 
-    # I2V conditioning on the compute device; the VAE leaves the GPU while the experts run.
-    vae = load_vae(files.vae, device, config=pre.vae_config)
-    with torch.inference_mode():
-        y = build_i2v_condition(vae, pre.image, height, width, frames, tiled=args.vae_tiled)
-    vae.to("cpu")
-    _empty_cache(device)
+    # I2V conditioning on the compute device; the VAE leaves the GPU while the experts run (rank 0 only).
+    vae = None
+
+    def encode_image():
+        nonlocal vae
+        vae = load_vae(files.vae, device, config=pre.vae_config)
+        with torch.inference_mode():
+            cond = build_i2v_condition(vae, pre.image, height, width, frames, tiled=args.vae_tiled)
+        vae.to("cpu")
+        _empty_cache(device)
+        return [cond]
+
+    (y,) = session.from_main(encode_image, "the first frame's encoding")
     stats.mark("vae_encode")
 
     settings = SamplingSettings(
         steps=args.steps, shift=args.shift, boundary=args.boundary, solver=args.solver, cfg_mode=args.cfg_mode,
         guide_low=args.guide_scale[0], guide_high=args.guide_scale[-1],
     )
-    seed = args.seed if args.seed >= 0 else random.randrange(2**31)
+    seed = session.same_value(args.seed if args.seed >= 0 else random.randrange(2**31), "the seed")
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, pre.noise, device=device)
-    provider = _provider(args, files, device, frames, height, width, camera is not None, speed,
+    velocity = parallel_flags.velocity(session)
+    if velocity is not None and settings.cfg_mode != "auto":
+        log.info("--cfg-mode %s does not apply: each rank runs one guidance pass", settings.cfg_mode)
+    cfg_mode = "sequential" if velocity is not None else args.cfg_mode
+    parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos, "negative text": neg,
+                                               "camera": camera})
+    provider = _provider(args, files, device, frames, height, width, camera is not None, speed, session, cfg_mode,
                          loader=lora_loader(pre.loras, {"high": files.high, "low": files.low}))
-    if settings.cfg_mode == "auto":
-        settings.cfg_mode = provider.plan.cfg_mode
+    batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
+    if settings.cfg_mode == "auto" or velocity is not None:
+        settings.cfg_mode = "batch" if batch else "sequential"
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
     try:
         with torch.inference_mode():
             latent = sample(
                 provider, noise, pad_context([pos], 512).to(device), pad_context([neg], 512).to(device), y,
-                camera, settings, device=device, callback=bar.update,
+                camera, settings, device=device, callback=bar.update, velocity=velocity,
             )
     finally:
         bar.close()
@@ -203,6 +236,8 @@ def _run(args) -> int:
         _empty_cache(device)
     stats.mark("sampling")
     report_compile(speed, log)
+    if not session.is_main:
+        return 0  # rank 0 decodes and writes the video
 
     vae.to(device)
     with torch.inference_mode():
@@ -215,14 +250,21 @@ def _run(args) -> int:
     return 0
 
 
-def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None, loader=None):
+def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None, session=None,
+              cfg_mode=None, loader=None):
     from ..memory.placement import make_provider
     from ..speed.options import apply_speed
 
+    def prepare_model(model):
+        if speed is not None:
+            apply_speed(model, speed)
+        if session is not None:
+            parallel_flags.attach(session, model)  # this rank's share of the tokens (Ulysses)
+
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
-        video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log, loader=loader,
-        prepare=None if speed is None else (lambda model: apply_speed(model, speed)),
+        video=(frames, height, width), cfg_mode=cfg_mode or args.cfg_mode, camera=with_camera, log=log,
+        loader=loader, prepare=prepare_model, seq_parallel=1 if session is None else session.sp_degree,
     )
 
 

@@ -143,6 +143,7 @@ class Prepared:
     camera_note: Optional[str]
     speed: object  # speed.options.SpeedPlan: compile / compute / attention for this device
     loras: object  # cli.lora_run: the --lora files read and matched against the experts (or empty)
+    num_heads: int = 40  # attention heads of the experts (how far a sequence split can go)
 
 
 def prepare(args, log) -> Prepared:
@@ -181,7 +182,7 @@ def prepare(args, log) -> Prepared:
     camera, note, frames = _camera(args, kind, frames, height, width, log)
     log_speed_plan(speed, log)
     return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,
-                    speed, loras)
+                    speed, loras, checked.high.config.num_heads)
 
 
 def _files(args):

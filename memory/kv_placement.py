@@ -58,6 +58,7 @@ class FastMemoryPlan:
     fits: bool = True
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
     estimates: dict = field(default_factory=dict)
+    cache_heads: Optional[int] = None  # heads this process caches (a Ulysses rank holds H/N); None = all
 
     @property
     def num_layers(self) -> int:
@@ -94,13 +95,15 @@ def plan_fast_memory(
     compute_bytes: int = 2,
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
     extra_vram: int = 0,
+    seq_parallel: int = 1,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
     many layers on the device as fit. extra_vram: other device memory the run needs (a VAE for previews).
     vram_free=None means the CPU computes: the model and the whole cache live in host RAM (no device budget; the
-    plan says so, like the experts' planner). Raises FastMemoryError when the streamed layers do not fit in host
-    RAM either.
+    plan says so, like the experts' planner). seq_parallel N (parallel/ulysses.py): this rank caches H/N heads and
+    computes 1/N of each chunk's tokens. Raises FastMemoryError when the streamed layers do not fit in host RAM
+    either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
@@ -110,8 +113,11 @@ def plan_fast_memory(
     n_layers = cfg.num_layers
     sizes = expert_sizes(cfg, weights, compute_bytes)
     acts = int(estimate_activation_bytes(chunk_frames_pixels(), height, width, cfg, False, camera=camera,
-                                         compute_bytes=compute_bytes, token_chunk=token_chunk) * ACTIVATION_SAFETY)
-    layer = layout.layer_bytes(cfg.num_heads, cfg.head_dim, compute_bytes)
+                                         compute_bytes=compute_bytes, token_chunk=token_chunk,
+                                         seq_parallel=seq_parallel) * ACTIVATION_SAFETY)
+    heads = cfg.num_heads // max(1, int(seq_parallel))
+    cache_heads = heads if heads != cfg.num_heads else None
+    layer = layout.layer_bytes(heads, cfg.head_dim, compute_bytes)
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
     whole_cache = n_layers * layer
     cpu = vram_free is None
@@ -143,7 +149,7 @@ def plan_fast_memory(
         why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}",
-                              ok, token_chunk, est)
+                              ok, token_chunk, est, cache_heads)
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit.
     ring = 2 * layer
@@ -191,7 +197,7 @@ def plan_fast_memory(
     if host_need > ram_free - RAM_RESERVE:
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
-    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason, ok, token_chunk, est)
+    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason, ok, token_chunk, est, cache_heads)
 
 
 # ---- carrying a plan out ---------------------------------------------------------------------------------------
@@ -217,12 +223,13 @@ def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.
     """Allocate the cache of `plan` for `model` (a causal WanDiT) and hook the streamer into it if needed."""
     cfg = model.cfg
     device = torch.device(device)
+    heads = plan.cache_heads or cfg.num_heads
     if plan.cache == "gpu" or plan.cache_layers_on_gpu >= cfg.num_layers:
-        cache = plan.layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, batch=batch, dtype=dtype,
+        cache = plan.layout.make(cfg.num_layers, heads, cfg.head_dim, batch=batch, dtype=dtype,
                                  device=device, cache_text=plan.cache_text)
         return CachePlacement(cache)
     pin = (device.type == "cuda") if pin is None else pin
-    streamer = KVStreamer.build(plan.layout, cfg.num_layers, cfg.num_heads, cfg.head_dim, device=device,
+    streamer = KVStreamer.build(plan.layout, cfg.num_layers, heads, cfg.head_dim, device=device,
                                 layers_on_device=plan.cache_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
                                 cache_text=plan.cache_text)
     streamer.install(model)

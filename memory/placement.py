@@ -100,6 +100,7 @@ def estimate_activation_bytes(
     camera: bool = True,
     compute_bytes: int = 2,
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
+    seq_parallel: int = 1,
 ) -> int:
     """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit/blocks.py (batch 1 or 2).
 
@@ -114,21 +115,27 @@ def estimate_activation_bytes(
     token_chunk=None means the whole sequence at once. Checked on an H100 at 464x832x81 (bench/bench_pipeline.py):
     2.62 GB measured / 2.66 GB estimated with 8192-token chunks, 4.88 / 4.86 GB unchunked, 4.93 / 4.80 GB batched;
     ACTIVATION_SAFETY and VRAM_HEADROOM cover the rest.
+    seq_parallel N (parallel/ulysses.py): the rank holds n = L/N tokens; the per-token work scales with n, the
+    attention phase holds q/k/v of its tokens, their all-to-all copies (all tokens, H/N heads: as many bytes), the
+    output and the all-to-all buffer (7 c d B per local token); the inputs (latents, control tensor) stay whole.
     """
     tokens = token_count(frames, height, width)
+    local = -(-tokens // max(1, int(seq_parallel)))
     b = 2 if cfg_batch else 1
     d, f, c = cfg.dim, cfg.ffn_dim, compute_bytes
     cells = 4  # latent cells per token (2x2 patch)
-    persistent = b * 4 * d + 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)
+    per_local = b * 4 * d  # the fp32 residual stream of this rank's tokens
+    whole = 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)  # RoPE tables, latents, the sampler's state
     if camera:
-        persistent += c * d + cfg.control_in * 4  # control tensor fp32: 4 cells x 384 (camera) or 448 (act)
-    chunk = tokens if not token_chunk else min(token_chunk, tokens)
-    attention = b * 4 * c * d * tokens
-    build_qkv = b * 3 * c * d * tokens + b * chunk * (8 * d + 2 * c * d)
+        per_local += c * d  # camera tokens
+        whole += cfg.control_in * 4  # control tensor fp32: 4 cells x 384 (camera) or 448 (act)
+    chunk = local if not token_chunk else min(token_chunk, local)
+    attention = b * 4 * c * d * tokens if local == tokens else b * 7 * c * d * local
+    build_qkv = b * 3 * c * d * local + b * chunk * (8 * d + 2 * c * d)
     per_token_work = b * chunk * (12 * d + 2 * c * f)
     # one-off: text context through text_embedding, [B, 512, d] a few times
     text = b * cfg.text_len * (cfg.text_dim * 4 + 4 * d * c)
-    return int(tokens * persistent + max(attention, build_qkv, per_token_work) + text)
+    return int(local * per_local + tokens * whole + max(attention, build_qkv, per_token_work) + text)
 
 
 def free_vram_bytes(device: Union[str, torch.device] = "cuda") -> int:
@@ -214,6 +221,7 @@ def plan_memory(
     camera: bool = True,
     compute_bytes: int = 2,
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
+    seq_parallel: int = 1,
 ) -> MemoryPlan:
     """Decide the memory mode (when `mode="auto"`), keep_in_ram, blocks on the GPU and batched vs sequential CFG.
 
@@ -235,12 +243,12 @@ def plan_memory(
     acts = {
         batch: int(
             estimate_activation_bytes(frames, height, width, cfg, batch, camera=camera, compute_bytes=compute_bytes,
-                                      token_chunk=token_chunk) * ACTIVATION_SAFETY
+                                      token_chunk=token_chunk, seq_parallel=seq_parallel) * ACTIVATION_SAFETY
         )
         for batch in (False, True)
     }
     batch_options = {"auto": (True, False), "batch": (True,), "sequential": (False,)}[cfg_mode]
-    size_txt = f"{height}x{width}x{frames}"
+    size_txt = f"{height}x{width}x{frames}" + (f", 1/{seq_parallel} of the tokens" if seq_parallel > 1 else "")
     estimates = {
         "expert_bytes": sizes.total,
         "block_bytes": sizes.block,
@@ -605,6 +613,7 @@ def make_provider(
     log: Optional[Union[Log, logging.Logger]] = None,
     loader: Optional[Loader] = None,
     prepare: Optional[Callable[[nn.Module], object]] = None,
+    seq_parallel: int = 1,
 ) -> PlacementProvider:
     """Build the ExpertProvider for a memory mode ("auto", "resident", "swap", "swap_pinned", "block_swap").
 
@@ -613,6 +622,8 @@ def make_provider(
     SamplingSettings when the user chose "auto"). keep_in_ram: None = decide from free RAM (swap, block_swap).
     prepare: called with every expert placed on the device (e.g. `speed.options.apply_speed`).
     vram_free / ram_free: override the measured free memory (tests, simulated cards).
+    seq_parallel: ranks splitting each forward's tokens (parallel/ulysses.py); activations are planned for this
+    rank's share.
     The chosen plan is on `provider.plan` and is logged in one line.
     """
     if mode not in MODES:
@@ -633,6 +644,7 @@ def make_provider(
             video, cfg, vram_free, ram_free, weights=weights, mode=mode, keep_in_ram=keep_in_ram,
             blocks_on_gpu=blocks_on_gpu, cfg_mode=cfg_mode, camera=camera,
             compute_bytes=torch.empty(0, dtype=cdt).element_size(), token_chunk=token_chunk,
+            seq_parallel=seq_parallel,
         )
     else:
         name = "swap" if mode == "swap_pinned" else mode

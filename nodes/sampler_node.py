@@ -11,6 +11,7 @@ from ..wan.control.camera import camera_condition
 from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
 from ..wan.dit.model import pad_context
 from ..wan.sampling.sampler import Cancelled, SamplingSettings, make_noise, sample
+from . import cfg_parallel as cfg_parallel_mod
 from .conditioning import text_from_conditioning
 from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
 from .payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair, I2VCondition,
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 SOLVERS = ("unipc", "dpm++")
 CFG_MODES = ("auto", "batch", "sequential")
 NOISE_SOURCES = ("cpu", "cuda")
+CFG_PARALLEL = cfg_parallel_mod.CHOICES
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
 
 
@@ -154,6 +156,11 @@ class LingBotSampler:
                 "act": (ACT, {"tooltip": (
                     "Act control (Act model only: ray directions + WASD keys) from LingBot Actions. The Act "
                     "release recommends 20 steps.")}),
+                "cfg_parallel": (list(CFG_PARALLEL), {"default": "off", "tooltip": (
+                    "Two GPUs: run the negative (unconditional) pass on a second GPU at the same time as the "
+                    "prompt pass, nearly halving the time per step. That GPU holds its own copy of the current expert "
+                    "(9.6 GB NF4, placed for its free VRAM) plus one pass's activations, loaded for the run and "
+                    "freed when it ends. auto: the other GPU with the most free memory. off: one GPU.")}),
                 "text": (TEXT, {"tooltip": "From LingBot Text Encode (or connect native positive + negative instead)"}),
                 "positive": ("CONDITIONING", {"tooltip": (
                     "Native prompt conditioning instead of 'text': CLIPTextEncode with umT5-XXL (CLIPLoader type "
@@ -174,7 +181,7 @@ class LingBotSampler:
                steps: int = 70, shift: float = 10.0, boundary: float = 0.947, guide_high: float = 5.0,
                guide_low: float = 5.0, seed: int = 42, noise_source: str = "cpu", solver: str = "unipc",
                cfg_mode: str = "auto", camera: Optional[CameraInput] = None, act: Optional[ActInput] = None,
-               positive=None, negative=None):
+               positive=None, negative=None, cfg_parallel: str = "off"):
         import comfy.model_management as mm
 
         from .progress import SamplingProgress, load_progress, show_on_node
@@ -187,6 +194,9 @@ class LingBotSampler:
         cfg = experts.formats["high"].config
         control, control_note = control_for(experts, i2v, camera, act)  # refuses a control the model cannot take, before loading
         device = mm.get_torch_device()
+        second = cfg_parallel_mod.second_device(cfg_parallel, device)  # refused with one line before loading
+        if second is not None:
+            cfg_mode = "sequential"  # this GPU runs only the prompt pass
         plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, control is not None,
                         vram_comfy_can_free(mm, device), device=device)
         log.info("LingBot-World memory plan: %s", plan.reason)
@@ -200,16 +210,24 @@ class LingBotSampler:
 
         show_on_node(plan_summary(plan, settings, control_note))
         provider = ComfyExpertProvider(experts, plan, progress=load_progress())
+        velocity = None
+        if second is not None:
+            provider = cfg_parallel_mod.two_device_provider(provider, experts, second,
+                                                            (i2v.frames, i2v.height, i2v.width), control is not None)
+            velocity = provider.velocity
         progress = SamplingProgress(settings.steps, device)
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",
                  i2v.width, i2v.height, i2v.frames, settings.steps, settings.cfg_mode,
                  camera.label if camera is not None else f"act {act.label}" if act is not None else "none")
         try:
             x = sample(provider, noise, ctx, neg, i2v.y, camera=control, settings=settings, device=device,
-                       callback=progress, cancel_check=mm.processing_interrupted)
+                       callback=progress, cancel_check=mm.processing_interrupted, velocity=velocity)
         except Cancelled:
             mm.throw_exception_if_processing_interrupted()
             raise mm.InterruptProcessingException()
+        finally:
+            if velocity is not None:
+                provider.close()  # the second GPU's experts go now (ComfyUI does not manage them)
         progress.finish(settings.steps)
         latent = i2v.to_raw_latent(x).to(mm.intermediate_device())
         del x

@@ -449,6 +449,64 @@ def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeyp
     assert node.encode(*args)[0].positive.shape[1] == 32  # and it works again
 
 
+def test_cfg_parallel_on_a_second_device_gives_the_same_latent(comfy, graph, monkeypatch):
+    """cfg_parallel: the unconditional pass on a second device with its own expert copies (two CPU "devices" here:
+    the choice is forced to the CPU), freed when the run ends; the latent equals the one-device run's."""
+    from lingbot_world.nodes import cfg_parallel
+    from lingbot_world.parallel import local_cfg
+
+    experts = load_experts("swap")
+    reference = run_sampler(experts, graph)["samples"]
+    pairs = []
+    real = local_cfg.TwoDeviceCFG
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cfg_parallel, "second_device", lambda choice, main: torch.device("cpu"))
+        mp.setattr(cfg_parallel, "TwoDeviceCFG", lambda *a, **k: pairs.append(real(*a, **k)) or pairs[-1])
+        got = run_sampler(experts, graph, cfg_parallel="auto")["samples"]
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+    (pair,) = pairs
+    assert pair.closed and pair.second.events[-1]["op"] == "release"  # the second copies are gone
+    assert not experts.high.is_loaded() and not experts.low.is_loaded()
+    with pytest.raises(ValueError, match="needs two CUDA GPUs"):
+        run_sampler(experts, graph, cfg_parallel="cuda:1")
+
+
+
+def test_cfg_parallel_puts_the_experts_loras_on_the_second_copy(comfy, graph, monkeypatch):
+    """An expert with a LoRA (ComfyUI patches, as LoraLoaderModelOnly leaves them): the second device's copy gets
+    the same LoRA, so cfg_parallel's latent equals the one-device run's with that LoRA (and differs without it)."""
+    from lingbot_world.nodes import cfg_parallel
+
+    class LoRAAdapter:  # the one field of comfy.weight_adapter.LoRAAdapter the pack reads
+        def __init__(self, keys, weights):
+            self.weights = weights
+
+    wa = types.ModuleType("comfy.weight_adapter")
+    wa.LoRAAdapter = LoRAAdapter
+    lora = types.ModuleType("comfy.lora")
+    lora.calculate_weight = None  # only plain LoRAs here: ComfyUI's generic path is not taken
+    monkeypatch.setitem(sys.modules, "comfy.weight_adapter", wa)
+    monkeypatch.setitem(sys.modules, "comfy.lora", lora)
+    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.lora_patches", raising=False)
+
+    experts = load_experts("swap")
+    plain = run_sampler(experts, graph)["samples"]
+    dim = experts.formats["high"].config.dim
+    g = torch.Generator().manual_seed(3)
+    for name in ("high", "low"):
+        up, down = torch.randn(dim, 4, generator=g) * 0.5, torch.randn(4, dim, generator=g) * 0.5
+        patcher = experts.patcher(name)
+        patcher.patches = {f"diffusion_model.blocks.{i}.self_attn.q.weight":
+                           [(1.0, LoRAAdapter(set(), (up, down, 4.0, None, None, None)), 1.0, None, None)]
+                           for i in range(2)}
+        patcher.patches_uuid = uuid.uuid4()
+    reference = run_sampler(experts, graph)["samples"]
+    assert (reference - plain).abs().max() > 1e-3  # the LoRA changes the video
+    monkeypatch.setattr(cfg_parallel, "second_device", lambda choice, main: torch.device("cpu"))
+    got = run_sampler(experts, graph, cfg_parallel="auto")["samples"]
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+
+
 def test_comfyui_memory_budget_becomes_block_swap(comfy):
     """ComfyUI's lowvram budget for a model that does not fit: the expert loads whole when the budget holds it,
     else with as many blocks on the GPU as fit beside the base weights and the two streaming buffers."""

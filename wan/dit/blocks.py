@@ -186,6 +186,8 @@ class WanBlock(nn.Module):
         self.cam_shift_layer = nn.Linear(dim, dim, **factory)
         self.token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
         self.ops: token_ops.TokenOps = token_ops.EAGER  # eager or compiled per-token phases (compile option)
+        # Sequence parallelism (parallel/ulysses.py): wraps the self-attention call; None = this process alone.
+        self.seq_parallel = None
 
     def camera_film(self, cam: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift) of the camera FiLM; independent of x and t."""
@@ -222,7 +224,9 @@ class WanBlock(nn.Module):
             return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
 
         q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk, ops)
-        attn = (attention(q, k, v) if kv is None else kv.attend(q, k, v)).flatten(2)
+        attend = attention if kv is None else kv.attend
+        sp = self.seq_parallel
+        attn = (attend(q, k, v) if sp is None else sp.attend(attend, q, k, v)).flatten(2)
         del q, k, v
         # The residual stream is float32 from the first gated add on (block 0 receives bf16; spec §2.6).
         if x.dtype != torch.float32:

@@ -204,6 +204,8 @@ class WanDiT(nn.Module):
         # Optional per-block hooks (block swap prefetch, cancellation): called with the block index.
         self.before_block: Optional[Callable[[int], None]] = None
         self.after_block: Optional[Callable[[int], None]] = None
+        # Sequence parallelism (parallel/ulysses.py): this process's share of the tokens; None = all of them.
+        self.seq_parallel = None
 
     # ---- helpers -------------------------------------------------------------------------------------
     def dtype_for_compute(self) -> torch.dtype:
@@ -220,6 +222,12 @@ class WanDiT(nn.Module):
         self.token_ops = ops
         for blk in self.blocks:
             blk.ops = ops
+
+    def set_seq_parallel(self, sp) -> None:
+        """Split every forward's tokens over ranks (a `parallel.ulysses.SequenceParallel`), or None to stop."""
+        self.seq_parallel = sp
+        for blk in self.blocks:
+            blk.seq_parallel = sp
 
     def time_modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """e [B, dim] and e0 [B, 6, dim] in float32: one row per sample instead of per token (spec §2.7)."""
@@ -321,6 +329,9 @@ class WanDiT(nn.Module):
             kv_cache.begin(start_frame * grid[1] * grid[2], h.shape[1], final=cache_final)
         elif start_frame:
             raise ValueError("start_frame needs a kv_cache (it places a chunk inside a longer video)")
+        sp = self.seq_parallel
+        if sp is not None:  # this rank's share of the tokens (the cache above counts the whole chunk)
+            h, cam, rope = sp.scatter(h, cam, rope)
 
         try:
             for i, block in enumerate(self.blocks):
@@ -339,6 +350,8 @@ class WanDiT(nn.Module):
 
         chunk = self.blocks[0].token_chunk if len(self.blocks) else None
         out = self.head(h, e, chunk, self.token_ops)  # [B, L, 64] fp32
+        if sp is not None:
+            out = sp.gather(out)
         f, hh, ww = grid
         pt, ph, pw = self.cfg.patch_size
         return rearrange(

@@ -84,6 +84,10 @@ def make_noise(shape: Sequence[int], seed: int, source: str = "cpu", device=None
     return noise.to(device) if device is not None else noise
 
 
+# velocity(model, x, t, ctx_pos, ctx_neg, y, camera, guide, batched, cancel) -> CFG velocity float32
+VelocityFn = Callable[..., torch.Tensor]
+
+
 def _model_velocity(
     model: nn.Module,
     x: torch.Tensor,
@@ -123,11 +127,14 @@ def sample(
     device=None,
     callback: Optional[Callable[[StepInfo], None]] = None,
     cancel_check: Optional[Callable[[], bool]] = None,
+    velocity: Optional[VelocityFn] = None,
 ) -> torch.Tensor:
     """Run the whole denoising loop; returns the final latent [1, 16, F, H, W] float32 (normalised space).
 
     context / negative_context: [1, 512, text_dim] (already zero-padded, see `wan.dit.pad_context`).
     cancel_check: called before every model call; returning True (or raising) stops the run.
+    velocity: how a step's CFG velocity is computed (default: both passes here, batched or one after the other);
+    the parallel layouts pass theirs (parallel/cfg.py: one pass per rank; parallel/local_cfg.py: two devices).
     """
     s = settings or SamplingSettings()
     s.validate()
@@ -142,6 +149,7 @@ def sample(
     y = y.to(device=device, dtype=torch.float32)
     cam = camera.to(device) if camera is not None else None
     batched = s.cfg_mode == "batch"
+    velocity = velocity or _model_velocity
 
     def cancel() -> None:
         if cancel_check is not None and cancel_check():
@@ -165,7 +173,7 @@ def sample(
             guide = s.guide_high if name == "high" else s.guide_low
             t = torch.tensor([t_int], device=device, dtype=torch.long)
             with torch.no_grad():
-                v = _model_velocity(model, x, t, ctx_pos, ctx_neg, y, cam, guide, batched, cancel)
+                v = velocity(model, x, t, ctx_pos, ctx_neg, y, cam, guide, batched, cancel)
                 x = sched.step(v, t_int, x)
             del v
             if callback is not None:

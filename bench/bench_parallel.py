@@ -1,0 +1,627 @@
+"""Benchmark: one GPU against two (CFG-parallel, Ulysses) for the base and the Fast model, full-size random experts.
+
+    # 2 x H200 (nvidia-h200-x2), two calls of < 5 minutes; the second reuses the experts written by the first
+    python -m lingbot_world.bench.bench_parallel --cases base1,base2_cfg,base2_ulysses \
+        --workdir /tmp/lwp --keep --fresh --budget-s 420 --out /tmp/lwp/parallel_h200x2.json
+    python -m lingbot_world.bench.bench_parallel --cases fast1_81,fast2_81,fast1_961,fast2_961 \
+        --workdir /tmp/lwp --budget-s 420 --out /tmp/lwp/parallel_h200x2.json
+    python -m lingbot_world.bench.bench_parallel --tiny --out /tmp/parallel_tiny.json     # CPU smoke run (gloo)
+
+Two random full-size NF4 experts are written once in the community layout (made and quantized on the GPU, 9.6 GB
+each, reused from --workdir when their config matches; bench_pipeline's writer): a base expert and the Fast model.
+Each case runs in fresh processes: one-GPU cases as `python -m ... --child`, two-GPU cases under
+`python -m torch.distributed.run --standalone --nproc_per_node=2` (NCCL; the NVLink-multicast switches
+NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are kept as given or set), in a
+process group of their own that the parent kills when the case overruns its time box. The children use the library
+as the CLI does: the memory planner with the sequence split, `parallel.group.Session`, the layouts of
+`parallel.layout`, `CFGParallel` as the sampler's velocity, `SequenceParallel` attached to the model,
+`FastPlacement` whose K/V cache holds the rank's heads. Compile is off (eager, bf16 compute, SDPA's fastest exact
+kernel): the comparison is between GPU counts, not against the compiled path.
+
+- base (480x832x81, 32,760 tokens, camera on, one expert resident on each GPU): the real sampler over one warm-up
+  step and --timed-steps timed steps; a step is the conditional and the unconditional pass. s/step on 1 GPU
+  (sequential CFG), 2 GPUs CFG-parallel, 2 GPUs Ulysses (each rank both passes over half the tokens).
+- fast (480x832; 81 frames, every chunk; 957 frames with window 21 + sink 3: --fast-chunks chunks, the rest
+  extrapolated from the mean of the chunks after the window filled, and reported as extrapolated): s/chunk and
+  sampling seconds on 1 GPU and 2 GPUs (Ulysses: tokens and K/V cache heads split).
+- per rank: peak VRAM (torch allocated / reserved; nvidia-smi per GPU from the parent), weights on the device.
+- output: rank 0 saves the final latent (base) / the last chunk's x0 (fast); `rel_l2_vs_one_gpu` is its relative L2
+  distance from the one-GPU case's (same seed and inputs): the bf16 rounding the split adds.
+- communication: in the Ulysses children, the four all-to-alls of one block at the case's shapes are timed alone
+  (CUDA-synchronised, --comm-iters) and scaled to a step/chunk; in the CFG child, the all-gather of the two
+  velocities. The summary projects 4 and 8 GPUs from these (a projection, labelled so): per pass
+  P_N = P_1 / N + D + C_2 * 4 (N - 1) / N^2, with P_1 the one-GPU pass, D the per-rank work Ulysses does not split
+  (measured at N = 2: NF4 dequantization of every weight per forward, text and camera embeddings, padding) and C_2
+  the measured all-to-all time of a pass at N = 2 (per-rank bytes scale with (N - 1) / N^2 at a fixed per-GPU link
+  bandwidth, as on NVSwitch); 4 GPUs = CFG x Ulysses 2, 8 GPUs = CFG x Ulysses 4, plus Ulysses alone.
+Every case is time-boxed (--case-s, and the remaining --budget-s); the JSON is rewritten after every case, a case
+that fails is recorded with its error and the next one runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..wan.dit.model import DiTConfig
+from .bench_pipeline import SmiPoller, bench_config, make_inputs, schedule, sync, write_random_experts
+from .common import machine_info, peak_rss_bytes, write_json
+
+MODULE = __spec__.name if __spec__ is not None else __name__
+GiB = 1024**3
+V480 = (81, 480, 832)  # the issue's 480x832x81: 30 x 52 tokens per latent frame, 32,760 tokens
+V961 = (961, 480, 832)
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+CASES: dict[str, dict] = {
+    "base1": dict(kind="base", gpus=1, mode="off", video=V480),
+    "base2_cfg": dict(kind="base", gpus=2, mode="cfg", video=V480),
+    "base2_ulysses": dict(kind="base", gpus=2, mode="ulysses", video=V480),
+    "fast1_81": dict(kind="fast", gpus=1, mode="off", video=V480),
+    "fast2_81": dict(kind="fast", gpus=2, mode="ulysses", video=V480),
+    "fast1_961": dict(kind="fast", gpus=1, mode="off", video=V961, window=21, sink=3),
+    "fast2_961": dict(kind="fast", gpus=2, mode="ulysses", video=V961, window=21, sink=3),
+}
+PAIRS = {"base2_cfg": "base1", "base2_ulysses": "base1", "fast2_81": "fast1_81", "fast2_961": "fast1_961"}
+TARGETS = {"base2_cfg": 1.8, "base2_ulysses": 1.7}  # speed-up per step over one GPU at 480x832x81
+TINY = {"base": (9, 32, 48), "fast": (33, 64, 112), "long": (57, 64, 112)}
+
+
+# ---- children (every rank runs one; rank 0 prints the JSON) -----------------------------------------------------
+def _session(spec: dict):
+    from ..parallel.group import Session
+
+    device = torch.device(spec["device"])
+    if spec["gpus"] == 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(0)
+            device = torch.device("cuda", 0)
+        return Session.single(device)
+    return Session.start(device.type, timeout_s=spec["timeout_s"])
+
+
+def _speed(device: torch.device):
+    from ..speed.options import SpeedOptions, apply_speed, resolve_speed
+
+    plan = resolve_speed(SpeedOptions(compile="off", compute="bf16", attention="auto"), device)
+    return lambda model: apply_speed(model, plan)
+
+
+def _attach(session, model):
+    from ..parallel.ulysses import SequenceParallel
+
+    if session.sp_degree > 1:
+        model.set_seq_parallel(SequenceParallel(session.sp_degree, session.layout.sp_rank(session.rank),
+                                                session.sp_group, model.cfg.num_heads))
+    return model
+
+
+def _peaks(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"peak_rss": peak_rss_bytes()}
+    return {"peak_allocated": torch.cuda.max_memory_allocated(device),
+            "peak_reserved": torch.cuda.max_memory_reserved(device), "peak_rss": peak_rss_bytes()}
+
+
+def _save_output(spec: dict, session, tensor: torch.Tensor) -> None:
+    """Rank 0 keeps the case's output so the parent can measure how far 2 GPUs are from 1 (bf16 rounding)."""
+    if session.is_main and spec.get("workdir"):
+        from safetensors.torch import save_file
+
+        save_file({"out": tensor.detach().float().cpu().contiguous()}, str(Path(spec["workdir"]) /
+                                                                          f"out_{spec['case']}.safetensors"))
+
+
+def output_difference(workdir: Path, case: str, reference: str) -> Optional[float]:
+    """Relative L2 distance of a case's output from its one-GPU reference (None when either is missing)."""
+    from safetensors.torch import load_file
+
+    a, b = workdir / f"out_{case}.safetensors", workdir / f"out_{reference}.safetensors"
+    if not (a.is_file() and b.is_file()):
+        return None
+    x, y = load_file(str(a))["out"].double(), load_file(str(b))["out"].double()
+    if x.shape != y.shape:
+        return None
+    return float((x - y).norm() / y.norm().clamp_min(1e-30))
+
+
+def _comm_block(session, tokens: int, cfg: DiTConfig, batch: int, iters: int, dtype) -> Optional[float]:
+    """Seconds of one block's Ulysses exchanges (q, k, v to heads, the output back) at this shape, timed alone."""
+    sp = None
+    from ..parallel.ulysses import SequenceParallel
+
+    if session.sp_degree < 2:
+        return None
+    sp = SequenceParallel(session.sp_degree, session.layout.sp_rank(session.rank), session.sp_group, cfg.num_heads)
+    per = sp.shard(tokens)[1]
+    device = session.device
+    x = torch.randn(batch, per, cfg.num_heads, cfg.head_dim, device=device, dtype=dtype)
+
+    def block():
+        heads = [sp.to_heads(x) for _ in range(3)]
+        sp.to_tokens(heads[0])
+
+    block()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        block()
+    sync(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def _gather_timing(session, shape, iters: int) -> Optional[float]:
+    """Seconds of the CFG exchange (all-gather of one float32 velocity) alone."""
+    import torch.distributed as dist
+
+    if session.layout.cfg < 2:
+        return None
+    v = torch.randn(*shape, device=session.device)
+    parts = [torch.empty_like(v) for _ in range(2)]
+    dist.all_gather(parts, v, group=session.cfg_group)
+    sync(session.device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_gather(parts, v, group=session.cfg_group)
+    sync(session.device)
+    return (time.perf_counter() - t0) / iters
+
+
+def child_base(spec: dict) -> dict:
+    from ..memory.placement import make_provider
+    from ..parallel.cfg import CFGParallel
+    from ..parallel.layout import plan_layout
+    from ..wan.sampling.sampler import make_noise, sample
+
+    session = _session(spec)
+    device = session.device
+    try:
+        cfg = DiTConfig.from_json(spec["config"])
+        session.set_layout(plan_layout(spec["mode"] if session.parallel else "off", session.world, cfg.num_heads))
+        video = tuple(spec["video"])
+        inputs = make_inputs(video, cfg, device)
+        speed = _speed(device)
+        prov = make_provider("resident", spec["base"], spec["base"], device, video=video, cfg_mode="sequential",
+                             seq_parallel=session.sp_degree, log=lambda s: None,
+                             prepare=lambda m: (speed(m), _attach(session, m)))
+        settings = schedule(1 + spec["timed"], 0)
+        settings.cfg_mode = "sequential"
+        velocity = CFGParallel(session.layout.cfg_rank(session.rank), session.cfg_group) if session.layout.cfg == 2 \
+            else None
+        ends: list[float] = []
+
+        def on_step(info) -> None:
+            sync(device)
+            ends.append(time.perf_counter())
+
+        noise = make_noise(inputs["shape"], 42, "cuda" if device.type == "cuda" else "cpu", device=device)
+        t_load = time.perf_counter()
+        prov.acquire("high")
+        sync(device)
+        load_s = time.perf_counter() - t_load
+        weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                latent = sample(prov, noise, inputs["ctx"], inputs["neg"], inputs["y"], inputs["camera"], settings,
+                                device=device, callback=on_step, velocity=velocity)
+            finite = bool(torch.isfinite(latent).all())
+            _save_output(spec, session, latent)
+        finally:
+            prov.close()
+        steps = [b - a for a, b in zip([t0] + ends[:-1], ends)]
+        mine = {"rank": session.rank, "device": str(device), "load_s": round(load_s, 2), "weights_allocated": weights,
+                "plan": prov.plan.reason, **_peaks(device), "finite": finite,
+                "step_s": [round(s, 3) for s in steps]}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        tokens = (video[0] - 1) // 4 + 1
+        lat_h, lat_w = video[1] // 8, video[2] // 8
+        tokens *= (lat_h // 2) * (lat_w // 2)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        block = _comm_block(session, tokens, cfg, 1, spec["comm_iters"], dtype)
+        if block is not None:
+            mine["comm_step_s"] = round(block * cfg.num_layers * 2, 4)  # 40 blocks x 2 passes (sequential CFG)
+        gather = _gather_timing(session, inputs["shape"], spec["comm_iters"])
+        if gather is not None:
+            mine["comm_step_s"] = round(gather, 5)
+        every = session.gather_json(mine, "collecting results")
+        out = {"layout": session.layout.describe(), "ranks": every,
+               "s_per_step": round(max(sum(r["step_s"][1:]) / max(1, len(r["step_s"]) - 1) for r in every), 3),
+               "warmup_step_s": max(r["step_s"][0] for r in every)}
+        if any("comm_step_s" in r for r in every):
+            out["comm_step_s"] = max(r.get("comm_step_s", 0) for r in every)
+        return out if session.is_main else {}
+    finally:
+        session.close()
+
+
+def child_fast(spec: dict) -> dict:
+    from ..memory.kv_placement import FastPlacement, plan_fast_memory
+    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..parallel.layout import plan_layout
+    from ..wan.dit.kv_cache import cache_layout
+    from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+    from .bench_fast import fast_inputs
+
+    session = _session(spec)
+    device = session.device
+    cuda = device.type == "cuda"
+    try:
+        cfg = DiTConfig.from_json(spec["fast_config"])
+        session.set_layout(plan_layout("ulysses" if session.parallel else "off", session.world, cfg.num_heads,
+                                       model="fast"))
+        frames, h, w = spec["video"]
+        fr = fast_frames(frames)
+        inputs = fast_inputs(spec["video"], cfg, device, fr.latent_frames)
+        fsl = (h // 16) * (w // 16)
+        layout = cache_layout(fr.latent_frames, fsl, window_frames=spec.get("window"), sink_frames=spec.get("sink", 0))
+        vram = free_vram_bytes(device) if cuda else 1 << 60
+        plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), seq_parallel=session.sp_degree)
+        placement = FastPlacement(plan, device, lambda s: None)
+        ends: list[float] = []
+        try:
+            t0 = time.perf_counter()
+            model = _attach(session, _speed(device)(placement.load_model(spec["fast"], "nf4")))
+            cache = placement.make_cache()
+            sync(device)
+            load_s = time.perf_counter() - t0
+            weights = torch.cuda.memory_allocated(device) if cuda else None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            gen = make_generator(42, "cuda" if cuda else "cpu")
+            noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
+            run = FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device)
+            limit = min(run.chunks, spec["chunks"]) if spec.get("window") else run.chunks
+            t_start = time.perf_counter()
+            with torch.inference_mode():
+                for _ in range(limit):
+                    x0 = run.next_chunk()
+                    sync(device)
+                    ends.append(time.perf_counter())
+            finite = bool(torch.isfinite(x0).all())
+            _save_output(spec, session, x0)
+            peaks = _peaks(device)
+        finally:
+            placement.close()
+        chunk_s = [b - a for a, b in zip([t_start] + ends[:-1], ends)]
+        mine = {"rank": session.rank, "device": str(device), "load_s": round(load_s, 2), "weights_allocated": weights,
+                "plan": plan.reason, "cache_heads": plan.cache_heads or cfg.num_heads, **peaks, "finite": finite,
+                "chunk_s": [round(s, 3) for s in chunk_s]}
+        if cuda:
+            torch.cuda.empty_cache()
+        dtype = torch.bfloat16 if cuda else torch.float32
+        block = _comm_block(session, 3 * fsl, cfg, 1, spec["comm_iters"], dtype)
+        if block is not None:
+            mine["comm_chunk_s"] = round(block * cfg.num_layers * 5, 4)  # 40 blocks x (4 steps + context pass)
+        every = session.gather_json(mine, "collecting results")
+        if not session.is_main:
+            return {}
+        slowest = [max(r["chunk_s"][i] for r in every) for i in range(len(chunk_s))]
+        out = {"layout": session.layout.describe(), "ranks": every, "frames": fr.frames, "chunks": fr.chunks,
+               "chunks_run": len(slowest), "chunk_s": slowest}
+        if spec.get("window") and len(slowest) < fr.chunks:
+            window_chunks = -(-spec["window"] // 3)
+            steady = slowest[window_chunks:] or slowest[-1:]
+            mean = sum(steady) / len(steady)
+            out.update(s_per_chunk=round(mean, 3), extrapolated=True,
+                       sampling_s=round(sum(slowest) + mean * (fr.chunks - len(slowest)), 1),
+                       note=f"{len(slowest)} of {fr.chunks} chunks run; the rest at the mean of chunks "
+                            f"{window_chunks + 1}..{len(slowest)} (the window is full from chunk {window_chunks + 1})")
+        else:
+            out.update(s_per_chunk=round(sum(slowest[1:]) / max(1, len(slowest) - 1), 3), extrapolated=False,
+                       sampling_s=round(sum(slowest), 2), first_chunk_s=slowest[0])
+        if any("comm_chunk_s" in r for r in every):
+            out["comm_chunk_s"] = max(r.get("comm_chunk_s", 0) for r in every)
+        return out
+    finally:
+        session.close()
+
+
+CHILDREN = {"base": child_base, "fast": child_fast}
+
+
+def rank_child_main(spec_path: str) -> int:
+    """Run one case on this rank; rank 0 prints the result (any rank prints its own error) as one JSON line."""
+    import traceback
+
+    spec = json.loads(Path(spec_path).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        out = CHILDREN[spec["kind"]](spec)
+    except torch.OutOfMemoryError as e:
+        out = {"error": f"rank {rank}: OOM: {str(e).splitlines()[0][:300]}"}
+    except Exception as e:  # recorded by the parent; the next case still runs
+        out = {"error": f"rank {rank}: {type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
+    if rank == 0 or "error" in out:
+        out["peak_rss"] = peak_rss_bytes()
+        print(json.dumps(out, default=str), flush=True)
+    return 0
+
+
+# ---- parent -----------------------------------------------------------------------------------------------------
+class AllGpuPoller(SmiPoller):
+    """nvidia-smi memory.used of every GPU (MiB), the peak per GPU."""
+
+    def __init__(self, interval: float = 0.25):
+        super().__init__(interval)
+        self.peaks: dict[int, int] = {}
+
+    def read(self) -> Optional[int]:
+        try:
+            r = subprocess.run([self.exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=5)
+            for line in r.stdout.strip().splitlines():
+                i, used = (int(v) for v in line.split(","))
+                self.peaks[i] = max(self.peaks.get(i, 0), used)
+            return max(self.peaks.values()) if self.peaks else None
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+
+
+def run_case(spec: dict, workdir: Path, timeout: float) -> dict:
+    """One case in fresh processes (torchrun for 2 GPUs) in their own process group, killed as a whole on timeout."""
+    path = workdir / f"spec_{spec['case']}.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    for k, v in NVLS_OFF.items():
+        env.setdefault(k, v)
+    if spec["device"] == "cuda":
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    else:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    child = ["-m", MODULE, "--child", str(path)]
+    cmd = [sys.executable, *child] if spec["gpus"] == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec['gpus']}", *child]
+    t0 = time.perf_counter()
+    with AllGpuPoller() as smi:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=15)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            stdout, stderr = proc.communicate()
+            return {"error": f"timeout after {timeout:.0f} s (time box)", "stderr_tail": stderr[-2000:],
+                    "child_seconds": round(time.perf_counter() - t0, 1)}
+    lines = [ln for ln in stdout.splitlines() if ln.strip().startswith("{")]
+    res = json.loads(lines[-1]) if lines else {"error": f"child exited {proc.returncode} without a result",
+                                               "stderr_tail": stderr[-3000:]}
+    if proc.returncode != 0 and "error" not in res:
+        res["error"] = f"child exited {proc.returncode}: {stderr[-800:]}"
+    res["child_seconds"] = round(time.perf_counter() - t0, 1)
+    if smi.peaks:
+        res["smi_peak_used_mib"] = {str(k): v for k, v in sorted(smi.peaks.items())}
+    return res
+
+
+def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
+    c = dict(CASES[name])
+    video = c["video"]
+    if args.tiny:
+        video = TINY["base"] if c["kind"] == "base" else TINY["long" if c.get("window") else "fast"]
+    spec = {"case": name, "kind": c["kind"], "gpus": c["gpus"], "mode": c["mode"], "device": device,
+            "tiny": args.tiny, "video": list(video), "config": cfgs["base"].to_json(),
+            "fast_config": cfgs["fast"].to_json(), "base": experts["paths"]["base"], "fast": experts["paths"]["fast"],
+            "timed": args.timed_steps, "chunks": args.fast_chunks, "comm_iters": args.comm_iters,
+            "timeout_s": args.collective_timeout, "workdir": str(Path(args.workdir))}
+    if c.get("window"):
+        spec.update(window=6 if args.tiny else c["window"], sink=1 if args.tiny else c["sink"])
+        if args.tiny:  # 5 chunks of which 4 run: the window is full from chunk 3
+            spec["chunks"] = min(spec["chunks"], 4)
+    return spec
+
+
+def _ok(r) -> bool:
+    return r is not None and "error" not in r
+
+
+def project(one: float, two: float, comm_two: float, n: int) -> float:
+    """Per-pass time on n GPUs from the pass on one (one), the pass under Ulysses 2 (two) and its all-to-all time
+    (comm_two): P_n = one / n + D + comm_two * 4 (n - 1) / n^2, D = (two - comm_two) - one / 2."""
+    dup = max(0.0, (two - comm_two) - one / 2)
+    return one / n + dup + comm_two * 4 * (n - 1) / n**2
+
+
+def summarize(res: dict) -> dict:
+    c = res["cases"]
+    s: dict = {"speedup": {}, "peak_vram_gb": {}}
+    for two, one in PAIRS.items():
+        a, b = c.get(one), c.get(two)
+        if not (_ok(a) and _ok(b)):
+            continue
+        key = "s_per_step" if CASES[two]["kind"] == "base" else "s_per_chunk"
+        if a.get(key) and b.get(key):
+            s["speedup"][two] = round(a[key] / b[key], 3)
+        if CASES[two]["kind"] == "fast" and a.get("sampling_s") and b.get("sampling_s"):
+            s["speedup"][two + "_sampling"] = round(a["sampling_s"] / b["sampling_s"], 3)
+    for name, r in c.items():
+        if _ok(r) and r.get("ranks"):
+            s["peak_vram_gb"][name] = [round((x.get("peak_reserved") or 0) / 1e9, 2) for x in r["ranks"]]
+    base1, cfg2, uly2 = c.get("base1"), c.get("base2_cfg"), c.get("base2_ulysses")
+    if _ok(base1) and _ok(uly2) and uly2.get("comm_step_s") is not None:
+        one, two, comm = base1["s_per_step"] / 2, uly2["s_per_step"] / 2, uly2["comm_step_s"] / 2
+        gather = max(0.0, cfg2["s_per_step"] - one) if _ok(cfg2) else 0.0
+        proj = {"comm_share_ulysses2": round(uly2["comm_step_s"] / uly2["s_per_step"], 4),
+                "unsplit_work_per_pass_s": round(max(0.0, (two - comm) - one / 2), 3)}
+        for n in (4, 8):
+            p_sp = project(one, two, comm, n)
+            p_cfg = project(one, two, comm, n // 2) if n // 2 > 1 else one
+            proj[f"{n}gpu_cfg_x_ulysses{n // 2}_s_per_step"] = round(p_cfg + gather, 3)
+            proj[f"{n}gpu_cfg_x_ulysses{n // 2}_speedup"] = round(base1["s_per_step"] / (p_cfg + gather), 2)
+            proj[f"{n}gpu_ulysses{n}_s_per_step"] = round(2 * p_sp, 3)
+            proj[f"{n}gpu_ulysses{n}_speedup"] = round(base1["s_per_step"] / (2 * p_sp), 2)
+        s["projection_base_480x832x81"] = proj
+    f1, f2 = c.get("fast1_81"), c.get("fast2_81")
+    if _ok(f1) and _ok(f2) and f2.get("comm_chunk_s") is not None:
+        one, two, comm = f1["s_per_chunk"], f2["s_per_chunk"], f2["comm_chunk_s"]
+        proj = {"comm_share_ulysses2": round(comm / two, 4), "unsplit_work_per_chunk_s": round(max(0.0, two - comm -
+                                                                                                   one / 2), 3)}
+        for n in (4, 8):
+            p = project(one, two, comm, n)
+            proj[f"{n}gpu_ulysses{n}_s_per_chunk"] = round(p, 3)
+            proj[f"{n}gpu_ulysses{n}_speedup"] = round(one / p, 2)
+        s["projection_fast_480x832x81"] = proj
+    return s
+
+
+def check_targets(res: dict) -> dict:
+    out = {}
+    for name, target in TARGETS.items():
+        got = res.get("summary", {}).get("speedup", {}).get(name)
+        out[name] = {"target": f">= {target}x per step", "measured": got,
+                     "met": None if got is None else bool(got >= target)}
+    return out
+
+
+def print_report(res: dict) -> None:
+    print("\ncase             layout                                                       result")
+    for name, r in res["cases"].items():
+        if not _ok(r):
+            print(f"{name:16s} {(r or {}).get('error', 'not run')[:150]}")
+            continue
+        what = (f"{r['s_per_step']} s/step" if "s_per_step" in r and CASES[name]["kind"] == "base" else
+                f"{r.get('s_per_chunk')} s/chunk, sampling {r.get('sampling_s')} s"
+                + (" (extrapolated)" if r.get("extrapolated") else ""))
+        peaks = ", ".join(f"{(x.get('peak_reserved') or 0) / 1e9:.1f}" for x in r.get("ranks", []))
+        print(f"{name:16s} {r.get('layout', '')[:60]:60s} {what}; peak reserved GB per rank: {peaks}")
+    print("summary:", json.dumps(res.get("summary", {}), indent=1))
+    print("targets:", json.dumps(res.get("targets", {})))
+
+
+def run(args) -> dict:
+    t_start = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base_cfg = bench_config(args.tiny)
+    cfgs = {"base": base_cfg, "fast": DiTConfig(**{**base_cfg.__dict__, "causal": True})}
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    res: dict = {"bench": "parallel", "cases": {}}
+    if out is not None and out.is_file() and not args.fresh:
+        try:
+            res = json.loads(out.read_text())
+            res.setdefault("cases", {})
+        except json.JSONDecodeError:
+            pass
+    res.update(machine=machine_info(), device=device, tiny=args.tiny, gpus=torch.cuda.device_count(),
+               args={k: v for k, v in vars(args).items() if k != "child"},
+               notes=["compile off (eager), bf16 compute, SDPA's fastest exact kernel; full-size random NF4 experts.",
+                      "base: s/step = mean of the timed steps after one warm-up step (slowest rank); a step is the "
+                      "conditional + the unconditional pass.",
+                      "fast 957 frames: the first --fast-chunks chunks run, the rest extrapolated (see the case).",
+                      "projection_*: 4/8 GPUs on paper from the measured communication share (see the docstring)."])
+
+    def remaining() -> float:
+        return args.budget_s - (time.perf_counter() - t_start)
+
+    def save() -> None:
+        res["summary"] = summarize(res)
+        res["targets"] = check_targets(res)
+        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
+        if out is not None:
+            write_json(out, res)
+
+    if device == "cuda" and torch.cuda.device_count() < max(CASES[c]["gpus"] for c in args.cases):
+        print(f"[warning] {torch.cuda.device_count()} GPU(s) visible; the 2-GPU cases will fail", flush=True)
+    paths = {"base": workdir / "high_noise_model_bnb_nf4", "fast": workdir / "lingbot_world_fast_bnb_nf4"}
+    wanted = {n: paths[n] for n in paths if any(CASES[c]["kind"] == n for c in args.cases)}
+    print(f"[experts] {'tiny' if args.tiny else 'full-size'} random NF4 experts in {workdir} ...", flush=True)
+    experts = write_random_experts(wanted, cfgs, device, timeout=max(60.0, remaining()))
+    experts["paths"] = {n: str(p) for n, p in paths.items()}
+    res["experts"] = experts
+    print(f"[experts] {'reused' if experts.get('reused') else 'made in ' + str(experts.get('seconds')) + ' s'}",
+          flush=True)
+    save()
+    try:
+        for name in args.cases:
+            left = remaining()
+            if left < args.min_case_s:
+                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
+                print(f"[{name}] skipped (budget)", flush=True)
+                save()
+                continue
+            box = min(left, args.case_s)
+            print(f"[{name}] running (time box {box:.0f} s) ...", flush=True)
+            try:
+                r = run_case(case_spec(name, args, cfgs, experts, device), workdir, timeout=box)
+            except Exception as e:  # the parent never dies on one case
+                r = {"error": f"{type(e).__name__}: {e}"}
+            if name in PAIRS and "error" not in r:
+                diff = output_difference(workdir, name, PAIRS[name])
+                if diff is not None:
+                    r["rel_l2_vs_one_gpu"] = diff  # same seed and inputs: the bf16 rounding of the split
+            res["cases"][name] = r
+            print(f"[{name}] {(r.get('error') or 'ok in ' + str(r.get('child_seconds')) + ' s')[:300]}", flush=True)
+            save()
+    finally:
+        res["parent_peak_rss"] = peak_rss_bytes()
+        save()
+        if not args.keep:
+            import shutil
+
+            for p in paths.values():
+                shutil.rmtree(p, ignore_errors=True)
+        for spec_file in workdir.glob("spec_*.json"):
+            spec_file.unlink(missing_ok=True)
+        if not args.keep:
+            for f in workdir.glob("out_*.safetensors"):
+                f.unlink(missing_ok=True)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny config and videos on the CPU with gloo (smoke run)")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
+    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget; later cases are skipped")
+    p.add_argument("--case-s", type=float, default=150.0, help="time box of one case (its processes are killed)")
+    p.add_argument("--min-case-s", type=float, default=30.0, help="do not start a case with less budget left")
+    p.add_argument("--workdir", default="/tmp/lingbot_parallel_bench", help="where the experts are written (≈19 GB)")
+    p.add_argument("--keep", action="store_true", help="keep the experts for the next call")
+    p.add_argument("--timed-steps", type=int, default=2, help="base: timed steps after one warm-up step")
+    p.add_argument("--fast-chunks", type=int, default=10, help="957-frame cases: chunks run before extrapolating")
+    p.add_argument("--comm-iters", type=int, default=5, help="repetitions of the timed exchanges")
+    p.add_argument("--collective-timeout", type=float, default=300.0, help="--parallel-timeout of the children")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return rank_child_main(args.child)
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+    if args.tiny:
+        args.timed_steps = 1
+        args.comm_iters = 2
+    res = run(args)
+    print_report(res)
+    if args.out:
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
