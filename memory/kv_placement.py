@@ -137,7 +137,7 @@ def plan_fast_memory(
         note = "" if ok else f"; WARNING: only {_gb(ram_free)} RAM available: use fewer frames, a smaller size or a window"
         return FastMemoryPlan("gpu", n_layers, True, None, layout,
                               f"the model and the K/V cache in RAM: {_fits_line(parts, None, '')}{note}",
-                              ok, token_chunk, est)
+                              ok, token_chunk, est, cache_heads)
 
     vram = int(vram_free) - int(extra_vram)
 
