@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -190,10 +191,11 @@ def resolve_in_roots(roots: Sequence[PathLike], name: str, want_dir: Optional[bo
     return None
 
 
-def pick_default(names: Sequence[str], *hints: str) -> Optional[str]:
-    """The first name containing every hint (case-insensitive), for combo defaults such as 'high_noise'."""
-    for n in names:
-        low = n.lower()
-        if all(h in low for h in hints):
-            return n
-    return None
+def pick_default(names: Sequence[str], *hints: str, avoid: Sequence[str] = ()) -> Optional[str]:
+    """The first name containing every hint (case-insensitive), for combo defaults such as 'high_noise'. Names with
+    one of the `avoid` words as a whole word of their path (e.g. 'act' in lingbot-world-base-act/high_noise_model)
+    are picked only when no other name fits."""
+    fits = [n for n in names if all(h in n.lower() for h in hints)]
+    avoided = set(avoid)
+    preferred = [n for n in fits if not avoided & set(re.split(r"[^a-z0-9]+", n.lower()))]
+    return (preferred or fits or [None])[0]

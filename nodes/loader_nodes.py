@@ -19,14 +19,21 @@ log = logging.getLogger(__name__)
 MAX_BLOCKS = 40
 
 
-def _combo(names: list[str], *hints: str) -> tuple:
+def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
     from ..loaders.model_folders import pick_default
 
     opts: dict = {}
-    default = pick_default(names, *hints)
+    default = pick_default(names, *hints, avoid=avoid)
     if default is not None:
         opts["default"] = default
     return names, opts
+
+
+def _expert_combo(names: list[str], *hints: str) -> tuple:
+    """An expert combo whose default is a Cam expert when Act experts are installed too (a folder with the word
+    'act', like the release's lingbot-world-base-act): a new graph starts from the camera workflows, and an Act
+    expert refuses a camera input. An Act-only install still gets its Act experts."""
+    return _combo(names, *hints, avoid=("act",))
 
 
 def check_expert_pair(high: Path, low: Path, fmt_high, fmt_low) -> None:
@@ -55,8 +62,8 @@ class LingBotExpertLoader:
     @classmethod
     def INPUT_TYPES(cls):
         experts = comfy_paths.list_experts()
-        high_names, high_opts = _combo(experts, "high")
-        low_names, low_opts = _combo(experts, "low")
+        high_names, high_opts = _expert_combo(experts, "high")
+        low_names, low_opts = _expert_combo(experts, "low")
         return {
             "required": {
                 "high_noise_expert": (high_names, {**high_opts, **short_labels(), "tooltip": (

@@ -19,7 +19,7 @@ from ..loaders.expert_format import detect_format
 from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
 from . import comfy_paths, host_memory
 from .expert_weights import ExpertWeights, compute_dtype_for
-from .loader_nodes import MAX_BLOCKS, _combo, check_expert_pair
+from .loader_nodes import MAX_BLOCKS, _expert_combo, check_expert_pair
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, WEIGHT_MODES, ExpertPair
 from .progress import show_on_node
 from .ui_hints import short_labels, show_if
@@ -56,7 +56,7 @@ class LingBotModelLoader:
     @classmethod
     def INPUT_TYPES(cls):
         experts = comfy_paths.list_experts()
-        names, opts = _combo(experts, "high")
+        names, opts = _expert_combo(experts, "high")
         return {
             "required": {
                 "expert": (names, {**opts, **short_labels(), "tooltip": (

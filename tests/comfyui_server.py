@@ -143,9 +143,15 @@ class Server:
         ws = WebSocket(self.port, client_id)
         try:
             try:
-                pid = self.post("/prompt", {"prompt": prompt, "client_id": client_id})["prompt_id"]
+                queued = self.post("/prompt", {"prompt": prompt, "client_id": client_id})
             except urllib.error.HTTPError as e:
                 raise AssertionError(f"/prompt refused the workflow: {e.read().decode()[:3000]}") from None
+            # ComfyUI queues a prompt when at least one output validates and silently drops the others ("Output
+            # will be ignored"): the run then ends "done" without the dropped nodes ever running.
+            if queued.get("node_errors"):
+                raise AssertionError(f"/prompt dropped outputs that failed validation: "
+                                     f"{json.dumps(queued['node_errors'])[:3000]}")
+            pid = queued["prompt_id"]
             result = {"prompt_id": pid, "progress": [], "previews": 0, "preview_images": [], "texts": [], "end": None,
                       "error": None}
             t0 = time.monotonic()

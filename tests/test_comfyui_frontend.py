@@ -328,11 +328,18 @@ def test_widgets_show_only_where_they_apply(page):
 
 def test_path_combos_show_short_labels(page):
     _fresh_graph(page)
+    # Both tiny demos are installed and lingbot-demo-act sorts first: a new loader still starts on the Cam experts.
+    # Both folders hold a high_noise_model_bnb_nf4 (and a umT5 file), so those labels keep the folder that tells
+    # them apart; the only Fast model is shown by its name alone.
     experts = page.evaluate(WIDGETS, page.evaluate(NEW_NODE, "LingBotExpertLoader"))["widgets"]
     assert experts["high_noise_expert"]["value"] == "lingbot-demo/high_noise_model_bnb_nf4"  # what is stored and sent
-    assert experts["high_noise_expert"]["shown"] == "high_noise_model_bnb_nf4"  # what is drawn
+    assert experts["high_noise_expert"]["shown"] == "lingbot-demo/high_noise_model_bnb_nf4"  # what is drawn
+    fast = page.evaluate(WIDGETS, page.evaluate(NEW_NODE, "LingBotFastLoader"))["widgets"]
+    assert fast["fast_model"]["value"] == "lingbot-demo/lingbot_world_fast_bnb_nf4"
+    assert fast["fast_model"]["shown"] == "lingbot_world_fast_bnb_nf4"
     text = page.evaluate(WIDGETS, page.evaluate(NEW_NODE, "LingBotTextEncode"))["widgets"]
-    assert text["text_encoder"]["shown"] == "models_t5_umt5-xxl-enc-bf16.pth"
+    assert text["text_encoder"]["value"].endswith("/models_t5_umt5-xxl-enc-bf16.pth")
+    assert text["text_encoder"]["shown"] == text["text_encoder"]["value"]
     labels = page.evaluate("""async () => {
         const { shortLabels } = await import("/extensions/ComfyUI-LingBot-World/lingbot_world.js");
         return Object.fromEntries(shortLabels(["a/x/high", "b/x/high", "c/low", "solo"]));
@@ -392,13 +399,16 @@ def test_templates_have_titles_and_real_thumbnails(page, server):
     dialog.get_by_text("LingBot-World (Wan 2.2)", exact=True).click()  # the category's title, from locales/
     cards = dialog.locator("[data-testid^='template-workflow-']")
     cards.first.wait_for(timeout=15_000)
-    page.wait_for_function("() => [...document.querySelectorAll(\"[data-testid^='template-workflow-'] img\")]"
-                           ".every((i) => i.complete && i.naturalWidth > 0)", timeout=15_000)
     seen = {}
     for i in range(cards.count()):
+        # The frontend's LazyImage sets a thumbnail's src only while its card is in view (IntersectionObserver):
+        # scroll each card into view, as a user does, and wait for its picture.
         card = cards.nth(i)
+        card.scroll_into_view_if_needed()
+        img = card.locator("img").first
+        img.wait_for(state="visible", timeout=15_000)  # shown once loaded (v-show)
         name = card.get_attribute("data-testid").removeprefix("template-workflow-")
-        seen[name] = card.locator("img").first.evaluate("(i) => i.naturalWidth")
+        seen[name] = img.evaluate("(i) => i.complete ? i.naturalWidth : 0")
         assert name in card.inner_text()
     assert set(seen) == set(listed) and min(seen.values()) >= 256, seen
     _close_dialogs(page)

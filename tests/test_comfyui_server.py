@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+from lingbot_world.nodes.example_inputs import DEMO_IMAGE
 from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, ui_to_api
 
 pytestmark = pytest.mark.comfyui
@@ -261,7 +262,7 @@ def _fast_demo_prompt(frames: int = 33) -> dict:
     inputs["LingBotFastLoader"]["fast_model"] = "lingbot-demo/lingbot_world_fast_bnb_nf4"
     inputs["LingBotTextEncode"].update(text_encoder="lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
     inputs["LingBotVAELoader"]["vae_name"] = "lingbot-demo/Wan2.1_VAE.pth"
-    inputs["LoadImage"]["image"] = "lingbot_demo.jpg"
+    inputs["LoadImage"]["image"] = DEMO_IMAGE  # installed by the pack at start-up
     inputs["LingBotCameraPreset"]["frames"] = frames
     inputs["LingBotImageToVideo"].update(size="custom", width=112, height=64, frames=frames)
     return prompt

@@ -232,6 +232,32 @@ def test_scan_finds_expert_layouts_and_ignores_other_models(tmp_path):
     assert mf.pick_default(mf.scan_expert_dirs(roots), "low") == "repo/low_noise_model_bnb_nf4"
 
 
+def test_expert_loaders_default_to_the_cam_experts_beside_act_ones(fake_folder_paths):
+    """The release's Act folder sorts first (base-act < base-cam); a new loader still starts on the Cam experts, the
+    ones the camera workflows need. Only Act experts installed: those are the default."""
+    import shutil
+
+    root = fake_folder_paths / "models" / "lingbot_world"
+    for repo in ("lingbot-world-base-act", "lingbot-world-base-cam"):
+        for expert in ("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4"):
+            write_expert_dir(root / repo / expert)
+
+    def defaults() -> tuple:
+        pair = NODE_CLASS_MAPPINGS["LingBotExpertLoader"].INPUT_TYPES()["required"]
+        native = NODE_CLASS_MAPPINGS["LingBotModelLoader"].INPUT_TYPES()["required"]
+        return pair["high_noise_expert"][1]["default"], pair["low_noise_expert"][1]["default"], native["expert"][1]["default"]
+
+    assert defaults() == ("lingbot-world-base-cam/high_noise_model_bnb_nf4",
+                          "lingbot-world-base-cam/low_noise_model_bnb_nf4", "lingbot-world-base-cam/high_noise_model_bnb_nf4")
+    shutil.rmtree(root / "lingbot-world-base-cam")
+    assert defaults() == ("lingbot-world-base-act/high_noise_model_bnb_nf4",
+                          "lingbot-world-base-act/low_noise_model_bnb_nf4", "lingbot-world-base-act/high_noise_model_bnb_nf4")
+    # a whole word of the path, not any substring: 'exact' and 'impact' are not Act folders
+    assert mf.pick_default(["exact/high", "impact/high", "z-act/high"], "high", avoid=("act",)) == "exact/high"
+    assert mf.pick_default(["a-act/high", "b/low"], "high", avoid=("act",)) == "a-act/high"
+    assert mf.pick_default(["b/low"], "high", avoid=("act",)) is None
+
+
 def test_scan_release_files_and_tokenizers(tmp_path):
     root = tmp_path / "lingbot_world"
     (root / "ckpt" / "google" / "umt5-xxl").mkdir(parents=True)
