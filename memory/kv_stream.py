@@ -147,24 +147,26 @@ class KVStreamer:
     @classmethod
     def build(cls, layout, num_layers: int, heads: int, head_dim: int, *, device, layers_on_device: int,
               dtype: torch.dtype = torch.bfloat16, batch: int = 1, pin: bool = True,
-              cache_text: bool = True) -> "KVStreamer":
-        """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`."""
+              cache_text: bool = True, fill: Optional[Callable] = None) -> "KVStreamer":
+        """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`.
+        fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate)."""
         if isinstance(layers_on_device, bool) or not isinstance(layers_on_device, int) \
                 or not 0 <= layers_on_device <= num_layers:
             raise ValueError(f"layers_on_device must be an integer in 0..{num_layers}, got {layers_on_device!r}")
         shape = (batch, layout.capacity, heads, head_dim)
         host: dict[int, _HostLayer] = {}
         try:
-            for i in range(layers_on_device, num_layers):
-                host[i] = _HostLayer(shape, dtype, pin)
             k, v = [], []
             for i in range(num_layers):
-                if i in host:
+                if i >= layers_on_device:
+                    host[i] = _HostLayer(shape, dtype, pin)
                     k.append(host[i].k)
                     v.append(host[i].v)
                 else:
                     k.append(torch.empty(shape, dtype=dtype, device=device))
                     v.append(torch.empty(shape, dtype=dtype, device=device))
+                if fill is not None:
+                    fill(i, k[-1], v[-1])
             cache = KVCache(k, v, sink_tokens=layout.sink_tokens, evict=layout.evict,
                             max_attention=layout.max_attention, cache_text=cache_text)
             return cls(cache, host, device)
