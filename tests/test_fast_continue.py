@@ -229,3 +229,46 @@ def test_parked_cache_moves_layer_by_layer_and_refuses_misuse(model):
         parked.fill(0, small.k[0][:, :10], small.v[0][:, :10])
     back = parked.truncated(24, 24)
     assert back.tokens == 24 and back.k[0].shape[1] == 24
+
+
+# ---- the VAE side: conditioning of later frames, decoding a part alone --------------------------------------------
+@pytest.fixture(scope="module")
+def vae():
+    from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+
+    v = WanVAE(VAEConfig.tiny()).eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in v.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return v
+
+
+def test_vae_reach_is_traced_from_the_architecture(vae):
+    from lingbot_world.wan.vae.reach import decoder_reach, encoder_reach
+
+    assert (encoder_reach(vae.cfg), decoder_reach(vae.cfg)) == (20, 30)  # the tiny config's temporal structure
+
+
+def test_conditioning_track_gives_every_frame_of_a_longer_video(vae):
+    from lingbot_world.wan.i2v import ConditionTrack, build_i2v_condition
+
+    image = torch.rand(3, 20, 28, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    track = ConditionTrack.build(vae, image, 16, 16)
+    assert track.stationary_from == 21
+    longer = build_i2v_condition(vae, image, 16, 16, 4 * 26 + 1)  # 27 latent frames
+    for start, count in ((0, 6), (3, 12), (18, 9), (21, 6), (24, 3)):
+        torch.testing.assert_close(track.frames(start, count), longer[:, :, start:start + count], rtol=0, atol=0)
+    assert track.frames(100, 3).shape[2] == 3
+
+
+def test_a_part_decodes_alone_to_its_frames_of_the_whole_video(vae):
+    from lingbot_world.wan.vae.streaming import context_latents, decode_part
+
+    z = torch.randn(1, 16, 35, 1, 1, generator=torch.Generator().manual_seed(4))
+    whole = vae.decode(z)
+    assert context_latents(vae.cfg, 33) == 31
+    part = decode_part(vae, z[:, :, :33], z[:, :, 33:])
+    torch.testing.assert_close(part, whole[:, :, 1 + 4 * 32:], rtol=0, atol=0)
+    short = decode_part(vae, z[:, :, :6], z[:, :, 6:9])  # fewer latents before than the reach: all of them
+    torch.testing.assert_close(short, vae.decode(z[:, :, :9])[:, :, 1 + 4 * 5:], rtol=0, atol=0)
