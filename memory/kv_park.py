@@ -111,27 +111,41 @@ def park(placement: CachePlacement, global_end: Optional[int] = None, local_end:
     if not 0 <= n <= cache.local_end or ge - n != cache.global_end - cache.local_end:
         raise ParkedKVError(f"cannot park {n} tokens at video token {ge} from a cache holding {cache.local_end} "
                             f"tokens up to video token {cache.global_end}")
-    streamer = placement.streamer
     ks: list[Optional[torch.Tensor]] = []
     vs: list[Optional[torch.Tensor]] = []
     for i in range(cache.num_layers):
-        host = streamer.host.get(i) if streamer is not None else None
-        if host is not None:
-            if streamer.slots.offset == 0:
-                k, v = host.k[:, :n], host.v[:, :n]  # views keep the host buffer's memory alive
-            else:  # a rotated ring: put the slots back in order
-                k = torch.empty((host.k.shape[0], n, *host.k.shape[2:]), dtype=host.k.dtype)
-                v = torch.empty_like(k)
-                for slot, pos, count in streamer.slots.pieces(0, n):
-                    k[:, slot:slot + count] = host.k[:, pos:pos + count]
-                    v[:, slot:slot + count] = host.v[:, pos:pos + count]
-        else:
-            k = _to_host(cache.k[i][:, :n])
-            v = _to_host(cache.v[i][:, :n])
-            cache.k[i] = cache.v[i] = torch.empty(0)  # the device copy goes now, not at close()
+        k, v = layer_on_host(placement, i, n, drop=True)
         ks.append(k)
         vs.append(v)
     return ParkedKV(ks, vs, ge, n)
+
+
+def placement_layers(placement: CachePlacement, local_end: Optional[int] = None):
+    """Yield each layer's filled K/V in host memory, one layer at a time (writing a state file straight from a
+    placement: device layers are copied one by one, never the whole cache at once)."""
+    n = placement.cache.local_end if local_end is None else int(local_end)
+    for i in range(placement.cache.num_layers):
+        yield layer_on_host(placement, i, n, drop=False)
+
+
+def layer_on_host(placement: CachePlacement, i: int, n: int, drop: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer i's slots [0, n) as host tensors `[B, n, heads, head_dim]` in slot order. Layers kept in host buffers
+    come as views when their ring was never rotated; device layers are copied (and, with drop, released)."""
+    cache, streamer = placement.cache, placement.streamer
+    host = streamer.host.get(i) if streamer is not None else None
+    if host is not None:
+        if streamer.slots.offset == 0:
+            return host.k[:, :n], host.v[:, :n]  # views keep the host buffer's memory alive
+        k = torch.empty((host.k.shape[0], n, *host.k.shape[2:]), dtype=host.k.dtype)
+        v = torch.empty_like(k)
+        for slot, pos, count in streamer.slots.pieces(0, n):  # a rotated ring: the slots back in order
+            k[:, slot:slot + count] = host.k[:, pos:pos + count]
+            v[:, slot:slot + count] = host.v[:, pos:pos + count]
+        return k, v
+    k, v = _to_host(cache.k[i][:, :n]), _to_host(cache.v[i][:, :n])
+    if drop:
+        cache.k[i] = cache.v[i] = torch.empty(0)  # the device copy goes now, not at close()
+    return k, v
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
