@@ -15,7 +15,7 @@ from lingbot_world.memory.kv_park import ParkedKV, ParkedKVError, park
 from lingbot_world.memory.kv_placement import CachePlacement, FastMemoryPlan
 from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.wan.control.act_to_camera import keys_to_camera
-from lingbot_world.wan.control.actions import KeyInputError, KeyTimeline
+from lingbot_world.wan.control.actions import KeyTimeline
 from lingbot_world.wan.control.camera import camera_condition
 from lingbot_world.wan.control.camera_presets import preset_camera
 from lingbot_world.wan.control.camera_track import KEY_STEP, CameraTrack
@@ -193,16 +193,27 @@ def test_reference_first_part_is_the_released_run(model):
     assert nxt.chunks == 1 and nxt.track.latent_frames == 9
 
 
+def chain_state():
+    """A state after one chunk (no model run: the planning needs only the track)."""
+    from lingbot_world.wan.sampling.fast_state import FastState
+
+    st = settings()
+    plan = plan_first_part(CameraSource(keys=KeyTimeline.from_string("w-8")), None, st)
+    return FastState(st, 1, torch.zeros(1, dtype=torch.uint8), CTX, "p", plan.track, True)
+
+
 def test_first_part_frame_rules():
     st = settings()
     k = KeyTimeline.from_string("w-10")
     p = plan_first_part(CameraSource(keys=k), None, st)
     assert (p.chunks, p.frames, p.keys.frames) == (2, 21, 20) and "padded" in p.note
     assert plan_first_part(CameraSource(keys=k), 33, st).chunks == 3
-    with pytest.raises(KeyInputError, match="ask for more frames"):
-        plan_first_part(CameraSource(keys=KeyTimeline.from_string("w-30")), 9, st)
-    cut = plan_first_part(CameraSource(keys=KeyTimeline.from_string("w-30"), from_file=True), 9, st)
-    assert cut.chunks == 1 and cut.keys.frames == 8
+    cut = plan_first_part(CameraSource(keys=KeyTimeline.from_string("w-30")), 9, st)  # the video decides
+    assert cut.chunks == 1 and cut.keys.frames == 8 and "the last 22 frame(s) of keys are not used" in cut.note
+    trailing = plan_first_part(CameraSource(keys=KeyTimeline.from_string("w-8,none-3")), 9, st)
+    assert trailing.chunks == 1 and trailing.note is None  # cutting frames without keys needs no word
+    nxt = plan_next_part(chain_state(), CameraSource(keys=KeyTimeline.from_string("w-13")))
+    assert nxt.chunks == 2 and "padded with 11" in nxt.note
     assert plan_first_part(CameraSource(), 25, st).chunks == 2
 
 

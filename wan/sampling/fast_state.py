@@ -192,24 +192,29 @@ def plan_first_part(source: CameraSource, frames: Optional[int], settings: FastS
         return _reference_first(source, frames, settings, track)
     if source.kind == "keys":
         k = source.keys
+        label = source.label or "keys"
         chunks = max(1, math.ceil((k.frames + VAE_TEMPORAL_STRIDE) / CHUNK_VIDEO_FRAMES))  # keys for frames 1..F-1
-        note = None
+        notes = []
         if frames is not None:
-            want = fast_frames(frames).chunks
-            if source.from_file and want < chunks:
-                k, chunks = k[:track.keys_needed(want * CHUNK_FRAMES)], want
-            elif want < chunks:
-                raise KeyInputError(f"{source.label or 'keys'}: {k.frames} frames of keys need {first_part_frames(chunks)} "
-                                    f"frames but {frames} were asked for; shorten the keys or ask for more frames")
-            chunks = max(chunks, want)
+            want = fast_frames(frames)
+            if want.chunks < chunks:
+                used = track.keys_needed(want.latent_frames)
+                if k.pressed[used:].any() and not source.from_file:
+                    notes.append(f"{label}: {k.frames} frames of keys need {first_part_frames(chunks)} frames (the "
+                                 f"keys of frame j move the camera into frame j+1); the video has {want.frames}, so "
+                                 f"the last {k.frames - used} frame(s) of keys are not used")
+                k = k[:used]
+            elif want.note:
+                notes.append(want.note)
+            chunks = want.chunks
         need = track.keys_needed(chunks * CHUNK_FRAMES)
         if k.frames < need:
-            note = (f"{source.label or 'keys'}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) "
-                    f"without keys to whole chunks ({first_part_frames(chunks)} frames)")
+            notes.append(f"{label}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) without keys "
+                         f"to whole chunks ({first_part_frames(chunks)} frames)")
             k = k.padded(need)
         part = track.keys(k, chunks * CHUNK_FRAMES, source.intrinsics)
         return PartPlan(chunks, first_part_frames(chunks), part.plucker, track, True, k, part.path, part.intrinsics,
-                        note, frames)
+                        " ".join(notes) or None, frames)
     if source.kind == "camera":
         n = source.poses.shape[0]
         plan = fast_frames(frames if frames is not None else n, n)
@@ -268,13 +273,13 @@ def plan_next_part(state: FastState, source: CameraSource, frames: Optional[int]
         k = source.keys
         chunks = max(1, math.ceil(k.frames / CHUNK_VIDEO_FRAMES))
         if want is not None:
-            if source.from_file and want < chunks:
-                k, chunks = k[:want * CHUNK_VIDEO_FRAMES], want
-            elif want < chunks:
-                raise KeyInputError(f"{source.label or 'keys'}: {k.frames} frames of keys need {chunks} chunks "
-                                    f"({chunks * CHUNK_VIDEO_FRAMES} frames) but {frames} new frames were asked for; "
-                                    "shorten the keys or ask for more frames")
-            chunks = max(chunks, want)
+            if want < chunks:
+                used = want * CHUNK_VIDEO_FRAMES
+                if k.pressed[used:].any() and not source.from_file:
+                    note = (f"{source.label or 'keys'}: {k.frames} frames of keys, {frames} new frames asked for: "
+                            f"the last {k.frames - used} frame(s) of keys are not used")
+                k = k[:used]
+            chunks = want
         need = chunks * CHUNK_VIDEO_FRAMES
         if k.frames < need:
             note = (f"{source.label or 'keys'}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) "
