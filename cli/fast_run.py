@@ -196,7 +196,7 @@ def check_base_experts(files) -> None:
 
 def _warn_base_only_flags(args) -> None:
     ignored = [flag for flag, value, default in (
-        ("--steps", args.steps, 70), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
+        ("--steps", args.steps, None), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
         ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
         ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None))
         if value != default]
