@@ -7,6 +7,7 @@ import logging
 
 from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from .fast_continue_node import LingBotFastContinue
 from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
@@ -27,6 +28,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotVAEDecode": LingBotVAEDecode,
     "LingBotFastLoader": LingBotFastLoader,
     "LingBotFastSampler": LingBotFastSampler,
+    "LingBotFastContinue": LingBotFastContinue,
     "LingBotSpeedOptions": LingBotSpeedOptions,
 }
 
@@ -43,6 +45,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotVAEDecode": "LingBot VAE Decode",
     "LingBotFastLoader": "LingBot Fast Model Loader",
     "LingBotFastSampler": "LingBot Fast Sampler",
+    "LingBotFastContinue": "LingBot Fast Continue",
     "LingBotSpeedOptions": "LingBot Speed Options",
 }
 

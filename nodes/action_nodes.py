@@ -124,7 +124,8 @@ class LingBotActions:
                 log.info("LingBot-World actions: %s", note)
             path, _ = keys_to_camera(keys, src.intrinsics)
             label = _short(src.label if src.from_file else keys.to_string())
-            camera = CameraInput(path.poses, path.intrinsics, label=label, includes_end_pose=True)
+            given = keys[:min(src.keys.frames, keys.frames)]  # the keys as written, without the 4n+1 padding
+            camera = CameraInput(path.poses, path.intrinsics, label=label, includes_end_pose=True, keys=given)
             act = ActInput(path.poses, path.intrinsics, keys.wasd, label=label, includes_end_pose=True)
             pictures.append(_picture(path.poses, path.intrinsics, keys, f"{label} - {frames_out} frames"))
         if act_files is not None:
