@@ -159,10 +159,11 @@ def run(args) -> int:
     from ..wan.dit.model import pad_context
     from ..wan.sampling.fast_state import finish_part, next_layout, plan_next_part, start_part
     from ..wan.vae.streaming import decode_part
-    from .fast_run import _fast_files, _plan, _sample, _warn_base_only_flags, _empty
+    from .fast_run import _fast_files, _plan, _sample, _warn_base_only_flags
+    from .generate import _empty_cache
     from .preflight import resolve_device
     from .progress import RunStats
-    from .speed_flags import report_compile, speed_plan
+    from .speed_flags import log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output, write_video
 
     stats = RunStats()
@@ -176,7 +177,7 @@ def run(args) -> int:
     device = resolve_device(args.device)
     if st.noise_source == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"{sf.path} continues the reference's CUDA generator; run it on a CUDA GPU")
-    speed = speed_plan(args, device, log)
+    speed = speed_plan(args, device)
     files = _fast_files(args)
     fmt = detect_format(files.fast)
     note = check_model_kind(fmt, "fast")
@@ -207,6 +208,7 @@ def run(args) -> int:
     print(f"continuing {sf.path} ({sf.file_bytes / 1e9:.2f} GB): {state.frames} frames so far ({state.chunks} chunks), "
           f"+ {part.frames} frames ({part.chunks} chunks), camera: {control}", flush=True)
     save = SaveState.plan(args, st, cfg, total_lat)
+    log_speed_plan(speed, log)
 
     plan, stream_vae = _plan(args, cfg, layout, device, st.height, st.width, part.camera is not None, files)
     log.info("memory plan: %s", plan.reason)
@@ -253,7 +255,7 @@ def run(args) -> int:
         del video
         stats.mark("whole video")
     del vae
-    _empty(device)
+    _empty_cache(device)
     print(f"Fast model: continued with {part.frames} frames ({state.frames + part.frames} so far)")
     if whole is not None:
         print(f"the whole video so far: {whole}")

@@ -71,10 +71,10 @@ def run(args) -> int:
     from ..wan.sampling.fast_state import plan_first_part
     from ..wan.sizes import latent_size, max_area_for, target_size
     from ..loaders.image_files import load_image
-    from .generate import _demo_defaults
+    from .generate import _demo_defaults, _empty_cache
     from .preflight import noise_source, resolve_device
     from .progress import RunStats
-    from .speed_flags import report_compile, speed_plan
+    from .speed_flags import log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output
     from . import fast_continue
 
@@ -93,7 +93,8 @@ def run(args) -> int:
     stats = RunStats()
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
-    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
+    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
+    target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
     files = _fast_files(args)
     fmt = detect_format(files.fast)
     note = check_model_kind(fmt, "fast")
@@ -114,17 +115,17 @@ def run(args) -> int:
     part = plan_first_part(source, args.frames, settings)
     if part.note:
         log.warning("frames: %s", part.note)
-    target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
     fast_continue.write_picture(args, part, source, target)
     frames = part.frames
     layout = settings.layout(part.latent_frames)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
     control = source.label or ("none" if source.kind == "none" else source.kind)
+    save = fast_continue.SaveState.plan(args, settings, cfg, part.latent_frames)
+    log_speed_plan(speed, log)
     print(f"Fast model: {height}x{width}, {frames} frames ({part.latent_frames} latent frames, {part.chunks} chunks "
           f"of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),
           flush=True)
-    save = fast_continue.SaveState.plan(args, settings, cfg, part.latent_frames)
 
     plan, stream_vae = _plan(args, cfg, layout, device, height, width, part.camera is not None, files)
     log.info("memory plan: %s", plan.reason)
@@ -148,7 +149,7 @@ def run(args) -> int:
             y = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
     if not stream_vae:
         vae.to("cpu")
-    _empty(device)
+    _empty_cache(device)
     stats.mark("vae_encode")
 
     from ..wan.dit.model import pad_context
@@ -343,12 +344,9 @@ def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, r
         if decoder is not None:
             decoder.close()
         placement.close()
-        _empty(device)
+        from .generate import _empty_cache
 
-
-def _empty(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
+        _empty_cache(torch.device(device))
 
 
 def _default_name(prompt: str) -> Path:

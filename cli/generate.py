@@ -13,6 +13,7 @@ import torch
 
 from . import actions_arg
 from . import fast_run
+from .lora_run import add_lora_arguments, lora_loader
 from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
 from .speed_flags import add_speed_args, report_compile
@@ -95,6 +96,8 @@ def add_parser(sub) -> None:
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
     add_speed_args(p)
+
+    add_lora_arguments(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
@@ -180,7 +183,8 @@ def _run(args) -> int:
     )
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, pre.noise, device=device)
-    provider = _provider(args, files, device, frames, height, width, camera is not None, speed)
+    provider = _provider(args, files, device, frames, height, width, camera is not None, speed,
+                         loader=lora_loader(pre.loras, {"high": files.high, "low": files.low}))
     if settings.cfg_mode == "auto":
         settings.cfg_mode = provider.plan.cfg_mode
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
@@ -211,13 +215,13 @@ def _run(args) -> int:
     return 0
 
 
-def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None):
+def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None, loader=None):
     from ..memory.placement import make_provider
     from ..speed.options import apply_speed
 
     return make_provider(
         args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
-        video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log,
+        video=(frames, height, width), cfg_mode=args.cfg_mode, camera=with_camera, log=log, loader=loader,
         prepare=None if speed is None else (lambda model: apply_speed(model, speed)),
     )
 

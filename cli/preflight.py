@@ -17,7 +17,7 @@ import torch
 
 from . import actions_arg, fast_run
 from .errors import UsageError
-from .speed_flags import speed_plan
+from .speed_flags import log_speed_plan, speed_plan
 from .video_out import OutputTarget, plan_output
 
 SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
@@ -142,6 +142,7 @@ class Prepared:
     camera: Optional[torch.Tensor]  # packed Plücker input or None
     camera_note: Optional[str]
     speed: object  # speed.options.SpeedPlan: compile / compute / attention for this device
+    loras: object  # cli.lora_run: the --lora files read and matched against the experts (or empty)
 
 
 def prepare(args, log) -> Prepared:
@@ -150,13 +151,15 @@ def prepare(args, log) -> Prepared:
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..loaders.image_files import load_image
     from ..memory.bounds import check_video_fits
+    from ..memory.placement import read_expert_config
+    from .lora_run import read_cli_loras
     from ..wan.sizes import check_frames, max_area_for, target_size
 
     check_flags(args)
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
     check_t5_device(args.t5_device)
-    speed = speed_plan(args, device, log)  # refuses an impossible --compile/--compute/--attention before loading
+    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
     output = plan_output(args.out if args.out is not None else default_output_name(args.prompt))
 
     decoded = load_image(args.image)
@@ -166,6 +169,7 @@ def prepare(args, log) -> Prepared:
     files = _files(args)
     kind = actions_arg.prepare(args, files.high, files.low, log)  # Cam or Act, from the weights; refuses mismatches
     fast_run.check_base_experts(files)
+    loras = read_cli_loras(args, read_expert_config(files.high))  # a bad LoRA stops here, before any work
     vae_config = demo_vae_config(files.root)
     checked = check_checkpoint(files, vae_config)
 
@@ -175,8 +179,9 @@ def prepare(args, log) -> Prepared:
                      total_vram=total_vram_bytes(device), camera=bool(args.camera or args.actions),
                      what=f"--frames {frames} --size {args.size}")
     camera, note, frames = _camera(args, kind, frames, height, width, log)
+    log_speed_plan(speed, log)
     return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,
-                    speed)
+                    speed, loras)
 
 
 def _files(args):

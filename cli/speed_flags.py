@@ -34,15 +34,18 @@ def add_speed_args(parser) -> None:
                         "approximate), flash (flash-attn package)")
 
 
-def speed_plan(args, device: torch.device, log: logging.Logger) -> SpeedPlan:
+def speed_plan(args, device: torch.device) -> SpeedPlan:
     """Resolve the flags for `device`. An explicit choice the machine cannot run raises SpeedOptionError (a
-    ValueError: the CLI prints its one line as a bad-input error) before anything loads."""
-    plan = resolve_speed(SpeedOptions(args.compile, args.compute, args.attention), device,
+    ValueError: the CLI prints its one line as a bad-input error) before anything loads. Silent: the plan is
+    logged by `log_speed_plan` once every other check has passed, so a bad input stays a one-line error."""
+    return resolve_speed(SpeedOptions(args.compile, args.compute, args.attention), device,
                          weights=getattr(args, "weights", "nf4"))
+
+
+def log_speed_plan(plan: SpeedPlan, log: logging.Logger) -> None:
     for note in plan.notes:
         log.info("speed: %s", note)
     log.info("speed: %s", plan.summary())
-    return plan
 
 
 def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:

@@ -11,6 +11,8 @@ from .fast_continue_node import LingBotFastContinue
 from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
+from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
+from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
 from .sampler_node import LingBotSampler
 from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
@@ -30,6 +32,12 @@ NODE_CLASS_MAPPINGS = {
     "LingBotFastSampler": LingBotFastSampler,
     "LingBotFastContinue": LingBotFastContinue,
     "LingBotSpeedOptions": LingBotSpeedOptions,
+    # native door (issue 16): LingBot experts as MODEL, camera / first frame on CONDITIONING, LoRA
+    "LingBotModelLoader": LingBotModelLoader,
+    "LingBotLoraLoader": LingBotLoraLoader,
+    "LingBotExpertsFromModels": LingBotExpertsFromModels,
+    "LingBotCameraConditioning": LingBotCameraConditioning,
+    "LingBotImageToVideoNative": LingBotImageToVideoNative,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -47,6 +55,11 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotFastSampler": "LingBot Fast Sampler",
     "LingBotFastContinue": "LingBot Fast Continue",
     "LingBotSpeedOptions": "LingBot Speed Options",
+    "LingBotModelLoader": "LingBot NF4 Model Loader",
+    "LingBotLoraLoader": "LingBot LoRA Loader (NF4)",
+    "LingBotExpertsFromModels": "LingBot Experts From Models",
+    "LingBotCameraConditioning": "LingBot Camera Conditioning",
+    "LingBotImageToVideoNative": "LingBot Image To Video (native)",
 }
 
 

@@ -99,6 +99,18 @@ def list_vaes() -> list[str]:
     return _safe(lambda: _unique(_fp().get_filename_list("vae"), mf.scan_vae_files(lingbot_roots())), "VAEs")
 
 
+def list_loras() -> list[str]:
+    """ComfyUI's loras folder; pickled .pt/.ckpt LoRAs are listed by ComfyUI too but refused when loaded."""
+    return _safe(lambda: [n for n in _fp().get_filename_list("loras") if n.lower().endswith(".safetensors")], "LoRAs")
+
+
+def resolve_lora(name: str) -> Path:
+    full = _fp().get_full_path("loras", name)
+    if full is None:
+        raise _not_found("LoRA", name, _paths("loras"), "Put the LoRA (.safetensors) in models/loras and refresh.")
+    return Path(full)
+
+
 def _not_found(kind: str, name: str, roots: list[str], hint: str) -> ModelFileNotFound:
     where = ", ".join(roots) or "(no folders registered)"
     return ModelFileNotFound(f"{kind} '{name}' was not found in: {where}. {hint}")

@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 
+def compute_dtype_for(device: torch.device, mode: str) -> torch.dtype:
+    return torch.bfloat16 if mode == "bf16" else default_compute_dtype(device)
+
+
 def compute_bytes_for(device: torch.device, mode: str) -> int:
-    if mode == "bf16":
-        return 2
-    return torch.empty(0, dtype=default_compute_dtype(device)).element_size()
+    return torch.empty(0, dtype=compute_dtype_for(device, mode)).element_size()
 
 
 class ExpertWeights:
@@ -50,6 +52,7 @@ class ExpertWeights:
         self.parked: Optional[WanDiT] = None  # whole model with pinned host copies (keep_in_ram)
         self.swapper: Optional[BlockSwapper] = None
         self.kept_parts: Optional[tuple[WanDiT, list]] = None  # block swap host copies (keep_in_ram)
+        self.lora_merge = False  # merge LoRAs into the NF4 weights at load (re-quantized) instead of on the fly
         self.progress: Optional[Progress] = None  # set by the sampler while it waits for a load
         self.loads_from_disk = 0
         self.loads_from_ram = 0
@@ -57,7 +60,8 @@ class ExpertWeights:
 
     @property
     def label(self) -> str:
-        what = "Fast model" if self.name == "fast" else f"{self.name}-noise expert"
+        what = {"high": "high-noise expert", "low": "low-noise expert", "fast": "Fast model"}.get(
+            self.name, "LingBot-World expert")
         return f"{what} ({self.fmt.path})"
 
     @property

@@ -257,8 +257,9 @@ class LingBotFastContinue:
             st.condition = i2v.track
             return st.condition
         if i2v is None or i2v.vae is None or i2v.image is None:
-            raise ValueError("LingBot Fast Continue: the video's I2V input does not carry its image and VAE (made by "
-                             "an older LingBot Image To Video?); run LingBot Image To Video and the Sampler again")
+            raise ValueError("LingBot Fast Continue: the video's LingBot Image To Video input was not made with "
+                             "LingBot VAE Loader's VAE (a native Load VAE cannot encode the later frames' "
+                             "conditioning); connect LingBot VAE Loader to LingBot Image To Video and queue again")
         from ..wan.i2v import ConditionTrack
         from .i2v_nodes import load_vae_to_device, vae_work_bytes
         from ..wan.vae.reach import encoder_reach

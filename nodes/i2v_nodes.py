@@ -6,7 +6,7 @@ import logging
 import torch
 
 from ..wan.control.camera import usable_frames
-from ..wan.i2v import build_i2v_condition, image_to_model_range
+from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range, resize_first_frame
 from ..wan.sizes import SIZE_AREAS, check_frames, latent_size, target_size
 from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
 from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
@@ -49,6 +49,30 @@ def load_vae_to_device(vae: VAEHandle, work_bytes: int) -> torch.nn.Module:
     return vae.model
 
 
+def first_frame_video(image_hwc: torch.Tensor, height: int, width: int, frames: int) -> torch.Tensor:
+    """The video the reference encodes for I2V, as a native IMAGE batch [frames, h, w, 3] in 0..1: the first frame
+    resized like the reference (bicubic on [-1, 1], no antialias, no clamp), then grey (0 in [-1, 1]) frames.
+    ComfyUI's VAE maps it back with x*2-1."""
+    first = resize_first_frame(image_to_model_range(image_hwc[:, :, :3]), height, width)
+    video = torch.full((frames, height, width, 3), 0.5)
+    video[0] = (first.permute(1, 2, 0) + 1.0) * 0.5
+    return video
+
+
+def native_vae_condition(vae, image_hwc: torch.Tensor, height: int, width: int, frames: int) -> torch.Tensor:
+    """The 20-channel y through ComfyUI's own Wan 2.1 VAE: its raw latent of `first_frame_video`, normalised with
+    ComfyUI's Wan 2.1 latent format, after the first-frame mask."""
+    import comfy.latent_formats
+
+    from .native_conditioning import check_wan21_vae
+
+    check_wan21_vae(vae)
+    raw = vae.encode(first_frame_video(image_hwc, height, width, frames)).float().cpu()
+    latent = comfy.latent_formats.Wan21().process_in(raw)
+    mask = first_frame_mask(latent.shape[2], latent.shape[3], latent.shape[4]).to(latent)
+    return torch.cat([mask[None], latent], dim=1)
+
+
 class LingBotImageToVideo:
     """First frame + size + frame count -> the I2V conditioning y (mask + VAE latent of the image)."""
 
@@ -56,7 +80,9 @@ class LingBotImageToVideo:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "vae": (VAE, {"tooltip": "Wan2.1 VAE from LingBot VAE Loader"}),
+                "vae": (f"{VAE},VAE", {"tooltip": (
+                    "Wan2.1 VAE from LingBot VAE Loader (float32, reference-exact), or ComfyUI's own Load VAE with "
+                    "wan_2.1_vae.safetensors")}),
                 "image": ("IMAGE", {"tooltip": "The first frame (e.g. from Load Image); only the first image is used"}),
                 "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
                     "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (e.g. "
@@ -98,12 +124,17 @@ class LingBotImageToVideo:
             frames, note = usable_frames(camera.num_frames, frames)
             if note:
                 log.warning("LingBot-World: %s", note)
-        model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, frames, tiled, 256))
-        first = image_to_model_range(image[0]).cpu()
-        y = build_i2v_condition(model, first, h, w, frames, tiled=tiled)
+        first, handle = None, None
+        if not isinstance(vae, VAEHandle):  # a native VAE (Load VAE)
+            y = native_vae_condition(vae, image[0], h, w, frames)
+            cfg = VAEConfig()  # the Wan 2.1 latent statistics (check_wan21_vae made sure that is what it is)
+        else:
+            model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, frames, tiled, 256))
+            first, handle = image_to_model_range(image[0]).cpu(), vae  # for LingBot Fast Continue's later frames
+            y = build_i2v_condition(model, first, h, w, frames, tiled=tiled)
+            cfg = vae.model.cfg
         y = y.to(mm.intermediate_device())
-        cfg = vae.model.cfg
-        cond = I2VCondition(y, h, w, frames, tuple(cfg.latent_mean), tuple(cfg.latent_std), note, first, vae,
+        cond = I2VCondition(y, h, w, frames, tuple(cfg.latent_mean), tuple(cfg.latent_std), note, first, handle,
                             bool(tiled))
         return (cond, w, h, frames)
 

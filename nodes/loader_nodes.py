@@ -10,7 +10,7 @@ from ..loaders.expert_format import check_control_pair, check_model_kind, detect
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
 from . import comfy_paths
-from .expert_weights import ExpertWeights
+from .expert_weights import ExpertWeights, compute_dtype_for
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,8 @@ class LingBotExpertLoader:
         patchers = {}
         for name, fmt in (("high", fmt_high), ("low", fmt_low)):
             w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned", speed=speed)
-            patchers[name] = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
+            patchers[name] = ExpertPatcher(ExpertContainer(w, compute_dtype_for(device, weights)), device,
+                                           torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World experts: high=%s (%s), low=%s (%s), weights=%s, memory_mode=%s",
                  high, fmt_high.kind, low, fmt_low.kind, weights, memory_mode)
         return (ExpertPair(patchers["high"], patchers["low"], {"high": fmt_high, "low": fmt_low}, weights,

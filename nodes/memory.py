@@ -110,7 +110,7 @@ class ComfyExpertProvider:
             patcher.weights.progress = None
         if not patcher.is_loaded() or not is_registered(patcher):
             raise RuntimeError(f"ComfyUI did not load the {name}-noise expert; see the log above")
-        model = patcher.model.diffusion_model
+        model = patcher.dit
         if self.plan.token_chunk is not None and hasattr(model, "set_token_chunk"):
             model.set_token_chunk(self.plan.token_chunk)
         self.events.append(("acquire", name))

@@ -25,8 +25,10 @@ import comfy.model_patcher
 import comfy.utils
 from comfy.patcher_extension import CallbacksMP
 
+from ..memory.placement import expert_sizes
 from ..text_encoder.encode import stop_all_text_encoders
-from .expert_weights import ExpertWeights
+from .dit_slot import DiTSlot
+from .expert_weights import ExpertWeights, compute_bytes_for
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +38,25 @@ class ExpertOutOfMemory(torch.cuda.OutOfMemoryError):
 
 
 class ExpertContainer(torch.nn.Module):
-    """What the patcher wraps: the DiT sits in `diffusion_model` only while it is loaded."""
+    """What the LINGBOT_EXPERTS patchers wrap (the native MODEL wraps `native_model.LingBotWorldModel`, which has
+    the same `weights` / `slot` / LoRA fields): the DiT is attached to `slot` only while it is loaded."""
 
-    def __init__(self, weights: ExpertWeights):
+    def __init__(self, weights: ExpertWeights, compute_dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.weights = weights
-        self.diffusion_model: Optional[torch.nn.Module] = None
+        self.__dict__["slot"] = DiTSlot(weights.fmt.config, compute_dtype)
+        self.applied_lora = None  # quant.lora.AppliedLora of the patches on the loaded DiT
+        self.lora_uuid = None  # ModelPatcher.patches_uuid of those patches
+
+    @property
+    def diffusion_model(self) -> Optional[torch.nn.Module]:
+        return self.slot.dit
+
+    def state_dict(self, *args, **kwargs):
+        return self.slot.keys_state_dict()  # names for LoRA key maps, nothing loaded
 
     def get_dtype(self) -> torch.dtype:
-        return torch.bfloat16  # compute dtype on GPUs (NF4 storage is uint8, but nothing casts it here)
+        return self.slot.dtype
 
 
 def _module_device(module: torch.nn.Module) -> Optional[torch.device]:
@@ -61,56 +73,168 @@ def _same_device(a: Optional[torch.device], b: torch.device) -> bool:
     return a.type != "cuda" or (a.index or 0) == (b.index if b.index is not None else torch.cuda.current_device())
 
 
+NO_LIMIT = 1e31  # LoadedModel.model_load passes 1e32 for "load everything"
+
+
 class ExpertPatcher(comfy.model_patcher.ModelPatcher):
-    """A ModelPatcher whose load streams an NF4 expert and whose unload drops (or parks) it."""
+    """A ModelPatcher whose load streams an NF4 expert and whose unload drops (or parks) it.
+
+    ComfyUI's piecewise loading cannot split bitsandbytes' packed weights, so the budget ComfyUI offers is honoured
+    the pack's way: the whole expert when it fits, else block swap with as many blocks on the GPU as the budget
+    holds (the rest streamed from pinned RAM each step). A forced full load (LingBot Sampler) keeps the placement
+    its memory plan set. LoRA patches (`add_patches`, e.g. from LoraLoaderModelOnly) are hung on the loaded linears
+    (`quant.lora`), and swapped without reloading the expert when another clone's patches are needed.
+    """
 
     @property
     def weights(self) -> ExpertWeights:
         return self.model.weights
 
+    @property
+    def dit(self) -> Optional[torch.nn.Module]:
+        return self.model.slot.dit
+
     def is_loaded(self) -> bool:
-        return self.model.diffusion_model is not None
+        return self.model.slot.dit is not None
+
+    def add_patches(self, patches, strength_patch=1.0, strength_model=1.0):
+        added = super().add_patches(patches, strength_patch, strength_model)
+        if added and strength_patch != 0:
+            self.size = self.model_size() + lora_device_bytes([patches[k] for k in added], self.model.get_dtype())
+        return added
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        with self.use_ejected(skip_and_inject_on_exit_only=True):
+            c = self.model
+            used = c.model_loaded_weight_memory
+            self.unpatch_model(self.offload_device, unpatch_weights=False)  # the last clone's object patches out
+            self.patch_model(load_weights=False)  # this clone's in (ModelSamplingSD3, ...)
+            full = extra_memory >= NO_LIMIT
+            try:
+                self.load(device_to, lowvram_model_memory=0 if full else used + extra_memory,
+                          force_patch_weights=force_patch_weights, full_load=full)
+            except Exception:
+                self.detach()
+                raise
+            return c.model_loaded_weight_memory - used
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False, **kwargs):
         c = self.model
+        w = self.weights
         device = torch.device(device_to) if device_to is not None else torch.device(self.load_device)
         with self.use_ejected():
-            if c.diffusion_model is not None and not _same_device(_module_device(c.diffusion_model), device):
+            if not full_load and lowvram_model_memory > 0:
+                self._place_for_budget(device, int(lowvram_model_memory))
+            if self.is_loaded() and self._needs_reload(device):
                 self._release_weights()
-            if c.diffusion_model is None:
-                if not full_load and 0 < lowvram_model_memory < self.model_size():
-                    # NF4 layers cannot be split between devices: the expert is loaded whole or not at all.
-                    log.info("LingBot-World: %s loads whole (%.2f GB) although ComfyUI offered %.2f GB",
-                             self.weights.label, self.model_size() / 1e9, lowvram_model_memory / 1e9)
+            if not self.is_loaded():
                 try:
-                    dit = self.weights.materialize(device)
+                    dit = w.materialize(device)
                 except torch.cuda.OutOfMemoryError as e:
                     raise ExpertOutOfMemory(
-                        f"Not enough GPU memory to load the {self.weights.label}: it needs about "
+                        f"Not enough GPU memory to load the {w.label}: it needs about "
                         f"{self.model_size() / 2**30:.1f} GiB plus the activations. Choose memory_mode 'swap' "
                         f"(one expert at a time) or 'block_swap', a smaller size or fewer frames, or close other "
                         f"programs using the GPU. ({e})"
                     ) from None
-                c.diffusion_model = dit
-                info = getattr(dit, "load_info", None)
-                if info is not None and info.bytes_on_device > 0 and not self.weights.block_swapping():
-                    self.size = info.bytes_on_device  # exact figure for ComfyUI's accounting
+                c.slot.attach(dit)
+            self._apply_lora(device)
+            lora_bytes = c.applied_lora.nbytes if c.applied_lora is not None else 0
+            info = getattr(c.slot.dit, "load_info", None)
+            if info is not None and info.bytes_on_device > 0 and not w.block_swapping():
+                weight_bytes = info.bytes_on_device
+                self.size = weight_bytes + lora_bytes  # exact figure for ComfyUI's accounting
+            else:
+                weight_bytes = w.device_bytes(device)
             c.device = device
-            c.model_loaded_weight_memory = self.model_size()
-            c.model_lowvram = False
+            c.model_loaded_weight_memory = weight_bytes + lora_bytes
+            c.model_lowvram = w.block_swapping()
             c.lowvram_patch_counter = 0
             c.current_weight_patches_uuid = self.patches_uuid
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
                 callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
 
+    def _place_for_budget(self, device: torch.device, budget: int) -> None:
+        """ComfyUI offers `budget` bytes: the whole expert if it fits, else block swap with what fits."""
+        w = self.weights
+        if device.type != "cuda":
+            return
+        lora = lora_device_bytes(self.patches.values(), self.model.get_dtype()) if self.patches else 0
+        sizes = expert_sizes(w.fmt.config, w.mode, compute_bytes_for(device, w.mode))
+        if budget >= sizes.total + lora:
+            blocks = None
+        else:
+            blocks = int((budget - lora - sizes.base - 2 * sizes.block) // max(sizes.block, 1))
+            blocks = max(0, min(blocks, sizes.num_blocks - 1))
+        if blocks != w.blocks_on_gpu:
+            if blocks is not None:
+                log.info("LingBot-World: ComfyUI offers %.2f GiB for the %s (%.2f GiB whole): %d of %d blocks on the "
+                         "GPU, the rest streamed from pinned RAM (block swap)", budget / 2**30, w.label,
+                         (sizes.total + lora) / 2**30, blocks, sizes.num_blocks)
+            w.set_placement(w.keep_in_ram, blocks)
+
+    def _needs_reload(self, device: torch.device) -> bool:
+        w, c = self.weights, self.model
+        if not _same_device(_module_device(c.slot.dit), device):
+            return True
+        placed = w.swapper.resident if w.swapper is not None else None
+        if placed != (w.blocks_on_gpu if w.block_swapping() else None):
+            return True
+        # merged LoRA weights cannot be taken out again: another clone's patches need a fresh copy
+        want = self.patches_uuid if self.patches else None
+        return c.applied_lora is not None and c.applied_lora.needs_reload and c.lora_uuid != want
+
+    def _apply_lora(self, device: torch.device) -> None:
+        c = self.model
+        want = self.patches_uuid if self.patches else None
+        if c.lora_uuid == want:
+            return
+        if c.applied_lora is not None:
+            c.applied_lora.remove()
+            c.applied_lora = None
+        c.lora_uuid = None
+        if not self.patches:
+            return
+        from ..quant.lora import apply_lora
+        from .lora_patches import hooks_from_patches
+
+        dit, w = c.slot.dit, self.weights
+        hooks, plain = hooks_from_patches(self.patches, dit)
+        merge = w.lora_merge
+        if w.block_swapping():
+            if merge:
+                log.info("LingBot-World: %s runs with block swap; its LoRA is applied on the fly instead of merged",
+                         w.label)
+                merge = False
+            streamed = [k for k in plain if k.startswith("blocks.") and int(k.split(".")[1]) >= w.swapper.resident]
+            if streamed:
+                raise ValueError(
+                    f"this LoRA changes {len(streamed)} norm/modulation tensors of DiT blocks that block swap streams "
+                    f"from RAM (e.g. {streamed[0]}), which cannot be patched there: give the {w.label} more VRAM "
+                    f"(unload other models, or a smaller video) so it loads whole, or use a LoRA without those keys")
+        c.applied_lora = apply_lora(dit, hooks, plain, merge_linears=merge, dtype=dit.compute_dtype, device=device)
+        c.lora_uuid = want
+        log.info("LingBot-World: LoRA on the %s: %d linears %s, %d other tensors patched", w.label,
+                 len(c.applied_lora.merged or c.applied_lora.hooked), "merged into NF4" if merge else "on the fly",
+                 len(plain))
+
     def _release_weights(self) -> None:
         c = self.model
-        dit, c.diffusion_model = c.diffusion_model, None
+        merged = False
+        if c.applied_lora is not None:  # hooks off and plain tensors restored before any host copy is made
+            merged = c.applied_lora.needs_reload
+            c.applied_lora.remove()
+            c.applied_lora = None
+        c.lora_uuid = None
+        dit = c.slot.detach()
         c.model_loaded_weight_memory = 0
         c.device = self.offload_device
         if dit is not None:
             self.weights.evict(dit, self.load_device)
             del dit
+            if merged:
+                self.weights.forget()  # a parked copy would hold the merged weights: the next load reads the file
             mm.soft_empty_cache()
 
     def unpatch_model(self, device_to=None, unpatch_weights=True, **kwargs):
@@ -126,8 +250,18 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
     def partially_unload(self, device_to, memory_to_free=0, *args, **kwargs):
         return 0  # nothing can be offloaded piecewise; ComfyUI then detaches (= unloads) the whole expert
 
-    def add_patches(self, *args, **kwargs):
-        raise NotImplementedError("LoRA / weight patches are not supported on LingBot-World NF4 experts")
+
+def lora_device_bytes(patch_lists, dtype: torch.dtype) -> int:
+    """Device bytes of the low-rank factors of some patches (in the compute dtype)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    n = 0
+    for plist in patch_lists:
+        for entry in plist if isinstance(plist, list) else [(1.0, plist)]:
+            v = entry[1]
+            for t in getattr(v, "weights", ())[:2]:
+                if isinstance(t, torch.Tensor):
+                    n += t.numel() * size
+    return n
 
 
 class VAEContainer(torch.nn.Module):

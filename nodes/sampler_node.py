@@ -11,6 +11,7 @@ from ..wan.control.camera import camera_condition
 from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
 from ..wan.dit.model import pad_context
 from ..wan.sampling.sampler import Cancelled, SamplingSettings, make_noise, sample
+from .conditioning import text_from_conditioning
 from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
 from .payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair, I2VCondition,
                        TextEmbeds)
@@ -84,6 +85,19 @@ def text_contexts(text: TextEmbeds, experts: ExpertPair) -> tuple[torch.Tensor, 
     return pad_context([text.positive], experts.text_len), pad_context([text.negative], experts.text_len)
 
 
+def text_input(text: Optional[TextEmbeds], positive, negative, experts: ExpertPair) -> TextEmbeds:
+    """LINGBOT_TEXT, or native positive + negative CONDITIONING; exactly one of the two."""
+    native = positive is not None or negative is not None
+    if text is not None and native:
+        raise ValueError("connect either 'text' (LingBot Text Encode) or native 'positive' + 'negative', not both")
+    if text is not None:
+        return text
+    if positive is None or negative is None:
+        raise ValueError("LingBot Sampler needs the prompt: connect 'text' from LingBot Text Encode, or both "
+                         "'positive' and 'negative' native CONDITIONING (CLIPTextEncode with umT5-XXL)")
+    return text_from_conditioning(positive, negative, experts.text_dim, experts.text_len)
+
+
 class LingBotSampler:
     """Denoises the video latent: high-noise expert first, then the low-noise one (spec defaults)."""
 
@@ -91,8 +105,7 @@ class LingBotSampler:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "experts": (EXPERTS, {"tooltip": "From LingBot Expert Loader"}),
-                "text": (TEXT, {"tooltip": "From LingBot Text Encode"}),
+                "experts": (EXPERTS, {"tooltip": "From LingBot Expert Loader (or LingBot Experts From Models)"}),
                 "i2v": (I2V, {"tooltip": "From LingBot Image To Video (first frame, size, frames)"}),
                 "steps": ("INT", {"default": 70, "min": 1, "max": 1000, "tooltip": (
                     "Denoising steps (reference 70: 26 with the high-noise expert, 44 with the low-noise one).")}),
@@ -122,6 +135,11 @@ class LingBotSampler:
                 "act": (ACT, {"tooltip": (
                     "Act control (Act model only: ray directions + WASD keys) from LingBot Actions. The Act "
                     "release recommends 20 steps.")}),
+                "text": (TEXT, {"tooltip": "From LingBot Text Encode (or connect native positive + negative instead)"}),
+                "positive": ("CONDITIONING", {"tooltip": (
+                    "Native prompt conditioning instead of 'text': CLIPTextEncode with umT5-XXL (CLIPLoader type "
+                    "wan), 4096 wide")}),
+                "negative": ("CONDITIONING", {"tooltip": "Native negative conditioning (with 'positive')"}),
             },
         }
 
@@ -133,10 +151,11 @@ class LingBotSampler:
     DESCRIPTION = ("Runs LingBot-World's two experts with flow UniPC and CFG; shows progress and previews and "
                    "stops at the next model call when cancelled.")
 
-    def sample(self, experts: ExpertPair, text: TextEmbeds, i2v: I2VCondition, steps: int = 70, shift: float = 10.0,
-               boundary: float = 0.947, guide_high: float = 5.0, guide_low: float = 5.0, seed: int = 42,
-               noise_source: str = "cpu", solver: str = "unipc", cfg_mode: str = "auto",
-               camera: Optional[CameraInput] = None, act: Optional[ActInput] = None):
+    def sample(self, experts: ExpertPair, text: Optional[TextEmbeds] = None, i2v: Optional[I2VCondition] = None,
+               steps: int = 70, shift: float = 10.0, boundary: float = 0.947, guide_high: float = 5.0,
+               guide_low: float = 5.0, seed: int = 42, noise_source: str = "cpu", solver: str = "unipc",
+               cfg_mode: str = "auto", camera: Optional[CameraInput] = None, act: Optional[ActInput] = None,
+               positive=None, negative=None):
         import comfy.model_management as mm
 
         from .progress import SamplingProgress, load_progress
@@ -145,6 +164,7 @@ class LingBotSampler:
                                      (noise_source, NOISE_SOURCES, "noise_source")):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+        text = text_input(text, positive, negative, experts)
         cfg = experts.formats["high"].config
         control = control_for(experts, i2v, camera, act)  # refuses a control the model cannot take, before loading
         device = mm.get_torch_device()

@@ -12,6 +12,7 @@ from ..loaders.t5_tokenizer import MAX_LENGTH, resolve_tokenizer_source
 from ..text_encoder.encode import TextEncoderStopped, encode_prompts
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from . import comfy_paths
+from .conditioning import to_conditioning
 from .payloads import CATEGORY, TEXT, TextEmbeds
 
 log = logging.getLogger(__name__)
@@ -92,12 +93,15 @@ class LingBotTextEncode:
             }
         }
 
-    RETURN_TYPES = (TEXT,)
-    RETURN_NAMES = ("text",)
-    OUTPUT_TOOLTIPS = ("Prompt and negative prompt embeddings for LingBot Sampler",)
+    RETURN_TYPES = (TEXT, "CONDITIONING", "CONDITIONING")
+    RETURN_NAMES = ("text", "positive", "negative")
+    OUTPUT_TOOLTIPS = ("Prompt and negative prompt embeddings for LingBot Sampler",
+                       "The prompt as native CONDITIONING (KSampler on LingBot MODELs, LingBot Image To Video (native))",
+                       "The negative prompt as native CONDITIONING")
     FUNCTION = "encode"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Encodes the prompts with umT5-XXL in a child process (stopped on cancel and on Free memory)."
+    DESCRIPTION = ("Encodes the prompts with umT5-XXL in a child process (stopped on cancel and on Free memory), for "
+                   "LingBot Sampler and as native CONDITIONING.")
 
     def encode(self, text_encoder: str, tokenizer: str, prompt: str, negative_prompt: str, device: str = "auto",
                cache: bool = True):
@@ -134,4 +138,5 @@ class LingBotTextEncode:
         finally:
             if slot is not None:
                 unload_patcher(slot)
-        return (TextEmbeds(positive_emb, negative_emb, prompt, negative),)
+        return (TextEmbeds(positive_emb, negative_emb, prompt, negative), to_conditioning(positive_emb, MAX_LENGTH),
+                to_conditioning(negative_emb, MAX_LENGTH))

@@ -131,6 +131,9 @@ class NF4Linear(Linear4bit):
     the weight's device). forward = two steps: dequantize the weight (`dequantized_weight`, bitsandbytes' kernel,
     also serving the DiT's fp32 regions), then one GEMM in the compute mode (`set_compute`). Between
     `hold_weight()` and `release_weight()` the prepared weight is kept for all token chunks of a block phase.
+    `lora` is the LoRA hook (`quant.lora.LinearLora`, set by `quant.lora.attach`): its weight patches go between
+    "dequantize" and "GEMM" (every compute mode starts from the patched weight), its low-rank terms are added to
+    the output.
     """
 
     compute_mode = "bf16"
@@ -138,6 +141,7 @@ class NF4Linear(Linear4bit):
     fp8_fast_accum = True
     _lowp_ops: Optional[dict] = None  # compiled twins of the activation quantizers (compile option)
     _held: Optional[dict] = None
+    lora = None  # quant.lora.LinearLora while a LoRA is attached
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: torch.dtype = torch.bfloat16):
         super().__init__(
@@ -265,8 +269,12 @@ class NF4Linear(Linear4bit):
         key = (kind, dtype)
         if self._held is not None and key in self._held:
             return self._held[key]
-        # Step 1, dequantize: every path starts from this weight (a LoRA weight patch belongs right here).
-        w = self.dequantized_weight(dtype)
+        # Step 1, dequantize: every path starts from this weight, with a LoRA's weight patches applied (in fp32).
+        lora = self.lora
+        if lora is not None and lora.patches_weight:
+            w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(dtype)
+        else:
+            w = self.dequantized_weight(dtype)
         prepared = fp8.quantize_weight(w) if kind == "fp8" else int8.quantize_weight(w) if kind == "int8" else w
         if self._held is not None:
             self._held[key] = prepared
@@ -282,13 +290,14 @@ class NF4Linear(Linear4bit):
         return self.compute_mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_in = x
         dtype = self.compute_dtype or x.dtype
         inp_dtype = x.dtype
         x = x if x.dtype == dtype else x.to(dtype)
         bias = self.bias
         if bias is not None and bias.dtype != dtype:
             bias = bias.to(dtype)
-        # Step 2, one GEMM (an output-side LoRA term would be added to y).
+        # Step 2, one GEMM.
         mode = self._mode_for(x, dtype)
         ops = self._lowp_ops or {}
         if mode == "fp8":
@@ -303,6 +312,8 @@ class NF4Linear(Linear4bit):
             y = fp16acc.linear(x, self._prepared("float", torch.float16), bias, dtype)
         else:
             y = F.linear(x, self._prepared("float", dtype), bias)
+        if self.lora is not None:  # the low-rank terms and bias difference of a LoRA, added to the output
+            y = self.lora.add_terms(x_in, y)
         return y if y.dtype == inp_dtype else y.to(inp_dtype)
 
     def extra_repr(self) -> str:

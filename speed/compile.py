@@ -6,8 +6,8 @@ small pure functions of tensors (and norm modules, whose weights dynamo treats a
 attention and the block-swap hooks stay eager, so:
 - both experts and all 40 blocks share one compiled graph per phase (same code object, weights as inputs; no
   recompile at the expert switch);
-- token chunks of different length reuse one graph: the first length compiles a static graph, the second a
-  dynamic one (dynamo's automatic dynamic shapes) that serves every later length, video size and batch;
+- token chunks of different length reuse one graph: the token count is marked dynamic on the first call
+  (`_mark_token_dims`), so one graph per phase and dtype serves every chunk length, video size and batch;
 - nothing compiled hangs off a model, so moving, unloading or rebuilding a model (ComfyUI) keeps the compiled
   code, and a K/V cache or a sequence-parallel exchange at the attention call is outside the graphs.
 The inductor cache (FX graphs and Triton kernels) lives in ~/.cache/lingbot-world/inductor unless
@@ -129,6 +129,7 @@ class CompiledFn:
             STATS.announced = True
             log.info("torch.compile: building the DiT's per-token kernels on first use (a minute or two the first "
                      "time; later runs load them from %s)", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "the cache"))
+        _mark_token_dims(args)
         before = _graph_count()
         t0 = time.perf_counter()
         try:
@@ -150,6 +151,21 @@ class CompiledFn:
             STATS.seconds += time.perf_counter() - t0
             log.debug("torch.compile: DiT phase %r compiled in %.1f s", self.name, time.perf_counter() - t0)
         return out
+
+
+def _mark_token_dims(args) -> None:
+    """Make the token count symbolic from the first call on. Left to automatic dynamic shapes, the first chunk
+    (storage offset 0) is served by a static graph and the dynamic graph guards on a non-zero offset, so a new
+    chunk length recompiled every phase. The token count is dim 1 of a phase's first tensor (x [B, n, ...]);
+    every dim of that size in the call's tensors follows it (rope tables, q/k buffers)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or tensors[0].dim() < 2 or tensors[0].shape[1] < 2:
+        return
+    n = tensors[0].shape[1]
+    for t in tensors:
+        for d, size in enumerate(t.shape):
+            if size == n:
+                torch._dynamo.maybe_mark_dynamic(t, d)
 
 
 _WRAPPED: dict = {}

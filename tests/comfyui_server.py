@@ -197,6 +197,53 @@ def prepare_base(base: Path) -> None:
     shutil.copytree(REPO / "assets" / "examples" / "05", base / "input" / "lingbot_examples" / "05")  # key files
 
 
+def write_tiny_loras(loras: Path, cfg) -> None:
+    """The same random LoRA twice (ComfyUI keys with alpha, diffusers keys through diffusers' converter) and one
+    made for a wider model."""
+    import torch
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
+
+    from lingbot_world.loaders.lora_files import dit_weight_shapes
+    from lingbot_world.quant.nf4 import nf4_linear_names
+    from safetensors.torch import save_file
+
+    loras.mkdir(parents=True, exist_ok=True)
+    shapes = dit_weight_shapes(cfg)
+    g = torch.Generator().manual_seed(5)
+    comfy_sd, plain = {}, {}
+    rank = 4
+    for name in nf4_linear_names(cfg.num_layers):
+        if "cam" in name or "c2ws" in name:
+            continue  # diffusers has no camera layers
+        out_f, in_f = shapes[f"{name}.weight"]
+        down = torch.randn(rank, in_f, generator=g) / in_f**0.5
+        up = 0.5 * torch.randn(out_f, rank, generator=g)
+        comfy_sd[f"diffusion_model.{name}.lora_down.weight"] = down
+        comfy_sd[f"diffusion_model.{name}.lora_up.weight"] = up
+        comfy_sd[f"diffusion_model.{name}.alpha"] = torch.tensor(float(rank))  # scale 1
+        plain[f"diffusion_model.{name}.lora_A.weight"] = down
+        plain[f"diffusion_model.{name}.lora_B.weight"] = up
+    save_file(comfy_sd, str(loras / "lingbot_tiny_comfy.safetensors"))
+    save_file(_convert_non_diffusers_wan_lora_to_diffusers(plain), str(loras / "lingbot_tiny_diffusers.safetensors"))
+    save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.zeros(4, 1536),
+               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.zeros(1536, 4)},
+              str(loras / "wan_1_3b_style.safetensors"))
+
+
+def write_random_wan21_vae(path: Path) -> None:
+    """A full-size Wan 2.1 VAE with random weights (bf16, 254 MB) under the release's key names: ComfyUI's own
+    VAELoader reads it as a Wan 2.1 VAE, so the native graph runs without the real file."""
+    import torch
+    from safetensors.torch import save_file
+
+    from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    sd = {k: v.to(torch.bfloat16).contiguous() for k, v in WanVAE(VAEConfig()).state_dict().items()}
+    save_file(sd, str(path))
+
+
 @contextmanager
 def running_server(base: Path, start_timeout: float = 180) -> Iterator[Server]:
     """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit."""

@@ -198,7 +198,7 @@ def test_help_documents_every_flag_and_shows_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for shown in ("(default: 480*832)", "default 81, or as long as --actions", "default 70; 20 for the Act model",
                   "(default: 42)", "(default: auto)",
-                  "(default: unipc)", "(default: nf4)", "(default: [5.0])", "(default: 16)", "(default: sdpa)",
+                  "(default: unipc)", "(default: nf4)", "(default: [5.0])", "(default: 16)", "(default: bf16)",
                   "130 interrupted", "143 terminated"):
         assert shown in text, shown
 

@@ -7,7 +7,8 @@ Opt-in, like test_comfyui_server.py (same temp-base server, see tests/comfyui_se
   - a system Chromium at /usr/bin/chromium (Debian: `apt-get install chromium`), or LINGBOT_CHROMIUM=/path.
 Each is skipped with its reason when absent. The browser runs headless with a fresh profile and may only reach the
 local server: other hosts fail name resolution and every request to anything else is aborted (and reported).
-Set LINGBOT_FRONTEND_SCREENSHOT_DIR to keep the screenshot of the camera-preset workflow somewhere known.
+Set LINGBOT_FRONTEND_SCREENSHOT_DIR to keep the screenshot of the camera-preset workflow (or the one named by
+LINGBOT_FRONTEND_SCREENSHOT_OF) somewhere known.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ if not CHROMIUM.is_file():
                 allow_module_level=True)
 
 WORKFLOWS = sorted((comfy.REPO / "example_workflows").glob("*.json"))
-SCREENSHOT_OF = "lingbot_world_i2v_camera_preset"
+SCREENSHOT_OF = os.environ.get("LINGBOT_FRONTEND_SCREENSHOT_OF", "lingbot_world_i2v_camera_preset")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  # Belt and braces with the request filter below: no other host even resolves.

@@ -36,8 +36,10 @@ API_COPIES = REPO / "tests" / "workflows"
 DEMO = "lingbot_world_tiny_demo_cpu"
 FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
                "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
-               "LingBotVAELoader.vae_name", "LoadImage.image"}
+               "LingBotVAELoader.vae_name", "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name",
+               "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name"}
 FAST = "lingbot_world_fast_i2v"
+NATIVE_DEMO = "Tiny CPU demo with native KSamplers (random weights)"
 MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
 
 if comfy.skip_reason():
@@ -62,6 +64,10 @@ def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy_base")
     comfy.prepare_base(base)
     medium_bytes = _medium_experts(base / "models" / "lingbot_world" / MEDIUM)
+    from lingbot_world.loaders.demo_checkpoint import demo_configs
+
+    comfy.write_random_wan21_vae(base / "models" / "vae" / "wan_2.1_vae.safetensors")  # for the native graph
+    comfy.write_tiny_loras(base / "models" / "loras", demo_configs()[0])
     with comfy.running_server(base) as srv:
         srv.medium_bytes = medium_bytes
         yield srv
@@ -232,6 +238,61 @@ def test_fast_workflow_runs_on_the_tiny_demo(server):
     frames = res["history"]["outputs"]["900"]["images"]
     assert len(frames) == 33
     print(f"\nfast workflow: {res['seconds']:.1f} s, {len(frames)} frames, {res['previews']} previews")
+def _native_prompt(compile_low: bool) -> tuple[dict, list[str]]:
+    """The native tiny demo with ComfyUI's LoraLoaderModelOnly on the high-noise expert, LingBot LoRA Loader
+    (diffusers keys) on the low-noise one, EasyCache on the first pass, optionally TorchCompileModel (inductor) on
+    the second; returns the prompt and the two KSamplerAdvanced ids in order."""
+    prompt = _api(NATIVE_DEMO)
+    loaders = {v["inputs"]["expert"]: k for k, v in prompt.items() if v["class_type"] == "LingBotModelLoader"}
+    hi, lo = loaders["lingbot-demo/high_noise_model_bnb_nf4"], loaders["lingbot-demo/low_noise_model_bnb_nf4"]
+    shifts = {v["inputs"]["model"][0]: k for k, v in prompt.items() if v["class_type"] == "ModelSamplingSD3"}
+    prompt["901"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
+        "model": [hi, 0], "lora_name": "lingbot_tiny_comfy.safetensors", "strength_model": 0.8}}
+    prompt["902"] = {"class_type": "LingBotLoraLoader", "inputs": {
+        "model": [lo, 0], "lora_name": "lingbot_tiny_diffusers.safetensors", "strength": 0.5}}
+    prompt[shifts[hi]]["inputs"]["model"] = ["901", 0]
+    prompt[shifts[lo]]["inputs"]["model"] = ["902", 0]
+    ks = sorted((k for k, v in prompt.items() if v["class_type"] == "KSamplerAdvanced"),
+                key=lambda k: prompt[k]["inputs"]["start_at_step"])
+    prompt["903"] = {"class_type": "EasyCache", "inputs": {"model": [shifts[hi], 0], "reuse_threshold": 0.2,
+                                                           "start_percent": 0.0, "end_percent": 1.0, "verbose": False}}
+    prompt[ks[0]]["inputs"]["model"] = ["903", 0]
+    if compile_low:
+        prompt["904"] = {"class_type": "TorchCompileModel", "inputs": {"model": [shifts[lo], 0], "backend": "inductor"}}
+        prompt[ks[1]]["inputs"]["model"] = ["904", 0]
+    return prompt, ks
+
+
+def _run_native(server, compile_low: bool) -> None:
+    prompt, ks = _native_prompt(compile_low)
+    start = len(server.log())
+    res = server.run(prompt, timeout=1200)
+    assert res["end"] == "done", res["error"]
+    log = server.log()[start:]
+    a, b = prompt[ks[0]]["inputs"], prompt[ks[1]]["inputs"]
+    done = {k: max((v for node, v, m in res["progress"] if node == k), default=0) for k in ks}
+    assert done == {ks[0]: a["end_at_step"], ks[1]: b["steps"] - b["start_at_step"]}, res["progress"]
+    assert log.count("LoRA on the") >= 2, log[-3000:]
+    assert "EasyCache - skipped" in log and "lora key not loaded" not in log
+    save = next(k for k, v in prompt.items() if v["class_type"] == "SaveVideo")
+    video = res["history"]["outputs"][save]["images"][0]
+    mp4 = server.base / "output" / video["subfolder"] / video["filename"]
+    assert mp4.is_file() and mp4.stat().st_size > 1000
+    print(f"\nnative two-pass workflow with LoRAs + EasyCache{' + TorchCompileModel' if compile_low else ''}: "
+          f"{res['seconds']:.1f} s")
+
+
+def test_native_two_ksampler_workflow_with_loras_and_easycache(server):
+    _run_native(server, compile_low=False)
+
+
+def test_native_workflow_with_torch_compile_model(server):
+    import os
+
+    if os.environ.get("LINGBOT_TEST_INDUCTOR") != "1":
+        pytest.skip("TorchCompileModel (inductor) compiles for minutes on a CPU: set LINGBOT_TEST_INDUCTOR=1 (its "
+                    "wrapper runs with the eager backend in test_native_comfy.py)")
+    _run_native(server, compile_low=True)
 
 
 def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:

@@ -46,10 +46,45 @@ NATIVE = {
                                          "codec": ["COMBO", {"options": ["auto", "h264"]}]}},
                   "input_order": {"required": ["video", "filename_prefix", "format", "codec"]},
                   "output": [], "output_name": [], "display_name": "Save Video"},
+    # the native Wan 2.2 pattern (combo lists trimmed to a few entries)
+    "KSamplerAdvanced": {"input": {"required": {
+        "model": ["MODEL"], "add_noise": [["enable", "disable"]],
+        "noise_seed": ["INT", {"default": 0, "min": 0, "max": 18446744073709551615, "control_after_generate": True}],
+        "steps": ["INT", {"default": 20, "min": 1, "max": 10000}],
+        "cfg": ["FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}],
+        "sampler_name": [["euler", "uni_pc", "uni_pc_bh2"]], "scheduler": [["simple", "normal", "beta"]],
+        "positive": ["CONDITIONING"], "negative": ["CONDITIONING"], "latent_image": ["LATENT"],
+        "start_at_step": ["INT", {"default": 0, "min": 0, "max": 10000}],
+        "end_at_step": ["INT", {"default": 10000, "min": 0, "max": 10000}],
+        "return_with_leftover_noise": [["disable", "enable"]]}},
+        "input_order": {"required": ["model", "add_noise", "noise_seed", "steps", "cfg", "sampler_name", "scheduler",
+                                     "positive", "negative", "latent_image", "start_at_step", "end_at_step",
+                                     "return_with_leftover_noise"]},
+        "output": ["LATENT"], "output_name": ["LATENT"], "display_name": "KSampler (Advanced)"},
+    "CLIPLoader": {"input": {"required": {"clip_name": [[]], "type": [["stable_diffusion", "sd3", "wan"]]},
+                             "optional": {"device": [["default", "cpu"], {"advanced": True}]}},
+                   "input_order": {"required": ["clip_name", "type"], "optional": ["device"]},
+                   "output": ["CLIP"], "output_name": ["CLIP"], "display_name": "Load CLIP"},
+    "CLIPTextEncode": {"input": {"required": {"text": ["STRING", {"multiline": True, "dynamicPrompts": True}],
+                                              "clip": ["CLIP"]}},
+                       "input_order": {"required": ["text", "clip"]}, "output": ["CONDITIONING"],
+                       "output_name": ["CONDITIONING"], "display_name": "CLIP Text Encode (Prompt)"},
+    "VAELoader": {"input": {"required": {"vae_name": [[]]}}, "input_order": {"required": ["vae_name"]},
+                  "output": ["VAE"], "output_name": ["VAE"], "display_name": "Load VAE"},
+    "VAEDecode": {"input": {"required": {"samples": ["LATENT"], "vae": ["VAE"]}},
+                  "input_order": {"required": ["samples", "vae"]}, "output": ["IMAGE"], "output_name": ["IMAGE"],
+                  "display_name": "VAE Decode"},
+    "ModelSamplingSD3": {"input": {"required": {"model": ["MODEL"],
+                                                "shift": ["FLOAT", {"default": 3.0, "min": 0.0, "max": 100.0, "step": 0.01}]}},
+                         "input_order": {"required": ["model", "shift"]}, "output": ["MODEL"], "output_name": ["MODEL"],
+                         "display_name": "ModelSamplingSD3"},
 }
 FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
                "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
-               "LingBotVAELoader.vae_name", "LoadImage.image"}
+               "LingBotVAELoader.vae_name", "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name",
+               "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name"}
+NATIVE_WORKFLOWS = ("Image to video with native KSamplers, camera preset", "Image to video with native KSamplers and LoRA",
+                    "Tiny CPU demo with native KSamplers (random weights)")
 
 
 # ---- a stand-in for ComfyUI's folder_paths ------------------------------------------------------------------
@@ -60,6 +95,7 @@ def make_folder_paths(base: Path) -> types.ModuleType:
         "diffusion_models": ([str(base / "models/unet"), str(base / "models/diffusion_models")], {".safetensors"}),
         "text_encoders": ([str(base / "models/text_encoders")], {".safetensors", ".pth"}),
         "vae": ([str(base / "models/vae")], {".safetensors", ".pth"}),
+        "loras": ([str(base / "models/loras")], {".safetensors", ".pt"}),
     }
 
     def add_model_folder_path(name, path, is_default=False):
@@ -368,22 +404,55 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert [p.stem for p in files] == ["lingbot_world_act_action_npy", "lingbot_world_fast_i2v", "lingbot_world_i2v_camera_preset",
-                                       "lingbot_world_i2v_trajectory_folder", "lingbot_world_tiny_demo_cpu"]
+    assert {p.stem for p in files} == {"lingbot_world_act_action_npy", "lingbot_world_fast_i2v",
+                                       "lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
+                                       "lingbot_world_tiny_demo_cpu", *NATIVE_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
         assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
         notes = [n for n in ui["nodes"] if n["type"] in FRONTEND_ONLY]
         text = " ".join(v for n in notes for v in n["widgets_values"])
-        for needed in ("models/lingbot_world", "lingbot-world") if "demo" not in path.stem else ("--demo", "lingbot-demo"):
+        for needed in ("models/lingbot_world", "lingbot-world") if "demo" not in path.stem.lower() else ("--demo", "lingbot-demo"):
             assert needed in text, f"{path.name}: the note does not mention {needed}"
         api = ui_to_api(ui, info, unchecked=FILE_COMBOS)
         expected = json.loads((REPO / "tests" / "workflows" / f"{path.stem}.api.json").read_text())
         assert api == expected, f"tests/workflows/{path.stem}.api.json is out of date with {path.name}"
         chain = [v["class_type"] for v in api.values()]
-        for kind in ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo"):
+        if path.stem in NATIVE_WORKFLOWS:  # the native Wan 2.2 pattern, in the template's four groups
+            assert chain.count("KSamplerAdvanced") == 2 and chain.count("LingBotModelLoader") == 2
+            kinds = ("LoadImage", "LingBotImageToVideoNative", "LingBotCameraPreset", "VAEDecode", "CreateVideo",
+                     "SaveVideo")
+            assert [g["title"] for g in ui["groups"]] == ["Step 1 – Load models", "Step 2 – Image + camera",
+                                                          "Step 3 – Prompt", "Step 4 – Sample + save"]
+            _check_two_pass(api)
+        else:
+            kinds = ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo",
+                     "LingBotFastSampler" if "fast" in path.stem else "LingBotSampler")
+        for kind in kinds:
             assert kind in chain
-        assert ("LingBotFastSampler" if "fast" in path.stem else "LingBotSampler") in chain
+    lora = _api_copy("Image to video with native KSamplers and LoRA")
+    assert [v["class_type"] for v in lora.values()].count("LingBotLoraLoader") == 2
+
+
+def _api_copy(stem: str) -> dict:
+    return json.loads((REPO / "tests" / "workflows" / f"{stem}.api.json").read_text())
+
+
+def _check_two_pass(api: dict) -> None:
+    """High-noise expert from step 0 with noise and leftover noise, low-noise expert after it on its latent."""
+    ks = [(k, v["inputs"]) for k, v in api.items() if v["class_type"] == "KSamplerAdvanced"]
+    (k1, a), (k2, b) = sorted(ks, key=lambda kv: kv[1]["start_at_step"])
+    assert (a["add_noise"], a["start_at_step"], a["return_with_leftover_noise"]) == ("enable", 0, "enable")
+    assert (b["add_noise"], b["return_with_leftover_noise"]) == ("disable", "disable")
+    assert b["start_at_step"] == a["end_at_step"] and b["latent_image"] == [k1, 0] and a["steps"] == b["steps"]
+
+    def expert_of(inputs):
+        src = api[inputs["model"][0]]
+        while src["class_type"] != "LingBotModelLoader":
+            src = api[src["inputs"]["model"][0]]
+        return src["inputs"]["expert"]
+
+    assert "high_noise" in expert_of(a) and "low_noise" in expert_of(b)
 
 
 def test_converter_rejects_inconsistent_workflows():

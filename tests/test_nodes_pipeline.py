@@ -91,6 +91,7 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
         def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
             self.model, self.load_device, self.offload_device, self.size = model, load_device, offload_device, size
             self.patches_uuid = uuid.uuid4()
+            self.patches, self.object_patches = {}, {}
             self.backup, self.object_patches_backup = {}, {}
             if not hasattr(model, "device"):
                 model.device = offload_device
@@ -116,6 +117,14 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
         def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
             self.model.to(device_to)
             self.model.model_loaded_weight_memory = self.model_size()
+
+        def patch_model(self, device_to=None, lowvram_model_memory=0, load_weights=True, force_patch_weights=False):
+            for k, v in self.object_patches.items():
+                self.object_patches_backup.setdefault(k, getattr(self.model, k))
+                setattr(self.model, k, v)
+            if load_weights:
+                self.load(device_to, lowvram_model_memory, force_patch_weights, full_load=lowvram_model_memory == 0)
+            return self.model
 
         def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
             if self.model.model_loaded_weight_memory > 0 and not self.model.model_lowvram:
@@ -262,6 +271,28 @@ def test_graph_matches_the_library_pipeline(comfy, graph):
     assert tiled.shape == frames.shape
     with pytest.raises(ValueError, match="Wan video latent"):
         N["LingBotVAEDecode"]().decode(graph.vae, {"samples": torch.zeros(1, 4, 8, 8)}, False, 32)
+
+
+def test_native_conditioning_into_lingbot_sampler_is_the_same_video(comfy, graph):
+    """LingBot Text Encode's CONDITIONING outputs (what CLIPTextEncode gives) drive LingBot Sampler exactly like
+    its LINGBOT_TEXT output: [1, 512, width] zero-padded rows are LingBot's own zero padding."""
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
+
+    _, pos, neg = N["LingBotTextEncode"]().encode("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", "auto",
+                                                  "a castle in a jungle", "", "auto", True)
+    assert pos[0][0].shape == (1, 512, 32) and pos[0][0][0, graph.text.positive.shape[0]:].abs().sum() == 0
+    experts = load_experts("resident")
+    reference = run_sampler(experts, graph, steps=2)["samples"]
+    native = N["LingBotSampler"]().sample(experts, None, graph.i2v, steps=2, guide_low=4.0, seed=5,
+                                          cfg_mode="sequential", camera=graph.cam, positive=pos, negative=neg)[0]
+    torch.testing.assert_close(native["samples"], reference, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="either 'text'"):
+        N["LingBotSampler"]().sample(experts, graph.text, graph.i2v, steps=1, positive=pos, negative=neg)
+    with pytest.raises(ValueError, match="needs the prompt"):
+        N["LingBotSampler"]().sample(experts, None, graph.i2v, steps=1, positive=pos)
+    with pytest.raises(ValueError, match="768 wide.*umT5-XXL"):
+        N["LingBotSampler"]().sample(experts, None, graph.i2v, steps=1, positive=[[torch.zeros(1, 77, 768), {}]],
+                                     negative=neg)
 
 
 def test_progress_previews_and_loads_through_model_management(comfy, graph):
@@ -412,3 +443,30 @@ def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeyp
     assert live_text_encoder_pids() == []
     flags.clear()
     assert node.encode(*args)[0].positive.shape[1] == 32  # and it works again
+
+
+def test_comfyui_memory_budget_becomes_block_swap(comfy):
+    """ComfyUI's lowvram budget for a model that does not fit: the expert loads whole when the budget holds it,
+    else with as many blocks on the GPU as fit beside the base weights and the two streaming buffers."""
+    from lingbot_world.memory.placement import expert_sizes
+    from lingbot_world.nodes.expert_weights import compute_bytes_for
+
+    import dataclasses
+
+    from lingbot_world.wan.dit.model import DiTConfig
+
+    experts = load_experts("auto")
+    patcher, w = experts.high, experts.high.weights
+    w.fmt = dataclasses.replace(w.fmt, config=DiTConfig())  # sized like the real 40-block expert (no file read)
+    cuda = torch.device("cuda")
+    sizes = expert_sizes(w.fmt.config, "nf4", compute_bytes_for(cuda, "nf4"))
+    patcher._place_for_budget(cuda, sizes.total)
+    assert w.blocks_on_gpu is None and not w.block_swapping()
+    patcher._place_for_budget(cuda, int(sizes.base + 17.5 * sizes.block))  # 15 blocks + 2 ring buffers
+    assert w.blocks_on_gpu == 15 and w.block_swapping()
+    patcher._place_for_budget(cuda, 1)
+    assert w.blocks_on_gpu == 0
+    patcher._place_for_budget(cuda, sizes.total + 1)
+    assert w.blocks_on_gpu is None
+    patcher._place_for_budget(torch.device("cpu"), 1)  # host RAM: ComfyUI does not budget it
+    assert w.blocks_on_gpu is None

@@ -198,7 +198,7 @@ def aot_eager(monkeypatch):
     yield
 
 
-@pytest.mark.slow  # traces every phase twice (static, then dynamic token count): ~10 s on two cores
+@pytest.mark.slow  # traces every phase once per dtype variant (token count symbolic from the start): ~10 s on two cores
 def test_compiled_phases_equal_eager_for_every_chunk_and_expert(model, aot_eager):
     x, t, ctx, y, cam = make_inputs(torch.Generator().manual_seed(21), b=1)
     other = WanDiT(CFG).eval().requires_grad_(False)  # "the other expert": same code, other weights
@@ -219,7 +219,7 @@ def test_compiled_phases_equal_eager_for_every_chunk_and_expert(model, aot_eager
                 model(x, t, ctx, y, camera=cam)
             other.set_token_chunk(16)
             assert torch.equal(other(x, t, ctx, y, camera=cam), expected[id(other)])
-            assert compile_mod._graph_count() - graphs <= len(token_ops.PHASES), "recompiled per chunk or expert"
+            assert compile_mod._graph_count() == graphs, "recompiled for a new chunk length or the other expert"
         finally:
             for m in (model, other):
                 m.set_token_ops(token_ops.EAGER)

@@ -27,13 +27,17 @@ def as_compute(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def linear_fp32(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A linear layer evaluated in float32 (the reference's fp32 autocast regions).
 
-    Quantized layers expose `dequantized_weight(dtype)`; plain ones are upcast.
+    Quantized layers expose `dequantized_weight(dtype)`; plain ones are upcast. A LoRA hung on the layer
+    (`quant.lora`) is evaluated in float32 too.
     """
     if hasattr(mod, "dequantized_weight"):
         w = mod.dequantized_weight(torch.float32)
     else:
         w = mod.weight.float()
     b = None if mod.bias is None else mod.bias.float()
+    lora = getattr(mod, "lora", None)
+    if lora is not None:
+        return lora.linear_fp32(x, w, b)
     return F.linear(x.float(), w, b)
 
 

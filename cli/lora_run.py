@@ -1,0 +1,82 @@
+"""`lingbot-world generate --lora FILE[:STRENGTH]` (both experts), `--lora-high` / `--lora-low` (one expert).
+
+The files are read and matched against the experts' config before anything expensive runs (a LoRA for another
+model, or a pickle, stops here with one line). The LoRAs are put on each expert right after it loads
+(`quant.lora.apply_lora`: low-rank terms next to the NF4 linears), whatever the memory mode.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..loaders.lora_files import LoraFileError, LoraSet, dit_weight_shapes, load_lora, lora_hooks
+from ..quant.nf4 import nf4_linear_names
+
+from .errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("LoRA (Wan 2.1/2.2 14B LoRAs, .safetensors)")
+    g.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="a LoRA on both experts (repeat to stack; strength default 1)")
+    g.add_argument("--lora-high", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="a LoRA on the high-noise expert only")
+    g.add_argument("--lora-low", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="a LoRA on the low-noise expert only")
+
+
+def parse_spec(spec: str) -> tuple[Path, float]:
+    path, sep, strength = spec.rpartition(":")
+    if sep and path and not strength.startswith(("/", "\\")):
+        try:
+            return Path(path), float(strength)
+        except ValueError:
+            pass
+    return Path(spec), 1.0
+
+
+def read_cli_loras(args, config) -> dict[str, list[tuple[LoraSet, float]]]:
+    """{"high": [(lora, strength), ...], "low": [...]} from the flags; a UsageError (exit code 2) with one line on
+    bad input."""
+    shapes = dit_weight_shapes(config)
+    out: dict[str, list] = {"high": [], "low": []}
+    cache: dict[Path, LoraSet] = {}
+    for flag, experts in (("lora", ("high", "low")), ("lora_high", ("high",)), ("lora_low", ("low",))):
+        for spec in getattr(args, flag, []) or []:
+            path, strength = parse_spec(spec)
+            if path not in cache:
+                try:
+                    cache[path] = load_lora(path, shapes)
+                except LoraFileError as e:
+                    raise UsageError(f"--{flag.replace('_', '-')} {spec}: {e}") from None
+                log.info("LoRA %s", cache[path].report())
+            for name in experts:
+                out[name].append((cache[path], strength))
+    return out
+
+
+def lora_loader(loras: dict[str, list], paths: dict[str, Path], base: Optional[Callable] = None) -> Optional[Callable]:
+    """A `make_provider(loader=...)` that loads an expert, then puts its LoRAs on it; None without LoRAs."""
+    if not any(loras.values()):
+        return None
+    from ..memory.placement import _default_loader
+    from ..quant.lora import apply_lora
+
+    base = base or _default_loader
+    by_path = {str(Path(p)): name for name, p in paths.items()}
+
+    def load(path, device, mode, compute_dtype, host=None):
+        model = base(path, device=device, mode=mode, compute_dtype=compute_dtype, host=host)
+        chosen = loras.get(by_path.get(str(Path(path)), ""), [])
+        if chosen:
+            hooks, plain = lora_hooks(chosen, nf4_linear_names(model.cfg.num_layers))
+            applied = apply_lora(model, hooks, plain, dtype=compute_dtype, device=device)
+            log.info("%d LoRA(s) on %s: %d linears, %d other tensors", len(chosen), path, len(applied.hooked),
+                     len(plain))
+        return model
+
+    return load

@@ -1,0 +1,156 @@
+"""LingBot camera and first frame on native CONDITIONING, for KSampler(Advanced) on LingBot MODELs.
+
+- LingBot Camera Conditioning: a LINGBOT_CAMERA trajectory rasterised to LingBot's packed Plücker tensor at the
+  latent's size and length, set as `camera_conditions` on positive and negative (like WanCameraImageToVideo does
+  for Wan-Fun cameras; LingBot's tensor is its own 384-channel kind).
+- LingBot Image To Video (native): WanImageToVideo with the reference's first-frame handling (bicubic resize of
+  the image in [-1, 1] without antialias, grey frames after it) through a native Wan 2.1 VAE, plus an optional
+  camera; outputs the empty video LATENT to sample.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from ..wan.control.camera import camera_condition, usable_frames
+from ..wan.sizes import check_frames
+from .i2v_nodes import MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, choose_size, first_frame_video
+from .payloads import CAMERA, CATEGORY, CameraInput
+
+log = logging.getLogger(__name__)
+
+LATENT_CHANNELS = 16
+TEMPORAL = 4  # pixel frames per latent frame (after the first)
+SPATIAL = 8
+
+
+def check_wan21_vae(vae) -> None:
+    """Refuse a native VAE that is not Wan 2.1's (LingBot-World's latent space), naming what it is."""
+    import comfy.ldm.wan.vae
+
+    model = getattr(vae, "first_stage_model", None)
+    channels = getattr(vae, "latent_channels", None)
+    if isinstance(model, comfy.ldm.wan.vae.WanVAE) and channels == LATENT_CHANNELS:
+        return
+    kind = type(model).__name__ if model is not None else type(vae).__name__
+    where = getattr(model, "__module__", "")
+    if "vae2_2" in where:
+        kind = "Wan 2.2's 48-channel VAE (for the 5B model)"
+    raise ValueError(f"the VAE is {kind} with {channels} latent channels, not the Wan 2.1 VAE LingBot-World uses: "
+                     f"load wan_2.1_vae.safetensors with Load VAE (or use LingBot VAE Loader)")
+
+
+def plucker_for_latent(camera: CameraInput, latent: torch.Tensor) -> torch.Tensor:
+    """The camera rasterised for a video latent [B, 16, F, h, w]: [1, 384, F, h, w] float32."""
+    if latent.dim() != 5 or latent.shape[1] != LATENT_CHANNELS:
+        raise ValueError(f"expected a Wan video latent [B, 16, frames, h, w], got {tuple(latent.shape)}")
+    _, _, f, h, w = latent.shape
+    frames = (f - 1) * TEMPORAL + 1
+    cc = camera_condition(camera.poses, camera.intrinsics, h * SPATIAL, w * SPATIAL, frames,
+                          per_frame_intrinsics=camera.per_frame_intrinsics)
+    if cc.frames != frames:
+        raise ValueError(f"the camera trajectory covers {cc.frames} frames but the latent has {frames}: give the "
+                         f"video that length (or a longer trajectory)")
+    if cc.message:
+        log.info("LingBot-World camera: %s", cc.message)
+    return cc.plucker
+
+
+def with_values(conditioning, values: dict):
+    import node_helpers
+
+    return node_helpers.conditioning_set_values(conditioning, values)
+
+
+class LingBotCameraConditioning:
+    """Puts a LingBot camera trajectory on native CONDITIONING (positive and negative)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning (e.g. after WanImageToVideo)"}),
+                "negative": ("CONDITIONING", {"tooltip": "Negative conditioning"}),
+                "camera": (CAMERA, {"tooltip": "LingBot Camera Preset / From Files"}),
+                "latent": ("LATENT", {"tooltip": (
+                    "The video latent to sample (its frames and size decide the camera tensor's)")}),
+            }
+        }
+
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    RETURN_NAMES = ("positive", "negative")
+    OUTPUT_TOOLTIPS = ("Positive with the camera", "Negative with the same camera (as the reference does)")
+    FUNCTION = "apply"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Adds a LingBot-World camera trajectory to native conditioning for KSampler on LingBot MODELs."
+
+    def apply(self, positive, negative, camera: CameraInput, latent: dict):
+        plucker = plucker_for_latent(camera, latent["samples"])
+        values = {"camera_conditions": plucker}
+        return (with_values(positive, values), with_values(negative, values))
+
+
+class LingBotImageToVideoNative:
+    """First frame (native IMAGE) through a native Wan 2.1 VAE onto native CONDITIONING, plus the camera."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning (CLIPTextEncode with umT5, or LingBot "
+                                                         "Text Encode's positive)"}),
+                "negative": ("CONDITIONING", {"tooltip": "Negative conditioning"}),
+                "vae": ("VAE", {"tooltip": "The Wan 2.1 VAE (Load VAE with wan_2.1_vae.safetensors)"}),
+                "start_image": ("IMAGE", {"tooltip": "The first frame (only the first image is used)"}),
+                "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
+                    "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (resized, "
+                    "not cropped, like the reference). custom: width x height below.")}),
+                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                    "custom size only: width, a multiple of 16")}),
+                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                    "custom size only: height, a multiple of 16")}),
+                "length": ("INT", {"default": 81, "min": 1, "max": MAX_FRAMES, "step": 4, "tooltip": (
+                    "Frames, 4n+1 (81 = 5 s at 16 fps); a shorter camera trajectory lowers it")}),
+            },
+            "optional": {
+                "camera": (CAMERA, {"tooltip": "Optional LingBot camera trajectory (preset or files)"}),
+            },
+        }
+
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING", "LATENT")
+    RETURN_NAMES = ("positive", "negative", "latent")
+    OUTPUT_TOOLTIPS = ("Positive with the first frame (and camera)", "Negative with the same",
+                       "The empty video latent to sample (KSampler / KSamplerAdvanced)")
+    FUNCTION = "encode"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("LingBot-World's image conditioning for native samplers: the first frame resized like the reference, "
+                   "VAE-encoded with grey frames after it, mask and camera on the conditioning.")
+
+    def encode(self, positive, negative, vae, start_image: torch.Tensor, size: str = "480p", width: int = 832,
+               height: int = 480, length: int = 81, camera: Optional[CameraInput] = None):
+        import comfy.model_management as mm
+
+        check_wan21_vae(vae)
+        if start_image.dim() != 4 or start_image.shape[-1] < 3:
+            raise ValueError(f"start_image must be an IMAGE batch [B, H, W, 3], got {tuple(start_image.shape)}")
+        h, w = choose_size(size, start_image.shape[1], start_image.shape[2], width, height)
+        frames = check_frames(int(length))
+        if camera is not None:
+            frames, note = usable_frames(camera.num_frames, frames)
+            if note:
+                log.warning("LingBot-World: %s", note)
+        latent_image = vae.encode(first_frame_video(start_image[0], h, w, frames))
+        f_lat = (frames - 1) // TEMPORAL + 1
+        if tuple(latent_image.shape[1:]) != (LATENT_CHANNELS, f_lat, h // SPATIAL, w // SPATIAL):
+            raise RuntimeError(f"the VAE returned a latent of {tuple(latent_image.shape)}; expected "
+                               f"[1, 16, {f_lat}, {h // SPATIAL}, {w // SPATIAL}] from a Wan 2.1 VAE")
+        mask = torch.ones(1, 1, f_lat, h // SPATIAL, w // SPATIAL)
+        mask[:, :, 0] = 0.0  # keep the first latent frame (WAN21 turns this into the reference's mask)
+        values = {"concat_latent_image": latent_image, "concat_mask": mask}
+        latent = torch.zeros(1, LATENT_CHANNELS, f_lat, h // SPATIAL, w // SPATIAL, device=mm.intermediate_device())
+        if camera is not None:
+            values["camera_conditions"] = plucker_for_latent(camera, latent)
+        return (with_values(positive, values), with_values(negative, values), {"samples": latent})
+
