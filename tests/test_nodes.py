@@ -405,7 +405,7 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
     assert {p.stem for p in files} == {"lingbot_world_act_action_npy", "lingbot_world_fast_i2v",
-                                       "lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
+                                       "lingbot_world_fast_keys_continue", "lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
                                        "lingbot_world_tiny_demo_cpu", *NATIVE_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
@@ -430,6 +430,13 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
                      "LingBotFastSampler" if "fast" in path.stem else "LingBotSampler")
         for kind in kinds:
             assert kind in chain
+    walk = _api_copy("lingbot_world_fast_keys_continue")  # Sampler (keys) -> Continue (keys) -> Continue (keys)
+    steps = {k: v for k, v in walk.items() if v["class_type"] in ("LingBotFastSampler", "LingBotFastContinue")}
+    assert sorted(v["class_type"] for v in steps.values()) == ["LingBotFastContinue"] * 2 + ["LingBotFastSampler"]
+    for v in steps.values():
+        assert walk[v["inputs"]["camera"][0]]["class_type"] == "LingBotActions"
+        if v["class_type"] == "LingBotFastContinue":
+            assert v["inputs"]["state"][1] == (1 if walk[v["inputs"]["state"][0]]["class_type"] == "LingBotFastSampler" else 2)
     lora = _api_copy("Image to video with native KSamplers and LoRA")
     assert [v["class_type"] for v in lora.values()].count("LingBotLoraLoader") == 2
 
