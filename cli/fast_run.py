@@ -243,15 +243,13 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
     from ..wan.vae.streaming import streaming_decode_bytes
 
     cuda = device.type == "cuda"
-    vram = free_vram_bytes(device) if cuda else 1 << 60
+    vram = free_vram_bytes(device) if cuda else None  # None: the CPU computes, no device budget
     ram = available_ram_bytes()
     cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
     kw = dict(weights=args.weights, cache=args.kv_cache, cache_layers_on_gpu=args.kv_layers_on_gpu,
               camera=with_camera, compute_bytes=torch.empty(0, dtype=cdt).element_size())
     try:
         plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
-        if not cuda:
-            plan.reason = f"{device.type} run: the model and the K/V cache ({plan.estimates['cache_bytes'] / 1e9:.2f} GB) in RAM"
         stream = args.stream_decode == "on" or not cuda and args.stream_decode == "auto"
         if cuda and args.stream_decode != "off":
             vae_cfg = demo_vae_config(files.root) or VAEConfig()
@@ -263,7 +261,6 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files):
                 log.info("streaming decode off: the VAE (%.1f GB while streaming) does not fit beside the model; "
                          "the video is decoded after sampling", extra / 1e9)
     except FastMemoryError as e:
-    
         raise UsageError(str(e)) from None
     if not plan.fits:
         log.warning("the plan may not fit in VRAM: %s", plan.reason)

@@ -17,6 +17,8 @@ import struct
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
+from .action_files import ACT_FILE, IJKL_FILE, WASD_FILE
+from .camera_files import INTRINSICS_FILE, POSES_FILE
 from .checkpoint_dir import T5_FILES, VAE_FILES
 from .expert_format import OFFICIAL_INDEX, OFFICIAL_SINGLE
 
@@ -143,6 +145,32 @@ def scan_tokenizer_dirs(roots: Sequence[PathLike], max_depth: int = MAX_DEPTH) -
     for root, here, filenames in _walk_outside_experts(roots, max_depth):
         if here != root and any(n in filenames for n in TOKENIZER_FILES):
             found.setdefault(_rel(here, root))
+    return sorted(found)
+
+
+def scan_trajectory_dirs(roots: Sequence[PathLike], max_depth: int = 3) -> list[str]:
+    """Relative names of camera trajectory folders (poses.npy + intrinsics.npy, the release's action_path
+    layout) under `roots`, e.g. ComfyUI's input folder; a root that is itself one is not listed."""
+    found: dict[str, None] = {}
+    for root in map(Path, roots):
+        for here, _, filenames in _walk(root, max_depth):
+            if here != root and POSES_FILE in filenames and INTRINSICS_FILE in filenames:
+                found.setdefault(_rel(here, root))
+    return sorted(found)
+
+
+def scan_key_dirs(roots: Sequence[PathLike], max_depth: int = 3) -> list[str]:
+    """Relative names of key-file folders under `roots` (e.g. ComfyUI's input folder), like the release's examples:
+    wasd_action.npy and/or ijkl_action.npy (keys for act-to-camera), or action.npy + poses.npy + intrinsics.npy (the
+    Act model's input); a root that is itself one is not listed."""
+    found: dict[str, None] = {}
+    for root in map(Path, roots):
+        for here, _, filenames in _walk(root, max_depth):
+            names = set(filenames)
+            keys = WASD_FILE in names or IJKL_FILE in names
+            act = {ACT_FILE, POSES_FILE, INTRINSICS_FILE} <= names
+            if here != root and (keys or act):
+                found.setdefault(_rel(here, root))
     return sorted(found)
 
 

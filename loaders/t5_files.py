@@ -15,6 +15,7 @@ ever looked up), which keeps it off the GPU and out of RAM.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import re
@@ -22,7 +23,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -325,13 +326,14 @@ def load_umt5(
     device: Union[str, torch.device] = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     embedding_device: Union[str, torch.device, None] = "cpu",
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> UMT5Encoder:
     """Build the encoder on `meta` and stream the file's tensors into it.
 
     dtype: compute dtype of the blocks (bf16 as the reference; float32 for tests). float16 is refused: T5
     activations overflow it. embedding_device: where the token table lives ("cpu" keeps it out of VRAM; it
     stays in the file's float dtype there and rows are converted on lookup); None = like the blocks
-    (`device` and `dtype`).
+    (`device` and `dtype`). progress(done_bytes, total_bytes), if given, is called after each tensor.
     """
     if dtype == torch.float16:
         raise ValueError("umT5 overflows in float16; load it in bfloat16 (default) or float32")
@@ -341,6 +343,8 @@ def load_umt5(
     keep_table = embedding_device is not None and emb_device.type == "cpu"
     model = UMT5Encoder.on_meta(info.config)
     reader = _Reader(info)
+    total = sum(math.prod(e.shape) * e.dtype.itemsize for e in info.entries.values())
+    done = 0
     try:
         scales = {}
         for name, e in info.entries.items():
@@ -364,6 +368,9 @@ def load_umt5(
                     if t.data_ptr() == src.data_ptr():
                         t = t.clone()
             _assign(model, name, t)
+            if progress is not None:
+                done += math.prod(e.shape) * e.dtype.itemsize
+                progress(done, total)
     finally:
         reader.close()
     left = [n for n, p in model.named_parameters() if p.is_meta]

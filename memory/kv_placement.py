@@ -83,7 +83,7 @@ def plan_fast_memory(
     width: int,
     cfg: DiTConfig,
     layout: CacheLayout,
-    vram_free: int,
+    vram_free: Optional[int],
     ram_free: int,
     *,
     weights: str = "nf4",
@@ -98,7 +98,9 @@ def plan_fast_memory(
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
     many layers on the device as fit. extra_vram: other device memory the run needs (a VAE for previews).
-    Raises FastMemoryError when the streamed layers do not fit in host RAM either.
+    vram_free=None means the CPU computes: the model and the whole cache live in host RAM (no device budget; the
+    plan says so, like the experts' planner). Raises FastMemoryError when the streamed layers do not fit in host
+    RAM either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
@@ -112,15 +114,26 @@ def plan_fast_memory(
     layer = layout.layer_bytes(cfg.num_heads, cfg.head_dim, compute_bytes)
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
     whole_cache = n_layers * layer
-    vram = int(vram_free) - int(extra_vram)
+    cpu = vram_free is None
     est = {"num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
-           "extra_vram": int(extra_vram), "vram_free": int(vram_free), "ram_free": int(ram_free),
-           "headroom": VRAM_HEADROOM, "cache_tokens": layout.capacity}
+           "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
+           "headroom": 0 if cpu else VRAM_HEADROOM, "cache_tokens": layout.capacity}
     size_txt = f"{height}x{width}, chunks of {chunk_frames_pixels()} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
     extra = [("preview VAE", int(extra_vram))] if extra_vram else []
+
+    if cpu:  # host RAM holds everything: one layout whatever was asked (nothing to stream to)
+        parts = [("model", sizes.total), ("K/V cache", whole_cache), ("text K/V", text), (acts_label, acts)] + extra
+        need = sum(n for _, n in parts)
+        ok = need <= ram_free - RAM_MARGIN
+        note = "" if ok else f"; WARNING: only {_gb(ram_free)} RAM available: use fewer frames, a smaller size or a window"
+        return FastMemoryPlan("gpu", n_layers, True, None, layout,
+                              f"the model and the K/V cache in RAM: {_fits_line(parts, None, '')}{note}",
+                              ok, token_chunk, est)
+
+    vram = int(vram_free) - int(extra_vram)
 
     gpu_parts = [("model", sizes.total), ("K/V cache", whole_cache), ("text K/V", text), (acts_label, acts),
                  ("headroom", VRAM_HEADROOM)] + extra

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import torch
@@ -30,6 +31,8 @@ from .block_swap import _Ring
 from .pinned import HostBuffer
 
 log = logging.getLogger(__name__)
+
+HOST_ALLOC_THREADS = 4
 
 
 class _SlotMap:
@@ -156,10 +159,24 @@ class KVStreamer:
         shape = (batch, layout.capacity, heads, head_dim)
         host: dict[int, _HostLayer] = {}
         try:
+            if fill is None:
+                # Pinning is page faulting and locking: a few layers at a time is 7x faster than one by one
+                # (27 x 640 MiB: 8.3 s -> 1.2 s on the H100 host, bench_pinned).
+                with ThreadPoolExecutor(HOST_ALLOC_THREADS) as pool:
+                    futures = [(i, pool.submit(_HostLayer, shape, dtype, pin))
+                               for i in range(layers_on_device, num_layers)]
+                failed = [f.exception() for _, f in futures if f.exception() is not None]
+                host.update((i, f.result()) for i, f in futures if f.exception() is None)  # freed below on failure
+                if failed:
+                    raise failed[0]
+            # With fill (restoring a parked cache, memory/kv_park.py) each host layer is allocated only once the one
+            # before was restored and dropped: one layer more than the new cache in RAM, never both whole caches
+            # (serial prefaulted pinning costs 1.7 s instead of 1.2 s for 27 x 640 MiB, bench_pinned).
             k, v = [], []
             for i in range(num_layers):
                 if i >= layers_on_device:
-                    host[i] = _HostLayer(shape, dtype, pin)
+                    if i not in host:
+                        host[i] = _HostLayer(shape, dtype, pin)
                     k.append(host[i].k)
                     v.append(host[i].v)
                 else:

@@ -103,6 +103,9 @@ def _cuda_ok(rc) -> bool:
     return int(getattr(rc, "value", rc)) == 0
 
 
+PREFAULT_MIN_BYTES = 16 * 1024**2
+
+
 class HostBuffer:
     """A flat uint8 CPU tensor, page-locked when asked (and CUDA is there) so device copies are asynchronous.
 
@@ -110,12 +113,16 @@ class HostBuffer:
     or "pageable".
     """
 
-    def __init__(self, nbytes: int, pin: bool):
+    def __init__(self, nbytes: int, pin: bool, prefault: Optional[bool] = None):
         self.nbytes = nbytes
         self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8)
         self.how = "pageable"
         self._registered_ptr: Optional[int] = None
         if pin and torch.cuda.is_available():
+            # Touch every page with torch's threads first: registering resident pages ran at 10.8 GB/s on the
+            # H100 host against 2.2 GB/s when cudaHostRegister faults them in itself (bench_pinned).
+            if prefault if prefault is not None else nbytes >= PREFAULT_MIN_BYTES:
+                self.tensor.zero_()
             self._pin()
 
     def _pin(self) -> None:

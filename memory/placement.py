@@ -191,16 +191,19 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def _fits_line(parts: Sequence[tuple[str, int]], budget: int, what: str) -> str:
+def _fits_line(parts: Sequence[tuple[str, int]], budget: Optional[int], what: str) -> str:
     total = sum(n for _, n in parts)
+    terms = " + ".join(f"{label} {_gb(n)}" for label, n in parts if n)  # a zero term (no headroom on the CPU) says nothing
+    if budget is None:  # the CPU computes: no device budget to compare with
+        return f"{terms} = {_gb(total)} in host RAM (CPU run, no VRAM)"
     sign = "<=" if total <= budget else ">"
-    return " + ".join(f"{label} {_gb(n)}" for label, n in parts) + f" = {_gb(total)} {sign} {_gb(budget)} {what}"
+    return f"{terms} = {_gb(total)} {sign} {_gb(budget)} {what}"
 
 
 def plan_memory(
     video: tuple[int, int, int],
     cfg: DiTConfig,
-    vram_free: int,
+    vram_free: Optional[int],
     ram_free: int,
     *,
     weights: str = "nf4",
@@ -215,7 +218,9 @@ def plan_memory(
     """Decide the memory mode (when `mode="auto"`), keep_in_ram, blocks on the GPU and batched vs sequential CFG.
 
     video: (frames, height, width) in pixels. vram_free / ram_free: bytes usable now (see free_vram_bytes,
-    available_ram_bytes). A mode that is given is kept; its missing settings are filled in the same way.
+    available_ram_bytes); vram_free=None means the CPU computes (no device budget: everything fits, and the
+    plan says so instead of quoting a made-up VRAM figure). A mode that is given is kept; its missing settings
+    are filled in the same way.
     Pure function of its arguments, so the decision can be tested with made-up numbers.
     """
     if mode not in MODES:
@@ -226,6 +231,7 @@ def plan_memory(
         mode, keep_in_ram = "swap", True
     frames, height, width = video
     sizes = expert_sizes(cfg, weights, compute_bytes)
+    headroom = 0 if vram_free is None else VRAM_HEADROOM  # CUDA workspaces etc.; nothing of the kind on the CPU
     acts = {
         batch: int(
             estimate_activation_bytes(frames, height, width, cfg, batch, camera=camera, compute_bytes=compute_bytes,
@@ -241,16 +247,16 @@ def plan_memory(
         "base_bytes": sizes.base,
         "activation_bytes_sequential": acts[False],
         "activation_bytes_batched": acts[True],
-        "vram_free": int(vram_free),
+        "vram_free": None if vram_free is None else int(vram_free),
         "ram_free": int(ram_free),
-        "headroom": VRAM_HEADROOM,
+        "headroom": headroom,
     }
 
     def act_label(batch: bool) -> str:
         return f"activations ({size_txt}, {'batched' if batch else 'sequential'} CFG)"
 
     def fits(weights_bytes: int, batch: bool) -> bool:
-        return weights_bytes + acts[batch] + VRAM_HEADROOM <= vram_free
+        return vram_free is None or weights_bytes + acts[batch] + headroom <= vram_free
 
     def pick_batch(weights_bytes: int) -> tuple[bool, bool]:
         for batch in batch_options:
@@ -269,7 +275,9 @@ def plan_memory(
         return f"{_gb(ram_free)} RAM free < 2 x {_gb(sizes.total)} + {_gb(RAM_RESERVE)}: released expert dropped, reloaded from disk"
 
     def block_count(batch: bool) -> int:
-        spare = vram_free - VRAM_HEADROOM - acts[batch] - sizes.base - 2 * sizes.block
+        if vram_free is None:
+            return sizes.num_blocks
+        spare = vram_free - headroom - acts[batch] - sizes.base - 2 * sizes.block
         return max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else sizes.num_blocks))
 
     chosen = mode
@@ -284,7 +292,7 @@ def plan_memory(
 
     if chosen == "resident":
         batch, ok = pick_batch(2 * sizes.total)
-        why = _fits_line([("both experts", 2 * sizes.total), (act_label(batch), acts[batch]), ("headroom", VRAM_HEADROOM)],
+        why = _fits_line([("both experts", 2 * sizes.total), (act_label(batch), acts[batch]), ("headroom", headroom)],
                          vram_free, "free VRAM")
         return MemoryPlan("resident", False, None, batch, f"{prefix}resident ({why})", token_chunk, ok, estimates)
 
@@ -292,10 +300,10 @@ def plan_memory(
         batch, ok = pick_batch(sizes.total)
         auto_keep = keep_in_ram is None
         keep = ram_for_pinned() if auto_keep else bool(keep_in_ram)
-        why = _fits_line([("one expert", sizes.total), (act_label(batch), acts[batch]), ("headroom", VRAM_HEADROOM)],
+        why = _fits_line([("one expert", sizes.total), (act_label(batch), acts[batch]), ("headroom", headroom)],
                          vram_free, "free VRAM")
         if mode == "auto":
-            why += f"; both experts would need {_gb(2 * sizes.total + acts[False] + VRAM_HEADROOM)}"
+            why += f"; both experts would need {_gb(2 * sizes.total + acts[False] + headroom)}"
         name = "swap, keep_in_ram" if keep else "swap"
         return MemoryPlan("swap", keep, None, batch, f"{prefix}{name} ({why}; {with_ram_note(keep, auto_keep)})",
                           token_chunk, ok, estimates)
@@ -307,19 +315,19 @@ def plan_memory(
     n = blocks_on_gpu if blocks_on_gpu is not None else block_count(batch)
     n = max(0, min(int(n), sizes.num_blocks))
     on_device = sizes.base + n * sizes.block + (2 * sizes.block if n < sizes.num_blocks else 0)
-    ok = on_device + acts[batch] + VRAM_HEADROOM <= vram_free
+    ok = fits(on_device, batch)
     if not ok and batch and len(batch_options) == 2:
         batch = False  # nothing to gain from a batch that does not fit
-        ok = on_device + acts[batch] + VRAM_HEADROOM <= vram_free
+        ok = fits(on_device, batch)
     ring = " + 2 ring buffers" if n < sizes.num_blocks else ""
     why = _fits_line([(f"base + {n}/{sizes.num_blocks} blocks{ring}", on_device), (act_label(batch), acts[batch]),
-                      ("headroom", VRAM_HEADROOM)], vram_free, "free VRAM")
+                      ("headroom", headroom)], vram_free, "free VRAM")
     host_need = (sizes.num_blocks - n) * sizes.block
     auto_keep = keep_in_ram is None
     keep = (ram_free >= 2 * sizes.total + RAM_RESERVE) if auto_keep else bool(keep_in_ram)
     notes = [f"{sizes.num_blocks - n} blocks ({_gb(host_need)}) stream from pinned RAM"]
     if mode == "auto":
-        notes.insert(0, f"one expert needs {_gb(sizes.total + acts[False] + VRAM_HEADROOM)}")
+        notes.insert(0, f"one expert needs {_gb(sizes.total + acts[False] + headroom)}")
     if not ok:
         notes.append("WARNING: even this may not fit; reduce frames or size, or close other GPU programs")
     if ram_free < host_need + GiB:
@@ -616,8 +624,8 @@ def make_provider(
     cfg = read_expert_config(high_path)
     plan = None
     if video is not None:
-        if vram_free is None:
-            vram_free = free_vram_bytes(device) if device.type == "cuda" else 1 << 60
+        if vram_free is None and device.type == "cuda":
+            vram_free = free_vram_bytes(device)  # on the CPU it stays None: no device budget
         if ram_free is None:
             ram_free = available_ram_bytes()
         cdt = compute_dtype or (torch.bfloat16 if weights == "bf16" else default_compute_dtype(device))

@@ -40,42 +40,53 @@ NODE_CLASS_MAPPINGS = {
     "LingBotImageToVideoNative": LingBotImageToVideoNative,
 }
 
+# The frontend's node search matches the class and display names only (fuzzily, near their start): every display
+# name says "LingBot" and "Wan" (within its first 30 characters) so searching either finds the pack.
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "LingBotExpertLoader": "LingBot Expert Loader",
-    "LingBotVAELoader": "LingBot VAE Loader",
-    "LingBotTextEncode": "LingBot Text Encode (umT5)",
-    "LingBotCameraFromFiles": "LingBot Camera From Files",
-    "LingBotCameraPreset": "LingBot Camera Preset",
-    "LingBotSaveCamera": "LingBot Save Camera",
-    "LingBotActions": "LingBot Actions",
-    "LingBotImageToVideo": "LingBot Image To Video",
-    "LingBotSampler": "LingBot Sampler",
-    "LingBotVAEDecode": "LingBot VAE Decode",
-    "LingBotFastLoader": "LingBot Fast Model Loader",
-    "LingBotFastSampler": "LingBot Fast Sampler",
-    "LingBotFastContinue": "LingBot Fast Continue",
-    "LingBotSpeedOptions": "LingBot Speed Options",
-    "LingBotModelLoader": "LingBot NF4 Model Loader",
-    "LingBotLoraLoader": "LingBot LoRA Loader (NF4)",
-    "LingBotExpertsFromModels": "LingBot Experts From Models",
-    "LingBotCameraConditioning": "LingBot Camera Conditioning",
-    "LingBotImageToVideoNative": "LingBot Image To Video (native)",
+    "LingBotExpertLoader": "LingBot Expert Loader (Wan)",
+    "LingBotVAELoader": "LingBot VAE Loader (Wan)",
+    "LingBotTextEncode": "LingBot Text Encode (Wan umT5)",
+    "LingBotCameraFromFiles": "LingBot Camera From Files (Wan)",
+    "LingBotCameraPreset": "LingBot Camera Preset (Wan)",
+    "LingBotSaveCamera": "LingBot Save Camera (Wan)",
+    "LingBotActions": "LingBot Actions (Wan)",
+    "LingBotImageToVideo": "LingBot Image To Video (Wan)",
+    "LingBotSampler": "LingBot Sampler (Wan)",
+    "LingBotVAEDecode": "LingBot VAE Decode (Wan)",
+    "LingBotFastLoader": "LingBot Fast Model Loader (Wan)",
+    "LingBotFastSampler": "LingBot Fast Sampler (Wan)",
+    "LingBotFastContinue": "LingBot Fast Continue (Wan)",
+    "LingBotSpeedOptions": "LingBot Speed Options (Wan)",
+    "LingBotModelLoader": "LingBot NF4 Model Loader (Wan)",
+    "LingBotLoraLoader": "LingBot LoRA Loader (Wan NF4)",
+    "LingBotExpertsFromModels": "LingBot Experts From Models (Wan)",
+    "LingBotCameraConditioning": "LingBot Camera Conditioning (Wan)",
+    "LingBotImageToVideoNative": "LingBot Image To Video (Wan native)",
 }
 
 
-def _register_folders() -> None:
+def _setup_inside_comfyui() -> None:
     try:
         import folder_paths  # noqa: F401
     except ImportError:
         return  # outside ComfyUI (tests, CLI)
-    from .comfy_paths import register_model_folders
+    from pathlib import Path
 
+    from . import host_memory
+    from .comfy_paths import register_model_folders
+    from .example_inputs import install_example_inputs
+
+    host_memory.install()
     try:
         register_model_folders()
     except Exception:
         logging.getLogger(__name__).exception("LingBot-World: could not register the lingbot_world model folder")
+    try:
+        install_example_inputs(Path(folder_paths.get_input_directory()))
+    except Exception:  # never stop ComfyUI for an example file
+        logging.getLogger(__name__).exception("LingBot-World: could not copy the example inputs")
 
 
-_register_folders()
+_setup_inside_comfyui()
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

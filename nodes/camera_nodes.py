@@ -12,14 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, load_camera_files, save_camera_folder
+from ..wan.control.camera import usable_frames
 from ..wan.control.camera_presets import PRESET_NAMES, PRESETS, preset_camera
 from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
 from . import comfy_paths
+from .example_inputs import EXAMPLE_TRAJECTORY
 from .payloads import CAMERA, CATEGORY, CameraInput
+from .progress import show_on_node
+from .ui_hints import short_labels, show_if, upload
 
 log = logging.getLogger(__name__)
 
 INTRINSICS_MODES = ("first_frame", "per_frame")
+CUSTOM_PATH = "(custom path)"
 NO_PRESET = "none"
 MAX_FRAMES = 1601
 
@@ -28,6 +33,15 @@ def trajectory_image(cam: CameraInput):
     """IMAGE [1, H, W, 3] of the path (top and side views)."""
     title = f"{cam.label} - {cam.num_frames} poses" if cam.label else f"{cam.num_frames} poses"
     return image_to_tensor(plot_trajectory(cam.poses, cam.intrinsics, title=title))
+
+
+def frames_note(num_poses: int) -> str:
+    """How much video a trajectory covers, for the node's text."""
+    try:
+        covered, _ = usable_frames(num_poses, MAX_FRAMES)
+    except ValueError:
+        return "too few for a moving camera (at least 5 are needed)"
+    return f"enough for {covered} video frames ({covered / 16:.1f} s at 16 fps)"
 
 
 def load_camera_input(path: Path, intrinsics: Path | None) -> tuple[np.ndarray, np.ndarray]:
@@ -53,22 +67,32 @@ def _mtimes(*paths: Path) -> str:
 
 
 class LingBotCameraFromFiles:
-    """A recorded trajectory: a folder with poses.npy + intrinsics.npy (LingBot's action_path), or two files."""
+    """A recorded trajectory: a folder with poses.npy + intrinsics.npy (LingBot's action_path), picked from the
+    folders under ComfyUI/input (or uploaded on the node), or given as a path."""
 
     @classmethod
     def INPUT_TYPES(cls):
+        folders = comfy_paths.list_trajectories()
+        default = EXAMPLE_TRAJECTORY if EXAMPLE_TRAJECTORY in folders else (folders[0] if folders else CUSTOM_PATH)
         return {
             "required": {
-                "path": ("STRING", {"default": "", "tooltip": (
-                    "Folder holding poses.npy ([N,4,4] OpenCV camera-to-world) and intrinsics.npy ([N,4] fx, fy, cx, "
-                    "cy for a 480x832 frame), or a poses .npy file. Relative paths start in ComfyUI/input.")}),
+                "trajectory": (folders + [CUSTOM_PATH], {"default": default, **short_labels(), **upload("camera_npy"),
+                                                         "tooltip": (
+                    "A folder under ComfyUI/input holding poses.npy ([N,4,4] OpenCV camera-to-world) and "
+                    "intrinsics.npy ([N,4] fx, fy, cx, cy for a 480x832 frame), as in the release's examples. The "
+                    "upload button copies your two files into a new folder here. lingbot_examples/00 is the "
+                    "release's example 00. 'custom path': use the path below.")}),
                 "intrinsics": (list(INTRINSICS_MODES), {"default": "first_frame", "tooltip": (
                     "first_frame: like the reference, the first frame's intrinsics for every frame (zoom is ignored). "
                     "per_frame: follow changing intrinsics (zoom).")}),
             },
             "optional": {
-                "intrinsics_path": ("STRING", {"default": "", "tooltip": (
-                    "Only when 'path' is a poses file whose intrinsics are not beside it: the intrinsics .npy file.")}),
+                "path": ("STRING", {"default": "", **show_if(trajectory=[CUSTOM_PATH]), "tooltip": (
+                    "trajectory = custom path only: a folder with poses.npy + intrinsics.npy, or a poses .npy file; "
+                    "absolute, or relative to ComfyUI/input.")}),
+                "intrinsics_path": ("STRING", {"default": "", **show_if(trajectory=[CUSTOM_PATH]), "tooltip": (
+                    "custom path only, when 'path' is a poses file whose intrinsics are not beside it: the "
+                    "intrinsics .npy file.")}),
             },
         }
 
@@ -80,19 +104,29 @@ class LingBotCameraFromFiles:
     CATEGORY = CATEGORY
     DESCRIPTION = "Loads a LingBot-World camera trajectory (poses.npy + intrinsics.npy)."
 
-    @classmethod
-    def IS_CHANGED(cls, path: str, intrinsics: str = "first_frame", intrinsics_path: str = ""):
-        p = comfy_paths.resolve_input_path(path, "camera path")
-        extra = [comfy_paths.resolve_input_path(intrinsics_path, "intrinsics path")] if intrinsics_path.strip() else []
-        return f"{intrinsics}|{_mtimes(p, *extra)}"
+    @staticmethod
+    def _sources(trajectory: str, path: str, intrinsics_path: str) -> tuple[Path, Path | None]:
+        if trajectory != CUSTOM_PATH:
+            return comfy_paths.resolve_trajectory(trajectory), None
+        p = comfy_paths.resolve_input_path(path, "camera path (trajectory = custom path)")
+        k = comfy_paths.resolve_input_path(intrinsics_path, "intrinsics path") if intrinsics_path.strip() else None
+        return p, k
 
-    def load(self, path: str, intrinsics: str = "first_frame", intrinsics_path: str = ""):
+    @classmethod
+    def IS_CHANGED(cls, trajectory: str, intrinsics: str = "first_frame", path: str = "", intrinsics_path: str = ""):
+        try:
+            p, k = cls._sources(trajectory, path, intrinsics_path)
+        except (OSError, ValueError) as e:
+            return f"missing: {e}"  # load() reports it
+        return f"{intrinsics}|{_mtimes(p, *([k] if k is not None else []))}"
+
+    def load(self, trajectory: str, intrinsics: str = "first_frame", path: str = "", intrinsics_path: str = ""):
         if intrinsics not in INTRINSICS_MODES:
             raise ValueError(f"intrinsics must be one of {INTRINSICS_MODES}, got {intrinsics!r}")
-        p = comfy_paths.resolve_input_path(path, "camera path")
-        k = comfy_paths.resolve_input_path(intrinsics_path, "intrinsics path") if intrinsics_path.strip() else None
+        p, k = self._sources(trajectory, path, intrinsics_path)
         poses, ks = load_camera_input(p, k)
-        cam = CameraInput(poses, ks, intrinsics == "per_frame", label=p.name)
+        cam = CameraInput(poses, ks, intrinsics == "per_frame", label=p.name if p.is_dir() else p.stem)
+        show_on_node(f"{p.name}: {cam.num_frames} poses, {frames_note(cam.num_frames)}")
         return (cam, trajectory_image(cam))
 
 
@@ -128,6 +162,7 @@ class LingBotCameraPreset:
         zoom = any(PRESETS[n].zoom for n in names)  # zoom lives in the intrinsics: follow them per frame
         cam = CameraInput(path.poses, path.intrinsics, per_frame_intrinsics=zoom,
                           label="+".join(names) + (f" x{speed:g}" if speed != 1.0 else ""))
+        show_on_node(f"{cam.label}: {cam.num_frames} poses, {frames_note(cam.num_frames)}")
         return (cam, trajectory_image(cam))
 
 
@@ -161,4 +196,5 @@ class LingBotSaveCamera:
         save_camera_folder(folder, camera.poses, camera.intrinsics)
         rel = os.path.relpath(folder, out_dir)
         log.info("LingBot-World: saved camera trajectory to %s", folder)
+        show_on_node(f"saved to output/{Path(rel).as_posix()}")
         return {"ui": {"text": [rel]}, "result": (str(folder),)}

@@ -160,6 +160,36 @@ def resolve_vae(name: str) -> Path:
         "Wan2.1_VAE.pth in models/lingbot_world.")
 
 
+def list_trajectories() -> list[str]:
+    """Camera trajectory folders (poses.npy + intrinsics.npy) under ComfyUI's input folder."""
+    return _safe(lambda: mf.scan_trajectory_dirs([_fp().get_input_directory()]), "camera trajectories")
+
+
+def resolve_trajectory(name: str) -> Path:
+    root = _fp().get_input_directory()
+    p = mf.resolve_in_roots([root], name, want_dir=True)
+    if p is None:
+        raise ModelFileNotFound(
+            f"camera trajectory folder '{name}' was not found in {root}: put a folder holding poses.npy and "
+            f"intrinsics.npy there (or upload the two files on the node), then refresh the page (press R)")
+    return p
+
+
+def list_key_folders() -> list[str]:
+    """Key-file folders (wasd_action.npy / ijkl_action.npy, or the Act files) under ComfyUI's input folder."""
+    return _safe(lambda: mf.scan_key_dirs([_fp().get_input_directory()]), "key-file folders")
+
+
+def resolve_key_folder(name: str) -> Path:
+    root = _fp().get_input_directory()
+    p = mf.resolve_in_roots([root], name, want_dir=True)
+    if p is None:
+        raise ModelFileNotFound(
+            f"key-file folder '{name}' was not found in {root}: put a folder holding wasd_action.npy / "
+            f"ijkl_action.npy (or action.npy + poses.npy + intrinsics.npy) there, then refresh the page (press R)")
+    return p
+
+
 def resolve_input_path(path: str, what: str) -> Path:
     """An absolute path, or one relative to ComfyUI's input folder."""
     text = path.strip().strip('"').strip("'")

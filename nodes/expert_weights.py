@@ -21,6 +21,7 @@ from ..quant.nf4 import default_compute_dtype
 from ..memory.pinned import park_on_host, unpark
 from ..memory.placement import expert_sizes
 from ..wan.dit.model import WanDiT
+from . import host_memory
 
 log = logging.getLogger(__name__)
 
@@ -139,5 +140,7 @@ class ExpertWeights:
 
     def forget(self) -> None:
         """Drop host copies (the plan changed, or the loader node's output was replaced)."""
+        if self.parked is not None or self.kept_parts is not None:
+            host_memory.note_released()
         self.parked = None
         self.kept_parts = None

@@ -225,9 +225,8 @@ class LingBotFastContinue:
                  part.chunks, label)
         z_before = st.latent()
         try:
-            z = run_fast_part(fast_model, settings, next_layout(st, part), part.camera is not None, preview_vae,
-                              make_run, after=after, fill=fill, restore=source.restore_counters, z_before=z_before,
-                              total_steps=part.chunks * len(STEP_INDICES))
+            z = run_fast_part(fast_model, settings, next_layout(st, part), part, preview_vae, make_run, after=after,
+                              fill=fill, restore=source.restore_counters, z_before=z_before, so_far=st.frames)
         except BaseException as e:
             if move and store.parked is None:
                 if source.complete:  # it never left: nothing was restored yet

@@ -3,9 +3,11 @@
 The loader only checks the file (Fast vs base from its config, every tensor from the headers); the sampler loads
 the model through ComfyUI's model management (the experts' ExpertPatcher, so "free memory" and other models
 evict it like an expert), plans the K/V cache for the video and the free VRAM/RAM (GPU, or pinned RAM streamed
-one layer ahead), runs the chunks with progress per chunk x step and cancel between model calls, previews each
-finished chunk as whole frames (decoded with the optional VAE, else the latent previewer), and frees the cache
-when the run ends or is cancelled. Output: a native LATENT (raw Wan 2.1 latent), like LingBot Sampler.
+one layer ahead), runs the chunks with progress per chunk x step and cancel between model calls, previews (every
+latent frame so far at each step through ComfyUI's latent previewer, or each finished chunk decoded to frames with
+the optional VAE), shows the frames and the memory plan on the node, and frees the cache when the run ends or is
+cancelled. Output: a native LATENT (raw Wan 2.1 latent), like LingBot Sampler, and the video's state for LingBot
+Fast Continue (fast_continue_node.py), which runs its parts through the same `run_fast_part`.
 """
 from __future__ import annotations
 
@@ -18,18 +20,20 @@ import torch
 from ..loaders.expert_format import ExpertFormat, check_model_kind, detect_format
 from ..loaders.expert_loader import check_expert_keys
 from ..memory.kv_placement import CACHE_PLACEMENTS, FastMemoryError, place_kv_cache, plan_fast_memory
-from ..memory.placement import available_ram_bytes
 from ..memory.kv_park import park
+from ..memory.placement import _gb, available_ram_bytes
 from ..wan.control.camera import usable_frames
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import STEP_INDICES
 from ..wan.sampling.fast_state import (FAST_MODES, CameraSource, FastSettings, finish_part, plan_first_part,
                                        start_part)
 from ..wan.sampling.sampler import Cancelled
-from . import comfy_paths
+from . import comfy_paths, host_memory
 from .expert_weights import ExpertWeights, compute_bytes_for
 from .memory import vram_comfy_can_free
 from .payloads import CAMERA, CATEGORY, I2V, TEXT, VAE, WEIGHT_MODES, CameraInput, I2VCondition, TextEmbeds, VAEHandle
+from .progress import show_on_node
+from .ui_hints import hide_if, short_labels
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ FAST_STATE = "LINGBOT_FAST_STATE"
 NOISE_SOURCES = ("cpu", "cuda")
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
 PREVIEW_COLUMNS = 4
+FPS = 16
 
 
 @dataclass
@@ -54,6 +59,29 @@ class FastModel:
         return self.format.config
 
 
+def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int = 0) -> str:
+    """The Fast nodes' text: what they generate (after the chunk rounding; `so_far` frames before it for a
+    continued video), where the model and the K/V cache live, then any adjustment."""
+    est = plan.estimates
+    if so_far:
+        total = so_far + frames.frames
+        line = (f"{width}x{height}, {frames.frames} new frames after {so_far} ({total} frames, {total / FPS:.1f} s "
+                f"at {FPS} fps): {frames.chunks} chunks x {len(STEP_INDICES)} steps")
+    else:
+        line = (f"{width}x{height}, {frames.frames} frames ({frames.frames / FPS:.1f} s at {FPS} fps): "
+                f"{frames.chunks} chunks x {len(STEP_INDICES)} steps")
+    if est.get("vram_free") is None:
+        where = f"model and K/V cache ({_gb(est['cache_bytes'])}) in RAM (CPU run)"
+    elif plan.cache == "gpu":
+        where = f"K/V cache ({_gb(est['cache_bytes'])}) on the GPU"
+    else:
+        where = (f"K/V cache ({_gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
+                 f"layers on the GPU")
+    if plan.blocks_on_gpu is not None:
+        where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
+    return "\n".join([line, f"memory: {where}"] + [n for n in notes if n])
+
+
 class LingBotFastLoader:
     """Pick the LingBot-World-Fast model. Nothing is loaded here: the Fast Sampler loads it through ComfyUI."""
 
@@ -64,7 +92,7 @@ class LingBotFastLoader:
         names, opts = _combo(comfy_paths.list_experts(), "fast")
         return {
             "required": {
-                "fast_model": (names, {**opts, "tooltip": (
+                "fast_model": (names, {**opts, **short_labels(), "tooltip": (
                     "The Fast model: lingbot_world_fast/ from huggingface.co/robbyant/lingbot-world-fast (placed in "
                     "the lingbot-world-base-cam folder; quantized to NF4 while loading) or its NF4 copy "
                     "(lingbot-world convert-expert), in models/lingbot_world or models/diffusion_models.")}),
@@ -102,6 +130,7 @@ class LingBotFastLoader:
         check_expert_keys(fmt, weights)  # a missing or mis-shaped tensor is named now, not mid-load
         device = mm.get_torch_device()
         w = ExpertWeights("fast", fmt, weights)
+        host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
         patcher = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World Fast model: %s (%s), weights=%s, kv_cache=%s", path, fmt.kind, weights, kv_cache)
         return (FastModel(patcher, fmt, weights, kv_cache),)
@@ -131,7 +160,7 @@ class LingBotFastSampler:
                 "window": ("INT", {"default": 0, "min": 0, "max": 10_000, "tooltip": (
                     "NOT the released pipeline: keep only the latest N latent frames in the cache (0 = off), for "
                     "long videos in bounded memory.")}),
-                "sink": ("INT", {"default": 0, "min": 0, "max": 10_000, "tooltip": (
+                "sink": ("INT", {"default": 0, "min": 0, "max": 10_000, **hide_if(window=[0]), "tooltip": (
                     "With a window: the first N latent frames are never evicted (NOT the released pipeline).")}),
             },
             "optional": {
@@ -207,8 +236,8 @@ class LingBotFastSampler:
 
         log.info("LingBot-World Fast: %dx%d, %d frames (%d chunks), camera=%s, rule=%s", i2v.width, i2v.height,
                  part.frames, part.chunks, camera.label if camera is not None else "none", rule)
-        z = run_fast_part(fast_model, settings, settings.layout(part.latent_frames), part.camera is not None,
-                          preview_vae, make_run, after=after, total_steps=part.chunks * len(STEP_INDICES))
+        z = run_fast_part(fast_model, settings, settings.layout(part.latent_frames), part, preview_vae, make_run,
+                          after=after)
         latent = i2v.to_raw_latent(z).to(mm.intermediate_device())
         del z
         return ({"samples": latent}, handle if handle is not None else FastStateHandle.empty(fast_model, i2v))
@@ -243,12 +272,13 @@ def camera_source(camera: Optional[CameraInput]) -> CameraSource:
                         per_frame_intrinsics=camera.per_frame_intrinsics, label=camera.label)
 
 
-def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, with_camera: bool,
-                  preview_vae: Optional[VAEHandle], make_run, *, after=None, fill=None, restore=None,
-                  z_before: Optional[torch.Tensor] = None, total_steps: int = 0) -> torch.Tensor:
+def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, part, preview_vae: Optional[VAEHandle],
+                  make_run, *, after=None, fill=None, restore=None, z_before: Optional[torch.Tensor] = None,
+                  so_far: int = 0) -> torch.Tensor:
     """Plan the memory, load the model through ComfyUI, place the cache (restored with fill/restore for a
-    continued video), run the part's chunks with progress, previews and cancel. after(run, placement, ok) runs
-    before the cache is freed (ok False when the run stopped). Returns the part's latent (normalised, device)."""
+    continued video of `so_far` frames), run the part's (fast_state.PartPlan) chunks with progress, previews and
+    cancel; the node shows the frames and the plan. after(run, placement, ok) runs before the cache is freed (ok
+    False when the run stopped). Returns the part's latent (normalised, device)."""
     import comfy.model_management as mm
 
     cfg = fast_model.config
@@ -264,13 +294,12 @@ def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, with_ca
         log.warning("LingBot-World Fast K/V cache: %s", layout.note)
     try:
         plan = plan_fast_memory(h, w, cfg, layout, vram_comfy_can_free(mm, device), available_ram_bytes(),
-                                weights=fast_model.weights, cache=fast_model.kv_cache, camera=with_camera,
+                                weights=fast_model.weights, cache=fast_model.kv_cache, camera=part.camera is not None,
                                 compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra)
     except FastMemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
-    if mm.is_device_cpu(device):
-        plan.reason = "CPU run: the model and the K/V cache in RAM"
     log.info("LingBot-World Fast memory plan: %s", plan.reason)
+    show_on_node(fast_summary(part, w, h, plan, [part.note, layout.note], so_far))
     weights = patcher.weights
     if patcher.is_loaded() and plan.blocks_on_gpu != weights.blocks_on_gpu:
         from .patchers import unload_patcher
@@ -297,7 +326,7 @@ def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, with_ca
     if plan.token_chunk is not None:
         model.set_token_chunk(plan.token_chunk)
 
-    progress = FastProgress(total_steps, device, preview_vae, z_before)
+    progress = FastProgress(part.chunks * len(STEP_INDICES), device, preview_vae, z_before)
     try:
         placement = place_kv_cache(plan, model, device, model.dtype_for_compute(), fill=fill)
     except BaseException:
@@ -331,17 +360,20 @@ def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, with_ca
 
 
 class FastProgress:
-    """Progress per chunk x step, and a preview of each finished chunk: its frames tiled into one image."""
+    """Progress per chunk x step, and previews. Without a VAE: at each step, every latent frame of the part so far
+    (the finished chunks and the current chunk's x0) as one grid through ComfyUI's latent previewer, like LingBot
+    Sampler's whole-clip preview. With a VAE: each finished chunk decoded to its frames, tiled into one image (a
+    continued part's decoder is first warmed up on the video before it, `z_before`, so its frames are exact)."""
 
     def __init__(self, total: int, device, vae: Optional[VAEHandle], z_before: Optional[torch.Tensor] = None):
-        import comfy.utils
+        from .progress import SamplingProgress
 
         self.total = total
-        self.pbar = comfy.utils.ProgressBar(total)
-        self.device = device
+        self.bar = SamplingProgress(total, device)  # ComfyUI's bar and the whole-clip latent preview
+        self.pbar = self.bar.pbar
         self.decoder = None
-        self.previewer = None
         self.failed = False
+        self.finished: list[torch.Tensor] = []  # x0 of the finished chunks (FastRun keeps them anyway)
         if vae is not None:
             from ..wan.vae.streaming import StreamingDecoder, warm_up
 
@@ -353,22 +385,17 @@ class FastProgress:
                 except Exception as e:  # a preview must never stop a generation
                     self.failed = True
                     log.warning("LingBot-World: chunk previews disabled for this run: %s", e)
-        else:
-            try:
-                import comfy.latent_formats
-                import latent_preview
-
-                self.previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
-            except Exception as e:  # a preview must never stop a generation
-                log.warning("LingBot-World: latent preview unavailable: %s", e)
         self.done = 0
 
     def step(self, info) -> None:
         self.done = info.index + 1
-        preview = self._latent_preview(info.x0) if self.decoder is None else None
+        preview = None
+        if self.decoder is None:
+            preview = self.bar.preview(torch.cat(self.finished + [info.x0], dim=2))
         self.pbar.update_absolute(self.done, self.total, preview)
 
     def chunk_done(self, index: int, x0: torch.Tensor) -> None:
+        self.finished.append(x0)
         if self.decoder is None or self.failed:
             return
         try:
@@ -381,26 +408,11 @@ class FastProgress:
             return
         self.pbar.update_absolute(self.done, self.total, preview)
 
-    def _latent_preview(self, x0: torch.Tensor):
-        if self.previewer is None or self.failed:
-            return None
-        try:
-            from PIL import Image
-
-            images = [self.previewer.decode_latent_to_preview_image("JPEG", x0[:, :, i:i + 1].float())[1]
-                      for i in range(x0.shape[2])]
-            if not all(isinstance(im, Image.Image) for im in images):
-                return self.previewer.decode_latent_to_preview_image("JPEG", x0.float())
-            return ("JPEG", tile_images(images), _max_preview())
-        except Exception as e:
-            self.failed = True
-            log.warning("LingBot-World: latent preview disabled for this run: %s", e)
-            return None
-
     def finish(self) -> None:
         self.pbar.update_absolute(self.total, self.total)
 
     def close(self) -> None:
+        self.finished = []
         if self.decoder is not None:
             self.decoder.close()
             self.decoder = None

@@ -7,9 +7,11 @@ import torch
 
 from ..wan.control.camera import usable_frames
 from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range, resize_first_frame
-from ..wan.sizes import SIZE_AREAS, check_frames, latent_size, target_size
+from ..wan.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
 from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
 from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
+from .progress import show_on_node
+from .ui_hints import show_if
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +21,7 @@ MAX_SIDE = 4096
 MAX_FRAMES = 1601
 CHUNK_FRAMES = 4  # the causal VAE works on 4 frames at a time
 CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
+FPS = 16  # LingBot-World's frame rate
 # Live float32 activations per pixel of a 4-frame chunk, in units of the VAE's base width: the widest
 # full-resolution stage (2 x dim channels) times ~8 tensors alive at once (inputs, norms, cache, outputs).
 VAE_ACTIVATION_FACTOR = 2 * 8
@@ -40,6 +43,26 @@ def choose_size(size: str, image_h: int, image_w: int, width: int, height: int) 
     if size not in SIZE_AREAS:
         raise ValueError(f"size must be one of {SIZE_CHOICES}, got {size!r}")
     return target_size(image_h, image_w, SIZE_AREAS[size])
+
+
+def video_frames(requested: int, camera_poses: int | None) -> tuple[int, list[str]]:
+    """Frames to generate and what was changed: rounded down to 4n+1, then limited to what the camera covers."""
+    if requested < 1:
+        raise ValueError(f"frames must be at least 1, got {requested}")
+    frames, notes = frames_at_most(requested), []
+    if frames != requested:
+        notes.append(f"{requested} frames is not of the form 4n+1: using {frames}.")
+    if camera_poses is not None:
+        frames, clipped = usable_frames(camera_poses, frames)
+        if clipped:
+            notes.append(clipped)
+    return frames, notes
+
+
+def video_summary(width: int, height: int, frames: int, notes: list[str]) -> str:
+    """The node's text: what will be generated, then any adjustment."""
+    line = f"{width}x{height}, {frames} frames ({frames / FPS:.1f} s at {FPS} fps), {latent_frames(frames)} latent frames"
+    return "\n".join([line] + notes)
 
 
 def load_vae_to_device(vae: VAEHandle, work_bytes: int) -> torch.nn.Module:
@@ -87,12 +110,15 @@ class LingBotImageToVideo:
                 "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
                     "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (e.g. "
                     "1280x720 -> 464x832 at 480p); the image is resized, not cropped. custom: width x height below.")}),
-                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16,
+                                  **show_if(size=[CUSTOM_SIZE]), "tooltip": (
                     "custom size only: output width, a multiple of 16")}),
-                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16,
+                                   **show_if(size=[CUSTOM_SIZE]), "tooltip": (
                     "custom size only: output height, a multiple of 16")}),
                 "frames": ("INT", {"default": 81, "min": 1, "max": MAX_FRAMES, "step": 4, "tooltip": (
-                    "Frames to generate, 4n+1 (81 = 5 s at 16 fps). A shorter camera trajectory lowers it.")}),
+                    "Frames to generate, 4n+1 (81 = 5 s at 16 fps); other counts are rounded down to 4n+1. A "
+                    "shorter camera trajectory lowers it. The node shows the size and frames it used.")}),
                 "tiled": ("BOOLEAN", {"default": False, "tooltip": (
                     "Encode in overlapping spatial tiles (less VRAM at 720p, tiny seams).")}),
             },
@@ -118,12 +144,11 @@ class LingBotImageToVideo:
         if image.shape[0] > 1:
             log.warning("LingBot-World: %d images given; only the first one starts the video", image.shape[0])
         h, w = choose_size(size, image.shape[1], image.shape[2], width, height)
-        frames = check_frames(int(frames))
-        note = None
-        if camera is not None:
-            frames, note = usable_frames(camera.num_frames, frames)
-            if note:
-                log.warning("LingBot-World: %s", note)
+        frames, notes = video_frames(int(frames), camera.num_frames if camera is not None else None)
+        note = " ".join(notes) or None
+        if note:
+            log.warning("LingBot-World: %s", note)
+        show_on_node(video_summary(w, h, frames, notes))
         first, handle = None, None
         if not isinstance(vae, VAEHandle):  # a native VAE (Load VAE)
             y = native_vae_condition(vae, image[0], h, w, frames)
@@ -150,7 +175,7 @@ class LingBotVAEDecode:
                 "samples": ("LATENT", {"tooltip": "Latent video from LingBot Sampler (raw Wan 2.1 latent, [B,16,T,h,w])"}),
                 "tiled": ("BOOLEAN", {"default": False, "tooltip": (
                     "Decode in overlapping spatial tiles: much less VRAM at 720p, tiny blending seams.")}),
-                "tile_size": ("INT", {"default": 32, "min": 8, "max": 256, "step": 8, "tooltip": (
+                "tile_size": ("INT", {"default": 32, "min": 8, "max": 256, "step": 8, **show_if(tiled=[True]), "tooltip": (
                     "Tile edge in latent cells (x8 pixels), tiled only.")}),
             }
         }

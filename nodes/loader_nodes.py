@@ -9,9 +9,10 @@ import torch
 from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
-from . import comfy_paths
+from . import comfy_paths, host_memory
 from .expert_weights import ExpertWeights, compute_dtype_for
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
+from .ui_hints import short_labels, show_if
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,11 @@ class LingBotExpertLoader:
         low_names, low_opts = _combo(experts, "low")
         return {
             "required": {
-                "high_noise_expert": (high_names, {**high_opts, "tooltip": (
+                "high_noise_expert": (high_names, {**high_opts, **short_labels(), "tooltip": (
                     "High-noise expert (first steps, t >= boundary): a folder with config.json + model.safetensors "
                     "(e.g. high_noise_model_bnb_nf4), the official sharded folder, or a single .safetensors file, "
                     "from models/lingbot_world or models/diffusion_models.")}),
-                "low_noise_expert": (low_names, {**low_opts, "tooltip": (
+                "low_noise_expert": (low_names, {**low_opts, **short_labels(), "tooltip": (
                     "Low-noise expert (remaining steps), same kinds of files as the high-noise one.")}),
                 "weights": (list(WEIGHT_MODES), {"default": "nf4", "tooltip": (
                     "nf4: 4-bit weights on the GPU (about 9.6 GB per expert; float files are quantized while "
@@ -73,7 +74,8 @@ class LingBotExpertLoader:
                     "time, the other dropped (re-read from disk). swap_pinned: like swap but the released expert "
                     "waits in pinned RAM (fast switch, about 10 GB of RAM). block_swap: stream DiT blocks from RAM "
                     "(12-16 GB GPUs).")}),
-                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1, "tooltip": (
+                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1,
+                                          **show_if(memory_mode=["block_swap"]), "tooltip": (
                     "block_swap only: how many of the 40 DiT blocks stay on the GPU (the rest stream from pinned "
                     "RAM during each step); -1 = as many as fit, planned from free VRAM.")}),
             },
@@ -125,6 +127,7 @@ class LingBotExpertLoader:
         patchers = {}
         for name, fmt in (("high", fmt_high), ("low", fmt_low)):
             w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned", speed=speed)
+            host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
             patchers[name] = ExpertPatcher(ExpertContainer(w, compute_dtype_for(device, weights)), device,
                                            torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World experts: high=%s (%s), low=%s (%s), weights=%s, memory_mode=%s",
@@ -142,7 +145,7 @@ class LingBotVAELoader:
         names, opts = _combo(vaes, "wan")
         return {
             "required": {
-                "vae_name": (names, {**opts, "tooltip": (
+                "vae_name": (names, {**opts, **short_labels(), "tooltip": (
                     "Wan 2.1 VAE: wan_2.1_vae.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in models/vae, or "
                     "the release's Wan2.1_VAE.pth in models/lingbot_world.")}),
             }
@@ -164,5 +167,6 @@ class LingBotVAELoader:
         path = comfy_paths.resolve_vae(vae_name)
         cfg = vae_config_for_file(path)
         vae = load_vae(path, device=mm.vae_offload_device(), config=cfg)
+        host_memory.track(vae)
         patcher = comfy.model_patcher.ModelPatcher(VAEContainer(vae), mm.vae_device(), mm.vae_offload_device())
         return (VAEHandle(patcher, path),)

@@ -26,19 +26,19 @@ from .payloads import ExpertPair
 log = logging.getLogger(__name__)
 
 GiB = 1024**3
-CPU_VRAM = 1 << 60  # ComfyUI --cpu: host RAM plays the GPU, the planner then keeps both experts
 
 
-def vram_comfy_can_free(mm, device) -> int:
-    """Free device memory now plus what ComfyUI holds in models it may evict for us."""
+def vram_comfy_can_free(mm, device) -> Optional[int]:
+    """Free device memory now plus what ComfyUI holds in models it may evict for us; None on the CPU (ComfyUI
+    --cpu: host RAM holds everything and the planner has no device budget to respect)."""
     if mm.is_device_cpu(device):
-        return CPU_VRAM
+        return None
     held = sum(lm.model_loaded_memory() for lm in mm.current_loaded_models if lm.device == device)
     return int(mm.get_free_memory(device) + held)
 
 
 def plan_for(experts: ExpertPair, video: tuple[int, int, int], cfg_mode: str, camera: bool,
-             vram_free: int, ram_free: Optional[int] = None, device=None) -> MemoryPlan:
+             vram_free: Optional[int], ram_free: Optional[int] = None, device=None) -> MemoryPlan:
     """The memory plan for this run: the user's memory_mode / blocks_on_gpu, the rest decided by the planner."""
     import torch
 

@@ -14,10 +14,12 @@ from typing import Optional
 
 import torch
 
-from ..wan.control.camera import camera_condition, usable_frames
-from ..wan.sizes import check_frames
-from .i2v_nodes import MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, choose_size, first_frame_video
+from ..wan.control.camera import camera_condition
+from .i2v_nodes import (CUSTOM_SIZE, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, choose_size, first_frame_video, video_frames,
+                        video_summary)
 from .payloads import CAMERA, CATEGORY, CameraInput
+from .progress import show_on_node
+from .ui_hints import show_if
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +44,25 @@ def check_wan21_vae(vae) -> None:
                      f"load wan_2.1_vae.safetensors with Load VAE (or use LingBot VAE Loader)")
 
 
-def plucker_for_latent(camera: CameraInput, latent: torch.Tensor) -> torch.Tensor:
-    """The camera rasterised for a video latent [B, 16, F, h, w]: [1, 384, F, h, w] float32."""
+def camera_for_latent(camera: CameraInput, latent: torch.Tensor):
+    """The camera rasterised for a video latent [B, 16, F, h, w] (`.plucker` [1, 384, F, h, w] float32, `.message`)."""
     if latent.dim() != 5 or latent.shape[1] != LATENT_CHANNELS:
         raise ValueError(f"expected a Wan video latent [B, 16, frames, h, w], got {tuple(latent.shape)}")
     _, _, f, h, w = latent.shape
     frames = (f - 1) * TEMPORAL + 1
     cc = camera_condition(camera.poses, camera.intrinsics, h * SPATIAL, w * SPATIAL, frames,
-                          per_frame_intrinsics=camera.per_frame_intrinsics)
+                          per_frame_intrinsics=camera.per_frame_intrinsics, includes_end_pose=camera.includes_end_pose)
     if cc.frames != frames:
         raise ValueError(f"the camera trajectory covers {cc.frames} frames but the latent has {frames}: give the "
                          f"video that length (or a longer trajectory)")
     if cc.message:
         log.info("LingBot-World camera: %s", cc.message)
-    return cc.plucker
+    return cc
+
+
+def plucker_for_latent(camera: CameraInput, latent: torch.Tensor) -> torch.Tensor:
+    """The camera rasterised for a video latent [B, 16, F, h, w]: [1, 384, F, h, w] float32."""
+    return camera_for_latent(camera, latent).plucker
 
 
 def with_values(conditioning, values: dict):
@@ -87,8 +94,11 @@ class LingBotCameraConditioning:
     DESCRIPTION = "Adds a LingBot-World camera trajectory to native conditioning for KSampler on LingBot MODELs."
 
     def apply(self, positive, negative, camera: CameraInput, latent: dict):
-        plucker = plucker_for_latent(camera, latent["samples"])
-        values = {"camera_conditions": plucker}
+        cc = camera_for_latent(camera, latent["samples"])
+        _, _, f, h, w = latent["samples"].shape
+        show_on_node("\n".join([f"{camera.label or 'camera'}: {cc.frames} frames at {w * SPATIAL}x{h * SPATIAL} "
+                                 f"({f} latent frames)"] + ([cc.message] if cc.message else [])))
+        values = {"camera_conditions": cc.plucker}
         return (with_values(positive, values), with_values(negative, values))
 
 
@@ -107,12 +117,15 @@ class LingBotImageToVideoNative:
                 "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
                     "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (resized, "
                     "not cropped, like the reference). custom: width x height below.")}),
-                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16,
+                                  **show_if(size=[CUSTOM_SIZE]), "tooltip": (
                     "custom size only: width, a multiple of 16")}),
-                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16, "tooltip": (
+                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16,
+                                   **show_if(size=[CUSTOM_SIZE]), "tooltip": (
                     "custom size only: height, a multiple of 16")}),
                 "length": ("INT", {"default": 81, "min": 1, "max": MAX_FRAMES, "step": 4, "tooltip": (
-                    "Frames, 4n+1 (81 = 5 s at 16 fps); a shorter camera trajectory lowers it")}),
+                    "Frames, 4n+1 (81 = 5 s at 16 fps); other counts are rounded down to 4n+1, a shorter camera "
+                    "trajectory lowers it. The node shows the size and frames it used.")}),
             },
             "optional": {
                 "camera": (CAMERA, {"tooltip": "Optional LingBot camera trajectory (preset or files)"}),
@@ -136,11 +149,10 @@ class LingBotImageToVideoNative:
         if start_image.dim() != 4 or start_image.shape[-1] < 3:
             raise ValueError(f"start_image must be an IMAGE batch [B, H, W, 3], got {tuple(start_image.shape)}")
         h, w = choose_size(size, start_image.shape[1], start_image.shape[2], width, height)
-        frames = check_frames(int(length))
-        if camera is not None:
-            frames, note = usable_frames(camera.num_frames, frames)
-            if note:
-                log.warning("LingBot-World: %s", note)
+        frames, notes = video_frames(int(length), camera.num_frames if camera is not None else None)
+        if notes:
+            log.warning("LingBot-World: %s", " ".join(notes))
+        show_on_node(video_summary(w, h, frames, notes))
         latent_image = vae.encode(first_frame_video(start_image[0], h, w, frames))
         f_lat = (frames - 1) // TEMPORAL + 1
         if tuple(latent_image.shape[1:]) != (LATENT_CHANNELS, f_lat, h // SPATIAL, w // SPATIAL):

@@ -17,10 +17,12 @@ import torch
 
 from ..loaders.expert_format import detect_format
 from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
-from . import comfy_paths
+from . import comfy_paths, host_memory
 from .expert_weights import ExpertWeights, compute_dtype_for
 from .loader_nodes import MAX_BLOCKS, _combo, check_expert_pair
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, WEIGHT_MODES, ExpertPair
+from .progress import show_on_node
+from .ui_hints import short_labels, show_if
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class LingBotModelLoader:
         names, opts = _combo(experts, "high")
         return {
             "required": {
-                "expert": (names, {**opts, "tooltip": (
+                "expert": (names, {**opts, **short_labels(), "tooltip": (
                     "A LingBot-World expert: an NF4 folder (high_noise_model_bnb_nf4 / low_noise_model_bnb_nf4), the "
                     "official sharded folder, or a single .safetensors file, from models/lingbot_world or "
                     "models/diffusion_models. Use one loader per expert: high-noise for the first steps, low-noise "
@@ -100,6 +102,7 @@ class LingBotModelLoader:
         device = mm.get_torch_device()
         w = ExpertWeights(role_of(path), fmt, weights, keep_in_ram=bool(keep_in_ram))
         w.lora_merge = lora_apply == "merge"
+        host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
         model = LingBotWorldModel(w, compute_dtype_for(device, weights))
         patcher = ExpertPatcher(model, device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World: %s as a native MODEL (%s, %s weights)", w.label, fmt.kind, weights)
@@ -117,7 +120,7 @@ class LingBotLoraLoader:
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "A LingBot-World expert (LingBot NF4 Model Loader)"}),
-                "lora_name": (comfy_paths.list_loras(), {"tooltip": (
+                "lora_name": (comfy_paths.list_loras(), {**short_labels(), "tooltip": (
                     "A .safetensors LoRA from models/loras: ComfyUI (diffusion_model.*), diffusers "
                     "(transformer.*) or kohya/musubi (lora_unet_*) keys. Pickled .pt/.ckpt files are refused.")}),
                 "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01, "tooltip": (
@@ -138,6 +141,7 @@ class LingBotLoraLoader:
 
         patcher = lingbot_patcher(model, "model")
         if float(strength) == 0.0:
+            show_on_node("strength 0: the model is passed on unchanged")
             return (model,)
         path = comfy_paths.resolve_lora(lora_name)
         cfg = patcher.weights.fmt.config
@@ -151,6 +155,7 @@ class LingBotLoraLoader:
             _lora_cache.clear()  # one file at a time, like ComfyUI's LoraLoader
             _lora_cache[key] = lora
         log.info("LingBot-World LoRA: %s", lora.report())
+        show_on_node(lora.report())
         out = patcher.clone()
         added = out.add_patches(patches_from_lora(lora), float(strength))
         if len(added) != len(lora.weights):  # every parsed weight names a key of the model
@@ -170,7 +175,8 @@ class LingBotExpertsFromModels:
                 "memory_mode": (list(MEMORY_MODES), {"default": "auto", "tooltip": (
                     "As in LingBot Expert Loader: auto, resident (both stay loaded), swap (one at a time), "
                     "swap_pinned (the other waits in pinned RAM), block_swap (blocks streamed from RAM).")}),
-                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1, "tooltip": (
+                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1,
+                                          **show_if(memory_mode=["block_swap"]), "tooltip": (
                     "block_swap only: DiT blocks kept on the GPU; -1 = as many as fit.")}),
             }
         }

@@ -27,6 +27,7 @@ from comfy.patcher_extension import CallbacksMP
 
 from ..memory.placement import expert_sizes
 from ..text_encoder.encode import stop_all_text_encoders
+from . import host_memory
 from .dit_slot import DiTSlot
 from .expert_weights import ExpertWeights, compute_bytes_for
 
@@ -236,6 +237,7 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
             if merged:
                 self.weights.forget()  # a parked copy would hold the merged weights: the next load reads the file
             mm.soft_empty_cache()
+            host_memory.trim_now()  # on the CPU (or with pinned copies) the weights were host RAM
 
     def unpatch_model(self, device_to=None, unpatch_weights=True, **kwargs):
         self.eject_model()

@@ -32,8 +32,16 @@ MISMATCH_FIX = {
 }
 
 
-def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
-    """Rasterise the trajectory at the video's size; its frame count must cover the conditioning's."""
+def plan_summary(plan, settings: SamplingSettings, control_note: Optional[str]) -> str:
+    """The sampler node's text: how the run uses memory (what `auto` picked), then any camera or act note."""
+    mode = plan.mode + (f" {plan.blocks_on_gpu} blocks on the GPU" if plan.mode == "block_swap" else "")
+    mode += ", released expert kept in RAM" if plan.keep_in_ram and plan.mode != "resident" else ""
+    lines = [f"{settings.steps} steps, {settings.solver}, {settings.cfg_mode} CFG; memory: {mode}"]
+    return "\n".join(lines + ([control_note] if control_note else []))
+
+
+def camera_for(camera: CameraInput, cond: I2VCondition):
+    """The trajectory rasterised at the video's size (`.plucker`, `.message`); it must cover the video's frames."""
     cc = camera_condition(camera.poses, camera.intrinsics, cond.height, cond.width, cond.frames,
                           per_frame_intrinsics=camera.per_frame_intrinsics, includes_end_pose=camera.includes_end_pose)
     if cc.frames != cond.frames:
@@ -43,11 +51,17 @@ def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
         )
     if cc.message:
         log.info("LingBot-World camera: %s", cc.message)
-    return cc.plucker
+    return cc
 
 
-def act_tensor_for(act: ActInput, cond: I2VCondition) -> torch.Tensor:
-    """The Act model's 7-channel tensor at the video's size; the keys must cover the conditioning's frames."""
+def plucker_for(camera: CameraInput, cond: I2VCondition) -> torch.Tensor:
+    """Rasterise the trajectory at the video's size; its frame count must cover the conditioning's."""
+    return camera_for(camera, cond).plucker
+
+
+def act_for(act: ActInput, cond: I2VCondition):
+    """The Act model's 7-channel control at the video's size (`.tensor`, `.message`); the keys must cover the
+    video's frames."""
     ac = act_condition(act.poses, act.intrinsics, act.actions, cond.height, cond.width, cond.frames,
                        includes_end_pose=act.includes_end_pose, actions_name=act.label or "actions")
     if ac.frames != cond.frames:
@@ -57,12 +71,13 @@ def act_tensor_for(act: ActInput, cond: I2VCondition) -> torch.Tensor:
         )
     if ac.message:
         log.info("LingBot-World act: %s", ac.message)
-    return ac.tensor
+    return ac
 
 
 def control_for(experts: ExpertPair, i2v: I2VCondition, camera: Optional[CameraInput],
-                act: Optional[ActInput]) -> Optional[torch.Tensor]:
-    """The control tensor the experts take (Plücker for Cam/Fast, 7-channel for Act), refusing the wrong kind."""
+                act: Optional[ActInput]) -> tuple[Optional[torch.Tensor], Optional[str]]:
+    """The control tensor the experts take (Plücker for Cam/Fast, 7-channel for Act) and any note on how the path
+    was fitted to the video (None when it fit), refusing the wrong kind."""
     if camera is not None and act is not None:
         raise ValueError("LingBot Sampler got both a camera and an act input; connect only the one the model takes "
                          "(camera: Cam and Fast models, act: the Act model)")
@@ -70,8 +85,12 @@ def control_for(experts: ExpertPair, i2v: I2VCondition, camera: Optional[CameraI
     given = ACT_KIND if act is not None else CAMERA_KIND if camera is not None else None
     check_control(kind, given, MISMATCH_FIX[kind])
     if act is not None:
-        return act_tensor_for(act, i2v)
-    return plucker_for(camera, i2v) if camera is not None else None
+        ac = act_for(act, i2v)
+        return ac.tensor, ac.message
+    if camera is not None:
+        cc = camera_for(camera, i2v)
+        return cc.plucker, cc.message
+    return None, None
 
 
 def text_contexts(text: TextEmbeds, experts: ExpertPair) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +177,7 @@ class LingBotSampler:
                positive=None, negative=None):
         import comfy.model_management as mm
 
-        from .progress import SamplingProgress, load_progress
+        from .progress import SamplingProgress, load_progress, show_on_node
 
         for value, allowed, what in ((solver, SOLVERS, "solver"), (cfg_mode, CFG_MODES, "cfg_mode"),
                                      (noise_source, NOISE_SOURCES, "noise_source")):
@@ -166,7 +185,7 @@ class LingBotSampler:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         text = text_input(text, positive, negative, experts)
         cfg = experts.formats["high"].config
-        control = control_for(experts, i2v, camera, act)  # refuses a control the model cannot take, before loading
+        control, control_note = control_for(experts, i2v, camera, act)  # refuses a control the model cannot take, before loading
         device = mm.get_torch_device()
         plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, control is not None,
                         vram_comfy_can_free(mm, device), device=device)
@@ -179,6 +198,7 @@ class LingBotSampler:
         shape = (1, cfg.out_dim) + tuple(i2v.y.shape[2:])
         noise = make_noise(shape, int(seed), noise_source)
 
+        show_on_node(plan_summary(plan, settings, control_note))
         provider = ComfyExpertProvider(experts, plan, progress=load_progress())
         progress = SamplingProgress(settings.steps, device)
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",

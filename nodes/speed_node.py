@@ -15,6 +15,7 @@ from ..speed.options import (
     resolve_speed,
 )
 from .payloads import CATEGORY, SPEED
+from .progress import show_on_node
 
 log = logging.getLogger(__name__)
 
@@ -66,4 +67,6 @@ class LingBotSpeedOptions:
 
     def choose(self, compile: str = DEFAULTS["compile"], compute: str = DEFAULTS["compute"],
                attention: str = DEFAULTS["attention"]):
-        return (plan_speed(SpeedOptions(compile, compute, attention)),)
+        plan = plan_speed(SpeedOptions(compile, compute, attention))
+        show_on_node("\n".join([plan.summary()] + list(plan.notes)))  # what auto picked on this GPU, and why
+        return (plan,)

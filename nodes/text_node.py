@@ -14,6 +14,8 @@ from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from . import comfy_paths
 from .conditioning import to_conditioning
 from .payloads import CATEGORY, TEXT, TextEmbeds
+from .progress import TextEncodeProgress
+from .ui_hints import short_labels
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,18 @@ def all_cached(encoder: Path, tokenizer: Optional[Path], texts: list[str], cache
         return False
     cache = EmbeddingCache(cache_dir)
     return all(cache.path_for(CacheKey(enc_id, tok_id, t, EMBED_DTYPE, MAX_LENGTH)).is_file() for t in texts)
+
+
+def encode_summary(stats: dict) -> str:
+    """The line left on the node after encoding: where the prompts came from and how long the encoder took."""
+    worker = stats.get("worker") or {}
+    hits, encoded = stats.get("cache_hits", 0), stats.get("encoded", 0)
+    cached = f"{hits} from the cache" if hits else ""
+    if not encoded:
+        return "umT5: both prompts from the cache (no encoder run)" if hits >= 2 else f"umT5: {cached or 'done'}"
+    ran = (f"umT5 on {worker.get('device', '?')}: {encoded} prompt{'s' if encoded != 1 else ''} encoded in "
+           f"{worker.get('total_s', 0.0):.1f} s (loading {worker.get('load_s', 0.0):.1f} s)")
+    return f"{ran}; {cached}" if cached else ran
 
 
 def child_device(choice: str, cpu_mode: bool) -> str:
@@ -73,11 +87,12 @@ class LingBotTextEncode:
         enc_opts = {"default": default} if default else {}
         return {
             "required": {
-                "text_encoder": (encoders, {**enc_opts, "tooltip": (
+                "text_encoder": (encoders, {**enc_opts, **short_labels(), "tooltip": (
                     "umT5-XXL encoder: umt5_xxl_fp16 / fp8_e4m3fn_scaled .safetensors (Comfy-Org repackaged, in "
                     "models/text_encoders) or the release's models_t5_umt5-xxl-enc-bf16.pth. It runs in a separate "
                     "process that exits after encoding, so its 11 GB never stay in ComfyUI.")}),
-                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, "tooltip": (
+                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, **short_labels(),
+                                                               "tooltip": (
                     "auto: the tokenizer stored inside Comfy-Org's umt5 .safetensors, or a google/umt5-xxl/ or "
                     "tokenizer/ folder next to the encoder file. Or pick a folder with tokenizer.json / spiece.model.")}),
                 "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": (
@@ -125,9 +140,12 @@ class LingBotTextEncode:
         def cancel() -> bool:
             return mm.processing_interrupted() or free_memory_requested()
 
+        progress = TextEncodeProgress(len(set(texts)))
+        stats: dict = {}
         try:
             positive_emb, negative_emb = encode_prompts(encoder, tok, texts, device=dev, dtype=EMBED_DTYPE,
-                                                        cache_dir=cache_dir, use_cache=cache, cancel_check=cancel)
+                                                        cache_dir=cache_dir, use_cache=cache, cancel_check=cancel,
+                                                        stats=stats, progress=progress)
         except TextEncoderStopped:
             mm.throw_exception_if_processing_interrupted()  # a cancel: ComfyUI reports it as interrupted
             if free_memory_requested():
@@ -138,5 +156,6 @@ class LingBotTextEncode:
         finally:
             if slot is not None:
                 unload_patcher(slot)
+        progress.finish(encode_summary(stats))
         return (TextEmbeds(positive_emb, negative_emb, prompt, negative), to_conditioning(positive_emb, MAX_LENGTH),
                 to_conditioning(negative_emb, MAX_LENGTH))

@@ -146,7 +146,8 @@ class Server:
                 pid = self.post("/prompt", {"prompt": prompt, "client_id": client_id})["prompt_id"]
             except urllib.error.HTTPError as e:
                 raise AssertionError(f"/prompt refused the workflow: {e.read().decode()[:3000]}") from None
-            result = {"prompt_id": pid, "progress": [], "previews": 0, "end": None, "error": None}
+            result = {"prompt_id": pid, "progress": [], "previews": 0, "preview_images": [], "texts": [], "end": None,
+                      "error": None}
             t0 = time.monotonic()
             while time.monotonic() - t0 < timeout:
                 msg = ws.recv(timeout=5)
@@ -154,8 +155,17 @@ class Server:
                     continue
                 opcode, payload = msg
                 if opcode == 2:
-                    if struct.unpack(">I", payload[:4])[0] in (1, 4):  # PREVIEW_IMAGE (+ metadata variant)
+                    kind = struct.unpack(">I", payload[:4])[0]
+                    if kind == 1:  # PREVIEW_IMAGE: image type, then the encoded image
                         result["previews"] += 1
+                        result["preview_images"].append(payload[8:])
+                    elif kind == 4:  # PREVIEW_IMAGE_WITH_METADATA: JSON length, JSON, image
+                        (n,) = struct.unpack(">I", payload[4:8])
+                        result["previews"] += 1
+                        result["preview_images"].append(payload[8 + n:])
+                    elif kind == 3:  # TEXT (progress text shown on a node): node id length, node id, text
+                        (n,) = struct.unpack(">I", payload[4:8])
+                        result["texts"].append((payload[8:8 + n].decode(), payload[8 + n:].decode()))
                     continue
                 event = json.loads(payload)
                 kind, data = event.get("type"), event.get("data", {})
@@ -181,20 +191,18 @@ class Server:
             ws.close()
 
 
-def prepare_base(base: Path) -> None:
-    """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, the tiny demo checkpoints (Cam and Act)
-    and image, and the release's example 05 (image and key files) in input/lingbot_examples/05."""
-    import shutil
-
-    from lingbot_world.loaders.demo_checkpoint import DEMO_IMAGE, build_demo_checkpoint
+def prepare_base(base: Path, demo: bool = True) -> None:
+    """Folders ComfyUI expects, this repository as custom_nodes/PACK_DIR_NAME, and (demo) the tiny demo checkpoints
+    (Cam and Act). The demo image and the release's examples come with the example inputs the pack copies into
+    input/lingbot_examples/ at start-up."""
+    from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
 
     for d in ("custom_nodes", "models/lingbot_world", "input", "output", "user", "temp"):
         (base / d).mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
-    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
-    build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo-act", control="act")  # tiny Act experts
-    shutil.copy(DEMO_IMAGE, base / "input" / "lingbot_demo.jpg")
-    shutil.copytree(REPO / "assets" / "examples" / "05", base / "input" / "lingbot_examples" / "05")  # key files
+    if demo:
+        build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo")
+        build_demo_checkpoint(base / "models" / "lingbot_world" / "lingbot-demo-act", control="act")  # tiny Act experts
 
 
 def write_tiny_loras(loras: Path, cfg) -> None:
@@ -245,15 +253,17 @@ def write_random_wan21_vae(path: Path) -> None:
 
 
 @contextmanager
-def running_server(base: Path, start_timeout: float = 180) -> Iterator[Server]:
-    """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit."""
+def running_server(base: Path, start_timeout: float = 180, env: Optional[dict] = None) -> Iterator[Server]:
+    """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit.
+
+    env: extra environment variables for the server process."""
     port = free_port()
     log_path = base / "server.log"
     cmd = [PYTHON, "main.py"] + ([] if GPU else ["--cpu"]) + ["--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
            "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
-    # A fixed mmap threshold makes glibc return freed tensor memory to the OS at once, so the server's RSS
-    # shows whether weights were really released (with the default dynamic threshold freed chunks stay cached).
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1")  # log lines in order, at once
+    # glibc's default heap behaviour on purpose (no MALLOC_MMAP_THRESHOLD_): freed weight chunks stay in its heap
+    # unless the pack trims it, so the RSS checks see what users see.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))  # PYTHONUNBUFFERED: log lines in order, at once
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=COMFYUI, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env)

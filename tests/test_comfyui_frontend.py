@@ -7,8 +7,8 @@ Opt-in, like test_comfyui_server.py (same temp-base server, see tests/comfyui_se
   - a system Chromium at /usr/bin/chromium (Debian: `apt-get install chromium`), or LINGBOT_CHROMIUM=/path.
 Each is skipped with its reason when absent. The browser runs headless with a fresh profile and may only reach the
 local server: other hosts fail name resolution and every request to anything else is aborted (and reported).
-Set LINGBOT_FRONTEND_SCREENSHOT_DIR to keep the screenshot of the camera-preset workflow (or the one named by
-LINGBOT_FRONTEND_SCREENSHOT_OF) somewhere known.
+Set LINGBOT_FRONTEND_SCREENSHOT_DIR to keep the screenshots (one per example workflow, and the demo after its run)
+somewhere known.
 """
 from __future__ import annotations
 
@@ -41,20 +41,61 @@ if not CHROMIUM.is_file():
                 allow_module_level=True)
 
 WORKFLOWS = sorted((comfy.REPO / "example_workflows").glob("*.json"))
-SCREENSHOT_OF = os.environ.get("LINGBOT_FRONTEND_SCREENSHOT_OF", "lingbot_world_i2v_camera_preset")
+SOME_WORKFLOW = "Image to video, camera preset"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  # Belt and braces with the request filter below: no other host even resolves.
                  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 
-# Runs in the page: load one UI workflow the way the app does, then report what the graph holds.
+# Runs in the page: load one UI workflow the way the app does, then report what the graph holds and how it is drawn.
 LOAD_AND_INSPECT = """async (workflow) => {
-    const app = window.app;
+    const app = window.app, LG = window.LiteGraph, canvas = app.canvas;
     window.__lingbotMissing = null;
     await app.loadGraphData(workflow);
-    const registered = window.LiteGraph.registered_node_types;
+    const registered = LG.registered_node_types;
     const nodes = app.graph._nodes;
-    app.graph.setDirtyCanvas(true, true);
+    canvas.draw(true, true);  // lays the widgets out
+    // Each node's box with its title bar and the source badge the frontend draws above the title.
+    const BADGE = 26, T = LG.NODE_TITLE_HEIGHT;
+    const box = (n) => [n.pos[0], n.pos[1] - T - BADGE, n.pos[0] + n.size[0], n.pos[1] + n.size[1]];
+    const overlaps = [];
+    for (let i = 0; i < nodes.length; i++) for (let j = i + 1; j < nodes.length; j++) {
+        const a = box(nodes[i]), b = box(nodes[j]);
+        if (a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]) overlaps.push([nodes[i].type, nodes[j].type]);
+    }
+    const tooSmall = [], overflow = [];
+    for (const n of nodes) {
+        const [mw, mh] = n.computeSize();
+        if (n.size[0] + 0.5 < mw || n.size[1] + 0.5 < mh) tooSmall.push([n.type, [...n.size], [mw, mh]]);
+        for (const w of n.widgets ?? []) {
+            if (w.hidden || w.y == null) continue;
+            const h = w.computedHeight ?? LG.NODE_WIDGET_HEIGHT;
+            if (w.y + h > n.size[1] + 0.5) overflow.push([n.type, w.name, w.y + h, n.size[1]]);
+        }
+    }
+    // Text cut short: the frontend draws the ellipsis of a truncated label or value as its own fillText call.
+    const ELLIPSES = new Set(["\u2026", "\u2025", "\u2024"]);
+    const truncated = new Set();
+    const proto = CanvasRenderingContext2D.prototype, fillText = proto.fillText;
+    let drawing = null;
+    proto.fillText = function (text, ...rest) {
+        if (drawing && ELLIPSES.has(text)) truncated.add(drawing);
+        return fillText.call(this, text, ...rest);
+    };
+    const ds = canvas.ds, saved = [ds.scale, ds.offset[0], ds.offset[1]];
+    try {
+        for (const n of nodes) {  // each node at scale 1 in view, its widgets drawn
+            ds.scale = 1; ds.offset[0] = 20 - n.pos[0]; ds.offset[1] = 60 - n.pos[1];
+            const draw = n.drawWidgets;
+            n.drawWidgets = function (...args) { drawing = this.type; try { return draw.apply(this, args); } finally { drawing = null; } };
+            canvas.draw(true, true);
+            delete n.drawWidgets;
+        }
+    } finally {
+        proto.fillText = fillText;
+        [ds.scale, ds.offset[0], ds.offset[1]] = saved;
+        canvas.draw(true, true);
+    }
     return {
         count: nodes.length,
         links: app.graph.links instanceof Map ? app.graph.links.size : Object.keys(app.graph.links).length,
@@ -62,6 +103,7 @@ LOAD_AND_INSPECT = """async (workflow) => {
         unregistered: nodes.filter((n) => !registered[n.type]).map((n) => n.type),
         hasErrors: nodes.filter((n) => n.has_errors).map((n) => n.type),
         missing: window.__lingbotMissing,
+        overlaps, tooSmall, overflow, truncated: [...truncated],
     };
 }"""
 
@@ -171,7 +213,7 @@ def _load(page, ui: dict) -> tuple[dict, list[str]]:
 
 def test_a_missing_node_is_caught(page):
     """The checks below can fail: an unknown node type shows up in each of them."""
-    ui = json.loads((comfy.REPO / "example_workflows" / f"{SCREENSHOT_OF}.json").read_text())
+    ui = json.loads((comfy.REPO / "example_workflows" / f"{SOME_WORKFLOW}.json").read_text())
     ui["nodes"][0]["type"] = "LingBotNoSuchNode"
     got, warnings = _load(page, ui)
     assert got["missing"] == ["LingBotNoSuchNode"]
@@ -191,13 +233,205 @@ def test_example_workflow_loads_in_frontend(page, path, tmp_path):
     assert sorted(got["types"]) == sorted(n["type"] for n in ui["nodes"])
     assert got["links"] == len(ui["links"]), f"{path.name}: {got['links']} links in the graph, {len(ui['links'])} in the file"
     assert got["hasErrors"] == [], f"{path.name}: nodes flagged with errors: {got['hasErrors']}"
+    # Drawn as intended: every node at least as big as its widgets need, no widget past the node's edge, no label or
+    # value cut to "...", and no node (with its title and source badge) on top of another.
+    assert got["tooSmall"] == [], f"{path.name}: nodes smaller than their widgets: {got['tooSmall']}"
+    assert got["overflow"] == [], f"{path.name}: widgets outside their node: {got['overflow']}"
+    assert got["truncated"] == [], f"{path.name}: text cut short on {got['truncated']}"
+    assert got["overlaps"] == [], f"{path.name}: overlapping nodes: {got['overlaps']}"
     assert not page.problems, "\n".join(page.problems)
+    _screenshot(page, ui, f"{path.stem}_frontend.png", tmp_path)
 
-    if path.stem == SCREENSHOT_OF:
-        out_dir = Path(os.environ.get("LINGBOT_FRONTEND_SCREENSHOT_DIR", tmp_path))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        shot = out_dir / f"{path.stem}_frontend.png"
-        page.wait_for_timeout(1000)
-        page.screenshot(path=str(shot))
-        assert shot.stat().st_size > 10_000
-        print(f"\nscreenshot: {shot}")
+
+def _screenshot(page, ui: dict, name: str, tmp_path: Path) -> Path:
+    """The workflow at its saved view, for a look by eye (LINGBOT_FRONTEND_SCREENSHOT_DIR keeps them)."""
+    out_dir = Path(os.environ.get("LINGBOT_FRONTEND_SCREENSHOT_DIR", tmp_path))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page.evaluate(SET_VIEW, ui.get("extra", {}).get("ds") or {"scale": 0.7, "offset": [0, 0]})
+    page.wait_for_timeout(600)
+    shot = out_dir / name
+    page.screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+    print(f"\nscreenshot: {shot}")
+    return shot
+
+
+SET_VIEW = """(view) => {
+    const c = window.app.canvas;
+    c.ds.scale = view.scale; c.ds.offset[0] = view.offset[0]; c.ds.offset[1] = view.offset[1];
+    c.setDirty(true, true); c.draw(true, true);
+}"""
+
+
+# ---- the pack's frontend extension (web/lingbot_world.js) and ComfyUI's own UI around the pack -----------------
+NEW_NODE = """(type) => {
+    const node = window.LiteGraph.createNode(type);
+    window.app.graph.add(node);
+    return node.id;
+}"""
+
+WIDGETS = """(id) => {
+    const n = window.app.graph.getNodeById(id);
+    return {size: [...n.size], widgets: Object.fromEntries(n.widgets.map((w) => [w.name, {
+        hidden: !!w.hidden, value: w.value, shown: w._displayValue}]))};
+}"""
+
+SET_WIDGET = """([id, name, value]) => {
+    const w = window.app.graph.getNodeById(id).widgets.find((w) => w.name === name);
+    w.value = value;
+    w.callback?.(value);
+}"""
+
+
+def _fresh_graph(page) -> None:
+    page.evaluate("() => window.app.graph.clear()")
+
+
+def _visible(page, node_id: int) -> set[str]:
+    return {k for k, w in page.evaluate(WIDGETS, node_id)["widgets"].items() if not w["hidden"]}
+
+
+def test_widgets_show_only_where_they_apply(page):
+    _fresh_graph(page)
+    i2v = page.evaluate(NEW_NODE, "LingBotImageToVideo")
+    start = page.evaluate(WIDGETS, i2v)
+    assert {"size", "frames", "tiled"} <= _visible(page, i2v) and not {"width", "height"} & _visible(page, i2v)
+    page.evaluate(SET_WIDGET, [i2v, "size", "custom"])
+    grown = page.evaluate(WIDGETS, i2v)
+    assert {"width", "height"} <= _visible(page, i2v)
+    assert grown["size"][1] > start["size"][1] + 40  # the node grew by the two rows
+    page.evaluate(SET_WIDGET, [i2v, "size", "720p"])
+    assert not {"width", "height"} & _visible(page, i2v)
+    assert page.evaluate(WIDGETS, i2v)["size"][1] == pytest.approx(start["size"][1], abs=1)
+
+    experts = page.evaluate(NEW_NODE, "LingBotExpertLoader")
+    assert "blocks_on_gpu" not in _visible(page, experts)
+    page.evaluate(SET_WIDGET, [experts, "memory_mode", "block_swap"])
+    assert "blocks_on_gpu" in _visible(page, experts)
+
+    camera = page.evaluate(NEW_NODE, "LingBotCameraFromFiles")
+    assert not {"path", "intrinsics_path"} & _visible(page, camera)
+    page.evaluate(SET_WIDGET, [camera, "trajectory", "(custom path)"])
+    assert {"path", "intrinsics_path"} <= _visible(page, camera)
+
+    actions = page.evaluate(NEW_NODE, "LingBotActions")  # the action string by default, a path only when custom
+    assert "actions" in _visible(page, actions) and "path" not in _visible(page, actions)
+    page.evaluate(SET_WIDGET, [actions, "key_files", "(custom path)"])
+    assert "path" in _visible(page, actions) and "actions" not in _visible(page, actions)
+
+    fast = page.evaluate(NEW_NODE, "LingBotFastSampler")  # sink only matters with a window (hide_if window=0)
+    assert "window" in _visible(page, fast) and "sink" not in _visible(page, fast)
+    page.evaluate(SET_WIDGET, [fast, "window", 8])
+    assert "sink" in _visible(page, fast)
+    _fresh_graph(page)
+
+
+def test_path_combos_show_short_labels(page):
+    _fresh_graph(page)
+    experts = page.evaluate(WIDGETS, page.evaluate(NEW_NODE, "LingBotExpertLoader"))["widgets"]
+    assert experts["high_noise_expert"]["value"] == "lingbot-demo/high_noise_model_bnb_nf4"  # what is stored and sent
+    assert experts["high_noise_expert"]["shown"] == "high_noise_model_bnb_nf4"  # what is drawn
+    text = page.evaluate(WIDGETS, page.evaluate(NEW_NODE, "LingBotTextEncode"))["widgets"]
+    assert text["text_encoder"]["shown"] == "models_t5_umt5-xxl-enc-bf16.pth"
+    labels = page.evaluate("""async () => {
+        const { shortLabels } = await import("/extensions/ComfyUI-LingBot-World/lingbot_world.js");
+        return Object.fromEntries(shortLabels(["a/x/high", "b/x/high", "c/low", "solo"]));
+    }""")
+    assert labels == {"a/x/high": "a/x/high", "b/x/high": "b/x/high", "c/low": "low", "solo": "solo"}
+    _fresh_graph(page)
+
+
+def test_camera_files_upload_creates_and_selects_a_trajectory(page, server, tmp_path):
+    import shutil
+
+    _fresh_graph(page)
+    camera = page.evaluate(NEW_NODE, "LingBotCameraFromFiles")
+    for name in ("poses", "intrinsics"):
+        shutil.copy(comfy.REPO / "assets" / "examples" / "01" / f"{name}.npy", tmp_path / f"my_{name}.npy")
+    page.locator("input[data-lingbot-upload='trajectory']").first.set_input_files(
+        [str(tmp_path / "my_poses.npy"), str(tmp_path / "my_intrinsics.npy")])
+    page.wait_for_function("(id) => String(window.app.graph.getNodeById(id).widgets[0].value)"
+                           ".startsWith('lingbot_trajectories/upload_')", arg=camera, timeout=30_000)
+    value = page.evaluate(WIDGETS, camera)["widgets"]["trajectory"]["value"]
+    folder = server.base / "input" / value
+    for name in ("poses", "intrinsics"):
+        assert (folder / f"{name}.npy").read_bytes() == (tmp_path / f"my_{name}.npy").read_bytes()
+    listed = server.get("/object_info/LingBotCameraFromFiles")["LingBotCameraFromFiles"]["input"]["required"]
+    assert value in listed["trajectory"][0]
+    _fresh_graph(page)
+
+
+@pytest.mark.parametrize("query", ["wan", "lingbot"])
+def test_node_search_finds_the_pack(page, server, query):
+    info = server.get("/object_info")
+    ours = {d["display_name"] for d in info.values() if d.get("python_module") == f"custom_nodes.{comfy.PACK_DIR_NAME}"}
+    page.mouse.dblclick(800, 700)  # an empty spot of the canvas opens the node search
+    box = page.locator(".comfy-vue-node-search-container input").first
+    box.wait_for(timeout=10_000)
+    box.fill(query)
+    page.wait_for_timeout(1500)
+    options = page.locator(".comfy-vue-node-search-container .p-autocomplete-option")
+    shown = {options.nth(i).inner_text().split("\n")[0].strip() for i in range(options.count())}
+    page.keyboard.press("Escape")
+    assert ours <= shown, f"searching {query!r} misses {sorted(ours - shown)}"
+
+
+def test_templates_have_titles_and_real_thumbnails(page, server):
+    from PIL import Image
+
+    listed = server.get("/api/workflow_templates")[comfy.PACK_DIR_NAME]
+    assert sorted(listed) == sorted(p.stem for p in WORKFLOWS)
+    for name in listed:
+        assert "_" not in name and name[0].isupper(), f"{name!r}: the frontend shows the file name as the title"
+        thumb = comfy.REPO / "example_workflows" / f"{name}.jpg"
+        with Image.open(thumb) as im:  # a picture, not a grey box
+            assert im.format == "JPEG" and min(im.size) >= 256
+            assert max(hi - lo for lo, hi in im.convert("RGB").getextrema()) > 100
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    dialog = page.locator(".p-dialog").last
+    dialog.get_by_text("LingBot-World (Wan 2.2)", exact=True).click()  # the category's title, from locales/
+    cards = dialog.locator("[data-testid^='template-workflow-']")
+    cards.first.wait_for(timeout=15_000)
+    page.wait_for_function("() => [...document.querySelectorAll(\"[data-testid^='template-workflow-'] img\")]"
+                           ".every((i) => i.complete && i.naturalWidth > 0)", timeout=15_000)
+    seen = {}
+    for i in range(cards.count()):
+        card = cards.nth(i)
+        name = card.get_attribute("data-testid").removeprefix("template-workflow-")
+        seen[name] = card.locator("img").first.evaluate("(i) => i.naturalWidth")
+        assert name in card.inner_text()
+    assert set(seen) == set(listed) and min(seen.values()) >= 256, seen
+    _close_dialogs(page)
+
+
+def test_demo_workflow_runs_from_the_frontend(page, server, tmp_path):
+    """Queue the tiny demo the way a user does; the nodes then show what they did: the text encoder's stages, the
+    video size and frames, the whole-clip preview on the sampler."""
+    ui = json.loads((comfy.REPO / "example_workflows" / "Tiny CPU demo (random weights).json").read_text())
+    page.evaluate(LOAD_AND_INSPECT, ui)
+    _close_dialogs(page)
+    page.evaluate("""() => { window.__lingbotDone = false; window.__lingbotPreviews = [];
+        const api = window.app.api;
+        api.addEventListener("executing", (e) => { if (e.detail === null) window.__lingbotDone = true; });
+        api.addEventListener("execution_error", (e) => { window.__lingbotError = e.detail; window.__lingbotDone = true; });
+        api.addEventListener("b_preview_with_metadata", async (e) => {  // what the node's preview shows
+            const bitmap = await createImageBitmap(e.detail.blob);
+            window.__lingbotPreviews.push([String(e.detail.displayNodeId), bitmap.width, bitmap.height]);
+        });
+    }""")
+    page.evaluate("() => window.app.queuePrompt(0)")
+    page.wait_for_function("() => window.__lingbotDone", timeout=600_000, polling=1000)
+    assert page.evaluate("() => window.__lingbotError ?? null") is None
+    shown = page.evaluate("""() => Object.fromEntries(window.app.graph._nodes.map((n) => [n.type, {
+        text: (n.widgets ?? []).filter((w) => w.name === "$$node-text-preview").map((w) => w.value)[0] ?? null,
+        preview: (n.imgs ?? []).map((i) => [i.naturalWidth, i.naturalHeight])[0] ?? null}]))""")
+    assert shown["LingBotTextEncode"]["text"].startswith("umT5")
+    assert shown["LingBotImageToVideo"]["text"].startswith("112x64, 17 frames")
+    assert shown["LingBotCameraPreset"]["text"].startswith("dolly_in+pan_right: 17 poses")
+    assert shown["LingBotSampler"]["text"].startswith("8 steps, unipc, ")
+    sampler = str(page.evaluate("() => window.app.graph._nodes.find((n) => n.type === 'LingBotSampler').id"))
+    previews = [(w, h) for node, w, h in page.evaluate("() => window.__lingbotPreviews") if node == sampler]
+    steps = next(n for n in ui["nodes"] if n["type"] == "LingBotSampler")["widgets_values"][0]
+    # One preview per step, each the grid of all 5 latent frames (2 x 3 cells of 14:8): squarer than one frame.
+    assert len(previews) >= steps - 1 and all(0.9 < w / h < 1.25 for w, h in previews), previews
+    _screenshot(page, ui, "Tiny CPU demo (random weights)_after_run.png", tmp_path)

@@ -95,8 +95,15 @@ def test_progress_per_chunk_and_step_with_chunk_previews(comfy, graph):
     assert fm.patcher.is_loaded()  # stays under model management, like a resident expert
 
     utils.progress.clear()
-    run_fast(fm, graph)  # without a VAE: the latent previewer on every step
-    assert sum(1 for _, t, p in utils.progress if t == 12 and p) == 12
+    run_fast(fm, graph)  # without a VAE: the latent previewer on every step, showing every latent frame so far
+    from lingbot_world.nodes.previews import GAP, grid_layout
+
+    previews = [(v, p) for v, t, p in utils.progress if t == 12 and p]
+    assert len(previews) == 12
+    for value, (_, image, _) in previews:
+        frames = 3 * ((value - 1) // 4 + 1)  # the finished chunks and the current one
+        cols, rows = grid_layout(frames, W // 8, H // 8)
+        assert image.size == (cols * (W // 8) + (cols - 1) * GAP, rows * (H // 8) + (rows - 1) * GAP), (value, frames)
     assert fm.patcher.weights.loads_from_disk == 1  # reused
     comfy.unload_all_models()
     assert not fm.patcher.is_loaded()

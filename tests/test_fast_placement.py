@@ -77,6 +77,17 @@ def test_requested_placements_are_kept():
         plan_fast_memory(480, 832, FULL, layout480(), GiB, GiB, cache="disk")
 
 
+def test_on_the_cpu_the_plan_has_no_vram_budget_and_says_so():
+    """vram_free=None (ComfyUI --cpu, the CLI on a CPU): everything in RAM, like the experts' planner says it."""
+    for cache in ("auto", "host"):
+        p = plan_fast_memory(480, 832, FULL, layout480(), None, 100 * GiB, cache=cache)
+        assert p.cache == "gpu" and p.cache_layers_on_gpu == 40 and p.blocks_on_gpu is None and p.fits
+        assert "in host RAM (CPU run, no VRAM)" in p.reason and "free VRAM" not in p.reason
+        assert p.estimates["vram_free"] is None and p.estimates["headroom"] == 0
+    short = plan_fast_memory(480, 832, FULL, layout480(), None, 8 * GiB)
+    assert not short.fits and "WARNING: only 8.6 GB RAM" in short.reason
+
+
 def test_cache_layouts():
     assert layout480().capacity == 21 * 1560 and layout480().reference_exact and not layout480().evict
     m = layout480(max_attention=2000)

@@ -29,6 +29,10 @@ from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, WorkflowError, u
 from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 
 REPO = Path(__file__).resolve().parents[1]
+DEMO_WORKFLOW = "Tiny CPU demo (random weights)"
+FAST_WORKFLOW = "Fast image to video, camera preset"
+ACT_WORKFLOW = "Act model steered with keys"
+CONTINUE_WORKFLOW = "Fast model steered with keys, continued"
 WIDGET_KINDS = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 # Native nodes used by the example workflows, as ComfyUI 0.3.64's /object_info declares them.
 NATIVE = {
@@ -82,7 +86,8 @@ NATIVE = {
 FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low_noise_expert",
                "LingBotFastLoader.fast_model", "LingBotTextEncode.text_encoder", "LingBotTextEncode.tokenizer",
                "LingBotVAELoader.vae_name", "LoadImage.image", "LingBotModelLoader.expert", "LingBotLoraLoader.lora_name",
-               "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name"}
+               "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name",
+               "LingBotCameraFromFiles.trajectory", "LingBotActions.key_files"}
 NATIVE_WORKFLOWS = ("Image to video with native KSamplers, camera preset", "Image to video with native KSamplers and LoRA",
                     "Tiny CPU demo with native KSamplers (random weights)")
 
@@ -336,21 +341,70 @@ def test_camera_preset_node_outputs_path_and_picture():
         LingBotCameraPreset().make("spin", "none", 1.0, 9)
 
 
-def test_camera_files_node_reads_folders_and_files(fake_folder_paths, examples_dir):
+def test_image_to_video_rounds_frames_and_says_what_it_changed():
+    from lingbot_world.nodes.i2v_nodes import video_frames, video_summary
+
+    assert video_frames(81, None) == (81, [])
+    assert video_frames(80, None) == (77, ["80 frames is not of the form 4n+1: using 77."])
+    assert video_frames(2, None) == (1, ["2 frames is not of the form 4n+1: using 1."])
+    frames, notes = video_frames(100, 57)  # rounded to 97, then limited by a 57-pose camera
+    assert frames == 57 and notes[0].endswith("using 97.") and "57 poses, enough for 57 frames" in notes[1]
+    with pytest.raises(ValueError, match="at least 1"):
+        video_frames(0, None)
+    text = video_summary(832, 464, 77, ["80 frames is not of the form 4n+1: using 77."])
+    assert text == ("832x464, 77 frames (4.8 s at 16 fps), 20 latent frames\n"
+                    "80 frames is not of the form 4n+1: using 77.")
+
+
+def test_camera_files_node_lists_reads_folders_and_paths(fake_folder_paths, examples_dir):
     import shutil
 
+    from lingbot_world.nodes.camera_nodes import CUSTOM_PATH
+    from lingbot_world.nodes.ui_hints import SHORT_LABELS, SHOW_IF, UPLOAD
+
     shutil.copytree(examples_dir / "00", fake_folder_paths / "input" / "cams" / "00")
+    (fake_folder_paths / "input" / "cams" / "not_a_trajectory").mkdir()
+    (fake_folder_paths / "input" / "cams" / "not_a_trajectory" / "poses.npy").write_bytes(b"")
+    spec = LingBotCameraFromFiles.INPUT_TYPES()
+    names, opts = spec["required"]["trajectory"]
+    assert names == ["cams/00", CUSTOM_PATH] and opts["default"] == "cams/00"  # folders with BOTH files, then custom
+    assert opts[SHORT_LABELS] is True and opts[UPLOAD] == "camera_npy"
+    for name in ("path", "intrinsics_path"):  # the path widgets show only for "custom path"
+        assert spec["optional"][name][1][SHOW_IF] == {"trajectory": [CUSTOM_PATH]}
     node = LingBotCameraFromFiles()
     cam, image = node.load("cams/00", "first_frame")
     assert cam.poses.shape == (961, 4, 4) and not cam.per_frame_intrinsics and image.shape[0] == 1
-    cam2, _ = node.load("cams/00/poses.npy", "per_frame")  # intrinsics.npy beside it
+    assert cam.label == "00"
+    cam2, _ = node.load(CUSTOM_PATH, "per_frame", "cams/00/poses.npy")  # intrinsics.npy beside it
     np.testing.assert_array_equal(cam2.poses, cam.poses)
     assert cam2.per_frame_intrinsics
-    cam3, _ = node.load(str(examples_dir / "00" / "poses.npy"), "first_frame", str(examples_dir / "00" / "intrinsics.npy"))
+    cam3, _ = node.load(CUSTOM_PATH, "first_frame", str(examples_dir / "00" / "poses.npy"),
+                        str(examples_dir / "00" / "intrinsics.npy"))
     np.testing.assert_array_equal(cam3.intrinsics, cam.intrinsics)
     assert "cams/00" in node.IS_CHANGED("cams/00")
+    assert node.IS_CHANGED("cams/gone").startswith("missing: ")  # never raises; load() reports it
+    with pytest.raises(FileNotFoundError, match="camera trajectory folder 'cams/gone' was not found"):
+        node.load("cams/gone", "first_frame")
     with pytest.raises(FileNotFoundError, match="camera path not found"):
-        node.load("cams/missing", "first_frame")
+        node.load(CUSTOM_PATH, "first_frame", "cams/missing")
+    with pytest.raises(ValueError, match="no path given"):
+        node.load(CUSTOM_PATH, "first_frame", "")
+
+
+def test_camera_files_node_defaults_to_the_installed_example(fake_folder_paths):
+    from lingbot_world.nodes.camera_nodes import CUSTOM_PATH
+    from lingbot_world.nodes.example_inputs import (ACT_EXAMPLE, EXAMPLE_TRAJECTORY, FAST_EXAMPLE,
+                                                    install_example_inputs)
+
+    names, opts = LingBotCameraFromFiles.INPUT_TYPES()["required"]["trajectory"]
+    assert names == [CUSTOM_PATH] and opts["default"] == CUSTOM_PATH  # nothing under input/ yet
+    install_example_inputs(fake_folder_paths / "input")
+    names, opts = LingBotCameraFromFiles.INPUT_TYPES()["required"]["trajectory"]
+    # the camera example first (the default), then the Fast and Act examples (05 also holds key files)
+    assert names == [EXAMPLE_TRAJECTORY, FAST_EXAMPLE, ACT_EXAMPLE, CUSTOM_PATH]
+    assert opts["default"] == EXAMPLE_TRAJECTORY
+    cam, _ = LingBotCameraFromFiles().load(EXAMPLE_TRAJECTORY, "first_frame")
+    assert cam.num_frames == 961
 
 
 def test_save_camera_writes_an_action_path_folder(fake_folder_paths):
@@ -360,7 +414,7 @@ def test_save_camera_writes_an_action_path_folder(fake_folder_paths):
     assert folder.parent == fake_folder_paths / "output" / "lingbot_camera"
     np.testing.assert_array_equal(np.load(folder / "poses.npy"), cam.poses)
     np.testing.assert_array_equal(np.load(folder / "intrinsics.npy"), cam.intrinsics)
-    again, _ = LingBotCameraFromFiles().load(str(folder), "first_frame")
+    again, _ = LingBotCameraFromFiles().load("(custom path)", "first_frame", str(folder))
     np.testing.assert_array_equal(again.poses, cam.poses)
     second = Path(LingBotSaveCamera().save(cam, "lingbot_camera/trajectory")["result"][0])
     assert second != folder  # a new numbered folder, never overwriting
@@ -404,9 +458,9 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert {p.stem for p in files} == {"lingbot_world_act_action_npy", "lingbot_world_fast_i2v",
-                                       "lingbot_world_fast_keys_continue", "lingbot_world_i2v_camera_preset", "lingbot_world_i2v_trajectory_folder",
-                                       "lingbot_world_tiny_demo_cpu", *NATIVE_WORKFLOWS}
+    assert {p.stem for p in files} == {ACT_WORKFLOW, FAST_WORKFLOW, CONTINUE_WORKFLOW, "Image to video, camera preset",
+                                       "Image to video, recorded trajectory", "Tiny CPU demo (random weights)",
+                                       *NATIVE_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
         assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
@@ -427,10 +481,10 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
             _check_two_pass(api)
         else:
             kinds = ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo",
-                     "LingBotFastSampler" if "fast" in path.stem else "LingBotSampler")
+                     "LingBotFastSampler" if path.stem in (FAST_WORKFLOW, CONTINUE_WORKFLOW) else "LingBotSampler")
         for kind in kinds:
             assert kind in chain
-    walk = _api_copy("lingbot_world_fast_keys_continue")  # Sampler (keys) -> Continue (keys) -> Continue (keys)
+    walk = _api_copy(CONTINUE_WORKFLOW)  # Sampler (keys) -> Continue (keys) -> Continue (keys)
     steps = {k: v for k, v in walk.items() if v["class_type"] in ("LingBotFastSampler", "LingBotFastContinue")}
     assert sorted(v["class_type"] for v in steps.values()) == ["LingBotFastContinue"] * 2 + ["LingBotFastSampler"]
     for v in steps.values():
@@ -462,14 +516,40 @@ def _check_two_pass(api: dict) -> None:
     assert "high_noise" in expert_of(a) and "low_noise" in expert_of(b)
 
 
+def test_every_example_workflow_has_a_title_and_a_thumbnail():
+    """The template browser shows a custom node's workflow file name as its title and <name>.jpg as its picture."""
+    from PIL import Image
+
+    for path in sorted((REPO / "example_workflows").glob("*.json")):
+        assert "_" not in path.stem and path.stem[0].isupper(), f"{path.name}: not a title for the template browser"
+        assert not set(path.stem) & set('<>:"/\\|?*'), f"{path.name}: not a portable file name"
+        with Image.open(path.with_suffix(".jpg")) as im:
+            assert im.format == "JPEG" and im.size == (512, 512)
+
+
+def test_thumbnails_are_drawn_from_what_the_workflow_uses():
+    from PIL import Image
+
+    from lingbot_world.tools.template_thumbnails import camera_picture, first_frame, thumbnail
+
+    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory", FAST_WORKFLOW, ACT_WORKFLOW):
+        ui = json.loads((REPO / "example_workflows" / f"{stem}.json").read_text())
+        assert min(first_frame(ui).size) >= 720 and camera_picture(ui) is not None  # the example's own image
+        im = thumbnail(ui)
+        assert im.size == (512, 512) and max(hi - lo for lo, hi in im.getextrema()) > 100
+    demo = json.loads((REPO / "example_workflows" / f"{DEMO_WORKFLOW}.json").read_text())
+    frames = [Image.new("RGB", (112, 64), (40 * i, 90, 200 - 40 * i)) for i in range(4)]
+    assert thumbnail(demo, demo=frames).size == (512, 512)  # the demo's frames come from a real CLI run in the tool
+
+
 def test_converter_rejects_inconsistent_workflows():
     info = _object_info()
-    ui = json.loads((REPO / "example_workflows" / "lingbot_world_tiny_demo_cpu.json").read_text())
+    ui = json.loads((REPO / "example_workflows" / f"{DEMO_WORKFLOW}.json").read_text())
     sampler = next(n for n in ui["nodes"] if n["type"] == "LingBotSampler")
     sampler["widgets_values"] = sampler["widgets_values"][:-1]
     with pytest.raises(WorkflowError, match="LingBotSampler"):
         ui_to_api(ui, info, unchecked=FILE_COMBOS)
-    ui = json.loads((REPO / "example_workflows" / "lingbot_world_tiny_demo_cpu.json").read_text())
+    ui = json.loads((REPO / "example_workflows" / f"{DEMO_WORKFLOW}.json").read_text())
     loader = next(n for n in ui["nodes"] if n["type"] == "LingBotExpertLoader")
     loader["widgets_values"][3] = "everything_everywhere"
     with pytest.raises(WorkflowError, match="memory_mode"):

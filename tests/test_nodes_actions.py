@@ -24,7 +24,7 @@ nodes_helpers = _load("test_nodes")
 pipeline_helpers = _load("test_nodes_pipeline")
 fake_folder_paths = nodes_helpers.fake_folder_paths  # the fixture, reused
 
-from lingbot_world.nodes.action_nodes import LingBotActions  # noqa: E402
+from lingbot_world.nodes.action_nodes import ACTION_STRING, CUSTOM_PATH, LingBotActions  # noqa: E402
 from lingbot_world.nodes.payloads import ActInput, CameraInput, I2VCondition  # noqa: E402
 from lingbot_world.nodes.sampler_node import control_for  # noqa: E402
 from lingbot_world.wan.control.actions import ActionStringError, KeyInputError  # noqa: E402
@@ -61,6 +61,9 @@ def test_key_files_from_the_input_folder(fake_folder_paths, examples_dir):
     np.testing.assert_array_equal(act.poses, np.load(target / "poses.npy"))
     assert picture.shape[0] == 2  # the key path, and the Act input's poses with action.npy's keys
     assert "action.npy" in node.IS_CHANGED("x", 0, "lingbot_examples/05")
+    assert node.IS_CHANGED("x", 0, ACTION_STRING) == "x|0"  # the string decides
+    listed = node.INPUT_TYPES()["required"]["key_files"][0]
+    assert listed[0] == ACTION_STRING and listed[-1] == CUSTOM_PATH and "lingbot_examples/05" in listed
 
     only_act = fake_folder_paths / "input" / "act_only"
     only_act.mkdir()
@@ -69,11 +72,17 @@ def test_key_files_from_the_input_folder(fake_folder_paths, examples_dir):
     camera, act, picture, frames = node.build("ignored", 17, "act_only")
     assert frames == 17 and not camera.includes_end_pose and camera.poses.shape == (961, 4, 4)  # poses.npy
     assert picture.shape[0] == 1
+    # a folder outside input/ or a single key file: the custom path
+    camera, act, picture, frames = node.build("ignored", 0, CUSTOM_PATH, str(target / "wasd_action.npy"))
+    assert frames == 81 and camera.includes_end_pose
 
     empty = fake_folder_paths / "input" / "empty"
     empty.mkdir()
+    assert "empty" not in node.INPUT_TYPES()["required"]["key_files"][0]  # not a key-file folder
     with pytest.raises(FileNotFoundError, match="has no wasd_action.npy or ijkl_action.npy"):
-        node.build("ignored", 0, "empty")
+        node.build("ignored", 0, CUSTOM_PATH, "empty")
+    with pytest.raises(FileNotFoundError, match="key-file folder 'gone' was not found"):
+        node.build("ignored", 0, "gone")
 
 
 def _experts(control_in: int):
@@ -84,9 +93,9 @@ def _experts(control_in: int):
 def test_sampler_takes_the_control_its_model_needs_and_refuses_the_other():
     i2v = I2VCondition(torch.zeros(1, 20, 5, 4, 6), 32, 48, 17, (0.0,) * 16, (1.0,) * 16)
     camera, act, _, _ = LingBotActions().build("wi-8,dl-8,none-1", 0)
-    assert control_for(_experts(1792), i2v, None, act).shape == (1, 448, 5, 4, 6)
-    assert control_for(_experts(1536), i2v, camera, None).shape == (1, 384, 5, 4, 6)
-    assert control_for(_experts(1792), i2v, None, None) is None  # no control: plain image-to-video
+    assert control_for(_experts(1792), i2v, None, act)[0].shape == (1, 448, 5, 4, 6)
+    assert control_for(_experts(1536), i2v, camera, None)[0].shape == (1, 384, 5, 4, 6)
+    assert control_for(_experts(1792), i2v, None, None) == (None, None)  # no control: plain image-to-video
     with pytest.raises(ControlMismatchError, match="an Act model.*camera trajectory.*'act' output of LingBot Actions"):
         control_for(_experts(1792), i2v, camera, None)
     with pytest.raises(ControlMismatchError, match="a Cam model.*Act control.*'camera' output of LingBot Actions"):

@@ -152,7 +152,7 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
             self.total = total
 
         def update_absolute(self, value, total=None, preview=None):
-            utils.progress.append((value, total or self.total, preview is not None))
+            utils.progress.append((value, total or self.total, preview))  # the preview tuple, or None
             throw_exception_if_processing_interrupted()  # as ComfyUI's hook does
 
     utils.ProgressBar = ProgressBar
@@ -163,11 +163,15 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
     lf = types.ModuleType("comfy.latent_formats")
     lf.Wan21 = type("Wan21", (), {"latent_channels": 16})
     preview = types.ModuleType("latent_preview")
+    preview.MAX_PREVIEW_RESOLUTION = 512
 
-    class Previewer:
-        def decode_latent_to_preview_image(self, fmt, x0):
-            assert x0.dim() == 5 and x0.shape[1] == 16
-            return ("JPEG", x0[0, :3, 0], 512)
+    class Previewer:  # ComfyUI's LatentPreviewer API: one latent image [1, C, h, w] -> a PIL image
+        def decode_latent_to_preview(self, x0):
+            from PIL import Image
+
+            assert x0.dim() == 4 and x0.shape[:2] == (1, 16)
+            rgb = ((x0[0, :3].clamp(-1, 1) + 1) * 127.5).to(torch.uint8).permute(1, 2, 0)
+            return Image.fromarray(rgb.numpy())
 
     preview.get_previewer = lambda device, fmt: Previewer()
     comfy = types.ModuleType("comfy")

@@ -1,5 +1,6 @@
 """Memory modes: the auto decision from made-up free-memory numbers, size estimates, providers on tiny NF4 experts."""
 import logging
+import re
 
 import pytest
 import torch
@@ -76,6 +77,19 @@ def test_auto_picks_resident_on_a_big_card_and_batches_cfg():
     assert p.mode == "resident" and p.cfg_batch and p.cfg_mode == "batch" and p.fits
     assert p.reason.startswith("auto: resident (both experts 19.2 GB")
     assert "batched CFG" in p.reason and "free VRAM" in p.reason
+
+
+def test_on_the_cpu_the_plan_has_no_vram_budget_and_says_so():
+    """vram_free=None: the CPU computes. Everything is resident, and the reason quotes no invented VRAM figure
+    (it once said "1152921504.6 GB free VRAM")."""
+    p = plan_memory(V480, FULL, None, 64 * GiB)
+    assert p.mode == "resident" and p.fits and p.estimates["vram_free"] is None and p.estimates["headroom"] == 0
+    assert "in host RAM (CPU run, no VRAM)" in p.reason and "VRAM " not in p.reason.replace("no VRAM", "")
+    assert "headroom" not in p.reason and max(float(x) for x in re.findall(r"([0-9.]+) GB", p.reason)) < 100
+    for mode in ("swap", "block_swap"):  # a mode the user asked for is kept, with every block on the "device"
+        q = plan_memory(V480, FULL, None, 64 * GiB, mode=mode)
+        assert q.mode == mode and q.fits and "CPU run" in q.reason
+    assert plan_memory(V480, FULL, None, 64 * GiB, mode="block_swap").blocks_on_gpu == FULL.num_layers
 
 
 def test_auto_falls_back_to_sequential_cfg_before_changing_mode():
@@ -252,6 +266,9 @@ def test_make_provider_builds_the_planned_provider(experts, caplog):
     assert isinstance(p, BlockSwapProvider) and p.blocks_on_gpu == 0
     p = make_provider("swap_pinned", high, low, device="cpu", log=lines.append)
     assert isinstance(p, SwapProvider) and p.keep_in_ram
+    lines.clear()
+    p = make_provider("auto", high, low, device="cpu", video=(5, 32, 32), ram_free=64 * GiB, log=lines.append)
+    assert p.plan.mode == "resident" and "CPU run" in lines[0] and "free VRAM" not in lines[0]  # measured: no budget
     p = make_provider("block_swap", high, low, device="cpu", blocks_on_gpu=2, log=lines.append)
     assert isinstance(p, BlockSwapProvider) and p.blocks_on_gpu == 2
     with caplog.at_level(logging.INFO, logger="lingbot_world.memory.placement"):

@@ -88,9 +88,17 @@ def wait_for_child(timeout=20.0) -> int:
 
 
 def test_child_output_equals_in_process_encoding(encoder_pth, spiece):
-    stats = {}
+    stats, stages = {}, []
     texts = [PROMPT, DEFAULT_NEGATIVE_PROMPT]
-    got = te.encode_prompts(encoder_pth, spiece, texts, device="cpu", use_cache=False, stats=stats)
+    got = te.encode_prompts(encoder_pth, spiece, texts, device="cpu", use_cache=False, stats=stats,
+                            progress=lambda *a: stages.append(a))
+    # The child's stages, in order: started, weights loading (bytes, growing to the total), prompts encoded.
+    assert stages[0] == ("start", 0, 1)
+    loads = [(d, t) for s, d, t in stages if s == "load"]
+    assert loads[0] == (0, 1) and loads[-1][0] == loads[-1][1] > 1
+    assert [d for d, _ in loads[1:]] == sorted(d for d, _ in loads[1:]) and len(loads) <= 52
+    assert [(d, t) for s, d, t in stages if s == "encode"] == [(0, 2), (1, 2), (2, 2)]
+    assert [s for s, _, _ in stages] == sorted((s for s, _, _ in stages), key=["start", "load", "encode"].index)
     want = reference_embeddings(encoder_pth, spiece, texts)
     for g, w in zip(got, want):
         assert g.dtype == torch.bfloat16 and g.device.type == "cpu" and g.shape[1] == 32
@@ -116,6 +124,23 @@ def comfy_fp16_file(encoder_pth: Path, spiece: Path, path: Path) -> Path:
     hf["spiece_model"] = torch.frombuffer(bytearray(spiece.read_bytes()), dtype=torch.uint8)
     save_file(hf, path)
     return path
+
+
+def test_stage_reader_reads_lines_as_they_are_completed(tmp_path):
+    out = tmp_path / "stdout.txt"
+    seen = []
+    reader = te.StageReader(out, lambda *a: seen.append(a))
+    reader.poll()  # no file yet
+    out.write_bytes(b'{"stage": "load", "done": 5, "total": 10}\nnot json\n{"stage": "enc')
+    reader.poll()
+    assert seen == [("load", 5, 10)]
+    with open(out, "ab") as f:
+        f.write(b'ode", "done": 1, "total": 2}\n{"ok": true}\n')
+    reader.poll()
+    assert seen == [("load", 5, 10), ("encode", 1, 2)]
+    assert te._status(out) == {"ok": True}
+    out.write_bytes(b'{"ok": true, "device": "cpu"}\n{"stage": "encode", "done": 2, "total": 2}\n')
+    assert te._status(out) == {"ok": True, "device": "cpu"}  # progress lines are never taken for the status
 
 
 def test_worker_runs_from_any_folder_without_the_pack_init(tmp_path, encoder_pth, spiece):

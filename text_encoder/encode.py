@@ -99,6 +99,7 @@ def _tail(path: Path) -> str:
 
 
 def _status(path: Path) -> Optional[dict]:
+    """The worker's final status: its last JSON line that is not a progress line."""
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
@@ -107,10 +108,42 @@ def _status(path: Path) -> Optional[dict]:
         line = line.strip()
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                msg = json.loads(line)
             except json.JSONDecodeError:
                 return None
+            if isinstance(msg, dict) and "stage" in msg:
+                continue
+            return msg
     return None
+
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total): "start", then "load" (bytes), "encode" (prompts)
+
+
+class StageReader:
+    """Hands the worker's progress lines ({"stage", "done", "total"} on its stdout file) to a callback as they
+    appear; the rest of stdout (the final status) is read by `_status` after the child exits."""
+
+    def __init__(self, path: Path, progress: Progress):
+        self.path, self.progress = path, progress
+        self.offset, self.partial = 0, b""
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for line in lines:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and "stage" in msg:
+                self.progress(str(msg["stage"]), int(msg.get("done", 0)), int(msg.get("total", 0)))
 
 
 def _with_tail(message: str, stderr_tail: str) -> str:
@@ -187,12 +220,15 @@ def run_text_encoder(
     timeout: Optional[float] = None,
     cancel_check: Optional[Callable[[], bool]] = None,
     poll_interval: float = 0.05,
+    progress: Optional[Progress] = None,
 ) -> tuple[list[torch.Tensor], dict]:
     """Encode `texts` in a fresh child process (no cache). Returns the embeddings [L_i, dim] on the CPU and
     the child's JSON status (device, timings, peak RSS, VRAM).
 
     cancel_check is polled while waiting: returning True stops the child (TextEncoderStopped); if it raises
-    (e.g. ComfyUI's interrupt exception) the child is killed and the exception propagates.
+    (e.g. ComfyUI's interrupt exception) the child is killed and the exception propagates. progress(stage, done,
+    total) is called from this thread as the child reports its stages ("start", "load", "encode"); an exception
+    it raises stops the child the same way.
     """
     _check_choices(device, dtype)
     remove_stale_workdirs()
@@ -217,13 +253,18 @@ def run_text_encoder(
         with _lock:
             _live[proc.pid] = proc
         t0 = time.monotonic()
+        stages = StageReader(stdout_path, progress) if progress is not None else None
         try:
+            if progress is not None:
+                progress("start", 0, 1)
             while True:
                 try:
                     rc = proc.wait(timeout=poll_interval)
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if stages is not None:
+                    stages.poll()
                 if cancel_check is not None and cancel_check():
                     _kill(proc)
                     raise TextEncoderStopped("text encoding was cancelled")
@@ -240,6 +281,8 @@ def run_text_encoder(
                 _live.pop(proc.pid, None)
                 stopped = proc.pid in _stopped
                 _stopped.discard(proc.pid)
+        if stages is not None and rc == 0 and not stopped:
+            stages.poll()  # the last stages, printed just before the child exited
         status = _status(stdout_path)
         if stopped or rc != 0 or not status or not status.get("ok"):
             raise _failure(rc, status, stopped, _tail(stderr_path))
@@ -312,12 +355,14 @@ def encode_prompts(
     cancel_check: Optional[Callable[[], bool]] = None,
     max_length: int = MAX_LENGTH,
     stats: Optional[dict] = None,
+    progress: Optional[Progress] = None,
 ) -> list[torch.Tensor]:
     """Embeddings [L_i, dim] (dtype `dtype`, on the CPU) for each prompt, trimmed to its true length.
 
     tokenizer_source: a tokenizer folder/file, a umt5 safetensors with `spiece_model`, or None to look in
     and beside the encoder file. Cache hits never start the child; misses are encoded in one child run
     (identical texts once). `stats`, if given, receives {"cache_hits", "encoded", "worker": status}.
+    `progress` receives the child's stages (see run_text_encoder); it is not called when the cache serves all.
     Raises FileNotFoundError / TokenizerNotFoundError before starting anything when inputs are missing,
     and TextEncoderError subclasses when the child fails.
     """
@@ -337,7 +382,7 @@ def encode_prompts(
     if todo:
         embeddings, status = run_text_encoder(
             enc, tok, todo, device=device, dtype=dtype, max_length=max_length, timeout=timeout,
-            cancel_check=cancel_check,
+            cancel_check=cancel_check, progress=progress,
         )
         log.info("text encoder: %d prompt(s) on %s in %.1f s (load %.1f s)", len(todo), status.get("device"),
                  status.get("total_s", 0.0), status.get("load_s", 0.0))

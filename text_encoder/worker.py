@@ -7,9 +7,11 @@ this file is self-contained: at module level it imports only the standard librar
 pack's own modules by loading the pack from its path under a private package name.
 
 Job (JSON file): encoder, tokenizer {kind, path}, prompts, device ("auto" | "cpu" | "cuda[:N]"), dtype,
-max_length, out (safetensors path inside the parent's private temp dir). The last stdout line is a JSON
-status: {"ok": true, device, load_s, encode_s, peak_rss_bytes, cuda_max_allocated_bytes, lengths, ...} or
-{"ok": false, "error", "error_type"} (exit code 2). No pickle crosses the process boundary.
+max_length, out (safetensors path inside the parent's private temp dir). While it works, the worker prints
+progress lines {"stage": "load" | "encode", "done", "total", ...} (load: bytes of weights, encode: prompts) that
+the parent shows in ComfyUI's progress bar. The last stdout line is a JSON status: {"ok": true, device, load_s,
+encode_s, peak_rss_bytes, cuda_max_allocated_bytes, lengths, ...} or {"ok": false, "error", "error_type"} (exit
+code 2). No pickle crosses the process boundary.
 """
 from __future__ import annotations
 
@@ -66,6 +68,24 @@ def peak_rss_bytes() -> Optional[int]:
     return None
 
 
+def report(stage: str, done: int, total: int, **extra) -> None:
+    """One progress line for the parent (see encode.StageReader)."""
+    print(json.dumps({"stage": stage, "done": int(done), "total": int(total), **extra}), flush=True)
+
+
+def throttled(stage: str, steps: int = 50, **extra):
+    """A (done, total) callback that reports at most `steps` times (plus the end)."""
+    last = [-1]
+
+    def update(done: int, total: int) -> None:
+        step = steps * done // total if total else steps
+        if step != last[0]:
+            last[0] = step
+            report(stage, done, total, **extra)
+
+    return update
+
+
 def run_job(job: dict) -> dict:
     delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
     if delay > 0:
@@ -89,16 +109,19 @@ def run_job(job: dict) -> dict:
     device = choose_device(job.get("device", "auto"), needed, free)
 
     t0 = time.perf_counter()
-    model = t5_files.load_umt5(info, device=device, dtype=dtype)
+    report("load", 0, 1, device=device)
+    model = t5_files.load_umt5(info, device=device, dtype=dtype, progress=throttled("load", device=device))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     embeddings = []
+    report("encode", 0, len(tokens))
     with torch.inference_mode():
         for ids, mask in tokens:
             embeddings.append(model.encode(ids, mask)[0].to("cpu"))
+            report("encode", len(embeddings), len(tokens))
     encode_s = time.perf_counter() - t0
 
     save_file({f"prompt_{i}": e.contiguous() for i, e in enumerate(embeddings)}, job["out"])

@@ -73,13 +73,18 @@ def frames_ok(frames: int) -> bool:
     return _is_int(frames) and frames >= 1 and (frames - 1) % VAE_TEMPORAL_STRIDE == 0
 
 
+def frames_at_most(frames: int) -> int:
+    """The largest 4n+1 frame count <= frames (>= 1): what a latent video of that length can hold."""
+    return ((max(int(frames), 1) - 1) // VAE_TEMPORAL_STRIDE) * VAE_TEMPORAL_STRIDE + 1
+
+
 def check_frames(frames: int) -> int:
     """Return `frames` if it is 4n+1, otherwise raise a ValueError that names the nearest valid counts."""
     if not frames_ok(frames):
         if not _is_int(frames) or frames < 1:
             raise ValueError(f"frame count must be a positive integer of the form 4n+1, got {frames!r}")
         frames = int(frames)
-        below = ((frames - 1) // VAE_TEMPORAL_STRIDE) * VAE_TEMPORAL_STRIDE + 1
+        below = frames_at_most(frames)
         raise ValueError(
             f"frame count {frames} is not of the form 4n+1; use {below} or {below + VAE_TEMPORAL_STRIDE}"
         )
