@@ -29,12 +29,12 @@ import torch
 
 from ..memory.kv_park import ParkedKV, ParkedKVError, park
 from ..wan.dit.model import pad_context
-from ..wan.sampling.fast_sampler import STEP_INDICES
 from ..wan.sampling.fast_state import (CHUNK_VIDEO_FRAMES, FastState, finish_part, next_layout, plan_next_part,
                                        start_part)
-from .fast_nodes import FAST_STATE, camera_source, check_text, run_fast_part
+from .fast_nodes import FAST_STATE, camera_source, check_text, run_fast_part, state_line
 from .i2v_nodes import CONTEXT_KEY
 from .payloads import CAMERA, CATEGORY, TEXT, VAE, CameraInput, TextEmbeds, VAEHandle
+from .progress import show_on_node
 
 log = logging.getLogger(__name__)
 
@@ -225,8 +225,9 @@ class LingBotFastContinue:
                  part.chunks, label)
         z_before = st.latent()
         try:
-            z = run_fast_part(fast_model, settings, next_layout(st, part), part, preview_vae, make_run, after=after,
-                              fill=fill, restore=source.restore_counters, z_before=z_before, so_far=st.frames)
+            z, summary = run_fast_part(fast_model, settings, next_layout(st, part), part, preview_vae, make_run, after=after,
+                                       fill=fill, restore=source.restore_counters, z_before=z_before,
+                                       so_far=st.frames)
         except BaseException as e:
             if move and store.parked is None:
                 if source.complete:  # it never left: nothing was restored yet
@@ -243,6 +244,8 @@ class LingBotFastContinue:
         segment = {"samples": i2v.to_raw_latent(torch.cat([z_before[:, :, z_before.shape[2] - n_ctx:], z], dim=2)),
                    CONTEXT_KEY: n_ctx}
         out = new_handle if (keep and new_handle is not None) else FastStateHandle.empty(fast_model, i2v)
+        if out.store is not None:
+            show_on_node(f"{summary}\n{state_line(out.store.nbytes, shared=not out.store.evicting)}")
         return ({"samples": i2v.to_raw_latent(whole).to(mm.intermediate_device())}, segment, out)
 
     @staticmethod

@@ -82,6 +82,12 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
     return "\n".join([line, f"memory: {where}"] + [n for n in notes if n])
 
 
+def state_line(parked_bytes: int, shared: bool) -> str:
+    """The node text's last line when a node keeps its state (the RAM it holds until ComfyUI drops it)."""
+    whose = "the chain's K/V cache (shared by its states)" if shared else "its own K/V cache"
+    return f"state kept for LingBot Fast Continue: {whose}, {_gb(parked_bytes)} in RAM"
+
+
 class LingBotFastLoader:
     """Pick the LingBot-World-Fast model. Nothing is loaded here: the Fast Sampler loads it through ComfyUI."""
 
@@ -236,8 +242,10 @@ class LingBotFastSampler:
 
         log.info("LingBot-World Fast: %dx%d, %d frames (%d chunks), camera=%s, rule=%s", i2v.width, i2v.height,
                  part.frames, part.chunks, camera.label if camera is not None else "none", rule)
-        z = run_fast_part(fast_model, settings, settings.layout(part.latent_frames), part, preview_vae, make_run,
-                          after=after)
+        z, summary = run_fast_part(fast_model, settings, settings.layout(part.latent_frames), part, preview_vae,
+                                   make_run, after=after)
+        if handle is not None:
+            show_on_node(f"{summary}\n{state_line(handle.store.nbytes, shared=not handle.store.evicting)}")
         latent = i2v.to_raw_latent(z).to(mm.intermediate_device())
         del z
         return ({"samples": latent}, handle if handle is not None else FastStateHandle.empty(fast_model, i2v))
@@ -274,11 +282,11 @@ def camera_source(camera: Optional[CameraInput]) -> CameraSource:
 
 def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, part, preview_vae: Optional[VAEHandle],
                   make_run, *, after=None, fill=None, restore=None, z_before: Optional[torch.Tensor] = None,
-                  so_far: int = 0) -> torch.Tensor:
+                  so_far: int = 0) -> tuple[torch.Tensor, str]:
     """Plan the memory, load the model through ComfyUI, place the cache (restored with fill/restore for a
     continued video of `so_far` frames), run the part's (fast_state.PartPlan) chunks with progress, previews and
     cancel; the node shows the frames and the plan. after(run, placement, ok) runs before the cache is freed (ok
-    False when the run stopped). Returns the part's latent (normalised, device)."""
+    False when the run stopped). Returns the part's latent (normalised, device) and the node text shown."""
     import comfy.model_management as mm
 
     cfg = fast_model.config
@@ -299,7 +307,8 @@ def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, part, p
     except FastMemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
     log.info("LingBot-World Fast memory plan: %s", plan.reason)
-    show_on_node(fast_summary(part, w, h, plan, [part.note, layout.note], so_far))
+    summary = fast_summary(part, w, h, plan, [part.note, layout.note], so_far)
+    show_on_node(summary)
     weights = patcher.weights
     if patcher.is_loaded() and plan.blocks_on_gpu != weights.blocks_on_gpu:
         from .patchers import unload_patcher
@@ -356,7 +365,7 @@ def run_fast_part(fast_model: FastModel, settings: FastSettings, layout, part, p
             del placement
             mm.soft_empty_cache()
     progress.finish()
-    return x
+    return x, summary
 
 
 class FastProgress:

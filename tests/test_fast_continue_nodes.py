@@ -141,3 +141,26 @@ def test_a_windowed_video_copies_its_bounded_cache_per_step(comfy, inputs):
     assert s2.store.parked.tokens == 3 * TOKENS_PER_LATENT  # the window: 3 latent frames
     del s2, s3
     gc.collect()
+
+
+def test_each_step_says_on_the_node_what_it_adds_and_the_ram_its_state_keeps(comfy, inputs, monkeypatch):
+    import lingbot_world.nodes.fast_continue_node as continue_node
+    import lingbot_world.nodes.fast_nodes as fast_nodes
+
+    shown = []
+    monkeypatch.setattr(fast_nodes, "show_on_node", shown.append)
+    monkeypatch.setattr(continue_node, "show_on_node", shown.append)
+    _, s1 = sampler(inputs, "w-10,l-10")
+    assert shown[0].startswith(f"{W}x{H}, 21 frames (1.3 s at 16 fps): 2 chunks x 4 steps\nmemory: ")
+    assert shown[-1] == shown[0] + f"\nstate kept for LingBot Fast Continue: the chain's K/V cache (shared by its " \
+                                   f"states), {s1.store.nbytes / 1e9:.1f} GB in RAM"
+    shown.clear()
+    _, _, s2 = cont(s1, "a-12,iw-12")
+    assert shown[0].startswith(f"{W}x{H}, 24 new frames after 21 (45 frames, 2.8 s at 16 fps): 2 chunks x 4 steps")
+    assert shown[-1].endswith("states), 0.0 GB in RAM") and len(shown) == 2
+    shown.clear()
+    cont(s2, "d-12", used=False)  # nobody continues it: no state line
+    assert len(shown) == 1 and "state kept" not in shown[0]
+    shown.clear()
+    _, w1 = sampler(inputs, "w-10,l-10", window=3)
+    assert shown[-1].endswith("its own K/V cache, 0.0 GB in RAM")
