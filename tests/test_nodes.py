@@ -530,13 +530,19 @@ def test_every_example_workflow_has_a_title_and_a_thumbnail():
 def test_thumbnails_are_drawn_from_what_the_workflow_uses():
     from PIL import Image
 
-    from lingbot_world.tools.template_thumbnails import camera_picture, first_frame, thumbnail
+    from lingbot_world.tools.template_thumbnails import camera_picture, chained_actions, first_frame, thumbnail
 
-    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory", FAST_WORKFLOW, ACT_WORKFLOW):
+    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory", FAST_WORKFLOW, ACT_WORKFLOW,
+                 CONTINUE_WORKFLOW):
         ui = json.loads((REPO / "example_workflows" / f"{stem}.json").read_text())
         assert min(first_frame(ui).size) >= 720 and camera_picture(ui) is not None  # the example's own image
         im = thumbnail(ui)
         assert im.size == (512, 512) and max(hi - lo for lo, hi in im.getextrema()) > 100
+    # a Fast Continue chain is drawn as one walk: its parts' keys in chain order (not the nodes' order in the file)
+    walk = json.loads((REPO / "example_workflows" / f"{CONTINUE_WORKFLOW}.json").read_text())
+    walk["nodes"].reverse()
+    assert chained_actions(walk) == ["w-10,l-10", "a-12,iw-12", "d-12"]
+    assert chained_actions(json.loads((REPO / "example_workflows" / f"{FAST_WORKFLOW}.json").read_text())) == []
     demo = json.loads((REPO / "example_workflows" / f"{DEMO_WORKFLOW}.json").read_text())
     frames = [Image.new("RGB", (112, 64), (40 * i, 90, 200 - 40 * i)) for i in range(4)]
     assert thumbnail(demo, demo=frames).size == (512, 512)  # the demo's frames come from a real CLI run in the tool
