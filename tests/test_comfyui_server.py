@@ -348,7 +348,7 @@ def test_fast_continue_chain_runs_on_the_tiny_demo(server):
     inputs["LingBotFastLoader"]["fast_model"] = "lingbot-demo/lingbot_world_fast_bnb_nf4"
     inputs["LingBotTextEncode"].update(text_encoder="lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
     inputs["LingBotVAELoader"]["vae_name"] = "lingbot-demo/Wan2.1_VAE.pth"
-    inputs["LoadImage"]["image"] = "lingbot_demo.jpg"
+    assert inputs["LoadImage"]["image"] == "lingbot_examples/03/image.jpg"  # installed at start-up: kept
     inputs["LingBotImageToVideo"].update(size="custom", width=112, height=64)
     saves = {}
     for k, v in list(prompt.items()):  # every decoded part also as frames
