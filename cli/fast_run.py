@@ -54,6 +54,9 @@ def add_arguments(p) -> None:
                         "cache, for long videos in bounded memory (the released pipeline caches the whole video)")
     g.add_argument("--sink", type=int, default=0, metavar="LATENT_FRAMES",
                    help="NON-REFERENCE, with --window: the first LATENT_FRAMES latent frames are never evicted")
+    from . import fast_continue
+
+    fast_continue.add_arguments(g)
     g.add_argument("--stream-decode", choices=STREAM_DECODE, default="auto",
                    help="decode each chunk as soon as it is done and append it to the output (partial output when "
                         "interrupted): on, off (decode at the end), auto (on when the VAE fits beside the model)")
@@ -63,12 +66,12 @@ def run(args) -> int:
     """Entry point from generate.run() for --model fast (one process, or one rank of a torchrun launch)."""
     from . import parallel_flags
 
-    if args.demo:
+    if args.demo and args.continue_from is None:  # a continuation takes its inputs from the state
         requested_frames = args.frames
         from .generate import _demo_defaults
 
         _demo_defaults(args)
-        if requested_frames is None:
+        if requested_frames is None and not args.actions:
             args.frames = DEMO_FAST_FRAMES
     session = parallel_flags.start(args, log)
     failed = True
@@ -87,25 +90,31 @@ def _run(args, session) -> int:
     from ..loaders.expert_format import check_model_kind, detect_format
     from ..loaders.expert_loader import check_expert_keys
     from ..text_encoder.encode import encode_prompts
-    from ..wan.control.camera import camera_condition
-    from ..wan.dit.kv_cache import cache_layout
-    from ..wan.sampling.fast_sampler import CHUNK_FRAMES, fast_frames
+    from ..wan.sampling.fast_sampler import CHUNK_FRAMES
+    from ..wan.sampling.fast_state import plan_first_part
     from ..wan.sizes import latent_size, max_area_for, target_size
     from ..loaders.image_files import load_image
     from . import parallel_flags
     from .generate import _empty_cache
-    from .preflight import camera_path, default_output_name, noise_source, resolve_device
+    from .preflight import noise_source, resolve_device
     from .progress import RunStats
     from .speed_flags import log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output
+    from . import fast_continue
 
-    if args.frames is None:
-        args.frames = 81
+    if args.continue_from is not None:
+        if session.parallel:
+            raise UsageError("--continue-from runs in one process: start it without torchrun (a saved state holds "
+                             "every head of the K/V cache)")
+        return fast_continue.run(args)
+    if args.save_state and session.parallel:
+        raise UsageError("--save-state runs in one process: start it without torchrun (a saved state holds every "
+                         "head of the K/V cache)")
     _warn_base_only_flags(args)
     if args.image is None or args.prompt is None:
         raise UsageError("--image and --prompt are required (or use --demo)")
-    if args.actions:
-        raise UsageError("--actions with --model fast is not supported yet; give a camera with --camera")
+    if args.camera and args.actions:
+        raise UsageError("give either --camera (a trajectory) or --actions (keys), not both")
     stats = RunStats()
     session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
     device = resolve_device(args.device)
@@ -126,31 +135,27 @@ def _run(args, session) -> int:
     image = decoded.pixels
     height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
     lat_h, lat_w = latent_size(height, width)
-    cam_path, zoom_preset = camera_path(args.camera, max(args.frames, 1), args.camera_speed) if args.camera else (None, False)
-    plan_frames = fast_frames(args.frames, None if cam_path is None else cam_path.poses.shape[0])
-    if plan_frames.note:
-        log.warning("frames: %s", plan_frames.note)
-    camera = None
-    if cam_path is not None:
-        cond = camera_condition(cam_path.poses, cam_path.intrinsics, height, width, plan_frames.pose_frames,
-                                per_frame_intrinsics=args.per_frame_intrinsics or zoom_preset,
-                                latent_frames=plan_frames.latent_frames)
-        if cond.message:
-            log.warning("camera: %s", cond.message)
-        camera = cond.plucker
-    frames = plan_frames.frames
-    fsl = (lat_h // 2) * (lat_w // 2)
-    layout = cache_layout(plan_frames.latent_frames, fsl, CHUNK_FRAMES, window_frames=args.window,
-                          sink_frames=args.sink, max_attention=args.max_attention)
+    seed = args.seed if args.seed >= 0 else random.randrange(2**31)
+    settings = fast_continue.settings_for(args, fmt, device, height, width, seed, noise)
+    source = fast_continue.camera_source(args, args.frames)
+    part = plan_first_part(source, args.frames, settings)
+    if part.note:
+        log.warning("frames: %s", part.note)
+    fast_continue.write_picture(args, part, source, target)
+    frames = part.frames
+    layout = settings.layout(part.latent_frames)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
+    control = source.label or ("none" if source.kind == "none" else source.kind)
+    save = fast_continue.SaveState.plan(args, settings, cfg, part.latent_frames)
     log_speed_plan(speed, log)
     if session.is_main:
-        print(f"Fast model: {height}x{width}, {frames} frames ({plan_frames.latent_frames} latent frames, "
-              f"{plan_frames.chunks} chunks of {CHUNK_FRAMES}), camera: {args.camera or 'none'}", flush=True)
+        print(f"Fast model: {height}x{width}, {frames} frames ({part.latent_frames} latent frames, {part.chunks} "
+              f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),
+              flush=True)
     split = parallel_flags.plan(session, args, cfg.num_heads, "fast", False, log)
 
-    plan, stream_vae = _plan(args, cfg, layout, device, height, width, camera is not None, files, split.ulysses)
+    plan, stream_vae = _plan(args, cfg, layout, device, height, width, part.camera is not None, files, split.ulysses)
     log.info("memory plan: %s", plan.reason)
     session.end_checks()
     parallel_flags.use(session, split, log)
@@ -165,15 +170,20 @@ def _run(args, session) -> int:
 
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..loaders.vae_files import load_vae
-    from ..wan.i2v import build_i2v_condition
+    from ..wan.i2v import ConditionTrack, build_i2v_condition
 
     vae = None
+    condition = None
 
     def encode_image():  # rank 0 only when there are several: the others receive y
-        nonlocal vae
+        nonlocal vae, condition
         vae = load_vae(files.vae, device, config=demo_vae_config(files.root))
         with torch.inference_mode():
-            cond = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
+            if save is not None:  # the conditioning of later frames too (a continuation needs them), in one encode
+                condition = ConditionTrack.build(vae, image, height, width, tiled=args.vae_tiled)
+                cond = condition.frames(0, part.latent_frames)
+            else:
+                cond = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
         if not stream_vae:
             vae.to("cpu")
         _empty_cache(device)
@@ -182,9 +192,28 @@ def _run(args, session) -> int:
     y, = session.from_main(encode_image, "the first frame's encoding")
     stats.mark("vae_encode")
 
-    seed = session.same_value(args.seed if args.seed >= 0 else random.randrange(2**31), "the seed")
-    latent, written = _sample(args, files, fmt, plan, device, pos, y, camera, seed, noise,
-                              vae if stream_vae else None, target, stats, speed, session)
+    from ..wan.dit.model import pad_context
+    from ..wan.sampling.fast_sampler import draw, make_generator
+    from ..wan.sampling.fast_state import finish_part, start_part
+
+    seed = session.same_value(seed, "the seed")  # a random seed is rank 0's
+    settings = replace(settings, seed=seed)
+    noise_probe = draw(make_generator(seed, settings.noise_source), (256,), device)
+    parallel_flags.check_same_inputs(session, {"noise": noise_probe, "conditioning": y, "text": pos,
+                                               "camera": part.camera})
+
+    def make_run(model, cache, **kw):
+        return start_part(model, part, settings, y.cpu(), pad_context([pos], model.cfg.text_len).to(device), cache,
+                          None, device=device, **kw)
+
+    def after(run, placement):
+        if save is not None:
+            state = finish_part(run, part, settings, None, context=pos, prompt=args.prompt, label=control)
+            state.condition = condition
+            save.write(state, placement)
+
+    latent, written = _sample(args, files, plan, device, make_run, vae if stream_vae else None, target, stats, speed,
+                              after=after, session=session)
     report_compile(speed, log)
     if not session.is_main:
         return 0  # rank 0 decodes and writes the video
@@ -198,7 +227,9 @@ def _run(args, session) -> int:
 
         written = write_video(video, target, args.fps)
         stats.mark("write")
-    print(f"Fast model: generated {frames} frames (requested {args.frames})")
+    print(f"Fast model: generated {frames} frames (requested {args.frames if args.frames is not None else 'as the keys'})")
+    if save is not None:
+        save.report()
     print(stats.summary(written, seed=seed, device=device))
     return 0
 
@@ -215,7 +246,7 @@ def check_base_experts(files) -> None:
 
 def _warn_base_only_flags(args) -> None:
     ignored = [flag for flag, value, default in (
-        ("--steps", args.steps, 70), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
+        ("--steps", args.steps, None), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
         ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
         ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None))
         if value != default]
@@ -285,20 +316,21 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files, se
     return plan, stream
 
 
-def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, vae, target, stats, speed,
-            session=None):
-    """Load, place, run the chunks; returns (latent, written path or None when the video is decoded later)."""
+def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, restore=None, z_before=None,
+            after=None, session=None):
+    """Load, place, run the part's chunks; returns (latent, written path or None when the video is decoded later).
+
+    make_run(model, cache, **kw) -> FastRun. restore: fill(i, k, v) + restore_counters(cache) of a saved cache
+    (a continued video). z_before: the video's latent so far (the streaming decoder starts from its last frames,
+    so the part's frames are exactly those of one whole decode). after(run, placement): called after the last chunk,
+    before the cache is freed (saving the state). session: a torchrun launch's (parallel.group.Session)."""
     from ..memory.kv_placement import FastPlacement
     from ..speed.options import apply_speed
-    from ..wan.dit.model import pad_context
-    from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
     from ..wan.sampling.sampler import Cancelled
-    from ..wan.vae.streaming import StreamingDecoder
+    from ..wan.vae.streaming import StreamingDecoder, warm_up
     from .progress import ProgressLine
     from .video_out import VideoWriter
 
-    generator = make_generator(seed, source)
-    noise = draw(generator, (1, 16, *y.shape[2:]), device)
     placement = FastPlacement(plan, device, log.info)
     decoder = StreamingDecoder(vae, tiled=args.vae_tiled) if vae is not None else None
     writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if decoder is not None else None
@@ -312,11 +344,14 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, v
             from . import parallel_flags
 
             parallel_flags.attach(session, model)  # this rank's tokens; its cache holds this rank's heads
-            parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos,
-                                                       "camera": camera})
-        cache = placement.make_cache()
+        cache = placement.make_cache(fill=None if restore is None else restore.fill)
+        if restore is not None:
+            restore.restore_counters(cache)
         log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
         stats.mark("load")
+        if decoder is not None and z_before is not None:
+            with torch.inference_mode():
+                warm_up(decoder, z_before.to(device))
 
         def on_chunk(index: int, x0: torch.Tensor) -> None:
             nonlocal t_decode
@@ -329,13 +364,14 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, v
 
         # y and the camera stay in host memory: each chunk's slice goes to the device when it runs (the camera of
         # a long video is GBs: 2.3 GB for 957 frames at 480p)
-        run = FastRun(model, noise, pad_context([pos], model.cfg.text_len).to(device), y.cpu(), camera, cache,
-                      generator, device=device, on_chunk=on_chunk)
+        run = make_run(model, cache, on_chunk=on_chunk)
         bar = ProgressLine(run.chunks * run.schedule.steps, enabled=not args.quiet)
         run.callback = lambda info: bar.update(replace(info, expert=f"chunk {info.chunk + 1}/{info.chunks}"))
         with torch.inference_mode():
             latent = run.run()
         stats.mark("sampling")
+        if after is not None:
+            after(run, placement.placement)
         if decoder is not None:
             stats.stages.append(("of which streaming decode", t_decode))
         written = writer.close() if writer is not None else None
@@ -358,12 +394,9 @@ def _sample(args, files, fmt, plan, device, pos, y, camera, seed, source: str, v
         if decoder is not None:
             decoder.close()
         placement.close()
-        _empty(device)
+        from .generate import _empty_cache
 
-
-def _empty(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
+        _empty_cache(torch.device(device))
 
 
 def _default_name(prompt: str) -> Path:

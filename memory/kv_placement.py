@@ -219,19 +219,20 @@ class CachePlacement:
 
 
 def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.dtype, *, batch: int = 1,
-                   pin: Optional[bool] = None) -> CachePlacement:
-    """Allocate the cache of `plan` for `model` (a causal WanDiT) and hook the streamer into it if needed."""
+                   pin: Optional[bool] = None, fill: Optional[Callable] = None) -> CachePlacement:
+    """Allocate the cache of `plan` for `model` (a causal WanDiT) and hook the streamer into it if needed.
+    fill(i, k, v): restore layer i right after it is allocated (memory/kv_park.py: a continued video)."""
     cfg = model.cfg
     device = torch.device(device)
     heads = plan.cache_heads or cfg.num_heads
     if plan.cache == "gpu" or plan.cache_layers_on_gpu >= cfg.num_layers:
         cache = plan.layout.make(cfg.num_layers, heads, cfg.head_dim, batch=batch, dtype=dtype,
-                                 device=device, cache_text=plan.cache_text)
+                                 device=device, cache_text=plan.cache_text, fill=fill)
         return CachePlacement(cache)
     pin = (device.type == "cuda") if pin is None else pin
     streamer = KVStreamer.build(plan.layout, cfg.num_layers, heads, cfg.head_dim, device=device,
                                 layers_on_device=plan.cache_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
-                                cache_text=plan.cache_text)
+                                cache_text=plan.cache_text, fill=fill)
     streamer.install(model)
     return CachePlacement(streamer.cache, streamer)
 
@@ -267,11 +268,11 @@ class FastPlacement:
         self.model = model
         return model
 
-    def make_cache(self, dtype: Optional[torch.dtype] = None) -> KVCache:
+    def make_cache(self, dtype: Optional[torch.dtype] = None, fill: Optional[Callable] = None) -> KVCache:
         if self.model is None:
             raise RuntimeError("load_model() first: the cache hooks into the model")
         dtype = dtype or self.model.dtype_for_compute()
-        self.placement = place_kv_cache(self.plan, self.model, self.device, dtype)
+        self.placement = place_kv_cache(self.plan, self.model, self.device, dtype, fill=fill)
         return self.placement.cache
 
     def close(self) -> None:

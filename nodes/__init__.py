@@ -7,6 +7,7 @@ import logging
 
 from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from .fast_continue_node import LingBotFastContinue
 from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
@@ -29,6 +30,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotVAEDecode": LingBotVAEDecode,
     "LingBotFastLoader": LingBotFastLoader,
     "LingBotFastSampler": LingBotFastSampler,
+    "LingBotFastContinue": LingBotFastContinue,
     "LingBotSpeedOptions": LingBotSpeedOptions,
     # native door (issue 16): LingBot experts as MODEL, camera / first frame on CONDITIONING, LoRA
     "LingBotModelLoader": LingBotModelLoader,
@@ -53,6 +55,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotVAEDecode": "LingBot VAE Decode (Wan)",
     "LingBotFastLoader": "LingBot Fast Model Loader (Wan)",
     "LingBotFastSampler": "LingBot Fast Sampler (Wan)",
+    "LingBotFastContinue": "LingBot Fast Continue (Wan)",
     "LingBotSpeedOptions": "LingBot Speed Options (Wan)",
     "LingBotModelLoader": "LingBot NF4 Model Loader (Wan)",
     "LingBotLoraLoader": "LingBot LoRA Loader (Wan NF4)",

@@ -149,7 +149,8 @@ class LingBotActions:
                 log.info("LingBot-World actions: %s", note)
             walk, _ = keys_to_camera(keys, src.intrinsics)
             label = _short(src.label if src.from_file else keys.to_string())
-            camera = CameraInput(walk.poses, walk.intrinsics, label=label, includes_end_pose=True)
+            given = keys[:min(src.keys.frames, keys.frames)]  # the keys as written, without the 4n+1 padding
+            camera = CameraInput(walk.poses, walk.intrinsics, label=label, includes_end_pose=True, keys=given)
             act = ActInput(walk.poses, walk.intrinsics, keys.wasd, label=label, includes_end_pose=True)
             pictures.append(_picture(walk.poses, walk.intrinsics, keys, f"{label} - {frames_out} frames"))
             lines.append(f"{_short(label, 60)}: {frames_out} frames ({frames_out / FPS:.1f} s at {FPS} fps)")

@@ -20,6 +20,7 @@ SIZE_CHOICES = tuple(SIZE_AREAS) + (CUSTOM_SIZE,)
 MAX_SIDE = 4096
 MAX_FRAMES = 1601
 CHUNK_FRAMES = 4  # the causal VAE works on 4 frames at a time
+CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
 FPS = 16  # LingBot-World's frame rate
 # Live float32 activations per pixel of a 4-frame chunk, in units of the VAE's base width: the widest
 # full-resolution stage (2 x dim channels) times ~8 tensors alive at once (inputs, norms, cache, outputs).
@@ -148,15 +149,18 @@ class LingBotImageToVideo:
         if note:
             log.warning("LingBot-World: %s", note)
         show_on_node(video_summary(w, h, frames, notes))
+        first, handle = None, None
         if not isinstance(vae, VAEHandle):  # a native VAE (Load VAE)
             y = native_vae_condition(vae, image[0], h, w, frames)
             cfg = VAEConfig()  # the Wan 2.1 latent statistics (check_wan21_vae made sure that is what it is)
         else:
             model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, frames, tiled, 256))
-            y = build_i2v_condition(model, image_to_model_range(image[0]), h, w, frames, tiled=tiled)
+            first, handle = image_to_model_range(image[0]).cpu(), vae  # for LingBot Fast Continue's later frames
+            y = build_i2v_condition(model, first, h, w, frames, tiled=tiled)
             cfg = vae.model.cfg
         y = y.to(mm.intermediate_device())
-        cond = I2VCondition(y, h, w, frames, tuple(cfg.latent_mean), tuple(cfg.latent_std), note)
+        cond = I2VCondition(y, h, w, frames, tuple(cfg.latent_mean), tuple(cfg.latent_std), note, first, handle,
+                            bool(tiled))
         return (cond, w, h, frames)
 
 
@@ -192,6 +196,9 @@ class LingBotVAEDecode:
             got = tuple(mu.shape) if isinstance(mu, torch.Tensor) else type(mu).__name__
             raise ValueError(f"expected a Wan video latent [B, {cfg.z_dim}, T, h, w], got {got}; connect LingBot Sampler's LATENT")
         s, t = cfg.spatial_factor, cfg.temporal_factor
+        # a continued Fast part (LingBot Fast Continue's `segment`) carries latent frames before it, decoded only so
+        # that its own frames come out exactly as in the whole video
+        context = int(samples.get(CONTEXT_KEY, 0) or 0)
         frames = 1 + t * (mu.shape[2] - 1)
         overlap = min(DEFAULT_OVERLAP, max(int(tile_size) // 4, 1))
         work = vae_work_bytes(cfg, mu.shape[3] * s, mu.shape[4] * s, frames, tiled, int(tile_size) * s)
@@ -199,6 +206,8 @@ class LingBotVAEDecode:
         out = []
         for b in range(mu.shape[0]):
             video = model.decode_raw(mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap)  # [1,3,F,H,W]
+            if context:
+                video = video[:, :, 1 + t * (context - 1):]
             out.append(((video[0].permute(1, 2, 3, 0) + 1.0) * 0.5).to(mm.intermediate_device(), torch.float32))
             del video
         return (torch.cat(out, 0),)

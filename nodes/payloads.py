@@ -73,6 +73,7 @@ class CameraInput:
     per_frame_intrinsics: bool = False
     label: str = ""
     includes_end_pose: bool = False  # a path built from keys: frames + 1 poses (see wan.control.act_to_camera)
+    keys: Any = None  # the KeyTimeline the path was walked from (LingBot Fast Continue walks on from a state)
 
     @property
     def num_frames(self) -> int:
@@ -117,6 +118,11 @@ class I2VCondition:
     latent_mean: tuple = field(default_factory=tuple)  # the VAE's latent statistics (raw = z*std + mean)
     latent_std: tuple = field(default_factory=tuple)
     note: Optional[str] = None
+    # what the conditioning of later frames needs (a continued Fast video): the image as encoded, the VAE, tiling
+    image: Optional[torch.Tensor] = None  # [3, H, W] in [-1, 1] (before the resize), CPU
+    vae: Any = None  # VAEHandle
+    tiled: bool = False
+    track: Any = None  # wan.i2v.ConditionTrack, built on the first continuation and kept with this output
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int, int]:

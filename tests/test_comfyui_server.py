@@ -43,6 +43,7 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "CLIPLoader.clip_name", "VAELoader.vae_name", "LoraLoaderModelOnly.lora_name",
                "LingBotCameraFromFiles.trajectory", "LingBotActions.key_files"}
 FAST = "Fast image to video, camera preset"
+FAST_CONTINUE = "Fast model steered with keys, continued"
 ACT = "Act model steered with keys"
 NATIVE_DEMO = "Tiny CPU demo with native KSamplers (random weights)"
 MEDIUM = "lingbot-medium"  # bigger random experts: slow enough to interrupt, big enough to see in RSS
@@ -328,6 +329,57 @@ def _run_native(server, compile_low: bool) -> None:
     assert mp4.is_file() and mp4.stat().st_size > 1000
     print(f"\nnative two-pass workflow with LoRAs + EasyCache{' + TorchCompileModel' if compile_low else ''}: "
           f"{res['seconds']:.1f} s")
+
+
+def _frames_of(server, res, node: str):
+    from PIL import Image
+    import numpy as np
+
+    return np.stack([np.asarray(Image.open(server.base / "output" / f["subfolder"] / f["filename"]))
+                     for f in res["history"]["outputs"][node]["images"]])
+
+
+def test_fast_continue_chain_runs_on_the_tiny_demo(server):
+    """The continuation template (keys w-10,l-10, then a-12,iw-12, then d-12) on the tiny Fast demo: each part's
+    frames are exactly the whole video's; queueing again with other keys for the last step runs only that step."""
+    import numpy as np
+
+    prompt = _api(FAST_CONTINUE)
+    inputs = {t: v["inputs"] for v in prompt.values() for t in [v["class_type"]]}
+    inputs["LingBotFastLoader"]["fast_model"] = "lingbot-demo/lingbot_world_fast_bnb_nf4"
+    inputs["LingBotTextEncode"].update(text_encoder="lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
+    inputs["LingBotVAELoader"]["vae_name"] = "lingbot-demo/Wan2.1_VAE.pth"
+    assert inputs["LoadImage"]["image"] == "lingbot_examples/03/image.jpg"  # installed at start-up: kept
+    inputs["LingBotImageToVideo"].update(size="custom", width=112, height=64)
+    saves = {}
+    for k, v in list(prompt.items()):  # every decoded part also as frames
+        if v["class_type"] == "LingBotVAEDecode":
+            saves[k] = f"9{k}"
+            prompt[f"9{k}"] = {"class_type": "SaveImage", "inputs": {"images": [k, 0], "filename_prefix": f"cont{k}"}}
+    sampler = _by_type(prompt, "LingBotFastSampler")[0]
+    steps = [k for k, v in prompt.items() if v["class_type"] == "LingBotFastContinue"]
+    first_step = next(k for k in steps if prompt[k]["inputs"]["state"][0] == sampler)
+    last_step = next(k for k in steps if k != first_step)
+    decode_of = {prompt[k]["inputs"]["samples"][0]: k for k in saves}
+    res = server.run(prompt, timeout=600)
+    assert res["end"] == "done", res["error"]
+    part1 = _frames_of(server, res, saves[decode_of[sampler]])
+    part2 = _frames_of(server, res, saves[decode_of[first_step]])
+    whole = _frames_of(server, res, saves[decode_of[last_step]])
+    assert (len(part1), len(part2), len(whole)) == (21, 24, 57)
+    assert np.array_equal(part1, whole[:21]) and np.array_equal(part2, whole[21:45])
+    for node, chunks in ((sampler, 2), (first_step, 2), (last_step, 1)):
+        done = [v for n, v, m in res["progress"] if n == node and m == 4 * chunks]
+        assert done and done[-1] == 4 * chunks, f"no progress from node {node}"
+    keys = prompt[last_step]["inputs"]["camera"][0]
+    prompt[keys]["inputs"]["actions"] = "a-12"
+    again = server.run(prompt, timeout=600)
+    assert again["end"] == "done", again["error"]
+    ran = {n for n, _, _ in again["progress"]}
+    assert last_step in ran and sampler not in ran and first_step not in ran  # only the changed step ran
+    other = _frames_of(server, again, saves[decode_of[last_step]])
+    assert np.array_equal(other[:45], whole[:45]) and not np.array_equal(other[45:], whole[45:])
+    print(f"\nfast continue chain: {res['seconds']:.1f} s, again {again['seconds']:.1f} s")
 
 
 def test_native_two_ksampler_workflow_with_loras_and_easycache(server):

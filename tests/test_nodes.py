@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_WORKFLOW = "Tiny CPU demo (random weights)"
 FAST_WORKFLOW = "Fast image to video, camera preset"
 ACT_WORKFLOW = "Act model steered with keys"
+CONTINUE_WORKFLOW = "Fast model steered with keys, continued"
 WIDGET_KINDS = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 # Native nodes used by the example workflows, as ComfyUI 0.3.64's /object_info declares them.
 NATIVE = {
@@ -483,8 +484,9 @@ def _object_info() -> dict:
 def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_paths):
     info = _object_info()
     files = sorted((REPO / "example_workflows").glob("*.json"))
-    assert {p.stem for p in files} == {ACT_WORKFLOW, FAST_WORKFLOW, "Image to video, camera preset", "Image to video, recorded trajectory",
-                                       "Tiny CPU demo (random weights)", *NATIVE_WORKFLOWS}
+    assert {p.stem for p in files} == {ACT_WORKFLOW, FAST_WORKFLOW, CONTINUE_WORKFLOW, "Image to video, camera preset",
+                                       "Image to video, recorded trajectory", "Tiny CPU demo (random weights)",
+                                       *NATIVE_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
         assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
@@ -505,9 +507,16 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
             _check_two_pass(api)
         else:
             kinds = ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo",
-                     "LingBotFastSampler" if path.stem == FAST_WORKFLOW else "LingBotSampler")
+                     "LingBotFastSampler" if path.stem in (FAST_WORKFLOW, CONTINUE_WORKFLOW) else "LingBotSampler")
         for kind in kinds:
             assert kind in chain
+    walk = _api_copy(CONTINUE_WORKFLOW)  # Sampler (keys) -> Continue (keys) -> Continue (keys)
+    steps = {k: v for k, v in walk.items() if v["class_type"] in ("LingBotFastSampler", "LingBotFastContinue")}
+    assert sorted(v["class_type"] for v in steps.values()) == ["LingBotFastContinue"] * 2 + ["LingBotFastSampler"]
+    for v in steps.values():
+        assert walk[v["inputs"]["camera"][0]]["class_type"] == "LingBotActions"
+        if v["class_type"] == "LingBotFastContinue":
+            assert v["inputs"]["state"][1] == (1 if walk[v["inputs"]["state"][0]]["class_type"] == "LingBotFastSampler" else 2)
     lora = _api_copy("Image to video with native KSamplers and LoRA")
     assert [v["class_type"] for v in lora.values()].count("LingBotLoraLoader") == 2
 
@@ -547,13 +556,19 @@ def test_every_example_workflow_has_a_title_and_a_thumbnail():
 def test_thumbnails_are_drawn_from_what_the_workflow_uses():
     from PIL import Image
 
-    from lingbot_world.tools.template_thumbnails import camera_picture, first_frame, thumbnail
+    from lingbot_world.tools.template_thumbnails import camera_picture, chained_actions, first_frame, thumbnail
 
-    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory", FAST_WORKFLOW, ACT_WORKFLOW):
+    for stem in ("Image to video, camera preset", "Image to video, recorded trajectory", FAST_WORKFLOW, ACT_WORKFLOW,
+                 CONTINUE_WORKFLOW):
         ui = json.loads((REPO / "example_workflows" / f"{stem}.json").read_text())
         assert min(first_frame(ui).size) >= 720 and camera_picture(ui) is not None  # the example's own image
         im = thumbnail(ui)
         assert im.size == (512, 512) and max(hi - lo for lo, hi in im.getextrema()) > 100
+    # a Fast Continue chain is drawn as one walk: its parts' keys in chain order (not the nodes' order in the file)
+    walk = json.loads((REPO / "example_workflows" / f"{CONTINUE_WORKFLOW}.json").read_text())
+    walk["nodes"].reverse()
+    assert chained_actions(walk) == ["w-10,l-10", "a-12,iw-12", "d-12"]
+    assert chained_actions(json.loads((REPO / "example_workflows" / f"{FAST_WORKFLOW}.json").read_text())) == []
     demo = json.loads((REPO / "example_workflows" / f"{DEMO_WORKFLOW}.json").read_text())
     frames = [Image.new("RGB", (112, 64), (40 * i, 90, 200 - 40 * i)) for i in range(4)]
     assert thumbnail(demo, demo=frames).size == (512, 512)  # the demo's frames come from a real CLI run in the tool

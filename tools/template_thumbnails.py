@@ -5,8 +5,9 @@
 
 ComfyUI's frontend shows example_workflows/<name>.jpg on the workflow's card. Each thumbnail is drawn from what
 the workflow itself uses: its first frame (Load Image, resolved to the pack's example inputs) on top and, below,
-the picture of its camera path (a preset, a trajectory folder, or LingBot Actions' keys: an action string, or an
-Act example folder's poses.npy with its action.npy keys). A workflow whose experts are the random-weight
+the picture of its camera path (a preset, a trajectory folder, or LingBot Actions' keys: an action string, the
+strings of a Fast Continue chain joined into one walk, or an Act example folder's poses.npy with its action.npy
+keys). A workflow whose experts are the random-weight
 demo shows a strip of frames the demo really generates (coloured noise) instead, rendered once with the CLI.
 """
 from __future__ import annotations
@@ -67,10 +68,33 @@ def camera_picture(ui: dict) -> Optional[Image.Image]:
             keys = KeyTimeline.from_arrays(wasd=act.actions[:n])
             return plot_trajectory(act.path.poses[:n], act.path.intrinsics, title=f"keys of example {act.label}",
                                    keys=keys)
+        actions = ",".join(chained_actions(ui)) or actions
         keys = KeyTimeline.from_string(actions)
         walk, _ = keys_to_camera(keys)
         return plot_trajectory(walk.poses, walk.intrinsics, title=actions, keys=keys)
     return None
+
+
+def chained_actions(ui: dict) -> list[str]:
+    """The action strings of a Fast Sampler -> Fast Continue -> ... chain, part by part (empty without one): with
+    the continuable rule the parts are one walk of the concatenated keys, so the thumbnail draws the whole walk."""
+    by_id = {n["id"]: n for n in ui["nodes"]}
+    links = {link[0]: link for link in ui["links"]}  # [id, from node, from slot, to node, to slot, type]
+
+    def source(node: dict, name: str) -> Optional[dict]:
+        link = next((i["link"] for i in node.get("inputs", []) if i["name"] == name), None)
+        return by_id[links[link][1]] if link is not None else None
+
+    def next_step(node: dict) -> Optional[dict]:
+        return next((n for n in ui["nodes"] if n["type"] == "LingBotFastContinue" and source(n, "state") is node), None)
+
+    step, strings = _node(ui, "LingBotFastSampler"), []
+    while step is not None:
+        keys = source(step, "camera")
+        if keys is not None and keys["type"] == "LingBotActions" and keys["widgets_values"][0] == "(action string)":
+            strings.append(keys["widgets_values"][1])
+        step = next_step(step)
+    return strings if len(strings) > 1 else []
 
 
 def demo_frames(count: int = 4) -> list[Image.Image]:

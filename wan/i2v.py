@@ -4,6 +4,8 @@ y = [mask (4 channels) ; VAE latent of (first frame, then zero frames) (16 chann
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -57,3 +59,49 @@ def build_i2v_condition(vae: WanVAE, image: torch.Tensor, height: int, width: in
     mask = first_frame_mask(latent.shape[2], latent.shape[3], latent.shape[4]).to(latent)
     return torch.cat([mask[None], latent], dim=1)
 
+
+
+class ConditionTrack:
+    """The conditioning `y` of a video that keeps growing (Fast continuation): any latent frame on demand.
+
+    Frames 1.. of the conditioning video are zeros, so beyond the VAE encoder's reach of the first frame
+    (`wan/vae/reach.py`: latent frame 28 for Wan2.1) every latent frame is the same computation on the same inputs:
+    the same values. `y` holds the frames up to one past the reach and every later frame equals the last one, so
+    `frames(start, count)` is exactly the slice of one whole-video `build_i2v_condition`, for any length.
+    """
+
+    def __init__(self, y: torch.Tensor, stationary_from: int):
+        if y.dim() != 5 or y.shape[2] <= stationary_from:
+            raise ValueError(f"conditioning {tuple(y.shape)} must hold latent frames 0..{stationary_from}")
+        self.y = y[:, :, :stationary_from + 1].detach().to("cpu", torch.float32).contiguous()
+        self.stationary_from = int(stationary_from)
+
+    @classmethod
+    def build(cls, vae: WanVAE, image: torch.Tensor, height: int, width: int, *, tiled: bool = False,
+              have: Optional[torch.Tensor] = None, **tile_kw) -> "ConditionTrack":
+        """From the first frame ([3,H,W] in [-1,1], as `build_i2v_condition` takes it). `have`: a conditioning
+        already built with the same arguments; reused when it is long enough."""
+        from .vae.reach import encoder_reach
+
+        last = encoder_reach(vae.cfg) + 1
+        if have is None or have.shape[2] <= last:
+            frames = vae.cfg.temporal_factor * last + 1
+            with torch.inference_mode():
+                have = build_i2v_condition(vae, image, height, width, frames, tiled=tiled, **tile_kw)
+        return cls(have, last)
+
+    def frames(self, start: int, count: int) -> torch.Tensor:
+        """Latent frames [start, start + count) of the conditioning, `[1, 20, count, h, w]` float32 (CPU)."""
+        if start < 0 or count < 1:
+            raise ValueError(f"need start >= 0 and count >= 1, got {start}, {count}")
+        end = start + count
+        known = self.y[:, :, min(start, self.stationary_from):min(end, self.stationary_from + 1)]
+        if end <= self.stationary_from + 1:
+            return known.clone()
+        tail = self.y[:, :, -1:].expand(-1, -1, end - max(start, self.stationary_from + 1), -1, -1)
+        parts = [known] if start <= self.stationary_from else []
+        return torch.cat(parts + [tail], dim=2).contiguous()
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.y.shape)

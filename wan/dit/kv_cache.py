@@ -108,10 +108,17 @@ class KVCache:
 
     @classmethod
     def allocate(cls, num_layers: int, capacity: int, heads: int, head_dim: int, *, batch: int = 1,
-                 dtype: torch.dtype = torch.bfloat16, device=None, **kw) -> "KVCache":
-        """A cache with every layer's K/V zero-initialised on one device."""
-        make = lambda: torch.zeros(batch, capacity, heads, head_dim, dtype=dtype, device=device)  # noqa: E731
-        return cls([make() for _ in range(num_layers)], [make() for _ in range(num_layers)], **kw)
+                 dtype: torch.dtype = torch.bfloat16, device=None,
+                 fill: Optional[Callable[[int, torch.Tensor, torch.Tensor], None]] = None, **kw) -> "KVCache":
+        """A cache with every layer's K/V zero-initialised on one device. fill(i, k, v) runs right after layer i
+        is allocated (restoring a saved cache layer by layer, so the saved copy can shrink as this one grows)."""
+        k, v = [], []
+        for i in range(num_layers):
+            k.append(torch.zeros(batch, capacity, heads, head_dim, dtype=dtype, device=device))
+            v.append(torch.zeros(batch, capacity, heads, head_dim, dtype=dtype, device=device))
+            if fill is not None:
+                fill(i, k[-1], v[-1])
+        return cls(k, v, **kw)
 
     # ---- sizes ---------------------------------------------------------------------------------------------
     @property
@@ -259,11 +266,11 @@ class CacheLayout:
     note: Optional[str] = None
 
     def make(self, num_layers: int, heads: int, head_dim: int, *, batch: int = 1, dtype=torch.bfloat16,
-             device=None, cache_text: bool = True) -> KVCache:
+             device=None, cache_text: bool = True, fill=None) -> KVCache:
         """An all-on-one-device cache with this layout (placements build theirs in memory/kv_placement.py)."""
         return KVCache.allocate(num_layers, self.capacity, heads, head_dim, batch=batch, dtype=dtype, device=device,
                                 sink_tokens=self.sink_tokens, evict=self.evict, max_attention=self.max_attention,
-                                cache_text=cache_text)
+                                cache_text=cache_text, fill=fill)
 
     def layer_bytes(self, heads: int, head_dim: int, dtype_bytes: int = 2, batch: int = 1) -> int:
         return 2 * batch * self.capacity * heads * head_dim * dtype_bytes

@@ -9,7 +9,10 @@ forward per call, the text K/V computed once.
 The run is an explicit object (`FastRun`: next chunk, the cache, the generator, the finished chunks), so it can
 stop after any chunk and continue, and nothing lives in globals. Noise follows the reference's order: the whole
 video's initial noise first, then every re-noise draw, all from one seeded generator (CUDA generator =
-reference-exact on a GPU; CPU = the same noise on every machine, like the base sampler's `make_noise`).
+reference-exact on a GPU; CPU = the same noise on every machine, like the base sampler's `make_noise`). A run
+without a noise tensor draws each chunk's initial noise when the chunk starts instead: the order that does not
+depend on the video's length, so a video continued later with more chunks (`fast_state.py`) gets the noise of one
+longer run. `start_chunk` places a run's chunks after chunks made earlier (RoPE positions and cache slots).
 """
 from __future__ import annotations
 
@@ -164,12 +167,15 @@ class FastRun:
     """One Fast generation, chunk by chunk. Everything it needs is on the object; `run()` or `next_chunk()`.
 
     model: the causal DiT (a WanDiT built from a Fast config); it is only called, never moved.
-    noise: the whole video's initial noise [1, 16, F_lat, h, w] (F_lat a multiple of 3), from `generator`.
+    noise: the whole video's initial noise [1, 16, F_lat, h, w] (F_lat a multiple of 3), from `generator`; None:
+    each chunk's initial noise is drawn from `generator` when the chunk starts (the length-independent order).
     context: text embeddings [1, text_len, text_dim] (zero-padded). y: I2V conditioning [1, 20, F_lat, h, w].
     camera: Plücker tensor [1, 384, F_lat, h, w] or None (camera layers skipped). noise, y and camera may stay in
     host memory: each chunk's slice is moved to `device` when the chunk runs.
-    cache: an empty KVCache for this video (placed by the memory planner).
+    cache: an empty KVCache for this video (placed by the memory planner), or, with start_chunk > 0, one holding
+    the first start_chunk chunks of the video.
     generator: the generator that drew `noise`; the re-noise draws continue from it.
+    start_chunk: chunks of the video made before this run (F_lat counts this run's frames only).
     callback(FastStepInfo) after every denoising call; on_chunk(index, x0 [1,16,3,h,w]) after every chunk.
     cancel_check() before every model call: True (or raising) stops the run with `Cancelled`.
     """
@@ -177,7 +183,7 @@ class FastRun:
     def __init__(
         self,
         model: nn.Module,
-        noise: torch.Tensor,
+        noise: Optional[torch.Tensor],
         context: torch.Tensor,
         y: torch.Tensor,
         camera: Optional[torch.Tensor],
@@ -190,20 +196,25 @@ class FastRun:
         on_chunk: Optional[Callable[[int, torch.Tensor], None]] = None,
         cancel_check: Optional[Callable[[], bool]] = None,
         chunk_frames: int = CHUNK_FRAMES,
+        start_chunk: int = 0,
     ):
-        if noise.dim() != 5 or noise.shape[0] != 1:
+        if noise is not None and (noise.dim() != 5 or noise.shape[0] != 1):
             raise ValueError(f"noise must be [1, 16, F_lat, h, w], got {tuple(noise.shape)}")
-        f_lat = noise.shape[2]
+        if y.dim() != 5 or y.shape[0] != 1:
+            raise ValueError(f"conditioning y must be [1, 20, F_lat, h, w], got {tuple(y.shape)}")
+        f_lat = y.shape[2]
         if f_lat % chunk_frames or f_lat == 0:
             raise ValueError(f"{f_lat} latent frames are not a whole number of {chunk_frames}-frame chunks; "
                              "round the frame count with fast_frames()")
-        if y.shape[2:] != noise.shape[2:]:
+        if noise is not None and y.shape[2:] != noise.shape[2:]:
             raise ValueError(f"conditioning y {tuple(y.shape)} does not match the noise {tuple(noise.shape)}")
-        if camera is not None and camera.shape[2:] != noise.shape[2:]:
+        if camera is not None and camera.shape[2:] != y.shape[2:]:
             raise ValueError(f"camera tensor {tuple(camera.shape)} covers {camera.shape[2]} latent frames of size "
-                             f"{tuple(camera.shape[3:])}; the video has {f_lat} of {tuple(noise.shape[3:])}")
+                             f"{tuple(camera.shape[3:])}; the video has {f_lat} of {tuple(y.shape[3:])}")
+        if isinstance(start_chunk, bool) or not isinstance(start_chunk, int) or start_chunk < 0:
+            raise ValueError(f"start_chunk must be a chunk count >= 0, got {start_chunk!r}")
         self.model = model
-        self.device = torch.device(device) if device is not None else noise.device
+        self.device = torch.device(device) if device is not None else (noise if noise is not None else y).device
         self.noise = noise
         self.context = context
         self.y = y
@@ -215,12 +226,14 @@ class FastRun:
         self.on_chunk = on_chunk
         self.cancel_check = cancel_check
         self.chunk_frames = chunk_frames
-        self.chunk = 0  # next chunk to generate
+        self.start_chunk = start_chunk
+        self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
+        self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
 
     @property
     def chunks(self) -> int:
-        return self.noise.shape[2] // self.chunk_frames
+        return self.y.shape[2] // self.chunk_frames
 
     @property
     def done(self) -> bool:
@@ -245,10 +258,14 @@ class FastRun:
         if self.done:
             raise RuntimeError(f"all {self.chunks} chunks are done")
         c, s = self.chunk, self.schedule
-        start = c * self.chunk_frames
-        x = self._slice(self.noise, start).float()
-        y = self._slice(self.y, start).float()
-        cam = self._slice(self.camera, start)
+        local = c * self.chunk_frames
+        start = (self.start_chunk + c) * self.chunk_frames  # latent frame of the whole video
+        y = self._slice(self.y, local).float()
+        if self.noise is None:
+            x = draw(self.generator, (1, self.latent_channels, *y.shape[2:]), self.device)
+        else:
+            x = self._slice(self.noise, local).float()
+        cam = self._slice(self.camera, local)
         ctx = self.context.to(self.device)
         x0 = x
         with torch.no_grad():

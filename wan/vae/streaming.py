@@ -100,3 +100,31 @@ def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool 
     params, per_cell = _decoder_footprint(cfg)
     activations = 8 * cfg.dim * height * width * 4  # a few full-resolution tensors of the last stage
     return int(4 * params + per_cell * cells + activations)
+
+
+def context_latents(cfg: VAEConfig, before: int) -> int:
+    """Latent frames before a part that a decode of the part alone starts from to give exactly the frames of one
+    whole-video decode (the decoder's temporal reach plus one, `reach.py`), at most the `before` there are."""
+    from .reach import decoder_reach
+
+    return min(int(before), decoder_reach(cfg) + 1)
+
+
+def warm_up(decoder: StreamingDecoder, z_before: torch.Tensor) -> None:
+    """Decode (and discard) the last `context_latents` latent frames before a part, so that `decoder.decode` of the
+    part gives exactly its frames of one whole-video decode. z_before: the video's latent so far (normalised)."""
+    n = context_latents(decoder.vae.cfg, z_before.shape[2])
+    if n:
+        decoder.decode(z_before[:, :, -n:])
+
+
+def decode_part(vae: WanVAE, z_before: Optional[torch.Tensor], z_part: torch.Tensor, *, tiled: bool = False,
+                **tile_kw) -> torch.Tensor:
+    """The frames of a continued video's new part `z_part` (normalised latent), as one whole decode gives them."""
+    decoder = StreamingDecoder(vae, tiled=tiled, **tile_kw)
+    try:
+        if z_before is not None and z_before.shape[2]:
+            warm_up(decoder, z_before)
+        return decoder.decode(z_part)
+    finally:
+        decoder.close()

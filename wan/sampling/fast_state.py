@@ -1,0 +1,359 @@
+"""Continuing a Fast video: a run stops after any chunk and the next part (new keys, a new camera) goes on from there.
+
+What a continuation needs besides the K/V cache (kept by memory/kv_park.py or a state file, loaders/fast_state.py):
+the generator's state, the chunks made so far, the prompt embedding, where the camera is (`CameraTrack`), the
+I2V conditioning of later frames (`ConditionTrack`) and the latents so far (for the whole video and for decoding the
+new part exactly). `FastState` holds them; `plan_first_part` / `plan_next_part` turn keys or a camera into a part
+(chunks and its camera tensor); `start_part` builds the `FastRun` of a part and `finish_part` the state after it.
+
+Two rules (`FastSettings.mode`), chosen when the video starts:
+- "reference" (default): the first part is exactly the released pipeline's run (its noise drawn for the whole part
+  up front, its camera resampled and normalised over the whole part); parts after it follow the continuable rule
+  below. Right when the video is not meant to be continued, and a close match when it is.
+- "continuable": every part, the first one included, follows rules that never look ahead: each chunk draws its
+  initial noise when it starts, and the camera is built latent frame by latent frame (`camera_track.py`). Then
+  any chain of parts gives exactly the latents of one run of the concatenated keys (tests/test_fast_continue.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..control.act_to_camera import keys_to_camera
+from ..control.actions import KeyInputError, KeyTimeline, keys_for_video
+from ..control.camera import DEFAULT_POSE_PRECISION, CameraInputError, camera_condition, check_precision
+from ..control.camera_track import CameraTrack
+from ..dit.kv_cache import CacheLayout, cache_layout
+from ..i2v import ConditionTrack
+from ..sizes import VAE_TEMPORAL_STRIDE, latent_size
+from .fast_sampler import CHUNK_FRAMES, FastRun, draw, fast_frames, make_generator
+
+FAST_MODES = ("reference", "continuable")
+CHUNK_VIDEO_FRAMES = VAE_TEMPORAL_STRIDE * CHUNK_FRAMES  # 12 video frames per chunk after the first
+
+
+class StateMismatchError(ValueError):
+    """A state that cannot be continued here (another model, size, cache rule, compute dtype...)."""
+
+
+@dataclass(frozen=True)
+class FastSettings:
+    """What stays fixed along a continued video (checked when a state is continued)."""
+
+    height: int
+    width: int
+    seed: int
+    noise_source: str  # "cpu" | "cuda"
+    mode: str = "reference"
+    window: Optional[int] = None  # latent frames (non-reference bounded cache)
+    sink: int = 0
+    max_attention: Optional[int] = None  # tokens
+    precision: str = DEFAULT_POSE_PRECISION  # camera arithmetic
+    weights: str = "nf4"
+    cache_dtype: str = "bfloat16"
+    model: str = ""  # fingerprint of the Fast model's files (loaders/fast_state.py)
+    model_label: str = ""  # what to call the model in messages
+    vae_tiled: bool = False
+
+    def __post_init__(self):
+        if self.mode not in FAST_MODES:
+            raise ValueError(f"mode {self.mode!r}: choose one of {', '.join(FAST_MODES)}")
+        check_precision(self.precision)
+        latent_size(self.height, self.width)
+
+    @property
+    def frame_tokens(self) -> int:
+        lat_h, lat_w = latent_size(self.height, self.width)
+        return (lat_h // 2) * (lat_w // 2)
+
+    def layout(self, latent_frames: int) -> CacheLayout:
+        """The cache of a video of `latent_frames` (the whole video so far plus the next part)."""
+        return cache_layout(latent_frames, self.frame_tokens, CHUNK_FRAMES, window_frames=self.window,
+                            sink_frames=self.sink, max_attention=self.max_attention)
+
+    @property
+    def evicting(self) -> bool:
+        """Whether the cache drops old tokens at some length (a window or max attention)."""
+        return self.window is not None or self.max_attention is not None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "FastSettings":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def check_continue(self, here: "FastSettings", source: str = "the state") -> None:
+        """Refuse (one line naming the difference and the fix) to continue `self` with the settings `here`."""
+        if self.model and here.model and self.model != here.model:
+            raise StateMismatchError(
+                f"{source} was made with another Fast model ({self.model_label or self.model[:12]}); this run loads "
+                f"{here.model_label or here.model[:12]}: continue with the model file the video was started with")
+        for name, fix in (("weights", "--weights"), ("cache_dtype", "the same kind of device (GPU / CPU)")):
+            a, b = getattr(self, name), getattr(here, name)
+            if a != b:
+                raise StateMismatchError(f"{source} was made with {name} {a}, this run uses {b}: the continuation would "
+                                         f"not be the same video; use {fix} as when it was started")
+        if (self.height, self.width) != (here.height, here.width):
+            raise StateMismatchError(f"{source} is a {self.width}x{self.height} video; this run is {here.width}x"
+                                     f"{here.height}: a continuation keeps the size it was started with")
+
+
+@dataclass
+class FastState:
+    """A Fast video after some chunks, ready for the next part (everything but the K/V tensors themselves)."""
+
+    settings: FastSettings
+    chunks: int  # chunks made so far
+    generator: torch.Tensor  # uint8 state of the run's generator
+    context: torch.Tensor  # [L, text_dim] float32 prompt embedding (trimmed, CPU)
+    prompt: str
+    camera: CameraTrack
+    has_camera: bool  # the video so far was steered by a camera (a part without input then stands still)
+    latents: tuple = ()  # normalised latents [1, 16, n, h, w] float32 (CPU), one per part
+    kv_global_end: int = 0
+    kv_local_end: int = 0
+    condition: Optional[ConditionTrack] = None  # the I2V conditioning of later frames (made on demand)
+    parts: list = field(default_factory=list)  # one line of history per part (label, chunks)
+
+    @property
+    def latent_frames(self) -> int:
+        return self.chunks * CHUNK_FRAMES
+
+    @property
+    def frames(self) -> int:
+        return VAE_TEMPORAL_STRIDE * (self.latent_frames - 1) + 1
+
+    def latent(self) -> torch.Tensor:
+        """The whole video's latent so far [1, 16, latent_frames, h, w]."""
+        return torch.cat(list(self.latents), dim=2)
+
+    def generator_for(self, device=None) -> torch.Generator:
+        g = make_generator(self.settings.seed, self.settings.noise_source)
+        g.set_state(self.generator.clone())
+        return g
+
+    def context_batch(self, text_len: int, device=None) -> torch.Tensor:
+        from ..dit.model import pad_context
+
+        return pad_context([self.context], text_len).to(device if device is not None else "cpu")
+
+
+# ---- what steers a part --------------------------------------------------------------------------------------
+@dataclass
+class CameraSource:
+    """Keys (with their intrinsics) or camera files (poses + intrinsics) for a part; neither = no input."""
+
+    keys: Optional[KeyTimeline] = None
+    poses: Optional[np.ndarray] = None  # [N, 4, 4] camera-to-world
+    intrinsics: Optional[np.ndarray] = None  # [N, 4] at 480x832 (camera files), or the key files' row(s)
+    per_frame_intrinsics: bool = False
+    label: str = ""
+    from_file: bool = False  # key files are cut to the video; a longer action string is refused
+
+    @property
+    def kind(self) -> str:
+        return "keys" if self.keys is not None else ("camera" if self.poses is not None else "none")
+
+
+@dataclass
+class PartPlan:
+    """One part of a video: its chunks and its camera tensor, and the camera track after it."""
+
+    chunks: int
+    frames: int  # video frames the part adds
+    camera: Optional[torch.Tensor]  # [1, 384, 3 * chunks, lat_h, lat_w] or None
+    track: CameraTrack
+    has_camera: bool
+    keys: Optional[KeyTimeline] = None  # the keys used (padded), for the picture
+    path: Optional[np.ndarray] = None  # camera-to-world poses of the part's frames, for the picture
+    intrinsics: Optional[np.ndarray] = None
+    note: Optional[str] = None
+    requested: Optional[int] = None
+
+    @property
+    def latent_frames(self) -> int:
+        return self.chunks * CHUNK_FRAMES
+
+
+def first_part_frames(chunks: int) -> int:
+    return VAE_TEMPORAL_STRIDE * (chunks * CHUNK_FRAMES - 1) + 1
+
+
+def plan_first_part(source: CameraSource, frames: Optional[int], settings: FastSettings) -> PartPlan:
+    """The first part of a video: `frames` requested (None: as long as the keys / 81), by the settings' rule."""
+    track = CameraTrack(settings.height, settings.width, settings.precision)
+    if settings.mode == "reference":
+        return _reference_first(source, frames, settings, track)
+    if source.kind == "keys":
+        k = source.keys
+        label = source.label or "keys"
+        chunks = max(1, math.ceil((k.frames + VAE_TEMPORAL_STRIDE) / CHUNK_VIDEO_FRAMES))  # keys for frames 1..F-1
+        notes = []
+        if frames is not None:
+            want = fast_frames(frames)
+            if want.chunks < chunks:
+                used = track.keys_needed(want.latent_frames)
+                if k.pressed[used:].any() and not source.from_file:
+                    notes.append(f"{label}: {k.frames} frames of keys need {first_part_frames(chunks)} frames (the "
+                                 f"keys of frame j move the camera into frame j+1); the video has {want.frames}, so "
+                                 f"the last {k.frames - used} frame(s) of keys are not used")
+                k = k[:used]
+            elif want.note:
+                notes.append(want.note)
+            chunks = want.chunks
+        need = track.keys_needed(chunks * CHUNK_FRAMES)
+        if k.frames < need:
+            notes.append(f"{label}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) without keys "
+                         f"to whole chunks ({first_part_frames(chunks)} frames)")
+            k = k.padded(need)
+        part = track.keys(k, chunks * CHUNK_FRAMES, source.intrinsics)
+        return PartPlan(chunks, first_part_frames(chunks), part.plucker, track, True, k, part.path, part.intrinsics,
+                        " ".join(notes) or None, frames)
+    if source.kind == "camera":
+        n = source.poses.shape[0]
+        plan = fast_frames(frames if frames is not None else n, n)
+        part = track.poses(source.poses, source.intrinsics, plan.latent_frames, source.per_frame_intrinsics,
+                           source.label or "camera")
+        return PartPlan(plan.chunks, plan.frames, part.plucker, track, True, None, part.path, part.intrinsics,
+                        plan.note, frames)
+    plan = fast_frames(frames if frames is not None else 81)
+    track.skip(plan.latent_frames)
+    return PartPlan(plan.chunks, plan.frames, None, track, False, note=plan.note, requested=frames)
+
+
+def _reference_first(source: CameraSource, frames: Optional[int], settings: FastSettings,
+                     track: CameraTrack) -> PartPlan:
+    """The released pipeline's camera for the first part, and the track it leaves behind."""
+    h, w = settings.height, settings.width
+    if source.kind == "keys":
+        keys, video_frames, note = keys_for_video(source.keys, frames, source=source.label or "keys",
+                                                  from_file=source.from_file)
+        path, end = keys_to_camera(keys, source.intrinsics)
+        plan = fast_frames(video_frames)
+        cond = camera_condition(path.poses, path.intrinsics, h, w, plan.pose_frames, includes_end_pose=True,
+                                precision=settings.precision, latent_frames=plan.latent_frames)
+        track.record(cond, end)
+        notes = [n for n in (note, plan.note) if n]
+        return PartPlan(plan.chunks, plan.frames, cond.plucker, track, True, keys, np.asarray(path.poses),
+                        np.asarray(path.intrinsics[0]), " ".join(notes) or None, frames)
+    if source.kind == "camera":
+        plan = fast_frames(frames if frames is not None else 81, source.poses.shape[0])
+        cond = camera_condition(source.poses, source.intrinsics, h, w, plan.pose_frames,
+                                per_frame_intrinsics=source.per_frame_intrinsics, precision=settings.precision,
+                                latent_frames=plan.latent_frames)
+        track.record(cond)
+        notes = [n for n in (cond.message, plan.note) if n]
+        return PartPlan(plan.chunks, plan.frames, cond.plucker, track, True, None, cond.poses.numpy().astype(np.float64),
+                        cond.intrinsics[0].numpy(), " ".join(notes) or None, frames)
+    plan = fast_frames(frames if frames is not None else 81)
+    track.skip(plan.latent_frames)
+    return PartPlan(plan.chunks, plan.frames, None, track, False, note=plan.note, requested=frames)
+
+
+def plan_next_part(state: FastState, source: CameraSource, frames: Optional[int] = None) -> PartPlan:
+    """The next part of a video (12 video frames per chunk): as long as the keys or the camera, or `frames` (rounded
+    down to whole chunks; without keys or camera one chunk). Without input a video steered so far stands still."""
+    track = state.camera.copy()
+    want = None
+    if frames is not None:
+        if frames < CHUNK_VIDEO_FRAMES:
+            raise ValueError(f"{frames} new frames are less than one chunk: a continuation adds "
+                             f"{CHUNK_VIDEO_FRAMES} frames per chunk (3 latent frames)")
+        want = frames // CHUNK_VIDEO_FRAMES
+    note = None
+    if want is not None and want * CHUNK_VIDEO_FRAMES != frames:
+        note = f"{frames} new frames are {frames / CHUNK_VIDEO_FRAMES:.2f} chunks; making {want} ({want * CHUNK_VIDEO_FRAMES} frames)"
+    if source.kind == "keys":
+        k = source.keys
+        chunks = max(1, math.ceil(k.frames / CHUNK_VIDEO_FRAMES))
+        if want is not None:
+            if want < chunks:
+                used = want * CHUNK_VIDEO_FRAMES
+                if k.pressed[used:].any() and not source.from_file:
+                    note = (f"{source.label or 'keys'}: {k.frames} frames of keys, {frames} new frames asked for: "
+                            f"the last {k.frames - used} frame(s) of keys are not used")
+                k = k[:used]
+            chunks = want
+        need = chunks * CHUNK_VIDEO_FRAMES
+        if k.frames < need:
+            note = (f"{source.label or 'keys'}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) "
+                    f"without keys to whole chunks ({need} frames)")
+            k = k.padded(need)
+        part = track.keys(k, chunks * CHUNK_FRAMES, source.intrinsics)
+        return PartPlan(chunks, need, part.plucker, track, True, k, part.path, part.intrinsics, note, frames)
+    if source.kind == "camera":
+        n = source.poses.shape[0]
+        chunks = (n - 1) // CHUNK_VIDEO_FRAMES
+        if chunks < 1:
+            raise CameraInputError(f"{source.label or 'camera'}: {n} poses cover {n - 1} frames; a continuation needs "
+                                   f"{CHUNK_VIDEO_FRAMES + 1} poses per chunk (the first is where the video is now)")
+        if want is not None and want < chunks:
+            chunks = want
+        elif want is not None and want > chunks:
+            note = (f"{source.label or 'camera'}: {n} poses cover {chunks} chunk(s) ({chunks * CHUNK_VIDEO_FRAMES} "
+                    f"frames), not the {frames} asked for")
+        part = track.poses(source.poses, source.intrinsics, chunks * CHUNK_FRAMES, source.per_frame_intrinsics,
+                           source.label or "camera")
+        return PartPlan(chunks, chunks * CHUNK_VIDEO_FRAMES, part.plucker, track, True, None, part.path,
+                        part.intrinsics, note, frames)
+    chunks = want or 1
+    if state.has_camera:
+        part = track.still(chunks * CHUNK_FRAMES)
+        return PartPlan(chunks, chunks * CHUNK_VIDEO_FRAMES, part.plucker, track, True,
+                        KeyTimeline.none(chunks * CHUNK_VIDEO_FRAMES), part.path, part.intrinsics, note, frames)
+    track.skip(chunks * CHUNK_FRAMES)
+    return PartPlan(chunks, chunks * CHUNK_VIDEO_FRAMES, None, track, False, note=note, requested=frames)
+
+
+# ---- running a part -----------------------------------------------------------------------------------------
+def start_part(model, plan: PartPlan, settings: FastSettings, y: torch.Tensor, context: torch.Tensor, cache,
+               state: Optional[FastState] = None, *, device=None, **run_kw) -> FastRun:
+    """The FastRun of a part: the first part (state None) or the next part of `state` (cache restored already).
+
+    y: the part's I2V conditioning [1, 20, 3 * chunks, h, w]; context: [1, text_len, dim] (padded).
+    """
+    if y.shape[2] != plan.latent_frames:
+        raise ValueError(f"conditioning of {y.shape[2]} latent frames for a part of {plan.latent_frames}")
+    if state is None:
+        generator = make_generator(settings.seed, settings.noise_source)
+        noise = None
+        if settings.mode == "reference":  # the released order: the whole part's noise first
+            noise = draw(generator, (1, int(getattr(model.cfg, "out_dim", 16)), *y.shape[2:]), device)
+        return FastRun(model, noise, context, y, plan.camera, cache, generator, device=device, **run_kw)
+    if (cache.global_end, cache.local_end) != (state.kv_global_end, state.kv_local_end):
+        raise ValueError(f"the cache holds {cache.local_end} tokens up to video token {cache.global_end}; the state "
+                         f"ends at {state.kv_local_end} / {state.kv_global_end}: restore it first")
+    return FastRun(model, None, context, y, plan.camera, cache, state.generator_for(), device=device,
+                   start_chunk=state.chunks, **run_kw)
+
+
+def finish_part(run: FastRun, plan: PartPlan, settings: FastSettings, state: Optional[FastState], *,
+                context: torch.Tensor, prompt: str, label: str = "") -> FastState:
+    """The state after a finished part (the run must be done; its cache's counters are read, not its tensors)."""
+    if not run.done:
+        raise ValueError(f"the part stopped after {run.chunk} of {run.chunks} chunks")
+    latent = run.latent().detach().to("cpu", torch.float32)
+    before = () if state is None else state.latents
+    parts = ([] if state is None else list(state.parts)) + [{"label": label, "chunks": plan.chunks,
+                                                             "frames": plan.frames}]
+    return FastState(
+        settings=settings, chunks=(0 if state is None else state.chunks) + plan.chunks,
+        generator=run.generator.get_state().clone(), context=context.detach().to("cpu", torch.float32),
+        prompt=prompt, camera=plan.track, has_camera=plan.has_camera or (state is not None and state.has_camera),
+        latents=tuple(before) + (latent,), kv_global_end=run.cache.global_end, kv_local_end=run.cache.local_end,
+        condition=None if state is None else state.condition, parts=parts)
+
+
+def next_layout(state: FastState, plan: PartPlan) -> CacheLayout:
+    """The cache for the video so far plus the next part."""
+    return state.settings.layout(state.latent_frames + plan.latent_frames)
+
+
+def with_settings(state: FastState, **changes) -> FastState:
+    return replace(state, settings=replace(state.settings, **changes))
