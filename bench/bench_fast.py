@@ -37,7 +37,7 @@ import torch
 
 from ..wan.dit.model import DiTConfig
 from .bench_pipeline import apply_cap, bench_config, child_main, run_child, sync, timed_forwards, write_random_experts
-from .common import machine_info, peak_rss_bytes, rss_bytes, write_json
+from .common import earlier_results, machine_info, peak_rss_bytes, rss_bytes, write_json
 
 MODULE = __spec__.name if __spec__ is not None else __name__
 GiB = 1024**3
@@ -364,13 +364,7 @@ def run(args) -> dict:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
-    res: dict = {"bench": "fast", "cases": {}}
-    if out is not None and out.is_file() and not args.fresh:
-        try:
-            res = json.loads(out.read_text())
-            res.setdefault("cases", {})
-        except json.JSONDecodeError:
-            pass
+    res = earlier_results(out, args.fresh, "fast")
     res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfgs["fast"].to_json(),
                args={k: v for k, v in vars(args).items() if k != "child"},
                notes=["Fast sampling: every chunk (4 steps + the context pass), timed from the first call to the last.",

@@ -53,7 +53,7 @@ import torch
 
 from ..wan.dit.model import DiTConfig
 from .bench_pipeline import SmiPoller, bench_config, make_inputs, schedule, sync, write_random_experts
-from .common import machine_info, peak_rss_bytes, write_json
+from .common import earlier_results, machine_info, peak_rss_bytes, write_json
 
 MODULE = __spec__.name if __spec__ is not None else __name__
 GiB = 1024**3
@@ -516,13 +516,7 @@ def run(args) -> dict:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
-    res: dict = {"bench": "parallel", "cases": {}}
-    if out is not None and out.is_file() and not args.fresh:
-        try:
-            res = json.loads(out.read_text())
-            res.setdefault("cases", {})
-        except json.JSONDecodeError:
-            pass
+    res = earlier_results(out, args.fresh, "parallel")
     res.update(machine=machine_info(), device=device, tiny=args.tiny, gpus=torch.cuda.device_count(),
                args={k: v for k, v in vars(args).items() if k != "child"},
                notes=["compile off (eager), bf16 compute, SDPA's fastest exact kernel; full-size random NF4 experts.",

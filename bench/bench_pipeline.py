@@ -37,7 +37,7 @@ import torch
 from ..wan.dit.model import DiTConfig
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
-from .common import machine_info, peak_rss_bytes, write_json
+from .common import earlier_results, machine_info, peak_rss_bytes, write_json
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 PACKAGE = MODULE.rsplit(".bench.", 1)[0]
@@ -746,13 +746,7 @@ def run(args) -> dict:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
-    res: dict = {"bench": "pipeline", "cases": {}}
-    if out is not None and out.is_file() and not args.fresh:
-        try:
-            res = json.loads(out.read_text())
-            res.setdefault("cases", {})
-        except json.JSONDecodeError:
-            pass
+    res = earlier_results(out, args.fresh, "pipeline")
     res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfg.to_json(),
                args={k: v for k, v in vars(args).items() if k != "child"},
                notes=[

@@ -41,7 +41,7 @@ import torch
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.model import DiTConfig
 from .bench_pipeline import V480, apply_cap, bench_config, make_experts, make_inputs, run_child, schedule, sync
-from .common import machine_info, peak_rss_bytes, write_json
+from .common import earlier_results, machine_info, peak_rss_bytes, write_json
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 SMALL_VIDEO = (17, 240, 416)  # the 4-step error run
@@ -554,13 +554,7 @@ def run(args) -> dict:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
-    res: dict = {"bench": "speed", "cases": {}}
-    if out is not None and out.is_file() and not args.fresh:
-        try:
-            res = json.loads(out.read_text())
-            res.setdefault("cases", {})
-        except json.JSONDecodeError:
-            pass
+    res = earlier_results(out, args.fresh, "speed")
     res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfg.to_json(),
                args={k: v for k, v in vars(args).items() if k != "child"},
                notes=["s/step = a cond + an uncond forward (sequential CFG), mean of the timed steps after two "

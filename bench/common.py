@@ -44,6 +44,19 @@ def machine_info() -> dict:
     return info
 
 
+def earlier_results(out, fresh: bool, bench: str) -> dict:
+    """The results JSON at `out` that this call adds its cases to (earlier calls' cases kept), or a new one when
+    `fresh`, missing or unreadable."""
+    res: dict = {"bench": bench, "cases": {}}
+    if out is not None and Path(out).is_file() and not fresh:
+        try:
+            res = json.loads(Path(out).read_text())
+            res.setdefault("cases", {})
+        except json.JSONDecodeError:
+            pass
+    return res
+
+
 def write_json(path, obj) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
