@@ -27,6 +27,10 @@ STREAM_DECODE = ("auto", "on", "off")
 DEMO_FAST_FRAMES = 33  # three chunks of the tiny demo
 
 
+ENCODE_STEP = "the image's VAE encode"
+LOAD_STEP = "the Fast model's load"
+
+
 def add_arguments(p) -> None:
     """The Fast model's flags (generate.py's parser); the inputs, size, frames, seed, noise, device, weights, T5,
     VAE and output flags are shared with the base model."""
@@ -89,7 +93,6 @@ def run(args) -> int:
 def _run(args, session) -> int:
     from ..loaders.expert_format import check_model_kind, detect_format
     from ..loaders.expert_loader import check_expert_keys
-    from ..text_encoder.encode import encode_prompts
     from ..wan.sampling.fast_sampler import CHUNK_FRAMES
     from ..wan.sampling.fast_state import plan_first_part
     from ..wan.sizes import latent_size, max_area_for, target_size
@@ -163,57 +166,78 @@ def _run(args, session) -> int:
     parallel_flags.check_same_models(session, {"Fast model": files.fast}, log)
     stats.mark("setup")
 
-    pos, = session.from_main(lambda: encode_prompts(
-        files.t5, files.tokenizer, [args.prompt], device=args.t5_device, cache_dir=args.cache_dir,
-        use_cache=not args.no_text_cache, timeout=args.t5_timeout), "the text encoding")
-    stats.mark("text")
-
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..loaders.vae_files import load_vae
+    from ..memory.overlap import Step
     from ..wan.i2v import ConditionTrack, build_i2v_condition
+    from ..wan.vae.footprint import vae_weight_bytes, vae_work_bytes
+    from ..wan.vae.model import VAEConfig
+    from . import text_stage
 
-    vae = None
-    condition = None
+    vae_cfg = demo_vae_config(files.root) or VAEConfig()
+    vae_bytes = vae_weight_bytes(vae_cfg)
+    model_bytes = int(plan.estimates.get("model_bytes", 0))
+    steps = [Step(ENCODE_STEP, vae_bytes + vae_work_bytes(vae_cfg, height, width, frames, args.vae_tiled, 256),
+                  vae_bytes if stream_vae else 0),
+             Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes)]
+    text = text_stage.start(args, files, [args.prompt], device, steps, session, log)
+    if not text.background:
+        stats.mark("text")
+    try:
+        vae = None
+        condition = None
 
-    def encode_image():  # rank 0 only when there are several: the others receive y
-        nonlocal vae, condition
-        vae = load_vae(files.vae, device, config=demo_vae_config(files.root))
-        with torch.inference_mode():
-            if save is not None:  # the conditioning of later frames too (a continuation needs them), in one encode
-                condition = ConditionTrack.build(vae, image, height, width, tiled=args.vae_tiled)
-                cond = condition.frames(0, part.latent_frames)
-            else:
-                cond = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
-        if not stream_vae:
-            vae.to("cpu")
-        _empty_cache(device)
-        return [cond]
+        def encode_image():  # rank 0 only when there are several: the others receive y
+            nonlocal vae, condition
+            vae = load_vae(files.vae, device, config=demo_vae_config(files.root))
+            with torch.inference_mode():
+                if save is not None:  # the conditioning of later frames too (a continuation needs them), in one encode
+                    condition = ConditionTrack.build(vae, image, height, width, tiled=args.vae_tiled)
+                    cond = condition.frames(0, part.latent_frames)
+                else:
+                    cond = build_i2v_condition(vae, image, height, width, frames, tiled=args.vae_tiled)
+            if not stream_vae:
+                vae.to("cpu")
+            _empty_cache(device)
+            return [cond]
 
-    y, = session.from_main(encode_image, "the first frame's encoding")
-    stats.mark("vae_encode")
+        text.before(ENCODE_STEP)
+        y, = session.from_main(encode_image, "the first frame's encoding")
+        stats.mark("vae_encode")
 
-    from ..wan.dit.model import pad_context
-    from ..wan.sampling.fast_sampler import draw, make_generator
-    from ..wan.sampling.fast_state import finish_part, start_part
+        from ..wan.dit.model import pad_context
+        from ..wan.sampling.fast_sampler import draw, make_generator
+        from ..wan.sampling.fast_state import finish_part, start_part
 
-    seed = session.same_value(seed, "the seed")  # a random seed is rank 0's
-    settings = replace(settings, seed=seed)
-    noise_probe = draw(make_generator(seed, settings.noise_source), (256,), device)
-    parallel_flags.check_same_inputs(session, {"noise": noise_probe, "conditioning": y, "text": pos,
-                                               "camera": part.camera})
+        seed = session.same_value(seed, "the seed")  # a random seed is rank 0's
+        settings = replace(settings, seed=seed)
+        noise_probe = draw(make_generator(seed, settings.noise_source), (256,), device)
+        parallel_flags.check_same_inputs(session, {"noise": noise_probe, "conditioning": y,
+                                                   "text": text.embeddings()[0] if session.parallel else None,
+                                                   "camera": part.camera})
 
-    def make_run(model, cache, **kw):
-        return start_part(model, part, settings, y.cpu(), pad_context([pos], model.cfg.text_len).to(device), cache,
-                          None, device=device, **kw)
+        def wait_for_text():  # before the cache takes the VRAM the encoder holds
+            if text.background:
+                text.embeddings()
+                stats.mark("waiting for the text encoder")
 
-    def after(run, placement):
-        if save is not None:
-            state = finish_part(run, part, settings, None, context=pos, prompt=args.prompt, label=control)
-            state.condition = condition
-            save.write(state, placement)
+        def make_run(model, cache, **kw):
+            pos, = text.embeddings()
+            return start_part(model, part, settings, y.cpu(), pad_context([pos], model.cfg.text_len).to(device),
+                              cache, None, device=device, **kw)
 
-    latent, written = _sample(args, files, plan, device, make_run, vae if stream_vae else None, target, stats, speed,
-                              after=after, session=session)
+        def after(run, placement):
+            if save is not None:
+                pos, = text.embeddings()
+                state = finish_part(run, part, settings, None, context=pos, prompt=args.prompt, label=control)
+                state.condition = condition
+                save.write(state, placement)
+
+        latent, written = _sample(args, files, plan, device, make_run, vae if stream_vae else None, target, stats,
+                                  speed, after=after, session=session, before_load=lambda: text.before(LOAD_STEP),
+                                  before_cache=wait_for_text)
+    finally:
+        text.stop()
     report_compile(speed, log)
     if not session.is_main:
         return 0  # rank 0 decodes and writes the video
@@ -317,13 +341,15 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files, se
 
 
 def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, restore=None, z_before=None,
-            after=None, session=None):
+            after=None, session=None, before_load=None, before_cache=None):
     """Load, place, run the part's chunks; returns (latent, written path or None when the video is decoded later).
 
     make_run(model, cache, **kw) -> FastRun. restore: fill(i, k, v) + restore_counters(cache) of a saved cache
     (a continued video). z_before: the video's latent so far (the streaming decoder starts from its last frames,
     so the part's frames are exactly those of one whole decode). after(run, placement): called after the last chunk,
-    before the cache is freed (saving the state). session: a torchrun launch's (parallel.group.Session)."""
+    before the cache is freed (saving the state). session: a torchrun launch's (parallel.group.Session).
+    before_load() / before_cache(): called just before the model / the K/V cache takes its VRAM (the text stage
+    waits there for an encoder that could not run beside them)."""
     from ..memory.kv_placement import FastPlacement
     from ..speed.options import apply_speed
     from ..wan.sampling.sampler import Cancelled
@@ -338,17 +364,22 @@ def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, r
     bar = None
     t_decode = 0.0
     try:
+        if before_load is not None:
+            before_load()
         t0 = time.perf_counter()
         model = apply_speed(placement.load_model(files.fast, args.weights), speed)
         if session is not None:
             from . import parallel_flags
 
             parallel_flags.attach(session, model)  # this rank's tokens; its cache holds this rank's heads
+        log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
+        stats.mark("load")
+        if before_cache is not None:
+            before_cache()
         cache = placement.make_cache(fill=None if restore is None else restore.fill)
         if restore is not None:
             restore.restore_counters(cache)
-        log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
-        stats.mark("load")
+        stats.mark("K/V cache")
         if decoder is not None and z_before is not None:
             with torch.inference_mode():
                 warm_up(decoder, z_before.to(device))

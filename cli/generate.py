@@ -25,6 +25,9 @@ log = logging.getLogger("lingbot_world.generate")
 MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
 
 
+ENCODE_STEP = "the image's VAE encode"
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate",
@@ -155,7 +158,6 @@ def _run(args) -> int:
 
 
 def _generate(args, session, stats: RunStats) -> int:
-    from ..text_encoder.encode import encode_prompts
     from ..loaders.vae_files import load_vae
     from ..wan.dit.model import pad_context
     from ..wan.i2v import build_i2v_condition
@@ -181,12 +183,19 @@ def _generate(args, session, stats: RunStats) -> int:
     stats.mark("checks")
 
     # Text: child process (or the cache); nothing of T5 stays in this process. Several ranks: rank 0 encodes.
+    # The image's VAE encode runs beside the encoder when both fit in VRAM; the experts load after it.
+    from ..memory.overlap import Step
+    from ..wan.vae.footprint import vae_weight_bytes, vae_work_bytes
+    from ..wan.vae.model import VAEConfig
+    from . import text_stage
+
     negative = args.negative_prompt if args.negative_prompt else DEFAULT_NEGATIVE_PROMPT
-    pos, neg = session.from_main(lambda: encode_prompts(
-        files.t5, files.tokenizer, [args.prompt, negative], device=args.t5_device,
-        cache_dir=args.cache_dir, use_cache=not args.no_text_cache, timeout=args.t5_timeout,
-    ), "the text encoding")
-    stats.mark("text")
+    vae_cfg = pre.vae_config or VAEConfig()
+    vae_step = Step(ENCODE_STEP, vae_weight_bytes(vae_cfg) + vae_work_bytes(vae_cfg, height, width, frames,
+                                                                            args.vae_tiled, 256), 0)
+    text = text_stage.start(args, files, [args.prompt, negative], device, [vae_step], session, log)
+    if not text.background:
+        stats.mark("text")
 
     # I2V conditioning on the compute device; the VAE leaves the GPU while the experts run (rank 0 only).
     vae = None
@@ -200,8 +209,15 @@ def _generate(args, session, stats: RunStats) -> int:
         _empty_cache(device)
         return [cond]
 
-    (y,) = session.from_main(encode_image, "the first frame's encoding")
-    stats.mark("vae_encode")
+    try:
+        text.before(ENCODE_STEP)
+        (y,) = session.from_main(encode_image, "the first frame's encoding")
+        stats.mark("vae_encode")
+        pos, neg = text.embeddings()
+        if text.background:
+            stats.mark("waiting for the text encoder")
+    finally:
+        text.stop()
 
     settings = SamplingSettings(
         steps=args.steps, shift=args.shift, boundary=args.boundary, solver=args.solver, cfg_mode=args.cfg_mode,

@@ -263,7 +263,8 @@ class LingBotFastContinue:
                              "LingBot VAE Loader's VAE (a native Load VAE cannot encode the later frames' "
                              "conditioning); connect LingBot VAE Loader to LingBot Image To Video and queue again")
         from ..wan.i2v import ConditionTrack
-        from .i2v_nodes import load_vae_to_device, vae_work_bytes
+        from ..wan.vae.footprint import vae_work_bytes
+        from .i2v_nodes import load_vae_to_device
         from ..wan.vae.reach import encoder_reach
 
         cfg = i2v.vae.model.cfg

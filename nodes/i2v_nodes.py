@@ -8,6 +8,7 @@ import torch
 from ..wan.control.camera import usable_frames
 from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range, resize_first_frame
 from ..wan.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
+from ..wan.vae.footprint import vae_work_bytes
 from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
 from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
 from .progress import show_on_node
@@ -19,20 +20,8 @@ CUSTOM_SIZE = "custom"
 SIZE_CHOICES = tuple(SIZE_AREAS) + (CUSTOM_SIZE,)
 MAX_SIDE = 4096
 MAX_FRAMES = 1601
-CHUNK_FRAMES = 4  # the causal VAE works on 4 frames at a time
 CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
 FPS = 16  # LingBot-World's frame rate
-# Live float32 activations per pixel of a 4-frame chunk, in units of the VAE's base width: the widest
-# full-resolution stage (2 x dim channels) times ~8 tensors alive at once (inputs, norms, cache, outputs).
-VAE_ACTIVATION_FACTOR = 2 * 8
-
-
-def vae_work_bytes(cfg: VAEConfig, height: int, width: int, frames: int, tiled: bool, tile_px: int) -> int:
-    """Rough peak VRAM of one VAE encode/decode beyond the weights, for ComfyUI's free_memory."""
-    h, w = (min(height, tile_px), min(width, tile_px)) if tiled else (height, width)
-    chunk = CHUNK_FRAMES * h * w * cfg.dim * VAE_ACTIVATION_FACTOR * 4
-    video = 3 * frames * height * width * 4  # the full output (decode) / input (encode) video
-    return int(chunk + video)
 
 
 def choose_size(size: str, image_h: int, image_w: int, width: int, height: int) -> tuple[int, int]:

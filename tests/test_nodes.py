@@ -21,7 +21,8 @@ from lingbot_world.loaders.vae_files import VAEFileError
 from lingbot_world.loaders.vae_shapes import infer_vae_config, vae_config_for_file
 from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, comfy_paths
 from lingbot_world.nodes.camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
-from lingbot_world.nodes.i2v_nodes import choose_size, vae_work_bytes
+from lingbot_world.nodes.i2v_nodes import choose_size
+from lingbot_world.wan.vae.footprint import vae_work_bytes
 from lingbot_world.nodes.payloads import CATEGORY, I2VCondition
 from lingbot_world.nodes.sampler_node import plucker_for, text_contexts
 from lingbot_world.nodes.text_node import child_device

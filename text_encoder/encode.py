@@ -384,8 +384,9 @@ def encode_prompts(
             enc, tok, todo, device=device, dtype=dtype, max_length=max_length, timeout=timeout,
             cancel_check=cancel_check, progress=progress,
         )
-        log.info("text encoder: %d prompt(s) on %s in %.1f s (load %.1f s)", len(todo), status.get("device"),
-                 status.get("total_s", 0.0), status.get("load_s", 0.0))
+        startup = ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in (status.get("startup") or {}).items())
+        log.info("text encoder: %d prompt(s) on %s in %.1f s (load %.1f s; before it: %s)", len(todo),
+                 status.get("device"), status.get("total_s", 0.0), status.get("load_s", 0.0), startup or "?")
         for text, e in zip(todo, embeddings):
             if not all_finite(e):
                 raise TextEncoderError(

@@ -91,22 +91,35 @@ def run_job(job: dict) -> dict:
     if delay > 0:
         time.sleep(delay)
     t_start = time.perf_counter()
+    stages = {}  # seconds of each start-up stage: where a slow start goes
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        stages[name] = round(now - since, 4)
+        return now
+
     import torch
     from safetensors.torch import save_file
 
     t5_files = _pack_module("loaders.t5_files")
     t5_tokenizer = _pack_module("loaders.t5_tokenizer")
+    t = lap("import_s", t_start)
 
     source = t5_tokenizer.TokenizerSource(job["tokenizer"]["kind"], Path(job["tokenizer"]["path"]))
     tokenizer = t5_tokenizer.UMT5Tokenizer.from_source(source)
     max_length = int(job.get("max_length", t5_tokenizer.MAX_LENGTH))
     tokens = [tokenizer(text, max_length) for text in job["prompts"]]
+    t = lap("tokenize_s", t)
 
     info = t5_files.inspect_t5_file(job["encoder"])
     dtype = getattr(torch, job.get("dtype", "bfloat16"))
-    free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    t = lap("inspect_s", t)
+    requested = job.get("device", "auto")
+    # a CPU job never starts CUDA (its context costs seconds and VRAM)
+    free = torch.cuda.mem_get_info()[0] if requested != "cpu" and torch.cuda.is_available() else None
+    lap("cuda_init_s", t)
     needed = info.device_bytes(dtype)
-    device = choose_device(job.get("device", "auto"), needed, free)
+    device = choose_device(requested, needed, free)
 
     t0 = time.perf_counter()
     report("load", 0, 1, device=device)
@@ -137,6 +150,7 @@ def run_job(job: dict) -> dict:
         "load_s": round(load_s, 4),
         "encode_s": round(encode_s, 4),
         "total_s": round(time.perf_counter() - t_start, 4),
+        "startup": stages,
         "peak_rss_bytes": peak_rss_bytes(),
     }
     if device.startswith("cuda"):

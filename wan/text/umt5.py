@@ -87,12 +87,20 @@ class T5RMSNorm(nn.Module):
         return y.to(self.weight.dtype) * self.weight
 
 
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding; built under torch.device("meta") it skips the random init, whose meta kernel costs the text
+    encoder's child ~2 s of one-off imports before it reads a byte."""
+    if torch.empty(0).is_meta:
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
+
 class RelativePositionBias(nn.Module):
     def __init__(self, num_buckets: int, num_heads: int, max_distance: int):
         super().__init__()
         self.num_buckets = num_buckets
         self.max_distance = max_distance
-        self.embedding = nn.Embedding(num_buckets, num_heads)
+        self.embedding = _embedding(num_buckets, num_heads)
 
     def forward(self, lq: int, lk: int) -> torch.Tensor:
         """Bias [1, heads, lq, lk]."""
@@ -156,7 +164,7 @@ class UMT5Encoder(nn.Module):
     def __init__(self, cfg: UMT5Config):
         super().__init__()
         self.cfg = cfg
-        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.token_embedding = _embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList([UMT5Block(cfg) for _ in range(cfg.num_layers)])
         self.norm = T5RMSNorm(cfg.dim, cfg.eps)
 

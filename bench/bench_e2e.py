@@ -1,0 +1,246 @@
+"""Benchmark: end to end through the CLI, wall clock from process start to exit, the Fast model against the base
+model on the same 480x832x81 video in one session, full-size random weights in the real formats.
+
+    # one H100, < 9 minutes (builds ~45 GB of files in --workdir first, ~2 minutes)
+    python -m lingbot_world.bench.bench_e2e --workdir /tmp/lwe --out bench/results/e2e_h100.json
+    python -m lingbot_world.bench.bench_e2e --tiny --out /tmp/e2e_tiny.json           # CPU smoke run
+
+Files: the Fast model and one base expert as random NF4 experts (community layout; the low-noise expert is the
+high one under another name: a real switch, the same bytes), the release's umT5 .pth (bf16, 11.4 GB), the Wan2.1
+VAE .pth, a small trained tokenizer. Every run is `generate` in a fresh process started by this one (its wall time
+includes Python's start, imports and CUDA's); the CLI's summary line gives the stages.
+- fast_cold: `--model fast`, prompt not cached (--no-text-cache: the umT5 child runs, beside the loading where it fits);
+- fast_cached: the same with the prompt in the cache (what every later run of that prompt costs);
+- base_2 / base_4: the base model with --steps 2 and 4 (each one expert switch); 70 steps would take ten minutes, so
+  base end to end = wall(2) + 68 x (wall(4) - wall(2)) / 2 (the slope is one step's seconds, CFG included).
+A card is simulated with `set_per_process_memory_fraction` (--cap-gib minus --context-gib) in the CLI process; the
+umT5 child is not capped by it, but the CLI counts the child's VRAM against that cap before loading anything beside it,
+and nvidia-smi's peak (parent + child) is recorded to show that both fit on such a card.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .common import earlier_results, machine_info, write_json
+
+MODULE = __spec__.name if __spec__ is not None else __name__
+PACKAGE = MODULE.rsplit(".bench.", 1)[0]
+GiB = 1024**3
+STEPS = 70
+PROMPT = "A stone bridge over a river in a quiet mountain village, morning light, the camera glides forward."
+TARGET = 20.0  # issue #14: Fast >= 20x faster than the base model end to end
+
+
+# ---- the files -------------------------------------------------------------------------------------------------
+def build_files(workdir: Path, tiny: bool, device: str) -> dict:
+    """Reused when present (config.json of the experts matches; the other files exist)."""
+    from ..wan.dit.model import DiTConfig
+    from ..wan.text.umt5 import UMT5Config
+    from ..wan.vae.model import VAEConfig, WanVAE
+    from .bench_pipeline import bench_config, write_random_experts
+    from .bench_t5 import build_release_file, train_tokenizer
+
+    t0 = time.perf_counter()
+    base = bench_config(tiny)
+    cfgs = {"fast": DiTConfig(**{**base.__dict__, "causal": True}), "base": base}
+    paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4", "base": workdir / "high_noise_model_bnb_nf4"}
+    write_random_experts(paths, cfgs, device, timeout=900)
+    low = workdir / "low_noise_model_bnb_nf4"
+    if not low.exists():
+        low.symlink_to(paths["base"].name)
+    t5 = workdir / "models_t5_umt5-xxl-enc-bf16.pth"
+    if not t5.is_file():
+        tmp = t5.with_suffix(".tmp")
+        build_release_file(tmp, UMT5Config.tiny() if tiny else UMT5Config(), device)
+        os.replace(tmp, t5)
+    vae = workdir / "Wan2.1_VAE.pth"
+    if not vae.is_file():
+        torch.manual_seed(20)
+        model = WanVAE(VAEConfig())  # the CLI knows the real VAE only (outside a demo folder)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, vae.with_suffix(".tmp"))
+        os.replace(vae.with_suffix(".tmp"), vae)
+    tok = workdir / "tokenizer" / "spiece.model"
+    if not tok.is_file():
+        train_tokenizer(tok.parent, 400 if tiny else 2000)
+    return {"fast": paths["fast"], "high": paths["base"], "low": low, "t5": t5, "vae": vae, "tokenizer": tok,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+# ---- one CLI run -------------------------------------------------------------------------------------------------
+def child_main(spec: dict) -> int:
+    """In the fresh process: cap the allocator like the card, then run the CLI exactly as a user would."""
+    import importlib
+
+    if spec.get("cap_bytes") and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_bytes"] / total), 0)
+    cli = importlib.import_module(f"{PACKAGE}.cli")
+    return cli.main(spec["argv"])
+
+
+class SmiPeak:
+    """nvidia-smi's used MiB, polled every 0.2 s in a thread (parent + child processes together)."""
+
+    def __init__(self):
+        self.peak = None
+        self._stop = threading.Event()
+        self._thread = None
+        if shutil.which("nvidia-smi"):
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-i", "0"], capture_output=True, text=True, timeout=5).stdout
+                used = int(out.strip().splitlines()[0])
+                self.peak = used if self.peak is None else max(self.peak, used)
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                pass
+            self._stop.wait(0.2)
+
+    def stop(self) -> Optional[int]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.peak
+
+
+def summary_stages(stdout: str) -> dict:
+    """{stage: seconds} and the CLI's own total from its summary line 'seed N; total Xs (a 1.0s, b 2.0s, ...)'."""
+    m = re.search(r"total ([\d.]+)s \((.*)\)", stdout)
+    if not m:
+        return {}
+    stages = {name.strip(): float(sec) for name, sec in re.findall(r"([^,]+?) ([\d.]+)s", m.group(2))}
+    return {"cli_total_s": float(m.group(1)), "stages": stages}
+
+
+def run_cli(name: str, argv: list, cap_bytes: Optional[int], timeout: float, log_dir: Path) -> dict:
+    spec = {"argv": argv, "cap_bytes": cap_bytes}
+    smi = SmiPeak()
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", MODULE, "--child", json.dumps(spec)], capture_output=True, text=True,
+                          timeout=timeout)
+    wall = time.perf_counter() - t0
+    peak = smi.stop()
+    (log_dir / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    out = {"rc": proc.returncode, "wall_s": round(wall, 2), "smi_peak_mib": peak, **summary_stages(proc.stdout)}
+    if proc.returncode != 0:
+        out["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1][:500]
+    t5 = re.search(r"text encoder: \d+ prompt\(s\) on (\S+) in ([\d.]+) s \((.*)\)", proc.stderr)
+    if t5:
+        out["t5_device"], out["t5_child_total_s"], out["t5_child_stages"] = t5.group(1), float(t5.group(2)), t5.group(3)
+    beside = re.search(r"text encoder on \S+ in the background; (.*)", proc.stderr)
+    out["text_beside"] = beside.group(1).strip() if beside else None
+    return out
+
+
+def run(args) -> dict:
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    res = earlier_results(out, True, "e2e")
+    res.update(machine=machine_info(), device=device, tiny=args.tiny, prompt=PROMPT, cap_gib=args.cap_gib)
+    files = build_files(workdir, args.tiny, device)
+    res["files_seconds"] = files.pop("seconds")
+    image = Path(__file__).resolve().parents[1] / "assets" / "examples" / "00" / "image.jpg"
+    cache = workdir / "text_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    video = ["--frames", "17", "--size", "64*112"] if args.tiny else ["--frames", "81", "--size", "480*832"]
+    common = ["generate", "--image", str(image), "--prompt", PROMPT, "--t5", str(files["t5"]), "--vae", str(files["vae"]),
+              "--tokenizer", str(files["tokenizer"]), "--cache-dir", str(cache), "--seed", "7", *video]
+    if device == "cpu":
+        common += ["--device", "cpu"]
+    ffmpeg = shutil.which("ffmpeg") is not None or _has_imageio_ffmpeg()
+    cap = int((args.cap_gib - args.context_gib) * GiB) if device == "cuda" and args.cap_gib else None
+    fast = ["--model", "fast", "--fast-model", str(files["fast"])]
+    base = ["--high", str(files["high"]), "--low", str(files["low"])]
+    runs = {
+        "fast_cold": fast + ["--no-text-cache"],
+        "fast_cached": fast,  # the cache holds the prompt once fast_cold's twin below has run
+        "base_2": base + ["--steps", "2", "--no-text-cache"],
+        "base_4": base + ["--steps", "4", "--no-text-cache"],
+    }
+    res["runs"] = {}
+    # the cached run needs the prompt in the cache: one run that stores it (not timed as a case) comes first
+    warm = run_cli("store_prompt", common + fast + ["--out", str(workdir / "warm" if not ffmpeg else workdir / "warm.mp4")],
+                   cap, args.timeout, workdir)
+    res["store_prompt"] = warm
+    for name in args.runs:
+        target = workdir / (f"{name}.mp4" if ffmpeg else name)
+        if not ffmpeg:
+            shutil.rmtree(target, ignore_errors=True)
+        print(f"[{name}] ...", flush=True)
+        r = run_cli(name, common + runs[name] + ["--out", str(target)], cap, args.timeout, workdir)
+        res["runs"][name] = r
+        print(f"[{name}] {r.get('error') or str(r['wall_s']) + ' s wall'} {json.dumps(r.get('stages', {}))}",
+              flush=True)
+        if out is not None:
+            write_json(out, res)
+    res["output"] = "mp4 (ffmpeg)" if ffmpeg else "PNG frames (no ffmpeg on this machine)"
+    res["summary"] = summarize(res["runs"])
+    if out is not None:
+        write_json(out, res)
+    print(json.dumps(res["summary"], indent=1))
+    return res
+
+
+def _has_imageio_ffmpeg() -> bool:
+    try:
+        import imageio_ffmpeg
+
+        return Path(imageio_ffmpeg.get_ffmpeg_exe()).is_file()
+    except Exception:
+        return False
+
+
+def summarize(runs: dict) -> dict:
+    s: dict = {}
+    b2, b4 = runs.get("base_2", {}), runs.get("base_4", {})
+    if b2.get("rc") == 0 and b4.get("rc") == 0:
+        step = (b4["wall_s"] - b2["wall_s"]) / 2
+        s["base_s_per_step"] = round(step, 3)
+        s["base_end_to_end_s"] = round(b2["wall_s"] + (STEPS - 2) * step, 1)
+        for name in ("fast_cold", "fast_cached"):
+            r = runs.get(name, {})
+            if r.get("rc") == 0:
+                ratio = s["base_end_to_end_s"] / r["wall_s"]
+                s[f"{name}_s"] = r["wall_s"]
+                s[f"{name}_speedup"] = round(ratio, 2)
+                s[f"{name}_meets_{TARGET:g}x"] = ratio >= TARGET
+    return s
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (smoke run)")
+    p.add_argument("--workdir", default="/tmp/lingbot_e2e")
+    p.add_argument("--out", default=None, help="results JSON")
+    p.add_argument("--runs", default="fast_cold,fast_cached,base_2,base_4", type=lambda s: s.split(","))
+    p.add_argument("--cap-gib", type=float, default=24.0, help="simulated card size (0: the whole GPU)")
+    p.add_argument("--context-gib", type=float, default=0.5, help="the CUDA context's share of the card")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per CLI run")
+    args = p.parse_args(argv)
+    if args.child is not None:
+        return child_main(json.loads(args.child))
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
