@@ -7,10 +7,12 @@ model on the same 480x832x81 video in one session, full-size random weights in t
 
 Files: the Fast model and one base expert as random NF4 experts (community layout; the low-noise expert is the
 high one under another name: a real switch, the same bytes), the release's umT5 .pth (bf16, 11.4 GB), the Wan2.1
-VAE .pth, a small trained tokenizer. Every run is `generate` in a fresh process started by this one (its wall time
-includes Python's start, imports and CUDA's); the CLI's summary line gives the stages.
+VAE .pth, a small trained tokenizer. Every run is `generate` with its defaults (speed `auto` included) in a fresh
+process started by this one: its wall time includes Python's start, the imports, CUDA's start and the exit; the
+CLI's summary line gives its stages, and time stamps say where the seconds outside them go.
+- store_prompt, base_warm: untimed warm-ups (page cache, the prompt cache, inductor's kernels);
 - fast_cold: `--model fast`, prompt not cached (--no-text-cache: the umT5 child runs, beside the loading where it fits);
-- fast_cached: the same with the prompt in the cache (what every later run of that prompt costs);
+- fast_cached: the same with the prompt in the cache (what every later run of that prompt costs); fast_cached_compile_off;
 - base_2 / base_4: the base model with --steps 2 and 4 (each one expert switch); 70 steps would take ten minutes, so
   base end to end = wall(2) + 68 x (wall(4) - wall(2)) / 2 (the slope is one step's seconds, CFG included).
 A card is simulated with `set_per_process_memory_fraction` (--cap-gib minus --context-gib) in the CLI process; the
@@ -83,11 +85,22 @@ def child_main(spec: dict) -> int:
     """In the fresh process: cap the allocator like the card, then run the CLI exactly as a user would."""
     import importlib
 
+    import atexit
+
+    times = {"enter": time.time()}
     if spec.get("cap_bytes") and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_bytes"] / total), 0)
+    times["cuda"] = time.time()
     cli = importlib.import_module(f"{PACKAGE}.cli")
-    return cli.main(spec["argv"])
+    times["cli_imported"] = time.time()
+    # the last thing this process says before Python's own teardown (modules, CUDA, pinned memory)
+    atexit.register(lambda: print("E2E_TIMES " + json.dumps({**times, "atexit": time.time()}), file=sys.stderr,
+                                  flush=True))
+    try:
+        return cli.main(spec["argv"])
+    finally:
+        times["main_done"] = time.time()
 
 
 class SmiPeak:
@@ -131,13 +144,23 @@ def summary_stages(stdout: str) -> dict:
 def run_cli(name: str, argv: list, cap_bytes: Optional[int], timeout: float, log_dir: Path) -> dict:
     spec = {"argv": argv, "cap_bytes": cap_bytes}
     smi = SmiPeak()
+    t_spawn = time.time()
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", MODULE, "--child", json.dumps(spec)], capture_output=True, text=True,
                           timeout=timeout)
     wall = time.perf_counter() - t0
+    t_end = time.time()
     peak = smi.stop()
     (log_dir / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     out = {"rc": proc.returncode, "wall_s": round(wall, 2), "smi_peak_mib": peak, **summary_stages(proc.stdout)}
+    stamp = re.search(r"E2E_TIMES (\{.*\})", proc.stderr)
+    if stamp:  # where the seconds outside the CLI's own summary go
+        t = json.loads(stamp.group(1))
+        out["process"] = {"python_and_torch_import_s": round(t["enter"] - t_spawn, 2),
+                          "cuda_init_s": round(t["cuda"] - t["enter"], 2),
+                          "cli_import_s": round(t["cli_imported"] - t["cuda"], 2),
+                          "main_s": round(t["main_done"] - t["cli_imported"], 2),
+                          "exit_s": round(t_end - t["main_done"], 2)}
     if proc.returncode != 0:
         out["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1][:500]
     t5 = re.search(r"text encoder: \d+ prompt\(s\) on (\S+) in ([\d.]+) s \((.*)\)", proc.stderr)
@@ -169,26 +192,32 @@ def run(args) -> dict:
     cap = int((args.cap_gib - args.context_gib) * GiB) if device == "cuda" and args.cap_gib else None
     fast = ["--model", "fast", "--fast-model", str(files["fast"])]
     base = ["--high", str(files["high"]), "--low", str(files["low"])]
-    runs = {
-        "fast_cold": fast + ["--no-text-cache"],
-        "fast_cached": fast,  # the cache holds the prompt once fast_cold's twin below has run
-        "base_2": base + ["--steps", "2", "--no-text-cache"],
-        "base_4": base + ["--steps", "4", "--no-text-cache"],
+    runs = {  # name: (extra flags, timed?); the untimed ones warm the page cache, the prompt cache and inductor's
+        "store_prompt": (fast + ["--frames", "17"], False),
+        "fast_cold": (fast + ["--no-text-cache"], True),
+        "fast_cached": (fast, True),
+        "fast_cached_compile_off": (fast + ["--compile", "off"], True),
+        "base_warm": (base + ["--steps", "1", "--no-text-cache"], False),
+        "base_2": (base + ["--steps", "2", "--no-text-cache"], True),
+        "base_4": (base + ["--steps", "4", "--no-text-cache"], True),
     }
     res["runs"] = {}
-    # the cached run needs the prompt in the cache: one run that stores it (not timed as a case) comes first
-    warm = run_cli("store_prompt", common + fast + ["--out", str(workdir / "warm" if not ffmpeg else workdir / "warm.mp4")],
-                   cap, args.timeout, workdir)
-    res["store_prompt"] = warm
     for name in args.runs:
+        extra, timed = runs[name]
         target = workdir / (f"{name}.mp4" if ffmpeg else name)
         if not ffmpeg:
             shutil.rmtree(target, ignore_errors=True)
         print(f"[{name}] ...", flush=True)
-        r = run_cli(name, common + runs[name] + ["--out", str(target)], cap, args.timeout, workdir)
+        argv = common + extra + ["--out", str(target)]
+        if "--frames" in extra:  # the warm-up's own length replaces the video's
+            i = argv.index("--frames")
+            del argv[i:i + 2]
+            argv += ["--frames", extra[extra.index("--frames") + 1]]
+        r = run_cli(name, argv, cap, args.timeout, workdir)
+        r["timed"] = timed
         res["runs"][name] = r
-        print(f"[{name}] {r.get('error') or str(r['wall_s']) + ' s wall'} {json.dumps(r.get('stages', {}))}",
-              flush=True)
+        print(f"[{name}] {r.get('error') or str(r['wall_s']) + ' s wall'} {json.dumps(r.get('stages', {}))} "
+              f"{json.dumps(r.get('process', {}))}", flush=True)
         if out is not None:
             write_json(out, res)
     res["output"] = "mp4 (ffmpeg)" if ffmpeg else "PNG frames (no ffmpeg on this machine)"
@@ -215,7 +244,7 @@ def summarize(runs: dict) -> dict:
         step = (b4["wall_s"] - b2["wall_s"]) / 2
         s["base_s_per_step"] = round(step, 3)
         s["base_end_to_end_s"] = round(b2["wall_s"] + (STEPS - 2) * step, 1)
-        for name in ("fast_cold", "fast_cached"):
+        for name in ("fast_cold", "fast_cached", "fast_cached_compile_off"):
             r = runs.get(name, {})
             if r.get("rc") == 0:
                 ratio = s["base_end_to_end_s"] / r["wall_s"]
@@ -231,7 +260,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (smoke run)")
     p.add_argument("--workdir", default="/tmp/lingbot_e2e")
     p.add_argument("--out", default=None, help="results JSON")
-    p.add_argument("--runs", default="fast_cold,fast_cached,base_2,base_4", type=lambda s: s.split(","))
+    p.add_argument("--runs", default="store_prompt,fast_cold,fast_cached,fast_cached_compile_off,base_warm,base_2,base_4",
+                   type=lambda s: s.split(","))
     p.add_argument("--cap-gib", type=float, default=24.0, help="simulated card size (0: the whole GPU)")
     p.add_argument("--context-gib", type=float, default=0.5, help="the CUDA context's share of the card")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per CLI run")

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -32,6 +33,7 @@ FFMPEG_ARGS = {
     ".gif": ["-vf", "split[a][b];[a]palettegen=stats_mode=diff[p];[b][p]paletteuse", "-loop", "0", "-f", "gif"],
 }
 FRAME_NAME = "frame_{:04d}.png"
+PNG_THREADS = max(1, min(8, (os.cpu_count() or 2) - 1))
 _FRAME_FILE = re.compile(r"^frame_\d{4,}\.png$")
 
 
@@ -142,15 +144,20 @@ class VideoWriter:
         self._tmp = temp_path(target.path)
         if target.container is None:
             self._tmp.mkdir()
+        # Encoding runs on worker threads (zlib and the pipe write release the GIL), so the next chunk samples on
+        # the GPU meanwhile; PNG frames in parallel, the ffmpeg pipe in order on one thread.
+        workers = PNG_THREADS if target.container is None else 1
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="video-writer")
+        self._pending: list[Future] = []
 
     def append(self, video: torch.Tensor) -> None:
-        """Frames [3, T, H, W] in [-1, 1]."""
+        """Frames [3, T, H, W] in [-1, 1]; copied to host memory here, encoded in the background (errors are raised
+        by the next append or by close)."""
         frames = to_uint8_frames(video)
+        self._raise_failed()
         if self.target.container is None:
-            from PIL import Image
-
             for f in frames:
-                Image.fromarray(f).save(self._tmp / FRAME_NAME.format(self.frames))
+                self._pending.append(self._pool.submit(_save_png, f, self._tmp / FRAME_NAME.format(self.frames)))
                 self.frames += 1
             return
         size = (frames.shape[2], frames.shape[1])
@@ -162,11 +169,33 @@ class VideoWriter:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         elif size != self._size:
             raise VideoWriteError(f"frame size {size} differs from the first frames' {self._size}")
+        self._pending.append(self._pool.submit(self._pipe, np.ascontiguousarray(frames)))
+        self.frames += len(frames)
+
+    def _pipe(self, frames: np.ndarray) -> None:
         try:
-            self._proc.stdin.write(np.ascontiguousarray(frames).tobytes())
+            self._proc.stdin.write(frames.tobytes())
         except BrokenPipeError:
             self._fail_encoder()
-        self.frames += len(frames)
+
+    def _raise_failed(self) -> None:
+        """The first error of a finished background write, if any."""
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for f in done:
+            f.result()
+
+    def _drain(self) -> None:
+        """Wait for every queued frame; raise the first error."""
+        pending, self._pending = self._pending, []
+        errors = []
+        for f in pending:
+            try:
+                f.result()
+            except BaseException as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def _fail_encoder(self) -> None:
         proc = self._proc
@@ -188,6 +217,8 @@ class VideoWriter:
     def close(self) -> Path:
         """Finish, verify and rename into place; returns the path written (it exists)."""
         try:
+            self._drain()
+            self._pool.shutdown()
             if self.frames == 0:
                 raise VideoWriteError("no frames to write")
             if self.target.container is not None:
@@ -222,11 +253,22 @@ class VideoWriter:
 
     def abort(self) -> None:
         """Stop the encoder and remove the temp; the target keeps its old content."""
+        for f in self._pending:
+            f.cancel()
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            proc.kill()
+            proc.kill()  # a write blocked on the pipe fails now instead of waiting
+        self._pool.shutdown(wait=True)
+        self._pending = []
+        if proc is not None:
             proc.wait()
         remove_path(self._tmp)
+
+
+def _save_png(frame: np.ndarray, path: Path) -> None:
+    from PIL import Image
+
+    Image.fromarray(frame).save(path)
 
 
 def write_video(video: torch.Tensor, target: OutputTarget, fps: int = 16) -> Path:

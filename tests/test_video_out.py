@@ -146,3 +146,37 @@ def test_interrupt_while_encoding_stops_ffmpeg_and_keeps_the_previous_video(tmp_
     assert not psutil.pid_exists(encoder) or psutil.Process(encoder).status() == psutil.STATUS_ZOMBIE
     assert out.read_bytes() == b"previous video"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake_ffmpeg", "ffmpeg.pid", "out.mp4"]
+
+
+def test_frames_are_encoded_in_the_background_and_errors_surface_at_close(tmp_path, monkeypatch):
+    """append() returns once the frames are in host memory (the next chunk samples while they are encoded);
+    a failed background write is raised by close() and nothing is saved."""
+    import threading
+    import time
+
+    from lingbot_world.cli import video_out
+
+    release = threading.Event()
+    real_save = video_out._save_png
+
+    def slow_save(frame, path):
+        release.wait(10)
+        real_save(frame, path)
+
+    monkeypatch.setattr(video_out, "_save_png", slow_save)
+    writer = video_out.VideoWriter(plan_output(tmp_path / "frames"))
+    t = time.perf_counter()
+    writer.append(_video(frames=4))
+    assert time.perf_counter() - t < 1.0 and writer.frames == 4
+    release.set()
+    assert writer.close() == tmp_path / "frames" and len(_names(tmp_path / "frames")) == 4
+
+    def broken_save(frame, path):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(video_out, "_save_png", broken_save)
+    writer = video_out.VideoWriter(plan_output(tmp_path / "other"))
+    writer.append(_video(frames=3))
+    with pytest.raises(OSError, match="disk full"):
+        writer.close()
+    assert not (tmp_path / "other").exists() and _names(tmp_path) == ["frames"]
