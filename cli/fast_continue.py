@@ -163,7 +163,7 @@ def run(args) -> int:
     from .generate import _empty_cache
     from .preflight import resolve_device
     from .progress import RunStats
-    from .speed_flags import log_speed_plan, report_compile, speed_plan
+    from .speed_flags import fast_compile_policy, log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output, write_video
 
     stats = RunStats()
@@ -208,6 +208,7 @@ def run(args) -> int:
     print(f"continuing {sf.path} ({sf.file_bytes / 1e9:.2f} GB): {state.frames} frames so far ({state.chunks} chunks), "
           f"+ {part.frames} frames ({part.chunks} chunks), camera: {control}", flush=True)
     save = SaveState.plan(args, st, cfg, total_lat)
+    speed = fast_compile_policy(speed, args, part.chunks)
     log_speed_plan(speed, log)
 
     plan, stream_vae = _plan(args, cfg, layout, device, st.height, st.width, part.camera is not None, files)

@@ -101,7 +101,7 @@ def _run(args, session) -> int:
     from .generate import _empty_cache
     from .preflight import noise_source, resolve_device
     from .progress import RunStats
-    from .speed_flags import log_speed_plan, report_compile, speed_plan
+    from .speed_flags import fast_compile_policy, log_speed_plan, report_compile, speed_plan
     from .video_out import plan_output
     from . import fast_continue
 
@@ -151,6 +151,7 @@ def _run(args, session) -> int:
         log.warning("K/V cache: %s", layout.note)
     control = source.label or ("none" if source.kind == "none" else source.kind)
     save = fast_continue.SaveState.plan(args, settings, cfg, part.latent_frames)
+    speed = fast_compile_policy(speed, args, part.chunks)
     log_speed_plan(speed, log)
     if session.is_main:
         print(f"Fast model: {height}x{width}, {frames} frames ({part.latent_frames} latent frames, {part.chunks} "
