@@ -132,3 +132,73 @@ def test_held_weight_is_prepared_once(monkeypatch):
         whole = lin(x)
     assert len(calls) == 2
     assert torch.equal(torch.cat(chunks, dim=1), whole)
+
+
+# ---- a DiT block hands its FP8 linears each activation quantized once -----------------------------------------
+def nf4_tiny_dit(seed: int = 4):
+    from lingbot_world.quant.nf4 import replace_linears_with_nf4
+    from lingbot_world.wan.dit.model import DiTConfig, WanDiT
+
+    cfg = DiTConfig.tiny()
+    ref = WanDiT(cfg).eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_((1 + 0.3 * torch.randn(p.shape, generator=g)) if "norm" in name else
+                    torch.randn(p.shape, generator=g) / (p[0].numel() ** 0.5 if p.dim() >= 2 else 3))
+    model = WanDiT(cfg, device="meta")
+    replace_linears_with_nf4(model, cfg.num_layers, torch.bfloat16)
+    sd = ref.state_dict()
+    for name, mod in model.named_modules():
+        if isinstance(mod, NF4Linear):
+            mod.load_float_weight(sd[f"{name}.weight"])
+    rest = {k: v.to(torch.bfloat16) for k, v in sd.items()
+            if not (k.endswith(".weight") and isinstance(model.get_submodule(k[:-7]), NF4Linear))}
+    model.load_state_dict(rest, strict=False, assign=True)
+    model.compute_dtype = torch.bfloat16
+    for m in model.modules():
+        if isinstance(m, NF4Linear):
+            m.set_compute("fp8", min_rows=1)
+    g = torch.Generator().manual_seed(seed + 1)
+    x, y = torch.randn(1, 16, 3, 12, 20, generator=g), torch.randn(1, 20, 3, 12, 20, generator=g)
+    cam = torch.randn(1, 384, 3, 12, 20, generator=g)
+    ctx = [torch.randn(7, cfg.text_dim, generator=g)]
+    return model.eval().requires_grad_(False), (x, torch.tensor([700]), ctx, y), cam
+
+
+def test_fp8_activations_are_quantized_once_with_the_same_result(monkeypatch):
+    from lingbot_world.wan.dit import blocks
+
+    model, inputs, cam = nf4_tiny_dit()
+    calls = []
+    original = fp8.quantize_rows
+    monkeypatch.setattr(fp8, "quantize_rows", lambda t: calls.append(tuple(t.shape)) or original(t))
+    with torch.inference_mode():
+        model.set_token_chunk(64)  # 180 tokens: chunks of 64, 64, 52
+        shared = model(*inputs, camera=cam)
+        n_shared = len(calls)
+        calls.clear()
+        monkeypatch.setattr(blocks, "shared_fp8_quantizer", lambda *a: None)  # every linear quantizes its input
+        alone = model(*inputs, camera=cam)
+    # q/k/v share one quantization, the FiLM's scale/shift another: 3 fewer per block and chunk
+    assert n_shared == len(calls) - 3 * model.cfg.num_layers * 3
+    assert torch.equal(shared, alone)  # the same FP8 values reach the same GEMMs
+
+
+@pytest.mark.slow  # traces the FP8 phases through dynamo (aot_eager): ~15 s on two cores
+def test_fp8_phases_compile(monkeypatch):
+    from lingbot_world.speed import compile as compile_mod
+    from lingbot_world.speed.options import compiled_quantizers, compiled_token_ops
+
+    monkeypatch.setattr(compile_mod, "BACKEND", "aot_eager")
+    model, inputs, cam = nf4_tiny_dit(seed=6)
+    with torch.inference_mode():
+        model.set_token_chunk(64)
+        eager = model(*inputs, camera=cam)
+        model.set_token_ops(compiled_token_ops(strict=True))
+        ops = compiled_quantizers(strict=True)
+        for m in model.modules():
+            if isinstance(m, NF4Linear):
+                m.set_compute("fp8", min_rows=1, ops=ops)
+        compiled = model(*inputs, camera=cam)
+    assert torch.isfinite(compiled).all() and rel_err(compiled, eager) <= 1e-6  # measured: 0.0

@@ -118,9 +118,9 @@ def test_inductor_phases_match_eager_without_recompiles():
         for m in (high, low):
             apply_speed(m, plan)
             m.set_token_chunk(200)  # 480 tokens: two full chunks and a short one
-        assert rel_err(high(x, t, ctx, y, camera=cam), eager[id(high)]) < 5e-3
+        assert rel_err(high(x, t, ctx, y, camera=cam), eager[id(high)]) < 1e-3  # eager's bf16 roundings emulated
         graphs = compile_mod._graph_count()
-        assert rel_err(low(x, t, ctx, y, camera=cam), eager[id(low)]) < 5e-3  # the expert switch
+        assert rel_err(low(x, t, ctx, y, camera=cam), eager[id(low)]) < 1e-3  # the expert switch
         high.set_token_chunk(150)
         high(x, t, ctx, y, camera=cam)
         assert compile_mod._graph_count() == graphs, "recompiled at the expert switch or for a new chunk length"

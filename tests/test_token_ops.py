@@ -238,3 +238,41 @@ def test_compile_failure_falls_back_or_raises(aot_eager, caplog):
     strict = compile_mod.CompiledFn(breaks_the_graph, strict=True, backend="aot_eager")
     with pytest.raises(compile_mod.CompileUnavailable, match="breaks_the_graph"):
         strict(x)
+
+
+@pytest.mark.slow  # builds two small C++ kernels with inductor: ~10 s on two cores
+def test_inductor_phases_round_where_eager_rounds(tmp_path, monkeypatch):
+    """Inductor keeps a fused kernel's bf16 intermediates in float32 unless told to emulate eager's casts; the
+    camera FiLM's bf16 `1 + scale` alone then differs from eager by up to 1.2e-2 (measured). The compiled phases
+    must round where eager (and the reference) rounds."""
+    if compile_mod.unavailable_reason(torch.device("cpu")):
+        pytest.skip(compile_mod.unavailable_reason(torch.device("cpu")))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "BACKEND", "inductor")
+    assert compile_mod.inductor_options("inductor") == {"emulate_precision_casts": True}
+    assert compile_mod.inductor_options("aot_eager") is None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 64, 256, generator=gen)
+    scale = (0.05 * torch.randn(1, 64, 256, generator=gen)).bfloat16()
+    shift = torch.randn(1, 64, 256, generator=gen).bfloat16()
+    t = torch.randn(1, 64, 256, generator=gen).bfloat16()
+    norm = token_ops_rms_norm(256, gen)
+    cos, sin = (f(torch.rand(64, 64, generator=gen) * 6) for f in (torch.cos, torch.sin))
+    with torch.inference_mode():
+        eager_film = token_ops.film(x.clone(), scale.clone(), shift)
+        film = compile_mod.CompiledFn(token_ops.film, strict=True, backend="inductor")
+        assert (film(x.clone(), scale.clone(), shift) - eager_film).abs().max() <= 1e-5
+        out_e, out_c = (torch.empty(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+        token_ops.qk_norm_rope(t, norm, cos, sin, out_e)
+        compile_mod.CompiledFn(token_ops.qk_norm_rope, strict=True, backend="inductor")(t, norm, cos, sin, out_c)
+        # bf16 outputs: at most a rare one-ulp flip from float32 reduction order
+        assert (out_c.float() - out_e.float()).abs().max() <= 2 ** -7 * out_e.float().abs().max()
+        assert (out_c != out_e).float().mean() <= 1e-3
+
+
+def token_ops_rms_norm(dim: int, gen: torch.Generator):
+    from lingbot_world.wan.dit.blocks import WanRMSNorm
+
+    norm = WanRMSNorm(dim, dtype=torch.bfloat16).requires_grad_(False)
+    norm.weight.copy_(1 + 0.3 * torch.randn(dim, generator=gen))
+    return norm
