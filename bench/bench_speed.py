@@ -60,7 +60,8 @@ CASES: dict[str, dict] = {
     "compile_warm": dict(kind=FORWARD, compile="blocks"),
     # compile as before eager's bf16 casts were emulated (inductor keeps fused bf16 intermediates in float32): the
     # error that emulation removes, measured in the same session (not in the default cases)
-    "compile_noemulate": dict(kind=FORWARD, compile="blocks", inductor_options={}),
+    "compile_noemulate": dict(kind=FORWARD, compile="blocks", inductor_options={}, profile=True),
+    "fp8_compile_noemulate": dict(kind=FORWARD, compute="fp8", compile="blocks", inductor_options={}, profile=True),
     "fp8": dict(kind=FORWARD, compute="fp8"),
     "fp8_compile": dict(kind=FORWARD, compute="fp8", compile="blocks", profile=True),
     "int8": dict(kind=FORWARD, compute="int8"),
