@@ -275,55 +275,21 @@ class NF4Linear(Linear4bit):
             w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(dtype)
         else:
             w = self.dequantized_weight(dtype)
-        if kind == "fp8":
-            prepared = (self._lowp_ops or {}).get("fp8_weight", fp8.quantize_weight)(w)
-        else:
-            prepared = int8.quantize_weight(w) if kind == "int8" else w
+        prepared = fp8.quantize_weight(w) if kind == "fp8" else int8.quantize_weight(w) if kind == "int8" else w
         if self._held is not None:
             self._held[key] = prepared
         return prepared
 
     def _mode_for(self, x: torch.Tensor, dtype: torch.dtype) -> str:
-        return self._mode_for_rows(x.numel() // max(1, x.shape[-1]), dtype)
-
-    def _mode_for_rows(self, rows: int, dtype: torch.dtype) -> str:
         if self.compute_mode == "bf16" or dtype not in (torch.bfloat16, torch.float16):
             return "bf16"
+        rows = x.numel() // max(1, x.shape[-1])
         # _scaled_mm needs K, N multiples of 16; _int_mm more than 16 rows (cuBLASLt limits).
         if rows < max(self.lowp_min_rows, 17) or self.in_features % 16 or self.out_features % 16:
             return "bf16"
         return self.compute_mode
 
-    # ---- activations quantized once, by the caller ----------------------------------------------------------
-    # An activation read by several FP8 linears (q/k/v share the modulated input, the camera FiLM's scale/shift
-    # share g) is quantized once, and where a compiled phase produces it, inside that phase (fused with the norm
-    # and modulation, or the GELU). Such an input is the tuple (x8 [..., K] e4m3, scale [rows, 1] float32).
-    def fp8_input_quantizer(self, rows: int, dtype: torch.dtype):
-        """The row quantizer (plain, for a phase to fuse) if an input of `rows` rows in `dtype` would run in FP8
-        here and may come pre-quantized (no LoRA: its low-rank terms need the input itself), else None."""
-        if self.lora is not None or self._mode_for_rows(rows, self.compute_dtype or dtype) != "fp8":
-            return None
-        return fp8.quantize_rows
-
-    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [..., K] -> (x8, scale) with the quantizer forward uses (compiled under the compile option)."""
-        dtype = self.compute_dtype or x.dtype
-        x = x if x.dtype == dtype else x.to(dtype)
-        x8, scale = (self._lowp_ops or {}).get("fp8", fp8.quantize_rows)(x.reshape(-1, x.shape[-1]))
-        return x8.view(x.shape), scale
-
-    def _forward_quantized(self, x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        dtype = self.compute_dtype or torch.bfloat16
-        bias = self.bias
-        if bias is not None and bias.dtype != dtype:
-            bias = bias.to(dtype)
-        w8, w_scale = self._prepared("fp8", dtype)
-        y = fp8.scaled_mm(x8.reshape(-1, x8.shape[-1]), w8.t(), scale, w_scale, bias, dtype, self.fp8_fast_accum)
-        return y.view(*x8.shape[:-1], w8.shape[0])
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, tuple):  # (x8, scale): quantized by the caller (fp8_input_quantizer said yes)
-            return self._forward_quantized(*x)
         x_in = x
         dtype = self.compute_dtype or x.dtype
         inp_dtype = x.dtype

@@ -177,11 +177,9 @@ def compiled_token_ops(strict: bool = False):
 
 
 def compiled_quantizers(strict: bool = False) -> dict:
-    """The FP8/INT8 activation quantizers, the FP8 weight quantizer and the INT8 rescale through torch.compile
-    (one fused kernel each)."""
+    """The FP8/INT8 activation quantizers and the INT8 rescale through torch.compile (one fused kernel each)."""
     return {
         "fp8": compile_mod.compiled(fp8.quantize_rows, strict),
-        "fp8_weight": compile_mod.compiled(fp8.quantize_weight, strict),
         "int8": compile_mod.compiled(int8.quantize_rows, strict),
         "int8_rescale": compile_mod.compiled(int8.rescale, strict),
     }

@@ -81,13 +81,6 @@ def token_slices(seq: int, chunk: Optional[int]):
     return [slice(s, min(s + chunk, seq)) for s in range(0, seq, chunk)]
 
 
-def shared_fp8_quantizer(rows: int, dtype: torch.dtype, *layers: nn.Module) -> Optional[Callable]:
-    """The FP8 row quantizer when every one of these linears runs an input of `rows` rows in FP8 (NF4 linears in
-    compute fp8, see quant/nf4.py), else None. The input is then quantized once, by the phase producing it."""
-    found = {m.fp8_input_quantizer(rows, dtype) if hasattr(m, "fp8_input_quantizer") else None for m in layers}
-    return found.pop() if len(found) == 1 else None
-
-
 @contextmanager
 def weights_held(*layers: nn.Module):
     """Quantized linears prepare their compute weight (dequantized NF4, or FP8/INT8) once for all token chunks
@@ -122,8 +115,7 @@ class SelfAttention(_AttentionLayers):
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k (normed, rotated) and v in the compute dtype, [B, L, heads, head_dim], built chunk by chunk.
 
-        make_input(slice, quantize) gives the attention input of those tokens in the compute dtype, or, when
-        quantize is not None and it can, that input already quantized for the FP8 linears (x8, scale).
+        make_input(slice) gives the attention input of those tokens in the compute dtype.
         """
         b, seq, dim = shape
         heads, hd = self.num_heads, dim // self.num_heads
@@ -132,8 +124,8 @@ class SelfAttention(_AttentionLayers):
         ops = ops or token_ops.EAGER
         with weights_held(self.q, self.k, self.v):
             for sl in token_slices(seq, chunk):
-                n = len(range(seq)[sl])
-                h = make_input(sl, shared_fp8_quantizer(b * n, dtype, self.q, self.k, self.v))
+                h = make_input(sl)
+                n = h.shape[1]
                 ops.qk_norm_rope(self.q(h), self.norm_q, cos[sl], sin[sl], q[:, sl])
                 ops.qk_norm_rope(self.k(h), self.norm_k, cos[sl], sin[sl], k[:, sl])
                 v[:, sl] = self.v(h).view(b, n, heads, hd)
@@ -142,7 +134,7 @@ class SelfAttention(_AttentionLayers):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
                 chunk: Optional[int] = None) -> torch.Tensor:
         """Self-attention of an already modulated input x [B, L, dim] (o projection included)."""
-        q, k, v = self.qkv(lambda sl, quantize: as_compute(x[:, sl], dtype), x.shape, rope, dtype, chunk)
+        q, k, v = self.qkv(lambda sl: as_compute(x[:, sl], dtype), x.shape, rope, dtype, chunk)
         out = attention(q, k, v).flatten(2)
         return self.o(as_compute(out, dtype))
 
@@ -202,8 +194,6 @@ class WanBlock(nn.Module):
         cam = as_compute(cam, dtype)
         g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam), inplace=not torch.is_grad_enabled()))
         g = g.add_(cam) if not torch.is_grad_enabled() else g + cam
-        if shared_fp8_quantizer(g.numel() // g.shape[-1], dtype, self.cam_scale_layer, self.cam_shift_layer):
-            g = self.cam_scale_layer.quantize_input(g)  # once for both FP8 linears
         return self.cam_scale_layer(g), self.cam_shift_layer(g)
 
     def forward(
@@ -230,9 +220,7 @@ class WanBlock(nn.Module):
         scale1_a, scale1_f = 1 + scale_a, 1 + scale_f
         slices = token_slices(x.shape[1], self.token_chunk)
 
-        def attn_input(sl: slice, quantize: Optional[Callable]):
-            if quantize is not None:
-                return ops.modulate_quantized(self.norm1, x[:, sl], shift_a, scale1_a, dtype, quantize)
+        def attn_input(sl: slice) -> torch.Tensor:
             return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
 
         q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk, ops)
@@ -245,41 +233,28 @@ class WanBlock(nn.Module):
             x = x.float()
         elif not inplace:
             x = x.clone()
-        # One pass per chunk after self-attention: o projection, gated residual, camera FiLM and norm3(x), the
-        # cross-attention's input, which goes into the attention output's slots as they are consumed.
-        film_layers = () if cam is None else (self.cam_injector_layer1, self.cam_injector_layer2,
-                                              self.cam_scale_layer, self.cam_shift_layer)
-        xn = attn if not torch.is_grad_enabled() else torch.empty_like(attn)  # autograd keeps attn for o's grad
-        with weights_held(self.self_attn.o, *film_layers):
+        with weights_held(self.self_attn.o):
             for sl in slices:
-                y = self.self_attn.o(as_compute(attn[:, sl], dtype))
-                scale, shift = (None, None) if cam is None else self.camera_film(cam[:, sl], dtype)
-                ops.attn_residual(x[:, sl], y, gate_a, scale, shift, self.norm3, xn[:, sl])
-                del y, scale, shift
+                ops.gated_residual(x[:, sl], self.self_attn.o(as_compute(attn[:, sl], dtype)), gate_a)
         del attn
+        if cam is not None:
+            film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
+                           self.cam_shift_layer)
+            with weights_held(*film_layers):
+                for sl in slices:
+                    ops.film(x[:, sl], *self.camera_film(cam[:, sl], dtype))
         if kv is None:
             k_txt, v_txt = self.cross_attn.kv(context, dtype)
         else:
             k_txt, v_txt = kv.text(lambda: self.cross_attn.kv(context, dtype))
         with weights_held(self.cross_attn.q, self.cross_attn.o):
-            cross = [self.cross_attn.attend(xn[:, sl], k_txt, v_txt, dtype, ops) for sl in slices]
-        del xn
-        # The cross-attention residual is added in the pass that builds the FFN input.
+            for sl in slices:
+                xn = ops.norm_to(self.norm3, x[:, sl], dtype)
+                x[:, sl] += self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops)
         with weights_held(self.ffn[0], self.ffn[2]):
-            for i, sl in enumerate(slices):
-                y, cross[i] = cross[i], None
-                rows = y.numel() // y.shape[-1]
-                quantize = shared_fp8_quantizer(rows, dtype, self.ffn[0])
-                if quantize is not None:
-                    h = ops.residual_modulate_quantized(x[:, sl], y, self.norm2, shift_f, scale1_f, dtype, quantize)
-                else:
-                    h = ops.residual_modulate(x[:, sl], y, self.norm2, shift_f, scale1_f, dtype)
-                del y
-                h = self.ffn[0](h)
-                quantize = shared_fp8_quantizer(rows, dtype, self.ffn[2])
-                h = ops.gelu_quantized(h, quantize) if quantize is not None else ops.gelu_tanh(h)
+            for sl in slices:
+                h = ops.gelu_tanh(self.ffn[0](ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype)))
                 ops.gated_residual(x[:, sl], self.ffn[2](h), gate_f)
-                del h
         return x
 
 

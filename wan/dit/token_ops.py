@@ -82,23 +82,6 @@ def film(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Ten
     return torch.addcmul(shift, x, scale.add_(1), out=x)
 
 
-def attn_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: Optional[torch.Tensor],
-                  shift: Optional[torch.Tensor], norm: nn.Module, out: torch.Tensor) -> torch.Tensor:
-    """After self-attention, one pass over a chunk: x += y * gate (float32, in place), the camera FiLM when scale
-    and shift are given, and norm(x) (norm3, the cross-attention's input) stored in `out` (the compute dtype)."""
-    gated_residual(x, y, gate)
-    if scale is not None:
-        film(x, scale, shift)
-    return out.copy_(norm(x))
-
-
-def residual_modulate(x: torch.Tensor, y: torch.Tensor, norm: nn.Module, shift: torch.Tensor,
-                      scale1: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """After cross-attention: x += y (float32, in place), then the FFN input norm(x) * (1 + scale) + shift."""
-    x.add_(y)
-    return modulate(norm, x, shift, scale1, dtype)
-
-
 def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
     """The FFN's tanh GELU, in place on the first GEMM's output."""
     if not _no_grad_needed(h):
@@ -106,34 +89,7 @@ def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.gelu_(h, approximate="tanh")
 
 
-# FP8 variants: the phase's output goes straight into `quantize` (an FP8 row quantizer, t [R, K] -> (t8, scale
-# [R, 1]), handed over by the NF4 linears that read it), so under compile the quantization fuses with the norm,
-# modulation or GELU that produces the activation, and the bf16 activation is never stored.
-def _rows(quantize: Callable, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    t8, scale = quantize(t.reshape(-1, t.shape[-1]))
-    return t8.view(t.shape), scale
-
-
-def modulate_quantized(norm: nn.Module, x: torch.Tensor, shift: torch.Tensor, scale1: torch.Tensor,
-                       dtype: torch.dtype, quantize: Callable) -> tuple[torch.Tensor, torch.Tensor]:
-    """modulate(...) quantized for FP8 GEMMs: (h8, scale)."""
-    return _rows(quantize, modulate(norm, x, shift, scale1, dtype))
-
-
-def residual_modulate_quantized(x: torch.Tensor, y: torch.Tensor, norm: nn.Module, shift: torch.Tensor,
-                                scale1: torch.Tensor, dtype: torch.dtype, quantize: Callable
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual_modulate(...) quantized for FP8 GEMMs: (h8, scale)."""
-    return _rows(quantize, residual_modulate(x, y, norm, shift, scale1, dtype))
-
-
-def gelu_quantized(h: torch.Tensor, quantize: Callable) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FFN's tanh GELU quantized for the second FP8 GEMM (not in place: only the FP8 copy is stored)."""
-    return _rows(quantize, F.gelu(h, approximate="tanh"))
-
-
-PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "film", "attn_residual", "residual_modulate",
-          "gelu_tanh", "modulate_quantized", "residual_modulate_quantized", "gelu_quantized")
+PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "film", "gelu_tanh")
 
 
 class TokenOps:
