@@ -1,7 +1,7 @@
 """torch.compile for the DiT's per-token phases (`compile="blocks"`): availability, the persistent inductor cache,
 and a wrapper that times compilations and falls back to eager when asked to.
 
-What is compiled are the phase functions of `wan/dit/token_ops.py` (and the FP8/INT8 quantizers):
+What is compiled are the phase functions of `wan/dit/token_ops.py` (and the FP8/INT8 activation quantizers):
 small pure functions of tensors (and norm modules, whose weights dynamo treats as inputs). The NF4 linears,
 attention and the block-swap hooks stay eager, so:
 - both experts and all 40 blocks share one compiled graph per phase (same code object, weights as inputs; no

@@ -10,9 +10,6 @@ temporary. Here every phase is one function over one chunk of tokens that keeps 
 - gated_residual / film: the float32 residual stream updated in place (`x.addcmul_(y, gate)`);
 - qk_norm_rope: one-pass RMSNorm (float32 reduction over bf16 input) and a complex-multiply RoPE written
   straight into the q/k buffer;
-- attn_residual: after self-attention, the gated residual, the camera FiLM and norm3 in one pass;
-  residual_modulate: the cross-attention residual added in the pass that builds the FFN input;
-- *_quantized: the same phases handing their output to an FP8 row quantizer (fused under compile).
 
 The same functions are what `compile="blocks"` hands to torch.compile (`TokenOps(compile_fn)`), so the eager
 and compiled paths share one implementation; linears (NF4 dequantize + GEMM) and attention stay outside,
