@@ -27,7 +27,6 @@ STREAM_DECODE = ("auto", "on", "off")
 DEMO_FAST_FRAMES = 33  # three chunks of the tiny demo
 
 
-ENCODE_STEP = "the image's VAE encode"
 LOAD_STEP = "the Fast model's load"
 
 
@@ -171,15 +170,12 @@ def _run(args, session) -> int:
     from ..loaders.vae_files import load_vae
     from ..memory.overlap import Step
     from ..wan.i2v import ConditionTrack, build_i2v_condition
-    from ..wan.vae.footprint import vae_weight_bytes, vae_work_bytes
     from ..wan.vae.model import VAEConfig
     from . import text_stage
 
-    vae_cfg = demo_vae_config(files.root) or VAEConfig()
-    vae_bytes = vae_weight_bytes(vae_cfg)
     model_bytes = int(plan.estimates.get("model_bytes", 0))
-    steps = [Step(ENCODE_STEP, vae_bytes + vae_work_bytes(vae_cfg, height, width, frames, args.vae_tiled, 256),
-                  vae_bytes if stream_vae else 0),
+    steps = [text_stage.vae_encode_step(demo_vae_config(files.root) or VAEConfig(), height, width, frames,
+                                        args.vae_tiled, keeps_vae=stream_vae),
              Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes)]
     text = text_stage.start(args, files, [args.prompt], device, steps, session, log)
     if not text.background:
@@ -202,7 +198,7 @@ def _run(args, session) -> int:
             _empty_cache(device)
             return [cond]
 
-        text.before(ENCODE_STEP)
+        text.before(text_stage.ENCODE_STEP)
         y, = session.from_main(encode_image, "the first frame's encoding")
         stats.mark("vae_encode")
 

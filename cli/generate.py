@@ -25,9 +25,6 @@ log = logging.getLogger("lingbot_world.generate")
 MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
 
 
-ENCODE_STEP = "the image's VAE encode"
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate",
@@ -184,15 +181,12 @@ def _generate(args, session, stats: RunStats) -> int:
 
     # Text: child process (or the cache); nothing of T5 stays in this process. Several ranks: rank 0 encodes.
     # The image's VAE encode runs beside the encoder when both fit in VRAM; the experts load after it.
-    from ..memory.overlap import Step
-    from ..wan.vae.footprint import vae_weight_bytes, vae_work_bytes
     from ..wan.vae.model import VAEConfig
     from . import text_stage
 
     negative = args.negative_prompt if args.negative_prompt else DEFAULT_NEGATIVE_PROMPT
-    vae_cfg = pre.vae_config or VAEConfig()
-    vae_step = Step(ENCODE_STEP, vae_weight_bytes(vae_cfg) + vae_work_bytes(vae_cfg, height, width, frames,
-                                                                            args.vae_tiled, 256), 0)
+    vae_step = text_stage.vae_encode_step(pre.vae_config or VAEConfig(), height, width, frames, args.vae_tiled,
+                                          keeps_vae=False)
     text = text_stage.start(args, files, [args.prompt, negative], device, [vae_step], session, log)
     if not text.background:
         stats.mark("text")
@@ -210,7 +204,7 @@ def _generate(args, session, stats: RunStats) -> int:
         return [cond]
 
     try:
-        text.before(ENCODE_STEP)
+        text.before(text_stage.ENCODE_STEP)
         (y,) = session.from_main(encode_image, "the first frame's encoding")
         stats.mark("vae_encode")
         pos, neg = text.embeddings()

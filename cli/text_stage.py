@@ -10,15 +10,26 @@ import torch
 
 from ..memory.overlap import OverlapPlan, Step, plan_text_overlap
 
+ENCODE_STEP = "the image's VAE encode"
+
+
+def vae_encode_step(vae_cfg, height: int, width: int, frames: int, tiled: bool, keeps_vae: bool) -> Step:
+    """The image's VAE encode as a step: weights + working memory while it runs; the weights stay on the GPU
+    afterwards only when the VAE is kept there (the Fast model's chunk-by-chunk decode)."""
+    from ..wan.vae.footprint import vae_weight_bytes, vae_work_bytes
+
+    weights = vae_weight_bytes(vae_cfg)
+    return Step(ENCODE_STEP, weights + vae_work_bytes(vae_cfg, height, width, frames, tiled, 256),
+                weights if keeps_vae else 0)
+
 
 class TextStage:
     """before(step) before each planned step; embeddings() where the text is needed; stop() in a finally."""
 
-    def __init__(self, plan: OverlapPlan, job=None, done: Optional[list] = None, log=None):
+    def __init__(self, plan: OverlapPlan, job=None, done: Optional[list] = None):
         self.plan = plan
         self._job = job  # text_encoder.background.BackgroundEncoding, or None when `done` holds the result
         self._done = done
-        self._log = log
         self.waited_s = 0.0
         self.background = job is not None
 
@@ -64,7 +75,7 @@ def start(args, files, prompts: Sequence[str], device: torch.device, steps: Sequ
     from ..text_encoder.background import BackgroundEncoding
 
     log.info("text encoder on %s in the background; %s", t5_device, plan.reason)
-    return TextStage(plan, job=BackgroundEncoding(lambda cancel_check: encode(t5_device, cancel_check)), log=log)
+    return TextStage(plan, job=BackgroundEncoding(lambda cancel_check: encode(t5_device, cancel_check)))
 
 
 def _child_device(requested: str, t5_path, device: torch.device) -> tuple[str, int, int]:
