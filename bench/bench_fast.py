@@ -53,6 +53,9 @@ CASES: dict[str, dict] = {
     "fast480_12": dict(kind="fast", video=V480, cap_gib=12),  # beyond the issue: model block swap too
     "fast480_24_compile": dict(kind="fast", video=V480, cap_gib=24, speed=dict(compile="blocks")),
     "fast480_24_fp8": dict(kind="fast", video=V480, cap_gib=24, speed=dict(compile="blocks", compute="fp8")),
+    "fast480_24_fp8attn": dict(kind="fast", video=V480, cap_gib=24,
+                               speed=dict(compile="off", compute="fp8", attention="fp8")),
+    "fast480_24_eager_fp8attn": dict(kind="fast", video=V480, cap_gib=24, speed=dict(compile="off", attention="fp8")),
     "fast720_24": dict(kind="fast", video=V720, cap_gib=24),
     "fast961_window_24": dict(kind="fast", video=V961, cap_gib=24, window=21, sink=3, vae=False),
     "base480": dict(kind="base", video=V480, cap_gib=None),
@@ -289,7 +292,8 @@ def summarize(res: dict, args) -> dict:
         if all(p is not None for p in parts):
             row["end_to_end_s"] = round(sum(parts), 1)
         s["base480"] = row
-        for name in ("fast480_24", "fast480_gpu", "fast480_16", "fast480_24_compile", "fast480_24_fp8"):
+        for name in ("fast480_24", "fast480_gpu", "fast480_16", "fast480_24_compile", "fast480_24_fp8",
+                     "fast480_24_fp8attn", "fast480_24_eager_fp8attn"):
             f = s.get(name)
             if f and f.get("sampling_s"):
                 sampling = f.get("sampling_warm_s", f["sampling_s"])

@@ -68,6 +68,10 @@ CASES: dict[str, dict] = {
     "int8_compile": dict(kind=FORWARD, compute="int8", compile="blocks", profile=True),
     "fp16acc": dict(kind=FORWARD, compute="fp16acc"),  # its error; an H100 gains no speed from it
     "sage": dict(kind=FORWARD, attention="sage"),
+    # cuDNN FP8 attention for the video self-attention (Hopper+, nvidia-cudnn-frontend): with exact GEMMs, and the
+    # whole FP8 path (FP8 GEMMs + FP8 attention, what `--compute fp8` picks with `--attention auto` on Hopper)
+    "compile_fp8attn": dict(kind=FORWARD, compile="blocks", attention="fp8", profile=True),
+    "fp8_compile_fp8attn": dict(kind=FORWARD, compute="fp8", compile="blocks", attention="fp8", profile=True),
     "attention": dict(kind="attention"),
     "tiny": dict(kind="tiny"),
 }
@@ -78,6 +82,7 @@ TARGETS = {  # issue 15, H100, s/step at 464x832x81, sequential CFG, swap on a 2
     "eager": ("s_per_step", 7.8),
     "compile": ("s_per_step", 6.3),
     "fp8_compile": ("s_per_step", 4.6),
+    "fp8_compile_fp8attn": ("s_per_step", 4.6),
 }
 SWAP_VRAM_TARGET = 13e9
 
@@ -326,7 +331,7 @@ def child_attention(spec: dict) -> dict:
     runs = {f"sdpa_{kname}": (lambda kname=kname: attn.sdpa(q, k, v, (kname,))) for kname in
             (("cudnn", "flash", "efficient") if device.type == "cuda" else ("math",))}
     runs["sdpa_auto"] = lambda: attn.sdpa(q, k, v, attn.sdpa_kernel_order(device))
-    for name in ("sage", "flash"):
+    for name in ("sage", "flash", "fp8"):
         if name in attn.available_backends() and device.type == "cuda":
             runs[name] = lambda name=name: attn._kernel(name, q, k, v)
     for name, fn in runs.items():

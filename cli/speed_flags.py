@@ -31,8 +31,10 @@ def add_speed_args(parser) -> None:
                         "slightly")
     g.add_argument("--attention", choices=ATTENTION_CHOICES, default=DEFAULTS["attention"],
                    help="attention kernel: auto (torch SDPA with the fastest exact kernel for the GPU: cuDNN on "
-                        "Hopper, FlashAttention-2 on Ampere/Ada), sdpa (the same), sage (SageAttention, "
-                        "approximate), flash (flash-attn package)")
+                        "Hopper, FlashAttention-2 on Ampere/Ada; with --compute fp8 on Hopper+ it picks fp8), sdpa "
+                        "(the same, always exact), sage (SageAttention, approximate), flash (flash-attn package), "
+                        "fp8 (cuDNN FP8 attention for the video self-attention: Hopper and newer with the "
+                        "nvidia-cudnn-frontend package; ~1.6x faster attention, approximate)")
 
 
 def speed_plan(args, device: torch.device) -> SpeedPlan:

@@ -53,7 +53,9 @@ class LingBotSpeedOptions:
                 "attention": (list(ATTENTION_CHOICES), {"default": DEFAULTS["attention"], "tooltip": (
                     "auto / sdpa: torch's attention with the fastest exact kernel for the GPU (cuDNN on H100, "
                     "FlashAttention-2 on RTX cards). sage: SageAttention (installed separately; approximate, faster "
-                    "on RTX 30xx/40xx; checked against sdpa on the first call). flash: the flash-attn package.")}),
+                    "on RTX 30xx/40xx; checked against sdpa on the first call). flash: the flash-attn package. fp8: "
+                    "cuDNN FP8 attention for the video tokens (H100 and newer, pip install nvidia-cudnn-frontend; "
+                    "approximate, ~1.6x faster attention); auto picks it when compute is fp8 on such a GPU.")}),
             }
         }
 

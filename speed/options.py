@@ -7,7 +7,8 @@ loads and applied to each expert when it is placed on the device.
     apply_speed(model, plan)                   # after every load of an expert (cheap: flags and shared code)
 
 `auto` picks per GPU and says why: compile when Triton is there; the attention kernel that is fastest and exact
-for the GPU; compute FP8 on cards with FP8 tensor cores (sm89+), INT8 on Ampere (sm80-86), bf16 otherwise. An
+for the GPU (cuDNN FP8 attention instead when compute is FP8 too: the user chose approximate maths); compute FP8
+on cards with FP8 tensor cores (sm89+), INT8 on Ampere (sm80-86), bf16 otherwise. An
 explicit choice the machine cannot run is refused; `auto` instead falls back to the exact path.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 COMPILE_CHOICES = ("auto", "off", "blocks")
 COMPUTE_CHOICES = ("auto", "bf16", "fp8", "int8", "fp16acc")
-ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash
+ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash, fp8
 DEFAULTS = {"compile": "auto", "compute": "bf16", "attention": "auto"}
 
 
@@ -52,7 +53,7 @@ class SpeedOptions:
 
 @dataclass
 class SpeedPlan:
-    """What runs: compile "off"/"blocks", compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"."""
+    """What runs: compile "off"/"blocks", compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"/"fp8"."""
 
     compile: str
     compute: str
@@ -112,7 +113,21 @@ def _resolve_compute(choice: str, device: torch.device, weights: str, notes: lis
     return mode
 
 
-def _resolve_attention(choice: str, device: torch.device, notes: list) -> str:
+def _resolve_attention(choice: str, device: torch.device, notes: list, compute: str = "bf16") -> str:
+    from ..wan.dit import attention_fp8
+
+    if choice == "fp8":
+        problem = attention_fp8.unavailable_reason(device) or attention_fp8.probe(device)
+        if problem:
+            raise SpeedOptionError(f"--attention fp8: {problem}; use --attention auto")
+        return "fp8"
+    if choice == "auto" and compute == "fp8":
+        problem = attention_fp8.unavailable_reason(device) or attention_fp8.probe(device)
+        if not problem:
+            notes.append("attention auto: fp8 (cuDNN FP8 attention for the video self-attention, since compute is "
+                         "FP8; --attention sdpa keeps attention exact)")
+            return "fp8"
+        notes.append(f"attention auto: not FP8 ({problem})")
     if choice in ("sage", "flash"):
         if choice not in attn.available_backends():
             pkg = "sageattention" if choice == "sage" else "flash-attn (or FlashAttention-3)"
@@ -140,10 +155,12 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     notes: list[str] = []
+    compiled = _resolve_compile(options.compile, device, notes)
+    compute = _resolve_compute(options.compute, device, weights, notes)
     plan = SpeedPlan(
-        compile=_resolve_compile(options.compile, device, notes),
-        compute=_resolve_compute(options.compute, device, weights, notes),
-        attention=_resolve_attention(options.attention, device, notes),
+        compile=compiled,
+        compute=compute,
+        attention=_resolve_attention(options.attention, device, notes, compute),
         device=str(device),
         notes=notes,
     )
@@ -157,6 +174,15 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
     attn.set_backend(plan.attention, torch.device(plan.device), plan.sdpa_order)
     if plan.compile == "blocks":
         compile_mod.configure_cache()
+    if plan.attention == "fp8":
+        from ..wan.dit import attention_fp8
+
+        kernel = attn.fp8_kernel()
+        compiled = plan.compile == "blocks"
+        kernel.quantizer = compile_mod.compiled(attention_fp8.quantize, plan.strict_compile) if compiled \
+            else attention_fp8.quantize
+        kernel.dequantizer = compile_mod.compiled(attention_fp8.dequantize, plan.strict_compile) if compiled \
+            else attention_fp8.dequantize
     from ..wan.dit.token_ops import EAGER
 
     ops = EAGER if plan.compile == "off" else compiled_token_ops(plan.strict_compile)

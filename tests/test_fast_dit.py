@@ -99,7 +99,7 @@ def test_cache_bookkeeping_follows_the_spec(capacity, sink, evict, max_attention
         seen.append(k[0, :, 0, 0].tolist())
         return q
 
-    monkeypatch.setattr(kv_module, "attention", capture)
+    monkeypatch.setattr(kv_module, "self_attention", capture)
 
     calls = [(0, 3), (0, 3), (3, 3), (3, 3), (6, 3), (9, 3), (9, 3)] if capacity >= 12 or evict else [(0, 3)]
     if evict:
@@ -199,7 +199,7 @@ def test_chunked_with_cache_equals_one_block_causal_pass(model, monkeypatch):
     with torch.no_grad():
         chunks = [model(x[:, :, s:s + chunk], t, ctx, y[:, :, s:s + chunk], camera=cam[:, :, s:s + chunk],
                         kv_cache=cache, start_frame=s) for s in range(0, frames, chunk)]
-        monkeypatch.setattr(dit_blocks, "attention", masked_attention_factory(frames * FSL, chunk * FSL))
+        monkeypatch.setattr(dit_blocks, "self_attention", masked_attention_factory(frames * FSL, chunk * FSL))
         full = model(x, t, ctx, y, camera=cam)
     torch.testing.assert_close(torch.cat(chunks, dim=2), full, rtol=1e-5, atol=1e-5)
     assert cache.global_end == frames * FSL and cache.text_ready

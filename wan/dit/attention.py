@@ -1,5 +1,5 @@
 """Attention backend: torch SDPA with the fastest exact kernel for the GPU, or SageAttention / FlashAttention when
-installed and chosen.
+installed and chosen, or cuDNN's FP8 attention for the long self-attention (attention_fp8.py).
 
 The reference never masks on a single GPU (full-length q/k, unmasked text), so plain unmasked attention
 computes the same maths (spec §9). `attention(q, k, v)` is the one call every DiT attention goes through.
@@ -9,7 +9,8 @@ heads of 128): cuDNN 607 TFLOP/s against 377 for the flash kernel (issue 15), so
 first; Ampere/Ada put FlashAttention-2 first. torch still falls through to the next kernel when one cannot take
 the inputs. SageAttention quantizes q/k to int8 (approximate, ~2x on Ampere/Ada); its first call on real
 inputs is checked against SDPA, and a build that gives wrong results (the PyPI 1.0.6 build has been reported to
-give black Wan videos) is refused.
+give black Wan videos) is refused. `fp8` (Hopper and newer, nvidia-cudnn-frontend) runs the video tokens'
+self-attention in FP8 (~1.6x the bf16 kernel, ~6e-2 relative error) and leaves the short text cross-attention on SDPA.
 """
 from __future__ import annotations
 
@@ -24,15 +25,19 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("sdpa", "sage", "flash")
+BACKENDS = ("sdpa", "sage", "flash", "fp8")
 CHOICES = ("auto",) + BACKENDS
 SDPA_KERNELS = ("cudnn", "flash", "efficient", "math")
 # A backend whose first real call differs from SDPA by more than this is refused (bf16 kernels agree to ~1e-2).
 SAGE_MAX_REL_ERROR = 0.05
+# FP8 attention's error is FP8 rounding of q, k, v, the probabilities and the output: 0.06-0.13 on random inputs.
+FP8_MAX_REL_ERROR = 0.25
+MAX_REL_ERROR = {"sage": SAGE_MAX_REL_ERROR, "flash": 0.02, "fp8": FP8_MAX_REL_ERROR}
 
 _backend = "sdpa"
 _sdpa_order: Optional[tuple[str, ...]] = None  # None: torch's own order (CPU)
 CHECKS: dict[str, float] = {}  # backend -> relative error against SDPA on its first real call in this process
+_fp8 = None  # attention_fp8.FP8Attention, made on first use
 
 
 def available_backends() -> list[str]:
@@ -41,6 +46,10 @@ def available_backends() -> list[str]:
         out.append("sage")
     if importlib.util.find_spec("flash_attn_interface") is not None or importlib.util.find_spec("flash_attn") is not None:
         out.append("flash")
+    from . import attention_fp8
+
+    if attention_fp8.installed():
+        out.append("fp8")
     return out
 
 
@@ -60,7 +69,7 @@ def sdpa_kernel_order(device: Optional[torch.device] = None) -> Optional[tuple[s
 
 def set_backend(name: str, device: Optional[torch.device] = None, sdpa_order: Optional[Sequence[str]] = None) -> str:
     """Select the attention kernel for every DiT call: "auto" (= "sdpa" with the GPU's fastest exact kernel),
-    "sdpa", "sage" or "flash". Returns the backend used. sdpa_order overrides the SDPA kernel order (names from
+    "sdpa", "sage", "flash" or "fp8" (the video self-attention only). Returns the backend used. sdpa_order overrides the SDPA kernel order (names from
     SDPA_KERNELS; an empty sequence = torch's own order; None = the fastest for `device`)."""
     global _backend, _sdpa_order
     if name not in CHOICES:
@@ -112,8 +121,20 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: Optional[Sequ
         return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
 
 
+def fp8_kernel():
+    """The process's FP8 attention (one graph cache shared by every model)."""
+    global _fp8
+    if _fp8 is None:
+        from .attention_fp8 import FP8Attention
+
+        _fp8 = FP8Attention()
+    return _fp8
+
+
 def _kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """SageAttention or FlashAttention (3 when installed, else 2) on fp16/bf16 [B, L, H, D] tensors."""
+    """SageAttention, FlashAttention (3 when installed, else 2) or cuDNN FP8 on fp16/bf16 [B, L, H, D] tensors."""
+    if name == "fp8":
+        return fp8_kernel()(q, k, v)
     if name == "sage":
         from sageattention import sageattn
 
@@ -145,27 +166,46 @@ def check_against_sdpa(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return relative_error(out, ref)
 
 
+def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The video tokens' self-attention (the base DiT's, and the Fast model's over its cache): where FP8 attention
+    applies. Other backends: the same as attention()."""
+    if _uses_fp8(q):
+        return _checked(q, k, v)
+    return attention(q, k, v)
+
+
+def _uses_fp8(q: torch.Tensor) -> bool:
+    from .attention_fp8 import HEAD_DIM
+
+    return _backend == "fp8" and q.is_cuda and q.shape[-1] == HEAD_DIM  # else SDPA (tiny test configs, the CPU)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Unmasked multi-head attention. q [B, Lq, H, D], k/v [B, Lk, H, D] -> [B, Lq, H, D]."""
-    global _backend
     if _backend in ("sage", "flash") and q.is_cuda:
-        if _backend not in CHECKS:
-            err = check_against_sdpa(_backend, q, k, v)
-            CHECKS[_backend] = err
-            limit = SAGE_MAX_REL_ERROR if _backend == "sage" else 0.02
-            if not err <= limit:
-                log.warning("attention backend %r differs from SDPA by %.3g (relative) on this model's inputs; "
-                            "switching to SDPA for this session%s", _backend, err,
-                            " (the PyPI sageattention 1.0.6 build is known to give black Wan videos; install "
-                            "SageAttention 2)" if _backend == "sage" else "")
-                _backend = "sdpa"
-                return sdpa(q, k, v, _sdpa_order)
-            log.info("attention backend %r checked against SDPA on real inputs: relative error %.2e", _backend, err)
-        # Both kernels take only fp16/bf16; like the reference, run other dtypes in bf16 and cast back (spec §9).
-        kernel_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-        out = _kernel(_backend, *(a.to(kernel_dtype) for a in (q, k, v)))
-        return out.to(q.dtype)
+        return _checked(q, k, v)
     return sdpa(q, k, v, _sdpa_order)
+
+
+def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The selected non-SDPA backend, checked against SDPA on its first real call (refused if it differs)."""
+    global _backend
+    if _backend not in CHECKS:
+        err = check_against_sdpa(_backend, q, k, v)
+        CHECKS[_backend] = err
+        limit = MAX_REL_ERROR[_backend]
+        if not err <= limit:
+            log.warning("attention backend %r differs from SDPA by %.3g (relative) on this model's inputs; "
+                        "switching to SDPA for this session%s", _backend, err,
+                        " (the PyPI sageattention 1.0.6 build is known to give black Wan videos; install "
+                        "SageAttention 2)" if _backend == "sage" else "")
+            _backend = "sdpa"
+            return sdpa(q, k, v, _sdpa_order)
+        log.info("attention backend %r checked against SDPA on real inputs: relative error %.2e", _backend, err)
+    # The kernels take only fp16/bf16; like the reference, run other dtypes in bf16 and cast back (spec §9).
+    kernel_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    out = _kernel(_backend, *(a.to(kernel_dtype) for a in (q, k, v)))
+    return out.to(q.dtype)
 
 
 def probe_sage(device: torch.device, seq: int = 2048, heads: int = 4) -> Optional[str]:

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import token_ops
-from .attention import attention
+from .attention import attention, self_attention
 
 if TYPE_CHECKING:
     from .kv_cache import LayerKV
@@ -135,7 +135,7 @@ class SelfAttention(_AttentionLayers):
                 chunk: Optional[int] = None) -> torch.Tensor:
         """Self-attention of an already modulated input x [B, L, dim] (o projection included)."""
         q, k, v = self.qkv(lambda sl: as_compute(x[:, sl], dtype), x.shape, rope, dtype, chunk)
-        out = attention(q, k, v).flatten(2)
+        out = self_attention(q, k, v).flatten(2)
         return self.o(as_compute(out, dtype))
 
 
@@ -224,7 +224,7 @@ class WanBlock(nn.Module):
             return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
 
         q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk, ops)
-        attend = attention if kv is None else kv.attend
+        attend = self_attention if kv is None else kv.attend
         sp = self.seq_parallel
         attn = (attend(q, k, v) if sp is None else sp.attend(attend, q, k, v)).flatten(2)
         del q, k, v

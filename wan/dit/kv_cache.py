@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .attention import attention
+from .attention import self_attention
 
 TextKV = tuple[torch.Tensor, torch.Tensor]
 
@@ -184,7 +184,7 @@ class KVCache:
         kc[:, p.write_start:p.write_end] = k
         vc[:, p.write_start:p.write_end] = v
         span = slice(p.attend_start, p.write_end)
-        return attention(q, kc[:, span].to(q.dtype), vc[:, span].to(q.dtype))
+        return self_attention(q, kc[:, span].to(q.dtype), vc[:, span].to(q.dtype))
 
     def text(self, layer: int, compute: Callable[[], TextKV]) -> TextKV:
         """This layer's text K/V: computed on the first call and kept when `cache_text`."""
