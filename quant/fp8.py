@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from .shared_inputs import quantized
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 _TINY = 1e-12  # an all-zero row keeps a finite scale
@@ -72,7 +74,7 @@ def linear(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: Optio
 
     `quantize` is `quantize_rows` or its compiled twin (compile option)."""
     k = x.shape[-1]
-    x8, x_scale = quantize(x.reshape(-1, k))
+    x8, x_scale = quantized(quantize, x.reshape(-1, k))  # shared by the linears reading x (shared_inputs.py)
     if bias is not None and bias.dtype != out_dtype:
         bias = bias.to(out_dtype)  # _scaled_mm takes a bias of the output dtype only
     y = scaled_mm(x8, w8.t(), x_scale, w_scale, bias, out_dtype, fast_accum)

@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from .shared_inputs import quantized
+
 INT8_MAX = 127.0
 _TINY = 1e-12
 
@@ -51,6 +53,6 @@ def linear(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: Optio
            out_dtype: torch.dtype, quantize=quantize_rows, rescale_fn=rescale) -> torch.Tensor:
     """y = x @ w.T + bias with int8 operands; x [..., K], w8 [N, K] int8, w_scale [1, N]."""
     k = x.shape[-1]
-    x8, x_scale = quantize(x.reshape(-1, k))
+    x8, x_scale = quantized(quantize, x.reshape(-1, k))  # shared by the linears reading x (shared_inputs.py)
     y = rescale_fn(int_mm(x8, w8.t()), x_scale, w_scale, bias, out_dtype)
     return y.view(*x.shape[:-1], w8.shape[0])

@@ -275,7 +275,9 @@ class NF4Linear(Linear4bit):
             w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(dtype)
         else:
             w = self.dequantized_weight(dtype)
-        prepared = fp8.quantize_weight(w) if kind == "fp8" else int8.quantize_weight(w) if kind == "int8" else w
+        ops = self._lowp_ops or {}  # compiled weight quantizers under the compile option (one fused kernel)
+        prepared = (ops.get("fp8_weight", fp8.quantize_weight)(w) if kind == "fp8"
+                    else ops.get("int8_weight", int8.quantize_weight)(w) if kind == "int8" else w)
         if self._held is not None:
             self._held[key] = prepared
         return prepared

@@ -179,8 +179,8 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
 
         kernel = attn.fp8_kernel()
         compiled = plan.compile == "blocks"
-        kernel.quantizer = compile_mod.compiled(attention_fp8.quantize, plan.strict_compile) if compiled \
-            else attention_fp8.quantize
+        kernel.cast = compile_mod.compiled(attention_fp8.cast, plan.strict_compile) if compiled \
+            else attention_fp8.cast
         kernel.dequantizer = compile_mod.compiled(attention_fp8.dequantize, plan.strict_compile) if compiled \
             else attention_fp8.dequantize
     from ..wan.dit.token_ops import EAGER
@@ -203,9 +203,12 @@ def compiled_token_ops(strict: bool = False):
 
 
 def compiled_quantizers(strict: bool = False) -> dict:
-    """The FP8/INT8 activation quantizers and the INT8 rescale through torch.compile (one fused kernel each)."""
+    """The FP8/INT8 activation and weight quantizers and the INT8 rescale through torch.compile (one fused kernel
+    each)."""
     return {
         "fp8": compile_mod.compiled(fp8.quantize_rows, strict),
+        "fp8_weight": compile_mod.compiled(fp8.quantize_weight, strict),
+        "int8_weight": compile_mod.compiled(int8.quantize_weight, strict),
         "int8": compile_mod.compiled(int8.quantize_rows, strict),
         "int8_rescale": compile_mod.compiled(int8.rescale, strict),
     }

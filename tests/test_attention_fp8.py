@@ -188,7 +188,7 @@ def test_compiled_quantizers_match_eager():
 
     q, k, v = _qkv(1, 1024, 1024, 4, seed=2)
     eager = attention_fp8.FP8Attention()
-    compiled = attention_fp8.FP8Attention(compile_mod.compiled(attention_fp8.quantize, strict=True),
+    compiled = attention_fp8.FP8Attention(compile_mod.compiled(attention_fp8.cast, strict=True),
                                           compile_mod.compiled(attention_fp8.dequantize, strict=True))
     assert rel_err(compiled(q, k, v), eager(q, k, v)) < 1e-2
 

@@ -132,3 +132,53 @@ def test_held_weight_is_prepared_once(monkeypatch):
         whole = lin(x)
     assert len(calls) == 2
     assert torch.equal(torch.cat(chunks, dim=1), whole)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_an_input_is_quantized_once_for_the_linears_reading_it(mode):
+    """Inside quantize_once() (q/k/v, the FiLM's scale/shift) linears share the quantized input; the results are
+    the same as quantizing it for each; another input, or outside the scope, is quantized again."""
+    from lingbot_world.quant import shared_inputs
+
+    mod = fp8 if mode == "fp8" else int8
+    calls = []
+
+    def counting(t):
+        calls.append(t.data_ptr())
+        return mod.quantize_rows(t)
+
+    layers = [nf4_layer(seed=s) for s in (4, 5, 6)]
+    for lin in layers:
+        lin.set_compute(mode, min_rows=1, ops={mode: counting})
+    g = torch.Generator().manual_seed(4)
+    x, other = (torch.randn(2, 30, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        separate = [lin(x) for lin in layers]
+        assert len(calls) == 3
+        calls.clear()
+        with shared_inputs.quantize_once():
+            shared = [lin(x) for lin in layers]
+            assert len(calls) == 1
+            layers[0](other)
+            assert len(calls) == 2
+        assert shared_inputs._local.memo is None  # nothing kept after the scope
+        layers[0](x)
+        assert len(calls) == 3
+    assert all(torch.equal(a, b) for a, b in zip(shared, separate))
+
+
+def test_the_compiled_weight_quantizer_is_used_when_given():
+    lin = nf4_layer(seed=7)
+    used = []
+
+    def weight_quantizer(w):
+        used.append(tuple(w.shape))
+        return fp8.quantize_weight(w)
+
+    lin.set_compute("fp8", min_rows=1, ops={"fp8_weight": weight_quantizer})
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    with torch.no_grad():
+        y = lin(x)
+        lin.set_compute("fp8", min_rows=1)
+        assert torch.equal(lin(x), y)
+    assert used == [(lin.out_features, 128)]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from . import token_ops
 from .attention import attention, self_attention
+from ...quant.shared_inputs import quantize_once
 
 if TYPE_CHECKING:
     from .kv_cache import LayerKV
@@ -126,9 +127,10 @@ class SelfAttention(_AttentionLayers):
             for sl in token_slices(seq, chunk):
                 h = make_input(sl)
                 n = h.shape[1]
-                ops.qk_norm_rope(self.q(h), self.norm_q, cos[sl], sin[sl], q[:, sl])
-                ops.qk_norm_rope(self.k(h), self.norm_k, cos[sl], sin[sl], k[:, sl])
-                v[:, sl] = self.v(h).view(b, n, heads, hd)
+                with quantize_once():  # FP8/INT8: h is quantized once for the three projections
+                    ops.qk_norm_rope(self.q(h), self.norm_q, cos[sl], sin[sl], q[:, sl])
+                    ops.qk_norm_rope(self.k(h), self.norm_k, cos[sl], sin[sl], k[:, sl])
+                    v[:, sl] = self.v(h).view(b, n, heads, hd)
         return q, k, v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
@@ -194,7 +196,8 @@ class WanBlock(nn.Module):
         cam = as_compute(cam, dtype)
         g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam), inplace=not torch.is_grad_enabled()))
         g = g.add_(cam) if not torch.is_grad_enabled() else g + cam
-        return self.cam_scale_layer(g), self.cam_shift_layer(g)
+        with quantize_once():  # FP8/INT8: g is quantized once for scale and shift
+            return self.cam_scale_layer(g), self.cam_shift_layer(g)
 
     def forward(
         self,
@@ -250,7 +253,7 @@ class WanBlock(nn.Module):
         with weights_held(self.cross_attn.q, self.cross_attn.o):
             for sl in slices:
                 xn = ops.norm_to(self.norm3, x[:, sl], dtype)
-                x[:, sl] += self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops)
+                ops.residual(x[:, sl], self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops))
         with weights_held(self.ffn[0], self.ffn[2]):
             for sl in slices:
                 h = ops.gelu_tanh(self.ffn[0](ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype)))

@@ -79,6 +79,14 @@ def film(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Ten
     return torch.addcmul(shift, x, scale.add_(1), out=x)
 
 
+def residual(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x += y with x float32 (in place) and y in the compute dtype (the cross-attention's residual); compiled it
+    is one vectorised kernel instead of eager's mixed-dtype add."""
+    if not _no_grad_needed(x, y):
+        return x.copy_(x + y.float())
+    return x.add_(y)
+
+
 def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
     """The FFN's tanh GELU, in place on the first GEMM's output."""
     if not _no_grad_needed(h):
@@ -86,7 +94,7 @@ def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.gelu_(h, approximate="tanh")
 
 
-PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "film", "gelu_tanh")
+PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "residual", "film", "gelu_tanh")
 
 
 class TokenOps:
