@@ -1,8 +1,10 @@
-"""FP8 attention (`--attention fp8`) against bf16 cuDNN SDPA on the shapes the models run: the base model's
-self-attention (31,668 tokens at 464x832x81) and the Fast model's chunk (4,524 queries) over a short and a full
-cache. Per shape: ms of the whole call (quantizing q/k/v, the kernel, the bf16 output), ms of the kernel alone,
-TFLOP/s, and the relative error of each against float32 attention on the first 1,024 queries of 4 heads, for
-random inputs and for peaked ones (q, k x 2.5, as after RMSNorm gains > 1). GPU only (Hopper+, cudnn-frontend).
+"""cudnn-frontend attention on the shapes the models run: FP8 (`--attention fp8`) and bf16 with cuDNN's fastest
+plan (`--attention cudnn`) against torch SDPA's cuDNN kernel, for the base model's self-attention (31,668 tokens at
+464x832x81) and the Fast model's chunk (4,524 queries) over a short and a full cache. Per shape: ms of the whole
+FP8 call (quantizing q/k/v, the kernel, the bf16 output) and of its kernel alone, ms of both bf16 kernels, TFLOP/s,
+the plans cuDNN offered with the tuning's ms of each, and the relative error of each against float32 attention on
+the first 1,024 queries of 4 heads, for random inputs and for peaked ones (q, k x 2.5, as after RMSNorm gains > 1).
+GPU only (Hopper+, cudnn-frontend).
 
     python -m lingbot_world.bench.bench_attention_fp8 --out bench/results/attention_fp8_h100.json   # ~20 s
 """
@@ -36,6 +38,7 @@ def _ms(fn, iters: int = 10) -> float:
 def measure(lq: int, lk: int, spread: float) -> dict:
     from ..wan.dit import attention as attn
     from ..wan.dit import attention_fp8
+    from ..wan.dit.attention_cudnn import CudnnAttention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, lq, HEADS, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16) * spread
@@ -50,25 +53,24 @@ def measure(lq: int, lk: int, spread: float) -> dict:
     cudnn_order = ("cudnn",)
     out = {"queries": lq, "keys": lk, "spread": spread, "first_call_s": round(first_call_s, 3)}
     # the kernel alone: inputs quantized once, outside the timing
-    graph, handle, index = kernel.graph_for(q, k)
+    graph, handle = kernel.graph_for(q, k)
     (q8, dq), (k8, dk), (v8, dv) = (attention_fp8.quantize(t) for t in (q, k, v))
-    descale_s, scale_s = kernel._fixed(index, q.device)
     o8 = torch.empty(q.shape, device="cuda", dtype=torch.float8_e4m3fn)
-    s = graph.scalars
-    pack = {graph.q: q8, graph.k: k8, graph.v: v8, graph.o: o8, s["descale_q"]: dq, s["descale_k"]: dk,
-            s["descale_v"]: dv, s["descale_s"]: descale_s, s["scale_s"]: scale_s,
-            s["scale_o"]: attention_fp8.OUTPUT_SCALE / (dv * attention_fp8.E4M3_MAX),
-            graph.amax_s: graph.amax_buffers[0], graph.amax_o: graph.amax_buffers[1]}
+    pack = kernel.pack(q8, k8, v8, o8, dq, dk, dv, attention_fp8.OUTPUT_SCALE / (dv * attention_fp8.E4M3_MAX))
+    exact = CudnnAttention()
     flops = 4 * HEADS * lq * lk * HEAD_DIM
     runs = {"fp8": lambda: kernel(q, k, v),
-            "fp8_kernel_only": lambda: graph.graph.execute(pack, graph.workspace, handle=handle),
-            "bf16_sdpa_cudnn": lambda: attn.sdpa(q, k, v, cudnn_order)}
+            "fp8_kernel_only": lambda: graph.execute(pack, handle),
+            "bf16_sdpa_cudnn": lambda: attn.sdpa(q, k, v, cudnn_order),
+            "bf16_cudnn_frontend_tuned": lambda: exact(q, k, v)}
     for name, fn in runs.items():
         ms = _ms(fn)
         out[name] = {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
     out["fp8"]["rel_error_vs_fp32"] = attn.relative_error(kernel(q, k, v)[:, :1024, :4], ref)
     out["bf16_sdpa_cudnn"]["rel_error_vs_fp32"] = attn.relative_error(
         attn.sdpa(q, k, v, cudnn_order)[:, :1024, :4], ref)
+    out["bf16_cudnn_frontend_tuned"]["rel_error_vs_fp32"] = attn.relative_error(exact(q, k, v)[:, :1024, :4], ref)
+    out["plans"] = {"fp8": kernel.graphs.plan_report(), "bf16": exact.graphs.plan_report()}
     return out
 
 
@@ -90,7 +92,8 @@ def main(argv=None) -> int:
     for r in results["shapes"]:
         print(f"{r['queries']:>6} x {r['keys']:>6} (spread {r['spread']}): fp8 {r['fp8']['ms']} ms "
               f"(kernel {r['fp8_kernel_only']['ms']} ms, {r['fp8_kernel_only']['tflops']} TFLOP/s), bf16 cuDNN "
-              f"{r['bf16_sdpa_cudnn']['ms']} ms; error {r['fp8']['rel_error_vs_fp32']:.3g} "
+              f"{r['bf16_sdpa_cudnn']['ms']} ms, bf16 frontend tuned {r['bf16_cudnn_frontend_tuned']['ms']} ms; "
+              f"error {r['fp8']['rel_error_vs_fp32']:.3g} "
               f"(bf16 {r['bf16_sdpa_cudnn']['rel_error_vs_fp32']:.2g})")
     if args.out:
         from .common import write_json

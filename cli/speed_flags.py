@@ -34,7 +34,9 @@ def add_speed_args(parser) -> None:
                         "Hopper, FlashAttention-2 on Ampere/Ada; with --compute fp8 on Hopper+ it picks fp8), sdpa "
                         "(the same, always exact), sage (SageAttention, approximate), flash (flash-attn package), "
                         "fp8 (cuDNN FP8 attention for the video self-attention: Hopper and newer with the "
-                        "nvidia-cudnn-frontend package; ~1.6x faster attention, approximate)")
+                        "nvidia-cudnn-frontend package; ~1.6x faster attention, approximate), cudnn (exact bf16 "
+                        "attention through nvidia-cudnn-frontend with cuDNN's fastest plan for each shape, timed on "
+                        "the first call)")
 
 
 def speed_plan(args, device: torch.device) -> SpeedPlan:

@@ -55,7 +55,8 @@ class LingBotSpeedOptions:
                     "FlashAttention-2 on RTX cards). sage: SageAttention (installed separately; approximate, faster "
                     "on RTX 30xx/40xx; checked against sdpa on the first call). flash: the flash-attn package. fp8: "
                     "cuDNN FP8 attention for the video tokens (H100 and newer, pip install nvidia-cudnn-frontend; "
-                    "approximate, ~1.6x faster attention); auto picks it when compute is fp8 on such a GPU.")}),
+                    "approximate, ~1.6x faster attention); auto picks it when compute is fp8 on such a GPU. cudnn: "
+                    "exact, through the same package, with cuDNN's fastest plan for each shape.")}),
             }
         }
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 COMPILE_CHOICES = ("auto", "off", "blocks")
 COMPUTE_CHOICES = ("auto", "bf16", "fp8", "int8", "fp16acc")
-ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash, fp8
+ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash, fp8, cudnn
 DEFAULTS = {"compile": "auto", "compute": "bf16", "attention": "auto"}
 
 
@@ -53,7 +53,8 @@ class SpeedOptions:
 
 @dataclass
 class SpeedPlan:
-    """What runs: compile "off"/"blocks", compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"/"fp8"."""
+    """What runs: compile "off"/"blocks", compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"/"fp8"/
+    "cudnn"."""
 
     compile: str
     compute: str
@@ -121,6 +122,13 @@ def _resolve_attention(choice: str, device: torch.device, notes: list, compute: 
         if problem:
             raise SpeedOptionError(f"--attention fp8: {problem}; use --attention auto")
         return "fp8"
+    if choice == "cudnn":
+        from ..wan.dit import attention_cudnn
+
+        problem = attention_cudnn.unavailable_reason(device) or attention_cudnn.probe(device, attn.cudnn_kernel)
+        if problem:
+            raise SpeedOptionError(f"--attention cudnn: {problem}; use --attention auto")
+        return "cudnn"
     if choice == "auto" and compute == "fp8":
         problem = attention_fp8.unavailable_reason(device) or attention_fp8.probe(device)
         if not problem:

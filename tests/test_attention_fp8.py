@@ -122,7 +122,7 @@ def test_only_the_video_self_attention_takes_the_fp8_kernel(monkeypatch):
         ref = model(*inputs)
         monkeypatch.setattr(attn, "_checked", fake_checked)
         monkeypatch.setattr(attn, "_backend", "fp8")
-        monkeypatch.setattr(attn, "_uses_fp8", lambda q: q.shape[-1] == attention_fp8.HEAD_DIM)
+        monkeypatch.setattr(attn, "_uses_frontend", lambda q: q.shape[-1] == attention_fp8.HEAD_DIM)
         out = model(*inputs)
     assert calls == [((1, 12, 2, 128), (1, 12, 2, 128))] * model.cfg.num_layers
     torch.testing.assert_close(out, ref)
@@ -207,3 +207,79 @@ def test_a_model_with_fp8_attention_stays_close_to_sdpa():
         out = model(*inputs)
     assert attn.get_backend() == "fp8" and 0 < attn.CHECKS["fp8"] < attn.FP8_MAX_REL_ERROR
     assert 0 < rel_err(out, ref) < 0.05
+
+
+# ---- cudnn-frontend's plans and the exact `cudnn` backend --------------------------------------------------------
+class _FakeGraph:
+    """Stands in for a built cudnn-frontend graph: records which plan ran."""
+
+    def __init__(self):
+        self.ran = []
+
+    def get_workspace_size_plan_at_index(self, i):
+        return 16 * (i + 1)
+
+    def execute_plan_at_index(self, variant, workspace, i, handle=None):
+        self.ran.append(i)
+
+
+def test_the_fastest_plan_is_chosen_once_and_a_failing_one_skipped(monkeypatch):
+    from lingbot_world.wan.dit.attention_cudnn import Built
+
+    times = {0: 3.0, 1: RuntimeError("not supported\nmore"), 2: 1.5, 3: 2.0}
+
+    def fake_time(self, variant, handle, i, runs=2):
+        if isinstance(times[i], Exception):
+            raise times[i]
+        return times[i]
+
+    monkeypatch.setattr(Built, "_time", fake_time)
+    g = _FakeGraph()
+    built = Built(g, {"q": "Q"}, torch.empty(1, dtype=torch.uint8), plans=4)
+    built.execute({"q": torch.zeros(1)}, handle=None)
+    assert built.plan == 2 and g.ran == [2]
+    assert built.plan_ms[1].startswith("RuntimeError: not supported") and built.plan_ms[2] == 1.5
+    built.execute({"q": torch.zeros(1)}, handle=None)
+    assert g.ran == [2, 2]  # chosen once
+    monkeypatch.setenv("LINGBOT_CUDNN_TUNE", "0")
+    untuned = Built(_FakeGraph(), {"q": "Q"}, torch.empty(1, dtype=torch.uint8), plans=4)
+    untuned.execute({"q": torch.zeros(1)}, handle=None)
+    assert untuned.plan == 0 and untuned.plan_ms == {}
+
+
+def test_cudnn_attention_is_refused_in_one_line_without_a_gpu():
+    with pytest.raises(SpeedOptionError, match=r"^--attention cudnn: cuDNN attention needs a CUDA GPU; "
+                                               r"use --attention auto$"):
+        resolve_speed(SpeedOptions(attention="cudnn"), CPU)
+
+
+def test_the_exact_cudnn_backend_takes_the_self_attention_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attn, "_checked", lambda q, k, v: calls.append(attn.get_backend()) or attn.sdpa(q, k, v))
+    monkeypatch.setattr(attn, "_backend", "cudnn")
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 16, 2, 128, generator=g) for _ in range(3))
+    attn.attention(q, k, v)
+    assert calls == []  # the text cross-attention path: SDPA
+    monkeypatch.setattr(attn, "_uses_frontend", lambda q: True)
+    attn.self_attention(q, k, v)
+    assert calls == ["cudnn"]
+
+
+@pytest.mark.cuda
+def test_cudnn_frontend_attention_is_exact_on_cache_slices():
+    from lingbot_world.wan.dit.attention_cudnn import CudnnAttention, unavailable_reason
+
+    if not torch.cuda.is_available() or unavailable_reason(torch.device("cuda")):
+        pytest.skip("needs a CUDA GPU with nvidia-cudnn-frontend")
+    q, k, v = _qkv(1, 600, 3000, 4, seed=3)
+    cache_k = torch.zeros(1, 5000, 4, 128, device="cuda", dtype=torch.bfloat16)
+    cache_v = torch.zeros_like(cache_k)
+    cache_k[:, 1000:4000], cache_v[:, 1000:4000] = k, v
+    kernel = CudnnAttention()
+    out = kernel(q, cache_k[:, 1000:4000], cache_v[:, 1000:4000])
+    ref = reference_attention(q, k, v)
+    assert rel_err(out, ref) < 5e-3  # bf16 rounding, as SDPA
+    assert rel_err(kernel(q, k, v), ref) < 5e-3  # contiguous k/v: another graph (other strides), same maths
+    report = kernel.graphs.plan_report()
+    assert report and all(r["plan"] is not None for r in report.values())

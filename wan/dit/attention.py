@@ -25,19 +25,20 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("sdpa", "sage", "flash", "fp8")
+BACKENDS = ("sdpa", "sage", "flash", "fp8", "cudnn")
 CHOICES = ("auto",) + BACKENDS
 SDPA_KERNELS = ("cudnn", "flash", "efficient", "math")
 # A backend whose first real call differs from SDPA by more than this is refused (bf16 kernels agree to ~1e-2).
 SAGE_MAX_REL_ERROR = 0.05
 # FP8 attention's error is FP8 rounding of q, k, v, the probabilities and the output: 0.06-0.13 on random inputs.
 FP8_MAX_REL_ERROR = 0.25
-MAX_REL_ERROR = {"sage": SAGE_MAX_REL_ERROR, "flash": 0.02, "fp8": FP8_MAX_REL_ERROR}
+MAX_REL_ERROR = {"sage": SAGE_MAX_REL_ERROR, "flash": 0.02, "fp8": FP8_MAX_REL_ERROR, "cudnn": 0.02}
 
 _backend = "sdpa"
 _sdpa_order: Optional[tuple[str, ...]] = None  # None: torch's own order (CPU)
 CHECKS: dict[str, float] = {}  # backend -> relative error against SDPA on its first real call in this process
 _fp8 = None  # attention_fp8.FP8Attention, made on first use
+_cudnn = None  # attention_cudnn.CudnnAttention, made on first use
 
 
 def available_backends() -> list[str]:
@@ -46,10 +47,10 @@ def available_backends() -> list[str]:
         out.append("sage")
     if importlib.util.find_spec("flash_attn_interface") is not None or importlib.util.find_spec("flash_attn") is not None:
         out.append("flash")
-    from . import attention_fp8
+    from . import attention_cudnn
 
-    if attention_fp8.installed():
-        out.append("fp8")
+    if attention_cudnn.installed():
+        out += ["fp8", "cudnn"]
     return out
 
 
@@ -69,7 +70,7 @@ def sdpa_kernel_order(device: Optional[torch.device] = None) -> Optional[tuple[s
 
 def set_backend(name: str, device: Optional[torch.device] = None, sdpa_order: Optional[Sequence[str]] = None) -> str:
     """Select the attention kernel for every DiT call: "auto" (= "sdpa" with the GPU's fastest exact kernel),
-    "sdpa", "sage", "flash" or "fp8" (the video self-attention only). Returns the backend used. sdpa_order overrides the SDPA kernel order (names from
+    "sdpa", "sage", "flash", "fp8" or "cudnn" (the last two: the video self-attention only). Returns the backend used. sdpa_order overrides the SDPA kernel order (names from
     SDPA_KERNELS; an empty sequence = torch's own order; None = the fastest for `device`)."""
     global _backend, _sdpa_order
     if name not in CHOICES:
@@ -131,10 +132,23 @@ def fp8_kernel():
     return _fp8
 
 
+def cudnn_kernel():
+    """The process's exact cudnn-frontend attention (its graphs and chosen plans shared by every model)."""
+    global _cudnn
+    if _cudnn is None:
+        from .attention_cudnn import CudnnAttention
+
+        _cudnn = CudnnAttention()
+    return _cudnn
+
+
 def _kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """SageAttention, FlashAttention (3 when installed, else 2) or cuDNN FP8 on fp16/bf16 [B, L, H, D] tensors."""
+    """SageAttention, FlashAttention (3 when installed, else 2), cuDNN FP8 or cudnn-frontend bf16 on fp16/bf16
+    [B, L, H, D] tensors."""
     if name == "fp8":
         return fp8_kernel()(q, k, v)
+    if name == "cudnn":
+        return cudnn_kernel()(q, k, v)
     if name == "sage":
         from sageattention import sageattn
 
@@ -167,17 +181,16 @@ def check_against_sdpa(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The video tokens' self-attention (the base DiT's, and the Fast model's over its cache): where FP8 attention
-    applies. Other backends: the same as attention()."""
-    if _uses_fp8(q):
+    """The video tokens' self-attention (the base DiT's, and the Fast model's over its cache): where the
+    cudnn-frontend backends (fp8, cudnn) apply. Other backends: the same as attention()."""
+    if _uses_frontend(q):
         return _checked(q, k, v)
     return attention(q, k, v)
 
 
-def _uses_fp8(q: torch.Tensor) -> bool:
-    from .attention_fp8 import HEAD_DIM
-
-    return _backend == "fp8" and q.is_cuda and q.shape[-1] == HEAD_DIM  # else SDPA (tiny test configs, the CPU)
+def _uses_frontend(q: torch.Tensor) -> bool:
+    """fp8 / cudnn on a CUDA tensor of head dim 128 (else SDPA: tiny test configs, the CPU)."""
+    return _backend in ("fp8", "cudnn") and q.is_cuda and q.shape[-1] == 128
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

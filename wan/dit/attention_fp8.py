@@ -12,22 +12,18 @@ It is an approximate kernel, used only when asked for (`attention=fp8`, or `auto
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import threading
 from typing import Callable, Optional
 
 import torch
+
+from .attention_cudnn import Built, GraphCache, finalize, installed
 
 E4M3_MAX = 448.0
 # The output's scale over amax(v): headroom below 448 (FP8's relative precision does not depend on the scale).
 OUTPUT_SCALE = 256.0
 HEAD_DIM = 128  # cuDNN's FP8 attention on Hopper takes head dim 128 only
 MIN_CAPABILITY = (9, 0)
-
-
-def installed() -> bool:
-    return importlib.util.find_spec("cudnn") is not None
 
 
 def unavailable_reason(device: torch.device) -> Optional[str]:
@@ -73,10 +69,10 @@ def dequantize(o8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return o8.to(torch.bfloat16).mul_((1.0 / scale).to(torch.bfloat16).reshape(()))
 
 
-class _Graph:
-    """One built cuDNN FP8 attention graph for a shape ([B, S, H, D] tensors viewed as B, H, S, D)."""
+def _fp8_graph(b: int, h: int, sq: int, skv: int, d: int, device: torch.device):
+    """The builder of cuDNN's FP8 attention graph for [B, S, H, D] tensors of these sizes (contiguous)."""
 
-    def __init__(self, cudnn, handle, b: int, h: int, sq: int, skv: int, d: int, device: torch.device):
+    def build(cudnn, handle) -> Built:
         dt = cudnn.data_type
         g = cudnn.pygraph(io_data_type=dt.FP8_E4M3, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
                           handle=handle)
@@ -87,109 +83,72 @@ class _Graph:
         def scalar(name: str):
             return g.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=dt.FLOAT)
 
-        self.q, self.k, self.v = seq("q", sq), seq("k", skv), seq("v", skv)
-        self.scalars = {n: scalar(n) for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s",
-                                                "scale_o")}
-        o, _stats, amax_s, amax_o = g.sdpa_fp8(q=self.q, k=self.k, v=self.v, is_inference=True,
+        t = {"q": seq("q", sq), "k": seq("k", skv), "v": seq("v", skv)}
+        t.update((n, scalar(n)) for n in SCALARS)
+        o, _stats, amax_s, amax_o = g.sdpa_fp8(q=t["q"], k=t["k"], v=t["v"], is_inference=True,
                                                attn_scale=1.0 / math.sqrt(d), use_causal_mask=False,
-                                               name="attention", **self.scalars)
+                                               name="attention", **{n: t[n] for n in SCALARS})
         o.set_output(True).set_dim([b, h, sq, d]).set_stride([sq * h * d, d, h * d, 1]).set_data_type(dt.FP8_E4M3)
-        for t in (amax_s, amax_o):
-            t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(dt.FLOAT)
-        self.o, self.amax_s, self.amax_o = o, amax_s, amax_o
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        self.graph = g
-        self.workspace = torch.empty(max(1, g.get_workspace_size()), device=device, dtype=torch.uint8)
-        self.amax_buffers = torch.empty(2, 1, 1, 1, 1, device=device)  # cuDNN's amax outputs (unused)
+        for x in (amax_s, amax_o):
+            x.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(dt.FLOAT)
+        t.update(o=o, amax_s=amax_s, amax_o=amax_o)
+        return finalize(cudnn, g, t, device)
+
+    return build
+
+
+SCALARS = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
 
 
 class FP8Attention:
-    """cuDNN FP8 attention with one graph per shape and device, built on first use (~0.1 s; 1.6 s the very first)."""
+    """cuDNN FP8 attention with one graph per shape and device, built on first use (~0.1 s; 1.6 s the very first)
+    with the fastest of cuDNN's plans for it (attention_cudnn.Built)."""
 
     def __init__(self, cast_fn: Callable = cast, dequantizer: Callable = dequantize):
         self.cast = cast_fn  # the compile option swaps in fused versions (speed/options.apply_speed)
         self.dequantizer = dequantizer
-        self._graphs: dict[tuple, _Graph] = {}
-        self._handles: dict[int, object] = {}
-        self._streams: dict[int, int] = {}
-        self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._lock = threading.Lock()
+        self.graphs = GraphCache()
+        self._constants: dict[tuple, torch.Tensor] = {}
 
-    def _handle(self, cudnn, device: torch.device):
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        handle = self._handles.get(index)
-        if handle is None:
-            with torch.cuda.device(index):
-                handle = self._handles[index] = cudnn.create_handle()
-        stream = torch.cuda.current_stream(device).cuda_stream
-        if self._streams.get(index) != stream:  # follow torch's current stream (side streams, CUDA graphs)
-            cudnn.set_stream(handle=handle, stream=stream)
-            self._streams[index] = stream
-        return handle, index
-
-    def graph_for(self, q: torch.Tensor, k: torch.Tensor) -> tuple[_Graph, object, int]:
-        """(the graph for these shapes, the cuDNN handle, the device index)."""
-        import cudnn
-
+    def graph_for(self, q: torch.Tensor, k: torch.Tensor) -> tuple[Built, object]:
+        """(the graph for these shapes, the cuDNN handle)."""
         b, sq, h, d = q.shape
         skv = k.shape[1]
-        handle, index = self._handle(cudnn, q.device)
-        key = (index, b, h, sq, skv, d)
-        with self._lock:
-            graph = self._graphs.get(key)
-            if graph is None:
-                graph = self._graphs[key] = _Graph(cudnn, handle, b, h, sq, skv, d, q.device)
-        return graph, handle, index
+        return self.graphs.get(("sdpa_fp8", b, h, sq, skv, d), q.device, _fp8_graph(b, h, sq, skv, d, q.device))
+
+    def pack(self, q8, k8, v8, o8, dq, dk, dv, scale_o) -> dict:
+        """The graph's inputs and outputs by name (the probabilities' fixed scales and scratch amax outputs added)."""
+        device = q8.device
+        return {"q": q8, "k": k8, "v": v8, "o": o8, "descale_q": dq, "descale_k": dk, "descale_v": dv,
+                "descale_s": self._constant(device, 1.0 / E4M3_MAX), "scale_s": self._constant(device, E4M3_MAX),
+                "scale_o": scale_o, "amax_s": self._constant(device, 0.0, "amax_s"),
+                "amax_o": self._constant(device, 0.0, "amax_o")}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, Lq, H, 128], k/v [B, Lk, H, 128] on a CUDA device -> attention output [B, Lq, H, 128] in bf16."""
-        graph, handle, index = self.graph_for(q, k)
+        graph, handle = self.graph_for(q, k)
         q8, dq = quantize(q, self.cast)
         k8, dk = quantize(k, self.cast)
         v8, dv = quantize(v, self.cast)
         scale_o = OUTPUT_SCALE / (dv * E4M3_MAX)  # 256 / amax(v)
-        descale_s, scale_s = self._fixed(index, q.device)
         o8 = torch.empty(q.shape, device=q.device, dtype=torch.float8_e4m3fn)
-        s = graph.scalars
-        graph.graph.execute({graph.q: q8, graph.k: k8, graph.v: v8, graph.o: o8, s["descale_q"]: dq,
-                             s["descale_k"]: dk, s["descale_v"]: dv, s["descale_s"]: descale_s,
-                             s["scale_s"]: scale_s, s["scale_o"]: scale_o, graph.amax_s: graph.amax_buffers[0],
-                             graph.amax_o: graph.amax_buffers[1]}, graph.workspace, handle=handle)
+        graph.execute(self.pack(q8, k8, v8, o8, dq, dk, dv, scale_o), handle)
         return self.dequantizer(o8, scale_o)
 
-    def _fixed(self, index: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self._constants.get(index)
+    def _constant(self, device: torch.device, value: float, tag: str = "") -> torch.Tensor:
+        key = (str(device), value, tag)
+        c = self._constants.get(key)
         if c is None:
-            c = self._constants[index] = (torch.full((1, 1, 1, 1), 1.0 / E4M3_MAX, device=device),
-                                          torch.full((1, 1, 1, 1), E4M3_MAX, device=device))
+            c = self._constants[key] = torch.full((1, 1, 1, 1), value, device=device)
         return c
 
     def forget(self) -> None:
         """Drop the built graphs and their workspaces (their VRAM), e.g. when a run ends."""
-        with self._lock:
-            self._graphs.clear()
+        self.graphs.forget()
 
 
-def probe(device: torch.device, seq: int = 1024, heads: int = 2) -> Optional[str]:
+def probe(device: torch.device) -> Optional[str]:
     """Build and run one small FP8 attention on `device` against SDPA; the problem (one phrase), or None."""
-    reason = unavailable_reason(device)
-    if reason:
-        return reason
-    try:
-        g = torch.Generator(device=device).manual_seed(0)
-        q, k, v = (torch.randn(1, seq, heads, HEAD_DIM, device=device, generator=g, dtype=torch.bfloat16)
-                   for _ in range(3))
-        out = FP8Attention()(q, k, v)
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            *(t.float().transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
-        err = ((out.float() - ref).norm() / ref.norm()).item()
-    except Exception as e:  # noqa: BLE001 - a kernel that cannot run is the answer
-        first = str(e).partition("\n")[0][:200]
-        return f"cuDNN FP8 attention failed on a test input ({type(e).__name__}: {first})"
-    if not err <= 0.25:
-        return f"cuDNN FP8 attention differs from SDPA by {err:.3g} (relative) on a test input"
-    return None
+    from .attention_cudnn import probe as probe_kernel
+
+    return unavailable_reason(device) or probe_kernel(device, FP8Attention, limit=0.25)
