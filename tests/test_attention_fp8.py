@@ -211,10 +211,13 @@ def test_a_model_with_fp8_attention_stays_close_to_sdpa():
 
 # ---- cudnn-frontend's plans and the exact `cudnn` backend --------------------------------------------------------
 class _FakeGraph:
-    """Stands in for a built cudnn-frontend graph: records which plan ran."""
+    """Stands in for a built cudnn-frontend graph: records which plan ran ("default": execute())."""
 
     def __init__(self):
         self.ran = []
+
+    def execute(self, variant, workspace, handle=None):
+        self.ran.append("default")
 
     def get_workspace_size_plan_at_index(self, i):
         return 16 * (i + 1)
@@ -244,7 +247,12 @@ def test_the_fastest_plan_is_chosen_once_and_a_failing_one_skipped(monkeypatch):
     monkeypatch.setenv("LINGBOT_CUDNN_TUNE", "0")
     untuned = Built(_FakeGraph(), {"q": "Q"}, torch.empty(1, dtype=torch.uint8), plans=4)
     untuned.execute({"q": torch.zeros(1)}, handle=None)
-    assert untuned.plan == 0 and untuned.plan_ms == {}
+    assert untuned.plan == -1 and untuned.plan_ms == {} and untuned.graph.ran == ["default"]
+    monkeypatch.delenv("LINGBOT_CUDNN_TUNE")
+    times.update({0: RuntimeError("x"), 1: RuntimeError("y"), 2: RuntimeError("z"), 3: RuntimeError("w")})
+    none_timed = Built(_FakeGraph(), {"q": "Q"}, torch.empty(1, dtype=torch.uint8), plans=4)
+    none_timed.execute({"q": torch.zeros(1)}, handle=None)
+    assert none_timed.plan == -1 and none_timed.graph.ran == ["default"]  # cuDNN's own choice still runs
 
 
 def test_cudnn_attention_is_refused_in_one_line_without_a_gpu():

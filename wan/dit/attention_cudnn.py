@@ -39,7 +39,7 @@ class Built:
     tensors: dict
     workspace: torch.Tensor
     plans: int
-    plan: Optional[int] = None  # chosen on the first execute
+    plan: Optional[int] = None  # chosen on the first execute; -1: cuDNN's default (the heuristic's first plan)
     plan_ms: dict = field(default_factory=dict)  # plan index -> ms of one run (the tuning), or an error
 
     def execute(self, pack: dict, handle) -> None:
@@ -47,12 +47,17 @@ class Built:
         variant = {self.tensors[name]: t for name, t in pack.items()}
         if self.plan is None:
             self.plan = self._choose(variant, handle)
-        self.graph.execute_plan_at_index(variant, self.workspace, self.plan, handle=handle)
+        if self.plan < 0:
+            self.graph.execute(variant, self.workspace, handle=handle)
+        else:
+            self.graph.execute_plan_at_index(variant, self.workspace, self.plan, handle=handle)
 
     def _choose(self, variant: dict, handle) -> int:
+        """The fastest plan's index; -1 (the default plan) when there is no choice, tuning is off or no plan
+        could be timed."""
         if self.plans <= 1 or os.environ.get(TUNE_ENV, "1") == "0":
-            return 0
-        best, best_ms = 0, math.inf
+            return -1
+        best, best_ms = -1, math.inf
         for i in range(self.plans):
             try:
                 ms = self._time(variant, handle, i)
