@@ -318,6 +318,23 @@ class NF4Linear(Linear4bit):
             y = self.lora.add_terms(x_in, y)
         return y if y.dtype == inp_dtype else y.to(inp_dtype)
 
+    def forward_gelu(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """tanh-GELU(self(x)) with the GELU in the GEMM's epilogue (cuBLASLt: applied to the float32 accumulator
+        plus bias, one rounding to bf16 instead of two, no separate pass over the [tokens, 13824] output), or None
+        where that does not apply: a CPU, FP8/INT8/fp16acc compute, no bias, or a LoRA that adds terms to the output
+        (they go before the GELU)."""
+        dtype = self.compute_dtype or x.dtype
+        lora = self.lora
+        if (not x.is_cuda or self.bias is None or dtype not in (torch.bfloat16, torch.float16)
+                or self._mode_for(x, dtype) != "bf16" or (lora is not None and (lora.up is not None
+                                                                                or lora.bias is not None))):
+            return None
+        inp_dtype = x.dtype
+        x2 = (x if x.dtype == dtype else x.to(dtype)).reshape(-1, self.in_features)
+        y = torch._addmm_activation(self.bias.to(dtype), x2, self._prepared("float", dtype).t(), use_gelu=True)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if y.dtype == inp_dtype else y.to(inp_dtype)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, nf4, "
                 f"compute_dtype={self.compute_dtype}, compute={self.compute_mode}")

@@ -182,3 +182,20 @@ def test_the_compiled_weight_quantizer_is_used_when_given():
         lin.set_compute("fp8", min_rows=1)
         assert torch.equal(lin(x), y)
     assert used == [(lin.out_features, 128)]
+
+
+def test_the_gelu_epilogue_is_only_offered_on_a_gpu_with_bf16_gemms(monkeypatch):
+    """On the CPU (and for FP8/INT8 compute, or a LoRA adding terms) forward_gelu declines and the block's FFN runs
+    the GEMM then the GELU phase, exactly as before."""
+    from lingbot_world.wan.dit import blocks, token_ops
+
+    lin = nf4_layer(seed=9)
+    x = torch.randn(2, 20, 128, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert lin.forward_gelu(x) is None
+        expected = torch.nn.functional.gelu(lin(x), approximate="tanh")
+        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), expected)
+        monkeypatch.setattr(lin, "forward_gelu", lambda t: torch.zeros(1))
+        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), torch.zeros(1))  # offered: used
+        monkeypatch.setattr(blocks, "FFN_GELU_EPILOGUE", False)
+        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), expected)  # switched off: never asked

@@ -96,6 +96,18 @@ def weights_held(*layers: nn.Module):
             m.release_weight()
 
 
+# The FFN's GELU in the first GEMM's epilogue where the linear offers it (NF4Linear.forward_gelu: CUDA, bf16 GEMMs);
+# False runs it as a separate phase everywhere (benchmarks compare the two).
+FFN_GELU_EPILOGUE = True
+
+
+def linear_gelu(linear: nn.Module, x: torch.Tensor, ops: token_ops.TokenOps) -> torch.Tensor:
+    """tanh-GELU(linear(x)): fused into the GEMM where possible, else the GEMM then the (compiled) GELU phase."""
+    fused = getattr(linear, "forward_gelu", None) if FFN_GELU_EPILOGUE else None
+    y = fused(x) if fused is not None else None
+    return y if y is not None else ops.gelu_tanh(linear(x))
+
+
 class _AttentionLayers(nn.Module):
     """q/k/v/o projections and the full-width q/k RMSNorms shared by self- and cross-attention (spec §2.2 keys)."""
 
@@ -256,7 +268,7 @@ class WanBlock(nn.Module):
                 ops.residual(x[:, sl], self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops))
         with weights_held(self.ffn[0], self.ffn[2]):
             for sl in slices:
-                h = ops.gelu_tanh(self.ffn[0](ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype)))
+                h = linear_gelu(self.ffn[0], ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype), ops)
                 ops.gated_residual(x[:, sl], self.ffn[2](h), gate_f)
         return x
 
