@@ -78,6 +78,8 @@ class TextPlan:
     def start(self, log) -> TextStage:
         """Encode now ("done", "first": returns when the text is there) or start the child in the background."""
         if self.how == "done":
+            if self.overlap.together or self.overlap.host_early:
+                log.info("start-up: %s", self.overlap.reason)
             return TextStage(self.overlap, done=self.session.from_main(self.encode, "the text encoding"))
         if self.how == "first":
             log.info("text encoder first: %s", self.overlap.reason)
