@@ -163,7 +163,9 @@ def _latents(model, cache, on_chunk=None):
     cam = torch.randn(1, 384, 9, 4, 6, generator=g)
     ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g)
     gen = make_generator(3, "cpu")
-    return FastRun(model, draw(gen, (1, 16, 9, 4, 6)), ctx, y, cam, cache, gen, on_chunk=on_chunk).run()
+    device = next(model.parameters()).device
+    return FastRun(model, draw(gen, (1, 16, 9, 4, 6), device), ctx.to(device, model.dtype_for_compute()), y, cam,
+                   cache, gen, device=device, on_chunk=on_chunk).run().cpu()
 
 
 @pytest.mark.parametrize("ahead,release_early", [(False, False), (True, True)])
@@ -302,3 +304,33 @@ def test_a_load_error_beside_the_encode_is_one_line(demo_ckpt, tmp_path, monkeyp
     assert threads == ["lingbot-model-load"]
     assert err[-1] == "lingbot-world generate: read error in lingbot_world_fast_bnb_nf4/model.safetensors"
     assert not (tmp_path / "x").exists()
+
+
+# ---- CUDA -----------------------------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_pinned_host_memory_ahead_load_on_its_stream_and_release(fast_model):
+    path, cfg = fast_model
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with FastPlacement(_host_plan(cfg), dev) as fp:
+        want = _latents(fp.load_model(path), fp.make_cache())
+    with FastPlacement(_host_plan(cfg), dev) as fp:
+        fp.start_host_memory(cfg, torch.bfloat16)
+        load = ModelLoad(lambda progress: fp.load_model(path, progress=progress), dev).start()
+        vae_like = torch.randn(64, 1024, 1024, device=dev) @ torch.randn(1024, 1024, device=dev)  # work meanwhile
+        model = load.result()
+        cache = fp.make_cache()
+        host = list(fp.placement.streamer.host.values())
+        assert all(h.buffer.pinned for h in host)
+
+        def on_chunk(index, x0):
+            if index == 2:
+                fp.release_cache()
+
+        got = _latents(model, cache, on_chunk)
+        del vae_like
+    assert all(h.k is None and h.buffer.tensor.numel() == 0 and h.buffer._registered_ptr is None for h in host)
+    assert torch.equal(got, want)
