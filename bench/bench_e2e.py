@@ -3,6 +3,9 @@ model on the same 480x832x81 video in one session, full-size random weights in t
 
     # one H100, < 9 minutes (builds ~45 GB of files in --workdir first, ~2 minutes)
     python -m lingbot_world.bench.bench_e2e --workdir /tmp/lwe --out bench/results/e2e_h100.json
+    # the Fast runs only, overlaps on and off (~5 minutes with the files' ~2 minutes)
+    python -m lingbot_world.bench.bench_e2e --workdir /tmp/lwe --out bench/results/e2e_overlap_h100.json \
+        --runs store_prompt,fast_cold,fast_cold_overlap_off,fast_cached,fast_cached_overlap_off
     python -m lingbot_world.bench.bench_e2e --tiny --out /tmp/e2e_tiny.json           # CPU smoke run
 
 Files: the Fast model and one base expert as random NF4 experts (community layout; the low-noise expert is the
@@ -13,6 +16,8 @@ CLI's summary line gives its stages, and time stamps say where the seconds outsi
 - store_prompt, base_warm: untimed warm-ups (page cache, the prompt cache, inductor's kernels);
 - fast_cold: `--model fast`, prompt not cached (--no-text-cache: the umT5 child runs, beside the loading where it fits);
 - fast_cached: the same with the prompt in the cache (what every later run of that prompt costs); fast_cached_compile_off;
+- fast_cold_overlap_off / fast_cached_overlap_off: the same with `--overlap off` (the start-up one step after the
+  other: imports, VAE encode, load, the K/V cache's host memory), for the seconds the overlaps save in one session;
 - base_2 / base_4: the base model with --steps 2 and 4 (each one expert switch); 70 steps would take ten minutes, so
   base end to end = wall(2) + 68 x (wall(4) - wall(2)) / 2 (the slope is one step's seconds, CFG included).
 A card is simulated with `set_per_process_memory_fraction` (--cap-gib minus --context-gib) in the CLI process; the
@@ -160,7 +165,13 @@ def run_cli(name: str, argv: list, cap_bytes: Optional[int], timeout: float, log
                           "cuda_init_s": round(t["cuda"] - t["enter"], 2),
                           "cli_import_s": round(t["cli_imported"] - t["cuda"], 2),
                           "main_s": round(t["main_done"] - t["cli_imported"], 2),
-                          "exit_s": round(t_end - t["main_done"], 2)}
+                          "exit_s": round(t_end - t["main_done"], 2),
+                          # of which: other atexit handlers (registered later, run first) / Python's and CUDA's
+                          # teardown after the last one
+                          "exit_atexit_s": round(t["atexit"] - t["main_done"], 2),
+                          "exit_teardown_s": round(t_end - t["atexit"], 2)}
+        if out.get("cli_total_s") is not None:  # main's seconds before the CLI's own clock starts: its imports
+            out["process"]["main_before_stages_s"] = round(out["process"]["main_s"] - out["cli_total_s"], 2)
     if proc.returncode != 0:
         out["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1][:500]
     t5 = re.search(r"text encoder: \d+ prompt\(s\) on (\S+) in ([\d.]+) s \((.*)\)", proc.stderr)
@@ -195,7 +206,9 @@ def run(args) -> dict:
     runs = {  # name: (extra flags, timed?); the untimed ones warm the page cache, the prompt cache and inductor's
         "store_prompt": (fast + ["--frames", "17"], False),
         "fast_cold": (fast + ["--no-text-cache"], True),
+        "fast_cold_overlap_off": (fast + ["--no-text-cache", "--overlap", "off"], True),  # the start-up in turn
         "fast_cached": (fast, True),
+        "fast_cached_overlap_off": (fast + ["--overlap", "off"], True),
         "fast_cached_compile_off": (fast + ["--compile", "off"], True),
         "base_warm": (base + ["--steps", "1", "--no-text-cache"], False),
         "base_2": (base + ["--steps", "2", "--no-text-cache"], True),
@@ -239,6 +252,10 @@ def _has_imageio_ffmpeg() -> bool:
 
 def summarize(runs: dict) -> dict:
     s: dict = {}
+    for name in ("fast_cold", "fast_cached"):  # what the start-up overlaps (imports, encode/load, host memory) save
+        on, off = runs.get(name, {}), runs.get(f"{name}_overlap_off", {})
+        if on.get("rc") == 0 and off.get("rc") == 0:
+            s[f"{name}_overlap_saves_s"] = round(off["wall_s"] - on["wall_s"], 2)
     b2, b4 = runs.get("base_2", {}), runs.get("base_4", {})
     if b2.get("rc") == 0 and b4.get("rc") == 0:
         step = (b4["wall_s"] - b2["wall_s"]) / 2

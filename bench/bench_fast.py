@@ -6,6 +6,9 @@
     python -m lingbot_world.bench.bench_fast --cases fast961_window_24,fast720_24,fast480_12 \\
         --workdir /tmp/lwf --budget-s 500 --t5-seconds 12.9 --out bench/results/fast_h100.json
     python -m lingbot_world.bench.bench_fast --tiny --out /tmp/fast_tiny.json          # CPU smoke run
+    # one mid-video chunk of the 24 GB case under torch.profiler (< 2 minutes; reuses --workdir's experts)
+    python -m lingbot_world.bench.bench_fast --cases fast480_profile --workdir /tmp/lwf --keep \
+        --out bench/results/fast_profile_h100.json
 
 Two random full-size NF4 experts in the real community layout are written once (made and quantized on the GPU,
 ≈9.6 GB each, reused from --workdir when their config matches): the Fast model (config class WanModelFast) and
@@ -21,6 +24,11 @@ are freed), end to end (with --t5-seconds from bench_t5), peak VRAM (torch alloc
 RSS, bytes streamed from host RAM, and per-chunk peaks for the long video (memory flat). The base case: one expert
 resident, seconds per 70-step-schedule step (CFG cond + uncond) from a warm-up and --timed-steps steps, end to end
 extrapolated to 70 steps (+ one expert switch from the pipeline benchmark, --switch-seconds).
+
+fast480_profile (not in the default list): fast480_24 up to its middle chunk, that chunk (4 steps + the context
+pass) under torch.profiler: device time by kernel category (bench_speed.profile_split), the top 15 operators by
+device time and by CPU time, and the unprofiled wall time of the chunks on either side, to tell whether the Fast
+forward (4,680 query tokens per call at 480x832) keeps the GPU busy or waits for the CPU.
 """
 from __future__ import annotations
 
@@ -59,7 +67,11 @@ CASES: dict[str, dict] = {
     "fast720_24": dict(kind="fast", video=V720, cap_gib=24),
     "fast961_window_24": dict(kind="fast", video=V961, cap_gib=24, window=21, sink=3, vae=False),
     "base480": dict(kind="base", video=V480, cap_gib=None),
+    # torch.profiler over one mid-video chunk (4 steps + the context pass) of fast480_24: not in the default list
+    "fast480_profile": dict(kind="fast", video=V480, cap_gib=24, profile=True),
 }
+DEFAULT_CASES = [name for name, c in CASES.items() if not c.get("profile")]
+PROFILE_TOP_OPS = 15
 TARGETS = {
     "fast480_24": "runs; sampling <= 30 s; peak VRAM <= 22.5 GB; peak RSS <= 40 GB",
     "fast480_16": "runs",
@@ -168,6 +180,10 @@ def child_fast(spec: dict) -> dict:
         noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
         run = FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
                       on_chunk=on_chunk)
+        if spec.get("profile"):
+            out["profile"] = profile_chunk(run, device)
+            out["stream"] = placement.placement.stats() if placement.placement else None
+            return out
         sync(device)
         t_start = time.perf_counter()
         with torch.inference_mode():
@@ -203,6 +219,36 @@ def child_fast(spec: dict) -> dict:
     return out
 
 
+def profile_chunk(run, device: torch.device) -> dict:
+    """Profile the middle chunk of `run` (its 4 steps and the context pass: one `next_chunk()`), after the chunks
+    before it, and time the chunks on either side without the profiler: the chunk's wall time where the profiler's
+    own CPU cost is absent. Device time well below that wall means the GPU waits for the CPU (launch-bound)."""
+    from .bench_speed import profile_split
+
+    mid = run.chunks // 2
+    walls: dict = {}
+    with torch.inference_mode():
+        while run.chunk < mid:
+            _timed_chunk(run, device, walls)
+        profiled = profile_split(run.next_chunk, device, top_ops=PROFILE_TOP_OPS)
+        if not run.done:
+            _timed_chunk(run, device, walls)
+    around = [walls[c] for c in (mid - 1, mid + 1) if c in walls]
+    wall = sum(around) / len(around) if around else None
+    return {"chunk": mid, "chunks": run.chunks, "calls": run.schedule.steps + 1, "chunk_wall_s": walls,
+            "wall_s_around": round(wall, 3) if wall else None, "split": profiled,
+            "device_busy_share": round(profiled["kernel_seconds"] / wall, 3) if wall else None}
+
+
+def _timed_chunk(run, device: torch.device, walls: dict) -> None:
+    sync(device)
+    t = time.perf_counter()
+    index = run.chunk
+    run.next_chunk()
+    sync(device)
+    walls[index] = round(time.perf_counter() - t, 3)
+
+
 def child_base(spec: dict) -> dict:
     """One base expert resident: s/step of the 70-step schedule (CFG cond + uncond) at the Fast cases' size."""
     from ..loaders.expert_loader import load_expert
@@ -236,6 +282,8 @@ def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
             "timed": args.timed_steps, "vae": c.get("vae", True), "expandable_segments": True}
     if c.get("speed") and not args.tiny:  # the tiny CPU smoke run stays eager
         spec["speed"] = c["speed"]
+    if c.get("profile"):
+        spec.update(profile=True, vae=False)
     if c.get("window"):
         spec.update(window=3 if args.tiny else c["window"], sink=1 if args.tiny else c["sink"])
         if args.tiny:
@@ -251,6 +299,13 @@ def summarize(res: dict, args) -> dict:
     s: dict = {}
     for name, r in c.items():
         if not ok(r) or CASES.get(name, {}).get("kind") != "fast":
+            continue
+        if r.get("profile"):
+            pr = r["profile"]
+            s[name] = {"plan": r["plan"]["reason"], "chunk": f"{pr['chunk'] + 1} of {pr['chunks']}",
+                       "wall_s_around": pr["wall_s_around"], "device_s": pr["split"]["kernel_seconds"],
+                       "device_busy_share": pr["device_busy_share"], "device_split_s": pr["split"]["seconds"],
+                       "profiled_wall_s": pr["split"]["profiled_wall_seconds"]}
             continue
         row = {"plan": r["plan"]["reason"], "sampling_s": r.get("sampling_s"), "frames": r.get("frames"),
                "load_s": r.get("load_s"), "cache_alloc_s": r.get("cache_alloc_s"),
@@ -348,6 +403,12 @@ def print_report(res: dict) -> None:
             print(f"| {name} | one base expert, sequential CFG | 81 | {row.get('sampling_70_steps_s')} (70 x "
                   f"{r['s_per_step']} s/step) | | {r['load_s']} | {row.get('end_to_end_s')} | | | |")
             continue
+        if r.get("profile"):
+            pr = r["profile"]
+            print(f"| {name} | chunk {pr['chunk'] + 1}/{pr['chunks']} profiled: device {pr['split']['kernel_seconds']} s "
+                  f"of ~{pr['wall_s_around']} s wall (busy {pr['device_busy_share']}), split "
+                  f"{json.dumps(pr['split']['seconds'])} | | | | | | | | |")
+            continue
         plan = r["plan"]
         where = ("cache on GPU" if plan["cache"] == "gpu" else
                  f"cache host, {plan['cache_layers_on_gpu']}/{plan['estimates']['num_layers']} on GPU") + (
@@ -429,7 +490,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                   help=f"comma-separated subset of {','.join(CASES)} (default: all but fast480_profile)")
     p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget; later cases are skipped")
     p.add_argument("--min-case-s", type=float, default=30.0, help="do not start a case with less budget left")
     p.add_argument("--workdir", default="/tmp/lingbot_fast_bench", help="where the experts are written (≈19 GB)")

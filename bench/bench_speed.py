@@ -118,8 +118,10 @@ def kernel_category(name: str) -> str:
     return "elementwise"
 
 
-def profile_split(run, device: torch.device) -> dict:
-    """Seconds per kernel category for one call of `run` (device kernels on CUDA, self CPU time on a CPU)."""
+def profile_split(run, device: torch.device, top_ops: int = 0) -> dict:
+    """Seconds per kernel category for one call of `run` (device kernels on CUDA, self CPU time on a CPU).
+    top_ops > 0 adds the top operators (torch ops, as called from Python) by device time and by CPU time:
+    name, calls, self CPU s, CPU s (with children), device s (their kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -153,13 +155,28 @@ def profile_split(run, device: torch.device) -> dict:
     else:
         split, top = tally(lambda ev: True, lambda ev: ev.self_cpu_time_total)
     total = sum(split.values())
-    return {
+    out = {
         "seconds": {k: round(v, 4) for k, v in split.items()},
         "share": {k: round(v / total, 4) for k, v in split.items()} if total else {},
         "kernel_seconds": round(total, 4),
         "profiled_wall_seconds": round(wall, 3),
         "top_kernels": [[k, round(v, 4)] for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:25]],
     }
+    if top_ops:
+        ops = [ev for ev in events if not str(getattr(ev, "device_type", "CPU")).endswith("CUDA")]
+
+        def device_total(ev):
+            us = getattr(ev, "device_time_total", None)
+            return getattr(ev, "cuda_time_total", 0.0) if us is None else us
+
+        def row(ev):
+            return [ev.key[:120], ev.count, round(ev.self_cpu_time_total / 1e6, 4),
+                    round(ev.cpu_time_total / 1e6, 4), round(device_total(ev) / 1e6, 4)]
+
+        out["top_ops_columns"] = ["op", "calls", "self_cpu_s", "cpu_s", "device_s"]
+        out["top_ops_by_device"] = [row(ev) for ev in sorted(ops, key=lambda e: -device_total(e))[:top_ops]]
+        out["top_ops_by_cpu"] = [row(ev) for ev in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top_ops]]
+    return out
 
 
 def project(split_seconds: dict, compute: str, card: dict, measured: dict) -> Optional[float]:

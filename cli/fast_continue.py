@@ -52,7 +52,7 @@ def settings_for(args, fmt, device, height: int, width: int, seed: int, noise: s
                  window=None, sink=None, max_attention=None, precision=None) -> FastSettings:
     """The settings of a Fast video started (or continued) by these flags."""
     from ..loaders.fast_state_file import model_fingerprint, model_label
-    from ..quant.nf4 import default_compute_dtype
+    from ..quant.nf4_format import default_compute_dtype
 
     dtype = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
     keep = args.save_state is not None or args.continue_from is not None
@@ -159,7 +159,8 @@ def run(args) -> int:
     from ..wan.dit.model import pad_context
     from ..wan.sampling.fast_state import finish_part, next_layout, plan_next_part, start_part
     from ..wan.vae.streaming import decode_part
-    from .fast_run import _fast_files, _plan, _sample, _warn_base_only_flags
+    from ..memory.kv_placement import FastPlacement
+    from .fast_run import _fast_files, _model_load, _plan, _sample, _warn_base_only_flags
     from .generate import _empty_cache
     from .preflight import resolve_device
     from .progress import RunStats
@@ -237,8 +238,13 @@ def run(args) -> int:
         if save is not None:
             save.write(finish_part(run, part, st, state, context=context, prompt=prompt, label=control), placement)
 
-    latent, written = _sample(args, files, plan, device, make_run, vae if stream_vae else None, target, stats, speed,
-                              restore=sf, z_before=z_before if stream_vae else None, after=after)
+    placement = FastPlacement(plan, device, log.info)
+    try:
+        latent, written = _sample(args, placement, _model_load(args, files, placement, device, speed), device,
+                                  make_run, vae if stream_vae else None, target, stats, speed, restore=sf,
+                                  z_before=z_before if stream_vae else None, after=after, keep_cache=save is not None)
+    finally:
+        placement.close()
     report_compile(speed, log)
     if written is None or whole_target is not None:
         vae.to(device)

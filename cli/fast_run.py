@@ -77,9 +77,18 @@ def run(args) -> int:
         if requested_frames is None and not args.actions:
             args.frames = DEMO_FAST_FRAMES
     session = parallel_flags.start(args, log)
+    from .heavy_imports import BackgroundImports
+
+    # bitsandbytes (seconds) imports on a thread while this one checks, starts the text encoder and encodes the
+    # image; waited for before the load (one process only: under torchrun the ranks set up collectives meanwhile).
+    from .progress import RunStats
+
+    stats = RunStats()
+    imports = BackgroundImports(background=getattr(args, "overlap", "auto") != "off" and not session.parallel)
+    stats.mark("imports (torch._dynamo)")  # on this thread, first (cli/heavy_imports.py says why)
     failed = True
     try:
-        code = _run(args, session)
+        code = _run(args, session, imports, stats)
         failed = False
         return code
     except Exception as e:
@@ -89,7 +98,7 @@ def run(args) -> int:
         session.close(failed)
 
 
-def _run(args, session) -> int:
+def _run(args, session, imports, stats) -> int:
     from ..loaders.expert_format import check_model_kind, detect_format
     from ..loaders.expert_loader import check_expert_keys
     from ..wan.sampling.fast_sampler import CHUNK_FRAMES
@@ -99,8 +108,7 @@ def _run(args, session) -> int:
     from . import parallel_flags
     from .generate import _empty_cache
     from .preflight import noise_source, resolve_device
-    from .progress import RunStats
-    from .speed_flags import fast_compile_policy, log_speed_plan, report_compile, speed_plan
+    from .speed_flags import fast_speed_plan, log_speed_plan, report_compile
     from .video_out import plan_output
     from . import fast_continue
 
@@ -108,6 +116,7 @@ def _run(args, session) -> int:
         if session.parallel:
             raise UsageError("--continue-from runs in one process: start it without torchrun (a saved state holds "
                              "every head of the K/V cache)")
+        imports.wait()  # a continuation's checks import bitsandbytes' modules on this thread: not beside them
         return fast_continue.run(args)
     if args.save_state and session.parallel:
         raise UsageError("--save-state runs in one process: start it without torchrun (a saved state holds every "
@@ -117,13 +126,11 @@ def _run(args, session) -> int:
         raise UsageError("--image and --prompt are required (or use --demo)")
     if args.camera and args.actions:
         raise UsageError("give either --camera (a trajectory) or --actions (keys), not both")
-    stats = RunStats()
     session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
     device = resolve_device(args.device)
     noise = noise_source(args.noise, device)
-    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
     target = plan_output(args.out if args.out is not None else _default_name(args.prompt))
-    files = _fast_files(args)
+    files = _fast_files(args, imports)
     fmt = detect_format(files.fast)
     note = check_model_kind(fmt, "fast")
     if note:
@@ -150,7 +157,8 @@ def _run(args, session) -> int:
         log.warning("K/V cache: %s", layout.note)
     control = source.label or ("none" if source.kind == "none" else source.kind)
     save = fast_continue.SaveState.plan(args, settings, cfg, part.latent_frames)
-    speed = fast_compile_policy(speed, args, part.chunks)
+    # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
+    speed = fast_speed_plan(args, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
     if session.is_main:
         print(f"Fast model: {height}x{width}, {frames} frames ({part.latent_frames} latent frames, {part.chunks} "
@@ -168,19 +176,30 @@ def _run(args, session) -> int:
 
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..loaders.vae_files import load_vae
+    from ..memory.kv_placement import FastPlacement
     from ..memory.overlap import Step
     from ..wan.i2v import ConditionTrack, build_i2v_condition
     from ..wan.vae.model import VAEConfig
     from . import text_stage
 
     model_bytes = int(plan.estimates.get("model_bytes", 0))
+    # The load may run at the same time as the encode (a thread) when the whole model is resident: block swap
+    # sets up its own streams and pinned ring, kept on the main thread.
     steps = [text_stage.vae_encode_step(demo_vae_config(files.root) or VAEConfig(), height, width, frames,
                                         args.vae_tiled, keeps_vae=stream_vae),
-             Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes)]
-    text = text_stage.start(args, files, [args.prompt], device, steps, session, log)
-    if not text.background:
-        stats.mark("text")
+             Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
+                  with_previous=plan.blocks_on_gpu is None)]
+    host_bytes = plan.streamed_layers * int(plan.estimates.get("cache_layer_bytes", 0)) if plan.cache == "host" else 0
+    text_plan = text_stage.plan(args, files, [args.prompt], device, steps, session, host_bytes=host_bytes,
+                                ram_free=plan.estimates.get("ram_free"))
+    placement = FastPlacement(plan, device, log.info)
+    load = text = None
     try:
+        if text_plan.overlap.host_early:  # pinned host memory from now on, beside the text, encode and load
+            placement.start_host_memory(cfg, _compute_dtype(args, device))
+        text = text_plan.start(log)
+        if not text.background:
+            stats.mark("text")
         vae = None
         condition = None
 
@@ -198,7 +217,10 @@ def _run(args, session) -> int:
             _empty_cache(device)
             return [cond]
 
+        load = _model_load(args, files, placement, device, speed, session, imports)
         text.before(text_stage.ENCODE_STEP)
+        if text.plan.runs_with_previous(LOAD_STEP) and (imports.background or not imports.modules):
+            load.start()  # beside the encode (both were admitted on the same side of the text encoder)
         y, = session.from_main(encode_image, "the first frame's encoding")
         stats.mark("vae_encode")
 
@@ -230,11 +252,16 @@ def _run(args, session) -> int:
                 state.condition = condition
                 save.write(state, placement)
 
-        latent, written = _sample(args, files, plan, device, make_run, vae if stream_vae else None, target, stats,
-                                  speed, after=after, session=session, before_load=lambda: text.before(LOAD_STEP),
+        latent, written = _sample(args, placement, load, device, make_run, vae if stream_vae else None, target,
+                                  stats, speed, after=after, keep_cache=save is not None, session=session,
+                                  imports=imports, before_load=lambda: text.before(LOAD_STEP),
                                   before_cache=wait_for_text)
     finally:
-        text.stop()
+        if load is not None:
+            load.close()
+        if text is not None:
+            text.stop()
+        placement.close()
     report_compile(speed, log)
     if not session.is_main:
         return 0  # rank 0 decodes and writes the video
@@ -278,11 +305,13 @@ def _warn_base_only_flags(args) -> None:
                     args.shift)
 
 
-def _fast_files(args):
+def _fast_files(args, imports=None):
     from ..loaders.checkpoint_dir import FastCheckpointFiles, find_fast_checkpoint_files
-    from ..loaders.demo_checkpoint import build_demo_fast_checkpoint
+    from ..loaders.demo_checkpoint import build_demo_fast_checkpoint, demo_fast_ready
 
     if args.demo:
+        if imports is not None and not demo_fast_ready(args.demo_dir):
+            imports.wait()  # building it quantizes with bitsandbytes: not beside the background import
         files = build_demo_fast_checkpoint(args.demo_dir)
     elif args.ckpt_dir is not None:
         if args.fast_model is not None:
@@ -308,14 +337,13 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files, se
     from ..loaders.demo_checkpoint import demo_vae_config
     from ..memory.kv_placement import FastMemoryError, plan_fast_memory
     from ..memory.placement import available_ram_bytes, free_vram_bytes
-    from ..quant.nf4 import default_compute_dtype
     from ..wan.vae.model import VAEConfig
     from ..wan.vae.streaming import streaming_decode_bytes
 
     cuda = device.type == "cuda"
     vram = free_vram_bytes(device) if cuda else None  # None: the CPU computes, no device budget
     ram = available_ram_bytes()
-    cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
+    cdt = _compute_dtype(args, device)
     kw = dict(weights=args.weights, cache=args.kv_cache, cache_layers_on_gpu=args.kv_layers_on_gpu,
               camera=with_camera, compute_bytes=torch.empty(0, dtype=cdt).element_size(), seq_parallel=seq_parallel)
     try:
@@ -337,24 +365,39 @@ def _plan(args, cfg, layout, device, height, width, with_camera: bool, files, se
     return plan, stream
 
 
-def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, restore=None, z_before=None,
-            after=None, session=None, before_load=None, before_cache=None):
-    """Load, place, run the part's chunks; returns (latent, written path or None when the video is decoded later).
+def _model_load(args, files, placement, device, speed, session=None, imports=None):
+    """The Fast model's load as a ModelLoad (cli/model_load.py): run in turn by `_sample`, or started on a thread
+    beside the image's VAE encode. It waits for the background imports first (the model needs bitsandbytes)."""
+    from .model_load import ModelLoad
 
+    def load(progress):
+        return placement.load_model(files.fast, args.weights, progress=progress)
+
+    return ModelLoad(load, device, before=imports.wait if imports is not None else None)
+
+
+def _sample(args, placement, load, device, make_run, vae, target, stats, speed, *, restore=None, z_before=None,
+            after=None, keep_cache=True, session=None, imports=None, before_load=None, before_cache=None):
+    """Load (or join the load), place the cache, run the part's chunks; returns (latent, written path or None when
+    the video is decoded later).
+
+    placement: the FastPlacement of the memory plan (its host memory may be allocating already); the caller closes
+    it too (idempotent). load: the model's ModelLoad (`_model_load`), maybe started already beside the VAE encode.
     make_run(model, cache, **kw) -> FastRun. restore: fill(i, k, v) + restore_counters(cache) of a saved cache
     (a continued video). z_before: the video's latent so far (the streaming decoder starts from its last frames,
     so the part's frames are exactly those of one whole decode). after(run, placement): called after the last chunk,
-    before the cache is freed (saving the state). session: a torchrun launch's (parallel.group.Session).
+    before the cache is freed (saving the state). keep_cache=False: the cache is freed as soon as the last chunk is
+    done with it (its host memory on a thread, beside the last decode and the frames' writing). session: a
+    torchrun launch's (parallel.group.Session). imports: the background imports (their wait is its own stage).
     before_load() / before_cache(): called just before the model / the K/V cache takes its VRAM (the text stage
     waits there for an encoder that could not run beside them)."""
-    from ..memory.kv_placement import FastPlacement
     from ..speed.options import apply_speed
     from ..wan.sampling.sampler import Cancelled
     from ..wan.vae.streaming import StreamingDecoder, warm_up
     from .progress import ProgressLine
+    from .generate import _empty_cache
     from .video_out import VideoWriter
 
-    placement = FastPlacement(plan, device, log.info)
     decoder = StreamingDecoder(vae, tiled=args.vae_tiled) if vae is not None else None
     writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if decoder is not None else None
     run = None
@@ -363,19 +406,32 @@ def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, r
     try:
         if before_load is not None:
             before_load()
-        t0 = time.perf_counter()
-        model = apply_speed(placement.load_model(files.fast, args.weights), speed)
+        if load.background:
+            model = load.result()
+            _empty_cache(torch.device(device))  # what the load's stream cached: the main stream cannot reuse it
+            stats.note("load (beside the VAE encode)", load.seconds)
+            stats.mark("waiting for the load")
+        else:
+            if imports is not None and imports.modules:
+                imports.wait()
+                stats.mark("waiting for the imports" if imports.background else "imports")
+            model = load.result()
+            stats.mark("load")
+        if imports is not None and imports.background:
+            stats.note("imports (in the background)", imports.seconds)
+        model = apply_speed(model, speed)
         if session is not None:
             from . import parallel_flags
 
             parallel_flags.attach(session, model)  # this rank's tokens; its cache holds this rank's heads
-        log.info("Fast model loaded in %.1f s", time.perf_counter() - t0)
-        stats.mark("load")
+        log.info("Fast model loaded in %.1f s", load.seconds)
         if before_cache is not None:
             before_cache()
         cache = placement.make_cache(fill=None if restore is None else restore.fill)
         if restore is not None:
             restore.restore_counters(cache)
+        if placement.host_memory_s is not None:
+            stats.note("K/V host memory (in the background)", placement.host_memory_s)
         stats.mark("K/V cache")
         if decoder is not None and z_before is not None:
             with torch.inference_mode():
@@ -383,6 +439,8 @@ def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, r
 
         def on_chunk(index: int, x0: torch.Tensor) -> None:
             nonlocal t_decode
+            if not keep_cache and index == run.chunks - 1:
+                placement.release_cache()  # done with it: freed while this chunk is decoded and written
             if decoder is None:
                 return
             t = time.perf_counter()
@@ -401,9 +459,12 @@ def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, r
         if after is not None:
             after(run, placement.placement)
         if decoder is not None:
-            stats.stages.append(("of which streaming decode", t_decode))
+            stats.note("of which streaming decode", t_decode)
         written = writer.close() if writer is not None else None
         writer = None
+        del model, cache
+        placement.close()  # the model; the cache's host memory was being freed meanwhile
+        stats.mark("finish (last frames written and memory freed)")
         return latent, written
     except Cancelled:
         raise KeyboardInterrupt from None
@@ -421,10 +482,16 @@ def _sample(args, files, plan, device, make_run, vae, target, stats, speed, *, r
                 print(f"stopped after {done} of {total} chunks; nothing written", flush=True)
         if decoder is not None:
             decoder.close()
+        load.close()
         placement.close()
-        from .generate import _empty_cache
-
         _empty_cache(torch.device(device))
+
+
+def _compute_dtype(args, device: torch.device) -> torch.dtype:
+    """The Fast model's compute dtype, which its K/V cache has too."""
+    from ..quant.nf4_format import default_compute_dtype
+
+    return torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
 
 
 def _default_name(prompt: str) -> Path:

@@ -96,6 +96,10 @@ def add_parser(sub) -> None:
     dev.add_argument("--cache-dir", type=Path, default=None,
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
+    dev.add_argument("--overlap", choices=("auto", "off"), default="auto",
+                     help="auto: the start-up runs side by side where memory allows (the heavy imports, the text "
+                          "encoder, the image's VAE encode, the Fast model's load, the K/V cache's host memory); "
+                          "off: one step after the other (the same video)")
     add_speed_args(p)
     parallel_flags.add_arguments(p)
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Callable, Optional
-
-from ..loaders.lora_files import LoraFileError, LoraSet, dit_weight_shapes, load_lora, lora_hooks
-from ..quant.nf4 import nf4_linear_names
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from ..loaders.lora_files import LoraSet
+
+# The LoRA modules are imported when a LoRA is given: they import bitsandbytes (seconds), which the Fast path
+# imports on a background thread (cli/heavy_imports.py) and the parser must not import first.
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +42,16 @@ def parse_spec(spec: str) -> tuple[Path, float]:
     return Path(spec), 1.0
 
 
-def read_cli_loras(args, config) -> dict[str, list[tuple[LoraSet, float]]]:
+def read_cli_loras(args, config) -> dict[str, list[tuple["LoraSet", float]]]:
     """{"high": [(lora, strength), ...], "low": [...]} from the flags; a UsageError (exit code 2) with one line on
     bad input."""
-    shapes = dit_weight_shapes(config)
     out: dict[str, list] = {"high": [], "low": []}
-    cache: dict[Path, LoraSet] = {}
+    if not any(getattr(args, flag, None) for flag in ("lora", "lora_high", "lora_low")):
+        return out
+    from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
+
+    shapes = dit_weight_shapes(config)
+    cache: dict[Path, "LoraSet"] = {}
     for flag, experts in (("lora", ("high", "low")), ("lora_high", ("high",)), ("lora_low", ("low",))):
         for spec in getattr(args, flag, []) or []:
             path, strength = parse_spec(spec)
@@ -63,8 +70,10 @@ def lora_loader(loras: dict[str, list], paths: dict[str, Path], base: Optional[C
     """A `make_provider(loader=...)` that loads an expert, then puts its LoRAs on it; None without LoRAs."""
     if not any(loras.values()):
         return None
+    from ..loaders.lora_files import lora_hooks
     from ..memory.placement import _default_loader
     from ..quant.lora import apply_lora
+    from ..quant.nf4_format import nf4_linear_names
 
     base = base or _default_loader
     by_path = {str(Path(p)): name for name, p in paths.items()}

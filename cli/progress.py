@@ -97,9 +97,15 @@ class RunStats:
             torch.cuda.reset_peak_memory_stats()
 
     def mark(self, stage: str) -> None:
+        """A stage of the main thread: the seconds since the last mark."""
         now = time.perf_counter()
         self.stages.append((stage, now - self.t_last))
         self.t_last = now
+
+    def note(self, stage: str, seconds: float) -> None:
+        """Work that ran beside the marked stages (another thread, or a part of one): listed with its own seconds,
+        which the marked stages do not add up with ("load (beside ...)", "of which ...")."""
+        self.stages.append((stage, seconds))
 
     def summary(self, out: Path, seed: int, device) -> str:
         total = time.perf_counter() - self.t_start

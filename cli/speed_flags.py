@@ -66,12 +66,44 @@ def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:
 FAST_COMPILE_MIN_CHUNKS = 20
 
 
+def fast_speed_plan(args, device: torch.device, chunks: int, before_compiler_check=None) -> SpeedPlan:
+    """`speed_plan` + `fast_compile_policy` for a Fast video of `chunks` chunks, with --compile auto decided from the
+    length first: a short video never asks whether the compiler can run, since that check imports torch._dynamo
+    (seconds). Any other compile choice calls before_compiler_check() first (the CLI waits there for its
+    background imports, which import torch._dynamo too: cli/heavy_imports.py)."""
+    device = torch.device(device)
+    if args.compile == "auto" and chunks < FAST_COMPILE_MIN_CHUNKS and device.type == "cuda":
+        plan = speed_plan(dataclasses.replace(_flags(args), compile="off"), device)
+        plan.notes.insert(0, _short_video_note(chunks))
+        return plan
+    if before_compiler_check is not None and (args.compile == "blocks" or
+                                              (args.compile == "auto" and device.type == "cuda")):
+        before_compiler_check()
+    return fast_compile_policy(speed_plan(args, device), args, chunks)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flags:
+    compile: str
+    compute: str
+    attention: str
+    weights: str
+
+
+def _flags(args) -> _Flags:
+    return _Flags(args.compile, args.compute, args.attention, getattr(args, "weights", "nf4"))
+
+
+def _short_video_note(chunks: int) -> str:
+    return (f"compile auto: off for a Fast video of {chunks} chunks (building or loading the kernels takes longer "
+            f"than they save below {FAST_COMPILE_MIN_CHUNKS} chunks, ~{4 * FAST_COMPILE_MIN_CHUNKS * 3} frames); "
+            "--compile blocks forces it")
+
+
 def fast_compile_policy(plan: SpeedPlan, args, chunks: int) -> SpeedPlan:
     """--compile auto for the Fast model: off for a video shorter than FAST_COMPILE_MIN_CHUNKS chunks (said why)."""
     if args.compile != "auto" or plan.compile != "blocks" or chunks >= FAST_COMPILE_MIN_CHUNKS:
         return plan
     notes = [n for n in plan.notes if not n.startswith("compile auto:")]
-    notes.insert(0, f"compile auto: off for a Fast video of {chunks} chunks (building or loading the kernels takes "
-                    f"longer than they save below {FAST_COMPILE_MIN_CHUNKS} chunks, ~{4 * FAST_COMPILE_MIN_CHUNKS * 3} "
-                    "frames); --compile blocks forces it")
+    notes.insert(0, _short_video_note(chunks))
     return dataclasses.replace(plan, compile="off", notes=notes)

@@ -1,14 +1,19 @@
 """The CLI's text stage: the prompts' encoding starts first, and the steps that load the models run beside it
 where VRAM allows (memory/overlap.py decides), so the encoder's seconds hide behind the VAE encode and the DiT
-load instead of adding to them. One process only; under torchrun rank 0 encodes first, as before."""
+load instead of adding to them. One process only; under torchrun rank 0 encodes first, as before.
+
+`plan(...)` decides (where the child runs, what runs beside it, which steps run together, whether the K/V
+cache's host memory may be allocated meanwhile) without starting anything; `TextPlan.start()` starts the child.
+"""
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..memory.overlap import OverlapPlan, Step, plan_text_overlap
+from ..memory.overlap import OverlapPlan, Step, plan_overlap
 
 ENCODE_STEP = "the image's VAE encode"
 
@@ -38,6 +43,10 @@ class TextStage:
         if not self.plan.runs_beside(step):
             self.embeddings()
 
+    @property
+    def done(self) -> bool:
+        return self._done is not None or (self._job is not None and not self._job.running)
+
     def embeddings(self) -> list[torch.Tensor]:
         if self._done is None:
             t = time.perf_counter()
@@ -52,43 +61,95 @@ class TextStage:
             self._job = None
 
 
-def start(args, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, log) -> TextStage:
+@dataclass
+class TextPlan:
+    """Where and when the prompts are encoded, and what runs meanwhile (`overlap`); nothing started yet."""
+
+    overlap: OverlapPlan
+    how: str  # "done" (cache hit or another rank's text), "first" (before the steps), "background"
+    t5_device: str
+    encode: Callable[..., list]  # encode(t5_device, cancel_check=None) -> embeddings
+    session: object
+
+    @property
+    def background(self) -> bool:
+        return self.how == "background"
+
+    def start(self, log) -> TextStage:
+        """Encode now ("done", "first": returns when the text is there) or start the child in the background."""
+        if self.how == "done":
+            if self.overlap.together or self.overlap.host_early:
+                log.info("start-up: %s", self.overlap.reason)
+            return TextStage(self.overlap, done=self.session.from_main(self.encode, "the text encoding"))
+        if self.how == "first":
+            log.info("text encoder first: %s", self.overlap.reason)
+            return TextStage(self.overlap, done=self.encode(self.t5_device))
+        from ..text_encoder.background import BackgroundEncoding
+
+        log.info("text encoder on %s in the background; %s", self.t5_device, self.overlap.reason)
+        return TextStage(self.overlap,
+                         job=BackgroundEncoding(lambda cancel_check: self.encode(self.t5_device, cancel_check)))
+
+
+def plan(args, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, *,
+         host_bytes: int = 0, ram_free: Optional[int] = None) -> TextPlan:
     """Encode `prompts` (files.t5 / files.tokenizer, the CLI's --t5-* and cache flags): at once, or in the
-    background when the encoder runs on this process's GPU and at least the first step fits beside it."""
-    from ..text_encoder.encode import all_prompts_cached, encode_prompts
+    background when the encoder runs on this process's GPU and at least the first step fits beside it.
+    host_bytes / ram_free: the K/V cache's pinned host memory, allocated meanwhile when RAM allows."""
+    from ..text_encoder.encode import all_prompts_cached, encode_prompts, estimate_child_ram_bytes
 
     def encode(t5_device: str = args.t5_device, cancel_check=None):
         return encode_prompts(files.t5, files.tokenizer, list(prompts), device=t5_device, cache_dir=args.cache_dir,
                               use_cache=not args.no_text_cache, timeout=args.t5_timeout, cancel_check=cancel_check)
 
+    allow = getattr(args, "overlap", "auto") != "off" and not session.parallel
+    free = _free_vram(device)
     if session.parallel or (not args.no_text_cache and all_prompts_cached(
             files.t5, files.tokenizer, list(prompts), cache_dir=args.cache_dir)):
-        done = session.from_main(encode, "the text encoding")
-        return TextStage(OverlapPlan((), "prompts encoded first"), done=done)
-    t5_device, child_bytes, free = _child_device(args.t5_device, files.t5, device)
+        overlap = plan_overlap(free, 0, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free)
+        return TextPlan(_reason(overlap, "prompts encoded first"), "done", args.t5_device, encode, session)
+    t5_device, child_bytes = _child_device(args.t5_device, files.t5, device, free)
+    child_ram = estimate_child_ram_bytes(files.t5, t5_device) if host_bytes else 0
     if child_bytes <= 0:  # an encoder in host RAM beside the models' RAM is not planned for: one after the other
-        return TextStage(OverlapPlan((), f"the text encoder runs on {t5_device} first"), done=encode(t5_device))
-    plan = plan_text_overlap(free, child_bytes, steps)
-    if not plan.beside:
-        log.info("text encoder first: %s", plan.reason)
-        return TextStage(plan, done=encode(t5_device))
-    from ..text_encoder.background import BackgroundEncoding
-
-    log.info("text encoder on %s in the background; %s", t5_device, plan.reason)
-    return TextStage(plan, job=BackgroundEncoding(lambda cancel_check: encode(t5_device, cancel_check)))
+        overlap = plan_overlap(free, 0, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free,
+                               child_ram=child_ram)
+        return TextPlan(_reason(overlap, f"the text encoder runs on {t5_device} first"), "first", t5_device, encode,
+                        session)
+    overlap = plan_overlap(free, child_bytes, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free,
+                           child_ram=child_ram)
+    return TextPlan(overlap, "background" if overlap.beside else "first", t5_device, encode, session)
 
 
-def _child_device(requested: str, t5_path, device: torch.device) -> tuple[str, int, int]:
-    """(the child's device, the VRAM it takes on this process's GPU, this GPU's free VRAM). 'auto' is decided
-    here, before anything loads beside the child (it would otherwise see the parent's models and pick the CPU)."""
-    if device.type != "cuda" or requested == "cpu":
-        return requested, 0, 0
+def start(args, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, log,
+          **kw) -> TextStage:
+    """plan(...).start(log)."""
+    return plan(args, files, prompts, device, steps, session, **kw).start(log)
+
+
+def _reason(overlap: OverlapPlan, first: str) -> OverlapPlan:
+    """No child beside the steps: keep what the planner decided about them, say why the text comes first."""
+    from dataclasses import replace
+
+    return replace(overlap, beside=(), reason=f"{first}; {overlap.reason}")
+
+
+def _free_vram(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
     from ..memory.placement import free_vram_bytes
+
+    return free_vram_bytes(device)
+
+
+def _child_device(requested: str, t5_path, device: torch.device, free: Optional[int]) -> tuple[str, int]:
+    """(the child's device, the VRAM it takes on this process's GPU). 'auto' is decided here, before anything
+    loads beside the child (it would otherwise see the parent's models and pick the CPU)."""
+    if device.type != "cuda" or requested == "cpu":
+        return requested, 0
     from ..text_encoder.encode import estimate_child_vram_bytes
 
-    free = free_vram_bytes(device)
     need = estimate_child_vram_bytes(t5_path)
-    if requested == "auto" and free < need:
-        return "cpu", 0, free
+    if requested == "auto" and (free or 0) < need:
+        return "cpu", 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return f"cuda:{index}", need, free
+    return f"cuda:{index}", need

@@ -25,7 +25,6 @@ from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from ..wan.vae.model import VAEConfig, WanVAE
 from .atomic import atomic_dir
 from .checkpoint_dir import FAST_DIRS, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files, find_fast_checkpoint_files
-from .nf4_writer import make_random_nf4_expert
 
 DEMO_VERSION = 1
 MANIFEST = "lingbot_demo.json"
@@ -120,6 +119,8 @@ def build_demo_checkpoint(root: Optional[Path] = None, seed: int = 0, control: s
 
 
 def _write_demo(tmp: Path, seed: int, control: str) -> None:
+    from .nf4_writer import make_random_nf4_expert  # bitsandbytes: imported only to build (seconds)
+
     dit_cfg, t5_cfg, vae_cfg = demo_configs(control)
     expert_seed = seed + (0 if control == "camera" else 100)
     for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
@@ -150,8 +151,16 @@ def _write_demo(tmp: Path, seed: int, control: str) -> None:
 
 
 def _write_fast_model(root: Path, seed: int) -> None:
+    from .nf4_writer import make_random_nf4_expert
+
     dit_cfg = replace(demo_configs()[0], causal=True)
     make_random_nf4_expert(dit_cfg, root / FAST_DIRS[0], device="cpu", seed=seed + 2)
+
+
+def demo_fast_ready(root: Optional[Path] = None) -> bool:
+    """Is the demo folder with its Fast model there already (nothing to build)?"""
+    root = Path(root).expanduser() if root is not None else default_demo_dir()
+    return (root / MANIFEST).is_file() and (root / FAST_DIRS[0] / "config.json").is_file()
 
 
 def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0) -> FastCheckpointFiles:

@@ -24,7 +24,7 @@ import torch
 
 from ..wan.control.control_kind import MODEL_NAMES
 from ..wan.dit.model import DiTConfig
-from ..quant.nf4 import QUANT_STATE_KEY
+from ..quant.nf4_format import QUANT_STATE_KEY
 from .safetensors_stream import SafetensorsHeader, read_header
 
 KINDS = ("nf4_community", "nf4_pt", "official_sharded", "single_file_nf4", "single_file_plain")

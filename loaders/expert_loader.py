@@ -22,15 +22,13 @@ import torch.nn as nn
 
 from ..wan.dit.model import StateDictMismatch, WanDiT
 from .expert_format import ExpertFormat, detect_format, load_pt_state_dict
-from ..quant.nf4 import (
+from ..quant.nf4_format import (
     NF4_COMPONENT_DTYPES,
     NF4_COMPONENTS,
     QUANT_STATE_KEY,
-    NF4Linear,
     default_compute_dtype,
     nf4_linear_names,
     packed_shapes,
-    replace_linears_with_nf4,
 )
 from .safetensors_stream import iter_tensors, read_header
 
@@ -207,6 +205,8 @@ def _stream(fmt: ExpertFormat, device: torch.device, pt_sd,
 
 def _weight_to_host(model: nn.Module, linear: str) -> None:
     """Move one linear's weight (NF4 codes and their QuantState, or a plain weight) to the CPU."""
+    from ..quant.nf4 import NF4Linear
+
     mod = model.get_submodule(linear)
     w = mod._parameters["weight"]
     if isinstance(mod, NF4Linear):
@@ -225,6 +225,8 @@ def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
 def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tuple[int, int]:
     """(bytes of the weights incl. NF4 statistics, logical parameter count); with `device`, only the weights
     that are on it are counted (block swap keeps some in host memory)."""
+    from ..quant.nf4 import NF4Linear
+
     nbytes = count = 0
     for m in model.modules():
         for name, p in m._parameters.items():
@@ -247,6 +249,8 @@ def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tup
 
 def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress,
                host: Optional[Callable[[str], bool]] = None) -> tuple[WanDiT, ExpertInfo]:
+    from ..quant.nf4 import replace_linears_with_nf4
+
     t0 = time.perf_counter()
     nf4 = mode == "nf4"
     param_dtype = compute_dtype  # unquantized tensors are kept in the compute dtype
@@ -311,6 +315,8 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
 
 
 def _finish_packed(model: WanDiT, name: str, pieces: dict, nf4: bool, where: str) -> None:
+    from ..quant.nf4 import NF4Linear
+
     packed = pieces.pop("")
     if nf4:
         model.get_submodule(name).load_prequantized(packed, pieces, where)
@@ -392,8 +398,8 @@ def check_expert_keys(fmt: ExpertFormat, mode: str = "nf4") -> None:
     raises StateDictMismatch naming the missing or wrong tensors. Lets a caller refuse before expensive work."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: choose one of {MODES}")
+    # Plain linears on `meta` have the NF4 shells' names and (out, in) features, all the key plan reads: the check
+    # needs no bitsandbytes (the CLI imports it in the background meanwhile).
     model = WanDiT(fmt.config, device="meta")
-    if mode == "nf4":
-        replace_linears_with_nf4(model, fmt.config.num_layers, torch.bfloat16)
     keys, sources, _ = _file_keys(fmt)
     _plan(model, mode == "nf4", keys, sources)

@@ -16,6 +16,7 @@ numbers when the cache cannot fit even in host RAM, before anything is allocated
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -27,7 +28,7 @@ from ..wan.dit.kv_cache import CacheLayout, KVCache
 from ..wan.dit.model import DiTConfig
 from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
-from .kv_stream import KVStreamer
+from .kv_stream import HostLayers, KVStreamer
 from .pinned import free_device_memory
 from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, VRAM_HEADROOM, WEIGHTS, _drop_model, _fits_line, _gb,
                         estimate_activation_bytes, expert_sizes)
@@ -208,20 +209,25 @@ class CachePlacement:
     cache: KVCache
     streamer: Optional[KVStreamer] = None
 
-    def close(self) -> None:
+    def close(self, background: bool = False) -> Optional[threading.Thread]:
+        """Free the cache. background=True: the host layers are freed on a thread, returned (join it)."""
+        thread = None
         if self.streamer is not None:
-            self.streamer.close()
+            thread = self.streamer.close(background)
             self.streamer = None
         self.cache.release()
+        return thread
 
     def stats(self) -> dict:
         return self.streamer.stats() if self.streamer is not None else {"layers_on_device": self.cache.num_layers}
 
 
 def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.dtype, *, batch: int = 1,
-                   pin: Optional[bool] = None, fill: Optional[Callable] = None) -> CachePlacement:
+                   pin: Optional[bool] = None, fill: Optional[Callable] = None,
+                   host_layers: Optional[HostLayers] = None) -> CachePlacement:
     """Allocate the cache of `plan` for `model` (a causal WanDiT) and hook the streamer into it if needed.
-    fill(i, k, v): restore layer i right after it is allocated (memory/kv_park.py: a continued video)."""
+    fill(i, k, v): restore layer i right after it is allocated (memory/kv_park.py: a continued video).
+    host_layers: the streamed layers' host memory, allocated ahead (`host_layers_for`); taken here."""
     cfg = model.cfg
     device = torch.device(device)
     heads = plan.cache_heads or cfg.num_heads
@@ -232,9 +238,22 @@ def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.
     pin = (device.type == "cuda") if pin is None else pin
     streamer = KVStreamer.build(plan.layout, cfg.num_layers, heads, cfg.head_dim, device=device,
                                 layers_on_device=plan.cache_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
-                                cache_text=plan.cache_text, fill=fill)
+                                cache_text=plan.cache_text, fill=fill, host_layers=host_layers)
     streamer.install(model)
     return CachePlacement(streamer.cache, streamer)
+
+
+def host_layers_for(plan: FastMemoryPlan, cfg: DiTConfig, device, dtype: torch.dtype, *, batch: int = 1,
+                    pin: Optional[bool] = None) -> Optional[HostLayers]:
+    """Start allocating the host part of `plan`'s cache now (worker threads), before the model exists: the
+    layers `place_kv_cache` would put in host RAM. None when the plan streams nothing from host memory."""
+    device = torch.device(device)
+    if plan.cache != "host" or plan.cache_layers_on_gpu >= cfg.num_layers:
+        return None
+    heads = plan.cache_heads or cfg.num_heads
+    pin = (device.type == "cuda") if pin is None else pin
+    return HostLayers(KVStreamer.host_shape(plan.layout, heads, cfg.head_dim, batch), dtype,
+                      range(plan.cache_layers_on_gpu, cfg.num_layers), pin)
 
 
 class FastPlacement:
@@ -251,14 +270,30 @@ class FastPlacement:
         self.model: Optional[nn.Module] = None
         self.swapper: Optional[BlockSwapper] = None
         self.placement: Optional[CachePlacement] = None
+        self._host_layers: Optional[HostLayers] = None  # allocated ahead (start_host_memory), taken by make_cache
+        self._release: Optional[threading.Thread] = None  # the host layers being freed (release_cache)
+        self.host_memory_s: Optional[float] = None  # how long the host layers allocated ahead took
+
+    def start_host_memory(self, cfg: DiTConfig, dtype: torch.dtype) -> bool:
+        """Allocate the cache's host layers from now on, on worker threads, while the caller loads the model and
+        encodes the inputs; make_cache() joins them. The device part keeps its place (after the model's load).
+        False when the plan streams nothing from host memory."""
+        if self._host_layers is None:
+            self._host_layers = host_layers_for(self.plan, cfg, self.device, dtype)
+        return self._host_layers is not None
 
     def load_model(self, path, weights: str = "nf4", compute_dtype: Optional[torch.dtype] = None,
-                   loader: Optional[Callable[..., nn.Module]] = None) -> nn.Module:
+                   loader: Optional[Callable[..., nn.Module]] = None,
+                   progress: Optional[Callable[[int, int], None]] = None) -> nn.Module:
+        """Load the model as planned. progress(done, total) after each tensor (raising from it cancels the load;
+        nothing stays on the device)."""
         from ..loaders.expert_loader import load_expert
 
         loader = loader or load_expert
         blocks = self.plan.blocks_on_gpu
         kw = {} if blocks is None else {"host": streamed_block_keys(blocks)}
+        if progress is not None:
+            kw["progress"] = progress
         model = loader(path, device=self.device, mode=weights, compute_dtype=compute_dtype, **kw)
         if blocks is not None:
             self.swapper = BlockSwapper(model, self.device, blocks, pin=self.device.type == "cuda").install()
@@ -272,13 +307,36 @@ class FastPlacement:
         if self.model is None:
             raise RuntimeError("load_model() first: the cache hooks into the model")
         dtype = dtype or self.model.dtype_for_compute()
-        self.placement = place_kv_cache(self.plan, self.model, self.device, dtype, fill=fill)
+        ahead, self._host_layers = self._host_layers, None
+        if ahead is not None and (fill is not None or ahead.dtype != dtype):
+            ahead.close()  # allocated for another dtype (not expected): allocate again below
+            ahead = None
+        try:
+            self.placement = place_kv_cache(self.plan, self.model, self.device, dtype, fill=fill, host_layers=ahead)
+            self.host_memory_s = None if ahead is None else ahead.seconds
+        except BaseException:
+            if ahead is not None:
+                ahead.close()  # freed already if the allocation itself failed; idempotent
+            raise
         return self.placement.cache
 
+    def release_cache(self) -> None:
+        """Free the cache now (the last chunk no longer needs it), the host layers on a thread, so that freeing
+        them overlaps the last chunk's decode and the frames' writing; close() joins it."""
+        if self.placement is not None:
+            self._release = self.placement.close(background=True)
+            self.placement = None
+
     def close(self) -> None:
+        if self._host_layers is not None:
+            self._host_layers.close()
+            self._host_layers = None
         if self.placement is not None:
             self.placement.close()
             self.placement = None
+        if self._release is not None:
+            self._release.join()
+            self._release = None
         if self.swapper is not None:
             self.swapper.remove(keep_host=False)
             self.swapper = None

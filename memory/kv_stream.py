@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -98,9 +100,9 @@ class _HostLayer:
             self.k[:, pos:pos + n].copy_(k[:, slot:slot + n], non_blocking=self.buffer.pinned)
             self.v[:, pos:pos + n].copy_(v[:, slot:slot + n], non_blocking=self.buffer.pinned)
 
-    def close(self) -> None:
+    def close(self, discard_pages: bool = False) -> None:
         self.k = self.v = None
-        self.buffer.close()
+        self.buffer.close(discard_pages)
 
 
 def _numel(shape: tuple) -> int:
@@ -113,6 +115,96 @@ def _numel(shape: tuple) -> int:
 def _kv_views(flat: torch.Tensor, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     half = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
     return (flat[:half].view(dtype).view(shape), flat[half:2 * half].view(dtype).view(shape))
+
+
+class KVHostMemoryError(RuntimeError):
+    """The streamed layers' host memory could not be allocated; the message says how much and why."""
+
+
+class HostLayers:
+    """The streamed layers' (pinned) host buffers, allocated by HOST_ALLOC_THREADS worker threads.
+
+    Pinning is page faulting and locking: a few layers at a time is 7x faster than one by one (27 x 640 MiB:
+    8.3 s -> 1.2 s on the H100 host, bench_pinned). Construction starts the work and returns at once, so a caller
+    may load the model meanwhile (the Fast CLI starts it right after the memory plan); `take()` waits and hands
+    the layers over. `close()`, at any time (an error, Ctrl-C), stops it, waits for the workers and frees what
+    was allocated: nothing stays allocated or page-locked and no worker keeps running.
+    """
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int], pin: bool):
+        self.shape, self.dtype, self.layers, self.pin = tuple(shape), dtype, tuple(layers), pin
+        self._stop = threading.Event()
+        self._t0 = self._t_last = time.perf_counter()
+        self._pool = ThreadPoolExecutor(max(1, min(HOST_ALLOC_THREADS, len(self.layers))),
+                                        thread_name_prefix="kv-host-alloc")
+        self._futures = {i: self._pool.submit(self._one) for i in self.layers}
+        self._pool.shutdown(wait=False)  # no more work: the threads exit when the layers are done
+
+    def _one(self) -> Optional[_HostLayer]:
+        if self._stop.is_set():
+            return None
+        layer = _HostLayer(self.shape, self.dtype, self.pin)
+        self._t_last = max(self._t_last, time.perf_counter())
+        return layer
+
+    @property
+    def seconds(self) -> float:
+        """From the start to the last layer allocated so far."""
+        return self._t_last - self._t0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.layers) * 2 * _numel(self.shape) * torch.empty(0, dtype=self.dtype).element_size()
+
+    def matches(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int]) -> bool:
+        return (self.shape, self.dtype, self.layers) == (tuple(shape), dtype, tuple(layers))
+
+    def take(self) -> dict[int, _HostLayer]:
+        """Wait for every layer and hand them over (the caller frees them from then on). On a failure every layer
+        is freed and KVHostMemoryError raised (one line: how much, and the cause)."""
+        try:
+            wait(list(self._futures.values()))
+            for i, f in self._futures.items():
+                e = f.exception()
+                if e is not None:
+                    raise KVHostMemoryError(
+                        f"the K/V cache's {'pinned ' if self.pin else ''}host memory could not be allocated "
+                        f"({len(self.layers)} layers, {self.nbytes / 1e9:.1f} GB; layer {i} failed: "
+                        f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); free "
+                        "some RAM, or make the cache smaller (fewer frames, a window, max attention)") from e
+            layers = {i: f.result() for i, f in self._futures.items()}
+        except BaseException:
+            self.close()
+            raise
+        self._futures = {}
+        return layers
+
+    def close(self) -> None:
+        """Stop, wait for the workers, free every layer not handed over. Idempotent."""
+        self._stop.set()
+        futures, self._futures = self._futures, {}
+        for f in futures.values():
+            f.cancel()
+        self._pool.shutdown(wait=True)
+        for f in futures.values():
+            if not f.cancelled() and f.exception() is None and f.result() is not None:
+                f.result().close()
+
+
+def release_host_layers(layers: Sequence[_HostLayer]) -> threading.Thread:
+    """Free host layers on a thread (started; join it): unregistering and handing the pages back to the OS take
+    seconds for a 480p video's cache (18 GB) and need not hold up the video's last chunk nor the exit. The pages
+    go back with madvise outside the GIL (HostBuffer.close), so the main thread keeps running meanwhile."""
+    layers = list(layers)
+
+    def release() -> None:
+        for h in layers:
+            h.close(discard_pages=True)
+        layers.clear()
+
+    thread = threading.Thread(target=release, name="kv-host-release")
+    thread.start()
+    return thread
 
 
 class KVStreamer:
@@ -147,28 +239,31 @@ class KVStreamer:
         self.uploaded_bytes = 0
         self.written_back_bytes = 0
 
+    @staticmethod
+    def host_shape(layout, heads: int, head_dim: int, batch: int = 1) -> tuple:
+        """The shape of one streamed layer's K (and V) in host memory."""
+        return (batch, layout.capacity, heads, head_dim)
+
     @classmethod
     def build(cls, layout, num_layers: int, heads: int, head_dim: int, *, device, layers_on_device: int,
               dtype: torch.dtype = torch.bfloat16, batch: int = 1, pin: bool = True,
-              cache_text: bool = True, fill: Optional[Callable] = None) -> "KVStreamer":
+              cache_text: bool = True, fill: Optional[Callable] = None,
+              host_layers: Optional[HostLayers] = None) -> "KVStreamer":
         """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`.
-        fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate)."""
+        fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate). host_layers: the streamed
+        layers' host buffers, allocation already started (HostLayers of this shape, dtype and layers); taken here."""
         if isinstance(layers_on_device, bool) or not isinstance(layers_on_device, int) \
                 or not 0 <= layers_on_device <= num_layers:
             raise ValueError(f"layers_on_device must be an integer in 0..{num_layers}, got {layers_on_device!r}")
-        shape = (batch, layout.capacity, heads, head_dim)
+        shape = cls.host_shape(layout, heads, head_dim, batch)
+        streamed = range(layers_on_device, num_layers)
+        if host_layers is not None and (fill is not None or not host_layers.matches(shape, dtype, streamed)):
+            raise ValueError("host_layers were allocated for another cache (shape, dtype or layers differ)")
         host: dict[int, _HostLayer] = {}
         try:
             if fill is None:
-                # Pinning is page faulting and locking: a few layers at a time is 7x faster than one by one
-                # (27 x 640 MiB: 8.3 s -> 1.2 s on the H100 host, bench_pinned).
-                with ThreadPoolExecutor(HOST_ALLOC_THREADS) as pool:
-                    futures = [(i, pool.submit(_HostLayer, shape, dtype, pin))
-                               for i in range(layers_on_device, num_layers)]
-                failed = [f.exception() for _, f in futures if f.exception() is not None]
-                host.update((i, f.result()) for i, f in futures if f.exception() is None)  # freed below on failure
-                if failed:
-                    raise failed[0]
+                source = host_layers if host_layers is not None else HostLayers(shape, dtype, streamed, pin)
+                host.update(source.take())
             # With fill (restoring a parked cache, memory/kv_park.py) each host layer is allocated only once the one
             # before was restored and dropped: one layer more than the new cache in RAM, never both whole caches
             # (serial prefaulted pinning costs 1.7 s instead of 1.2 s for 27 x 640 MiB, bench_pinned).
@@ -280,9 +375,9 @@ class KVStreamer:
                 "written_back_bytes": self.written_back_bytes, "ring_offset": self.slots.offset}
 
     # ---- teardown -------------------------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, background: bool = False) -> Optional[threading.Thread]:
         """Unhook, finish the copies and free the host buffers, the ring and the cache's tensors (the cache must not
-        be used again)."""
+        be used again). background=True: the host buffers are freed on a thread, returned (join it)."""
         if self._model is not None and self._prev is not None:
             self._model.before_block, self._model.after_block = self._prev
         self._model, self._prev = None, None
@@ -294,6 +389,9 @@ class KVStreamer:
             self.ring = None
         self._views = []
         self.cache.release()  # the device layers and the text K/V too
-        for h in self.host.values():
+        host, self.host = list(self.host.values()), {}
+        if background and host:
+            return release_host_layers(host)
+        for h in host:
             h.close()
-        self.host.clear()
+        return None

@@ -143,13 +143,18 @@ class HostBuffer:
     def pinned(self) -> bool:
         return self.how != "pageable"
 
-    def close(self) -> None:
+    def close(self, discard_pages: bool = False) -> None:
+        """Unregister and drop the memory. discard_pages: hand the pages back to the OS first, outside the GIL
+        (freeing a big tensor unmaps its pages while holding it: ~50 ms per GB); only when nothing else views the
+        buffer any more, since its bytes read as zeros afterwards."""
         if self._registered_ptr is not None:
             try:
                 torch.cuda.cudart().cudaHostUnregister(self._registered_ptr)
             except Exception:  # interpreter shutdown: the process is going away anyway
                 pass
             self._registered_ptr = None
+        if discard_pages and self.how != "pinned" and self.tensor.numel() >= PREFAULT_MIN_BYTES:
+            discard_host_pages(self.tensor)  # not memory of torch's pinned allocator: it caches and reuses that
         self.tensor = torch.empty(0, dtype=torch.uint8)
 
     def __del__(self) -> None:
@@ -302,6 +307,35 @@ def _malloc_trim():
         return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return None
+
+
+@functools.cache
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise  # a CDLL call releases the GIL while it runs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+MADV_DONTNEED = 4
+PAGE_BYTES = 4096
+
+
+def discard_host_pages(t: torch.Tensor) -> bool:
+    """Give the whole pages of a contiguous CPU tensor back to the OS (madvise MADV_DONTNEED; Linux), without
+    holding the GIL. The tensor's bytes read as zeros afterwards: for memory about to be freed. False where it
+    cannot (another OS, not a CPU tensor)."""
+    fn = _madvise()
+    if fn is None or t.device.type != "cpu" or not t.is_contiguous():
+        return False
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    a, b = -(-start // PAGE_BYTES) * PAGE_BYTES, end // PAGE_BYTES * PAGE_BYTES
+    return b <= a or fn(a, b - a, MADV_DONTNEED) == 0
 
 
 def return_freed_host_memory() -> None:

@@ -27,7 +27,7 @@ from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.model import DiTConfig, WanDiT
 from ..wan.sizes import token_count
 from .block_swap import BlockSwapper, _empty_part, streamed_block_keys
-from ..quant.nf4 import default_compute_dtype, nf4_linear_names, packed_shapes
+from ..quant.nf4_format import default_compute_dtype, nf4_linear_names, packed_shapes
 from .pinned import WeightPart, clear_device_caches, dit_parts, free_device_memory, synchronize
 
 _log = logging.getLogger(__name__)

@@ -18,8 +18,6 @@ file gives a message that names it.
 from __future__ import annotations
 
 import copy
-import json
-import math
 from typing import Mapping, Optional
 
 import bitsandbytes.functional as bnbf
@@ -29,91 +27,20 @@ import torch.nn.functional as F
 from bitsandbytes.nn import Linear4bit, Params4bit
 
 from . import fp8, fp16acc, int8
-
-NF4_BLOCKSIZE = 64
-NESTED_BLOCKSIZE = 256
-QUANT_STATE_KEY = "quant_state.bitsandbytes__nf4"
-# Packed components stored under "<L>.weight.<component>".
-NF4_COMPONENTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", QUANT_STATE_KEY)
-NF4_COMPONENT_DTYPES = {
-    "": torch.uint8,  # the packed codes themselves ("<L>.weight")
-    "absmax": torch.uint8,
-    "quant_map": torch.float32,
-    "nested_absmax": torch.float32,
-    "nested_quant_map": torch.float32,
-    QUANT_STATE_KEY: torch.uint8,
-}
-
-# The 569 quantized linears of spec §1.2 (module paths of WanDiT == checkpoint key prefixes).
-TOP_LEVEL_NF4_LINEARS = (
-    "patch_embedding_wancamctrl",
-    "c2ws_hidden_states_layer1",
-    "c2ws_hidden_states_layer2",
-    "text_embedding.0",
-    "text_embedding.2",
-    "time_embedding.0",
-    "time_embedding.2",
-    "time_projection.1",
-    "head.head",
+from .nf4_format import (  # noqa: F401 - the format's names, re-exported for the callers of this module
+    BLOCK_NF4_LINEARS,
+    NESTED_BLOCKSIZE,
+    NF4_BLOCKSIZE,
+    NF4_COMPONENT_DTYPES,
+    NF4_COMPONENTS,
+    QUANT_STATE_KEY,
+    TOP_LEVEL_NF4_LINEARS,
+    NF4FormatError,
+    default_compute_dtype,
+    nf4_linear_names,
+    packed_shapes,
+    parse_quant_state_json,
 )
-BLOCK_NF4_LINEARS = (
-    "self_attn.q",
-    "self_attn.k",
-    "self_attn.v",
-    "self_attn.o",
-    "cross_attn.q",
-    "cross_attn.k",
-    "cross_attn.v",
-    "cross_attn.o",
-    "ffn.0",
-    "ffn.2",
-    "cam_injector_layer1",
-    "cam_injector_layer2",
-    "cam_scale_layer",
-    "cam_shift_layer",
-)
-
-
-class NF4FormatError(ValueError):
-    """A quantized linear's stored pieces are missing, mis-typed or inconsistent."""
-
-
-def nf4_linear_names(num_layers: int) -> list[str]:
-    """Module paths of the quantized linears of an expert with `num_layers` blocks (569 for 40)."""
-    names = list(TOP_LEVEL_NF4_LINEARS)
-    for i in range(num_layers):
-        names += [f"blocks.{i}.{n}" for n in BLOCK_NF4_LINEARS]
-    return names
-
-
-def default_compute_dtype(device: torch.device | str) -> torch.dtype:
-    """bf16 on GPUs (the reference's precision); float32 on CPU, where bnb dequantizes straight to fp32."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
-def packed_shapes(out_features: int, in_features: int, blocksize: int = NF4_BLOCKSIZE) -> dict[str, tuple[int, ...]]:
-    """Shapes of the stored pieces of one NF4 weight (double quant), keyed like NF4_COMPONENT_DTYPES."""
-    n = out_features * in_features
-    blocks = math.ceil(n / blocksize)
-    return {
-        "": ((n + 1) // 2, 1),
-        "absmax": (blocks,),
-        "quant_map": (16,),
-        "nested_absmax": (math.ceil(blocks / NESTED_BLOCKSIZE),),
-        "nested_quant_map": (256,),
-    }
-
-
-def parse_quant_state_json(t: torch.Tensor, where: str) -> dict:
-    """Decode the `quant_state.bitsandbytes__nf4` blob (UTF-8 JSON in a uint8 tensor) with clear errors."""
-    try:
-        d = json.loads(bytes(t.detach().cpu().reshape(-1).numpy()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise NF4FormatError(f"{where}: quant_state is not valid JSON ({e}); the file is corrupted") from None
-    if not isinstance(d, dict):
-        raise NF4FormatError(f"{where}: quant_state JSON is not an object; the file is corrupted")
-    return d
-
 
 # Compute paths of the NF4 linears' forward (quant/compute.py picks one per GPU): the dequantized weight in the
 # compute dtype (exact), re-quantized per row to FP8 / INT8 for the low-precision tensor cores, or fp16 GEMMs with

@@ -79,14 +79,14 @@ class SpeedPlan:
 def _resolve_compile(choice: str, device: torch.device, notes: list) -> str:
     if choice == "off":
         return "off"
+    if choice == "auto" and device.type != "cuda":  # decided without asking the compiler (importing it takes seconds)
+        notes.append("compile auto: off on the CPU (building the kernels takes longer than they save here)")
+        return "off"
     reason = compile_mod.unavailable_reason(device)
     if choice == "blocks":
         if reason:
             raise SpeedOptionError(f"--compile blocks: {reason}; use --compile off (or auto)")
         return "blocks"
-    if device.type != "cuda":
-        notes.append("compile auto: off on the CPU (building the kernels takes longer than they save here)")
-        return "off"
     if reason:
         notes.append(f"compile auto: off, {reason}; running eagerly (same results)")
         return "off"

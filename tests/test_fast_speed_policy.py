@@ -22,3 +22,36 @@ def test_long_videos_and_explicit_choices_keep_compile():
     assert fast_compile_policy(_plan(), SimpleNamespace(compile="blocks"), 3).compile == "blocks"
     off = SpeedPlan("off", "bf16", "sdpa", "cpu", notes=["compile auto: off on the CPU"])
     assert fast_compile_policy(off, SimpleNamespace(compile="auto"), 3) is off
+
+
+def test_the_compiler_check_waits_for_the_background_imports_only_when_it_runs(monkeypatch):
+    import torch
+
+    from lingbot_world.cli import speed_flags
+    from lingbot_world.speed import compile as compile_mod
+
+    waited = []
+    monkeypatch.setattr(compile_mod, "unavailable_reason", lambda device: waited.append("checked") or None)
+    args = SimpleNamespace(compile="auto", compute="bf16", attention="auto", weights="nf4")
+    plan = speed_flags.fast_speed_plan(args, torch.device("cpu"), 7, before_compiler_check=lambda: waited.append(1))
+    assert plan.compile == "off" and waited == []  # auto on the CPU: decided without the compiler
+    args.compile = "blocks"
+    plan = speed_flags.fast_speed_plan(args, torch.device("cpu"), 7, before_compiler_check=lambda: waited.append(1))
+    assert plan.compile == "blocks" and waited == [1, "checked"]  # the wait comes first
+
+
+def test_a_short_video_on_a_gpu_never_asks_the_compiler(monkeypatch):
+    import torch
+
+    from lingbot_world.cli import speed_flags
+
+    asked = []
+    monkeypatch.setattr(speed_flags, "speed_plan",
+                        lambda flags, device: asked.append(flags.compile) or SpeedPlan(flags.compile, "bf16", "sdpa",
+                                                                                        "cuda:0"))
+    args = SimpleNamespace(compile="auto", compute="bf16", attention="auto", weights="nf4")
+    plan = speed_flags.fast_speed_plan(args, torch.device("cuda", 0), 7, before_compiler_check=lambda: asked.append(1))
+    assert asked == ["off"] and plan.compile == "off" and plan.notes[0].startswith("compile auto: off for a Fast video")
+    speed_flags.fast_speed_plan(args, torch.device("cuda", 0), FAST_COMPILE_MIN_CHUNKS,
+                                before_compiler_check=lambda: asked.append(1))
+    assert asked == ["off", 1, "auto"]  # a long video: the check (after the wait) decides

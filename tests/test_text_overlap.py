@@ -13,7 +13,7 @@ from PIL import Image
 from lingbot_world.cli import main, text_stage
 from lingbot_world.loaders.t5_files import load_umt5
 from lingbot_world.loaders.t5_tokenizer import UMT5Tokenizer
-from lingbot_world.memory.overlap import Step, plan_text_overlap
+from lingbot_world.memory.overlap import Step, plan_overlap
 from lingbot_world.text_encoder import encode as te
 from lingbot_world.text_encoder.background import BackgroundEncoding
 from lingbot_world.text_encoder.worker import TEST_DELAY_ENV
@@ -37,24 +37,24 @@ FAST_STEPS = [Step("vae", int(11.2 * GB), 0), Step("load", int(9.8 * GB), int(9.
 
 
 def test_a_24gb_card_loads_the_fast_model_beside_the_encoder():
-    plan = plan_text_overlap(int(25.2 * GB), int(10.3 * GB), FAST_STEPS, headroom=GB)
+    plan = plan_overlap(int(25.2 * GB), int(10.3 * GB), FAST_STEPS, headroom=GB)
     assert plan.beside == ("vae", "load") and plan.runs_beside("load")
     assert "text encoder 10.3 GB of VRAM; beside it: vae, load (25.2 GB free)" == plan.reason
 
 
 def test_a_16gb_card_waits_for_the_encoder():
-    plan = plan_text_overlap(int(16.6 * GB), int(10.3 * GB), FAST_STEPS, headroom=GB)
+    plan = plan_overlap(int(16.6 * GB), int(10.3 * GB), FAST_STEPS, headroom=GB)
     assert plan.beside == () and "after it: vae, load" in plan.reason
 
 
 def test_what_a_step_keeps_counts_for_the_next_and_order_is_kept():
     steps = [Step("a", 4 * GB, 3 * GB), Step("b", 3 * GB, 0), Step("c", 1, 0)]
     # child 8 + headroom 1; "a" peaks at 4 and keeps 3; "b" then needs 8 + 1 + 3 + 3 = 15
-    assert plan_text_overlap(16 * GB, 8 * GB, steps, headroom=GB).beside == ("a", "b", "c")
+    assert plan_overlap(16 * GB, 8 * GB, steps, headroom=GB).beside == ("a", "b", "c")
     # "c" would fit, but it comes after "b", which waits: the later steps build on the earlier ones
-    assert plan_text_overlap(14 * GB, 8 * GB, steps, headroom=GB).beside == ("a",)
-    assert plan_text_overlap(12 * GB, 8 * GB, steps, headroom=GB).beside == ()
-    assert plan_text_overlap(1, 0, steps).beside == ("a", "b", "c")  # cached / on the CPU: nothing to share
+    assert plan_overlap(14 * GB, 8 * GB, steps, headroom=GB).beside == ("a",)
+    assert plan_overlap(12 * GB, 8 * GB, steps, headroom=GB).beside == ()
+    assert plan_overlap(1, 0, steps).beside == ("a", "b", "c")  # cached / on the CPU: nothing to share
 
 
 # ---- the background job ------------------------------------------------------------------------------------------
@@ -116,7 +116,12 @@ class _OneProcess:
 
 def _force_background(monkeypatch):
     """The child on the CPU stands in for one on this process's GPU with plenty of VRAM."""
-    monkeypatch.setattr(text_stage, "_child_device", lambda requested, path, device: ("cpu", 1, 1 << 50))
+    _fake_gpu(monkeypatch, 1, 1 << 50)
+
+
+def _fake_gpu(monkeypatch, child_bytes, free):
+    monkeypatch.setattr(text_stage, "_free_vram", lambda device: free)
+    monkeypatch.setattr(text_stage, "_child_device", lambda requested, path, device, free: ("cpu", child_bytes))
 
 
 def test_steps_run_while_the_child_works_and_the_text_is_the_same(t5_files, monkeypatch, caplog):
@@ -141,7 +146,7 @@ def test_steps_run_while_the_child_works_and_the_text_is_the_same(t5_files, monk
 
 
 def test_a_step_that_does_not_fit_waits_and_stop_kills_the_child(t5_files, monkeypatch):
-    monkeypatch.setattr(text_stage, "_child_device", lambda requested, path, device: ("cpu", 8 * GB, 12 * GB))
+    _fake_gpu(monkeypatch, 8 * GB, 12 * GB)
     monkeypatch.setenv(TEST_DELAY_ENV, "1.0")
     steps = [Step("vae", 2 * GB, 0), Step("load", 9 * GB, 9 * GB)]
     stage = text_stage.start(_args(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(),
