@@ -178,8 +178,9 @@ def child_fast(spec: dict) -> dict:
         out["cache_alloc_s"] = round(time.perf_counter() - t0, 3)
         gen = make_generator(42, "cuda" if cuda else "cpu")
         noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
+        # as `generate --model fast` runs it without --save-state: no context pass after the last chunk
         run = FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
-                      on_chunk=on_chunk)
+                      on_chunk=on_chunk, final_context=False)
         if spec.get("profile"):
             out["profile"] = profile_chunk(run, device)
             out["stream"] = placement.placement.stats() if placement.placement else None

@@ -232,7 +232,7 @@ def run(args) -> int:
 
     def make_run(model, cache, **kw):
         return start_part(model, part, st, y, pad_context([context], model.cfg.text_len).to(device), cache, state,
-                          device=device, **kw)
+                          device=device, final_context=save is not None, **kw)
 
     def after(run, placement):
         if save is not None:

@@ -243,7 +243,7 @@ def _run(args, session, imports, stats) -> int:
         def make_run(model, cache, **kw):
             pos, = text.embeddings()
             return start_part(model, part, settings, y.cpu(), pad_context([pos], model.cfg.text_len).to(device),
-                              cache, None, device=device, **kw)
+                              cache, None, device=device, final_context=save is not None, **kw)
 
         def after(run, placement):
             if save is not None:

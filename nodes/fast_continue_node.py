@@ -201,7 +201,8 @@ class LingBotFastContinue:
         label = camera.label if camera is not None else ("none (standing still)" if st.has_camera else "none")
 
         def make_run(model, cache, **kw):
-            return start_part(model, part, settings, y, ctx, cache, st, device=device, **kw)
+            # the last chunk's context pass only feeds a continuation: skipped when nothing takes the state
+            return start_part(model, part, settings, y, ctx, cache, st, device=device, final_context=keep, **kw)
 
         def after(run, placement, ok: bool):
             nonlocal new_handle

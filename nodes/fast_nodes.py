@@ -231,7 +231,8 @@ class LingBotFastSampler:
         handle = None
 
         def make_run(model, cache, **kw):
-            return start_part(model, part, settings, y, ctx, cache, None, device=device, **kw)
+            # the last chunk's context pass only feeds a continuation: skipped when nothing takes the state
+            return start_part(model, part, settings, y, ctx, cache, None, device=device, final_context=keep, **kw)
 
         def after(run, placement, ok: bool):
             nonlocal handle

@@ -135,6 +135,27 @@ def test_chunk_loop_equals_the_spec_loop(model):
     assert r.done and r.cache.global_end == 6 * FSL
 
 
+def test_the_last_context_pass_is_skipped_when_nothing_continues_the_video(model):
+    """final_context=False: the same latent with one model call less (the last chunk's cache write only feeds a
+    continuation)."""
+    y, cam, ctx = problem()
+    calls = []
+    original = model.forward
+
+    def counting(*a, **k):
+        calls.append(k.get("cache_final"))
+        return original(*a, **k)
+
+    model.forward = counting
+    try:
+        r = run(model, y, cam, ctx, 11, final_context=False)
+        latent = r.run()
+    finally:
+        del model.forward
+    torch.testing.assert_close(latent, spec_loop(model, y, cam, ctx, 11), rtol=0, atol=0)
+    assert r.model_calls == 9 and len(calls) == 9 and calls.count(True) == 1  # chunk 0's context pass only
+
+
 def test_same_seed_same_video_other_seed_other_video(model):
     y, cam, ctx = problem()
     a = run(model, y, cam, ctx, 5).run()

@@ -178,6 +178,8 @@ class FastRun:
     start_chunk: chunks of the video made before this run (F_lat counts this run's frames only).
     callback(FastStepInfo) after every denoising call; on_chunk(index, x0 [1,16,3,h,w]) after every chunk.
     cancel_check() before every model call: True (or raising) stops the run with `Cancelled`.
+    final_context: run the last chunk's context pass (it only fills the cache, for a continuation of the video);
+    False when nothing will continue it: one model call less, the same latent.
     """
 
     def __init__(
@@ -197,6 +199,7 @@ class FastRun:
         cancel_check: Optional[Callable[[], bool]] = None,
         chunk_frames: int = CHUNK_FRAMES,
         start_chunk: int = 0,
+        final_context: bool = True,
     ):
         if noise is not None and (noise.dim() != 5 or noise.shape[0] != 1):
             raise ValueError(f"noise must be [1, 16, F_lat, h, w], got {tuple(noise.shape)}")
@@ -227,6 +230,7 @@ class FastRun:
         self.cancel_check = cancel_check
         self.chunk_frames = chunk_frames
         self.start_chunk = start_chunk
+        self.final_context = final_context
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
@@ -241,8 +245,8 @@ class FastRun:
 
     @property
     def model_calls(self) -> int:
-        """Model calls of the whole run: steps + one context pass per chunk."""
-        return self.chunks * (self.schedule.steps + 1)
+        """Model calls of the whole run: steps + one context pass per chunk (but the last, without final_context)."""
+        return self.chunks * (self.schedule.steps + 1) - (0 if self.final_context else 1)
 
     def _cancel(self) -> None:
         if self.cancel_check is not None and self.cancel_check():
@@ -284,9 +288,10 @@ class FastRun:
                     self.callback(FastStepInfo(index, self.chunks * s.steps, t_int, "fast", x0, c, self.chunks, i,
                                                s.steps))
             # Context pass: the clean chunk at t = 0 writes the K/V later chunks attend to; its output is unused.
-            self._cancel()
-            t0 = torch.zeros(1, device=self.device, dtype=torch.long)
-            self.model(x0, t0, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=True)
+            if self.final_context or c + 1 < self.chunks:
+                self._cancel()
+                t0 = torch.zeros(1, device=self.device, dtype=torch.long)
+                self.model(x0, t0, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=True)
         self.latents.append(x0)
         self.chunk += 1
         if self.on_chunk is not None:
