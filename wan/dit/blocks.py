@@ -96,9 +96,10 @@ def weights_held(*layers: nn.Module):
             m.release_weight()
 
 
-# The FFN's GELU in the first GEMM's epilogue where the linear offers it (NF4Linear.forward_gelu: CUDA, bf16 GEMMs);
-# False runs it as a separate phase everywhere (benchmarks compare the two).
-FFN_GELU_EPILOGUE = True
+# The FFN's GELU in the first GEMM's epilogue where the linear offers it (NF4Linear.forward_gelu: CUDA, bf16 GEMMs).
+# Off until a GPU session has timed it and checked that cuBLASLt's GELU is the tanh one the model uses
+# (bench_speed compile_epilogue, tests/test_speed_cuda.py); off: a separate GELU phase, as the reference.
+FFN_GELU_EPILOGUE = False
 
 
 def linear_gelu(linear: nn.Module, x: torch.Tensor, ops: token_ops.TokenOps) -> torch.Tensor:
