@@ -35,14 +35,13 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .common import earlier_results, machine_info, write_json
+from .common import SmiPoller, earlier_results, machine_info, write_json
 
 MODULE = __spec__.name if __spec__ is not None else __name__
 PACKAGE = MODULE.rsplit(".bench.", 1)[0]
@@ -110,35 +109,6 @@ def child_main(spec: dict) -> int:
         times["main_done"] = time.time()
 
 
-class SmiPeak:
-    """nvidia-smi's used MiB, polled every 0.2 s in a thread (parent + child processes together)."""
-
-    def __init__(self):
-        self.peak = None
-        self._stop = threading.Event()
-        self._thread = None
-        if shutil.which("nvidia-smi"):
-            self._thread = threading.Thread(target=self._poll, daemon=True)
-            self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                      "-i", "0"], capture_output=True, text=True, timeout=5).stdout
-                used = int(out.strip().splitlines()[0])
-                self.peak = used if self.peak is None else max(self.peak, used)
-            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-                pass
-            self._stop.wait(0.2)
-
-    def stop(self) -> Optional[int]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        return self.peak
-
-
 def summary_stages(stdout: str) -> dict:
     """{stage: seconds} and the CLI's own total from its summary line 'seed N; total Xs (a 1.0s, b 2.0s, ...)'."""
     m = re.search(r"total ([\d.]+)s \((.*)\)", stdout)
@@ -150,14 +120,14 @@ def summary_stages(stdout: str) -> dict:
 
 def run_cli(name: str, argv: list, cap_bytes: Optional[int], timeout: float, log_dir: Path) -> dict:
     spec = {"argv": argv, "cap_bytes": cap_bytes}
-    smi = SmiPeak()
-    t_spawn = time.time()
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", MODULE, "--child", json.dumps(spec)], capture_output=True, text=True,
-                          timeout=timeout)
-    wall = time.perf_counter() - t0
-    t_end = time.time()
-    peak = smi.stop()
+    with SmiPoller(interval=0.2) as smi:  # parent + child processes together
+        t_spawn = time.time()
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", MODULE, "--child", json.dumps(spec)], capture_output=True,
+                              text=True, timeout=timeout)
+        wall = time.perf_counter() - t0
+        t_end = time.time()
+    peak = smi.peak_mib
     (log_dir / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     out = {"rc": proc.returncode, "wall_s": round(wall, 2), "smi_peak_mib": peak, **summary_stages(proc.stdout)}
     stamp = re.search(r"E2E_TIMES (\{.*\})", proc.stderr)

@@ -12,7 +12,7 @@
 
 Two random full-size NF4 experts in the real community layout are written once (made and quantized on the GPU,
 ≈9.6 GB each, reused from --workdir when their config matches): the Fast model (config class WanModelFast) and
-one base expert. Each case runs in its own child process (bench_pipeline's run_child: memory cap via
+one base expert. Each case runs in its own child process (common.run_case_child; memory cap via
 `set_per_process_memory_fraction` for a 24 / 16 / 12 GB card minus --context-gib, nvidia-smi polled by the parent,
 the child's VmHWM), through the library exactly as the CLI runs it: `plan_fast_memory` (auto placement),
 `FastPlacement` (model + K/V cache), `FastRun` over every chunk with real conditioning shapes (y from a random
@@ -35,17 +35,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from ..wan.dit.model import DiTConfig
-from .bench_pipeline import apply_cap, bench_config, child_main, run_child, sync, timed_forwards, write_random_experts
-from .common import earlier_results, machine_info, peak_rss_bytes, rss_bytes, write_json
+from .bench_pipeline import apply_cap, bench_config, random_experts, sync, timed_forwards
+from .common import (
+    CaseLoop,
+    add_case_arguments,
+    case_ok,
+    child_main,
+    in_gb,
+    mib_in_gb,
+    parse_cases,
+    peak_rss_bytes,
+    rss_bytes,
+    run_case_child,
+)
 
 MODULE = __spec__.name if __spec__ is not None else __name__
 GiB = 1024**3
@@ -296,10 +305,9 @@ def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
 
 def summarize(res: dict, args) -> dict:
     c = res["cases"]
-    ok = lambda r: r is not None and "error" not in r  # noqa: E731
     s: dict = {}
     for name, r in c.items():
-        if not ok(r) or CASES.get(name, {}).get("kind") != "fast":
+        if not case_ok(r) or CASES.get(name, {}).get("kind") != "fast":
             continue
         if r.get("profile"):
             pr = r["profile"]
@@ -310,8 +318,8 @@ def summarize(res: dict, args) -> dict:
             continue
         row = {"plan": r["plan"]["reason"], "sampling_s": r.get("sampling_s"), "frames": r.get("frames"),
                "load_s": r.get("load_s"), "cache_alloc_s": r.get("cache_alloc_s"),
-               "peak_allocated_gb": _g(r.get("peak_allocated")), "peak_reserved_gb": _g(r.get("peak_reserved")),
-               "smi_peak_gb": _mib_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": _g(r.get("peak_rss"))}
+               "peak_allocated_gb": in_gb(r.get("peak_allocated")), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
+               "smi_peak_gb": mib_in_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": in_gb(r.get("peak_rss"))}
         chunks = r.get("chunk_s") or []
         if chunks:
             row["first_chunk_s"], row["mean_chunk_s"] = chunks[0], round(sum(chunks) / len(chunks), 3)
@@ -338,8 +346,8 @@ def summarize(res: dict, args) -> dict:
             row["end_to_end_s"] = round(sum(parts), 2)
         s[name] = row
     base = c.get("base480")
-    if ok(base):
-        fast_ref = c.get("fast480_24") if ok(c.get("fast480_24")) else c.get("fast480_gpu")
+    if case_ok(base):
+        fast_ref = c.get("fast480_24") if case_ok(c.get("fast480_24")) else c.get("fast480_gpu")
         row = {"s_per_step": base["s_per_step"], "sampling_70_steps_s": round(base["s_per_step"] * STEPS, 1),
                "load_s": base["load_s"]}
         enc = (fast_ref or {}).get("vae_encode_s")
@@ -363,10 +371,9 @@ def check_targets(res: dict) -> dict:
     s = res.get("summary", {})
     c = res["cases"]
     t: dict = {}
-    ok = lambda n: n in c and "error" not in c[n]  # noqa: E731
     for name in ("fast480_24", "fast480_16", "fast720_24", "fast961_window_24"):
         if name in c:
-            t[f"{name}_runs"] = ok(name)
+            t[f"{name}_runs"] = case_ok(c[name])
     r = s.get("fast480_24")
     if r and r.get("peak_reserved_gb") is not None:
         t["fast480_24_sampling<=30s"] = r["sampling_s"] <= 30
@@ -381,14 +388,6 @@ def check_targets(res: dict) -> dict:
     if "fast480_24_end_to_end" in sp:
         t["fast480_24_>=20x_base_end_to_end"] = sp["fast480_24_end_to_end"] >= 20
     return t
-
-
-def _g(n) -> Optional[float]:
-    return None if n is None else round(n / 1e9, 2)
-
-
-def _mib_gb(n) -> Optional[float]:
-    return None if n is None else round(n * 1024**2 / 1e9, 2)
 
 
 def print_report(res: dict) -> None:
@@ -423,93 +422,47 @@ def print_report(res: dict) -> None:
 
 
 def run(args) -> dict:
-    t_start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     base_cfg = bench_config(args.tiny)
     cfgs = {"fast": DiTConfig(**{**base_cfg.__dict__, "causal": True}), "base": base_cfg}
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else None
-    res = earlier_results(out, args.fresh, "fast")
-    res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfgs["fast"].to_json(),
-               args={k: v for k, v in vars(args).items() if k != "child"},
-               notes=["Fast sampling: every chunk (4 steps + the context pass), timed from the first call to the last.",
-                      "base480: s/step of one resident expert (CFG cond + uncond) times 70; end to end adds T5, "
-                      "VAE encode/decode (from the Fast 480p case), one load and --switch-seconds.",
-                      "caps: set_per_process_memory_fraction of (card GiB - context_gib); nvidia-smi adds the context."])
-
-    def remaining() -> float:
-        return args.budget_s - (time.perf_counter() - t_start)
-
-    def save() -> None:
-        res["summary"] = summarize(res, args)
-        res["targets"] = check_targets(res)
-        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
-        if out is not None:
-            write_json(out, res)
-
+    loop = CaseLoop(args, "fast", device, lambda res: res.update(summary=summarize(res, args),
+                                                                  targets=check_targets(res)),
+                    config=cfgs["fast"].to_json(),
+                    notes=["Fast sampling: every chunk (4 steps + the context pass), timed from the first call to "
+                           "the last.",
+                           "base480: s/step of one resident expert (CFG cond + uncond) times 70; end to end adds T5, "
+                           "VAE encode/decode (from the Fast 480p case), one load and --switch-seconds.",
+                           "caps: set_per_process_memory_fraction of (card GiB - context_gib); nvidia-smi adds the "
+                           "context."])
     paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4", "base": workdir / "high_noise_model_bnb_nf4"}
     wanted = {n: paths[n] for n in ("fast", "base")
               if n == "fast" or any(CASES[c]["kind"] == "base" for c in args.cases)}
-    print(f"[experts] {'tiny' if args.tiny else 'full-size'} random NF4 experts in {workdir} ...", flush=True)
-    experts = write_random_experts(wanted, cfgs, device, timeout=max(60.0, remaining()))
-    experts["paths"] = {n: str(p) for n, p in paths.items()}
-    res["experts"] = experts
-    print(f"[experts] {'reused' if experts.get('reused') else 'made in ' + str(experts.get('seconds')) + ' s'}",
-          flush=True)
-    save()
-    try:
-        for name in args.cases:
-            left = remaining()
-            if left < args.min_case_s:
-                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
-                print(f"[{name}] skipped (budget)", flush=True)
-                save()
-                continue
-            print(f"[{name}] running ({left:.0f} s of budget left) ...", flush=True)
-            try:
-                r = run_child(case_spec(name, args, cfgs, experts, device), workdir, timeout=left, module=MODULE)
-            except Exception as e:  # the parent never dies on one case
-                r = {"error": f"{type(e).__name__}: {e}"}
-            res["cases"][name] = r
-            print(f"[{name}] {(r.get('error') or 'ok in ' + str(r.get('child_seconds')) + ' s')[:300]}", flush=True)
-            save()
-    finally:
-        res["parent_peak_rss"] = peak_rss_bytes()
-        save()
-        if not args.keep:
-            for p in paths.values():
-                shutil.rmtree(p, ignore_errors=True)
-        for spec_file in workdir.glob("spec_*.json"):
-            spec_file.unlink(missing_ok=True)
-    return res
+    experts = random_experts(loop, paths, cfgs, device, wanted=wanted)
+
+    def run_case(name: str, timeout: float) -> dict:
+        return run_case_child(case_spec(name, args, cfgs, experts, device), workdir, timeout, MODULE)
+
+    return loop.run(run_case, workdir, written=paths.values())
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny config and videos on the CPU (smoke run)")
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
-    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
-    p.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                   help=f"comma-separated subset of {','.join(CASES)} (default: all but fast480_profile)")
-    p.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget; later cases are skipped")
-    p.add_argument("--min-case-s", type=float, default=30.0, help="do not start a case with less budget left")
-    p.add_argument("--workdir", default="/tmp/lingbot_fast_bench", help="where the experts are written (≈19 GB)")
-    p.add_argument("--keep", action="store_true", help="keep the experts for the next call")
+    add_case_arguments(p, CASES, DEFAULT_CASES, budget_s=500.0, min_case_s=30.0,
+                       tiny_help="tiny config and videos on the CPU (smoke run)",
+                       cases_note=" (default: all but fast480_profile)",
+                       workdir="/tmp/lingbot_fast_bench", workdir_help="where the experts are written (≈19 GB)",
+                       keep_help="keep the experts for the next call")
     p.add_argument("--timed-steps", type=int, default=2, help="base case: timed steps after one warm-up step")
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
     p.add_argument("--t5-seconds", type=float, default=None, help="T5 encode seconds (bench_t5), for end to end")
     p.add_argument("--switch-seconds", type=float, default=3.29,
                    help="base end to end: one expert switch (BENCHMARKS.md, swap from disk)")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child_main(args.child, CHILDREN)
-    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    bad = [c for c in args.cases if c not in CASES]
-    if bad:
-        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+    args.cases = parse_cases(p, args.cases, CASES)
     if args.tiny:
         args.timed_steps = 1
         os.environ.setdefault("OMP_NUM_THREADS", "1")

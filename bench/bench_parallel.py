@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,8 +50,8 @@ from typing import Optional
 import torch
 
 from ..wan.dit.model import DiTConfig
-from .bench_pipeline import SmiPoller, bench_config, make_inputs, schedule, sync, write_random_experts
-from .common import earlier_results, machine_info, peak_rss_bytes, write_json
+from .bench_pipeline import bench_config, make_inputs, random_experts, schedule, sync
+from .common import CaseLoop, add_case_arguments, case_ok, child_main, parse_cases, peak_rss_bytes, run_case_child
 
 MODULE = __spec__.name if __spec__ is not None else __name__
 GiB = 1024**3
@@ -331,87 +329,16 @@ def child_fast(spec: dict) -> dict:
 CHILDREN = {"base": child_base, "fast": child_fast}
 
 
-def rank_child_main(spec_path: str) -> int:
-    """Run one case on this rank; rank 0 prints the result (any rank prints its own error) as one JSON line."""
-    import traceback
-
-    spec = json.loads(Path(spec_path).read_text())
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        out = CHILDREN[spec["kind"]](spec)
-    except torch.OutOfMemoryError as e:
-        out = {"error": f"rank {rank}: OOM: {str(e).splitlines()[0][:300]}"}
-    except Exception as e:  # recorded by the parent; the next case still runs
-        out = {"error": f"rank {rank}: {type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
-    if rank == 0 or "error" in out:
-        out["peak_rss"] = peak_rss_bytes()
-        print(json.dumps(out, default=str), flush=True)
-    return 0
-
-
 # ---- parent -----------------------------------------------------------------------------------------------------
-class AllGpuPoller(SmiPoller):
-    """nvidia-smi memory.used of every GPU (MiB), the peak per GPU."""
-
-    def __init__(self, interval: float = 0.25):
-        super().__init__(interval)
-        self.peaks: dict[int, int] = {}
-
-    def read(self) -> Optional[int]:
-        try:
-            r = subprocess.run([self.exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=5)
-            for line in r.stdout.strip().splitlines():
-                i, used = (int(v) for v in line.split(","))
-                self.peaks[i] = max(self.peaks.get(i, 0), used)
-            return max(self.peaks.values()) if self.peaks else None
-        except (OSError, ValueError, subprocess.SubprocessError):
-            return None
-
-
 def run_case(spec: dict, workdir: Path, timeout: float) -> dict:
-    """One case in fresh processes (torchrun for 2 GPUs) in their own process group, killed as a whole on timeout."""
-    path = workdir / f"spec_{spec['case']}.json"
-    path.write_text(json.dumps(spec))
-    env = dict(os.environ)
-    for k, v in NVLS_OFF.items():
-        env.setdefault(k, v)
-    if spec["device"] == "cuda":
-        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    else:
-        env.setdefault("OMP_NUM_THREADS", "1")
-    child = ["-m", MODULE, "--child", str(path)]
-    cmd = [sys.executable, *child] if spec["gpus"] == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec['gpus']}", *child]
-    t0 = time.perf_counter()
-    with AllGpuPoller() as smi:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=15)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            stdout, stderr = proc.communicate()
-            return {"error": f"timeout after {timeout:.0f} s (time box)", "stderr_tail": stderr[-2000:],
-                    "child_seconds": round(time.perf_counter() - t0, 1)}
-    lines = [ln for ln in stdout.splitlines() if ln.strip().startswith("{")]
-    res = json.loads(lines[-1]) if lines else {"error": f"child exited {proc.returncode} without a result",
-                                               "stderr_tail": stderr[-3000:]}
-    if proc.returncode != 0 and "error" not in res:
-        res["error"] = f"child exited {proc.returncode}: {stderr[-800:]}"
-    res["child_seconds"] = round(time.perf_counter() - t0, 1)
-    if smi.peaks:
-        res["smi_peak_used_mib"] = {str(k): v for k, v in sorted(smi.peaks.items())}
-    return res
+    """One case in fresh processes (torchrun for 2 GPUs) in their own process group, killed as a whole on timeout;
+    nvidia-smi's peak of every GPU."""
+    env = dict(NVLS_OFF)
+    if spec["device"] != "cuda":
+        env["OMP_NUM_THREADS"] = "1"
+    launcher = [] if spec["gpus"] == 1 else [
+        "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec['gpus']}"]
+    return run_case_child(spec, workdir, timeout, MODULE, launcher=launcher, env=env, smi_per_gpu=True)
 
 
 def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
@@ -431,10 +358,6 @@ def case_spec(name: str, args, cfgs: dict, experts: dict, device: str) -> dict:
     return spec
 
 
-def _ok(r) -> bool:
-    return r is not None and "error" not in r
-
-
 def project(one: float, two: float, comm_two: float, n: int) -> float:
     """Per-pass time on n GPUs from the pass on one (one), the pass under Ulysses 2 (two) and its all-to-all time
     (comm_two): P_n = one / n + D + comm_two * 4 (n - 1) / n^2, D = (two - comm_two) - one / 2."""
@@ -447,7 +370,7 @@ def summarize(res: dict) -> dict:
     s: dict = {"speedup": {}, "peak_vram_gb": {}}
     for two, one in PAIRS.items():
         a, b = c.get(one), c.get(two)
-        if not (_ok(a) and _ok(b)):
+        if not (case_ok(a) and case_ok(b)):
             continue
         key = "s_per_step" if CASES[two]["kind"] == "base" else "s_per_chunk"
         if a.get(key) and b.get(key):
@@ -455,12 +378,12 @@ def summarize(res: dict) -> dict:
         if CASES[two]["kind"] == "fast" and a.get("sampling_s") and b.get("sampling_s"):
             s["speedup"][two + "_sampling"] = round(a["sampling_s"] / b["sampling_s"], 3)
     for name, r in c.items():
-        if _ok(r) and r.get("ranks"):
+        if case_ok(r) and r.get("ranks"):
             s["peak_vram_gb"][name] = [round((x.get("peak_reserved") or 0) / 1e9, 2) for x in r["ranks"]]
     base1, cfg2, uly2 = c.get("base1"), c.get("base2_cfg"), c.get("base2_ulysses")
-    if _ok(base1) and _ok(uly2) and uly2.get("comm_step_s") is not None:
+    if case_ok(base1) and case_ok(uly2) and uly2.get("comm_step_s") is not None:
         one, two, comm = base1["s_per_step"] / 2, uly2["s_per_step"] / 2, uly2["comm_step_s"] / 2
-        gather = max(0.0, cfg2["s_per_step"] - one) if _ok(cfg2) else 0.0
+        gather = max(0.0, cfg2["s_per_step"] - one) if case_ok(cfg2) else 0.0
         proj = {"comm_share_ulysses2": round(uly2["comm_step_s"] / uly2["s_per_step"], 4),
                 "unsplit_work_per_pass_s": round(max(0.0, (two - comm) - one / 2), 3)}
         for n in (4, 8):
@@ -472,7 +395,7 @@ def summarize(res: dict) -> dict:
             proj[f"{n}gpu_ulysses{n}_speedup"] = round(base1["s_per_step"] / (2 * p_sp), 2)
         s["projection_base_480x832x81"] = proj
     f1, f2 = c.get("fast1_81"), c.get("fast2_81")
-    if _ok(f1) and _ok(f2) and f2.get("comm_chunk_s") is not None:
+    if case_ok(f1) and case_ok(f2) and f2.get("comm_chunk_s") is not None:
         one, two, comm = f1["s_per_chunk"], f2["s_per_chunk"], f2["comm_chunk_s"]
         proj = {"comm_share_ulysses2": round(comm / two, 4), "unsplit_work_per_chunk_s": round(max(0.0, two - comm -
                                                                                                    one / 2), 3)}
@@ -496,7 +419,7 @@ def check_targets(res: dict) -> dict:
 def print_report(res: dict) -> None:
     print("\ncase             layout                                                       result")
     for name, r in res["cases"].items():
-        if not _ok(r):
+        if not case_ok(r):
             print(f"{name:16s} {(r or {}).get('error', 'not run')[:150]}")
             continue
         what = (f"{r['s_per_step']} s/step" if "s_per_step" in r and CASES[name]["kind"] == "base" else
@@ -509,104 +432,58 @@ def print_report(res: dict) -> None:
 
 
 def run(args) -> dict:
-    t_start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     base_cfg = bench_config(args.tiny)
     cfgs = {"base": base_cfg, "fast": DiTConfig(**{**base_cfg.__dict__, "causal": True})}
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else None
-    res = earlier_results(out, args.fresh, "parallel")
-    res.update(machine=machine_info(), device=device, tiny=args.tiny, gpus=torch.cuda.device_count(),
-               args={k: v for k, v in vars(args).items() if k != "child"},
-               notes=["compile off (eager), bf16 compute, SDPA's fastest exact kernel; full-size random NF4 experts.",
-                      "base: s/step = mean of the timed steps after one warm-up step (slowest rank); a step is the "
-                      "conditional + the unconditional pass.",
-                      "fast 957 frames: the first --fast-chunks chunks run, the rest extrapolated (see the case).",
-                      "projection_*: 4/8 GPUs on paper from the measured communication share (see the docstring)."])
-
-    def remaining() -> float:
-        return args.budget_s - (time.perf_counter() - t_start)
-
-    def save() -> None:
-        res["summary"] = summarize(res)
-        res["targets"] = check_targets(res)
-        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
-        if out is not None:
-            write_json(out, res)
-
+    loop = CaseLoop(args, "parallel", device, lambda res: res.update(summary=summarize(res),
+                                                                      targets=check_targets(res)),
+                    gpus=torch.cuda.device_count(),
+                    notes=["compile off (eager), bf16 compute, SDPA's fastest exact kernel; full-size random NF4 "
+                           "experts.",
+                           "base: s/step = mean of the timed steps after one warm-up step (slowest rank); a step is "
+                           "the conditional + the unconditional pass.",
+                           "fast 957 frames: the first --fast-chunks chunks run, the rest extrapolated (see the case).",
+                           "projection_*: 4/8 GPUs on paper from the measured communication share (see the "
+                           "docstring)."])
     if device == "cuda" and torch.cuda.device_count() < max(CASES[c]["gpus"] for c in args.cases):
         print(f"[warning] {torch.cuda.device_count()} GPU(s) visible; the 2-GPU cases will fail", flush=True)
     paths = {"base": workdir / "high_noise_model_bnb_nf4", "fast": workdir / "lingbot_world_fast_bnb_nf4"}
     wanted = {n: paths[n] for n in paths if any(CASES[c]["kind"] == n for c in args.cases)}
-    print(f"[experts] {'tiny' if args.tiny else 'full-size'} random NF4 experts in {workdir} ...", flush=True)
-    experts = write_random_experts(wanted, cfgs, device, timeout=max(60.0, remaining()))
-    experts["paths"] = {n: str(p) for n, p in paths.items()}
-    res["experts"] = experts
-    print(f"[experts] {'reused' if experts.get('reused') else 'made in ' + str(experts.get('seconds')) + ' s'}",
-          flush=True)
-    save()
-    try:
-        for name in args.cases:
-            left = remaining()
-            if left < args.min_case_s:
-                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
-                print(f"[{name}] skipped (budget)", flush=True)
-                save()
-                continue
-            box = min(left, args.case_s)
-            print(f"[{name}] running (time box {box:.0f} s) ...", flush=True)
-            try:
-                r = run_case(case_spec(name, args, cfgs, experts, device), workdir, timeout=box)
-            except Exception as e:  # the parent never dies on one case
-                r = {"error": f"{type(e).__name__}: {e}"}
-            if name in PAIRS and "error" not in r:
-                diff = output_difference(workdir, name, PAIRS[name])
-                if diff is not None:
-                    r["rel_l2_vs_one_gpu"] = diff  # same seed and inputs: the bf16 rounding of the split
-            res["cases"][name] = r
-            print(f"[{name}] {(r.get('error') or 'ok in ' + str(r.get('child_seconds')) + ' s')[:300]}", flush=True)
-            save()
-    finally:
-        res["parent_peak_rss"] = peak_rss_bytes()
-        save()
-        if not args.keep:
-            import shutil
+    experts = random_experts(loop, paths, cfgs, device, wanted=wanted)
 
-            for p in paths.values():
-                shutil.rmtree(p, ignore_errors=True)
-        for spec_file in workdir.glob("spec_*.json"):
-            spec_file.unlink(missing_ok=True)
-        if not args.keep:
+    def one_case(name: str, timeout: float) -> dict:
+        r = run_case(case_spec(name, args, cfgs, experts, device), workdir, timeout)
+        if name in PAIRS and "error" not in r:
+            diff = output_difference(workdir, name, PAIRS[name])
+            if diff is not None:
+                r["rel_l2_vs_one_gpu"] = diff  # same seed and inputs: the bf16 rounding of the split
+        return r
+
+    try:
+        return loop.run(one_case, workdir, written=paths.values(), time_box=args.case_s)
+    finally:
+        if not args.keep:  # the outputs the 2-GPU cases are compared with
             for f in workdir.glob("out_*.safetensors"):
                 f.unlink(missing_ok=True)
-    return res
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny config and videos on the CPU with gloo (smoke run)")
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
-    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget; later cases are skipped")
-    p.add_argument("--case-s", type=float, default=150.0, help="time box of one case (its processes are killed)")
-    p.add_argument("--min-case-s", type=float, default=30.0, help="do not start a case with less budget left")
-    p.add_argument("--workdir", default="/tmp/lingbot_parallel_bench", help="where the experts are written (≈19 GB)")
-    p.add_argument("--keep", action="store_true", help="keep the experts for the next call")
+    add_case_arguments(p, CASES, CASES, budget_s=540.0, min_case_s=30.0,
+                       tiny_help="tiny config and videos on the CPU with gloo (smoke run)",
+                       time_box=("--case-s", 150.0, "time box of one case (its processes are killed)"),
+                       workdir="/tmp/lingbot_parallel_bench", workdir_help="where the experts are written (≈19 GB)",
+                       keep_help="keep the experts for the next call")
     p.add_argument("--timed-steps", type=int, default=2, help="base: timed steps after one warm-up step")
     p.add_argument("--fast-chunks", type=int, default=10, help="957-frame cases: chunks run before extrapolating")
     p.add_argument("--comm-iters", type=int, default=5, help="repetitions of the timed exchanges")
     p.add_argument("--collective-timeout", type=float, default=300.0, help="--parallel-timeout of the children")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return rank_child_main(args.child)
-    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    bad = [c for c in args.cases if c not in CASES]
-    if bad:
-        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+        return child_main(args.child, CHILDREN, rank=int(os.environ.get("RANK", "0")))
+    args.cases = parse_cases(p, args.cases, CASES)
     if args.tiny:
         args.timed_steps = 1
         args.comm_iters = 2

@@ -26,9 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -37,7 +35,17 @@ import torch
 from ..wan.dit.model import DiTConfig
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
-from .common import earlier_results, machine_info, peak_rss_bytes, write_json
+from .common import (
+    CaseLoop,
+    add_case_arguments,
+    case_ok,
+    child_main,
+    gb,
+    in_gb,
+    mib_in_gb,
+    parse_cases,
+    run_case_child,
+)
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 PACKAGE = MODULE.rsplit(".bench.", 1)[0]
@@ -94,16 +102,6 @@ def bench_config(tiny: bool, layers: Optional[int] = None) -> DiTConfig:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def vram(device: torch.device) -> dict:
-    if device.type != "cuda":
-        return {}
-    return {
-        "allocated": torch.cuda.memory_allocated(device),
-        "peak_allocated": torch.cuda.max_memory_allocated(device),
-        "peak_reserved": torch.cuda.max_memory_reserved(device),
-    }
 
 
 def apply_cap(device: torch.device, cap_gib: Optional[float], context_gib: float) -> Optional[int]:
@@ -459,97 +457,26 @@ def child_vae(spec: dict) -> dict:
 CHILDREN = {"sample": child_sample, "switch": child_switch, "cfg": child_cfg, "bf16": child_bf16, "vae": child_vae}
 
 
-def child_main(spec_path: str, children: Optional[dict] = None) -> int:
-    """Run one case (`children[spec["kind"]]`, this file's CHILDREN by default) and print its result as JSON."""
-    spec = json.loads(Path(spec_path).read_text())
-    try:
-        out = (children or CHILDREN)[spec["kind"]](spec)
-    except torch.OutOfMemoryError as e:
-        out = {"error": f"OOM: {str(e).splitlines()[0][:300]}"}
-    except Exception as e:  # recorded by the parent; the next case still runs
-        out = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
-    if spec["device"] == "cuda" and "error" in out and "cap_bytes" not in out:
-        out["vram_at_error"] = vram(torch.device("cuda"))
-    out["peak_rss"] = peak_rss_bytes()
-    print(json.dumps(out, default=str))
-    return 0
-
-
 # ---- parent ---------------------------------------------------------------------------------------------
-class SmiPoller:
-    """Polls `nvidia-smi --query-gpu=memory.used` (MiB, every process on the card) while a child runs."""
-
-    def __init__(self, interval: float = 0.25):
-        self.exe = shutil.which("nvidia-smi")
-        self.interval = interval
-        self.peak_mib: Optional[int] = None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    def read(self) -> Optional[int]:
-        try:
-            r = subprocess.run([self.exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                               capture_output=True, text=True, timeout=5)
-            return int(r.stdout.strip().splitlines()[0])
-        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-            return None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            v = self.read()
-            if v is not None:
-                self.peak_mib = max(self.peak_mib or 0, v)
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> "SmiPoller":
-        if self.exe:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+def expert_paths(workdir: Path, names: tuple = ("high", "low")) -> dict:
+    """Where the random base experts go in --workdir (the community layout's folder names)."""
+    return {n: workdir / f"{n}_noise_model_bnb_nf4" for n in names}
 
 
-def run_child(spec: dict, workdir: Path, timeout: float, module: str = MODULE) -> dict:
-    """Run one case in a fresh `python -m <module> --child spec.json` while polling nvidia-smi; its JSON result."""
-    path = workdir / f"spec_{spec['case']}.json"
-    path.write_text(json.dumps(spec))
-    env = dict(os.environ)
-    if spec["device"] == "cuda" and spec.get("expandable_segments", True):
-        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, "-m", module, "--child", str(path)]
-    t0 = time.perf_counter()
-    with SmiPoller() as smi:
-        baseline = smi.read() if smi.exe else None
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, timeout), env=env)
-        except subprocess.TimeoutExpired as e:
-            err = (e.stderr or b"")[-2000:] if isinstance(e.stderr, bytes) else (e.stderr or "")[-2000:]
-            return {"error": f"timeout after {timeout:.0f} s (budget)", "stderr_tail": str(err),
-                    "child_seconds": round(time.perf_counter() - t0, 1)}
-    res: dict
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-    if lines:
-        res = json.loads(lines[-1])
-    else:
-        res = {"error": f"child exited {proc.returncode} without a result", "stderr_tail": proc.stderr[-3000:]}
-    res["child_seconds"] = round(time.perf_counter() - t0, 1)
-    if smi.peak_mib is not None:
-        res["smi_peak_used_mib"] = smi.peak_mib
-        res["smi_baseline_mib"] = baseline
-    if proc.returncode != 0 and "error" not in res:
-        res["error"] = f"child exited {proc.returncode}: {proc.stderr[-500:]}"
-    return res
-
-
-def make_experts(args, cfg: DiTConfig, workdir: Path, device: str, timeout: float,
-                 names: tuple = ("high", "low")) -> dict:
-    """The random experts on disk (made on the GPU), or the ones already there when their config matches."""
-    paths = {n: workdir / f"{n}_noise_model_bnb_nf4" for n in names}
-    return write_random_experts(paths, {n: cfg for n in paths}, device, timeout)
+def random_experts(loop: CaseLoop, paths: dict, configs: dict, device: str, wanted: Optional[dict] = None,
+                   label: str = "experts") -> dict:
+    """A case-based driver's random experts: write_random_experts on `wanted` (default: all of `paths`) within the
+    budget left, announced on stdout, recorded in the results under `label` and saved; their "paths" name every
+    folder of `paths` (the cases' specs refer to them)."""
+    workdir = next(iter(paths.values())).parent
+    print(f"[{label}] {'tiny' if loop.args.tiny else 'full-size'} random NF4 {label} in {workdir} ...", flush=True)
+    experts = write_random_experts(paths if wanted is None else wanted, configs, device,
+                                   timeout=max(60.0, loop.remaining()))
+    experts["paths"] = {n: str(p) for n, p in paths.items()}
+    loop.res[label] = experts
+    print(f"[{label}] {'reused' if experts.get('reused') else 'made in %s s' % experts.get('seconds')}", flush=True)
+    loop.save()
+    return experts
 
 
 def write_random_experts(paths: dict, configs: dict, device: str, timeout: float) -> dict:
@@ -612,35 +539,34 @@ def case_spec(name: str, args, cfg: DiTConfig, experts: dict, device: str) -> di
 
 def summarize(res: dict, args) -> dict:
     c = res["cases"]
-    ok = lambda r: r is not None and "error" not in r  # noqa: E731
     s: dict = {}
     resident = c.get("resident24")
-    ref_step = {"resident24": resident.get("s_per_step") if ok(resident) else None}
-    if ref_step["resident24"] is None and ok(c.get("cfg")):
+    ref_step = {"resident24": resident.get("s_per_step") if case_ok(resident) else None}
+    if ref_step["resident24"] is None and case_ok(c.get("cfg")):
         ref_step["resident24"] = c["cfg"]["sequential"].get("s_per_step")
-    ref_step["swap720"] = c["swap720"].get("s_per_step") if ok(c.get("swap720")) else None
+    ref_step["swap720"] = c["swap720"].get("s_per_step") if case_ok(c.get("swap720")) else None
     for name in SAMPLE_CASES:
         r = c.get(name)
-        if not ok(r):
+        if not case_ok(r):
             continue
-        row = {"s_per_step": r.get("s_per_step"), "peak_reserved_gb": _g(r.get("peak_reserved")),
-               "peak_allocated_gb": _g(r.get("peak_allocated")), "smi_peak_gb": _mib_gb(r.get("smi_peak_used_mib")),
-               "peak_rss_gb": _g(r.get("peak_rss")), "plan": r.get("plan", {}).get("reason")}
+        row = {"s_per_step": r.get("s_per_step"), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
+               "peak_allocated_gb": in_gb(r.get("peak_allocated")), "smi_peak_gb": mib_in_gb(r.get("smi_peak_used_mib")),
+               "peak_rss_gb": in_gb(r.get("peak_rss")), "plan": r.get("plan", {}).get("reason")}
         ref = ref_step.get(REFERENCE.get(name))
         if ref and r.get("s_per_step"):
             row["over_resident"] = round(r["s_per_step"] / ref, 3)
         s[name] = row
     sw = c.get("switch")
-    if ok(sw):
+    if case_ok(sw):
         s["switch"] = {"from_disk_s": sw["disk"]["switch_seconds"], "from_pinned_s": sw["pinned"]["switch_seconds"],
                        "released_all": sw["disk"].get("released_all") and sw["pinned"].get("released_all")}
     # end to end, 464x832x81, 70 steps, from the swap case (the consumer default) and the resident one
-    vae = c.get("vae") if ok(c.get("vae")) else None
+    vae = c.get("vae") if case_ok(c.get("vae")) else None
     vae_enc = args.vae_encode_s if args.vae_encode_s is not None else (vae or {}).get("encode_seconds")
     vae_dec = args.vae_decode_s if args.vae_decode_s is not None else (vae or {}).get("decode_seconds")
     for name in ("swap24", "resident24"):
         r = c.get(name)
-        if not ok(r) or not r.get("s_per_step"):
+        if not case_ok(r) or not r.get("s_per_step"):
             continue
         parts = {
             "t5_s": args.t5_seconds,
@@ -656,42 +582,33 @@ def summarize(res: dict, args) -> dict:
     return s
 
 
-def _g(n) -> Optional[float]:
-    return None if n is None else round(n / 1e9, 2)
-
-
-def _mib_gb(n) -> Optional[float]:
-    return None if n is None else round(n * 1024**2 / 1e9, 2)
-
-
 def check_targets(res: dict) -> dict:
     c, s = res["cases"], res.get("summary", {})
-    ok = lambda r: r is not None and "error" not in r  # noqa: E731
     t: dict = {}
     if "swap24" in c:
         r = c["swap24"]
-        t["swap24_runs"] = ok(r)
-        if ok(r) and r.get("peak_reserved") is not None:
+        t["swap24_runs"] = case_ok(r)
+        if case_ok(r) and r.get("peak_reserved") is not None:
             t["swap24_peak_vram<=13GB"] = r["peak_reserved"] <= 13e9
             t["swap24_rss<=4GB"] = (r.get("peak_rss") or 0) <= 4e9
     if "resident24" in c:
         r = c["resident24"]
-        t["resident24_runs"] = ok(r)
-        if ok(r) and r.get("peak_reserved") is not None:
+        t["resident24_runs"] = case_ok(r)
+        if case_ok(r) and r.get("peak_reserved") is not None:
             t["resident24_peak_vram<=22.5GB"] = r["peak_reserved"] <= 22.5e9
     for name in BLOCK_SWAP_CASES:
         if name in c:
-            t[f"{name}_runs"] = ok(c[name])
+            t[f"{name}_runs"] = case_ok(c[name])
             if s.get(name, {}).get("over_resident") is not None:
                 ref = REFERENCE[name].removesuffix("24")
                 t[f"{name}_<=1.3x_{ref}"] = s[name]["over_resident"] <= 1.3
     if "swap720" in c:
-        t["swap720_runs"] = ok(c["swap720"])
+        t["swap720_runs"] = case_ok(c["swap720"])
     if "switch" in s:
         t["switch_disk<=5s"] = s["switch"]["from_disk_s"] <= 5
         t["switch_pinned<=1.5s"] = s["switch"]["from_pinned_s"] <= 1.5
         t["release_frees_all"] = bool(s["switch"]["released_all"]) if s["switch"]["released_all"] is not None else None
-    if ok(c.get("nf4_vs_bf16")):
+    if case_ok(c.get("nf4_vs_bf16")):
         t["nf4<=1.05x_bf16"] = c["nf4_vs_bf16"]["nf4_over_bf16"] <= 1.05
     return t
 
@@ -704,25 +621,25 @@ def print_report(res: dict) -> None:
             continue
         if name == "switch":
             val = f"disk {r['disk']['switch_seconds']} s, pinned {r['pinned']['switch_seconds']} s"
-            rows.append([name, val, "-", "-", "-", _gb_s(r.get("peak_rss")), TARGETS[name]])
+            rows.append([name, val, "-", "-", "-", gb(r.get("peak_rss")), TARGETS[name]])
         elif name == "nf4_vs_bf16":
             val = f"nf4 {r['nf4']['s_per_step']} s, bf16 {r['bf16']['s_per_step']} s, x{r['nf4_over_bf16']}"
-            rows.append([name, val, r["nf4"]["s_per_step"], "-", "-", _gb_s(r.get("peak_rss")), TARGETS[name]])
+            rows.append([name, val, r["nf4"]["s_per_step"], "-", "-", gb(r.get("peak_rss")), TARGETS[name]])
         elif name == "cfg":
             val = (f"seq {r['sequential'].get('s_per_step')} s, batch {r['batched'].get('s_per_step')} s, "
                    f"unchunked {r['sequential_unchunked'].get('s_per_step')} s")
-            rows.append([name, val, r["sequential"].get("s_per_step"), _gb_s(r["sequential"].get("activation_peak")),
-                         "-", _gb_s(r.get("peak_rss")), TARGETS[name]])
+            rows.append([name, val, r["sequential"].get("s_per_step"), gb(r["sequential"].get("activation_peak")),
+                         "-", gb(r.get("peak_rss")), TARGETS[name]])
         elif name == "vae":
             rows.append([name, f"encode {r['encode_seconds']} s, decode {r['decode_seconds']} s", "-",
-                         _gb_s(r.get("decode_peak_allocated")), "-", _gb_s(r.get("peak_rss")), TARGETS[name]])
+                         gb(r.get("decode_peak_allocated")), "-", gb(r.get("peak_rss")), TARGETS[name]])
         else:
             plan = r.get("plan", {})
             mode = plan.get("mode", "?") + (f" {plan.get('blocks_on_gpu')}" if plan.get("mode") == "block_swap" else "")
-            smi = _mib_gb(r.get("smi_peak_used_mib"))
+            smi = mib_in_gb(r.get("smi_peak_used_mib"))
             rows.append([name, f"{mode}, {plan.get('cfg_mode')} CFG", r.get("s_per_step"),
-                         f"{_gb_s(r.get('peak_allocated'))} / {_gb_s(r.get('peak_reserved'))}",
-                         "-" if smi is None else f"{smi:.2f} GB", _gb_s(r.get("peak_rss")), TARGETS.get(name, "")])
+                         f"{gb(r.get('peak_allocated'))} / {gb(r.get('peak_reserved'))}",
+                         "-" if smi is None else f"{smi:.2f} GB", gb(r.get("peak_rss")), TARGETS.get(name, "")])
     print()
     print("| case | result | s/step | peak VRAM alloc / reserved | nvidia-smi peak | peak RSS | target |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -735,84 +652,36 @@ def print_report(res: dict) -> None:
     print("\ntargets:", json.dumps(res.get("targets", {})))
 
 
-def _gb_s(n) -> str:
-    return "-" if n is None else f"{n / 1e9:.2f} GB"
-
-
 def run(args) -> dict:
-    t_start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = bench_config(args.tiny, args.layers)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else None
-    res = earlier_results(out, args.fresh, "pipeline")
-    res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfg.to_json(),
-               args={k: v for k, v in vars(args).items() if k != "child"},
-               notes=[
-                   "s/step: mean of the timed steps after one warm-up step; a step is CFG cond + uncond; "
-                   "70-step figures are extrapolated (26 high + 44 low steps).",
-                   "caps: torch.cuda.set_per_process_memory_fraction of (card GiB - context_gib); "
-                   "peak VRAM 'reserved' is what the cap limits; nvidia-smi adds the CUDA context.",
-                   "expert loads read a warm page cache (the experts were just written).",
-               ])
+    loop = CaseLoop(args, "pipeline", device, lambda res: res.update(summary=summarize(res, args),
+                                                                      targets=check_targets(res)),
+                    config=cfg.to_json(),
+                    notes=[
+                        "s/step: mean of the timed steps after one warm-up step; a step is CFG cond + uncond; "
+                        "70-step figures are extrapolated (26 high + 44 low steps).",
+                        "caps: torch.cuda.set_per_process_memory_fraction of (card GiB - context_gib); "
+                        "peak VRAM 'reserved' is what the cap limits; nvidia-smi adds the CUDA context.",
+                        "expert loads read a warm page cache (the experts were just written).",
+                    ])
+    paths = expert_paths(workdir)
+    experts = random_experts(loop, paths, {n: cfg for n in paths}, device)
 
-    def remaining() -> float:
-        return args.budget_s - (time.perf_counter() - t_start)
+    def run_case(name: str, timeout: float) -> dict:
+        return run_case_child(case_spec(name, args, cfg, experts, device), workdir, timeout, MODULE)
 
-    def save() -> None:
-        res["summary"] = summarize(res, args)
-        res["targets"] = check_targets(res)
-        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
-        if out is not None:
-            write_json(out, res)
-
-    print(f"[experts] {'tiny' if args.tiny else 'full-size'} random NF4 experts in {workdir} ...", flush=True)
-    experts = make_experts(args, cfg, workdir, device, timeout=max(60.0, remaining()))
-    res["experts"] = experts
-    made = "reused" if experts.get("reused") else f"made in {experts.get('seconds')} s"
-    print(f"[experts] {made}", flush=True)
-    save()
-    try:
-        for name in args.cases:
-            left = remaining()
-            if left < args.min_case_s:
-                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
-                print(f"[{name}] skipped (budget)", flush=True)
-                save()
-                continue
-            spec = case_spec(name, args, cfg, experts, device)
-            print(f"[{name}] running ({left:.0f} s of budget left) ...", flush=True)
-            try:
-                r = run_child(spec, workdir, timeout=left)
-            except Exception as e:  # the parent never dies on one case
-                r = {"error": f"{type(e).__name__}: {e}"}
-            res["cases"][name] = r
-            msg = r.get("error") or f"ok in {r.get('child_seconds')} s"
-            print(f"[{name}] {msg[:200]}", flush=True)
-            save()
-    finally:
-        res["parent_peak_rss"] = peak_rss_bytes()
-        save()
-        if not args.keep:
-            for p in experts["paths"].values():
-                shutil.rmtree(p, ignore_errors=True)
-        for spec_file in workdir.glob("spec_*.json"):
-            spec_file.unlink(missing_ok=True)
-    return res
+    return loop.run(run_case, workdir, written=paths.values())
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny config and video, batched CFG, one thread per child (CPU smoke run)")
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
-    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
-    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget; later cases are skipped")
-    p.add_argument("--min-case-s", type=float, default=25.0, help="do not start a case with less budget left")
-    p.add_argument("--workdir", default="/tmp/lingbot_pipeline_bench", help="where the experts are written (≈19 GB)")
-    p.add_argument("--keep", action="store_true", help="keep the experts for the next call (reused when the config matches)")
+    add_case_arguments(p, CASES, DEFAULT_CASES, budget_s=540.0, min_case_s=25.0,
+                       tiny_help="tiny config and video, batched CFG, one thread per child (CPU smoke run)",
+                       workdir="/tmp/lingbot_pipeline_bench", workdir_help="where the experts are written (≈19 GB)",
+                       keep_help="keep the experts for the next call (reused when the config matches)")
     p.add_argument("--layers", type=int, default=None, help="blocks per expert (default 40; fewer for a quick check)")
     p.add_argument("--blocks-on-gpu", type=int, default=None, help="force N in the block-swap cases (default: planned)")
     p.add_argument("--timed-steps", type=int, default=2, help="timed steps after the warm-up step")
@@ -826,14 +695,10 @@ def main(argv=None) -> int:
     p.add_argument("--t5-seconds", type=float, default=None, help="T5 encode time from bench_t5, for the end-to-end sum")
     p.add_argument("--vae-encode-s", type=float, default=None, help="VAE encode seconds from bench_vae (else measured)")
     p.add_argument("--vae-decode-s", type=float, default=None, help="VAE decode seconds from bench_vae (else measured)")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return child_main(args.child)
-    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    bad = [c for c in args.cases if c not in CASES]
-    if bad:
-        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+        return child_main(args.child, CHILDREN)
+    args.cases = parse_cases(p, args.cases, CASES)
     if args.tiny:  # the smoke run: fewest forwards, one thread per child (CPU-bound and tiny)
         args.timed_steps = min(args.timed_steps, 1)
         if args.cfg_mode == "sequential":

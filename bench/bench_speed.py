@@ -10,7 +10,7 @@
     python -m lingbot_world.bench.bench_speed --cases eager,compile,fp8_compile --timed-steps 2 \
         --workdir /tmp/lws --fresh --budget-s 530 --out /tmp/lws/speed_h100.json
 
-A random full-size NF4 expert (bench_pipeline.make_experts, 9.6 GB, reused from --workdir) runs the DiT forward
+A random full-size NF4 expert (bench_pipeline.random_experts, 9.6 GB, reused from --workdir) runs the DiT forward
 the way the sampler calls it (sequential CFG: a step is a cond and an uncond forward; camera on; 8192-token
 chunks) in one fresh process per case, capped like a 24 GB card (the swap layout holds one expert):
 
@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -43,8 +42,17 @@ import torch
 
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.model import DiTConfig
-from .bench_pipeline import V480, apply_cap, bench_config, make_experts, make_inputs, run_child, schedule, sync
-from .common import earlier_results, machine_info, peak_rss_bytes, write_json
+from .bench_pipeline import (
+    V480,
+    apply_cap,
+    bench_config,
+    expert_paths,
+    make_inputs,
+    random_experts,
+    schedule,
+    sync,
+)
+from .common import CaseLoop, add_case_arguments, child_main, parse_cases, run_case_child
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 SMALL_VIDEO = (17, 240, 416)  # the 4-step error run
@@ -439,20 +447,6 @@ def child_tiny(spec: dict) -> dict:
 CHILDREN = {FORWARD: child_forward, "attention": child_attention, "tiny": child_tiny}
 
 
-def child_main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    torch.manual_seed(0)
-    try:
-        out = CHILDREN[spec["kind"]](spec)
-    except torch.OutOfMemoryError as e:
-        out = {"error": "OOM: " + str(e).partition("\n")[0][:300]}
-    except Exception as e:  # recorded by the parent; the next case still runs
-        out = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
-    out["peak_rss"] = peak_rss_bytes()
-    print(json.dumps(out, default=str))
-    return 0
-
-
 # ---- parent ---------------------------------------------------------------------------------------------------
 def case_spec(name: str, args, cfg: DiTConfig, expert: str, device: str, workdir: Path) -> dict:
     base = dict(CASES[name])
@@ -590,96 +584,54 @@ def print_report(res: dict) -> None:
 
 
 def run(args) -> dict:
-    t_start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = bench_config(args.tiny, args.layers)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else None
-    res = earlier_results(out, args.fresh, "speed")
-    res.update(machine=machine_info(), device=device, tiny=args.tiny, config=cfg.to_json(),
-               args={k: v for k, v in vars(args).items() if k != "child"},
-               notes=["s/step = a cond + an uncond forward (sequential CFG), mean of the timed steps after two "
-                      "warm-up forwards; the first forward includes compiling.",
-                      "errors are relative (L2) against the eager bf16 path: the cond output of the first forward "
-                      f"at {V480}, and the final latent of a 4-step run (2+2, one expert) at {SMALL_VIDEO}.",
-                      "projection: H100 kernel split scaled by published peaks (attention/GEMM: tensor-core "
-                      "FLOP/s of their precision; dequant/elementwise: memory bandwidth); not a measurement."])
 
-    def remaining() -> float:
-        return args.budget_s - (time.perf_counter() - t_start)
-
-    def save() -> None:
+    def finish(res: dict) -> None:
         errors_vs_reference(res, workdir)
-        res["summary"] = summarize(res)
-        res["targets"] = check_targets(res)
-        res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
-        if out is not None:
-            write_json(out, res)
+        res.update(summary=summarize(res), targets=check_targets(res))
 
+    loop = CaseLoop(args, "speed", device, finish, config=cfg.to_json(),
+                    notes=["s/step = a cond + an uncond forward (sequential CFG), mean of the timed steps after two "
+                           "warm-up forwards; the first forward includes compiling.",
+                           "errors are relative (L2) against the eager bf16 path: the cond output of the first "
+                           f"forward at {V480}, and the final latent of a 4-step run (2+2, one expert) at "
+                           f"{SMALL_VIDEO}.",
+                           "projection: H100 kernel split scaled by published peaks (attention/GEMM: tensor-core "
+                           "FLOP/s of their precision; dequant/elementwise: memory bandwidth); not a measurement."])
     forward_cases = [n for n in args.cases if CASES[n]["kind"] == FORWARD]
     if forward_cases and REFERENCE not in args.cases and not (workdir / f"out_{REFERENCE}.safetensors").is_file():
         # errors are taken against eager: a fresh machine (or workdir) runs it first
         print(f"[{REFERENCE}] its outputs are not in {workdir}: running it first as the error reference", flush=True)
         args.cases = [REFERENCE] + list(args.cases)
-    need_expert = bool(forward_cases)
     expert = None
-    if need_expert:
-        print(f"[expert] {'tiny' if args.tiny else 'full-size'} random NF4 expert in {workdir} ...", flush=True)
-        experts = make_experts(args, cfg, workdir, device, timeout=max(60.0, remaining()), names=("high",))
-        res["expert"] = experts
-        expert = experts["paths"]["high"]
-        print(f"[expert] {'reused' if experts.get('reused') else 'made in %s s' % experts.get('seconds')}", flush=True)
-    save()
-    try:
-        for name in args.cases:
-            left = remaining()
-            if left < args.min_case_s:
-                res["cases"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
-                print(f"[{name}] skipped (budget)", flush=True)
-                save()
-                continue
-            spec = case_spec(name, args, cfg, expert, device, workdir)
-            if name == "sage" and not args.tiny:
-                from ..wan.dit.attention import available_backends
+    if forward_cases:
+        paths = expert_paths(workdir, ("high",))
+        expert = random_experts(loop, paths, {"high": cfg}, device, label="expert")["paths"]["high"]
+    else:
+        loop.save()
 
-                if "sage" not in available_backends():
-                    res["cases"][name] = {"error": "skipped: sageattention is not installed"}
-                    save()
-                    continue
-            print(f"[{name}] running ({left:.0f} s of budget left) ...", flush=True)
-            try:
-                r = run_child(spec, workdir, timeout=min(left, args.case_timeout_s), module=MODULE)
-            except Exception as e:  # the parent never dies on one case
-                r = {"error": f"{type(e).__name__}: {e}"}
-            res["cases"][name] = r
-            msg = r.get("error") or f"ok in {r.get('child_seconds')} s, {r.get('s_per_step', '')} s/step"
-            print(f"[{name}] {msg[:300]}", flush=True)
-            save()
-    finally:
-        res["parent_peak_rss"] = peak_rss_bytes()
-        save()
-        for spec_file in workdir.glob("spec_*.json"):
-            spec_file.unlink(missing_ok=True)
-        if not args.keep and expert is not None:
-            import shutil
+    def run_case(name: str, timeout: float) -> dict:
+        if name == "sage" and not args.tiny:
+            from ..wan.dit.attention import available_backends
 
-            shutil.rmtree(expert, ignore_errors=True)
-    return res
+            if "sage" not in available_backends():
+                return {"error": "skipped: sageattention is not installed"}
+        return run_case_child(case_spec(name, args, cfg, expert, device, workdir), workdir, timeout, MODULE)
+
+    return loop.run(run_case, workdir, written=[] if expert is None else [Path(expert)],
+                    time_box=args.case_timeout_s)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny config and video on the CPU (smoke run)")
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    p.add_argument("--out", default=None, help="results JSON (rewritten after every case; earlier cases kept)")
-    p.add_argument("--fresh", action="store_true", help="ignore results already in --out")
-    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--budget-s", type=float, default=530.0, help="wall-clock budget; later cases are skipped")
-    p.add_argument("--case-timeout-s", type=float, default=300.0, help="time box of one case")
-    p.add_argument("--min-case-s", type=float, default=40.0, help="do not start a case with less budget left")
-    p.add_argument("--workdir", default="/tmp/lingbot_speed_bench", help="expert (9.6 GB), outputs, inductor cache")
-    p.add_argument("--keep", action="store_true", help="keep the expert for the next call")
+    add_case_arguments(p, CASES, DEFAULT_CASES, budget_s=530.0, min_case_s=40.0,
+                       tiny_help="tiny config and video on the CPU (smoke run)",
+                       time_box=("--case-timeout-s", 300.0, "time box of one case"),
+                       workdir="/tmp/lingbot_speed_bench", workdir_help="expert (9.6 GB), outputs, inductor cache",
+                       keep_help="keep the expert for the next call")
     p.add_argument("--layers", type=int, default=None, help="blocks of the expert (default 40)")
     p.add_argument("--timed-steps", type=int, default=2, help="timed steps (2 forwards each) after the warm-up")
     p.add_argument("--token-chunk", type=int, default=DEFAULT_TOKEN_CHUNK, help="tokens per chunk (default 8192)")
@@ -687,14 +639,11 @@ def main(argv=None) -> int:
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler kernel split")
     p.add_argument("--no-small-run", action="store_true", help="skip the 4-step error run")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return child_main(args.child)
-    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    bad = [c for c in args.cases if c not in CASES]
-    if bad:
-        p.error(f"unknown case(s) {bad}; choose from {', '.join(CASES)}")
+        torch.manual_seed(0)  # the children's random draws are the same from call to call
+        return child_main(args.child, CHILDREN)
+    args.cases = parse_cases(p, args.cases, CASES)
     if args.tiny:
         args.timed_steps = min(args.timed_steps, 1)
         os.environ.setdefault("OMP_NUM_THREADS", "1")

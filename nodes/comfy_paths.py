@@ -165,14 +165,19 @@ def list_trajectories() -> list[str]:
     return _safe(lambda: mf.scan_trajectory_dirs([_fp().get_input_directory()]), "camera trajectories")
 
 
-def resolve_trajectory(name: str) -> Path:
+def _resolve_input_folder(name: str, what: str, holding: str) -> Path:
+    """A folder in ComfyUI's input folder, or one line saying what it must hold and where."""
     root = _fp().get_input_directory()
     p = mf.resolve_in_roots([root], name, want_dir=True)
     if p is None:
-        raise ModelFileNotFound(
-            f"camera trajectory folder '{name}' was not found in {root}: put a folder holding poses.npy and "
-            f"intrinsics.npy there (or upload the two files on the node), then refresh the page (press R)")
+        raise ModelFileNotFound(f"{what} '{name}' was not found in {root}: put a folder holding {holding}, then "
+                                "refresh the page (press R)")
     return p
+
+
+def resolve_trajectory(name: str) -> Path:
+    return _resolve_input_folder(name, "camera trajectory folder", "poses.npy and intrinsics.npy there (or upload "
+                                 "the two files on the node)")
 
 
 def list_key_folders() -> list[str]:
@@ -181,13 +186,8 @@ def list_key_folders() -> list[str]:
 
 
 def resolve_key_folder(name: str) -> Path:
-    root = _fp().get_input_directory()
-    p = mf.resolve_in_roots([root], name, want_dir=True)
-    if p is None:
-        raise ModelFileNotFound(
-            f"key-file folder '{name}' was not found in {root}: put a folder holding wasd_action.npy / "
-            f"ijkl_action.npy (or action.npy + poses.npy + intrinsics.npy) there, then refresh the page (press R)")
-    return p
+    return _resolve_input_folder(name, "key-file folder", "wasd_action.npy / ijkl_action.npy (or action.npy + "
+                                 "poses.npy + intrinsics.npy) there")
 
 
 def resolve_input_path(path: str, what: str) -> Path:
