@@ -66,7 +66,7 @@ class NF4Linear(Linear4bit):
     compute_mode = "bf16"
     lowp_min_rows = LOWP_MIN_ROWS
     fp8_fast_accum = True
-    _lowp_ops: Optional[dict] = None  # compiled twins of the activation quantizers (compile option)
+    _lowp_ops: Optional[dict] = None  # the quantizers apply_speed picked (Triton row kernel, compiled or eager)
     _held: Optional[dict] = None
     lora = None  # quant.lora.LinearLora while a LoRA is attached
 
@@ -202,7 +202,7 @@ class NF4Linear(Linear4bit):
             w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(dtype)
         else:
             w = self.dequantized_weight(dtype)
-        ops = self._lowp_ops or {}  # compiled weight quantizers under the compile option (one fused kernel)
+        ops = self._lowp_ops or {}  # the weight quantizers apply_speed picked (one fused kernel where it can)
         prepared = (ops.get("fp8_weight", fp8.quantize_weight)(w) if kind == "fp8"
                     else ops.get("int8_weight", int8.quantize_weight)(w) if kind == "int8" else w)
         if self._held is not None:

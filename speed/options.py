@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..quant import compute as qcompute
-from ..quant import fp8, int8
+from ..quant import fp8, int8, rowwise_triton
 from ..wan.dit import attention as attn
 from . import compile as compile_mod
 
@@ -173,6 +173,10 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
         notes=notes,
     )
     plan.sdpa_order = attn.sdpa_kernel_order(device) if plan.attention == "sdpa" else None
+    if compute in ("fp8", "int8"):
+        why_not = rowwise_triton.unavailable_reason(device)
+        notes.append(f"{compute} activations and weights quantized by " + (
+            "the one-pass Triton row kernel" if why_not is None else f"torch's quantizers ({why_not})"))
     return plan
 
 
@@ -196,7 +200,7 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
     ops = EAGER if plan.compile == "off" else compiled_token_ops(plan.strict_compile)
     if hasattr(model, "set_token_ops"):
         model.set_token_ops(ops)
-    lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else None
+    lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else eager_quantizers()
     for module in model.modules():
         if hasattr(module, "set_compute"):
             module.set_compute(plan.compute, ops=lowp_ops)
@@ -211,12 +215,21 @@ def compiled_token_ops(strict: bool = False):
 
 
 def compiled_quantizers(strict: bool = False) -> dict:
-    """The FP8/INT8 activation and weight quantizers and the INT8 rescale through torch.compile (one fused kernel
-    each)."""
+    """The FP8/INT8 activation and weight quantizers and the INT8 rescale: the one-pass Triton row kernel where it
+    runs (quant/rowwise_triton.py), else torch.compile's fused kernel."""
+    return _quantizers(lambda fn: compile_mod.compiled(fn, strict))
+
+
+def eager_quantizers() -> dict:
+    """The same without compile: the Triton row kernel where it runs, else the torch ops."""
+    return _quantizers(lambda fn: fn)
+
+
+def _quantizers(wrap) -> dict:
     return {
-        "fp8": compile_mod.compiled(fp8.quantize_rows, strict),
-        "fp8_weight": compile_mod.compiled(fp8.quantize_weight, strict),
-        "int8_weight": compile_mod.compiled(int8.quantize_weight, strict),
-        "int8": compile_mod.compiled(int8.quantize_rows, strict),
-        "int8_rescale": compile_mod.compiled(int8.rescale, strict),
+        "fp8": rowwise_triton.preferring_kernel("fp8", wrap(fp8.quantize_rows)),
+        "fp8_weight": rowwise_triton.preferring_kernel_weight("fp8", wrap(fp8.quantize_weight)),
+        "int8": rowwise_triton.preferring_kernel("int8", wrap(int8.quantize_rows)),
+        "int8_weight": rowwise_triton.preferring_kernel_weight("int8", wrap(int8.quantize_weight)),
+        "int8_rescale": wrap(int8.rescale),
     }

@@ -113,10 +113,12 @@ def test_only_the_video_self_attention_takes_the_fp8_kernel(monkeypatch):
     cross-attention) stays on SDPA: one FP8 call per block, with the video tokens as queries and keys."""
     calls = []
 
-    def fake_checked(q, k, v):
+    def fake_checked(q, k, v, reuse_q=False):
         calls.append((tuple(q.shape), tuple(k.shape)))
+        reused.append(reuse_q)
         return attn.sdpa(q, k, v)
 
+    reused = []
     model, inputs = _tiny_model_and_inputs()
     with torch.no_grad():
         ref = model(*inputs)
@@ -125,6 +127,7 @@ def test_only_the_video_self_attention_takes_the_fp8_kernel(monkeypatch):
         monkeypatch.setattr(attn, "_uses_frontend", lambda q: q.shape[-1] == attention_fp8.HEAD_DIM)
         out = model(*inputs)
     assert calls == [((1, 12, 2, 128), (1, 12, 2, 128))] * model.cfg.num_layers
+    assert reused == [True] * model.cfg.num_layers  # the block hands over q's buffer for the output
     torch.testing.assert_close(out, ref)
 
 
@@ -160,9 +163,12 @@ def test_fp8_kernel_against_float_attention(b, lq, lk, spread):
     ref = reference_attention(q, k, v)
     err, err_bf16 = rel_err(out, ref), rel_err(attn.sdpa(q, k, v), ref)
     assert err_bf16 < 5e-3 < err < (0.1 if spread == 1.0 else 0.2)  # FP8's rounding, far from a wrong result
-    assert len(kernel._graphs) == 1
+    assert len(kernel.graphs._graphs) == 1
     kernel(q, k, v)
-    assert len(kernel._graphs) == 1  # the graph is reused for the same shapes
+    assert len(kernel.graphs._graphs) == 1  # the graph is reused for the same shapes
+    q_copy = q.clone()
+    into = kernel(q_copy, k, v, reuse_q=True)  # the output written over q, the caller's spare buffer
+    assert into.data_ptr() == q_copy.data_ptr() and torch.equal(into, kernel(q, k, v))
 
 
 def _skip_without_fp8():
@@ -263,7 +269,7 @@ def test_cudnn_attention_is_refused_in_one_line_without_a_gpu():
 
 def test_the_exact_cudnn_backend_takes_the_self_attention_only(monkeypatch):
     calls = []
-    monkeypatch.setattr(attn, "_checked", lambda q, k, v: calls.append(attn.get_backend()) or attn.sdpa(q, k, v))
+    monkeypatch.setattr(attn, "_checked", lambda q, k, v, reuse_q=False: calls.append(attn.get_backend()) or attn.sdpa(q, k, v))
     monkeypatch.setattr(attn, "_backend", "cudnn")
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 16, 2, 128, generator=g) for _ in range(3))

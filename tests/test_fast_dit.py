@@ -178,7 +178,7 @@ def test_one_chunk_over_the_whole_video_equals_the_base_forward(model):
 def masked_attention_factory(total_tokens: int, chunk_tokens: int):
     """Self-attention of the whole video where chunk i sees chunks <= i (explicit softmax); cross-attention plain."""
 
-    def attention(q, k, v):
+    def attention(q, k, v, reuse_q=False):  # reuse_q: a kernel may overwrite q (FP8 attention)
         if k.shape[1] != total_tokens:
             return torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)

@@ -183,8 +183,68 @@ def test_ffn_gelu_in_the_gemm_epilogue_matches_the_separate_gelu():
     eye = torch.eye(64, device=CUDA, dtype=torch.bfloat16)
     fused = torch._addmm_activation(torch.zeros(64, device=CUDA, dtype=torch.bfloat16), eye, (-3 * eye).t(),
                                     use_gelu=True).diagonal().float()
-    x3 = torch.full((64,), -3.0, dtype=torch.float64)
+    x3 = torch.tensor(-3.0, dtype=torch.float64)
     tanh_form = torch.nn.functional.gelu(x3, approximate="tanh").item()
     erf_form = torch.nn.functional.gelu(x3).item()
     assert torch.allclose(fused.cpu().double(), torch.full((64,), tanh_form, dtype=torch.float64), rtol=1e-2), \
         (fused[:3].tolist(), tanh_form, erf_form)
+
+
+# ---- the Triton row quantizer (quant/rowwise_triton.py) ---------------------------------------------------------
+def _triton_ready() -> bool:
+    from lingbot_world.quant import rowwise_triton
+
+    return rowwise_triton.unavailable_reason(CUDA) is None
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("shape,dtype", [((4096, 5120), torch.bfloat16), ((333, 13824), torch.bfloat16),
+                                         ((64, 700), torch.float32), ((5, 48), torch.float16)])
+def test_triton_row_quantizer_is_bit_identical_to_torch(kind, shape, dtype):
+    if not _triton_ready():
+        pytest.skip("needs Triton")
+    if kind == "fp8" and not has_fp8():
+        pytest.skip("needs FP8 (sm89+)")
+    from lingbot_world.quant import fp8, int8, rowwise_triton
+
+    x = (bf16(*shape, seed=4).float() * torch.rand(shape[0], 1, device=CUDA) * 30).to(dtype)
+    x[1] = 0  # an all-zero row keeps a finite scale
+    x[2, 7] = 1e4  # one outlier per row
+    torch_fn = fp8.quantize_rows if kind == "fp8" else int8.quantize_rows
+    assert rowwise_triton.usable(x)
+    q, s = rowwise_triton.quantize_rows(x, kind)
+    q_ref, s_ref = torch_fn(x)
+    assert q.dtype == q_ref.dtype and s.shape == s_ref.shape == (shape[0], 1)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8) if kind == "fp8" else q, q_ref.view(torch.uint8) if kind == "fp8" else q_ref)
+    w = rowwise_triton.preferring_kernel_weight(kind, None)(x)
+    assert w[1].shape == (1, shape[0]) and torch.equal(w[1].view(-1), s.view(-1))
+
+
+def test_triton_row_quantizer_is_faster_than_the_compiled_one():
+    if not _triton_ready() or not has_fp8():
+        pytest.skip("needs Triton and FP8")
+    import time
+
+    from lingbot_world.quant import fp8, rowwise_triton
+    from lingbot_world.speed import compile as compile_mod
+
+    x = bf16(8192, 13824, seed=5)
+    compiled = compile_mod.compiled(fp8.quantize_rows, strict=True)
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn(x)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn(x)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / 20
+
+    t_triton, t_compiled = timed(lambda t: rowwise_triton.quantize_rows(t, "fp8")), timed(compiled)
+    moved = x.numel() * 3  # bytes: bf16 in, e4m3 out
+    print(f"row quantizer 8192x13824: triton {t_triton * 1e3:.3f} ms ({moved / t_triton / 1e9:.0f} GB/s), "
+          f"compiled {t_compiled * 1e3:.3f} ms ({moved / t_compiled / 1e9:.0f} GB/s)")
+    assert torch.equal(rowwise_triton.quantize_rows(x, "fp8")[1], compiled(x)[1])
+    assert t_triton < t_compiled * 1.05

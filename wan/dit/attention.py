@@ -142,11 +142,11 @@ def cudnn_kernel():
     return _cudnn
 
 
-def _kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reuse_q: bool = False) -> torch.Tensor:
     """SageAttention, FlashAttention (3 when installed, else 2), cuDNN FP8 or cudnn-frontend bf16 on fp16/bf16
-    [B, L, H, D] tensors."""
+    [B, L, H, D] tensors. reuse_q: q may be overwritten with the output (FP8 attention uses it)."""
     if name == "fp8":
-        return fp8_kernel()(q, k, v)
+        return fp8_kernel()(q, k, v, reuse_q=reuse_q)
     if name == "cudnn":
         return cudnn_kernel()(q, k, v)
     if name == "sage":
@@ -180,11 +180,12 @@ def check_against_sdpa(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return relative_error(out, ref)
 
 
-def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reuse_q: bool = False) -> torch.Tensor:
     """The video tokens' self-attention (the base DiT's, and the Fast model's over its cache): where the
-    cudnn-frontend backends (fp8, cudnn) apply. Other backends: the same as attention()."""
+    cudnn-frontend backends (fp8, cudnn) apply. Other backends: the same as attention().
+    reuse_q: the caller drops q afterwards, so a kernel may write its output there (saves one q-sized buffer)."""
     if _uses_frontend(q):
-        return _checked(q, k, v)
+        return _checked(q, k, v, reuse_q)
     return attention(q, k, v)
 
 
@@ -200,7 +201,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return sdpa(q, k, v, _sdpa_order)
 
 
-def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reuse_q: bool = False) -> torch.Tensor:
     """The selected non-SDPA backend, checked against SDPA on its first real call (refused if it differs)."""
     global _backend
     if _backend not in CHECKS:
@@ -217,7 +218,7 @@ def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         log.info("attention backend %r checked against SDPA on real inputs: relative error %.2e", _backend, err)
     # The kernels take only fp16/bf16; like the reference, run other dtypes in bf16 and cast back (spec §9).
     kernel_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-    out = _kernel(_backend, *(a.to(kernel_dtype) for a in (q, k, v)))
+    out = _kernel(_backend, *(a.to(kernel_dtype) for a in (q, k, v)), reuse_q=reuse_q and q.dtype == kernel_dtype)
     return out.to(q.dtype)
 
 

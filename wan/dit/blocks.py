@@ -240,9 +240,12 @@ class WanBlock(nn.Module):
             return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
 
         q, k, v = self.self_attn.qkv(attn_input, x.shape, rope, dtype, self.token_chunk, ops)
-        attend = self_attention if kv is None else kv.attend
         sp = self.seq_parallel
-        attn = (attend(q, k, v) if sp is None else sp.attend(attend, q, k, v)).flatten(2)
+        if kv is not None:
+            attn = kv.attend(q, k, v) if sp is None else sp.attend(kv.attend, q, k, v)
+        else:  # q is dropped after this: a kernel may write its output there (FP8 attention does)
+            attn = self_attention(q, k, v, reuse_q=True) if sp is None else sp.attend(self_attention, q, k, v)
+        attn = attn.flatten(2)
         del q, k, v
         # The residual stream is float32 from the first gated add on (block 0 receives bf16; spec §2.6).
         if x.dtype != torch.float32:
