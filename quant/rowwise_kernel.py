@@ -5,7 +5,7 @@ from triton.language.extra import libdevice
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cols, x_row_stride, q_row_stride, qmax, tiny,
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cols, x_row_stride, q_row_stride, inv_qmax, tiny,
                          BLOCK: tl.constexpr, ROUND_INT: tl.constexpr):
     """One row per program: amax, scale = max(amax, tiny) / qmax, q = x * (1 / scale) (rounded for int8)."""
     row = tl.program_id(0).to(tl.int64)
@@ -13,8 +13,9 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cols, x_row_stride, q_row_stride, 
     mask = offs < cols
     x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
-    # IEEE divisions (div_rn), as torch's CUDA kernels compute them: the scales and codes match bit for bit
-    scale = libdevice.div_rn(tl.maximum(amax, tiny), qmax)
+    # As torch's CUDA kernels compute it, so scales and codes match bit for bit: a tensor divided by a Python
+    # number is multiplied by the float32 reciprocal of that number; reciprocal() is an IEEE division.
+    scale = tl.maximum(amax, tiny) * inv_qmax
     y = x * libdevice.div_rn(1.0, scale)
     if ROUND_INT:
         y = libdevice.rint(y)  # round half to even, as torch.round

@@ -64,7 +64,7 @@ def quantize_rows(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tenso
     scale = torch.empty((rows, 1), dtype=torch.float32, device=t.device)
     block = triton.next_power_of_2(cols)
     warps = max(1, min(16, block // 512))  # 16 elements per thread for wide rows, fewer warps for narrow ones
-    kernel[(rows,)](t, q, scale, cols, t.stride(0), q.stride(0), _QMAX[kind], _TINY,
+    kernel[(rows,)](t, q, scale, cols, t.stride(0), q.stride(0), 1.0 / _QMAX[kind], _TINY,
                     BLOCK=block, ROUND_INT=kind == "int8", num_warps=warps)
     return q, scale
 
