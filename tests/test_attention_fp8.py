@@ -297,3 +297,17 @@ def test_cudnn_frontend_attention_is_exact_on_cache_slices():
     assert rel_err(kernel(q, k, v), ref) < 5e-3  # contiguous k/v: another graph (other strides), same maths
     report = kernel.graphs.plan_report()
     assert report and all(r["plan"] is not None for r in report.values())
+
+
+def test_few_queries_over_many_keys_stay_on_sdpa(monkeypatch):
+    """A Fast chunk attending to a long cache: quantizing the whole cache would cost more than FP8 saves."""
+    calls = []
+    monkeypatch.setattr(attn, "_checked", lambda q, k, v, reuse_q=False: calls.append(k.shape[1]) or attn.sdpa(q, k, v))
+    monkeypatch.setattr(attn, "_backend", "fp8")
+    monkeypatch.setattr(attn, "_uses_frontend", lambda q: True)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 10, 2, 64, generator=g)
+    for keys in (10, 40, 41, 200):
+        k = v = torch.randn(1, keys, 2, 64, generator=g)
+        attn.self_attention(q, k, v)
+    assert calls == [10, 40]  # FP8 up to 4 keys per query, SDPA beyond

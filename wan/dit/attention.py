@@ -32,6 +32,11 @@ SDPA_KERNELS = ("cudnn", "flash", "efficient", "math")
 SAGE_MAX_REL_ERROR = 0.05
 # FP8 attention's error is FP8 rounding of q, k, v, the probabilities and the output: 0.06-0.13 on random inputs.
 FP8_MAX_REL_ERROR = 0.25
+# FP8 attention quantizes all of q, k and v on each call: for few queries over many keys (a Fast chunk over its
+# cache) that costs more than the faster kernel saves. H100, 31,668 keys: 4,524 queries take 5.5 ms in FP8 against
+# 4.8 ms in bf16; 31,668 queries 27.6 against 36.1 ms (bench/results/attention_kernels_h100.json). Break-even near
+# 1 query per 5.5 keys: FP8 runs where the queries are at least a quarter of the keys.
+FP8_MIN_QUERY_SHARE = 4
 MAX_REL_ERROR = {"sage": SAGE_MAX_REL_ERROR, "flash": 0.02, "fp8": FP8_MAX_REL_ERROR, "cudnn": 0.02}
 
 _backend = "sdpa"
@@ -184,7 +189,7 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reuse_q: b
     """The video tokens' self-attention (the base DiT's, and the Fast model's over its cache): where the
     cudnn-frontend backends (fp8, cudnn) apply. Other backends: the same as attention().
     reuse_q: the caller drops q afterwards, so a kernel may write its output there (saves one q-sized buffer)."""
-    if _uses_frontend(q):
+    if _uses_frontend(q) and (_backend != "fp8" or q.shape[1] * FP8_MIN_QUERY_SHARE >= k.shape[1]):
         return _checked(q, k, v, reuse_q)
     return attention(q, k, v)
 
