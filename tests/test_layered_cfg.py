@@ -245,3 +245,47 @@ def test_settings_accept_layered_and_name_the_modes():
     SamplingSettings(cfg_mode="layered").validate()
     with pytest.raises(ValueError, match="auto, batch, layered, sequential"):
         SamplingSettings(cfg_mode="stacked").validate()
+
+
+# ---- plumbing: CLI, node, parallel layouts -------------------------------------------------------------------
+def test_cli_offers_layered_and_maps_it_where_a_layout_decides(caplog):
+    import logging
+
+    from lingbot_world.cli import build_parser
+    from lingbot_world.cli.parallel_flags import planned_cfg_mode, sampling_cfg_mode
+
+    assert build_parser().parse_args(["generate", "--cfg-mode", "layered"]).cfg_mode == "layered"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--cfg-mode", "stacked"])
+    log = logging.getLogger("test-layered")
+    with caplog.at_level(logging.INFO, logger="test-layered"):
+        assert planned_cfg_mode("layered", False, False, log) == "layered"  # one process: as asked
+        assert not caplog.records
+        assert planned_cfg_mode("layered", True, False, log) == "sequential"  # Ulysses ranks
+        assert planned_cfg_mode("layered", True, True, log) == "sequential"  # CFG-parallel: one pass per rank
+    assert [r.getMessage() for r in caplog.records] == [
+        "--cfg-mode layered runs as sequential with --parallel ulysses (each rank: two forwards per step)",
+        "--cfg-mode layered does not apply: each rank runs one guidance pass"]
+    assert planned_cfg_mode("auto", True, False, log) == "auto"
+    # the sampler's mode: auto follows the plan on one process (layered included), the agreement across ranks
+    assert sampling_cfg_mode("auto", False, False, "layered", False) == "layered"
+    assert sampling_cfg_mode("layered", False, False, "sequential", False) == "layered"
+    assert sampling_cfg_mode("auto", True, False, "layered", False) == "sequential"
+    assert sampling_cfg_mode("auto", True, False, "batch", True) == "batch"
+    assert sampling_cfg_mode("sequential", True, True, "sequential", False) == "sequential"
+
+
+def test_sampler_node_offers_layered_and_the_plan_names_its_activations():
+    from lingbot_world.memory.placement import CFG_MODES as PLANNER_MODES, MemoryPlan
+    from lingbot_world.nodes.memory import activation_bytes
+    from lingbot_world.nodes.sampler_node import LingBotSampler, plan_summary
+
+    widget = LingBotSampler.INPUT_TYPES()["required"]["cfg_mode"]
+    assert widget[0] == ["auto", "batch", "layered", "sequential"] and "layered" in widget[1]["tooltip"]
+    assert tuple(widget[0]) == PLANNER_MODES
+    plan = MemoryPlan("resident", False, None, False, "...", estimates={"activation_bytes_layered": 7,
+                                                                      "activation_bytes_sequential": 5},
+                      cfg_layered=True)
+    assert plan.cfg_mode == "layered" and activation_bytes(plan) == 7
+    assert plan_summary(plan, SamplingSettings(steps=4, cfg_mode=plan.cfg_mode), None) == \
+        "4 steps, unipc, layered CFG; memory: resident"
