@@ -289,3 +289,59 @@ def test_sampler_node_offers_layered_and_the_plan_names_its_activations():
     assert plan.cfg_mode == "layered" and activation_bytes(plan) == 7
     assert plan_summary(plan, SamplingSettings(steps=4, cfg_mode=plan.cfg_mode), None) == \
         "4 steps, unipc, layered CFG; memory: resident"
+
+
+# ---- an NF4 expert in bf16 (the real formats): CPU here, CUDA where there is a GPU --------------------------------
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                             reason="needs a CUDA GPU")])])
+def test_nf4_bf16_layered_equals_sequential_bit_for_bit(tmp_path, device):
+    from lingbot_world.loaders.expert_loader import load_expert
+    from lingbot_world.loaders.nf4_writer import random_expert_state, write_official_expert
+
+    cfg = DiTConfig.tiny(dim=128, ffn_dim=256, num_heads=2, num_layers=2)
+    write_official_expert(random_expert_state(cfg, "cpu", seed=4, dtype=torch.bfloat16), cfg, tmp_path,
+                          dtype=torch.bfloat16)
+    model = load_expert(tmp_path, device=device, mode="nf4", compute_dtype=torch.bfloat16)
+    model.set_token_chunk(5)  # several chunks: the held weights serve every chunk of both samples
+    g = torch.Generator().manual_seed(2)
+    pos, neg = (pad_context([torch.randn(n, cfg.text_dim, generator=g)], cfg.text_len).to(device) for n in (4, 8))
+    x, y = torch.randn(1, 16, F, H, W, generator=g).to(device), torch.randn(1, 20, F, H, W, generator=g).to(device)
+    cam = torch.randn(1, 384, F, H, W, generator=g).to(device)
+    t = torch.tensor([930], device=device)
+    with torch.inference_mode():
+        ref = _sequential(model, x, t, pos, neg, y, cam)
+        got = _layered(model, x, t, pos, neg, y, cam)
+    assert torch.isfinite(got).all() and torch.equal(got, ref)
+
+
+def test_block_swap_streams_each_block_once_per_layered_step(tmp_path):
+    """Through the real block-swap provider: the same latent as sequential CFG on resident experts, and each
+    streamed block copied to the "device" once per step (sequential copies it twice)."""
+    from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
+    from lingbot_world.memory.placement import make_provider
+
+    cfg = DiTConfig.tiny(num_layers=4)
+    high, low = tmp_path / "high", tmp_path / "low"
+    make_random_nf4_expert(cfg, high, device="cpu", seed=11)
+    make_random_nf4_expert(cfg, low, device="cpu", seed=12)
+    g = torch.Generator().manual_seed(3)
+    pos, neg = (pad_context([torch.randn(n, cfg.text_dim, generator=g)], cfg.text_len) for n in (4, 6))
+    y, cam = torch.randn(1, 20, 1, 2, 4, generator=g), torch.randn(1, 384, 1, 2, 4, generator=g)
+    noise = make_noise((1, 16, 1, 2, 4), 7)
+
+    def run(mode, cfg_mode, **kw):
+        with make_provider(mode, high, low, device="cpu", log=lambda s: None, **kw) as prov:
+            s = SamplingSettings(steps=3, boundary=0.5, cfg_mode=cfg_mode)  # every step on the high-noise expert
+            copies = []
+            out = sample(prov, noise, pos, neg, y, cam, s, device="cpu",
+                         callback=lambda info: copies.append(prov.swapper.ring.copies) if kw else None)
+        return out, copies
+
+    ref, _ = run("resident", "sequential")
+    layered, copies_l = run("block_swap", "layered", blocks_on_gpu=1)
+    sequential, copies_s = run("block_swap", "sequential", blocks_on_gpu=1)
+    assert torch.equal(layered, ref) and torch.equal(sequential, ref)
+    steps = [b - a for a, b in zip(copies_l, copies_l[1:])]
+    assert steps == [3, 3]  # blocks 1..3 streamed once per step (layered)
+    assert [b - a for a, b in zip(copies_s, copies_s[1:])] == [6, 6]  # twice per step (sequential)
