@@ -7,10 +7,10 @@
         --workdir /tmp/lws --budget-s 530 --out /tmp/lws/speed_h100.json
     python -m lingbot_world.bench.bench_speed --tiny --out /tmp/speed_tiny.json        # CPU smoke run
     # layered CFG (a step = one layered call) against its sequential twin in the same run, two calls
-    python -m lingbot_world.bench.bench_speed --cases eager,compile,compile_layered --timed-steps 2 \
-        --keep --workdir /tmp/lws --fresh --budget-s 530 --out /tmp/lws/speed_layered_h100.json
-    python -m lingbot_world.bench.bench_speed --cases eager_layered,fp8_compile_fp8attn,fp8_compile_fp8attn_layered \
-        --timed-steps 2 --workdir /tmp/lws --budget-s 530 --out /tmp/lws/speed_layered_h100.json
+    python -m lingbot_world.bench.bench_speed --cases eager,eager_layered,compile,compile_layered --timed-steps 2 \
+        --keep --workdir /tmp/lws --fresh --budget-s 540 --out /tmp/lws/speed_layered_h100.json
+    python -m lingbot_world.bench.bench_speed --cases fp8_compile_fp8attn,fp8_compile_fp8attn_layered \
+        --timed-steps 2 --workdir /tmp/lws --budget-s 540 --out /tmp/lws/speed_layered_h100.json
     # the issue-15 targets alone in one call (~6 min on a fresh H100): s/step, warm-up, error, kernel split
     python -m lingbot_world.bench.bench_speed --cases eager,compile,fp8_compile --timed-steps 2 \
         --workdir /tmp/lws --fresh --budget-s 530 --out /tmp/lws/speed_h100.json
