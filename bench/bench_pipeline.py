@@ -326,8 +326,10 @@ def child_switch(spec: dict) -> dict:
     return out
 
 
-def timed_forwards(model, inputs: dict, device: torch.device, batch: bool, steps: int, warm: int = 1) -> dict:
-    """CFG steps straight on a model (cond + uncond, batched or not): seconds per step and the activation peak."""
+def timed_forwards(model, inputs: dict, device: torch.device, batch: bool, steps: int, warm: int = 1,
+                   layered: bool = False) -> dict:
+    """CFG steps straight on a model (cond + uncond: batched, layered or one after the other): seconds per step
+    and the activation peak."""
     from ..wan.sampling.sampler import make_noise
 
     x = make_noise(inputs["shape"], 1, source="cuda" if device.type == "cuda" else "cpu").to(device)
@@ -335,9 +337,10 @@ def timed_forwards(model, inputs: dict, device: torch.device, batch: bool, steps
 
     def step():
         with torch.no_grad():
-            if batch:
+            if batch or layered:
+                extra = dict(layered=True, shared_input=True) if layered else {}
                 model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([inputs["ctx"], inputs["neg"]]), inputs["y"],
-                      camera=inputs["camera"])
+                      camera=inputs["camera"], **extra)
             else:
                 model(x, t, inputs["ctx"], inputs["y"], camera=inputs["camera"])
                 model(x, t, inputs["neg"], inputs["y"], camera=inputs["camera"])
@@ -375,12 +378,13 @@ def child_cfg(spec: dict) -> dict:
     out: dict = {}
     # Default token chunking (what users run) vs the whole sequence at once (the unchunked block's memory).
     runs = [("sequential", False, spec["chunk"], 1), ("batched", True, spec["chunk"], 0),
-            ("sequential_unchunked", False, None, 0)]
+            ("sequential_unchunked", False, None, 0), ("layered", False, spec["chunk"], 0)]
     for name, batch, chunk, warm in runs:
         model.set_token_chunk(chunk)
+        layered = name == "layered"
         try:
-            r = timed_forwards(model, inputs, device, batch, spec["timed"], warm=warm)
-            r["activation_estimate"] = estimate_activation_bytes(*video, cfg, batch, token_chunk=chunk)
+            r = timed_forwards(model, inputs, device, batch, spec["timed"], warm=warm, layered=layered)
+            r["activation_estimate"] = estimate_activation_bytes(*video, cfg, batch, token_chunk=chunk, layered=layered)
             if r.get("activation_peak"):
                 r["estimate_over_measured"] = round(r["activation_estimate"] / r["activation_peak"], 3)
         except torch.OutOfMemoryError as e:
@@ -395,6 +399,9 @@ def child_cfg(spec: dict) -> dict:
     c = out["sequential_unchunked"].get("s_per_step")
     if s and c:
         out["chunked_over_unchunked"] = round(s / c, 3)
+    la = out["layered"].get("s_per_step")
+    if s and la:
+        out["layered_over_sequential"] = round(la / s, 3)
     return out
 
 
@@ -627,7 +634,8 @@ def print_report(res: dict) -> None:
             rows.append([name, val, r["nf4"]["s_per_step"], "-", "-", gb(r.get("peak_rss")), TARGETS[name]])
         elif name == "cfg":
             val = (f"seq {r['sequential'].get('s_per_step')} s, batch {r['batched'].get('s_per_step')} s, "
-                   f"unchunked {r['sequential_unchunked'].get('s_per_step')} s")
+                   f"unchunked {r['sequential_unchunked'].get('s_per_step')} s, "
+                   f"layered {r.get('layered', {}).get('s_per_step')} s")
             rows.append([name, val, r["sequential"].get("s_per_step"), gb(r["sequential"].get("activation_peak")),
                          "-", gb(r.get("peak_rss")), TARGETS[name]])
         elif name == "vae":
@@ -685,7 +693,7 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=None, help="blocks per expert (default 40; fewer for a quick check)")
     p.add_argument("--blocks-on-gpu", type=int, default=None, help="force N in the block-swap cases (default: planned)")
     p.add_argument("--timed-steps", type=int, default=2, help="timed steps after the warm-up step")
-    p.add_argument("--cfg-mode", default="sequential", choices=("sequential", "batch", "auto"),
+    p.add_argument("--cfg-mode", default="sequential", choices=("sequential", "batch", "layered", "auto"),
                    help="CFG mode of the memory-mode cases (default sequential, like the reference)")
     p.add_argument("--token-chunk", type=int, default=DEFAULT_TOKEN_CHUNK,
                    help="tokens per chunk in the DiT's per-token phases (cfg case and memory-mode cases)")

@@ -6,6 +6,11 @@
     python -m lingbot_world.bench.bench_speed --cases fp8_compile,int8,int8_compile,compile_warm,fp16acc,sage,tiny \\
         --workdir /tmp/lws --budget-s 530 --out /tmp/lws/speed_h100.json
     python -m lingbot_world.bench.bench_speed --tiny --out /tmp/speed_tiny.json        # CPU smoke run
+    # layered CFG (a step = one layered call) against its sequential twin in the same run, two calls
+    python -m lingbot_world.bench.bench_speed --cases eager,eager_layered,compile,compile_layered --timed-steps 2 \
+        --keep --workdir /tmp/lws --fresh --budget-s 540 --out /tmp/lws/speed_layered_h100.json
+    python -m lingbot_world.bench.bench_speed --cases fp8_compile_fp8attn,fp8_compile_fp8attn_layered \
+        --timed-steps 2 --workdir /tmp/lws --budget-s 540 --out /tmp/lws/speed_layered_h100.json
     # the issue-15 targets alone in one call (~6 min on a fresh H100): s/step, warm-up, error, kernel split
     python -m lingbot_world.bench.bench_speed --cases eager,compile,fp8_compile --timed-steps 2 \
         --workdir /tmp/lws --fresh --budget-s 530 --out /tmp/lws/speed_h100.json
@@ -16,7 +21,9 @@ chunks) in one fresh process per case, capped like a 24 GB card (the swap layout
 
 - baseline: the block and NF4 forward as they were before issue 15 (bench/legacy_block.py), same session;
 - eager / compile / fp8 / fp8_compile / int8 / int8_compile / fp16acc / sage: the library's paths (speed/options.py);
-- compile_warm: compile again in a new process, so its warm-up is the cached one a second run pays.
+- compile_warm: compile again in a new process, so its warm-up is the cached one a second run pays;
+- *_layered: the same paths with layered CFG: a step is ONE model call (`layered=True`), reported against its
+  sequential twin (the case without `_layered`): s/step ratio, extra peak VRAM, bit-identical outputs.
 
 Per case: the first forward (compile warm-up included), s/forward and s/step over --timed-steps steps, peak VRAM
 (allocated / reserved, and over the resident weights), the compile statistics, optionally a torch.profiler
@@ -84,9 +91,16 @@ CASES: dict[str, dict] = {
     "compile_epilogue": dict(kind=FORWARD, compile="blocks", gelu_epilogue=True, profile=True),
     # the exact path with bf16 attention through cudnn-frontend on cuDNN's fastest plan (issue 15's 6.3 s/step)
     "compile_cudnn": dict(kind=FORWARD, compile="blocks", attention="cudnn", profile=True),
+    # layered CFG (issue 15): a step is ONE model call whose cond and uncond samples run one after the other inside
+    # each block (camera FiLM, weight preparation and block 0's self-attention shared); bit-identical to its twin
+    "eager_layered": dict(kind=FORWARD, cfg="layered", profile=True),
+    "compile_layered": dict(kind=FORWARD, compile="blocks", cfg="layered", profile=True),
+    "fp8_compile_fp8attn_layered": dict(kind=FORWARD, compute="fp8", compile="blocks", attention="fp8", cfg="layered",
+                                        profile=True),
     "attention": dict(kind="attention"),
     "tiny": dict(kind="tiny"),
 }
+LAYERED_SUFFIX = "_layered"  # a layered case's twin (same options, sequential CFG) is its name without it
 DEFAULT_CASES = ["baseline", "eager", "compile", "attention", "fp8", "fp8_compile", "int8", "int8_compile",
                  "compile_warm", "fp16acc", "sage", "tiny"]
 
@@ -96,7 +110,13 @@ TARGETS = {  # issue 15, H100, s/step at 464x832x81, sequential CFG, swap on a 2
     "fp8_compile": ("s_per_step", 4.6),
     "fp8_compile_fp8attn": ("s_per_step", 4.6),
     "compile_cudnn": ("s_per_step", 6.3),
+    "eager_layered": ("s_per_step", 7.8),
+    "compile_layered": ("s_per_step", 6.3),
+    "fp8_compile_fp8attn_layered": ("s_per_step", 4.6),
 }
+# layered vs its sequential twin in the same run: the FiLM GEMMs (~5 % of a step on an H100) and half the weight
+# preparation saved; and the same output bit for bit
+LAYERED_RATIO_TARGET = 0.97
 SWAP_VRAM_TARGET = 13e9
 
 # ---- consumer-card projection -------------------------------------------------------------------------------
@@ -261,7 +281,15 @@ def _forward_setup(spec: dict):
         with torch.inference_mode():
             return model(noise, t, ctx, inputs["y"], camera=inputs["camera"])
 
-    return model, inputs, forward, info
+    def layered_step():
+        """A whole CFG step as the sampler's layered mode calls it: [cond, uncond] from one model call."""
+        with torch.inference_mode():
+            both = torch.cat([inputs["ctx"], inputs["neg"]])
+            return model(noise.expand(2, *noise.shape[1:]), t.expand(2), both, inputs["y"], camera=inputs["camera"],
+                         layered=True, shared_input=True)
+
+    info["cfg_mode"] = spec.get("cfg", "sequential")
+    return model, inputs, (layered_step if spec.get("cfg") == "layered" else forward), info
 
 
 def _small_run(model, spec: dict, device: torch.device) -> tuple[torch.Tensor, float]:
@@ -271,7 +299,7 @@ def _small_run(model, spec: dict, device: torch.device) -> tuple[torch.Tensor, f
     cfg = DiTConfig.from_json(spec["config"])
     inputs = make_inputs(tuple(spec["small_video"]), cfg, device, seed=3)
     settings = schedule(2, 2)
-    settings.cfg_mode = "sequential"
+    settings.cfg_mode = spec.get("cfg", "sequential")
     noise = make_noise(inputs["shape"], 7, source="cuda" if device.type == "cuda" else "cpu")
     sync(device)
     t0 = time.perf_counter()
@@ -309,28 +337,33 @@ def child_forward(spec: dict) -> dict:
         if device.type == "cuda":
             out["weights_allocated"] = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
+        # Layered: one call is a whole step (cond and uncond); sequential: a step is two forwards.
+        layered = spec.get("cfg") == "layered"
+        step = (lambda: forward()) if layered else (lambda: (forward(inputs["ctx"]), forward(inputs["neg"])))
         # First forward: includes compiling (compile cases) and one-time kernel selection.
         t0 = time.perf_counter()
-        first = forward(inputs["ctx"])
+        first = forward() if layered else forward(inputs["ctx"])
         sync(device)
         out["first_forward_seconds"] = round(time.perf_counter() - t0, 3)
         out["finite"] = bool(torch.isfinite(first).all())
-        _save(workdir / f"out_{spec['case']}.safetensors", first[0])
+        _save(workdir / f"out_{spec['case']}.safetensors", first[0])  # the cond output (a layered call's first half)
         del first
         t0 = time.perf_counter()
-        forward(inputs["neg"])
+        if layered:
+            forward()
+        else:
+            forward(inputs["neg"])
         sync(device)
         out["second_forward_seconds"] = round(time.perf_counter() - t0, 3)
         steps = []
         for _ in range(spec["timed"]):
             t0 = time.perf_counter()
-            forward(inputs["ctx"])
-            forward(inputs["neg"])
+            step()
             sync(device)
             steps.append(time.perf_counter() - t0)
         out["step_seconds"] = [round(s, 3) for s in steps]
         out["s_per_step"] = round(sum(steps) / len(steps), 3)
-        out["s_per_forward"] = round(out["s_per_step"] / 2, 3)
+        out["s_per_forward"] = round(out["s_per_step"] / 2, 3)  # layered: half a step, per pass
         if device.type == "cuda":
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
@@ -340,7 +373,13 @@ def child_forward(spec: dict) -> dict:
 
         out["attention"] = {"backend_in_use": attn.get_backend(), "sdpa_order": attn.get_sdpa_order(),
                             "first_call_checks": dict(attn.CHECKS)}
-        if spec.get("profile"):
+        if spec.get("profile") and layered:  # one layered call is both passes: the split per pass, like the others
+            prof = profile_split(forward, device)
+            prof["seconds"] = {k: round(v / 2, 4) for k, v in prof["seconds"].items()}
+            prof["kernel_seconds"] = round(prof["kernel_seconds"] / 2, 4)
+            prof["per"] = "pass (half of one layered call)"
+            out["profile"] = prof
+        elif spec.get("profile"):
             out["profile"] = profile_split(lambda: forward(inputs["ctx"]), device)
         if spec.get("small_run"):
             latent, seconds = _small_run(model, spec, device)
@@ -485,6 +524,13 @@ def errors_vs_reference(res: dict, workdir: Path) -> None:
             out = _load_saved(workdir / f"{prefix}_{name}.safetensors")
             if out is not None and out.shape == ref.shape:
                 r.setdefault("rel_error_vs_eager", {})[kind] = ((out - ref).norm() / ref.norm()).item()
+            twin = name[:-len(LAYERED_SUFFIX)] if name.endswith(LAYERED_SUFFIX) else None
+            twin_out = _load_saved(workdir / f"{prefix}_{twin}.safetensors") if twin else None
+            if out is not None and twin_out is not None and out.shape == twin_out.shape:
+                # layered must reproduce its sequential twin bit for bit (same GEMM shapes, same kernels)
+                r.setdefault("bit_identical_to_sequential", {})[kind] = bool(torch.equal(out, twin_out))
+                r.setdefault("rel_error_vs_sequential", {})[kind] = (
+                    (out - twin_out).norm() / twin_out.norm().clamp_min(1e-30)).item()
 
 
 def summarize(res: dict) -> dict:
@@ -508,6 +554,13 @@ def summarize(res: dict) -> dict:
         if eager and r.get("s_per_step"):
             row["over_eager"] = round(r["s_per_step"] / eager, 3)
         row["rel_error_vs_eager"] = r.get("rel_error_vs_eager")
+        twin = c.get(name[:-len(LAYERED_SUFFIX)]) if name.endswith(LAYERED_SUFFIX) else None
+        if ok(twin) and twin.get("s_per_step") and r.get("s_per_step"):
+            row["over_sequential"] = round(r["s_per_step"] / twin["s_per_step"], 3)
+            if r.get("peak_allocated") and twin.get("peak_allocated"):
+                row["extra_peak_gb"] = round((r["peak_allocated"] - twin["peak_allocated"]) / 1e9, 2)
+        if r.get("bit_identical_to_sequential") is not None:
+            row["bit_identical_to_sequential"] = r["bit_identical_to_sequential"]
         s["rows"][name] = row
         prof = r.get("profile")
         if prof:
@@ -542,6 +595,14 @@ def check_targets(res: dict) -> dict:
     for name, r in c.items():
         if CASES.get(name, {}).get("kind") == FORWARD and r and "error" not in r and r.get("peak_reserved"):
             t[f"{name}_swap_vram<=13GB"] = r["peak_reserved"] <= SWAP_VRAM_TARGET
+    for name, r in c.items():
+        twin = c.get(name[:-len(LAYERED_SUFFIX)]) if name.endswith(LAYERED_SUFFIX) else None
+        if not (r and "error" not in r and twin and "error" not in twin):
+            continue
+        if r.get("s_per_step") and twin.get("s_per_step"):
+            t[f"{name}_over_sequential<={LAYERED_RATIO_TARGET}"] = r["s_per_step"] / twin["s_per_step"] <= LAYERED_RATIO_TARGET
+        for kind, same in (r.get("bit_identical_to_sequential") or {}).items():
+            t[f"{name}_bit_identical_{kind}"] = same
     comp = c.get("compile", {}).get("rel_error_vs_eager", {}) if "error" not in c.get("compile", {"error": 1}) else {}
     if comp.get("forward") is not None:
         t["compile_error<=5e-3"] = comp["forward"] <= 5e-3
@@ -564,6 +625,10 @@ def print_report(res: dict) -> None:
         print(f"| {name} | {row['s_per_step']} | {row['s_per_forward']} | {row['warmup_seconds']} | "
               f"{row['peak_allocated_gb']} / {row['peak_reserved_gb']} GB | {row.get('over_baseline', '-')} | "
               f"{fmt(e.get('forward'))} | {fmt(e.get('run4'))} |")
+    for name, row in s.get("rows", {}).items():
+        if "over_sequential" in row or "bit_identical_to_sequential" in row:
+            print(f"layered {name}: {row.get('over_sequential')} x the sequential twin's s/step, peak "
+                  f"{row.get('extra_peak_gb')} GB more, bit-identical {row.get('bit_identical_to_sequential')}")
     for name in ("attention", "tiny"):
         if name in res["cases"]:
             print(f"\n{name}: {json.dumps(res['cases'][name], default=str)[:1500]}")
@@ -595,7 +660,9 @@ def run(args) -> dict:
 
     loop = CaseLoop(args, "speed", device, finish, config=cfg.to_json(),
                     notes=["s/step = a cond + an uncond forward (sequential CFG), mean of the timed steps after two "
-                           "warm-up forwards; the first forward includes compiling.",
+                           "warm-up forwards; the first forward includes compiling. *_layered cases: s/step = ONE "
+                           "layered call (both passes), s/forward = half of it; over_sequential and "
+                           "bit_identical_to_sequential compare with the case of the same name without _layered.",
                            "errors are relative (L2) against the eager bf16 path: the cond output of the first "
                            f"forward at {V480}, and the final latent of a 4-step run (2+2, one expert) at "
                            f"{SMALL_VIDEO}.",

@@ -19,6 +19,7 @@ from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
 from .speed_flags import add_speed_args, report_compile
 from .video_out import write_video
+from ..wan.sampling.sampler import CFG_MODES
 
 log = logging.getLogger("lingbot_world.generate")
 
@@ -76,9 +77,11 @@ def add_parser(sub) -> None:
                           "auto = cuda when computing on a GPU")
     gen.add_argument("--solver", choices=("unipc", "dpm++"), default="unipc",
                      help="sampler: flow UniPC (the reference's) or flow DPM++")
-    gen.add_argument("--cfg-mode", choices=("auto", "batch", "sequential"), default="auto",
-                     help="classifier-free guidance: both passes in one batch (faster, more memory) or one after "
-                          "the other; auto picks from free memory")
+    gen.add_argument("--cfg-mode", choices=CFG_MODES, default="auto",
+                     help="classifier-free guidance: batch = both passes in one batch (fastest, most memory); "
+                          "layered = one after the other inside each block, sharing the camera layers and each "
+                          "layer's weight preparation (one more fp32 residual stream than sequential, same result "
+                          "as sequential); sequential = two forwards (least memory); auto picks from free memory")
 
     dev = p.add_argument_group("device and memory")
     dev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (auto: cuda when available)")
@@ -224,16 +227,14 @@ def _generate(args, session, stats: RunStats) -> int:
     seed = session.same_value(args.seed if args.seed >= 0 else random.randrange(2**31), "the seed")
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, pre.noise, device=device)
     velocity = parallel_flags.velocity(session)
-    if velocity is not None and settings.cfg_mode != "auto":
-        log.info("--cfg-mode %s does not apply: each rank runs one guidance pass", settings.cfg_mode)
-    cfg_mode = "sequential" if velocity is not None else args.cfg_mode
+    cfg_mode = parallel_flags.planned_cfg_mode(args.cfg_mode, session.parallel, velocity is not None, log)
     parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos, "negative text": neg,
                                                "camera": camera})
     provider = _provider(args, files, device, frames, height, width, camera is not None, speed, session, cfg_mode,
                          loader=lora_loader(pre.loras, {"high": files.high, "low": files.low}))
     batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
-    if settings.cfg_mode == "auto" or velocity is not None:
-        settings.cfg_mode = "batch" if batch else "sequential"
+    settings.cfg_mode = parallel_flags.sampling_cfg_mode(cfg_mode, session.parallel, velocity is not None,
+                                                         provider.plan.cfg_mode, batch)
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
     try:
         with torch.inference_mode():

@@ -177,3 +177,24 @@ def agree_on_plans(session: Session, reason: str, cfg_batch: bool, log: logging.
     for r, p in enumerate(every[1:], start=1):
         log.info("memory plan of rank %d: %s", r, p["plan"])
     return all(p["batch"] for p in every)
+
+
+def planned_cfg_mode(requested: str, parallel: bool, cfg_parallel: bool, log: logging.Logger) -> str:
+    """The CFG mode to plan memory for: --cfg-mode, except where the layout decides (one line says so)."""
+    if cfg_parallel:
+        if requested not in ("auto", "sequential"):
+            log.info("--cfg-mode %s does not apply: each rank runs one guidance pass", requested)
+        return "sequential"
+    if parallel and requested == "layered":
+        # The ranks of a sequence split exchange tensors inside every forward; layered is not verified there.
+        log.info("--cfg-mode layered runs as sequential with --parallel ulysses (each rank: two forwards per step)")
+        return "sequential"
+    return requested
+
+
+def sampling_cfg_mode(planned: str, parallel: bool, cfg_parallel: bool, plan_cfg_mode: str, agreed_batch: bool) -> str:
+    """The sampler's CFG mode: the planned one; `auto` takes the memory plan's (batch, layered or sequential) on one
+    process, and across ranks batch only where every rank planned it (`agree_on_plans`), else sequential."""
+    if cfg_parallel or (parallel and planned == "auto"):
+        return "batch" if agreed_batch else "sequential"
+    return plan_cfg_mode if planned == "auto" else planned

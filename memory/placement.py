@@ -6,7 +6,8 @@
 - block_swap:  one expert at a time, and only its first N blocks (plus embeddings and head) on the device; the
                other blocks stream from pinned host RAM one block ahead of the compute (memory/block_swap.py).
 - auto:        picks one of these from free VRAM / RAM, the expert sizes and an activation estimate for the video
-               size (`plan_memory`), also batched vs sequential CFG, and logs the choice and why in one line.
+               size (`plan_memory`), also the CFG mode (batch, layered or sequential), and logs the choice and why
+               in one line.
 
 `make_provider(...)` builds any of them. Nothing here imports ComfyUI.
 """
@@ -34,7 +35,10 @@ _log = logging.getLogger(__name__)
 
 MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
 WEIGHTS = ("nf4", "bf16")
-CFG_MODES = ("auto", "batch", "sequential")
+CFG_MODES = ("auto", "batch", "layered", "sequential")
+# The CFG modes `auto` chooses from, in order of preference (speed): batch (one forward of batch 2), layered (the two
+# passes one after the other inside each block: one extra fp32 residual stream), sequential (two forwards).
+CFG_PREFERENCE = ("batch", "layered", "sequential")
 EXPERT_NAMES = ("high", "low")
 
 GiB = 1024**3
@@ -101,6 +105,7 @@ def estimate_activation_bytes(
     compute_bytes: int = 2,
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
     seq_parallel: int = 1,
+    layered: bool = False,
 ) -> int:
     """Peak device bytes of one DiT forward beyond the weights, from the shapes of wan/dit/blocks.py (batch 1 or 2).
 
@@ -118,13 +123,18 @@ def estimate_activation_bytes(
     seq_parallel N (parallel/ulysses.py): the rank holds n = L/N tokens; the per-token work scales with n, the
     attention phase holds q/k/v of its tokens, their all-to-all copies (all tokens, H/N heads: as many bytes), the
     output and the all-to-all buffer (7 c d B per local token); the inputs (latents, control tensor) stay whole.
+    layered (layered CFG, cfg_batch False): sequential + the second sample's fp32 residual stream (4 d per local
+    token: 0.65 GB at 464x832x81) + its text context; every phase's temporaries are one sample's, as sequential.
     """
+    if layered and cfg_batch:
+        raise ValueError("layered CFG runs batch-1 phases: pass cfg_batch=False with layered=True")
     tokens = token_count(frames, height, width)
     local = -(-tokens // max(1, int(seq_parallel)))
     b = 2 if cfg_batch else 1
     d, f, c = cfg.dim, cfg.ffn_dim, compute_bytes
     cells = 4  # latent cells per token (2x2 patch)
-    per_local = b * 4 * d  # the fp32 residual stream of this rank's tokens
+    streams = 2 if (cfg_batch or layered) else 1
+    per_local = streams * 4 * d  # the fp32 residual stream(s) of this rank's tokens
     whole = 4 * cfg.head_dim + cells * 4 * (16 * 8 + 20)  # RoPE tables, latents, the sampler's state
     if camera:
         per_local += c * d  # camera tokens
@@ -134,7 +144,7 @@ def estimate_activation_bytes(
     build_qkv = b * 3 * c * d * local + b * chunk * (8 * d + 2 * c * d)
     per_token_work = b * chunk * (12 * d + 2 * c * f)
     # one-off: text context through text_embedding, [B, 512, d] a few times
-    text = b * cfg.text_len * (cfg.text_dim * 4 + 4 * d * c)
+    text = streams * cfg.text_len * (cfg.text_dim * 4 + 4 * d * c)
     return int(local * per_local + tokens * whole + max(attention, build_qkv, per_token_work) + text)
 
 
@@ -182,11 +192,12 @@ class MemoryPlan:
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
     fits: bool = True
     estimates: dict = field(default_factory=dict)
+    cfg_layered: bool = False  # with cfg_batch False: layered CFG instead of sequential
 
     @property
     def cfg_mode(self) -> str:
-        """What to put in SamplingSettings.cfg_mode."""
-        return "batch" if self.cfg_batch else "sequential"
+        """What to put in SamplingSettings.cfg_mode: batch, layered or sequential."""
+        return "batch" if self.cfg_batch else "layered" if self.cfg_layered else "sequential"
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -223,7 +234,11 @@ def plan_memory(
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK,
     seq_parallel: int = 1,
 ) -> MemoryPlan:
-    """Decide the memory mode (when `mode="auto"`), keep_in_ram, blocks on the GPU and batched vs sequential CFG.
+    """Decide the memory mode (when `mode="auto"`), keep_in_ram, blocks on the GPU and the CFG mode.
+
+    CFG (cfg_mode="auto"): batch if it fits, else layered if it fits, else sequential; with block swap, batch only
+    where it keeps as many blocks on the card as sequential, else the one of layered / sequential that streams
+    fewer blocks per step. A given cfg_mode is kept.
 
     video: (frames, height, width) in pixels. vram_free / ram_free: bytes usable now (see free_vram_bytes,
     available_ram_bytes); vram_free=None means the CPU computes (no device budget: everything fits, and the
@@ -241,36 +256,42 @@ def plan_memory(
     sizes = expert_sizes(cfg, weights, compute_bytes)
     headroom = 0 if vram_free is None else VRAM_HEADROOM  # CUDA workspaces etc.; nothing of the kind on the CPU
     acts = {
-        batch: int(
-            estimate_activation_bytes(frames, height, width, cfg, batch, camera=camera, compute_bytes=compute_bytes,
-                                      token_chunk=token_chunk, seq_parallel=seq_parallel) * ACTIVATION_SAFETY
+        guidance: int(
+            estimate_activation_bytes(frames, height, width, cfg, guidance == "batch", camera=camera,
+                                      compute_bytes=compute_bytes, token_chunk=token_chunk, seq_parallel=seq_parallel,
+                                      layered=guidance == "layered") * ACTIVATION_SAFETY
         )
-        for batch in (False, True)
+        for guidance in CFG_PREFERENCE
     }
-    batch_options = {"auto": (True, False), "batch": (True,), "sequential": (False,)}[cfg_mode]
+    cfg_options = CFG_PREFERENCE if cfg_mode == "auto" else (cfg_mode,)
     size_txt = f"{height}x{width}x{frames}" + (f", 1/{seq_parallel} of the tokens" if seq_parallel > 1 else "")
     estimates = {
         "expert_bytes": sizes.total,
         "block_bytes": sizes.block,
         "base_bytes": sizes.base,
-        "activation_bytes_sequential": acts[False],
-        "activation_bytes_batched": acts[True],
+        "activation_bytes_sequential": acts["sequential"],
+        "activation_bytes_layered": acts["layered"],
+        "activation_bytes_batched": acts["batch"],
         "vram_free": None if vram_free is None else int(vram_free),
         "ram_free": int(ram_free),
         "headroom": headroom,
     }
 
-    def act_label(batch: bool) -> str:
-        return f"activations ({size_txt}, {'batched' if batch else 'sequential'} CFG)"
+    def act_label(guidance: str) -> str:
+        return f"activations ({size_txt}, {'batched' if guidance == 'batch' else guidance} CFG)"
 
-    def fits(weights_bytes: int, batch: bool) -> bool:
-        return vram_free is None or weights_bytes + acts[batch] + headroom <= vram_free
+    def fits(weights_bytes: int, guidance: str) -> bool:
+        return vram_free is None or weights_bytes + acts[guidance] + headroom <= vram_free
 
-    def pick_batch(weights_bytes: int) -> tuple[bool, bool]:
-        for batch in batch_options:
-            if fits(weights_bytes, batch):
-                return batch, True
-        return batch_options[-1], False
+    def pick_cfg(weights_bytes: int) -> tuple[str, bool]:
+        for guidance in cfg_options:
+            if fits(weights_bytes, guidance):
+                return guidance, True
+        return cfg_options[-1], False
+
+    def plan(mode_: str, keep: bool, blocks: Optional[int], guidance: str, reason: str, ok: bool) -> MemoryPlan:
+        return MemoryPlan(mode_, keep, blocks, guidance == "batch", reason, token_chunk, ok, estimates,
+                          cfg_layered=guidance == "layered")
 
     def ram_for_pinned() -> bool:
         return ram_free >= 2 * sizes.total + RAM_RESERVE
@@ -282,67 +303,85 @@ def plan_memory(
             return f"{_gb(ram_free)} RAM free >= 2 x {_gb(sizes.total)} + {_gb(RAM_RESERVE)}: released expert kept in pinned RAM"
         return f"{_gb(ram_free)} RAM free < 2 x {_gb(sizes.total)} + {_gb(RAM_RESERVE)}: released expert dropped, reloaded from disk"
 
-    def block_count(batch: bool) -> int:
+    def block_count(guidance: str) -> int:
         if vram_free is None:
             return sizes.num_blocks
-        spare = vram_free - headroom - acts[batch] - sizes.base - 2 * sizes.block
+        spare = vram_free - headroom - acts[guidance] - sizes.base - 2 * sizes.block
         return max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else sizes.num_blocks))
+
+    def uploads_per_step(guidance: str) -> int:
+        # Blocks streamed to the card per denoising step: sequential runs two forwards, so it streams them twice.
+        resident = blocks_on_gpu if blocks_on_gpu is not None else block_count(guidance)
+        return (sizes.num_blocks - min(resident, sizes.num_blocks)) * (2 if guidance == "sequential" else 1)
 
     chosen = mode
     if mode == "auto":
-        if fits(2 * sizes.total, batch_options[-1]):
+        if fits(2 * sizes.total, cfg_options[-1]):
             chosen = "resident"
-        elif fits(sizes.total, batch_options[-1]):
+        elif fits(sizes.total, cfg_options[-1]):
             chosen = "swap"
         else:
             chosen = "block_swap"
     prefix = "auto: " if mode == "auto" else "requested: "
 
     if chosen == "resident":
-        batch, ok = pick_batch(2 * sizes.total)
-        why = _fits_line([("both experts", 2 * sizes.total), (act_label(batch), acts[batch]), ("headroom", headroom)],
-                         vram_free, "free VRAM")
-        return MemoryPlan("resident", False, None, batch, f"{prefix}resident ({why})", token_chunk, ok, estimates)
+        guidance, ok = pick_cfg(2 * sizes.total)
+        why = _fits_line([("both experts", 2 * sizes.total), (act_label(guidance), acts[guidance]),
+                          ("headroom", headroom)], vram_free, "free VRAM")
+        return plan("resident", False, None, guidance, f"{prefix}resident ({why})", ok)
 
     if chosen == "swap":
-        batch, ok = pick_batch(sizes.total)
+        guidance, ok = pick_cfg(sizes.total)
         auto_keep = keep_in_ram is None
         keep = ram_for_pinned() if auto_keep else bool(keep_in_ram)
-        why = _fits_line([("one expert", sizes.total), (act_label(batch), acts[batch]), ("headroom", headroom)],
-                         vram_free, "free VRAM")
+        why = _fits_line([("one expert", sizes.total), (act_label(guidance), acts[guidance]),
+                          ("headroom", headroom)], vram_free, "free VRAM")
         if mode == "auto":
-            why += f"; both experts would need {_gb(2 * sizes.total + acts[False] + headroom)}"
+            why += f"; both experts would need {_gb(2 * sizes.total + acts['sequential'] + headroom)}"
         name = "swap, keep_in_ram" if keep else "swap"
-        return MemoryPlan("swap", keep, None, batch, f"{prefix}{name} ({why}; {with_ram_note(keep, auto_keep)})",
-                          token_chunk, ok, estimates)
+        return plan("swap", keep, None, guidance, f"{prefix}{name} ({why}; {with_ram_note(keep, auto_keep)})", ok)
 
-    # block swap: as many blocks on the device as fit next to the activations, two ring buffers and the base
-    batch = batch_options[0]
-    if len(batch_options) == 2 and block_count(True) < block_count(False):
-        batch = False  # batched CFG would push blocks off the card: sequential streams twice but keeps more resident
-    n = blocks_on_gpu if blocks_on_gpu is not None else block_count(batch)
+    # block swap: as many blocks on the device as fit next to the activations, two ring buffers and the base.
+    # CFG (auto): batch only where it keeps as many blocks on the card as sequential would; otherwise layered or
+    # sequential, whichever streams fewer blocks per step (layered streams each off-card block once per step,
+    # sequential twice); ties go to the faster mode.
+    guidance = cfg_options[0]
+    cfg_note = ""
+    if len(cfg_options) > 1:
+        if block_count("batch") < block_count("sequential"):
+            layered, sequential = uploads_per_step("layered"), uploads_per_step("sequential")
+            guidance = "layered" if layered <= sequential else "sequential"
+            cfg_note = (f"{guidance} CFG: batched would push blocks off the card; block uploads per step: layered "
+                        f"{layered}, sequential {sequential}")
+    n = blocks_on_gpu if blocks_on_gpu is not None else block_count(guidance)
     n = max(0, min(int(n), sizes.num_blocks))
     on_device = sizes.base + n * sizes.block + (2 * sizes.block if n < sizes.num_blocks else 0)
-    ok = fits(on_device, batch)
-    if not ok and batch and len(batch_options) == 2:
-        batch = False  # nothing to gain from a batch that does not fit
-        ok = fits(on_device, batch)
+    ok = fits(on_device, guidance)
+    if not ok and len(cfg_options) > 1:  # nothing to gain from a CFG mode that does not fit: the next one that does
+        for other in cfg_options[cfg_options.index(guidance) + 1:]:
+            if fits(on_device, other):
+                guidance, ok, cfg_note = other, True, f"{other} CFG: the others do not fit next to {n} blocks"
+                break
+        else:
+            guidance = cfg_options[-1]
     ring = " + 2 ring buffers" if n < sizes.num_blocks else ""
-    why = _fits_line([(f"base + {n}/{sizes.num_blocks} blocks{ring}", on_device), (act_label(batch), acts[batch]),
-                      ("headroom", headroom)], vram_free, "free VRAM")
+    why = _fits_line([(f"base + {n}/{sizes.num_blocks} blocks{ring}", on_device),
+                      (act_label(guidance), acts[guidance]), ("headroom", headroom)], vram_free, "free VRAM")
     host_need = (sizes.num_blocks - n) * sizes.block
     auto_keep = keep_in_ram is None
     keep = (ram_free >= 2 * sizes.total + RAM_RESERVE) if auto_keep else bool(keep_in_ram)
     notes = [f"{sizes.num_blocks - n} blocks ({_gb(host_need)}) stream from pinned RAM"]
+    if cfg_note:
+        notes.append(cfg_note)
     if mode == "auto":
-        notes.insert(0, f"one expert needs {_gb(sizes.total + acts[False] + headroom)}")
+        notes.insert(0, f"one expert needs {_gb(sizes.total + acts['sequential'] + headroom)}")
     if not ok:
         notes.append("WARNING: even this may not fit; reduce frames or size, or close other GPU programs")
     if ram_free < host_need + GiB:
         notes.append(f"WARNING: {_gb(ram_free)} RAM free; the streamed blocks need about {_gb(host_need + GiB)}: close "
                      "other programs, or reduce frames or size so more blocks stay on the GPU")
     name = f"block_swap {n}" + (", keep_in_ram" if keep else "")
-    return MemoryPlan("block_swap", keep, n, batch, f"{prefix}{name} ({why}; {'; '.join(notes)})", token_chunk, ok, estimates)
+    return plan("block_swap", keep, n, guidance, f"{prefix}{name} ({why}; {'; '.join(notes)})", ok)
 
 
 # ---- providers ------------------------------------------------------------------------------------------
@@ -618,7 +657,7 @@ def make_provider(
     """Build the ExpertProvider for a memory mode ("auto", "resident", "swap", "swap_pinned", "block_swap").
 
     video: (frames, height, width) of the generation; needed by "auto" and by "block_swap" without
-    blocks_on_gpu, and used to decide batched vs sequential CFG (`provider.plan.cfg_mode`, to pass to
+    blocks_on_gpu, and used to decide the CFG mode, batch / layered / sequential (`provider.plan.cfg_mode`, to pass to
     SamplingSettings when the user chose "auto"). keep_in_ram: None = decide from free RAM (swap, block_swap).
     prepare: called with every expert placed on the device (e.g. `speed.options.apply_speed`).
     vram_free / ram_free: override the measured free memory (tests, simulated cards).
@@ -649,8 +688,8 @@ def make_provider(
     else:
         name = "swap" if mode == "swap_pinned" else mode
         keep = True if mode == "swap_pinned" else bool(keep_in_ram)
-        batch = cfg_mode == "batch"
-        plan = MemoryPlan(name, keep, blocks_on_gpu, batch, f"requested: {name}", token_chunk)
+        plan = MemoryPlan(name, keep, blocks_on_gpu, cfg_mode == "batch", f"requested: {name}", token_chunk,
+                          cfg_layered=cfg_mode == "layered")
     _as_log(log)(f"memory plan: {plan.reason}")
 
     common = dict(paths={"high": high_path, "low": low_path}, device=device, weights=weights,

@@ -10,7 +10,7 @@ config, the VRAM ComfyUI could make free and the host RAM:
 - swap: each expert is released right after its phase, dropped or (keep_in_ram, "swap_pinned") parked in
   pinned RAM for a fast switch back;
 - block_swap: one expert at a time with only N blocks on the GPU, the rest streamed from pinned RAM;
-- auto: the planner picks one of these and batched vs sequential CFG, and logs why.
+- auto: the planner picks one of these and the CFG mode (batch, layered or sequential), and logs why.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def plan_for(experts: ExpertPair, video: tuple[int, int, int], cfg_mode: str, ca
 
 
 def activation_bytes(plan: MemoryPlan) -> int:
-    key = "activation_bytes_batched" if plan.cfg_batch else "activation_bytes_sequential"
+    key = f"activation_bytes_{'batched' if plan.cfg_batch else plan.cfg_mode}"
     return int(plan.estimates.get(key, 0))
 
 

@@ -10,7 +10,7 @@ from ..wan.control.act_control import act_condition
 from ..wan.control.camera import camera_condition
 from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
 from ..wan.dit.model import pad_context
-from ..wan.sampling.sampler import Cancelled, SamplingSettings, make_noise, sample
+from ..wan.sampling.sampler import CFG_MODES, Cancelled, SamplingSettings, make_noise, sample
 from . import cfg_parallel as cfg_parallel_mod
 from .conditioning import text_from_conditioning
 from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
@@ -20,7 +20,6 @@ from .payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, Came
 log = logging.getLogger(__name__)
 
 SOLVERS = ("unipc", "dpm++")
-CFG_MODES = ("auto", "batch", "sequential")
 NOISE_SOURCES = ("cpu", "cuda")
 CFG_PARALLEL = cfg_parallel_mod.CHOICES
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
@@ -146,8 +145,10 @@ class LingBotSampler:
                 "solver": (list(SOLVERS), {"default": "unipc", "tooltip": (
                     "unipc: the reference's flow UniPC (order 2). dpm++: flow DPM-Solver++.")}),
                 "cfg_mode": (list(CFG_MODES), {"default": "auto", "tooltip": (
-                    "How the prompt and negative passes run: batch (one forward of 2, faster, more VRAM), "
-                    "sequential (two forwards, less VRAM), auto (decide from memory).")}),
+                    "How the prompt and negative passes run: batch (one forward of 2: fastest, most VRAM), "
+                    "layered (one after the other inside each block, sharing the camera layers and each layer's "
+                    "weight preparation and streaming: faster than sequential, the same video, ~0.65 GB more at "
+                    "480p 81 frames), sequential (two forwards, least VRAM), auto (decide from memory).")}),
             },
             "optional": {
                 "camera": (CAMERA, {"tooltip": (
@@ -196,6 +197,8 @@ class LingBotSampler:
         device = mm.get_torch_device()
         second = cfg_parallel_mod.second_device(cfg_parallel, device)  # refused with one line before loading
         if second is not None:
+            if cfg_mode not in ("auto", "sequential"):
+                log.info("LingBot-World: cfg_mode %s does not apply with cfg_parallel: each GPU runs one pass", cfg_mode)
             cfg_mode = "sequential"  # this GPU runs only the prompt pass
         plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, control is not None,
                         vram_comfy_can_free(mm, device), device=device)

@@ -119,10 +119,63 @@ def test_auto_block_swap_counts_the_blocks_that_fit():
     assert 0 < p10.blocks_on_gpu < p12.blocks_on_gpu < 40
     assert f"auto: block_swap {p12.blocks_on_gpu}" in p12.reason and "stream from pinned RAM" in p12.reason
     sizes = expert_sizes(FULL)
-    act = p12.estimates["activation_bytes_batched" if p12.cfg_batch else "activation_bytes_sequential"]
+    act = p12.estimates[f"activation_bytes_{'batched' if p12.cfg_batch else p12.cfg_mode}"]
     used = sizes.base + (p12.blocks_on_gpu + 2) * sizes.block + act + VRAM_HEADROOM
     assert used <= 12 * GiB < used + sizes.block  # exactly as many as fit
     assert p12.fits
+
+
+def test_layered_footprint_is_sequential_plus_one_fp32_residual_stream():
+    seq = estimate_activation_bytes(*V480, FULL, False)
+    lay = estimate_activation_bytes(*V480, FULL, False, layered=True)
+    bat = estimate_activation_bytes(*V480, FULL, True)
+    tokens, d = 31_668, FULL.dim
+    text = FULL.text_len * (FULL.text_dim * 4 + 4 * d * 2)  # the second sample's text context
+    assert lay - seq == tokens * 4 * d + text
+    assert 0.64e9 < tokens * 4 * d < 0.66e9  # "0.65 GB at 464x832x81"
+    assert seq < lay < bat
+    with pytest.raises(ValueError, match="cfg_batch=False"):
+        estimate_activation_bytes(*V480, FULL, True, layered=True)
+
+
+def _resident_budget(cfg_mode):
+    sizes = expert_sizes(FULL)
+    key = {"batch": True, "layered": False, "sequential": False}[cfg_mode]
+    act = int(estimate_activation_bytes(*V480, FULL, key, layered=cfg_mode == "layered") * ACTIVATION_SAFETY)
+    return 2 * sizes.total + act + VRAM_HEADROOM
+
+
+def test_auto_cfg_is_batch_then_layered_then_sequential():
+    p = plan_memory(V480, FULL, _resident_budget("batch"), 64 * GiB)
+    assert p.mode == "resident" and p.cfg_mode == "batch"
+    p = plan_memory(V480, FULL, _resident_budget("batch") - 1, 64 * GiB)
+    assert p.mode == "resident" and p.cfg_mode == "layered" and not p.cfg_batch and p.cfg_layered
+    assert "layered CFG" in p.reason and p.to_json()["cfg_mode"] == "layered"
+    p = plan_memory(V480, FULL, _resident_budget("layered") - 1, 64 * GiB)
+    assert p.mode == "resident" and p.cfg_mode == "sequential" and "sequential CFG" in p.reason
+    assert p.estimates["activation_bytes_layered"] == int(
+        estimate_activation_bytes(*V480, FULL, False, layered=True) * ACTIVATION_SAFETY)
+    # a requested mode is kept (and named in the reason) even where another would be chosen
+    p = plan_memory(V480, FULL, _resident_budget("batch"), 64 * GiB, cfg_mode="layered")
+    assert p.cfg_mode == "layered" and "layered CFG" in p.reason
+
+
+def test_block_swap_prefers_layered_which_streams_each_block_once_per_step():
+    p = plan(12)
+    assert p.mode == "block_swap" and p.cfg_mode == "layered"
+    seq = plan(12, cfg_mode="sequential")
+    assert seq.blocks_on_gpu >= p.blocks_on_gpu  # sequential keeps at least as many blocks...
+    assert 40 - p.blocks_on_gpu <= 2 * (40 - seq.blocks_on_gpu)  # ...but streams the others twice per step
+    assert "block uploads per step: layered" in p.reason
+    # every block fits next to layered activations: no streaming, layered (it shares the FiLM) over sequential
+    sizes = expert_sizes(FULL)
+    lay = int(estimate_activation_bytes(*V480, FULL, False, layered=True) * ACTIVATION_SAFETY)
+    budget = sizes.base + 42 * sizes.block + lay + VRAM_HEADROOM
+    q = plan_memory(V480, FULL, budget, 8 * GiB, mode="block_swap")
+    assert q.blocks_on_gpu == 40 and q.cfg_mode == "layered"
+    # the user's block count: layered streams them once, so it wins when it fits
+    r = plan(12, mode="block_swap", blocks_on_gpu=5)
+    assert r.blocks_on_gpu == 5 and r.cfg_mode == "layered"
 
 
 def test_auto_on_a_tiny_card_warns_and_uses_the_least_memory():

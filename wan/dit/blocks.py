@@ -82,18 +82,26 @@ def token_slices(seq: int, chunk: Optional[int]):
     return [slice(s, min(s + chunk, seq)) for s in range(0, seq, chunk)]
 
 
+# ids of the linears whose weight a `weights_held` is holding now: an inner hold of the same layer (a layered
+# phase holds q/k/v for every sample, SelfAttention.qkv holds them again) must neither reset nor release it.
+_HOLDING: set[int] = set()
+
+
 @contextmanager
 def weights_held(*layers: nn.Module):
     """Quantized linears prepare their compute weight (dequantized NF4, or FP8/INT8) once for all token chunks
-    of a phase instead of once per chunk; plain linears are untouched."""
-    held = [m for m in layers if hasattr(m, "hold_weight")]
+    of a phase (and all samples of a layered forward) instead of once per chunk; plain linears are untouched.
+    Nested holds of the same layer are no-ops: the outermost one releases."""
+    held = [m for m in layers if hasattr(m, "hold_weight") and id(m) not in _HOLDING]
     for m in held:
+        _HOLDING.add(id(m))
         m.hold_weight()
     try:
         yield
     finally:
         for m in held:
             m.release_weight()
+            _HOLDING.discard(id(m))
 
 
 # The FFN's GELU in the first GEMM's epilogue where the linear offers it (NF4Linear.forward_gelu: CUDA, bf16 GEMMs).
@@ -229,12 +237,79 @@ class WanBlock(nn.Module):
         there and its queries attend to the cached past as well; the text K/V are computed once. None = the
         base model's full attention over x.
         """
+        return self.forward_layered([x], [e0], [context], cam, rope, dtype, inplace, kv)[0]
+
+    def forward_layered(
+        self,
+        xs: list[torch.Tensor],
+        e0s: list[torch.Tensor],
+        contexts: list[torch.Tensor],
+        cam: Optional[torch.Tensor],
+        rope: tuple[torch.Tensor, torch.Tensor],
+        dtype: torch.dtype,
+        inplace: bool = False,
+        kv: Optional["LayerKV"] = None,
+    ) -> list[torch.Tensor]:
+        """The block over several samples ("layered" CFG): one residual stream per sample, run one after the other
+        through every phase, while the layer's weights are prepared once per phase for all of them and the camera
+        FiLM's (scale, shift) once per token chunk (the camera tokens are shared). Each GEMM sees the rows of one
+        sample's chunk, as in a forward per sample, so the results are bit-identical to those forwards.
+
+        contexts: one text context per sample (n samples). e0s: one time modulation per sample.
+        xs: one input per sample, or ONE input the caller knows all samples share (same latent, t, y, camera):
+        then everything before the cross-attention (self-attention, FiLM) runs once and its result is copied.
+        `forward` is this with a single sample (of any batch).
+        """
+        n = len(contexts)
+        if len(e0s) != n or len(xs) not in (1, n) or (kv is not None and n != 1):
+            raise ValueError(f"layered block: {len(xs)} inputs, {len(e0s)} time modulations and {n} text contexts "
+                             "(give one of each per sample, or one shared input; a K/V cache takes one sample)")
         ops = self.ops
         # e0 [B, 6, dim] fp32 is one row per sample, broadcast over tokens (spec §2.7).
-        m = (self.modulation.float() + e0).unsqueeze(2)  # [B, 6, 1, dim]
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = m.unbind(1)
-        scale1_a, scale1_f = 1 + scale_a, 1 + scale_f
-        slices = token_slices(x.shape[1], self.token_chunk)
+        mods = [self._modulation(e0) for e0 in e0s]
+        slices = token_slices(xs[0].shape[1], self.token_chunk)
+
+        with weights_held(self.self_attn.q, self.self_attn.k, self.self_attn.v, self.self_attn.o):
+            xs = [self._self_attention_part(x, m, rope, dtype, inplace, kv, slices) for x, m in zip(xs, mods)]
+        if cam is not None:
+            film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
+                           self.cam_shift_layer)
+            with weights_held(*film_layers):
+                for sl in slices:
+                    scale, shift = self.camera_film(cam[:, sl], dtype)
+                    for j, x in enumerate(xs):  # film() turns scale into 1 + scale in place: a copy for all but one
+                        ops.film(x[:, sl], scale if j == len(xs) - 1 else scale.clone(), shift)
+        if len(xs) < n:  # a shared input: the samples part ways at the cross-attention (their texts differ)
+            xs = xs + [xs[0].clone() for _ in range(n - len(xs))]
+
+        if kv is None:
+            with weights_held(self.cross_attn.k, self.cross_attn.v):
+                texts = [self.cross_attn.kv(c, dtype) for c in contexts]
+        else:
+            texts = [kv.text(lambda: self.cross_attn.kv(contexts[0], dtype))]
+        with weights_held(self.cross_attn.q, self.cross_attn.o):
+            for sl in slices:
+                for x, (k_txt, v_txt) in zip(xs, texts):
+                    xn = ops.norm_to(self.norm3, x[:, sl], dtype)
+                    ops.residual(x[:, sl], self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops))
+        del texts
+        with weights_held(self.ffn[0], self.ffn[2]):
+            for sl in slices:
+                for x, (*_, shift_f, scale1_f, gate_f) in zip(xs, mods):
+                    h = linear_gelu(self.ffn[0], ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype), ops)
+                    ops.gated_residual(x[:, sl], self.ffn[2](h), gate_f)
+        return xs
+
+    def _modulation(self, e0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(shift_a, 1 + scale_a, gate_a, shift_f, 1 + scale_f, gate_f), each [B, 1, dim] float32."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
+        return shift_a, 1 + scale_a, gate_a, shift_f, 1 + scale_f, gate_f
+
+    def _self_attention_part(self, x: torch.Tensor, m: tuple, rope: tuple[torch.Tensor, torch.Tensor],
+                             dtype: torch.dtype, inplace: bool, kv: Optional["LayerKV"], slices: list) -> torch.Tensor:
+        """x + gate * o(self_attention(modulated norm1(x))) as a float32 residual stream (spec §2.4 step 6)."""
+        ops = self.ops
+        shift_a, scale1_a, gate_a = m[:3]
 
         def attn_input(sl: slice) -> torch.Tensor:
             return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
@@ -255,25 +330,6 @@ class WanBlock(nn.Module):
         with weights_held(self.self_attn.o):
             for sl in slices:
                 ops.gated_residual(x[:, sl], self.self_attn.o(as_compute(attn[:, sl], dtype)), gate_a)
-        del attn
-        if cam is not None:
-            film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
-                           self.cam_shift_layer)
-            with weights_held(*film_layers):
-                for sl in slices:
-                    ops.film(x[:, sl], *self.camera_film(cam[:, sl], dtype))
-        if kv is None:
-            k_txt, v_txt = self.cross_attn.kv(context, dtype)
-        else:
-            k_txt, v_txt = kv.text(lambda: self.cross_attn.kv(context, dtype))
-        with weights_held(self.cross_attn.q, self.cross_attn.o):
-            for sl in slices:
-                xn = ops.norm_to(self.norm3, x[:, sl], dtype)
-                ops.residual(x[:, sl], self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops))
-        with weights_held(self.ffn[0], self.ffn[2]):
-            for sl in slices:
-                h = linear_gelu(self.ffn[0], ops.modulate(self.norm2, x[:, sl], shift_f, scale1_f, dtype), ops)
-                ops.gated_residual(x[:, sl], self.ffn[2](h), gate_f)
         return x
 
 

@@ -261,6 +261,8 @@ class WanDiT(nn.Module):
         kv_cache: Optional[KVCache] = None,
         start_frame: int = 0,
         cache_final: bool = True,
+        layered: bool = False,
+        shared_input: bool = False,
     ) -> torch.Tensor:
         """Velocity prediction.
 
@@ -273,6 +275,12 @@ class WanDiT(nn.Module):
         `start_frame` of the video (RoPE and cache slots follow it); cache_final says whether the K/V written now
         are the ones later chunks read (the context pass) or will be overwritten (denoising steps). Without a
         cache the model attends over x alone (the base model).
+        layered (the base model's "layered" CFG): the B samples run one after the other inside each block
+        (`WanBlock.forward_layered`): the memory of one sample's forward plus one float32 residual stream per
+        extra sample, each layer's weights prepared once for all samples, the camera FiLM computed once (camera
+        must have batch 1), and results bit-identical to B separate forwards. shared_input (layered only): the
+        caller knows every sample has the same latent, t, y and camera (CFG's cond/uncond pair; only the text
+        differs), so the embeddings and block 0's self-attention and FiLM run once.
         Returns float32 [B, 16, F, H, W].
         """
         dtype = self.dtype_for_compute()
@@ -293,31 +301,50 @@ class WanDiT(nn.Module):
         if any(n % p for n, p in zip(x.shape[2:], self.cfg.patch_size)):
             # The strided patch conv would silently drop the last row/column.
             raise ValueError(f"latent size {tuple(x.shape[2:])} must be divisible by the patch {self.cfg.patch_size}")
+        if layered and kv_cache is not None:
+            raise ValueError("layered=True is the base model's CFG mode; the causal K/V cache path runs one pass")
+        if shared_input and not layered:
+            raise ValueError("shared_input=True needs layered=True")
+        if layered and camera is not None and camera.shape[0] != 1:
+            raise ValueError(f"layered=True shares the camera between the samples: give the camera tensor with "
+                             f"batch 1, not {camera.shape[0]}")
+        # The samples as the blocks see them: the whole batch at once, or (layered) one batch-1 slice each, so
+        # every GEMM has the row count of a single forward.
+        samples = [slice(i, i + 1) for i in range(bsz)] if layered else [slice(None)]
+        inputs = samples[:1] if shared_input else samples
 
         # Input order: noise 16 | mask 4 | image latent 16 (spec §2.4 step 1).
-        h = self.patch_embedding(torch.cat([x, y], dim=1).to(self.patch_embedding.weight.dtype))
-        grid = tuple(h.shape[2:])
-        h = h.flatten(2).transpose(1, 2).to(dtype)  # [B, L, dim]
+        hs = [self.patch_embedding(torch.cat([x[s], y[s]], dim=1).to(self.patch_embedding.weight.dtype))
+              for s in inputs]
+        grid = tuple(hs[0].shape[2:])
+        hs = [h.flatten(2).transpose(1, 2).to(dtype) for h in hs]  # [B, L, dim]
 
-        e, e0 = self.time_modulation(t)
-        ctx = None
+        mod = [self.time_modulation(t[s]) for s in inputs]
+        es = [m[0] for m in mod] * (len(samples) // len(inputs))
+        e0s = [m[1] for m in mod] * (len(samples) // len(inputs))
+        del mod
+        ctxs = [None] * len(samples)
         if kv_cache is None or not kv_cache.text_ready:  # a cache holding every layer's text K/V needs no context
             ctx = pad_context(context, self.cfg.text_len).to(x.device)
             _check_batch("text context", ctx.shape[0], bsz)
             if ctx.shape[-1] != self.cfg.text_dim:
                 raise ValueError(f"text embeddings are {ctx.shape[-1]} wide; the DiT takes {self.cfg.text_dim} (umT5-XXL)")
-            ctx = self.text_embedding(as_compute(ctx, dtype))
-            if ctx.shape[0] != bsz:
-                ctx = ctx.expand(bsz, -1, -1)
+            if layered:  # each sample's text through the embedding alone, as in its own forward
+                ctx = ctx.expand(bsz, -1, -1) if ctx.shape[0] != bsz else ctx
+                ctxs = [self.text_embedding(as_compute(ctx[s], dtype)) for s in samples]
+            else:
+                ctx = self.text_embedding(as_compute(ctx, dtype))
+                ctxs = [ctx.expand(bsz, -1, -1) if ctx.shape[0] != bsz else ctx]
+                del ctx
 
         cam = None
         if camera is not None:
             _check_batch("camera tensor", camera.shape[0], bsz)
             cam = self.camera_tokens(camera.to(x.device), dtype)
-            if cam.shape[1] != h.shape[1]:
+            if cam.shape[1] != hs[0].shape[1]:
                 raise ValueError(
                     f"camera tensor {tuple(camera.shape)} gives {cam.shape[1]} tokens but the latent has "
-                    f"{h.shape[1]}; build it for the same frames and size"
+                    f"{hs[0].shape[1]}; build it for the same frames and size"
                 )
         rope = self.rope.get(grid, x.device, frame_offset=start_frame)
         if kv_cache is not None:
@@ -326,19 +353,21 @@ class WanDiT(nn.Module):
             if kv_cache.batch != bsz or kv_cache.num_layers != len(self.blocks):
                 raise ValueError(f"K/V cache for batch {kv_cache.batch} and {kv_cache.num_layers} layers cannot serve "
                                  f"batch {bsz} on a model with {len(self.blocks)} blocks")
-            kv_cache.begin(start_frame * grid[1] * grid[2], h.shape[1], final=cache_final)
+            kv_cache.begin(start_frame * grid[1] * grid[2], hs[0].shape[1], final=cache_final)
         elif start_frame:
             raise ValueError("start_frame needs a kv_cache (it places a chunk inside a longer video)")
         sp = self.seq_parallel
         if sp is not None:  # this rank's share of the tokens (the cache above counts the whole chunk)
-            h, cam, rope = sp.scatter(h, cam, rope)
+            split = [sp.scatter(h, cam, rope) for h in hs]
+            hs, cam, rope = [p[0] for p in split], split[0][1], split[0][2]
+            del split
 
         try:
             for i, block in enumerate(self.blocks):
                 if self.before_block is not None:
                     self.before_block(i)
-                h = block(h, e0, ctx, cam, rope, dtype, inplace=True,
-                          kv=None if kv_cache is None else kv_cache.layer(i))
+                hs = block.forward_layered(hs, e0s, ctxs, cam, rope, dtype, inplace=True,
+                                           kv=None if kv_cache is None else kv_cache.layer(i))
                 if self.after_block is not None:
                     self.after_block(i)
         except BaseException:
@@ -349,9 +378,13 @@ class WanDiT(nn.Module):
             kv_cache.end()
 
         chunk = self.blocks[0].token_chunk if len(self.blocks) else None
-        out = self.head(h, e, chunk, self.token_ops)  # [B, L, 64] fp32
-        if sp is not None:
-            out = sp.gather(out)
+        outs = []
+        for j in range(len(hs)):
+            out = self.head(hs[j], es[j], chunk, self.token_ops)  # [B, L, 64] fp32
+            hs[j] = None  # this sample's residual stream is done
+            outs.append(out if sp is None else sp.gather(out))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        del outs
         f, hh, ww = grid
         pt, ph, pw = self.cfg.patch_size
         return rearrange(

@@ -6,6 +6,7 @@ so ComfyUI's model management (nodes/) and plain policies (CLI) can both drive i
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
@@ -19,6 +20,7 @@ from .schedulers import make_scheduler
 log = logging.getLogger(__name__)
 
 EXPERTS = ("high", "low")
+CFG_MODES = ("auto", "batch", "layered", "sequential")
 
 
 class ExpertProvider(Protocol):
@@ -45,7 +47,9 @@ class SamplingSettings:
     guide_high: float = 5.0
     guide_low: float = 5.0
     solver: str = "unipc"
-    cfg_mode: str = "auto"  # "batch" (cond+uncond as one batch of 2), "sequential", "auto"
+    # "batch" (cond+uncond as one batch of 2), "layered" (one after the other inside each block, sharing the camera
+    # FiLM and each layer's weight preparation), "sequential" (two forwards), "auto" (the memory planner's choice)
+    cfg_mode: str = "auto"
     num_train_timesteps: int = 1000
 
     def validate(self) -> None:
@@ -53,8 +57,8 @@ class SamplingSettings:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if not 0.0 < self.boundary <= 1.0:
             raise ValueError(f"boundary must be in (0, 1], got {self.boundary}")
-        if self.cfg_mode not in ("auto", "batch", "sequential"):
-            raise ValueError(f"cfg_mode must be auto, batch or sequential, got {self.cfg_mode!r}")
+        if self.cfg_mode not in CFG_MODES:
+            raise ValueError(f"cfg_mode must be one of {', '.join(CFG_MODES)}; got {self.cfg_mode!r}")
 
 
 @dataclass
@@ -99,12 +103,22 @@ def _model_velocity(
     guide: float,
     batched: bool,
     cancel: Callable[[], None],
+    layered: bool = False,
 ) -> torch.Tensor:
-    """CFG velocity `uncond + g * (cond - uncond)` in float32."""
+    """CFG velocity `uncond + g * (cond - uncond)` in float32.
+
+    batched: one forward of batch 2; layered: one forward whose two samples go one after the other inside each
+    block (`WanDiT.forward(layered=True)`, bit-identical to the two forwards of sequential); else two forwards.
+    """
     if guide == 1.0:  # uncond has no effect: skip its forward (exact)
         cancel()
         return model(x, t, ctx_pos, y, camera=camera).float()
-    if batched:
+    if layered:
+        cancel()  # x, t, y and camera are the same for both passes: the model may share what they alone decide
+        both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera,
+                     layered=True, shared_input=True)
+        cond, uncond = both.float().chunk(2)
+    elif batched:
         cancel()
         both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera)
         cond, uncond = both.float().chunk(2)
@@ -133,7 +147,8 @@ def sample(
 
     context / negative_context: [1, 512, text_dim] (already zero-padded, see `wan.dit.pad_context`).
     cancel_check: called before every model call; returning True (or raising) stops the run.
-    velocity: how a step's CFG velocity is computed (default: both passes here, batched or one after the other);
+    velocity: how a step's CFG velocity is computed (default: both passes here, batched, layered or one after the
+    other);
     the parallel layouts pass theirs (parallel/cfg.py: one pass per rank; parallel/local_cfg.py: two devices).
     """
     s = settings or SamplingSettings()
@@ -149,7 +164,8 @@ def sample(
     y = y.to(device=device, dtype=torch.float32)
     cam = camera.to(device) if camera is not None else None
     batched = s.cfg_mode == "batch"
-    velocity = velocity or _model_velocity
+    if velocity is None:
+        velocity = functools.partial(_model_velocity, layered=s.cfg_mode == "layered")
 
     def cancel() -> None:
         if cancel_check is not None and cancel_check():
