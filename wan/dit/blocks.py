@@ -269,7 +269,10 @@ class WanBlock(nn.Module):
         mods = [self._modulation(e0) for e0 in e0s]
         slices = token_slices(xs[0].shape[1], self.token_chunk)
 
-        with weights_held(self.self_attn.q, self.self_attn.k, self.self_attn.v, self.self_attn.o):
+        # Several samples: q/k/v/o prepared once for all. One: held phase by phase only, so the attention's peak
+        # does not carry four prepared weights (0.2 GB in bf16 at full size).
+        shared = (self.self_attn.q, self.self_attn.k, self.self_attn.v, self.self_attn.o) if len(xs) > 1 else ()
+        with weights_held(*shared):
             xs = [self._self_attention_part(x, m, rope, dtype, inplace, kv, slices) for x, m in zip(xs, mods)]
         if cam is not None:
             film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
