@@ -69,19 +69,25 @@ def quantize_rows(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tenso
     return q, scale
 
 
+def _kernel_or_none(t: torch.Tensor, kind: str) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """quantize_rows(t, kind) where the kernel can run; None where it cannot (or fails to build: then never again)."""
+    if not usable(t):
+        return None
+    try:
+        return quantize_rows(t, kind)
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the torch path serves
+        _give_up(e)
+        return None
+
+
 def preferring_kernel(kind: str, fallback: Callable) -> Callable:
     """A quantizer that runs the Triton kernel where it can and `fallback` (torch, eager or compiled) elsewhere."""
 
     def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if usable(t):
-            try:
-                return quantize_rows(t, kind)
-            except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the torch path serves
-                _give_up(e)
-        return fallback(t)
+        got = _kernel_or_none(t, kind)
+        return got if got is not None else fallback(t)
 
-    quantize.__name__ = f"quantize_rows_{kind}"
-    quantize.__qualname__ = quantize.__name__
+    quantize.__name__ = quantize.__qualname__ = f"quantize_rows_{kind}"
     return quantize
 
 
@@ -89,13 +95,8 @@ def preferring_kernel_weight(kind: str, fallback: Callable) -> Callable:
     """The weight form: (q [N, K], scale [1, N]), the layout `_scaled_mm` / `_int_mm` take."""
 
     def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if usable(w):
-            try:
-                q, scale = quantize_rows(w, kind)
-                return q, scale.view(1, -1)
-            except Exception as e:  # noqa: BLE001 - as above
-                _give_up(e)
-        return fallback(w)
+        got = _kernel_or_none(w, kind)
+        return (got[0], got[1].view(1, -1)) if got is not None else fallback(w)
 
     quantize.__name__ = quantize.__qualname__ = f"quantize_weight_{kind}"
     return quantize

@@ -113,14 +113,11 @@ def _model_velocity(
     if guide == 1.0:  # uncond has no effect: skip its forward (exact)
         cancel()
         return model(x, t, ctx_pos, y, camera=camera).float()
-    if layered:
-        cancel()  # x, t, y and camera are the same for both passes: the model may share what they alone decide
-        both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera,
-                     layered=True, shared_input=True)
-        cond, uncond = both.float().chunk(2)
-    elif batched:
+    if batched or layered:
         cancel()
-        both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera)
+        # layered: x, t, y and camera are the same for both passes, so the model may share what they alone decide
+        extra = {"layered": True, "shared_input": True} if layered else {}
+        both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera, **extra)
         cond, uncond = both.float().chunk(2)
     else:
         cancel()
