@@ -89,6 +89,13 @@ def _block_forward(self, x, e0, context, cam, rope, dtype, inplace=False, kv=Non
     return x
 
 
+def _block_forward_layered(self, xs, e0s, contexts, cam, rope, dtype, inplace=False, kv=None, film=None):
+    # WanDiT.forward calls every block through forward_layered; the old block ran one sample with no caches
+    if len(xs) != 1 or len(contexts) != 1 or film is not None:
+        raise NotImplementedError("the pre-issue-15 block runs one sample without a FiLM cache")
+    return [_block_forward(self, xs[0], e0s[0], contexts[0], cam, rope, dtype, inplace, kv)]
+
+
 def _head_forward(self, x, e, chunk=blocks.DEFAULT_TOKEN_CHUNK, ops=None):
     shift, scale = (self.modulation.float() + e.float().unsqueeze(1)).unsqueeze(2).unbind(1)
     out = torch.empty(*x.shape[:2], self.head.out_features, dtype=torch.float32, device=x.device)
@@ -103,6 +110,7 @@ _PATCHES = [
     (blocks.CrossAttention, "attend", _attend),
     (blocks.WanBlock, "camera_film", _camera_film),
     (blocks.WanBlock, "forward", _block_forward),
+    (blocks.WanBlock, "forward_layered", _block_forward_layered),
     (blocks.Head, "forward", _head_forward),
 ]
 

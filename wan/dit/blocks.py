@@ -18,6 +18,7 @@ from .attention import attention, self_attention
 from ...quant.shared_inputs import quantize_once
 
 if TYPE_CHECKING:
+    from .film_cache import FilmLayer
     from .kv_cache import LayerKV
 
 
@@ -213,12 +214,15 @@ class WanBlock(nn.Module):
         self.seq_parallel = None
 
     def camera_film(self, cam: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scale, shift) of the camera FiLM; independent of x and t."""
+        """(1 + scale, shift) of the camera FiLM, independent of x and t; 1 + scale is rounded to scale's dtype like
+        the reference's bf16 `1 + scale`."""
         cam = as_compute(cam, dtype)
-        g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam), inplace=not torch.is_grad_enabled()))
-        g = g.add_(cam) if not torch.is_grad_enabled() else g + cam
+        inference = not torch.is_grad_enabled()
+        g = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam), inplace=inference))
+        g = g.add_(cam) if inference else g + cam
         with quantize_once():  # FP8/INT8: g is quantized once for scale and shift
-            return self.cam_scale_layer(g), self.cam_shift_layer(g)
+            scale, shift = self.cam_scale_layer(g), self.cam_shift_layer(g)
+        return (scale.add_(1) if inference else 1 + scale), shift
 
     def forward(
         self,
@@ -230,14 +234,17 @@ class WanBlock(nn.Module):
         dtype: torch.dtype,
         inplace: bool = False,
         kv: Optional["LayerKV"] = None,
+        film: Optional["FilmLayer"] = None,
     ) -> torch.Tensor:
         """x [B, L, dim] -> x after the block (float32). inplace=True lets a float32 x be updated in place.
 
         kv: this block's layer of a K/V cache (the causal Fast model): the chunk's keys and values are stored
         there and its queries attend to the cached past as well; the text K/V are computed once. None = the
         base model's full attention over x.
+        film: this block's layer of a camera FiLM cache (wan/dit/film_cache.py): its (1 + scale, shift) are read
+        from there when stored, else computed from `cam` and stored. None = computed from `cam`.
         """
-        return self.forward_layered([x], [e0], [context], cam, rope, dtype, inplace, kv)[0]
+        return self.forward_layered([x], [e0], [context], cam, rope, dtype, inplace, kv, film)[0]
 
     def forward_layered(
         self,
@@ -249,6 +256,7 @@ class WanBlock(nn.Module):
         dtype: torch.dtype,
         inplace: bool = False,
         kv: Optional["LayerKV"] = None,
+        film: Optional["FilmLayer"] = None,
     ) -> list[torch.Tensor]:
         """The block over several samples ("layered" CFG): one residual stream per sample, run one after the other
         through every phase, while the layer's weights are prepared once per phase for all of them and the camera
@@ -274,14 +282,27 @@ class WanBlock(nn.Module):
         shared = (self.self_attn.q, self.self_attn.k, self.self_attn.v, self.self_attn.o) if len(xs) > 1 else ()
         with weights_held(*shared):
             xs = [self._self_attention_part(x, m, rope, dtype, inplace, kv, slices) for x, m in zip(xs, mods)]
-        if cam is not None:
+        if film is not None and film.ready:  # stored by an earlier forward over the same camera
+            scale1, shift = film.read()
+            for sl in slices:
+                for x in xs:
+                    ops.film(x[:, sl], scale1[:, sl], shift[:, sl])
+            del scale1, shift
+            film.done()
+        elif cam is not None:
             film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
                            self.cam_shift_layer)
             with weights_held(*film_layers):
                 for sl in slices:
-                    scale, shift = self.camera_film(cam[:, sl], dtype)
-                    for j, x in enumerate(xs):  # film() turns scale into 1 + scale in place: a copy for all but one
-                        ops.film(x[:, sl], scale if j == len(xs) - 1 else scale.clone(), shift)
+                    scale1, shift = self.camera_film(cam[:, sl], dtype)
+                    if film is not None:
+                        film.write(sl, scale1, shift)
+                    for x in xs:
+                        ops.film(x[:, sl], scale1, shift)
+            if film is not None:
+                film.written()
+        elif film is not None:
+            raise ValueError("a camera FiLM cache without its values needs the camera tokens")
         if len(xs) < n:  # a shared input: the samples part ways at the cross-attention (their texts differ)
             xs = xs + [xs[0].clone() for _ in range(n - len(xs))]
 

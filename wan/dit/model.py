@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .blocks import Head, WanBlock, as_compute, linear_fp32
+from .film_cache import FilmCache
 from .kv_cache import KVCache
 from .rope import RopeCache
 from .token_ops import EAGER, TokenOps
@@ -263,6 +264,7 @@ class WanDiT(nn.Module):
         cache_final: bool = True,
         layered: bool = False,
         shared_input: bool = False,
+        film: Optional[FilmCache] = None,
     ) -> torch.Tensor:
         """Velocity prediction.
 
@@ -281,6 +283,10 @@ class WanDiT(nn.Module):
         must have batch 1), and results bit-identical to B separate forwards. shared_input (layered only): the
         caller knows every sample has the same latent, t, y and camera (CFG's cond/uncond pair; only the text
         differs), so the embeddings and block 0's self-attention and FiLM run once.
+        film: a camera FiLM cache (wan/dit/film_cache.py) for a caller that calls this model again and again over
+        the same camera tensor (the sampler): the blocks it covers store their camera (1 + scale, shift) in the
+        first forward and read them in later ones, bit-identical; once every block reads them the camera tokens
+        are not even computed. Ignored without a camera.
         Returns float32 [B, 16, F, H, W].
         """
         dtype = self.dtype_for_compute()
@@ -338,14 +344,21 @@ class WanDiT(nn.Module):
                 del ctx
 
         cam = None
-        if camera is not None:
+        if camera is None:
+            film = None
+        else:
             _check_batch("camera tensor", camera.shape[0], bsz)
-            cam = self.camera_tokens(camera.to(x.device), dtype)
-            if cam.shape[1] != hs[0].shape[1]:
+            _, p, q = self.cfg.patch_size
+            if camera.dim() != 5 or camera.shape[2] * (camera.shape[3] // p) * (camera.shape[4] // q) != hs[0].shape[1]:
                 raise ValueError(
-                    f"camera tensor {tuple(camera.shape)} gives {cam.shape[1]} tokens but the latent has "
-                    f"{hs[0].shape[1]}; build it for the same frames and size"
+                    f"camera tensor {tuple(camera.shape)} does not give the latent's {hs[0].shape[1]} tokens; build "
+                    "it for the same frames and size"
                 )
+        if film is not None:
+            local = hs[0].shape[1] if self.seq_parallel is None else self.seq_parallel.shard(hs[0].shape[1])[1]
+            film.begin(self, camera, (camera.shape[0], local, self.cfg.dim), dtype, x.device)
+        if camera is not None and (film is None or not film.complete(len(self.blocks))):
+            cam = self.camera_tokens(camera.to(x.device), dtype)
         rope = self.rope.get(grid, x.device, frame_offset=start_frame)
         if kv_cache is not None:
             if start_frame < 0:
@@ -367,7 +380,8 @@ class WanDiT(nn.Module):
                 if self.before_block is not None:
                     self.before_block(i)
                 hs = block.forward_layered(hs, e0s, ctxs, cam, rope, dtype, inplace=True,
-                                           kv=None if kv_cache is None else kv_cache.layer(i))
+                                           kv=None if kv_cache is None else kv_cache.layer(i),
+                                           film=None if film is None else film.layer(i))
                 if self.after_block is not None:
                     self.after_block(i)
         except BaseException:

@@ -71,12 +71,12 @@ def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torc
     return x.addcmul_(y, gate)
 
 
-def film(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Camera FiLM x = (1 + scale) * x + shift in place (spec §3); 1 + scale is rounded to scale's dtype like
-    the reference's bf16 `1 + scale`."""
-    if torch.compiler.is_compiling() or not _no_grad_needed(x, scale, shift):
-        return x.copy_(torch.addcmul(shift, x, 1 + scale))  # compiled: one kernel writing x in place
-    return torch.addcmul(shift, x, scale.add_(1), out=x)
+def film(x: torch.Tensor, scale1: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Camera FiLM x = (1 + scale) * x + shift in place (spec §3), given scale1 = 1 + scale (rounded to scale's
+    dtype like the reference's bf16 `1 + scale`: WanBlock.camera_film)."""
+    if torch.compiler.is_compiling() or not _no_grad_needed(x, scale1, shift):
+        return x.copy_(torch.addcmul(shift, x, scale1))  # compiled: one kernel writing x in place
+    return torch.addcmul(shift, x, scale1, out=x)
 
 
 def residual(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -104,26 +104,30 @@ def _model_velocity(
     batched: bool,
     cancel: Callable[[], None],
     layered: bool = False,
+    film=None,
 ) -> torch.Tensor:
     """CFG velocity `uncond + g * (cond - uncond)` in float32.
 
     batched: one forward of batch 2; layered: one forward whose two samples go one after the other inside each
     block (`WanDiT.forward(layered=True)`, bit-identical to the two forwards of sequential); else two forwards.
+    film: a camera FiLM cache (wan/dit/film_cache.py) every call of the run shares.
     """
+    extra = {} if film is None or camera is None else {"film": film}
     if guide == 1.0:  # uncond has no effect: skip its forward (exact)
         cancel()
-        return model(x, t, ctx_pos, y, camera=camera).float()
+        return model(x, t, ctx_pos, y, camera=camera, **extra).float()
     if batched or layered:
         cancel()
         # layered: x, t, y and camera are the same for both passes, so the model may share what they alone decide
-        extra = {"layered": True, "shared_input": True} if layered else {}
+        if layered:
+            extra.update(layered=True, shared_input=True)
         both = model(x.expand(2, *x.shape[1:]), t.expand(2), torch.cat([ctx_pos, ctx_neg]), y, camera=camera, **extra)
         cond, uncond = both.float().chunk(2)
     else:
         cancel()
-        cond = model(x, t, ctx_pos, y, camera=camera).float()
+        cond = model(x, t, ctx_pos, y, camera=camera, **extra).float()
         cancel()
-        uncond = model(x, t, ctx_neg, y, camera=camera).float()
+        uncond = model(x, t, ctx_neg, y, camera=camera, **extra).float()
     return uncond + guide * (cond - uncond)
 
 
@@ -139,6 +143,7 @@ def sample(
     callback: Optional[Callable[[StepInfo], None]] = None,
     cancel_check: Optional[Callable[[], bool]] = None,
     velocity: Optional[VelocityFn] = None,
+    camera_cache=None,
 ) -> torch.Tensor:
     """Run the whole denoising loop; returns the final latent [1, 16, F, H, W] float32 (normalised space).
 
@@ -147,6 +152,8 @@ def sample(
     velocity: how a step's CFG velocity is computed (default: both passes here, batched, layered or one after the
     other);
     the parallel layouts pass theirs (parallel/cfg.py: one pass per rank; parallel/local_cfg.py: two devices).
+    camera_cache: a camera FiLM cache (wan.dit.film_cache.FilmCache; the caller makes and closes it) for the
+    default velocity: each expert computes its camera FiLM in its first call and reads it in every later one.
     """
     s = settings or SamplingSettings()
     s.validate()
@@ -162,7 +169,9 @@ def sample(
     cam = camera.to(device) if camera is not None else None
     batched = s.cfg_mode == "batch"
     if velocity is None:
-        velocity = functools.partial(_model_velocity, layered=s.cfg_mode == "layered")
+        velocity = functools.partial(_model_velocity, layered=s.cfg_mode == "layered", film=camera_cache)
+    elif camera_cache is not None:
+        raise ValueError("camera_cache serves the built-in velocity; a custom velocity passes its own cache")
 
     def cancel() -> None:
         if cancel_check is not None and cancel_check():
