@@ -38,7 +38,8 @@ def add_arguments(p) -> None:
                         "4 steps per chunk of 3 latent frames, no CFG (needs lingbot_world_fast/ in --ckpt-dir)")
     g = p.add_argument_group(
         "fast model (--model fast)",
-        "--steps, --guide-scale, --boundary, --solver, --cfg-mode, --memory-mode and --negative-prompt do not apply: "
+        "--steps, --guide-scale, --boundary, --solver, --cfg-mode, --memory-mode, --camera-cache and --negative-prompt "
+        "do not apply: "
         "the Fast model always runs its 4 distilled steps per chunk without guidance.")
     g.add_argument("--fast-model", type=Path, default=None,
                    help="override: the Fast model folder/file (default: lingbot_world_fast_bnb_nf4/ or "
@@ -296,7 +297,8 @@ def _warn_base_only_flags(args) -> None:
     ignored = [flag for flag, value, default in (
         ("--steps", args.steps, None), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
         ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
-        ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None))
+        ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None),
+        ("--camera-cache", args.camera_cache, "auto"))
         if value != default]
     if ignored:
         log.warning("--model fast ignores %s (4 distilled steps per chunk, no guidance)", ", ".join(ignored))

@@ -19,6 +19,7 @@ from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
 from .speed_flags import add_speed_args, report_compile
 from .video_out import write_video
+from ..memory.camera_cache import CAMERA_CACHE_CHOICES
 from ..wan.sampling.sampler import CFG_MODES
 
 log = logging.getLogger("lingbot_world.generate")
@@ -99,6 +100,11 @@ def add_parser(sub) -> None:
     dev.add_argument("--cache-dir", type=Path, default=None,
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
     dev.add_argument("--vae-tiled", action="store_true", help="tile VAE encode/decode (bounded VRAM)")
+    dev.add_argument("--camera-cache", choices=CAMERA_CACHE_CHOICES, default="auto",
+                     help="the camera layers' output is the same at every step: host = keep every block's in pinned "
+                          "RAM (26 GB at 480p 81 frames), streamed one block ahead (one block on the GPU); device = "
+                          "keep it on the GPU; auto = host for as many blocks as free RAM allows; off = compute it at "
+                          "every forward (the same video either way)")
     dev.add_argument("--overlap", choices=("auto", "off"), default="auto",
                      help="auto: the start-up runs side by side where memory allows (the heavy imports, the text "
                           "encoder, the image's VAE encode, the Fast model's load, the K/V cache's host memory); "
@@ -235,14 +241,18 @@ def _generate(args, session, stats: RunStats) -> int:
     batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
     settings.cfg_mode = parallel_flags.sampling_cfg_mode(cfg_mode, session.parallel, velocity is not None,
                                                          provider.plan.cfg_mode, batch)
+    camera_cache = _camera_cache(args, files, device, (frames, height, width), camera is not None and velocity is None,
+                                 settings, provider.plan, session)
     bar = ProgressLine(settings.steps, enabled=not args.quiet)
     try:
         with torch.inference_mode():
             latent = sample(
                 provider, noise, pad_context([pos], 512).to(device), pad_context([neg], 512).to(device), y,
-                camera, settings, device=device, callback=bar.update, velocity=velocity,
+                camera, settings, device=device, callback=bar.update, velocity=velocity, camera_cache=camera_cache,
             )
     finally:
+        if camera_cache is not None:
+            camera_cache.close()
         bar.close()
         close = getattr(provider, "close", None)
         if close is not None:
@@ -281,6 +291,22 @@ def _provider(args, files, device, frames, height, width, with_camera: bool, spe
         video=(frames, height, width), cfg_mode=cfg_mode or args.cfg_mode, camera=with_camera, log=log,
         loader=loader, prepare=prepare_model, seq_parallel=1 if session is None else session.sp_degree,
     )
+
+
+def _camera_cache(args, files, device, video, with_camera: bool, settings, plan, session):
+    """The camera FiLM cache the memory plan leaves room for (memory/camera_cache.py), logged in one line."""
+    from ..memory.camera_cache import plan_camera_cache
+    from ..memory.placement import available_ram_bytes, read_expert_config
+    from ..quant.nf4_format import default_compute_dtype
+
+    cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
+    passes = 2 if settings.cfg_mode == "sequential" else 1
+    cache_plan = plan_camera_cache(
+        args.camera_cache, video, read_expert_config(files.high), camera=with_camera, forwards=settings.steps * passes,
+        ram_free=available_ram_bytes(), memory_plan=plan, vram_free=plan.estimates.get("vram_free") if plan else None,
+        compute_bytes=torch.empty(0, dtype=cdt).element_size(), seq_parallel=1 if session is None else session.sp_degree)
+    log.info("camera cache: %s", cache_plan.reason)
+    return cache_plan.make(device)
 
 
 def _empty_cache(device: torch.device) -> None:

@@ -166,3 +166,43 @@ def test_cache_without_camera_is_ignored_and_bad_places_refused(setup):
     with pytest.raises(ValueError, match="custom velocity"):
         sample(ResidentExperts(model, model), make_noise((1, 16, F, H, W), 1), pos, neg, y, cam,
                SamplingSettings(steps=1), velocity=lambda *a: a[1], camera_cache=cache)
+
+
+# ---- an NF4 expert in bf16 (the real formats): CPU here, CUDA (side-stream copies, pinned memory) on a GPU ----------
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                             reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize("mode", ["sequential", "layered"])
+def test_nf4_bf16_sampling_with_host_cache_equals_without(tmp_path, device, mode):
+    from lingbot_world.loaders.expert_loader import load_expert
+    from lingbot_world.loaders.nf4_writer import random_expert_state, write_official_expert
+
+    cfg = DiTConfig.tiny(dim=128, ffn_dim=256, num_heads=2, num_layers=3)
+    experts = []
+    for seed in (4, 5):
+        path = tmp_path / str(seed)
+        write_official_expert(random_expert_state(cfg, "cpu", seed=seed, dtype=torch.bfloat16), cfg, path,
+                              dtype=torch.bfloat16)
+        experts.append(load_expert(path, device=device, mode="nf4", compute_dtype=torch.bfloat16))
+    for m in experts:
+        m.set_token_chunk(5)
+    g = torch.Generator().manual_seed(2)
+    pos, neg = (pad_context([torch.randn(n, cfg.text_dim, generator=g)], cfg.text_len).to(device) for n in (4, 8))
+    y = torch.randn(1, 20, F, H, W, generator=g).to(device)
+    cam = torch.randn(1, 384, F, H, W, generator=g).to(device)
+    noise = make_noise((1, 16, F, H, W), 9)
+    settings = SamplingSettings(steps=5, boundary=0.9, cfg_mode=mode)
+    store = HostFilmStore(device)
+    cache = FilmCache(host_blocks=range(3), host_store=store)
+    with torch.inference_mode():
+        ref = sample(ResidentExperts(*experts), noise, pos, neg, y, cam, settings, device=device)
+        try:
+            got = sample(ResidentExperts(*experts), noise, pos, neg, y, cam, settings, device=device,
+                         camera_cache=cache)
+        finally:
+            uploads = store.uploads
+            cache.close()
+    assert torch.isfinite(got).all() and torch.equal(got, ref)
+    forwards = 5 * (1 if mode == "layered" else 2)
+    assert uploads == 3 * (forwards - 2)  # every block of every forward but each expert's first
+    assert store.host_bytes == 0
