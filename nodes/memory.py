@@ -52,6 +52,22 @@ def plan_for(experts: ExpertPair, video: tuple[int, int, int], cfg_mode: str, ca
                        compute_bytes=compute_bytes_for(device, experts.weights))
 
 
+def camera_cache_for(choice: str, experts: ExpertPair, video: tuple[int, int, int], camera: bool, steps: int,
+                     cfg_mode: str, plan: MemoryPlan, device=None):
+    """The camera FiLM cache for this run (memory/camera_cache.py), planned next to the memory plan; None = off."""
+    import torch
+
+    from ..memory.camera_cache import plan_camera_cache
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    cache_plan = plan_camera_cache(
+        choice, video, experts.formats["high"].config, camera=camera,
+        forwards=steps * (2 if cfg_mode == "sequential" else 1), ram_free=available_ram_bytes(), memory_plan=plan,
+        vram_free=plan.estimates.get("vram_free"), compute_bytes=compute_bytes_for(device, experts.weights))
+    log.info("LingBot-World camera cache: %s", cache_plan.reason)
+    return cache_plan.make(device)
+
+
 def activation_bytes(plan: MemoryPlan) -> int:
     key = f"activation_bytes_{'batched' if plan.cfg_batch else plan.cfg_mode}"
     return int(plan.estimates.get(key, 0))

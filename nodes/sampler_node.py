@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..memory.camera_cache import CAMERA_CACHE_CHOICES
 from ..wan.control.act_control import act_condition
 from ..wan.control.camera import camera_condition
 from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
@@ -13,7 +14,7 @@ from ..wan.dit.model import pad_context
 from ..wan.sampling.sampler import CFG_MODES, Cancelled, SamplingSettings, make_noise, sample
 from . import cfg_parallel as cfg_parallel_mod
 from .conditioning import text_from_conditioning
-from .memory import ComfyExpertProvider, plan_for, vram_comfy_can_free
+from .memory import ComfyExpertProvider, camera_cache_for, plan_for, vram_comfy_can_free
 from .payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair, I2VCondition,
                        TextEmbeds)
 
@@ -162,6 +163,11 @@ class LingBotSampler:
                     "prompt pass, nearly halving the time per step. That GPU holds its own copy of the current expert "
                     "(9.6 GB NF4, placed for its free VRAM) plus one pass's activations, loaded for the run and "
                     "freed when it ends. auto: the other GPU with the most free memory. off: one GPU.")}),
+                "camera_cache": (list(CAMERA_CACHE_CHOICES), {"default": "auto", "tooltip": (
+                    "The camera layers give the same values at every step: keep them instead of recomputing them "
+                    "(about 12 % faster per step, the same video). host: every block's in pinned RAM (26 GB at 480p "
+                    "81 frames), streamed to the GPU one block at a time (+0.3 GB VRAM). device: on the GPU (big "
+                    "cards only). auto: host, for as many blocks as free RAM allows. off: recompute.")}),
                 "text": (TEXT, {"tooltip": "From LingBot Text Encode (or connect native positive + negative instead)"}),
                 "positive": ("CONDITIONING", {"tooltip": (
                     "Native prompt conditioning instead of 'text': CLIPTextEncode with umT5-XXL (CLIPLoader type "
@@ -182,13 +188,14 @@ class LingBotSampler:
                steps: int = 70, shift: float = 10.0, boundary: float = 0.947, guide_high: float = 5.0,
                guide_low: float = 5.0, seed: int = 42, noise_source: str = "cpu", solver: str = "unipc",
                cfg_mode: str = "auto", camera: Optional[CameraInput] = None, act: Optional[ActInput] = None,
-               positive=None, negative=None, cfg_parallel: str = "off"):
+               positive=None, negative=None, cfg_parallel: str = "off", camera_cache: str = "auto"):
         import comfy.model_management as mm
 
         from .progress import SamplingProgress, load_progress, show_on_node
 
         for value, allowed, what in ((solver, SOLVERS, "solver"), (cfg_mode, CFG_MODES, "cfg_mode"),
-                                     (noise_source, NOISE_SOURCES, "noise_source")):
+                                     (noise_source, NOISE_SOURCES, "noise_source"),
+                                     (camera_cache, CAMERA_CACHE_CHOICES, "camera_cache")):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         text = text_input(text, positive, negative, experts)
@@ -218,17 +225,22 @@ class LingBotSampler:
             provider = cfg_parallel_mod.two_device_provider(provider, experts, second,
                                                             (i2v.frames, i2v.height, i2v.width), control is not None)
             velocity = provider.velocity
+        film = camera_cache_for(camera_cache, experts, (i2v.frames, i2v.height, i2v.width),
+                                control is not None and velocity is None, settings.steps, settings.cfg_mode, plan,
+                                device)
         progress = SamplingProgress(settings.steps, device)
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",
                  i2v.width, i2v.height, i2v.frames, settings.steps, settings.cfg_mode,
                  camera.label if camera is not None else f"act {act.label}" if act is not None else "none")
         try:
             x = sample(provider, noise, ctx, neg, i2v.y, camera=control, settings=settings, device=device,
-                       callback=progress, cancel_check=mm.processing_interrupted, velocity=velocity)
+                       callback=progress, cancel_check=mm.processing_interrupted, velocity=velocity, camera_cache=film)
         except Cancelled:
             mm.throw_exception_if_processing_interrupted()
             raise mm.InterruptProcessingException()
         finally:
+            if film is not None:
+                film.close()  # its host and device memory go with the run, finished or cancelled
             if velocity is not None:
                 provider.close()  # the second GPU's experts go now (ComfyUI does not manage them)
         progress.finish(settings.steps)

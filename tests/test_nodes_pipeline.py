@@ -532,3 +532,37 @@ def test_comfyui_memory_budget_becomes_block_swap(comfy):
     assert w.blocks_on_gpu is None
     patcher._place_for_budget(torch.device("cpu"), 1)  # host RAM: ComfyUI does not budget it
     assert w.blocks_on_gpu is None
+
+
+def test_camera_cache_choices_give_the_same_latent_and_free_their_memory(comfy, graph, monkeypatch, caplog):
+    """The sampler node's camera_cache: off, host (a CPU run's "pinned" store), device and auto give the same latent
+    bit for bit; the cache is closed when the run ends, and when it is cancelled."""
+    import comfy.model_management as mm
+
+    from lingbot_world.wan.dit import film_cache
+
+    experts = load_experts("swap")
+    made = []
+    real_init = film_cache.FilmCache.__init__
+
+    def spy(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(film_cache.FilmCache, "__init__", spy)
+    with caplog.at_level("INFO"):
+        ref = run_sampler(experts, graph, camera_cache="off")["samples"]
+    assert not made and "camera cache: off as requested" in caplog.text
+    for choice in ("host", "device", "auto"):
+        got = run_sampler(experts, graph, camera_cache=choice)["samples"]
+        assert torch.equal(got, ref), choice
+        cache = made[-1]
+        assert cache.stats["filled"] > 0 and cache.stats["read"] > 0 and not cache.valid  # used, then closed
+    assert len(made) == 3 and made[0].host_blocks and made[1].device_blocks
+    calls = []
+    monkeypatch.setattr(mm, "processing_interrupted", lambda: len(calls) > 3 or calls.append(1))
+    with pytest.raises(mm.InterruptProcessingException):
+        run_sampler(experts, graph, camera_cache="host")
+    assert not made[-1].valid and not made[-1].stores["host"].host
+    with pytest.raises(ValueError, match="camera_cache must be one of"):
+        run_sampler(experts, graph, camera_cache="gpu")
