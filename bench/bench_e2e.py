@@ -160,21 +160,26 @@ def run(args) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
     res = earlier_results(out, args.fresh, "e2e")  # a second call (e.g. base_70 alone) adds its runs
-    res.update(machine=machine_info(), device=device, tiny=args.tiny, prompt=PROMPT, cap_gib=args.cap_gib)
+    res.update(machine=machine_info(), device=device, tiny=args.tiny, prompt=PROMPT, cap_gib=args.cap_gib,
+               camera="example 00's poses" if args.camera else None)
     files = build_files(workdir, args.tiny, device)
     res["files_seconds"] = files.pop("seconds")
     image = Path(__file__).resolve().parents[1] / "assets" / "examples" / "00" / "image.jpg"
     cache = workdir / "text_cache"
     shutil.rmtree(cache, ignore_errors=True)
     video = ["--frames", "17", "--size", "64*112"] if args.tiny else ["--frames", "81", "--size", "480*832"]
+    # example 00's recorded camera: the camera layers run (and the base model's camera cache with them), as in use
+    camera = ["--camera", str(image.parent)] if args.camera else []
     common = ["generate", "--image", str(image), "--prompt", PROMPT, "--t5", str(files["t5"]), "--vae", str(files["vae"]),
-              "--tokenizer", str(files["tokenizer"]), "--cache-dir", str(cache), "--seed", "7", *video]
+              "--tokenizer", str(files["tokenizer"]), "--cache-dir", str(cache), "--seed", "7", *video, *camera]
     if device == "cpu":
         common += ["--device", "cpu"]
     ffmpeg = shutil.which("ffmpeg") is not None or _has_imageio_ffmpeg()
     cap = int((args.cap_gib - args.context_gib) * GiB) if device == "cuda" and args.cap_gib else None
     fast = ["--model", "fast", "--fast-model", str(files["fast"])]
     base = ["--high", str(files["high"]), "--low", str(files["low"])]
+    if args.camera:  # what auto picks for 70 steps, also in the 2- and 4-step runs the slope is taken from
+        base += ["--camera-cache", "host"]
     runs = {  # name: (extra flags, timed?); the untimed ones warm the page cache, the prompt cache and inductor's
         "store_prompt": (fast + ["--frames", "17"], False),
         "fast_cold": (fast + ["--no-text-cache"], True),
@@ -261,6 +266,8 @@ def main(argv=None) -> int:
     p.add_argument("--context-gib", type=float, default=0.5, help="the CUDA context's share of the card")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per CLI run (base_70: give ~590)")
     p.add_argument("--fresh", action="store_true", help="ignore the runs already in --out")
+    p.add_argument("--camera", action="store_true",
+                   help="both models follow example 00's recorded camera (camera layers on; earlier rows ran without)")
     args = p.parse_args(argv)
     if args.child is not None:
         return child_main(json.loads(args.child))

@@ -116,8 +116,8 @@ def plan_camera_cache(
         return off("off (no camera: the camera layers do not run)")
     if choice == "off":
         return off("off as requested (each forward computes the camera layers)")
-    if forwards < 3:
-        return off(f"off ({forwards} model calls: nothing to reuse)")
+    if forwards < 3 and choice == "auto":
+        return off(f"auto: off ({forwards} model calls: nothing to reuse)")
     ram_left = ram_free - RAM_RESERVE - plan_host_bytes(memory_plan)
     device_left = None if vram_free is None else vram_free - plan_device_bytes(memory_plan)
     saving = f"the camera layers run once per expert instead of {forwards} times"
