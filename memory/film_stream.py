@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .pinned import HostBuffer
+from .pinned import HostBuffer, pair_views, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,6 @@ ALLOC_THREADS = 4
 
 class FilmHostMemoryError(RuntimeError):
     """The cache's host memory could not be allocated; the message says how much."""
-
-
-def _halves(flat: torch.Tensor, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    n = 1
-    for s in shape:
-        n *= s
-    half = n * torch.empty(0, dtype=dtype).element_size()
-    return flat[:half].view(dtype).view(shape), flat[half:2 * half].view(dtype).view(shape)
 
 
 class HostFilmStore:
@@ -81,15 +73,12 @@ class HostFilmStore:
                 f"the camera FiLM cache's host memory could not be allocated ({len(blocks)} blocks, "
                 f"{len(blocks) * nbytes / 1e9:.1f} GB: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
                 "free some RAM or run with the camera cache off") from e
-        self.views = {i: _halves(buf.tensor, shape, dtype) for i, buf in self.host.items()}
+        self.views = {i: pair_views(buf.tensor, shape, dtype) for i, buf in self.host.items()}
 
     @staticmethod
     def block_bytes(shape: tuple, dtype: torch.dtype) -> int:
         """Bytes of one of a block's two tensors."""
-        n = 1
-        for s in shape:
-            n *= s
-        return n * torch.empty(0, dtype=dtype).element_size()
+        return tensor_bytes(shape, dtype)
 
     def write(self, i: int, sl: slice, scale1: torch.Tensor, shift: torch.Tensor) -> None:
         host_scale, host_shift = self.views[i]
@@ -131,7 +120,7 @@ class HostFilmStore:
         shape, dtype = self._spec
         if self.staging is None:
             self.staging = torch.empty(2 * self.block_bytes(shape, dtype), dtype=torch.uint8, device=self.device)
-            self._staged = _halves(self.staging, shape, dtype)
+            self._staged = pair_views(self.staging, shape, dtype)
         self.holds = i
         src = self.views[i]
         if self.cuda:

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from ..wan.dit.kv_cache import ForwardPlan, KVCache
 from .block_swap import _Ring
-from .pinned import HostBuffer
+from .pinned import HostBuffer, pair_views, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class _HostLayer:
     def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
         self.cache: Optional[KVCache] = None  # set once the cache exists
         self.slots: Optional[_SlotMap] = None  # shared by every host layer of the cache
-        self.half = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+        self.half = tensor_bytes(shape, dtype)
         self.capacity = shape[1]
         self.buffer = HostBuffer(2 * self.half, pin)
         self.k, self.v = _kv_views(self.buffer.tensor, shape, dtype)
@@ -105,16 +105,7 @@ class _HostLayer:
         self.buffer.close(discard_pages)
 
 
-def _numel(shape: tuple) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _kv_views(flat: torch.Tensor, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    half = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
-    return (flat[:half].view(dtype).view(shape), flat[half:2 * half].view(dtype).view(shape))
+_kv_views = pair_views  # a layer's K and V in one flat buffer
 
 
 class KVHostMemoryError(RuntimeError):
@@ -154,7 +145,7 @@ class HostLayers:
 
     @property
     def nbytes(self) -> int:
-        return len(self.layers) * 2 * _numel(self.shape) * torch.empty(0, dtype=self.dtype).element_size()
+        return len(self.layers) * 2 * tensor_bytes(self.shape, self.dtype)
 
     def matches(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int]) -> bool:
         return (self.shape, self.dtype, self.layers) == (tuple(shape), dtype, tuple(layers))

@@ -106,6 +106,20 @@ def _cuda_ok(rc) -> bool:
 PREFAULT_MIN_BYTES = 16 * 1024**2
 
 
+def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * torch.empty(0, dtype=dtype).element_size()
+
+
+def pair_views(flat: torch.Tensor, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors of `shape` and `dtype` laid one after the other in a flat uint8 buffer (a layer's K and V, a
+    block's FiLM scale and shift): one buffer, so the pair moves with one allocation and one pinning."""
+    half = tensor_bytes(shape, dtype)
+    return flat[:half].view(dtype).view(tuple(shape)), flat[half:2 * half].view(dtype).view(tuple(shape))
+
+
 class HostBuffer:
     """A flat uint8 CPU tensor, page-locked when asked (and CUDA is there) so device copies are asynchronous.
 
