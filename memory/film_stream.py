@@ -55,11 +55,12 @@ class HostFilmStore:
     def prepare(self, blocks: Sequence[int], shape: tuple, dtype: torch.dtype, device) -> None:
         spec = (tuple(shape), dtype)
         self._sync()
-        self.holds, self.order = None, []
-        if spec == self._spec and set(self.host) == set(blocks):
-            return  # same sizes (the other expert of the run): the buffers are reused, their values rewritten
-        self._free_host()
+        self.order = []
+        # The staging buffer goes until a forward reads again: the filling forward has the camera tokens instead
         self._drop_staging()
+        if spec == self._spec and set(self.host) == set(blocks):
+            return  # same sizes (the other expert of the run): the host buffers are reused, their values rewritten
+        self._free_host()
         self._spec = spec
         nbytes = 2 * self.block_bytes(shape, dtype)
         blocks = list(blocks)

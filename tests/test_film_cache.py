@@ -206,3 +206,18 @@ def test_nf4_bf16_sampling_with_host_cache_equals_without(tmp_path, device, mode
     forwards = 5 * (1 if mode == "layered" else 2)
     assert uploads == 3 * (forwards - 2)  # every block of every forward but each expert's first
     assert store.host_bytes == 0
+
+
+def test_the_staging_buffer_is_dropped_when_the_cache_starts_over(setup):
+    """The expert switch: the next expert's filling forward holds the camera tokens, not also a block's values."""
+    cfg, model, other, pos, neg, x, y, cam = setup
+    store = HostFilmStore("cpu")
+    cache = FilmCache(host_blocks=range(LAYERS), host_store=store)
+    with torch.no_grad():
+        model(x, torch.tensor([900]), pos, y, camera=cam, film=cache)
+        model(x, torch.tensor([900]), neg, y, camera=cam, film=cache)
+        assert store.staging is not None
+        buffers = dict(store.host)
+        cache.begin(other, cam, (1, F * H * W // 4, cfg.dim), torch.float32, torch.device("cpu"))
+        assert store.staging is None and store.host == buffers  # host buffers kept for the same sizes
+    cache.close()
