@@ -295,18 +295,15 @@ def _provider(args, files, device, frames, height, width, with_camera: bool, spe
 
 def _camera_cache(args, files, device, video, with_camera: bool, settings, plan, session):
     """The camera FiLM cache the memory plan leaves room for (memory/camera_cache.py), logged in one line."""
-    from ..memory.camera_cache import plan_camera_cache
-    from ..memory.placement import available_ram_bytes, read_expert_config
+    from ..memory.camera_cache import camera_cache_for_run
+    from ..memory.placement import read_expert_config
     from ..quant.nf4_format import default_compute_dtype
 
     cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
-    passes = 2 if settings.cfg_mode == "sequential" else 1
-    cache_plan = plan_camera_cache(
-        args.camera_cache, video, read_expert_config(files.high), camera=with_camera, forwards=settings.steps * passes,
-        ram_free=available_ram_bytes(), memory_plan=plan, vram_free=plan.estimates.get("vram_free") if plan else None,
-        compute_bytes=torch.empty(0, dtype=cdt).element_size(), seq_parallel=1 if session is None else session.sp_degree)
-    log.info("camera cache: %s", cache_plan.reason)
-    return cache_plan.make(device)
+    return camera_cache_for_run(
+        args.camera_cache, video, read_expert_config(files.high), plan, camera=with_camera, steps=settings.steps,
+        cfg_mode=settings.cfg_mode, device=device, compute_bytes=torch.empty(0, dtype=cdt).element_size(),
+        seq_parallel=1 if session is None else session.sp_degree, log=lambda line: log.info("camera cache: %s", line))
 
 
 def _empty_cache(device: torch.device) -> None:

@@ -9,13 +9,13 @@ off where there is no camera or nothing to reuse. `auto` never takes VRAM: the v
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.model import DiTConfig
 from ..wan.sizes import token_count
 from .film_stream import HostFilmStore
-from .placement import RAM_RESERVE, VRAM_HEADROOM, MemoryPlan
+from .placement import RAM_RESERVE, VRAM_HEADROOM, MemoryPlan, available_ram_bytes
 
 CAMERA_CACHE_CHOICES = ("auto", "off", "host", "device")
 
@@ -77,8 +77,7 @@ def plan_device_bytes(plan: Optional[MemoryPlan]) -> int:
         weights = base + (plan.blocks_on_gpu + 2) * block
     else:
         weights = expert
-    acts = int(est.get(f"activation_bytes_{'batched' if plan.cfg_batch else plan.cfg_mode}", 0))
-    return weights + acts + int(est.get("headroom", VRAM_HEADROOM))
+    return weights + plan.activation_bytes + int(est.get("headroom", VRAM_HEADROOM))
 
 
 def _gb(n: float) -> str:
@@ -141,6 +140,20 @@ def plan_camera_cache(
                 "--camera-cache auto (as many blocks as fit) or off")
         return _host_or_off(per, n, ram_left, saving, prefix="")
     return _host_or_off(per, n, ram_left, saving, prefix="auto: ")
+
+
+def camera_cache_for_run(choice: str, video: tuple[int, int, int], cfg: DiTConfig, memory_plan: Optional[MemoryPlan], *,
+                         camera: bool, steps: int, cfg_mode: str, device, compute_bytes: int, seq_parallel: int = 1,
+                         log: Callable[[str], None]) -> Optional[FilmCache]:
+    """Plan the cache of a sampling run (`steps` steps, two model calls each in sequential CFG, one otherwise) from the
+    RAM free now and the memory plan's device budget, log the choice in one line, and make it (None = off)."""
+    cache_plan = plan_camera_cache(
+        choice, video, cfg, camera=camera, forwards=steps * (2 if cfg_mode == "sequential" else 1),
+        ram_free=available_ram_bytes(), memory_plan=memory_plan,
+        vram_free=memory_plan.estimates.get("vram_free") if memory_plan is not None else None,
+        compute_bytes=compute_bytes, seq_parallel=seq_parallel)
+    log(cache_plan.reason)
+    return cache_plan.make(device)
 
 
 def _host_or_off(per: int, n: int, ram_left: int, saving: str, prefix: str) -> CameraCachePlan:

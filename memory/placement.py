@@ -199,6 +199,11 @@ class MemoryPlan:
         """What to put in SamplingSettings.cfg_mode: batch, layered or sequential."""
         return "batch" if self.cfg_batch else "layered" if self.cfg_layered else "sequential"
 
+    @property
+    def activation_bytes(self) -> int:
+        """The planned activations of its CFG mode (0 for a plan made without a video)."""
+        return int(self.estimates.get(f"activation_bytes_{'batched' if self.cfg_batch else self.cfg_mode}", 0))
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["cfg_mode"] = self.cfg_mode

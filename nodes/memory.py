@@ -57,20 +57,17 @@ def camera_cache_for(choice: str, experts: ExpertPair, video: tuple[int, int, in
     """The camera FiLM cache for this run (memory/camera_cache.py), planned next to the memory plan; None = off."""
     import torch
 
-    from ..memory.camera_cache import plan_camera_cache
+    from ..memory.camera_cache import camera_cache_for_run
 
     device = torch.device(device) if device is not None else torch.device("cpu")
-    cache_plan = plan_camera_cache(
-        choice, video, experts.formats["high"].config, camera=camera,
-        forwards=steps * (2 if cfg_mode == "sequential" else 1), ram_free=available_ram_bytes(), memory_plan=plan,
-        vram_free=plan.estimates.get("vram_free"), compute_bytes=compute_bytes_for(device, experts.weights))
-    log.info("LingBot-World camera cache: %s", cache_plan.reason)
-    return cache_plan.make(device)
+    return camera_cache_for_run(choice, video, experts.formats["high"].config, plan, camera=camera, steps=steps,
+                                cfg_mode=cfg_mode, device=device,
+                                compute_bytes=compute_bytes_for(device, experts.weights),
+                                log=lambda line: log.info("LingBot-World camera cache: %s", line))
 
 
 def activation_bytes(plan: MemoryPlan) -> int:
-    key = f"activation_bytes_{'batched' if plan.cfg_batch else plan.cfg_mode}"
-    return int(plan.estimates.get(key, 0))
+    return plan.activation_bytes
 
 
 class ComfyExpertProvider:
