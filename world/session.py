@@ -256,7 +256,7 @@ class WorldSession:
     def run_part(self, part: PartPlan, source: CameraSource, frames: Optional[int] = None, *,
                  on_frames: Optional[Callable[[torch.Tensor], None]] = None, final_context: bool = True,
                  release_cache_after: bool = False, keys: Optional[KeyTimeline] = None,
-                 on_done: Optional[Callable[[FastState], None]] = None) -> torch.Tensor:
+                 on_done: Optional[Callable[[FastState], None]] = None, label: str = "") -> torch.Tensor:
         """Make every chunk of `part` (planned by `plan_part` from `source` and `frames`); returns its latent
         [1, 16, F, h, w] (normalised, on the device).
 
@@ -296,7 +296,7 @@ class WorldSession:
             self._after_interrupt(run)
             raise
         state = finish_part(run, part, self.settings, self.state, context=self.context, prompt=self.prompt,
-                            label=source.label or source.kind)
+                            label=label or source.label or source.kind)
         state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
         self.parts.append(_Part(state, source, frames, part.keys, keys))
         if not final_context:
