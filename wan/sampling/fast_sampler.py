@@ -180,6 +180,9 @@ class FastRun:
     cancel_check() before every model call: True (or raising) stops the run with `Cancelled`.
     final_context: run the last chunk's context pass (it only fills the cache, for a continuation of the video);
     False when nothing will continue it: one model call less, the same latent.
+    fold_context (a draft lever, speed/levers.py; off by default): no context pass; the last denoising call writes
+    the final K/V instead (those of the chunk at the last step's timestep, not of the clean chunk at t = 0). One
+    model call fewer per chunk; later chunks differ.
     """
 
     def __init__(
@@ -200,6 +203,7 @@ class FastRun:
         chunk_frames: int = CHUNK_FRAMES,
         start_chunk: int = 0,
         final_context: bool = True,
+        fold_context: bool = False,
     ):
         if noise is not None and (noise.dim() != 5 or noise.shape[0] != 1):
             raise ValueError(f"noise must be [1, 16, F_lat, h, w], got {tuple(noise.shape)}")
@@ -231,6 +235,7 @@ class FastRun:
         self.chunk_frames = chunk_frames
         self.start_chunk = start_chunk
         self.final_context = final_context
+        self.fold_context = bool(fold_context)
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
@@ -245,7 +250,10 @@ class FastRun:
 
     @property
     def model_calls(self) -> int:
-        """Model calls of the whole run: steps + one context pass per chunk (but the last, without final_context)."""
+        """Model calls of the whole run: steps + one context pass per chunk (but the last, without final_context;
+        none with fold_context)."""
+        if self.fold_context:
+            return self.chunks * self.schedule.steps
         return self.chunks * (self.schedule.steps + 1) - (0 if self.final_context else 1)
 
     def _cancel(self) -> None:
@@ -272,11 +280,13 @@ class FastRun:
         cam = self._slice(self.camera, local)
         ctx = self.context.to(self.device)
         x0 = x
+        writes_context = self.final_context or c + 1 < self.chunks
         with torch.no_grad():
             for i, t_int in enumerate(s.timesteps):
                 self._cancel()
                 t = torch.tensor([t_int], device=self.device, dtype=torch.long)
-                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=False)
+                final = self.fold_context and writes_context and i + 1 == s.steps
+                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=final)
                 x0 = velocity_to_x0(x, v.float(), s.sigma_x0[i])
                 del v
                 if i + 1 < s.steps:
@@ -288,7 +298,7 @@ class FastRun:
                     self.callback(FastStepInfo(index, self.chunks * s.steps, t_int, "fast", x0, c, self.chunks, i,
                                                s.steps))
             # Context pass: the clean chunk at t = 0 writes the K/V later chunks attend to; its output is unused.
-            if self.final_context or c + 1 < self.chunks:
+            if writes_context and not self.fold_context:
                 self._cancel()
                 t0 = torch.zeros(1, device=self.device, dtype=torch.long)
                 self.model(x0, t0, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=True)

@@ -1,0 +1,76 @@
+"""Speed presets (`--speed exact|fast|draft|auto`, issue 26): what each one turns on, as plain data.
+
+    preset = PRESETS["fast"]
+    preset.options       # SpeedOptions (compile, compute, attention), resolved per GPU by resolve_speed
+    preset.levers        # ChunkLevers of the Fast chunk loop (steps, context pass, window)
+
+- exact: the reference numerics: eager bf16 GEMMs and exact attention, the release's chunk schedule.
+- auto: the fastest *exact* path for the card: the per-token work compiled where the compiler runs (within 1e-3 of
+  eager per forward, bf16 rounding in another order), bf16 GEMMs, torch SDPA with the GPU's fastest exact kernel;
+  the release's schedule. This is also what the speed flags give when no preset is named.
+- fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere) and FP8 attention where
+  it pays (Hopper+, nvidia-cudnn-frontend), compiled; the release's schedule. Approximate.
+- draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
+  15-frame window. Changes the video visibly more than fast; for previews and real-time play.
+
+A flag given explicitly (--compile, --compute, --attention) wins over the preset's value for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .levers import ChunkLevers
+from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
+
+PRESET_NAMES = ("exact", "fast", "draft", "auto")
+DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15)
+
+
+@dataclass(frozen=True)
+class SpeedPreset:
+    name: str
+    options: SpeedOptions
+    levers: ChunkLevers
+    exact: bool  # True: nothing beyond bf16 rounding changes the output
+    summary: str
+
+
+PRESETS = {
+    "exact": SpeedPreset("exact", SpeedOptions(compile="off", compute="bf16", attention="sdpa"), ChunkLevers(), True,
+                         "reference numerics: eager, bf16 GEMMs, exact attention"),
+    "auto": SpeedPreset("auto", SpeedOptions(compile="auto", compute="bf16", attention="auto"), ChunkLevers(), True,
+                        "the fastest exact path for this card (compiled per-token work where the compiler runs)"),
+    "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="auto"), ChunkLevers(), False,
+                        "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs and FP8 attention where they run; approximate"),
+    "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="auto"), DRAFT_LEVERS, False,
+                         "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window"),
+}
+FLAG_NAMES = ("compile", "compute", "attention")
+
+
+def preset_options(name: str, explicit: dict | None = None) -> SpeedOptions:
+    """The preset's SpeedOptions with any explicitly chosen flag ({"compute": "bf16"}) put over it."""
+    preset = _get(name)
+    given = {k: v for k, v in (explicit or {}).items() if k in FLAG_NAMES and v is not None}
+    return dataclasses.replace(preset.options, **given)
+
+
+def attach_preset(plan: SpeedPlan, name: str | None) -> SpeedPlan:
+    """The plan with the preset's name and chunk levers recorded (levers only for the Fast model's chunk loop)."""
+    if name is None:
+        return plan
+    preset = _get(name)
+    notes = [f"speed preset {name}: {preset.summary}"] + [f"speed preset {name}: {d}" for d in preset.levers.describe()]
+    return dataclasses.replace(plan, preset=name, levers=preset.levers, notes=notes + list(plan.notes))
+
+
+def resolve_preset(name: str, device, weights: str = "nf4", explicit: dict | None = None) -> SpeedPlan:
+    """resolve_speed of the preset's options (explicit flags over them), with the preset recorded on the plan."""
+    return attach_preset(resolve_speed(preset_options(name, explicit), device, weights=weights), name)
+
+
+def _get(name: str) -> SpeedPreset:
+    if name not in PRESETS:
+        raise SpeedOptionError(f"speed preset {name!r} does not exist; choose one of {', '.join(PRESET_NAMES)}")
+    return PRESETS[name]
