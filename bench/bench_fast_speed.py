@@ -54,9 +54,11 @@ MODULE = __spec__.name if __spec__ is not None else __name__
 WINDOW, SINK = 21, 3
 WARM_CHUNKS = 2
 REFERENCE = "exact"
+FRAMES_REFERENCE = "auto"  # the decode levers change frames, not latents: compared with auto's frames
 CASES: dict[str, dict] = {
     "exact": dict(preset="exact"),  # eager bf16: the reference of every error
-    "auto": dict(preset="auto", compile="blocks"),  # the fastest exact path (compiled even for a 7-chunk video)
+    # the fastest exact path (compiled even for a 7-chunk video); its frames are the reference of the decode levers
+    "auto": dict(preset="auto", compile="blocks", save_frames=True),
     "fast": dict(preset="fast", compile="blocks"),
     "draft": dict(preset="draft", compile="blocks"),
     # each lever alone, on top of the auto preset
@@ -65,6 +67,11 @@ CASES: dict[str, dict] = {
     "steps3": dict(preset="auto", compile="blocks", levers=dict(steps=3)),
     "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
     "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),
+    "auto_overlap": dict(preset="auto", compile="blocks", levers=dict(decode_overlap=True), save_frames=True),
+    "auto_decode_bf16": dict(preset="auto", compile="blocks", levers=dict(decode_bf16=True), save_frames=True),
+    "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True)),
+    "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
+    "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
     "auto_profile": dict(preset="auto", compile="blocks", profile=True),
     "exact_profile": dict(preset="exact", profile=True),
     "fast_profile": dict(preset="fast", compile="blocks", profile=True),
@@ -79,6 +86,7 @@ def child_case(spec: dict) -> dict:
 
     from ..memory.kv_placement import FastPlacement, plan_fast_memory
     from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..speed.decode import ChunkDecoder
     from ..speed.levers import ChunkLevers
     from ..speed.options import apply_speed
     from ..speed.presets import PRESETS, attach_preset, preset_options
@@ -156,17 +164,22 @@ def child_case(spec: dict) -> dict:
         first_call: list = []
         hook = model.register_forward_hook(
             lambda mod, args, result: first_call.append(result.float().cpu()) if not first_call else None)
-        decoder = StreamingDecoder(vae)
+        decoder = ChunkDecoder(StreamingDecoder(vae).decode, device, overlap=levers.decode_overlap,
+                               bf16=levers.decode_bf16)
         marks: list[tuple] = []
         latents: list[torch.Tensor] = []
+        pending: list = []
 
         def on_chunk(index: int, x0: torch.Tensor) -> None:
-            sync(device)
+            latents.append(x0.cpu())  # waits for the chunk's DiT (a copy to the host)
             t_dit = time.perf_counter()
-            decoder.decode(x0)
-            sync(device)
+            pending.append(decoder.submit(x0))
+            if not decoder.overlapped:
+                sync(device)
+            else:  # the frames of the chunk before are due now (the player shows them)
+                if len(pending) > 1:
+                    pending[-2].result()
             marks.append((t_dit, time.perf_counter()))
-            latents.append(x0.cpu())
 
         run = new_run(on_chunk)
         if cuda:
@@ -175,8 +188,14 @@ def child_case(spec: dict) -> dict:
         t_start = time.perf_counter()
         with torch.inference_mode():
             run.run()
+            frames = [p.result() for p in pending]
         sync(device)
         out["video_s"] = round(time.perf_counter() - t_start, 3)
+        out["frames_out"] = sum(f.shape[2] for f in frames)
+        if spec.get("save_frames"):
+            save_file({"frames": torch.cat([f.float().cpu() for f in frames], dim=2)[:, :, ::4].contiguous()},
+                      str(Path(spec["workdir"]) / f"frames_{spec['case']}.safetensors"))
+        del frames
         hook.remove()
         starts = [t_start] + [m[1] for m in marks[:-1]]
         out["chunk_s"] = [round(e - s, 4) for s, (_, e) in zip(starts, marks)]
@@ -197,7 +216,48 @@ def child_case(spec: dict) -> dict:
     return out
 
 
-CHILDREN = {"fast_speed": child_case}
+def child_decode(spec: dict) -> dict:
+    """The streaming decode of a 21-latent-frame video chunk by chunk, alone: float32 (the default), bf16 under
+    autocast, each also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one
+    warm-up video, and each variant's frames against float32's (relative L2)."""
+    from ..wan.vae.model import VAEConfig, WanVAE
+    from ..wan.vae.streaming import StreamingDecoder
+    from ..speed.decode import ChunkDecoder
+
+    device = torch.device(spec["device"])
+    frames, h, w = spec["video"]
+    lat = (frames - 1) // 4 + 1
+    lat -= lat % 3
+    torch.manual_seed(0)
+    with torch.device(device):
+        vae = WanVAE(VAEConfig.tiny() if spec["tiny"] else VAEConfig()).eval().requires_grad_(False)
+    z = torch.randn(1, 16, lat, h // 8, w // 8, generator=torch.Generator().manual_seed(1)).to(device)
+    out: dict = {"latent_frames": lat}
+    ref = None
+    for name, bf16, bench in (("fp32", False, False), ("bf16", True, False), ("fp32_cudnn_benchmark", False, True),
+                              ("bf16_cudnn_benchmark", True, True)):
+        torch.backends.cudnn.benchmark = bench
+        times = []
+        for rep in range(2):  # the first video warms up (and lets the autotuner choose)
+            dec = ChunkDecoder(StreamingDecoder(vae).decode, device, bf16=bf16)
+            got = []
+            for c in range(0, lat, 3):
+                sync(device)
+                t0 = time.perf_counter()
+                got.append(dec.submit(z[:, :, c:c + 3]).result())
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            if rep == 0:
+                times = []
+        video = torch.cat([g[:, :, ::4].float().cpu() for g in got], dim=2)
+        ref = video if ref is None else ref
+        out[name] = {"s_per_chunk": round(sum(times) / len(times), 4), "first_chunk_s": round(times[0], 4),
+                     "error_vs_fp32": round(rel_l2(video, ref), 6)}
+    torch.backends.cudnn.benchmark = False
+    return out
+
+
+CHILDREN = {"fast_speed": child_case, "decode": child_decode}
 
 
 # ---- the parent --------------------------------------------------------------------------------------------------
@@ -214,15 +274,22 @@ def errors_against_reference(workdir: Path, name: str) -> dict:
         return {}
     a, b = load_file(str(mine)), load_file(str(ref))
     la, lb = a["latent"], b["latent"]
-    return {"error_forward": round(rel_l2(a["first_call"], b["first_call"]), 6),
-            "error_chunks": [round(rel_l2(la[:, :, i:i + 3], lb[:, :, i:i + 3]), 6) for i in range(0, lb.shape[2], 3)],
-            "error_video": round(rel_l2(la, lb), 6)}
+    out = {"error_forward": round(rel_l2(a["first_call"], b["first_call"]), 6),
+           "error_chunks": [round(rel_l2(la[:, :, i:i + 3], lb[:, :, i:i + 3]), 6) for i in range(0, lb.shape[2], 3)],
+           "error_video": round(rel_l2(la, lb), 6)}
+    mine, ref = workdir / f"frames_{name}.safetensors", workdir / f"frames_{FRAMES_REFERENCE}.safetensors"
+    if name != FRAMES_REFERENCE and mine.is_file() and ref.is_file():  # every 4th frame
+        out["error_frames_vs_auto"] = round(rel_l2(load_file(str(mine))["frames"], load_file(str(ref))["frames"]), 6)
+    return out
 
 
 def summarize(res: dict, workdir: Path) -> dict:
     s: dict = {}
     for name, r in res["cases"].items():
         if not case_ok(r):
+            continue
+        if CASES.get(name, {}).get("kind") == "decode":
+            s[name] = {k: v for k, v in r.items() if isinstance(v, dict) and "s_per_chunk" in v}
             continue
         if r.get("profile"):
             pr = r["profile"]
@@ -231,9 +298,11 @@ def summarize(res: dict, workdir: Path) -> dict:
             continue
         chunks = r["chunk_s"]
         mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731
+        # the whole video (every frame decoded) over its chunks: with an overlapped decode a chunk's own time
+        # holds the decode of the chunk before, so only the video's time compares across cases
         row = {"preset": r["speed"]["preset"], "speed": {k: r["speed"][k] for k in ("compile", "compute", "attention")},
-               "levers": r["speed"]["levers"], "mean_chunk_s": mean(chunks), "mean_dit_s": mean(r["dit_s"]),
-               "mean_decode_s": mean(r["decode_s"]), "first_chunk_s": chunks[0],
+               "levers": r["speed"]["levers"], "mean_chunk_s": round(r["video_s"] / len(chunks), 4),
+               "mean_dit_s": mean(r["dit_s"]), "mean_decode_s": mean(r["decode_s"]), "first_chunk_s": chunks[0],
                "calls_per_chunk": r["calls_per_chunk"],
                "s_per_call": round(mean(r["dit_s"]) / r["calls_per_chunk"], 4),
                "fps": round(12 / mean(chunks), 2), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
@@ -257,6 +326,9 @@ def print_report(res: dict) -> None:
             print(f"| {name} | ERROR: {r['error'][:160]} | | | | | | | | | |")
             continue
         row = res.get("summary", {}).get(name, {})
+        if CASES.get(name, {}).get("kind") == "decode":
+            print(f"| {name} | VAE chunk decode alone: {json.dumps(row)} | | | | | | | | | |")
+            continue
         if r.get("profile"):
             print(f"| {name} | profiled chunk: device {row.get('device_s')} s of ~{row.get('wall_s_around')} s "
                   f"(busy {row.get('device_busy_share')}), {json.dumps(row.get('device_split_s'))} | | | | | | | | | |")
@@ -284,14 +356,16 @@ def run(args) -> dict:
     def run_case(name: str, timeout: float) -> dict:
         c = CASES[name]
         video = TINY_VIDEO["fast"] if args.tiny else V480
-        spec = {"case": name, "kind": "fast_speed", "device": device, "tiny": args.tiny, "video": list(video),
+        spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny, "video": list(video),
                 "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
                 "cap_gib": 24 if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
-                                                       "profile")}}
+                                                       "profile", "save_frames")}}
         if args.tiny:
             spec.pop("compile", None)
+            if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
+                spec["levers"] = {**spec["levers"], "decode_bf16": False}  # CPU autocast: minutes on 2 cores
         return run_case_child(spec, workdir, timeout, MODULE)
 
     return loop.run(run_case, workdir, written=paths.values())

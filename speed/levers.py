@@ -9,6 +9,10 @@ them at the release's schedule. Each is measured on its own in BENCHMARKS ("Fast
   chunk at t = 825, not the clean chunk at t = 0). One model call fewer per chunk.
 - window_frames: cap on the K/V window (latent frames): later chunks attend to at most this many frames (the
   sink included), so attention reads fewer keys. None keeps the run's own window.
+
+And the door's VAE decode of each chunk (speed/decode.py ChunkDecoder; the latents do not change):
+- decode_overlap: the chunk's decode on a side stream beside the next chunk's DiT (the same frames, later).
+- decode_bf16: the decoder's convolutions in bf16 (approximate frames).
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ class ChunkLevers:
     steps: int = 4
     fold_context: bool = False
     window_frames: Optional[int] = None
+    decode_overlap: bool = False
+    decode_bf16: bool = False
 
     def __post_init__(self):
         if self.steps not in STEP_CHOICES:
@@ -36,8 +42,8 @@ class ChunkLevers:
 
     @property
     def exact(self) -> bool:
-        """True when the chunk loop is the release's (no lever on)."""
-        return self == ChunkLevers()
+        """True when nothing changes the latents or the frames (overlapping the decode alone changes only when)."""
+        return self.steps == 4 and not self.fold_context and self.window_frames is None and not self.decode_bf16
 
     def fast_run_options(self) -> dict:
         """FastRun keyword options for these levers; empty for the release's schedule (FastRun's defaults)."""
@@ -66,4 +72,8 @@ class ChunkLevers:
             out.append("the context pass folded into the last step (later chunks read K/V of the chunk at t = 825)")
         if self.window_frames is not None:
             out.append(f"a K/V window of at most {self.window_frames} latent frames")
+        if self.decode_overlap:
+            out.append("each chunk's VAE decode on a side stream beside the next chunk's DiT (same frames)")
+        if self.decode_bf16:
+            out.append("the VAE decode in bf16 (approximate frames)")
         return out

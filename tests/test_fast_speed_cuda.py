@@ -108,3 +108,27 @@ def test_fast_and_draft_presets_run_and_stay_bounded():
     draft = resolve_preset("draft", CUDA, explicit={"compile": "off"})
     _, drafted = _chunks(model, cfg, draft, latent_frames=9)
     assert torch.isfinite(drafted).all() and drafted.shape[2] == 9
+
+
+def test_side_stream_decode_gives_the_same_frames_beside_other_work():
+    from lingbot_world.speed.decode import ChunkDecoder
+    from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+    from lingbot_world.wan.vae.streaming import StreamingDecoder
+
+    torch.manual_seed(0)
+    with torch.device(CUDA):
+        vae = WanVAE(VAEConfig.tiny()).eval().requires_grad_(False)
+    z = torch.randn(1, 16, 9, 16, 24, device=CUDA)
+    ref = StreamingDecoder(vae)
+    want = [ref.decode(z[:, :, c:c + 3]) for c in (0, 3, 6)]
+    dec = ChunkDecoder(StreamingDecoder(vae).decode, CUDA, overlap=True)
+    assert dec.overlapped
+    a = torch.randn(4096, 4096, device=CUDA)
+    pending = []
+    for c in (0, 3, 6):
+        x0 = z[:, :, c:c + 3] * 1.0  # written by the main stream just before the submit
+        pending.append(dec.submit(x0))
+        for _ in range(20):  # the "next chunk's DiT" on the main stream meanwhile
+            a = torch.tanh(a @ a * 1e-3)
+    for p, w in zip(pending, want):
+        assert torch.equal(p.result(), w)

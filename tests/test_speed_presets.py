@@ -47,7 +47,8 @@ def test_on_the_cpu_every_preset_resolves_to_the_exact_kernels_with_its_levers()
     assert draft.fast_window(21, 21) == 15
     assert resolve_preset("exact", CPU).fast_run_options() == {}
     assert resolve_preset("exact", CPU).to_json()["levers"] == {"steps": 4, "fold_context": False,
-                                                                "window_frames": None}
+                                                                "window_frames": None, "decode_overlap": False,
+                                                                "decode_bf16": False}
 
 
 def test_auto_compiles_where_the_compiler_runs(monkeypatch):
