@@ -42,9 +42,9 @@ def add_speed_args(parser) -> None:
     g.add_argument("--speed", choices=PRESET_NAMES, default=None,
                    help="speed preset: exact (eager, bf16, exact attention: the reference numerics), auto (the "
                         "fastest exact path for the card: compiled per-token work, bf16, exact attention), fast (FP8 "
-                        "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, FP8 attention where it pays; approximate), "
-                        "draft (fast + 3 steps per chunk, the context pass folded into the last step and a 15-frame "
-                        "K/V window for the Fast model; for previews and real-time play). --compile/--compute/"
+                        "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, exact attention; approximate), draft (fast + 3 "
+                        "steps per chunk, the context pass folded into the last step, a 15-frame K/V window and a "
+                        "bf16 VAE decode for the Fast model; for previews and real-time play). --compile/--compute/"
                         "--attention given explicitly override the preset")
     g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"], action=_Explicit,
                    help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "

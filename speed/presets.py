@@ -8,10 +8,15 @@
 - auto: the fastest *exact* path for the card: the per-token work compiled where the compiler runs (within 1e-3 of
   eager per forward, bf16 rounding in another order), bf16 GEMMs, torch SDPA with the GPU's fastest exact kernel;
   the release's schedule. This is also what the speed flags give when no preset is named.
-- fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere) and FP8 attention where
-  it pays (Hopper+, nvidia-cudnn-frontend), compiled; the release's schedule. Approximate.
+- fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere), compiled; exact
+  attention (FP8 attention measured slower for chunk queries over a long cache beside FP8 GEMMs: H100, 2.36 against
+  2.29 s per chunk); the release's schedule. Approximate.
 - draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
-  15-frame window. Changes the video visibly more than fast; for previews and real-time play.
+  15-frame window, and the VAE decode in bf16. Changes the video visibly more than fast; for previews and
+  real-time play.
+
+The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: it saved 0.08 s per chunk on an H100 but
+took nvidia-smi from 22.3 to 23.7 GB on the 24 GB cap (the side stream's memory is not shared with the DiT's).
 
 A flag given explicitly (--compile, --compute, --attention) wins over the preset's value for it.
 """
@@ -24,7 +29,7 @@ from .levers import ChunkLevers
 from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
 
 PRESET_NAMES = ("exact", "fast", "draft", "auto")
-DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15)
+DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True)
 
 
 @dataclass(frozen=True)
@@ -41,10 +46,11 @@ PRESETS = {
                          "reference numerics: eager, bf16 GEMMs, exact attention"),
     "auto": SpeedPreset("auto", SpeedOptions(compile="auto", compute="bf16", attention="auto"), ChunkLevers(), True,
                         "the fastest exact path for this card (compiled per-token work where the compiler runs)"),
-    "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="auto"), ChunkLevers(), False,
-                        "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs and FP8 attention where they run; approximate"),
-    "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="auto"), DRAFT_LEVERS, False,
-                         "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window"),
+    "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), ChunkLevers(), False,
+                        "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs where they run, exact attention; approximate"),
+    "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), DRAFT_LEVERS, False,
+                         "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window, "
+                         "the VAE decode in bf16"),
 }
 FLAG_NAMES = ("compile", "compute", "attention")
 
