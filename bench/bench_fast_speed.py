@@ -1,11 +1,16 @@
 """Benchmark: the Fast model's speed presets and levers, per 12-frame chunk (issue 26).
 
-    # one H100, one call (writes the Fast expert, ~1 min, then ~50 s per case); the second call reuses it
-    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fast,draft --workdir /tmp/lwfs --keep \\
-        --fresh --budget-s 540 --out bench/results/fast_chunk_h100.json
-    python -m lingbot_world.bench.bench_fast_speed --cases fp8_gemm,fp8_attn,steps3,fold,window15,auto_profile \\
-        --workdir /tmp/lwfs --budget-s 540 --out bench/results/fast_chunk_h100.json
+    # one H100 session, four calls (bench/results/fast_chunk_*_h100.json; each call on a fresh machine writes the
+    # Fast expert again, ~20 s, and every case takes 40-65 s)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fast,draft,auto_profile --workdir /tmp/lwfs \
+        --keep --fresh --budget-s 430 --min-case-s 45 --out bench/results/fast_chunk_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,decode,auto_overlap,draft_overlap,fast_overlap,\
+fold,steps3,window15,fp8_gemm,fp8_attn --workdir /tmp/lwfs --fresh --budget-s 470 --min-case-s 42 \
+        --out bench/results/fast_chunk_levers_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,fast,draft --workdir /tmp/lwfs --fresh \
+        --budget-s 175 --out bench/results/fast_chunk_presets_h100.json      # draft ran in a 4th call, same machine
     python -m lingbot_world.bench.bench_fast_speed --tiny --out /tmp/fast_speed_tiny.json     # CPU smoke run
+    python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
 with set_per_process_memory_fraction, memory planned by `plan_fast_memory` as the CLI does, the VAE's streaming

@@ -9,8 +9,8 @@
   eager per forward, bf16 rounding in another order), bf16 GEMMs, torch SDPA with the GPU's fastest exact kernel;
   the release's schedule. This is also what the speed flags give when no preset is named.
 - fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere), compiled; exact
-  attention (FP8 attention measured slower for chunk queries over a long cache beside FP8 GEMMs: H100, 2.36 against
-  2.29 s per chunk); the release's schedule. Approximate.
+  attention (FP8 attention gained nothing measurable beside FP8 GEMMs for chunk queries over a long cache: H100,
+  2.36 s per chunk with it, 2.29 and 2.35 without, three machines); the release's schedule. Approximate.
 - draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
   15-frame window, and the VAE decode in bf16. Changes the video visibly more than fast; for previews and
   real-time play.
