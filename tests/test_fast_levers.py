@@ -141,3 +141,24 @@ def test_the_default_levers_change_nothing():
                                                     (30, 81, 15)])
 def test_the_window_cap(window, latent, expected):
     assert ChunkLevers(window_frames=15).window(window, latent) == expected
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_replaying_the_final_calls_rebuilds_the_cache_exactly(model, fold):
+    """A rebuilt cache (e.g. after a rewind) must hold what the run wrote: the context passes at t = 0, or with
+    fold_context the last steps' calls (FastRun.folded_inputs)."""
+    from lingbot_world.wan.sampling.fast_sampler import context_pass
+
+    y, cam, ctx = problem()
+    r = fast_run(model, y, cam, ctx, 9, fold_context=fold)
+    r.run()
+    rebuilt = cache_for(y.shape[2])
+    replay = r.folded_inputs if fold else [(x0, 0) for x0 in r.latents]
+    assert len(replay) == r.chunks
+    with torch.no_grad():
+        for c, (x, t) in enumerate(replay):
+            sl = slice(3 * c, 3 * c + 3)
+            context_pass(model, x, ctx, y[:, :, sl], cam[:, :, sl], rebuilt, 3 * c, timestep=t)
+    for a, b in zip(rebuilt.k + rebuilt.v, r.cache.k + r.cache.v):
+        assert torch.equal(a, b)
+    assert not fold or [t for _, t in r.folded_inputs] == [825, 825]

@@ -239,6 +239,10 @@ class FastRun:
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
+        # With fold_context: per finished chunk, the input and timestep of the call that wrote its final K/V (the
+        # last denoising step's), so `context_pass(..., x, timestep=t)` replays it (rebuilding a cache exactly).
+        # Without it that call is the context pass on the chunk's latent at t = 0 (nothing extra is kept).
+        self.folded_inputs: list[tuple[torch.Tensor, int]] = []
 
     @property
     def chunks(self) -> int:
@@ -286,6 +290,8 @@ class FastRun:
                 self._cancel()
                 t = torch.tensor([t_int], device=self.device, dtype=torch.long)
                 final = self.fold_context and writes_context and i + 1 == s.steps
+                if self.fold_context and i + 1 == s.steps:
+                    folded = (x, t_int)
                 v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=final)
                 x0 = velocity_to_x0(x, v.float(), s.sigma_x0[i])
                 del v
@@ -301,6 +307,8 @@ class FastRun:
                 self._cancel()
                 context_pass(self.model, x0, ctx, y, cam, self.cache, start)
         self.latents.append(x0)
+        if self.fold_context:
+            self.folded_inputs.append(folded)
         self.chunk += 1
         if self.on_chunk is not None:
             self.on_chunk(c, x0)
@@ -320,10 +328,11 @@ class FastRun:
 
 
 def context_pass(model: nn.Module, x0: torch.Tensor, context: torch.Tensor, y: torch.Tensor,
-                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int) -> None:
+                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int, timestep: int = 0) -> None:
     """The clean chunk x0 at t = 0 through the model: it writes the K/V later chunks attend to (its output is
-    unused). The only forward of a chunk whose K/V survive it, so replaying these rebuilds a cache exactly."""
-    t0 = torch.zeros(1, device=x0.device, dtype=torch.long)
+    unused). The only forward of a chunk whose K/V survive it, so replaying these rebuilds a cache exactly.
+    A run with fold_context wrote them from its last step instead: replay `FastRun.folded_inputs` (x, timestep)."""
+    t0 = torch.full((1,), int(timestep), device=x0.device, dtype=torch.long)
     model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True)
 
 
