@@ -93,9 +93,8 @@ def child_case(spec: dict) -> dict:
     from ..memory.placement import available_ram_bytes, free_vram_bytes
     from ..speed.decode import ChunkDecoder
     from ..speed.levers import ChunkLevers
-    from ..speed.options import apply_speed
+    from ..speed.options import apply_speed, resolve_speed
     from ..speed.presets import PRESETS, attach_preset, preset_options
-    from ..speed.options import resolve_speed
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
     from ..wan.vae.model import VAEConfig, WanVAE
@@ -227,9 +226,9 @@ def child_decode(spec: dict) -> dict:
     """The streaming decode of a 21-latent-frame video chunk by chunk, alone: float32 (the default), bf16 under
     autocast, each also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one
     warm-up video, and each variant's frames against float32's (relative L2)."""
+    from ..speed.decode import ChunkDecoder
     from ..wan.vae.model import VAEConfig, WanVAE
     from ..wan.vae.streaming import StreamingDecoder
-    from ..speed.decode import ChunkDecoder
 
     device = torch.device(spec["device"])
     frames, h, w = spec["video"]
@@ -373,8 +372,8 @@ def run(args) -> dict:
     def run_case(name: str, timeout: float) -> dict:
         c = CASES[name]
         video = TINY_VIDEO["fast"] if args.tiny else V480
-        spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny, "video": list(video),
-                "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
+        spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
+                "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
                 "cap_gib": 24 if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
