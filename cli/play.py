@@ -45,6 +45,10 @@ def add_parser(sub) -> None:
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (demo: cpu)")
     gen.add_argument("--noise", choices=("auto", "cuda", "cpu"), default="auto",
                      help="noise generator (auto: cuda on a GPU), as for generate")
+    gen.add_argument("--t5-device", choices=("auto", "cuda", "cpu"), default="auto",
+                     help="where the text encoder child runs")
+    gen.add_argument("--cache-dir", type=Path, default=None,
+                     help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
     srv = p.add_argument_group("server")
     srv.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the page (0: any free port)")
     srv.add_argument("--host", default=LOCAL_HOST, help="address to listen on; anything but 127.0.0.1 lets other "
@@ -64,7 +68,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from ..player.driver import SessionDriver
-    from ..player.options import LOCAL_HOST, PlayerOptions, RenderSource
+    from ..player.options import LOCAL_HOST, PlayerOptions
     from ..player.server import bind, serve
     from .preflight import noise_source, resolve_device
 
@@ -102,20 +106,19 @@ def _run(args) -> int:
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
     sock = bind(args.host, args.port)
     try:
-        from ..world import FastFiles, WorldSession, WorldSettings
+        from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
 
         files = FastFiles.demo(args.demo_dir) if args.demo else FastFiles.find(args.ckpt_dir)
         settings = WorldSettings(size=size, seed=args.seed, noise=noise, window=args.window, sink=args.sink,
-                                 kv_cache=args.kv_cache, device=str(device))
-        checkpoint = ("--demo",) + (("--demo-dir", str(args.demo_dir)) if args.demo_dir else ()) if args.demo \
-            else ("--ckpt-dir", str(Path(args.ckpt_dir).expanduser().resolve()))
-        options = PlayerOptions(
-            out_dir=out_dir, image=image, prompt=prompt or "",
-            render=RenderSource(checkpoint, args.seed, size, args.window, args.sink, device=device_name,
-                                demo=args.demo, noise=noise))
-        session = WorldSession.open(files, settings, log=log.info)
-        driver = SessionDriver(session, prompt=prompt or "", image=image)
+                                 kv_cache=args.kv_cache,
+                                 text=TextSettings(device=args.t5_device, cache_dir=args.cache_dir))
+        options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
+                                render=_render_source(args, size, device_name, noise))
+        session = WorldSession.open(files, settings, device=device)  # checks every file's header first
+        driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
+            print("loading the Fast model...", flush=True)
+            session.load()
             if image is not None and prompt:
                 driver.start_now(image, prompt)
         except BaseException:
@@ -125,6 +128,33 @@ def _run(args) -> int:
                      log=lambda line: print(line, flush=True))
     finally:
         sock.close()
+
+
+def _render_source(args, size: str, device_name: str, noise: str):
+    from ..player.options import RenderSource
+
+    if args.demo:
+        checkpoint = ("--demo",) + (("--demo-dir", str(Path(args.demo_dir).resolve())) if args.demo_dir else ())
+    else:
+        checkpoint = ("--ckpt-dir", str(Path(args.ckpt_dir).expanduser().resolve()))
+    if args.cache_dir is not None:
+        checkpoint += ("--cache-dir", str(Path(args.cache_dir).resolve()))
+    return RenderSource(checkpoint, args.seed, size, args.window, args.sink, device=device_name, demo=args.demo,
+                        noise=noise)
+
+
+def write_frames(frames, path: Path, fps: int) -> Path:
+    """The session's uint8 frames to a video file, atomically (the same writer and encoder as `generate`)."""
+    from .video_out import VideoWriter, plan_output
+
+    writer = VideoWriter(plan_output(Path(path)), fps)
+    try:
+        for batch in frames:
+            writer.append_frames(batch)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
 
 
 def _check_size(size: str) -> None:

@@ -29,8 +29,12 @@ class ChunkReport:
 
 
 class SessionDriver:
-    def __init__(self, session, prompt: str = "", image: Optional[Path] = None):
+    def __init__(self, session, prompt: str = "", image: Optional[Path] = None,
+                 write_video: Optional[Callable] = None):
+        """write_video(frames, path, fps) -> path: the door's video writer for Save (frames: an iterator of uint8
+        [n, H, W, 3]); None saves the keys and camera path only."""
         self._session = session
+        self._write_video = write_video
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingbot-world-session")
         self._lock: Optional[asyncio.Lock] = None
         self._closed = False
@@ -60,16 +64,17 @@ class SessionDriver:
 
     def _step(self, keys, push, t0: float) -> ChunkReport:
         first = None
-        chunk = frames = 0
+        chunk = self._session.chunks + 1  # numbered from 1 on the wire (0 is the start image)
+        frames = 0
         for batch in self._session.step(keys):
             data = [jpeg(f) for f in batch.frames]
             if first is None:
                 first = time.perf_counter() - t0
-            chunk, frames = batch.chunk, frames + len(data)
-            self.last_frame = (batch.chunk, batch.first_frame + len(data) - 1, data[-1])
-            push(batch.chunk, batch.first_frame, data)
+            frames += len(data)
+            self.last_frame = (chunk, batch.first_frame + len(data) - 1, data[-1])
+            push(chunk, batch.first_frame, data)
         total = time.perf_counter() - t0
-        seconds = dict(self._session.last_chunk_seconds or {})
+        seconds = self._session.last_times.to_json()
         self._refresh(minimap=png_data_url(self._session.trajectory_picture()), seconds=seconds)
         return ChunkReport(chunk, frames, first or total, total, seconds)
 
@@ -111,7 +116,7 @@ class SessionDriver:
         return await self._run(self._rewind, chunks)
 
     async def save(self, prefix: Path, state: bool = False):
-        return await self._run(lambda: self._session.save(prefix, video=True, state=state))
+        return await self._run(lambda: self._session.save(prefix, write_video=self._write_video, state=state))
 
     async def call(self, fn):
         """fn(session) on the worker (for doors: read the action string, the keys, a state...)."""
