@@ -124,10 +124,24 @@ def _run(args) -> int:
         except BaseException:
             driver.close()
             raise
-        return serve(driver, options, sock, open_browser=not args.no_browser,
-                     log=lambda line: print(line, flush=True))
+        stopped_by = serve(driver, options, sock, open_browser=not args.no_browser,
+                           log=lambda line: print(line, flush=True))
     finally:
         sock.close()
+    return _exit_for(stopped_by)
+
+
+def _exit_for(signum: int) -> int:
+    """The server stopped cleanly on a signal: the same outcome as any command stopped by it (130, 143, 129)."""
+    import signal
+
+    from .errors import Terminated
+
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum:
+        raise Terminated(signum)
+    return 0
 
 
 def _render_source(args, size: str, device_name: str, noise: str):

@@ -54,41 +54,66 @@ def can_open_browser() -> bool:
     return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 def serve(driver: SessionDriver, options: PlayerOptions, sock: socket.socket, *, open_browser: bool = True,
           log: Callable[[str], None] = print) -> int:
-    """Serves until interrupted (KeyboardInterrupt / the CLI's Terminated propagate after the clean-up)."""
+    """Serves until Ctrl-C / SIGTERM / SIGHUP; returns the signal's number after the clean-up (the door turns it
+    into its exit code). The loop's own signal handlers stop it: an exception raised by a Python signal handler
+    inside asyncio's transports could be swallowed there."""
     loop = asyncio.new_event_loop()
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES + (1 << 20))
     player = Player(driver, options)
     player.add_routes(app.router)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    try:
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.SockSite(runner, sock).start())
-        host, port = sock.getsockname()[:2]
-        url = player.page_url(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}")
-        log(f"player ready: {url}")
-        log("press Ctrl-C to stop (the clip is saved only with the page's Save button)")
-        if open_browser and can_open_browser():
-            loop.run_in_executor(None, webbrowser.open, url)
-        loop.run_forever()
-        return 0
-    finally:
-        with _sigint_ignored():  # a second Ctrl-C must not cut the clean-up short
+    stopped_by: list[int] = []
+    with _signals_held(STOP_SIGNALS) as previous:
+        try:
+            if previous is not None:
+                for s in STOP_SIGNALS:
+                    loop.add_signal_handler(s, _stop, loop, stopped_by, s)
+            loop.run_until_complete(runner.setup())
+            loop.run_until_complete(web.SockSite(runner, sock).start())
+            host, port = sock.getsockname()[:2]
+            url = player.page_url(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}")
+            log(f"player ready: {url}")
+            log("press Ctrl-C to stop (the clip is saved only with the page's Save button)")
+            if open_browser and can_open_browser():
+                loop.run_in_executor(None, webbrowser.open, url)
+            loop.run_forever()
+        finally:
+            for s in STOP_SIGNALS if previous is not None else ():
+                loop.remove_signal_handler(s)
+                signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
             loop.run_until_complete(player.close())
             loop.run_until_complete(runner.cleanup())
-            driver.close()
+            driver.close()  # a running chunk finishes first
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+    return stopped_by[0] if stopped_by else 0
 
 
-class _sigint_ignored:
-    def __enter__(self):
+def _stop(loop, stopped_by: list, signum: int) -> None:
+    if not stopped_by:
+        stopped_by.append(signum)
+        loop.stop()
+
+
+class _signals_held:
+    """Saves the process's handlers of `signals` and puts them back afterwards (main thread only; elsewhere,
+    e.g. embedded, nothing is touched and `previous` is None)."""
+
+    def __init__(self, signals):
+        self.signals = signals
         self.previous = None
+
+    def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.previous = {s: signal.getsignal(s) for s in self.signals}
+        return self.previous
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for s, h in (self.previous or {}).items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
         return False
