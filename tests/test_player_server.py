@@ -110,15 +110,12 @@ def _mp4_frames(path) -> np.ndarray:
 
 def _batch(actions: str, out: Path, cache: Path) -> np.ndarray:
     """`generate --demo --model fast --rule continuable --actions ...` with the player's defaults (window 21, sink 3,
-    seed 42), in a child process with the same cache."""
-    import subprocess
-    import sys
+    seed 42), in this process with the same cache."""
 
-    cmd = [sys.executable, "-m", "lingbot_world", "generate", "--demo", "--model", "fast", "--rule", "continuable",
+    argv = ["generate", "--demo", "--model", "fast", "--rule", "continuable",
            "--actions", actions, "--window", "21", "--sink", "3", "--seed", "42", "--cache-dir", str(cache / "text"),
            "--out", str(out), "--quiet"]
-    r = subprocess.run(cmd, env=support.child_env(cache), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+    support.run_batch(argv, cache)
     return _mp4_frames(out)
 
 
@@ -325,8 +322,7 @@ def support_demo_dir(cache: Path) -> Path:
     return Path(build_demo_fast_checkpoint(default_demo_dir()).root)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signals_stop_the_render_child_and_leave_no_temp_files(cache, tmp_path, sig, code):
+def test_sigterm_stops_the_render_child_and_leaves_no_temp_files(cache, tmp_path):
     srv = support.PlayServer(cache, tmp_path / "out")
     try:
         async def go():
@@ -344,8 +340,28 @@ def test_signals_stop_the_render_child_and_leave_no_temp_files(cache, tmp_path, 
         children = run(go())
         assert children, "the render child was not started"
     finally:
-        rc = srv.stop(sig)
-    assert rc == code, srv.output()
+        rc = srv.stop(signal.SIGTERM)
+    assert rc == 143, srv.output()
+    assert "terminated (SIGTERM)" in srv.output()
     assert not [p for p in children if support.alive(p)]
     leftovers = [p.name for p in (tmp_path / "out").rglob("*") if p.name.startswith(".") or ".tmp" in p.name]
     assert not leftovers and not list((tmp_path / "out").glob("render_*.mp4"))
+
+
+def test_ctrl_c_mid_chunk_exits_130_after_the_chunk(server):
+    """Last in this file: it stops the module's server."""
+    async def go():
+        http, tab = await _open(server)
+        await tab.until("hello")
+        await tab.send(op="step", keys="s-12")
+        await tab.until("chunk_begin")
+        children = support.descendants(server.proc.pid)
+        server.proc.send_signal(signal.SIGINT)
+        await tab.ws.receive(timeout=WAIT_S)  # frames or the close: the server goes away either way
+        await http.close()
+        return children
+
+    children = run(go())
+    assert server.stop() == 130, server.output()
+    assert "interrupted" in server.output()
+    assert not [p for p in children if support.alive(p)]

@@ -96,6 +96,25 @@ class PlayServer:
         return self.proc.returncode
 
 
+def run_batch(argv: list[str], cache: Path) -> None:
+    """`lingbot-world generate ...` (argv after the program name) in this process, with the players' cache."""
+    from lingbot_world.cli import main
+
+    env = child_env(cache)
+    saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "LINGBOT_WORLD_CACHE")}
+    os.environ["XDG_CACHE_HOME"] = env["XDG_CACHE_HOME"]
+    os.environ.pop("LINGBOT_WORLD_CACHE", None)
+    try:
+        rc = main(argv)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert rc == 0, f"the batch run failed ({rc}): {' '.join(argv)}"
+
+
 def descendants(pid: int) -> list[int]:
     """Every living process below `pid` (from /proc: parent ids)."""
     parents: dict[int, list[int]] = {}
