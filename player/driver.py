@@ -39,6 +39,7 @@ class SessionDriver:
         self._lock: Optional[asyncio.Lock] = None
         self._closed = False
         self.last_frame: Optional[tuple[int, int, bytes]] = None  # what a new tab shows first
+        self._start_jpeg: Optional[bytes] = None
         self.snapshot: dict = {"started": False, "prompt": prompt, "image": str(image) if image else None}
 
     @property
@@ -59,8 +60,25 @@ class SessionDriver:
     def start_now(self, image: Path, prompt: str) -> dict:
         """Synchronous start, for a door that starts before serving (the CLI, on its main thread)."""
         self._session.start(image, prompt)
-        self.last_frame = (0, 0, image_preview(Path(image), self._session.width, self._session.height))
+        self._start_jpeg = image_preview(Path(image), self._session.width, self._session.height)
+        self.last_frame = (0, 0, self._start_jpeg)
         return self._refresh(started=True, image=str(image), prompt=prompt, minimap="", seconds=None)
+
+    def adopt(self, start_frame) -> dict:
+        """A session the door has begun itself (ComfyUI: from its I2V condition); start_frame: uint8 [H, W, 3]."""
+        self._start_jpeg = jpeg(start_frame)
+        self.last_frame = (0, 0, self._start_jpeg)
+        return self._refresh(started=True, minimap="", seconds=None)
+
+    def _restart(self, begin: Callable) -> dict:
+        begin(self._session)
+        frame = self.start_frame
+        self.last_frame = (0, 0, frame) if frame is not None else None
+        return self._refresh(started=True, minimap="", seconds=None)
+
+    @property
+    def start_frame(self) -> Optional[bytes]:
+        return self._start_jpeg
 
     def _step(self, keys, push, t0: float) -> ChunkReport:
         first = None
@@ -80,7 +98,7 @@ class SessionDriver:
 
     def _rewind(self, chunks: int) -> dict:
         self._session.rewind(chunks)
-        self.last_frame = None
+        self.last_frame = (0, 0, self._start_jpeg) if chunks == 0 and self._start_jpeg else None
         return self._refresh(minimap=png_data_url(self._session.trajectory_picture()) if chunks else "")
 
     # ---- the loop side ----
@@ -94,6 +112,10 @@ class SessionDriver:
 
     async def start(self, image: Path, prompt: str) -> dict:
         return await self._run(self.start_now, image, prompt)
+
+    async def restart(self, begin: Callable) -> dict:
+        """The same video again from its start: begin(session) on the worker (a door's fixed start)."""
+        return await self._run(self._restart, begin)
 
     async def step(self, keys, on_frames: FramesCallback) -> ChunkReport:
         """One chunk with `keys` (an action string, a KeyTimeline or None); frames reach `on_frames` as decoded."""

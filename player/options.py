@@ -5,7 +5,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 DEFAULT_PORT = 8189
 LOCAL_HOST = "127.0.0.1"
@@ -41,3 +41,4 @@ class PlayerOptions:
     image: Optional[Path] = None  # the start image named by the door (the page may pick/upload another)
     prompt: str = ""
     title: str = "LingBot-World player"
+    restart: Optional[Callable] = None  # begin(session): the door's fixed start (no image/prompt picking)

@@ -178,7 +178,12 @@ class Player:
 
     async def _op(self, ws, op: dict) -> None:
         kind = op.get("op")
-        if kind == "start":
+        if kind == "start" and self.options.restart is not None:  # the door fixed the start (ComfyUI's inputs)
+            await self.driver.restart(self.options.restart)
+            await self._send(ws, {"type": "state", "state": self.driver.snapshot})
+            if self.driver.last_frame is not None:
+                await self._send(ws, frame_message(*self.driver.last_frame))
+        elif kind == "start":
             image = self._start_image(op.get("image"))
             prompt = str(op.get("prompt") or self.options.prompt or "").strip()
             if not prompt:
@@ -222,7 +227,8 @@ class Player:
                               "seconds": report.seconds, "state": self.driver.snapshot})
 
     def _render_info(self) -> dict:
-        return {"available": self.options.render is not None, "running": self.render.running}
+        return {"available": self.options.render is not None, "running": self.render.running,
+                "fixed_start": self.options.restart is not None}
 
     async def _render(self, ws, target: str, run: bool) -> None:
         snap = self.driver.snapshot

@@ -171,6 +171,12 @@
     switch (m.type) {
       case "hello":
         P.renderAvailable = m.render && m.render.available;
+        if (m.render && m.render.fixed_start) { // the start comes from the door (ComfyUI's graph): restart only
+          for (const id of ["image-pick", "image-upload", "prompt"]) $(id).closest("label").hidden = true;
+          $("start").textContent = "Restart";
+          $("render-run").hidden = true;
+          $("render-target").hidden = true;
+        }
         P.state = m.state;
         if (m.state.started) { P.pendingStill = true; playFrom(m.state, null); }
         showState();
