@@ -6,7 +6,8 @@ and the page of `lingbot-world play` (player/) is served on ComfyUI's own server
 played so far come back as the node's `actions` output (an action string: LingBot Actions -> LingBot Fast Sampler
 with rule "continuable" and the same seed / window / sink re-renders the played path). Queue again after playing
 to send the new keys down the graph. "Free model and node cache" (and any change of the node's inputs) closes the
-session: it lives exactly as long as ComfyUI keeps the node's output.
+session: it lives as long as ComfyUI keeps the node's I2V input in its cache (the session holds no reference to
+that object, so it dies with ComfyUI's node cache).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 ROUTE = "/lingbot_world/play"
 OUT_SUBDIR = "lingbot_play"
-_handles = itertools.count(1)
+_serials = itertools.count(1)
 
 
 @dataclass
@@ -34,14 +35,10 @@ class _Open:
     key: tuple
     driver: object  # player.driver.SessionDriver
     player: object  # player.routes.Player
-    handle: int = 0
+    serial: int = 0
 
 
 _open: dict[str, _Open] = {}
-
-
-class ActionsOutput(str):
-    """The node's action string; when ComfyUI drops the node's output (Free, or new inputs) the session closes."""
 
 
 class LingBotPlay:
@@ -100,11 +97,12 @@ class LingBotPlay:
         if current is None or current.key != key or current.driver.closed:
             close_player(node)
             current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source, window or None, sink)
-        current.handle = next(_handles)
-        actions = ActionsOutput(current.driver.snapshot.get("action_string") or "")
-        weakref.finalize(actions, _dropped, node, current.handle)
+            current.serial = next(_serials)
+            weakref.finalize(i2v, _dropped, node, current.serial)  # Free (or new inputs) drops it: close
+        actions = current.driver.snapshot.get("action_string") or ""
         token = current.player.options.token
-        return {"ui": {"lingbot_play": [{"url": f"{ROUTE}/{node}/?token={token}", "node": node}]},
+        return {"ui": {"lingbot_play": [{"url": f"{ROUTE}/{node}/?token={token}", "node": node,
+                                         "actions": actions}]},
                 "result": (actions,)}
 
 
@@ -171,10 +169,10 @@ def _start_frame(i2v: I2VCondition):
     return np.asarray(Image.fromarray(img).resize((i2v.width, i2v.height), Image.BICUBIC))
 
 
-def _dropped(node: str, handle: int) -> None:
-    """ComfyUI let go of a Play output: close the session unless a newer run of the node owns it."""
+def _dropped(node: str, serial: int) -> None:
+    """ComfyUI let go of the I2V output a session was opened on: close it (unless the node has a newer one)."""
     current = _open.get(node)
-    if current is not None and current.handle == handle:
+    if current is not None and current.serial == serial:
         close_player(node)
 
 
