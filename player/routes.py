@@ -113,8 +113,11 @@ class Player:
         folder.mkdir(parents=True, exist_ok=True)
         name = f"upload_{time.strftime('%Y%m%d_%H%M%S')}_{secrets.token_hex(3)}{ext}"
         tmp = folder / f".{name}.part"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / name)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, folder / name)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
         return web.json_response({"image": name})
 
     def _start_image(self, name: Optional[str]) -> Path:
