@@ -41,7 +41,7 @@ def test_data_folders_declare_their_files():
     setuptools = _setuptools()
     listed, data = set(setuptools["packages"]), setuptools["package-data"]
     for package in ("lingbot_world.assets", "lingbot_world.assets.examples", "lingbot_world.example_workflows",
-                    "lingbot_world.locales.en", "lingbot_world.web"):
+                    "lingbot_world.locales.en", "lingbot_world.web", "lingbot_world.player.static"):
         folder = REPO / Path(*package.split(".")[1:])
         own = [f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".py"
                and not any(_dotted(d) in listed for d in f.parents if folder in d.parents)]  # not a subpackage's
