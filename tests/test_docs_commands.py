@@ -30,9 +30,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]
 
-# Pages another part of the project writes; a link to one is checked once the page exists.
-WRITTEN_ELSEWHERE = {REPO / "docs" / "player.md"}
-
 DEMO_SIZE = "32*48"  # the VAE dominates a tiny run; this keeps 81 frames at a few CPU-seconds
 DEMO_STEPS = "2"
 BLOCK_TIMEOUT_S = 240
@@ -300,8 +297,6 @@ def test_relative_links_resolve(page: Path):
             continue
         path_part, _, anchor = target.partition("#")
         dest = (page.parent / path_part).resolve() if path_part else page
-        if dest in WRITTEN_ELSEWHERE and not dest.exists():
-            continue
         if not dest.exists():
             broken.append(f"{target} (no such file)")
         elif anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest.read_text(encoding="utf-8")):
@@ -314,6 +309,6 @@ def test_readme_is_a_short_product_page():
     assert len(text.splitlines()) <= 200
     history = re.findall(r"\b(?:\w+ session|issue \d+)\b", _prose(text), re.I)
     assert not history, f"the README tells history: {history}"
-    guide = {p.name for p in (REPO / "docs").glob("*.md")} | {w.name for w in WRITTEN_ELSEWHERE}
+    guide = {p.name for p in (REPO / "docs").glob("*.md")}
     linked = {Path(t.partition("#")[0]).name for t in _LINK.findall(text) if t.startswith("docs/")}
     assert guide <= linked, f"guide pages the README does not link: {sorted(guide - linked)}"
