@@ -151,18 +151,23 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             page.goto(server.url, wait_until="domcontentloaded")
             page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
                                    "window.LiteGraph.registered_node_types.LingBotPlay")
+            for _ in range(10):  # a fresh profile opens the template browser over the graph: close it
+                if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
+                    break
+                page.keyboard.press("Escape")
+                page.wait_for_timeout(300)
             page.evaluate("async (p) => { await window.app.loadApiJson(p, 'play'); await window.app.queuePrompt(0, 1); }",
                           _play_prompt())
-            page.wait_for_selector("#lingbot-play-panel iframe")
-            frame = next(f for f in page.frames if "/lingbot_world/play/" in f.url)
+            frame = page.wait_for_selector("#lingbot-play-panel iframe").content_frame()
+            frame.wait_for_url("**/lingbot_world/play/**")
             P = "window.lingbotPlayer"
             frame.wait_for_function(f"{P} && {P}.state && {P}.state.started")
-            frame.click("#screen")
+            frame.focus("#screen")
             page.keyboard.down("w")
-            frame.click("#pause")
+            frame.evaluate("document.getElementById('pause').click()")
             frame.wait_for_function(f"{P}.chunkEnds.length >= 2")
             page.keyboard.up("w")
-            frame.click("#pause")
+            frame.evaluate("document.getElementById('pause').click()")
             frame.wait_for_function(f"{P}.paused && !{P}.inFlight")
             played = frame.evaluate(f"{P}.state.action_string")
             from lingbot_world.wan.control.actions import KeyTimeline
@@ -177,7 +182,9 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
                 time.sleep(1)
                 new = {k: v for k, v in server.get("/history").items() if k not in before}
             outs = [o["lingbot_play"][0] for h in new.values() for o in h["outputs"].values() if "lingbot_play" in o]
-            assert outs and outs[0]["actions"] == played
+            plays = [{k: v for k, v in n["inputs"].items() if not isinstance(v, list)} for h in new.values()
+                     for n in h["prompt"][2].values() if n["class_type"] == "LingBotPlay"]
+            assert outs and outs[0]["actions"] == played, (outs, plays)
             server.post("/free", {"unload_models": True, "free_memory": True})
             frame.wait_for_function(f"!{P}.connected")  # the session closed its page's socket
             assert "disconnected" in frame.inner_text("#note")
