@@ -254,8 +254,9 @@ def _first_part(args, session, imports, stats) -> int:
 
         written = write_video(video, target, args.fps)
         stats.mark("write")
-    print(f"Fast model: generated {part.frames} frames (requested "
-          f"{args.frames if args.frames is not None else 'as the keys'})")
+    asked = args.frames if args.frames is not None else {"keys": "as long as the keys",
+                                                         "camera": "as long as the camera"}.get(source.kind, "81")
+    print(f"Fast model: generated {part.frames} frames (requested {asked})")
     if save is not None:
         save.report()
     print(stats.summary(written, seed=seed, device=device))
