@@ -183,3 +183,38 @@ def check_outputs(specs: Sequence[OutputSpec], inputs: Iterable[tuple[str, PathL
         _check_kind(spec, path)
     _check_space(targets)
     return [p for _, p in targets]
+
+
+# ---- `generate`'s targets and inputs ------------------------------------------------------------------------------
+def video_spec(flag: str, target, frames: int, height: int, width: int) -> OutputSpec:
+    """An OutputSpec for a planned video (cli/video_out.OutputTarget: a container file or a PNG folder)."""
+    return OutputSpec(flag, target.path, video_estimate(frames, height, width, target.container),
+                      folder=target.container is None)
+
+
+def picture_spec(args, video_path: PathLike) -> list[OutputSpec]:
+    """--trajectory-picture's target (next to the video by default), or nothing."""
+    from .actions_arg import picture_path
+
+    path = picture_path(args, Path(video_path))
+    return [] if path is None else [OutputSpec("--trajectory-picture", path, 2 * 1024**2)]
+
+
+def generate_inputs(args, files=None) -> list[tuple[str, PathLike]]:
+    """(flag, path) of every file `generate` reads: the image, key/trajectory files, LoRAs, a state to continue, the
+    model files (`files`: the checkpoint's, when found)."""
+    from .lora_run import parse_spec
+
+    found = []
+    for flag in ("--image", "--continue-from", "--camera", "--actions"):
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value and Path(str(value)).expanduser().exists():
+            found.append((flag, value))
+    for flag in ("--lora", "--lora-high", "--lora-low"):
+        for spec in getattr(args, flag.lstrip("-").replace("-", "_"), None) or []:
+            found.append((flag, parse_spec(spec, flag)[0]))
+    for name in ("high", "low", "fast", "t5", "vae", "tokenizer"):
+        value = getattr(files, name, None) if files is not None else None
+        if value is not None:
+            found.append((f"the model file ({name})", value))
+    return found
