@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from . import actions_arg
-from . import fast_run
+from . import fast_args, fast_run
+from .demo_defaults import apply_demo_defaults
 from . import parallel_flags
 from .lora_run import add_lora_arguments, lora_loader
 from .preflight import prepare
@@ -121,29 +122,8 @@ def add_parser(sub) -> None:
     out.add_argument("--fps", type=int, default=16, help="frames per second of the output video")
     out.add_argument("--quiet", action="store_true", help="only warnings and the final summary")
     actions_arg.add_arguments(p)
-    fast_run.add_arguments(p)
+    fast_args.add_arguments(p)
     p.set_defaults(func=run)
-
-
-def _demo_defaults(args) -> None:
-    from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
-
-    from ..loaders.action_files import looks_like_path
-
-    args.image = args.image or DEMO_IMAGE
-    args.prompt = args.prompt or DEMO_PROMPT
-    if args.demo == "act":  # the release's Act example input (action.npy + poses.npy)
-        args.actions = args.actions or (None if args.camera else str(DEMO_IMAGE.parent / "examples" / "05"))
-    elif not args.actions:
-        args.camera = args.camera or "dolly_in+pan_right"
-    if args.size == "480*832":
-        args.size = "64*112"
-    if args.frames is None and not (args.actions and not looks_like_path(args.actions)):
-        args.frames = 17  # an action string sets its own length
-    if args.device == "auto":
-        args.device = "cpu"
-    if args.out is None:
-        args.out = Path("lingbot_demo.mp4")
 
 
 def run(args) -> int:
@@ -155,7 +135,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     if args.demo:
-        _demo_defaults(args)
+        apply_demo_defaults(args)
     stats = RunStats()
     session = parallel_flags.start(args, log)  # one process, or one rank of a torchrun launch (its device set)
     failed = True

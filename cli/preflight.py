@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from . import actions_arg, fast_run
+from . import actions_arg
 from .errors import UsageError
 from .flag_checks import check_generate_flags
 from .outputs import check_outputs, generate_inputs, picture_spec, video_spec
@@ -140,7 +140,7 @@ def prepare(args, log) -> Prepared:
 
     files = _files(args)
     kind = actions_arg.prepare(args, files.high, files.low, log)  # Cam or Act, from the weights; refuses mismatches
-    fast_run.check_base_experts(files)
+    _warn_if_not_base(files, log)
     loras = read_cli_loras(args, read_expert_config(files.high))  # a bad LoRA stops here, before any work
     vae_config = demo_vae_config(files.root)
     checked = check_checkpoint(files, vae_config)
@@ -208,3 +208,13 @@ def _camera(args, kind: str, frames: int, height: int, width: int, log):
                             per_frame_intrinsics=args.per_frame_intrinsics or zoom, precision=args.camera_precision)
     actions_arg.write_trajectory_picture(args, path.poses[:cond.frames], path.intrinsics, str(spec))
     return cond.plucker, cond.message, cond.frames
+
+
+def _warn_if_not_base(files, log) -> None:
+    """The base path's note when a high/low-noise expert is the Fast model (headers only)."""
+    from ..loaders.expert_format import check_model_kind, detect_format
+
+    for path in (files.high, files.low):
+        note = check_model_kind(detect_format(path), "base")
+        if note:
+            log.warning("%s", note)

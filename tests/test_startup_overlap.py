@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lingbot_world.cli import fast_run, main
+from lingbot_world.cli import main
 from lingbot_world.cli.model_load import LoadStopped, ModelLoad
 from lingbot_world.memory import kv_stream
 from lingbot_world.memory.kv_placement import FastPlacement, plan_fast_memory
@@ -246,21 +246,25 @@ def _frames(folder):
 def cli_host_plan(monkeypatch):
     """The CLI's memory plan with the cache streamed from host memory (a CPU plan keeps it all in RAM), and the
     latents it returns."""
-    real_plan, real_sample = fast_run._plan, fast_run._sample
+    from lingbot_world.cli import fast_parts
+    from lingbot_world.world.plan import session_layout
+    from lingbot_world.world.session import WorldSession
+
+    real_plan, real_run = fast_parts.memory_plan, WorldSession.run_part
     latents = []
 
-    def plan(args, cfg, layout, device, height, width, *a, **kw):
-        _, stream = real_plan(args, cfg, layout, device, height, width, *a, **kw)
-        return plan_fast_memory(height, width, cfg, layout, 1 << 40, 1 << 40, cache="host",
-                                cache_layers_on_gpu=1), stream
+    def plan(args, cfg, settings, latent_frames, device, *a, **kw):
+        _, stream = real_plan(args, cfg, settings, latent_frames, device, *a, **kw)
+        return plan_fast_memory(settings.height, settings.width, cfg, session_layout(settings, latent_frames),
+                                1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1), stream
 
-    def sample(*a, **kw):
-        latent, written = real_sample(*a, **kw)
+    def run_part(self, *a, **kw):
+        latent = real_run(self, *a, **kw)
         latents.append(latent)
-        return latent, written
+        return latent
 
-    monkeypatch.setattr(fast_run, "_plan", plan)
-    monkeypatch.setattr(fast_run, "_sample", sample)
+    monkeypatch.setattr(fast_parts, "memory_plan", plan)
+    monkeypatch.setattr(WorldSession, "run_part", run_part)
     return latents
 
 

@@ -287,11 +287,9 @@ class FastRun:
                     index = c * s.steps + i
                     self.callback(FastStepInfo(index, self.chunks * s.steps, t_int, "fast", x0, c, self.chunks, i,
                                                s.steps))
-            # Context pass: the clean chunk at t = 0 writes the K/V later chunks attend to; its output is unused.
             if self.final_context or c + 1 < self.chunks:
                 self._cancel()
-                t0 = torch.zeros(1, device=self.device, dtype=torch.long)
-                self.model(x0, t0, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=True)
+                context_pass(self.model, x0, ctx, y, cam, self.cache, start)
         self.latents.append(x0)
         self.chunk += 1
         if self.on_chunk is not None:
@@ -309,6 +307,14 @@ class FastRun:
         if not self.latents:
             raise RuntimeError("no chunk finished yet")
         return torch.cat(self.latents, dim=2)
+
+
+def context_pass(model: nn.Module, x0: torch.Tensor, context: torch.Tensor, y: torch.Tensor,
+                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int) -> None:
+    """The clean chunk x0 at t = 0 through the model: it writes the K/V later chunks attend to (its output is
+    unused). The only forward of a chunk whose K/V survive it, so replaying these rebuilds a cache exactly."""
+    t0 = torch.zeros(1, device=x0.device, dtype=torch.long)
+    model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True)
 
 
 def sample_fast(

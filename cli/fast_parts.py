@@ -1,0 +1,267 @@
+"""What the Fast model's first part and its continuations share in the CLI: the flags read into settings, files,
+the part's control, the state target, the memory plan, and running a part through the World session with the
+CLI's progress line, streaming video writer and Ctrl-C handling."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..wan.sampling.fast_state import CameraSource, FastSettings, PartPlan
+from .errors import UsageError
+
+log = logging.getLogger("lingbot_world.generate")
+
+FILE_FRAMES = 81  # key files without --frames: the first 81 frames, as the release reads keys[:frame_num]
+LOAD_STEP = "the Fast model's load"
+
+
+# ---- flags -> settings -------------------------------------------------------------------------------------------
+def settings_for(args, fmt, device, height: int, width: int, seed: int, noise: str, mode: Optional[str] = None,
+                 window=None, sink=None, max_attention=None, precision=None) -> FastSettings:
+    """The settings of a Fast video started (or continued) by these flags."""
+    from ..loaders.fast_state_file import model_fingerprint, model_label
+    from ..world.plan import compute_dtype
+
+    dtype = compute_dtype(args.weights, device)
+    keep = args.save_state is not None or args.continue_from is not None
+    return FastSettings(
+        height, width, int(seed), noise, mode or args.rule,
+        window=args.window if window is None else window, sink=args.sink if sink is None else sink,
+        max_attention=args.max_attention if max_attention is None else max_attention,
+        precision=precision or args.camera_precision, weights=args.weights,
+        cache_dtype=str(dtype).replace("torch.", ""), model=model_fingerprint(fmt) if keep else "",
+        model_label=model_label(fmt), vae_tiled=bool(args.vae_tiled))
+
+
+def camera_source(args, frames: Optional[int], continuation: bool = False) -> CameraSource:
+    """What steers the part: --actions (keys), --camera (trajectory folder or preset) or nothing."""
+    from ..loaders.action_files import read_key_source
+    from .preflight import camera_path
+
+    if args.actions:
+        src = read_key_source(args.actions)
+        if frames is None and src.from_file and not continuation:
+            args.frames = FILE_FRAMES  # key files are cut to the video (the release reads keys[:frame_num])
+        return CameraSource(keys=src.keys, intrinsics=src.intrinsics, label=src.label, from_file=src.from_file)
+    if args.camera:
+        want = (frames or 12) + 1 if continuation else (frames or FILE_FRAMES)
+        path, zoom = camera_path(args.camera, max(want, 2), args.camera_speed)
+        return CameraSource(poses=path.poses, intrinsics=path.intrinsics,
+                            per_frame_intrinsics=bool(args.per_frame_intrinsics or zoom), label=str(args.camera))
+    return CameraSource()
+
+
+def control_label(source: CameraSource, still: bool = False) -> str:
+    """What steers a part, for the log line and the state's history (keys steer the camera too)."""
+    if source.label:
+        return source.label
+    if source.kind == "none":
+        return "none (the camera stands still)" if still else "none"
+    return source.kind
+
+
+def write_picture(args, part: PartPlan, source: CameraSource, target: Path) -> Optional[Path]:
+    """--trajectory-picture: the part's camera path, with its key timeline for keys."""
+    from . import actions_arg
+
+    if args.trajectory_picture is None:
+        return None
+    if part.path is None:
+        log.warning("--trajectory-picture: this part has no camera; no picture written")
+        return None
+    if args.out is None:
+        args.out = target
+    title = f"{source.label}: {part.keys.to_string()}" if part.keys is not None and not source.from_file else source.label
+    out = actions_arg.write_trajectory_picture(args, part.path, part.intrinsics, actions_arg._short(title or "camera"),
+                                               keys=part.keys)
+    if out is not None and not args.quiet:
+        print(f"trajectory picture: {out}", flush=True)
+    return out
+
+
+@dataclass
+class SaveState:
+    """--save-state: the target, checked before the run, and the size it will have."""
+
+    path: Path
+    estimate: int
+    written: Optional[Path] = None
+
+    @classmethod
+    def plan(cls, args, settings: FastSettings, cfg, latent_frames: int) -> Optional["SaveState"]:
+        from ..loaders.fast_state_file import describe_size, kv_bytes
+
+        if args.save_state is None:
+            return None
+        path = Path(args.save_state).expanduser()
+        if path.is_dir():
+            raise UsageError(f"--save-state {path} is a folder; give a file name, e.g. {path / 'video.state'}")
+        if not path.parent.is_dir():
+            raise UsageError(f"--save-state {path}: the folder {path.parent} does not exist")
+        layout = settings.layout(latent_frames)
+        tokens = min(layout.capacity, latent_frames * settings.frame_tokens)
+        dtype = getattr(torch, settings.cache_dtype)
+        kv = kv_bytes(tokens, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype)
+        lat_h, lat_w = settings.height // 8, settings.width // 8
+        small = 4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
+        out = cls(path, kv + small)
+        if not args.quiet:
+            print(f"state: {path} will hold {describe_size(out.estimate)} (the K/V cache: {tokens} tokens x "
+                  f"{cfg.num_layers} layers in {settings.cache_dtype}, {describe_size(kv)})", flush=True)
+        return out
+
+    def write(self, state, placement) -> Path:
+        from ..loaders.fast_state_file import save_state
+        from ..memory.kv_park import placement_layers
+
+        self.written = save_state(self.path, state, placement_layers(placement, state.kv_local_end))
+        return self.written
+
+    def report(self) -> None:
+        from ..loaders.fast_state_file import describe_size
+
+        if self.written is not None:
+            print(f"saved the state: {self.written} ({describe_size(self.written.stat().st_size)}); continue with "
+                  f"--continue-from {self.written} --actions KEYS", flush=True)
+
+
+# ---- files, plan, load -------------------------------------------------------------------------------------------
+def warn_base_only_flags(args) -> None:
+    ignored = [flag for flag, value, default in (
+        ("--steps", args.steps, None), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
+        ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
+        ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None),
+        ("--camera-cache", args.camera_cache, "auto"))
+        if value != default]
+    if ignored:
+        log.warning("--model fast ignores %s (4 distilled steps per chunk, no guidance)", ", ".join(ignored))
+    if args.shift != 10.0:
+        log.warning("--shift %.3g: the Fast model was distilled at shift 10; other values change its timesteps",
+                    args.shift)
+
+
+def fast_files(args, imports=None):
+    """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags."""
+    from ..loaders.demo_checkpoint import demo_fast_ready
+    from ..world.files import FastFiles
+
+    if args.demo:
+        if imports is not None and not demo_fast_ready(args.demo_dir):
+            imports.wait()  # building it quantizes with bitsandbytes: not beside the background import
+        files = FastFiles.demo(args.demo_dir)
+    elif args.ckpt_dir is not None:
+        files = FastFiles.find(args.ckpt_dir, args.fast_model)
+    else:
+        missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(args, n) is None]
+        if missing:
+            raise UsageError(f"give --ckpt-dir (or --demo), or {' '.join(missing)}")
+        return FastFiles(Path("."), args.fast_model, args.t5, args.vae, args.tokenizer)
+    return replace(files, **{n: getattr(args, attr) for n, attr in (("fast", "fast_model"), ("t5", "t5"),
+                                                                     ("vae", "vae"), ("tokenizer", "tokenizer"))
+                             if getattr(args, attr) is not None})
+
+
+def memory_plan(args, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
+                seq_parallel: int = 1):
+    """The memory plan of a video of `latent_frames` (the World session's layout for it) and whether the VAE
+    streams chunk by chunk beside the model (--stream-decode)."""
+    from ..memory.kv_placement import FastMemoryError
+    from ..world.plan import plan_world_memory, session_layout
+
+    layout = session_layout(settings, latent_frames)
+    try:
+        plan, stream = plan_world_memory(cfg, layout, device, settings.height, settings.width, weights=args.weights,
+                                         kv_cache=args.kv_cache, kv_layers_on_gpu=args.kv_layers_on_gpu,
+                                         with_camera=with_camera, stream_decode=args.stream_decode,
+                                         vae_cfg=files.vae_config(), seq_parallel=seq_parallel)
+    except FastMemoryError as e:
+        raise UsageError(str(e)) from None
+    if not plan.fits:
+        log.warning("the plan may not fit in VRAM: %s", plan.reason)
+    return plan, stream
+
+
+def model_load(args, files, placement, device, imports=None, loras=()):
+    """The Fast model's load as a ModelLoad (cli/model_load.py): run in turn, or started on a thread beside the
+    image's VAE encode. It waits for the background imports first (the model needs bitsandbytes); the LoRAs go on
+    right after it."""
+    from ..world.plan import compute_dtype
+    from .model_load import ModelLoad
+
+    def load(progress):
+        model = placement.load_model(files.fast, args.weights, progress=progress)
+        if loras:
+            from ..loaders.lora_apply import put_loras
+
+            put_loras(model, loras, dtype=compute_dtype(args.weights, device), device=device, name=files.fast.name)
+        return model
+
+    return ModelLoad(load, device, before=imports.wait if imports is not None else None)
+
+
+def read_fast_loras(args, cfg) -> list:
+    """--lora FILE[:STRENGTH] on the Fast model (read and matched before anything loads); --lora-high/-low are
+    the base model's two experts."""
+    for flag in ("lora_high", "lora_low"):
+        if getattr(args, flag, None):
+            raise UsageError(f"--{flag.replace('_', '-')}: the Fast model is one model; use --lora FILE[:STRENGTH]")
+    if not getattr(args, "lora", None):
+        return []
+    from .lora_run import read_cli_loras
+
+    return read_cli_loras(args, cfg)["high"]
+
+
+def default_name(prompt: str) -> Path:
+    from .preflight import default_output_name
+
+    p = default_output_name(prompt)
+    return p.with_name(p.name.replace("lingbot_", "lingbot_fast_", 1))
+
+
+# ---- running a part ----------------------------------------------------------------------------------------------
+def run_part(world, part: PartPlan, source: CameraSource, frames, *, args, target, stats, stream: bool,
+             on_done: Optional[Callable] = None, keep_cache: bool = True, label: str = "") -> tuple:
+    """A part through the World session with the CLI's progress line and (streaming) video writer; returns
+    (latent, written path or None when the video is decoded afterwards). Ctrl-C keeps the frames decoded so far."""
+    from ..wan.sampling.fast_sampler import STEP_INDICES
+    from ..wan.sampling.sampler import Cancelled
+    from .progress import ProgressLine
+    from .video_out import VideoWriter
+
+    writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if stream else None
+    bar = ProgressLine(part.chunks * len(STEP_INDICES), enabled=not args.quiet)
+    done = [0]
+
+    def progress(info):
+        done[0] = info.chunk
+        bar.update(replace(info, expert=f"chunk {info.chunk + 1}/{info.chunks}"))
+
+    world.callback = progress
+    try:
+        latent = world.run_part(part, source, frames, on_frames=(lambda f: writer.append(f[0])) if stream else None,
+                                final_context=on_done is not None or keep_cache, on_done=on_done,
+                                release_cache_after=not keep_cache, label=label)
+        stats.mark("sampling")
+        if stream:
+            stats.note("of which streaming decode", world.last_times.decode)
+        written = writer.close() if writer is not None else None
+        writer = None
+        return latent, written
+    except Cancelled:
+        raise KeyboardInterrupt from None
+    finally:
+        bar.close()
+        world.callback = None
+        if writer is not None:  # stopped early: keep what was decoded, never an empty file
+            total = part.chunks
+            if writer.frames:
+                print(f"stopped after {done[0]} of {total} chunks: the {writer.frames} frames decoded so far are in "
+                      f"{writer.close()}", flush=True)
+            else:
+                writer.abort()
+                print(f"stopped after {done[0]} of {total} chunks; nothing written", flush=True)

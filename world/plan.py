@@ -1,0 +1,77 @@
+"""The memory plan of a World session: where the Fast model, its K/V cache and the streaming VAE go.
+
+One place for every door: the CLI plans with the free VRAM it reads here, ComfyUI with what its model management
+can free (it passes `vram`), the player like the CLI.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+
+from ..memory.kv_placement import FastMemoryPlan, plan_fast_memory
+from ..memory.placement import available_ram_bytes, free_vram_bytes
+from ..quant.nf4_format import default_compute_dtype
+from ..wan.vae.model import VAEConfig
+from ..wan.vae.streaming import streaming_decode_bytes
+
+log = logging.getLogger(__name__)
+
+STREAM_DECODE = ("auto", "on", "off")
+
+
+def compute_dtype(weights: str, device: torch.device) -> torch.dtype:
+    """The Fast model's compute dtype, which its K/V cache has too."""
+    return torch.bfloat16 if weights == "bf16" else default_compute_dtype(device)
+
+
+def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int, *, weights: str = "nf4",
+                      kv_cache: str = "auto", kv_layers_on_gpu: Optional[int] = None, with_camera: bool = True,
+                      stream_decode: str = "auto", vae_cfg: Optional[VAEConfig] = None, seq_parallel: int = 1,
+                      vram: Optional[int] = -1, ram: Optional[int] = None) -> tuple[FastMemoryPlan, bool]:
+    """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
+    memory (None on the CPU). Raises memory.kv_placement.FastMemoryError when nothing fits (the message has the
+    numbers)."""
+    if stream_decode not in STREAM_DECODE:
+        raise ValueError(f"stream decode {stream_decode!r}: choose one of {', '.join(STREAM_DECODE)}")
+    cuda = device.type == "cuda"
+    if vram == -1:
+        vram = free_vram_bytes(device) if cuda else None  # None: the CPU computes, no device budget
+    ram = available_ram_bytes() if ram is None else ram
+    kw = dict(weights=weights, cache=kv_cache, cache_layers_on_gpu=kv_layers_on_gpu, camera=with_camera,
+              compute_bytes=torch.empty(0, dtype=compute_dtype(weights, device)).element_size(),
+              seq_parallel=seq_parallel)
+    plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
+    stream = stream_decode == "on" or not cuda and stream_decode == "auto"
+    if cuda and stream_decode != "off":
+        extra = streaming_decode_bytes(vae_cfg or VAEConfig(), height, width)
+        with_vae = plan_fast_memory(height, width, cfg, layout, vram, ram, extra_vram=extra, **kw)
+        if stream_decode == "on" or (with_vae.fits and with_vae.blocks_on_gpu is None):
+            plan, stream = with_vae, True
+        else:
+            log.info("streaming decode off: the VAE (%.1f GB while streaming) does not fit beside the model; the "
+                     "video is decoded after sampling", extra / 1e9)
+    return plan, stream
+
+
+GROW_LATENT_FRAMES = 21  # a played cache without a window grows by 81 video frames at a time
+_CHUNK = 3
+
+
+def session_layout(settings, latent_frames: int):
+    """The cache layout for a video of `latent_frames` so far (settings: a FastSettings). With a window (or max
+    attention) the cache has its bounded size from the start, so a played video evicts exactly when a batch run of
+    the same keys does."""
+    lat = max(latent_frames, _CHUNK)
+    if settings.window is not None:
+        lat = max(lat, _CHUNK * math.ceil((settings.window + 1) / _CHUNK))
+    elif settings.max_attention is not None:
+        lat = max(lat, _CHUNK * math.ceil((settings.max_attention / settings.frame_tokens + 1) / _CHUNK))
+    return settings.layout(lat)
+
+
+def play_layout(settings, latent_frames: int = 0):
+    """The layout a played video starts with (room for 81 frames at once without a window)."""
+    return session_layout(settings, GROW_LATENT_FRAMES * max(1, math.ceil(latent_frames / GROW_LATENT_FRAMES)))

@@ -1,0 +1,51 @@
+"""Saving a World session's video: the video file, the keys, the camera path and (to continue it) its state."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..loaders.atomic import atomic_write
+from ..loaders.camera_files import save_camera_folder
+from .errors import WorldError
+
+
+@dataclass
+class SavedFiles:
+    video: Optional[Path] = None
+    actions: Optional[Path] = None
+    camera: Optional[Path] = None  # folder with poses.npy + intrinsics.npy
+    state: Optional[Path] = None
+
+    def to_json(self) -> dict:
+        return {k: (None if v is None else str(v)) for k, v in self.__dict__.items()}
+
+
+def save_session(session, prefix, *, write_video: Optional[Callable] = None, state: bool = False,
+                 fps: int = 16) -> SavedFiles:
+    """See WorldSession.save."""
+    if not session.parts:
+        raise WorldError("nothing to save yet: make a chunk first")
+    prefix = Path(prefix).expanduser()
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    out = SavedFiles()
+    actions = session.action_string()
+    if actions:
+        out.actions = prefix.with_name(prefix.name + ".actions.txt")
+        with atomic_write(out.actions, mode="w") as fh:
+            fh.write(actions + "\n")
+        poses, intrinsics = session.camera_path()
+        out.camera = save_camera_folder(prefix.with_name(prefix.name + "_camera"), poses,
+                                        intrinsics[None].repeat(poses.shape[0], axis=0))
+    if state:
+        from ..loaders.fast_state_file import save_state
+        from ..memory.kv_park import placement_layers
+
+        st = session.state
+        if session.cache is None:
+            raise WorldError("the cache was freed already; the state can no longer be saved")
+        out.state = save_state(prefix.with_name(prefix.name + ".state"), st,
+                               placement_layers(session.placement.placement, st.kv_local_end))
+    if write_video is not None:
+        out.video = Path(write_video(session.video_frames(), prefix.with_name(prefix.name + ".mp4"), fps))
+    return out

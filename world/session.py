@@ -1,0 +1,580 @@
+"""The World session: one loaded Fast model and one video, driven part by part or chunk by chunk.
+
+Every door (the CLI's generate / continue, the ComfyUI nodes, the live player) runs the Fast model through this
+object, so a played video and a batch run are the same calls and give the same frames.
+
+What it owns: the model (loaded through the door's placement: the CLI's `FastPlacement`, ComfyUI's model
+management), the K/V cache (placed by the memory plan; grown, rewound or rebuilt here), the conditioning track,
+the prompt embedding, the video's state after every part (`FastState`: generator, camera track, latents), the keys
+played, and a streaming VAE decoder. What it does not know: argparse, ComfyUI, HTTP, where the frames go.
+
+Exactness. `step(keys)` makes one chunk by the continuable rule (no look-ahead), so chunk after chunk it makes
+exactly the video of one batch run of the concatenated keys with `--rule continuable`. `rewind(n)` goes back to
+the boundary after part n: without an eviction since then the cache's counters are simply set back (slots past them
+are overwritten before they are read); after an eviction the cache is rebuilt by replaying the kept parts' context
+passes (the only forwards whose K/V survive a chunk), which writes the same K/V in the same order.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..memory.kv_park import park
+from ..wan.control.actions import KeyInputError, KeyTimeline
+from ..wan.dit.model import pad_context
+from ..wan.sampling.fast_sampler import CHUNK_FRAMES, FastRun, context_pass
+from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part,
+                                       first_part_frames, plan_first_part, plan_next_part, start_part)
+from ..wan.sampling.sampler import Cancelled
+from ..wan.sizes import VAE_TEMPORAL_STRIDE
+from ..wan.vae.streaming import StreamingDecoder, warm_up
+from .errors import WorldError
+from .plan import GROW_LATENT_FRAMES, play_layout, session_layout
+
+log = logging.getLogger(__name__)
+
+CHUNK_VIDEO_FRAMES = VAE_TEMPORAL_STRIDE * CHUNK_FRAMES
+
+
+@dataclass
+class ChunkFrames:
+    """Frames of the video as they are decoded: `frames` uint8 [n, H, W, 3], the first at `first_frame`."""
+
+    chunk: int
+    first_frame: int
+    frames: np.ndarray
+
+
+@dataclass
+class _Part:
+    """One part of the video and how it was asked for (enough to plan it again identically)."""
+
+    state: FastState  # the video after this part
+    source: CameraSource
+    frames: Optional[int]  # the frames asked for (None: as long as the keys / camera)
+    plan_keys: Optional[KeyTimeline]  # the keys the part used, padded (None for a camera or no input)
+    played_keys: Optional[KeyTimeline] = None  # keys as played (a chunk of the player), for the action string
+    resumed: bool = False  # the saved video a continuation started from (its parts are not known here)
+
+
+class FixedCondition:
+    """The conditioning of a video whose length is known (a plain `build_i2v_condition` result): the
+    `ConditionTrack.frames` interface over the frames it has."""
+
+    def __init__(self, y: torch.Tensor):
+        self.y = y
+
+    def frames(self, start: int, count: int) -> torch.Tensor:
+        if start + count > self.y.shape[2]:
+            raise WorldError(f"the conditioning covers {self.y.shape[2]} latent frames; this video needs "
+                             f"{start + count}: build a ConditionTrack to make a longer video")
+        return self.y[:, :, start:start + count]
+
+
+def to_uint8(frames: torch.Tensor) -> np.ndarray:
+    """Decoded frames [1, 3, T, H, W] in [-1, 1] -> uint8 [T, H, W, 3], truncating like the reference's save_video
+    (the conversion every video writer of the package uses)."""
+    x = ((frames[0].float().clamp(-1, 1) + 1) / 2 * 255).to(torch.uint8)
+    return x.permute(1, 2, 3, 0).contiguous().cpu().numpy()
+
+
+@dataclass
+class ChunkTimes:
+    dit: float = 0.0
+    decode: float = 0.0
+    total: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"dit": round(self.dit, 4), "decode": round(self.decode, 4), "total": round(self.total, 4)}
+
+
+class WorldSession:
+    """One Fast video at a time on one loaded model. Not thread-safe: drive it from one thread.
+
+    placement: where the model and cache live, as the door manages them: `plan` (a FastMemoryPlan whose layout may
+    be replaced here), `make_cache(fill=None)` -> KVCache, `placement` (the CachePlacement made), `release_cache()`,
+    `close()`; the CLI's `memory.kv_placement.FastPlacement`, or ComfyUI's (nodes/fast_host.py).
+    load_model(): the model, loaded as the plan says (called once, when the first part needs it).
+    prepare_model(model) -> model: speed options, a parallel layout (called once after the load).
+    vae: a WanVAE on the device for streaming decode (None: the door decodes the latents itself).
+    """
+
+    def __init__(self, placement, settings: FastSettings, *, device, load_model: Callable[[], nn.Module],
+                 prepare_model: Optional[Callable[[nn.Module], nn.Module]] = None, vae=None,
+                 text_len: Optional[int] = None):
+        self.placement = placement
+        self.settings = settings
+        self.device = torch.device(device)
+        self._load_model = load_model
+        self._prepare_model = prepare_model
+        self.vae = vae
+        self.text_len = text_len
+        self.model: Optional[nn.Module] = None
+        self.cache = None
+        self.decoder: Optional[StreamingDecoder] = None
+        self.condition = None
+        self.context: Optional[torch.Tensor] = None  # [L, dim] float32, CPU (trimmed)
+        self.prompt = ""
+        self.parts: list[_Part] = []
+        self.callback = None  # FastStepInfo after every model call
+        self.cancel_check: Optional[Callable[[], bool]] = None
+        self.last_times = ChunkTimes()
+        self.load_seconds: Optional[float] = None
+        self._closed = False
+
+    # ---- opening from files (the player's way; the CLI and ComfyUI build the pieces themselves) -------------------
+    @classmethod
+    def open(cls, files, settings=None, *, device=None) -> "WorldSession":
+        """Check `files` (a world.files.FastFiles) from their headers, plan the memory for `settings` (a
+        WorldSettings) and load the VAE; the model loads with the first chunk (or `load()`)."""
+        from .opening import open_pieces
+        from .settings import WorldSettings
+
+        settings = settings or WorldSettings()
+        device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        pieces = open_pieces(files, settings, device)
+        from .opening import _size_from, fast_settings
+
+        session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *_size_from(settings.size)),
+                      device=device, load_model=pieces.load_model, vae=pieces.vae,
+                      prepare_model=_speed_preparer(settings.speed))
+        session.files, session.world_settings, session.format = files, settings, pieces.fmt
+        session.plan_reason = pieces.plan_reason
+        return session
+
+    def load(self) -> None:
+        """Load the model now (otherwise the first chunk does)."""
+        self._check_open()
+        self._ensure_model()
+
+    def start(self, image, prompt: str) -> None:
+        """A new video from an image (a path or [3, H, W] in [-1, 1]) and a prompt (encoded in a child process,
+        cached); its size follows the image's aspect within the settings' pixel budget."""
+        from .opening import fast_settings, load_start_image, start_inputs
+
+        self._check_open()
+        if not hasattr(self, "files"):
+            raise WorldError("start() needs a session made by WorldSession.open(); use begin() otherwise")
+        pixels = load_start_image(image)
+        h, w, condition, context = start_inputs(self.files, self.world_settings, self.vae, pixels, prompt,
+                                                self.device)
+        self.begin(condition, context, prompt, fast_settings(self.world_settings, self.format, self.device, h, w))
+
+    # ---- saving --------------------------------------------------------------------------------------------------
+    def save(self, prefix, *, write_video: Optional[Callable] = None, state: bool = False, fps: int = 16):
+        """Write what was made: prefix.mp4 (with `write_video(frames, path, fps)`, frames an iterator of uint8
+        [n, H, W, 3]), prefix.actions.txt, prefix_camera/poses.npy + intrinsics.npy (a video steered by keys)
+        and, with state=True, prefix.state to continue it later. Each file is whole or not written."""
+        from .saving import save_session
+
+        return save_session(self, prefix, write_video=write_video, state=state, fps=fps)
+
+    def trajectory_picture(self, size: tuple[int, int] = (320, 320)):
+        """A PIL picture of the camera path so far (top and side views), None before the first chunk."""
+        path = self.camera_path()
+        if path is None:
+            return None
+        from ..wan.control.trajectory_plot import plot_trajectory
+
+        return plot_trajectory(path[0], path[1], size=size, key_frames=3)
+
+    # ---- the video ---------------------------------------------------------------------------------------------
+    def begin(self, condition, context: torch.Tensor, prompt: str, settings: Optional[FastSettings] = None) -> None:
+        """A new video: its conditioning (a ConditionTrack, or a FixedCondition / y tensor for a known length), the
+        prompt's embedding [L, dim] and the prompt. The cache and decoder start over."""
+        self._check_open()
+        if isinstance(condition, torch.Tensor):
+            condition = FixedCondition(condition)
+        if settings is not None:
+            self.settings = settings
+        self.condition = condition
+        self.context = context.detach().to("cpu", torch.float32)
+        self.prompt = prompt
+        self.parts = []
+        self._reset_cache()
+        self._reset_decoder()
+
+    def resume(self, state: FastState, restore) -> None:
+        """Go on with a saved video: its state, and `restore` with fill(i, k, v) + restore_counters(cache) (a
+        state file, or a parked cache) to put its K/V back when the cache is placed."""
+        self._check_open()
+        if state.condition is None:
+            raise WorldError("the saved video has no conditioning for later frames; it cannot be continued")
+        self.settings = state.settings
+        self.condition = state.condition
+        self.context = state.context
+        self.prompt = state.prompt
+        self._reset_cache()
+        self._reset_decoder()
+        self.parts = [_Part(state, CameraSource(), None, None, resumed=True)]
+        self._restore = restore
+
+    @property
+    def state(self) -> Optional[FastState]:
+        """The video after its last part (None before the first)."""
+        return self.parts[-1].state if self.parts else None
+
+    @property
+    def chunks(self) -> int:
+        return self.state.chunks if self.parts else 0
+
+    @property
+    def frames(self) -> int:
+        return self.state.frames if self.parts else 0
+
+    @property
+    def height(self) -> int:
+        return self.settings.height
+
+    @property
+    def width(self) -> int:
+        return self.settings.width
+
+    def keys_for_next_chunk(self) -> int:
+        """Frames of keys the next chunk takes: 8 for the video's first chunk (its first frame is the image), 12."""
+        return VAE_TEMPORAL_STRIDE * (CHUNK_FRAMES - 1) if self.chunks == 0 else CHUNK_VIDEO_FRAMES
+
+    # ---- planning a part -----------------------------------------------------------------------------------------
+    def plan_part(self, source: CameraSource, frames: Optional[int] = None) -> PartPlan:
+        """The next part for keys / a camera / nothing (`frames` asked for; None: as long as the input)."""
+        self._check_open()
+        if self.condition is None:
+            raise WorldError("start a video first (begin / start)")
+        if not self.parts:
+            return plan_first_part(source, frames, self.settings)
+        return plan_next_part(self.state, source, frames)
+
+    # ---- running a part ------------------------------------------------------------------------------------------
+    def run_part(self, part: PartPlan, source: CameraSource, frames: Optional[int] = None, *,
+                 on_frames: Optional[Callable[[torch.Tensor], None]] = None, final_context: bool = True,
+                 release_cache_after: bool = False, keys: Optional[KeyTimeline] = None,
+                 on_done: Optional[Callable[[FastState], None]] = None, label: str = "") -> torch.Tensor:
+        """Make every chunk of `part` (planned by `plan_part` from `source` and `frames`); returns its latent
+        [1, 16, F, h, w] (normalised, on the device).
+
+        on_frames(frames [1, 3, T, H, W] in [-1, 1]): each chunk's frames from the streaming decoder (needs a VAE).
+        final_context=False skips the last chunk's context pass (only a later part reads it; the latent is the
+        same) -- then the video cannot be continued. release_cache_after: free the cache when its last chunk is done
+        with it (the end of a batch run). on_done(state): called after the last chunk while the cache is still
+        there (saving a state file)."""
+        self._check_open()
+        latent_start = self.state.latent_frames if self.parts else 0
+        model = self._ensure_model()
+        self._ensure_cache(latent_start + part.latent_frames)
+        y = self.condition.frames(latent_start, part.latent_frames)
+        ctx = pad_context([self.context], self._text_len(model)).to(self.device)
+        decoder = self._decoder_for(on_frames)
+        run: Optional[FastRun] = None
+        t_decode = 0.0
+
+        def on_chunk(index: int, x0: torch.Tensor) -> None:
+            nonlocal t_decode
+            if release_cache_after and on_done is None and index == run.chunks - 1:
+                self._release_cache()  # done with it: freed while this chunk is decoded and written
+            if decoder is not None:
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    on_frames(decoder.decode(x0))
+                t_decode += time.perf_counter() - t
+
+        t0 = time.perf_counter()
+        run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
+                         final_context=final_context, callback=self.callback, on_chunk=on_chunk,
+                         cancel_check=self.cancel_check)
+        try:
+            with torch.inference_mode():
+                latent = run.run()
+        except BaseException:
+            self._after_interrupt(run)
+            raise
+        state = finish_part(run, part, self.settings, self.state, context=self.context, prompt=self.prompt,
+                            label=label or source.label or source.kind)
+        state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
+        self.parts.append(_Part(state, source, frames, part.keys, keys))
+        if not final_context:
+            self._unfinished = True
+        if on_done is not None:
+            on_done(state)
+        if release_cache_after:
+            self._release_cache()
+        total = time.perf_counter() - t0
+        self.last_times = ChunkTimes(total - t_decode, t_decode, total)
+        return latent
+
+    def step(self, keys: Union[KeyTimeline, str, None] = None) -> Iterator[ChunkFrames]:
+        """One chunk steered by `keys` (a KeyTimeline, an action string, or None: no key pressed), yielding its
+        frames latent frame by latent frame as they are decoded. Keys shorter than `keys_for_next_chunk()` are
+        padded with frames without keys."""
+        need = self.keys_for_next_chunk()
+        timeline = self._keys(keys, need)
+        if self.vae is None:
+            raise WorldError("this session has no VAE: step() decodes the frames as they are made")
+        if getattr(self, "_unfinished", False):
+            raise WorldError("the last part skipped its final context pass; the video cannot go on")
+        source = CameraSource(keys=timeline, label="keys")
+        frames = first_part_frames(1) if not self.parts else CHUNK_VIDEO_FRAMES
+        part = self.plan_part(source, frames)
+        start_frame = self.frames
+        chunk = self.chunks
+        decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on the past)
+        t0 = time.perf_counter()
+        self._grow_ahead = True
+        self.run_part(part, source, frames, keys=timeline)
+        t_dit = time.perf_counter() - t0
+        latent = self.state.latents[-1]
+        decoded = 0.0
+        first = start_frame
+        for i in range(latent.shape[2]):
+            t = time.perf_counter()
+            with torch.inference_mode():
+                frames_i = to_uint8(decoder.decode(latent[:, :, i:i + 1].to(self.device)))
+            decoded += time.perf_counter() - t
+            self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0)
+            yield ChunkFrames(chunk, first, frames_i)
+            first += frames_i.shape[0]
+
+    def _keys(self, keys, need: int) -> KeyTimeline:
+        if keys is None:
+            return KeyTimeline.none(need)
+        if isinstance(keys, str):
+            keys = KeyTimeline.from_string(keys) if keys.strip() else KeyTimeline.none(need)
+        if not isinstance(keys, KeyTimeline):
+            raise KeyInputError(f"keys must be an action string or a KeyTimeline, got {type(keys).__name__}")
+        if keys.frames > need:
+            raise KeyInputError(f"{keys.frames} frames of keys for one chunk, which takes {need}; give at most {need}")
+        return keys.padded(need)
+
+    # ---- what was played -----------------------------------------------------------------------------------------
+    def keys(self) -> Optional[KeyTimeline]:
+        """Every key frame of the video so far (None when a part had a camera or no keys)."""
+        out: Optional[KeyTimeline] = None
+        for p in self.parts:
+            k = p.played_keys if p.played_keys is not None else p.plan_keys
+            if k is None:
+                return None
+            out = k if out is None else out + k
+        return out
+
+    def action_string(self) -> str:
+        """The keys so far as one action string: `generate --model fast --rule continuable --actions` of it makes
+        this video (with the same seed, size and cache rules)."""
+        k = self.keys()
+        return "" if k is None else k.to_string()
+
+    def camera_path(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(camera-to-world poses [N, 4, 4] of every video frame so far, intrinsics [4]) of a video steered by keys."""
+        k = self.keys()
+        if k is None or not self.parts:
+            return None
+        from ..wan.control.act_to_camera import keys_to_camera
+
+        path, _ = keys_to_camera(k)
+        return np.asarray(path.poses), np.asarray(path.intrinsics[0])
+
+    # ---- going back ----------------------------------------------------------------------------------------------
+    def rewind(self, parts: int) -> None:
+        """Back to the boundary after `parts` parts (chunks, for a played video); 0 = the start image."""
+        self._check_open()
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 0 <= parts <= len(self.parts):
+            raise WorldError(f"rewind to {parts!r}: choose a chunk boundary from 0 to {len(self.parts)}")
+        if parts == len(self.parts):
+            return
+        if parts == 0:
+            self.parts = []
+            self._reset_cache()
+            self._reset_decoder()
+            return
+        target = self.parts[parts - 1].state
+        cache = self.cache
+        evicted_since = cache is not None and (cache.global_end - cache.local_end
+                                               != target.kv_global_end - target.kv_local_end)
+        self.parts = self.parts[:parts]
+        self._unfinished = False
+        if cache is not None and not evicted_since and cache.local_end >= target.kv_local_end:
+            cache.global_end, cache.local_end, cache.plan = target.kv_global_end, target.kv_local_end, None
+        else:
+            self._rebuild_cache()
+        self._reset_decoder()
+
+    def _rebuild_cache(self) -> None:
+        """The cache of the kept parts, made again by replaying their context passes in order."""
+        self._release_cache()
+        model = self._ensure_model()
+        kept = list(self.parts)
+        if kept[0].resumed:
+            raise WorldError("the cache of a continued saved video cannot be rebuilt once it has evicted tokens; "
+                             "continue from the state file again to go back")
+        self.parts = []
+        self._ensure_cache(kept[-1].state.latent_frames)
+        text_len = self._text_len(model)
+        start = 0
+        before: Optional[FastState] = None
+        with torch.inference_mode():
+            for p in kept:
+                part = (plan_first_part(p.source, p.frames, self.settings) if before is None
+                        else plan_next_part(before, p.source, p.frames))
+                y = self.condition.frames(start, part.latent_frames)
+                ctx = pad_context([p.state.context], text_len).to(self.device)
+                latent = p.state.latents[-1]
+                for c in range(part.chunks):
+                    sl = slice(c * CHUNK_FRAMES, (c + 1) * CHUNK_FRAMES)
+                    cam = None if part.camera is None else part.camera[:, :, sl].to(self.device)
+                    context_pass(model, latent[:, :, sl].to(self.device), ctx, y[:, :, sl].to(self.device), cam,
+                                 self.cache, start + c * CHUNK_FRAMES)
+                start += part.latent_frames
+                before = p.state
+        if (self.cache.global_end, self.cache.local_end) != (before.kv_global_end, before.kv_local_end):
+            raise RuntimeError("the rebuilt cache does not end where the video does")
+        self.parts = kept
+
+    # ---- decoding ------------------------------------------------------------------------------------------------
+    def latent(self) -> torch.Tensor:
+        """The whole video's latent so far [1, 16, F, h, w] (normalised, CPU)."""
+        if not self.parts:
+            raise WorldError("no chunk made yet")
+        return self.state.latent()
+
+    def video_frames(self) -> Iterator[np.ndarray]:
+        """The whole video so far, decoded again from its latents (uint8 [n, H, W, 3] per latent frame): what a
+        batch run writes."""
+        if self.vae is None:
+            raise WorldError("this session has no VAE to decode with")
+        z = self.latent()
+        decoder = StreamingDecoder(self.vae, tiled=self.settings.vae_tiled)
+        try:
+            for i in range(z.shape[2]):
+                with torch.inference_mode():
+                    yield to_uint8(decoder.decode(z[:, :, i:i + 1].to(self.device)))
+        finally:
+            decoder.close()
+
+    def _decoder_for(self, on_frames) -> Optional[StreamingDecoder]:
+        if on_frames is None or self.vae is None:
+            return None
+        if self.decoder is None:
+            self.decoder = StreamingDecoder(self.vae, tiled=self.settings.vae_tiled)
+            if self.parts:
+                with torch.inference_mode():
+                    warm_up(self.decoder, self.latent().to(self.device))
+        return self.decoder
+
+    def _reset_decoder(self) -> None:
+        if self.decoder is not None:
+            self.decoder.close()
+        self.decoder = None
+
+    # ---- the model and the cache ---------------------------------------------------------------------------------
+    def _ensure_model(self) -> nn.Module:
+        if self.model is None:
+            t = time.perf_counter()
+            model = self._load_model()
+            if self._prepare_model is not None:
+                model = self._prepare_model(model)
+            self.model = model
+            self.load_seconds = time.perf_counter() - t
+        return self.model
+
+    def _text_len(self, model) -> int:
+        return self.text_len or int(getattr(getattr(model, "cfg", None), "text_len", 512))
+
+    def _ensure_cache(self, latent_frames: int) -> None:
+        """A cache that holds a video of `latent_frames`: placed the first time, grown (moved through host memory)
+        when a video without a window outgrows it."""
+        restore = getattr(self, "_restore", None)
+        if self.cache is None:
+            plan = self.placement.plan
+            if getattr(self, "_grow_ahead", False):  # a played video: room for the next 81 frames at once
+                need = play_layout(self.settings, latent_frames)
+            else:
+                need = session_layout(self.settings, latent_frames)
+            if plan.layout != need:  # planned for another size, or grown since
+                self.placement.plan = replace(plan, layout=need)
+            self.cache = self.placement.make_cache(fill=None if restore is None else restore.fill)
+            if restore is not None:
+                restore.restore_counters(self.cache)
+                self._restore = None
+            return
+        layout = self.placement.plan.layout
+        tokens = latent_frames * self.settings.frame_tokens
+        if layout.evict or tokens <= layout.capacity:
+            return
+        grown = session_layout(self.settings, latent_frames + GROW_LATENT_FRAMES - latent_frames % GROW_LATENT_FRAMES)
+        log.info("K/V cache: growing from %d to %d tokens per layer", layout.capacity, grown.capacity)
+        parked = park(self.placement.placement)
+        self._release_cache()
+        self.placement.plan = replace(self.placement.plan, layout=grown)
+        self.cache = self.placement.make_cache(fill=parked.fill)
+        parked.restore_counters(self.cache)
+        parked.release()
+
+    def _release_cache(self) -> None:
+        if self.cache is not None:
+            self.placement.release_cache()
+            self.cache = None
+
+    def _reset_cache(self) -> None:
+        """An empty cache for a new video: the placed one with its counters at zero, or none yet."""
+        self._restore = None
+        self._unfinished = False
+        self._release_cache()  # a new video may have another prompt (text K/V) and a ring may have rotated
+
+    def _after_interrupt(self, run: Optional[FastRun]) -> None:
+        """A part stopped mid-way: the video stays at its last complete part (the cache goes back there)."""
+        self._reset_decoder()
+        if self.cache is None:
+            return
+        keep = self.parts[-1].state if self.parts else None
+        ge, le = (keep.kv_global_end, keep.kv_local_end) if keep is not None else (0, 0)
+        c = self.cache
+        if c.global_end - c.local_end == ge - le and c.local_end >= le:
+            c.global_end, c.local_end, c.plan = ge, le, None
+        elif keep is None:
+            self._release_cache()
+        else:
+            self._rebuild_cache()
+
+    # ---- the end -----------------------------------------------------------------------------------------------
+    def park(self):
+        """Take the cache out into host memory (a ParkedKV) and free the device's share; the session can go on
+        after `resume(state, parked)`."""
+        if self.cache is None:
+            raise WorldError("no cache to park")
+        parked = park(self.placement.placement)
+        self._release_cache()
+        return parked
+
+    def close(self) -> None:
+        """Free the decoder, the cache and the model (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._reset_decoder()
+        self.cache = None
+        self.model = None
+        self.placement.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WorldError("this World session is closed; open a new one")
+
+    def __enter__(self) -> "WorldSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _speed_preparer(speed):
+    if speed is None:
+        return None
+    from ..speed.options import apply_speed
+
+    return lambda model: apply_speed(model, speed)
