@@ -85,7 +85,7 @@ def write_picture(args, part: PartPlan, source: CameraSource, target: Path) -> O
 
 @dataclass
 class SaveState:
-    """--save-state: the target, checked before the run, and the size it will have."""
+    """--save-state: the target and the size it will have (checked with the other outputs before the run)."""
 
     path: Path
     estimate: int
@@ -97,11 +97,7 @@ class SaveState:
 
         if args.save_state is None:
             return None
-        path = Path(args.save_state).expanduser()
-        if path.is_dir():
-            raise UsageError(f"--save-state {path} is a folder; give a file name, e.g. {path / 'video.state'}")
-        if not path.parent.is_dir():
-            raise UsageError(f"--save-state {path}: the folder {path.parent} does not exist")
+        path = Path(args.save_state).expanduser()  # checked with every other output (cli/fast_request.py)
         layout = settings.layout(latent_frames)
         tokens = min(layout.capacity, latent_frames * settings.frame_tokens)
         dtype = getattr(torch, settings.cache_dtype)
@@ -257,11 +253,10 @@ def run_part(world, part: PartPlan, source: CameraSource, frames, *, args, targe
     finally:
         bar.close()
         world.callback = None
-        if writer is not None:  # stopped early: keep what was decoded, never an empty file
-            total = part.chunks
-            if writer.frames:
-                print(f"stopped after {done[0]} of {total} chunks: the {writer.frames} frames decoded so far are in "
-                      f"{writer.close()}", flush=True)
+        if writer is not None and writer.open:  # stopped early: what was decoded goes to a new name, never --out
+            frames, kept = writer.frames, writer.keep_partial()
+            if kept is not None:
+                print(f"stopped after {done[0]} of {part.chunks} chunks: the {frames} frames decoded so far are in "
+                      f"{kept} ({target.path} was not touched)", flush=True)
             else:
-                writer.abort()
-                print(f"stopped after {done[0]} of {total} chunks; nothing written", flush=True)
+                print(f"stopped after {done[0]} of {part.chunks} chunks; nothing written", flush=True)

@@ -92,6 +92,7 @@ BASE_ONLY = (("--steps", None), ("--guide-scale", [5.0]), ("--boundary", 0.947),
              ("--cfg-mode", "auto"), ("--memory-mode", "auto"), ("--negative-prompt", None), ("--camera-cache", "auto"),
              ("--blocks-on-gpu", None), ("--high", None), ("--low", None))
 LORA_FLAGS = (("--lora", []), ("--lora-high", []), ("--lora-low", []))
+EXPERT_LORA_FLAGS = LORA_FLAGS[1:]  # one expert of the base model's two
 # What a continuation takes from the state it continues.
 FROM_THE_STATE = (("--image", None), ("--size", "480*832"), ("--seed", 42), ("--noise", "auto"),
                   ("--rule", "reference"))
@@ -153,9 +154,9 @@ def check_model_flags(args) -> None:
     if given:
         raise UsageError(f"--model fast does not take {given[0]} (it runs 4 distilled steps per chunk without "
                          f"guidance, from --fast-model); leave {given[0]} out")
-    given = _given(args, LORA_FLAGS)
+    given = _given(args, EXPERT_LORA_FLAGS)
     if given:
-        raise UsageError(f"{given[0]}: the Fast model takes no LoRA yet; use the base model (leave --model out)")
+        raise UsageError(f"{given[0]}: the Fast model is one model, not two experts; use --lora FILE[:STRENGTH]")
     continuing = getattr(args, "continue_from", None) is not None
     if not continuing and getattr(args, "whole_video", None) is not None:
         raise UsageError("--whole-video writes the whole video of a continuation: it needs --continue-from")

@@ -36,6 +36,9 @@ SPACE_MARGIN_BYTES = 256 * 1024
 VIDEO_BYTES_PER_PIXEL = {".mp4": 1.0, ".webm": 1.0, ".gif": 1.5, None: 3.2}
 
 
+EXAMPLE_NAMES = {"--save-state": "video.state", "--trajectory-picture": "trajectory.png"}
+
+
 @dataclass(frozen=True)
 class OutputSpec:
     """One target: the flag that names it (for the message), the path, the bytes it is estimated to take.
@@ -91,7 +94,8 @@ def _check_kind(spec: OutputSpec, path: Path) -> None:
     if stat.S_ISREG(st.st_mode) or (spec.folder and stat.S_ISDIR(st.st_mode)):
         return
     what = _describe(st)
-    fix = f"give a file name inside it, e.g. {path / 'out'}{Path(spec.path).suffix or ''}" if what == "a folder" \
+    example = path / EXAMPLE_NAMES.get(spec.flag, "video.mp4")
+    fix = f"give a file name inside it, e.g. {example}" if what == "a folder" \
         else "give the path of a regular file (it is replaced only when the run succeeds)"
     raise UsageError(f"{spec.flag} {path} is {what}, not a file; {fix}")
 

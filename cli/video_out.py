@@ -220,7 +220,7 @@ class VideoWriter:
             finally:
                 proc.wait()
         tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
-        raise VideoWriteError(f"ffmpeg failed writing {self._tmp.name} (exit code {proc.returncode if proc else '?'})"
+        raise VideoWriteError(f"ffmpeg failed writing {self.target.path} (exit code {proc.returncode if proc else '?'})"
                               + (f": {tail[-1]}" if tail else ""))
 
     @property
@@ -266,7 +266,7 @@ class VideoWriter:
                 proc.wait()
                 if proc.returncode != 0:
                     tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
-                    raise VideoWriteError(f"ffmpeg failed writing {self._tmp.name} (exit code {proc.returncode})"
+                    raise VideoWriteError(f"ffmpeg failed writing {self.target.path} (exit code {proc.returncode})"
                                           + (f": {tail[-1]}" if tail else ""))
                 got = _ffmpeg_frames(self.target.ffmpeg or "ffmpeg", self._tmp)
                 if got != self.frames:
