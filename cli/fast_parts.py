@@ -93,7 +93,7 @@ class SaveState:
 
     @classmethod
     def plan(cls, args, settings: FastSettings, cfg, latent_frames: int) -> Optional["SaveState"]:
-        from ..loaders.fast_state_file import describe_size, kv_bytes
+        from ..loaders.fast_state_file import HEADER_RESERVE_BYTES, describe_size, kv_bytes
 
         if args.save_state is None:
             return None
@@ -103,7 +103,8 @@ class SaveState:
         dtype = getattr(torch, settings.cache_dtype)
         kv = kv_bytes(tokens, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype)
         lat_h, lat_w = settings.height // 8, settings.width // 8
-        small = 4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
+        small = (4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
+                 + HEADER_RESERVE_BYTES)
         out = cls(path, kv + small)
         if not args.quiet:
             print(f"state: {path} will hold {describe_size(out.estimate)} (the K/V cache: {tokens} tokens x "
