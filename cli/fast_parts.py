@@ -232,10 +232,10 @@ def run_part(world, part: PartPlan, source: CameraSource, frames, *, args, targe
 
     writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if stream else None
     bar = ProgressLine(part.chunks * len(STEP_INDICES), enabled=not args.quiet)
-    done = [0]
+    done = [0]  # chunks whose steps are all done
 
     def progress(info):
-        done[0] = info.chunk
+        done[0] = (info.index + 1) // len(STEP_INDICES)
         bar.update(replace(info, expert=f"chunk {info.chunk + 1}/{info.chunks}"))
 
     world.callback = progress
