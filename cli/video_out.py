@@ -165,7 +165,7 @@ class VideoWriter:
         self._raise_failed()
         if self.target.container is None:
             for f in frames:
-                self._pending.append(self._pool.submit(_save_png, f, self._tmp / FRAME_NAME.format(self.frames)))
+                self._pending.append(self._pool.submit(self._png, f, self._tmp / FRAME_NAME.format(self.frames)))
                 self.frames += 1
             return
         size = (frames.shape[2], frames.shape[1])
@@ -180,6 +180,12 @@ class VideoWriter:
             raise VideoWriteError(f"frame size {size} differs from the first frames' {self._size}")
         self._pending.append(self._pool.submit(self._pipe, np.ascontiguousarray(frames)))
         self.frames += len(frames)
+
+    def _png(self, frame: np.ndarray, path: Path) -> None:
+        try:
+            _save_png(frame, path)
+        except OSError as e:  # named by the target, not by the temp folder the frames go to first
+            raise VideoWriteError(f"cannot write the PNG frames of {self.target.path} ({e.strerror or e})") from None
 
     def _pipe(self, frames: np.ndarray) -> None:
         try:
