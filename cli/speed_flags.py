@@ -1,9 +1,15 @@
-"""`generate`'s speed flags (--compile, --compute, --attention): parsed into SpeedOptions and checked against the
-device before anything loads (speed/options.py does the work)."""
+"""`generate`'s speed flags (--speed, --compile, --compute, --attention): parsed into SpeedOptions and checked
+against the device before anything loads (speed/options.py and speed/presets.py do the work).
+
+--speed names a preset (exact / fast / draft / auto); a flag given explicitly wins over the preset's value for it.
+Without --speed the three flags alone decide, as before (their defaults are the `auto` preset's options).
+"""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
+from typing import Optional
 
 import torch
 
@@ -16,20 +22,40 @@ from ..speed.options import (
     SpeedPlan,
     resolve_speed,
 )
+from ..speed.presets import FLAG_NAMES, PRESET_NAMES, attach_preset, preset_options
+
+EXPLICIT = "speed_explicit"  # the namespace attribute naming the speed flags the user gave
+
+
+class _Explicit(argparse.Action):
+    """Stores the value and records that the flag was given (so it wins over a --speed preset)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given = set(getattr(namespace, EXPLICIT, None) or ())
+        given.add(self.dest)
+        setattr(namespace, EXPLICIT, given)
 
 
 def add_speed_args(parser) -> None:
     g = parser.add_argument_group("speed")
-    g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"],
+    g.add_argument("--speed", choices=PRESET_NAMES, default=None,
+                   help="speed preset: exact (eager, bf16, exact attention: the reference numerics), auto (the "
+                        "fastest exact path for the card: compiled per-token work, bf16, exact attention), fast (FP8 "
+                        "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, exact attention; approximate), draft (fast + 3 "
+                        "steps per chunk, the context pass folded into the last step, a 15-frame K/V window and a "
+                        "bf16 VAE decode for the Fast model; for previews and real-time play). --compile/--compute/"
+                        "--attention given explicitly override the preset")
+    g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"], action=_Explicit,
                    help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "
                         "Triton; same results to bf16 rounding; the first run compiles, later runs use the cache in "
                         "~/.cache/lingbot-world/inductor)")
-    g.add_argument("--compute", choices=COMPUTE_CHOICES, default=DEFAULTS["compute"],
+    g.add_argument("--compute", choices=COMPUTE_CHOICES, default=DEFAULTS["compute"], action=_Explicit,
                    help="GEMM precision of the NF4 linears: bf16 (exact, default), fp8 (RTX 40xx/Ada, Hopper+), "
                         "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards), or auto (fp8 "
                         "where the card has it, else int8 on Ampere, else bf16); all but bf16 change the output "
                         "slightly")
-    g.add_argument("--attention", choices=ATTENTION_CHOICES, default=DEFAULTS["attention"],
+    g.add_argument("--attention", choices=ATTENTION_CHOICES, default=DEFAULTS["attention"], action=_Explicit,
                    help="attention kernel: auto (torch SDPA with the fastest exact kernel for the GPU: cuDNN on "
                         "Hopper, FlashAttention-2 on Ampere/Ada; with --compute fp8 on Hopper+ it picks fp8), sdpa "
                         "(the same, always exact), sage (SageAttention, approximate), flash (flash-attn package), "
@@ -42,9 +68,11 @@ def add_speed_args(parser) -> None:
 def speed_plan(args, device: torch.device) -> SpeedPlan:
     """Resolve the flags for `device`. An explicit choice the machine cannot run raises SpeedOptionError (a
     ValueError: the CLI prints its one line as a bad-input error) before anything loads. Silent: the plan is
-    logged by `log_speed_plan` once every other check has passed, so a bad input stays a one-line error."""
-    return resolve_speed(SpeedOptions(args.compile, args.compute, args.attention), device,
-                         weights=getattr(args, "weights", "nf4"))
+    logged by `log_speed_plan` once every other check has passed, so a bad input stays a one-line error.
+    With --speed the preset's options apply (explicit flags over them) and the plan records the preset."""
+    flags = _flags(args)
+    plan = resolve_speed(SpeedOptions(flags.compile, flags.compute, flags.attention), device, weights=flags.weights)
+    return attach_preset(plan, flags.speed)
 
 
 def log_speed_plan(plan: SpeedPlan, log: logging.Logger) -> None:
@@ -72,14 +100,15 @@ def fast_speed_plan(args, device: torch.device, chunks: int, before_compiler_che
     (seconds). Any other compile choice calls before_compiler_check() first (the CLI waits there for its
     background imports, which import torch._dynamo too: cli/heavy_imports.py)."""
     device = torch.device(device)
-    if args.compile == "auto" and chunks < FAST_COMPILE_MIN_CHUNKS and device.type == "cuda":
-        plan = speed_plan(dataclasses.replace(_flags(args), compile="off"), device)
+    flags = _flags(args)
+    if flags.compile == "auto" and chunks < FAST_COMPILE_MIN_CHUNKS and device.type == "cuda":
+        plan = speed_plan(dataclasses.replace(flags, compile="off"), device)
         plan.notes.insert(0, _short_video_note(chunks))
         return plan
-    if before_compiler_check is not None and (args.compile == "blocks" or
-                                              (args.compile == "auto" and device.type == "cuda")):
+    if before_compiler_check is not None and (flags.compile == "blocks" or
+                                              (flags.compile == "auto" and device.type == "cuda")):
         before_compiler_check()
-    return fast_compile_policy(speed_plan(args, device), args, chunks)
+    return fast_compile_policy(speed_plan(flags, device), flags, chunks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +117,19 @@ class _Flags:
     compute: str
     attention: str
     weights: str
+    speed: Optional[str] = None
+    speed_explicit: frozenset = frozenset(FLAG_NAMES)  # the preset (if any) is folded into the three values
 
 
 def _flags(args) -> _Flags:
-    return _Flags(args.compile, args.compute, args.attention, getattr(args, "weights", "nf4"))
+    """The effective compile/compute/attention: the --speed preset's, with the flags given explicitly over it (a
+    namespace without --speed, e.g. built by a caller, keeps its three values)."""
+    speed = getattr(args, "speed", None)
+    values = {name: getattr(args, name) for name in FLAG_NAMES}
+    if speed is not None:
+        given = set(getattr(args, EXPLICIT, None) or ())
+        values = dataclasses.asdict(preset_options(speed, {k: values[k] for k in given}))
+    return _Flags(values["compile"], values["compute"], values["attention"], getattr(args, "weights", "nf4"), speed)
 
 
 def _short_video_note(chunks: int) -> str:

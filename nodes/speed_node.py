@@ -1,5 +1,6 @@
-"""LingBot Speed Options: compile, GEMM precision and attention kernel for the experts, checked against the GPU
-when the node runs (before any expert loads) and applied by the Expert Loader's experts on every load."""
+"""LingBot Speed Options: a speed preset, or compile, GEMM precision and attention kernel for the experts, checked
+against the GPU when the node runs (before any expert loads) and applied by the Expert Loader's experts on every
+load. The preset's chunk levers (draft) travel on the plan to the Fast model's chunk loop."""
 from __future__ import annotations
 
 import logging
@@ -14,18 +15,23 @@ from ..speed.options import (
     SpeedPlan,
     resolve_speed,
 )
+from ..speed.presets import PRESET_NAMES, PRESETS, attach_preset, preset_options
 from .payloads import CATEGORY, SPEED
 from .progress import show_on_node
 
 log = logging.getLogger(__name__)
 
+CUSTOM = "custom"  # the speed widget's value that leaves the three widgets in charge
+SPEED_CHOICES = (CUSTOM,) + PRESET_NAMES
 
-def plan_speed(options: SpeedOptions, weights: str = "nf4") -> SpeedPlan:
-    """Resolve options for ComfyUI's torch device; an explicit choice the GPU cannot run raises one line."""
+
+def plan_speed(options: SpeedOptions, weights: str = "nf4", preset: str | None = None) -> SpeedPlan:
+    """Resolve options for ComfyUI's torch device (a preset's chunk levers recorded on the plan); an explicit
+    choice the GPU cannot run raises one line."""
     import comfy.model_management as mm
 
     try:
-        plan = resolve_speed(options, mm.get_torch_device(), weights=weights)
+        plan = attach_preset(resolve_speed(options, mm.get_torch_device(), weights=weights), preset)
     except SpeedOptionError as e:
         raise ValueError(f"LingBot Speed Options: {e}") from None
     for note in plan.notes:
@@ -57,7 +63,13 @@ class LingBotSpeedOptions:
                     "cuDNN FP8 attention for the video tokens (H100 and newer, pip install nvidia-cudnn-frontend; "
                     "approximate, ~1.6x faster attention); auto picks it when compute is fp8 on such a GPU. cudnn: "
                     "exact, through the same package, with cuDNN's fastest plan for each shape.")}),
-            }
+            },
+            "optional": {
+                "speed": (list(SPEED_CHOICES), {"default": CUSTOM, "tooltip": (
+                    "A speed preset; anything but custom replaces the three settings above. "
+                    + " ".join(f"{name}: {PRESETS[name].summary}." for name in PRESET_NAMES)
+                    + " The draft levers apply to the Fast model's chunks.")}),
+            },
         }
 
     RETURN_TYPES = (SPEED,)
@@ -69,7 +81,13 @@ class LingBotSpeedOptions:
                    "experts; refuses a choice this GPU cannot run before anything loads.")
 
     def choose(self, compile: str = DEFAULTS["compile"], compute: str = DEFAULTS["compute"],
-               attention: str = DEFAULTS["attention"]):
-        plan = plan_speed(SpeedOptions(compile, compute, attention))
+               attention: str = DEFAULTS["attention"], speed: str = CUSTOM):
+        if speed == CUSTOM:
+            plan = plan_speed(SpeedOptions(compile, compute, attention))
+        elif speed in PRESETS:
+            plan = plan_speed(preset_options(speed), preset=speed)
+        else:
+            raise ValueError(f"LingBot Speed Options: speed={speed!r} is not a preset; choose one of "
+                             f"{', '.join(SPEED_CHOICES)}")
         show_on_node("\n".join([plan.summary()] + list(plan.notes)))  # what auto picked on this GPU, and why
         return (plan,)

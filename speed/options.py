@@ -24,6 +24,7 @@ from ..quant import compute as qcompute
 from ..quant import fp8, int8, rowwise_triton
 from ..wan.dit import attention as attn
 from . import compile as compile_mod
+from .levers import ChunkLevers
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,17 @@ class SpeedPlan:
     # False: a compiler error mid-run logs one line and that phase runs eagerly (the same maths); the preflight
     # has already refused machines that cannot compile at all. True (tests, debugging): the error is raised.
     strict_compile: bool = False
+    # The speed preset that made the plan (speed/presets.py; None: the flags alone) and its Fast chunk-loop levers.
+    preset: Optional[str] = None
+    levers: ChunkLevers = field(default_factory=ChunkLevers)
+
+    def fast_run_options(self) -> dict:
+        """FastRun keyword options of the plan's chunk levers (empty for the release's schedule)."""
+        return self.levers.fast_run_options()
+
+    def fast_window(self, window_frames: Optional[int], latent_frames: Optional[int] = None) -> Optional[int]:
+        """The K/V window (latent frames) a Fast run uses under this plan: the run's, capped by the levers."""
+        return self.levers.window(window_frames, latent_frames)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -73,7 +85,8 @@ class SpeedPlan:
 
     def summary(self) -> str:
         order = f" ({'>'.join(self.sdpa_order)})" if self.attention == "sdpa" and self.sdpa_order else ""
-        return f"compile={self.compile}, compute={self.compute}, attention={self.attention}{order}"
+        head = f"preset={self.preset}, " if self.preset else ""
+        return f"{head}compile={self.compile}, compute={self.compute}, attention={self.attention}{order}"
 
 
 def _resolve_compile(choice: str, device: torch.device, notes: list) -> str:

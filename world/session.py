@@ -256,7 +256,8 @@ class WorldSession:
     def run_part(self, part: PartPlan, source: CameraSource, frames: Optional[int] = None, *,
                  on_frames: Optional[Callable[[torch.Tensor], None]] = None, final_context: bool = True,
                  release_cache_after: bool = False, keys: Optional[KeyTimeline] = None,
-                 on_done: Optional[Callable[[FastState], None]] = None, label: str = "") -> torch.Tensor:
+                 on_done: Optional[Callable[[FastState], None]] = None, label: str = "",
+                 on_latent: Optional[Callable[[int, torch.Tensor], None]] = None) -> torch.Tensor:
         """Make every chunk of `part` (planned by `plan_part` from `source` and `frames`); returns its latent
         [1, 16, F, h, w] (normalised, on the device).
 
@@ -264,7 +265,7 @@ class WorldSession:
         final_context=False skips the last chunk's context pass (only a later part reads it; the latent is the
         same) -- then the video cannot be continued. release_cache_after: free the cache when its last chunk is done
         with it (the end of a batch run). on_done(state): called after the last chunk while the cache is still
-        there (saving a state file)."""
+        there (saving a state file). on_latent(index, x0): each chunk's latent as it is done (previews)."""
         self._check_open()
         latent_start = self.state.latent_frames if self.parts else 0
         model = self._ensure_model()
@@ -277,6 +278,8 @@ class WorldSession:
 
         def on_chunk(index: int, x0: torch.Tensor) -> None:
             nonlocal t_decode
+            if on_latent is not None:
+                on_latent(index, x0)
             if release_cache_after and on_done is None and index == run.chunks - 1:
                 self._release_cache()  # done with it: freed while this chunk is decoded and written
             if decoder is not None:

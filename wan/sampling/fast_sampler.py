@@ -180,6 +180,9 @@ class FastRun:
     cancel_check() before every model call: True (or raising) stops the run with `Cancelled`.
     final_context: run the last chunk's context pass (it only fills the cache, for a continuation of the video);
     False when nothing will continue it: one model call less, the same latent.
+    fold_context (a draft lever, speed/levers.py; off by default): no context pass; the last denoising call writes
+    the final K/V instead (those of the chunk at the last step's timestep, not of the clean chunk at t = 0). One
+    model call fewer per chunk; later chunks differ.
     """
 
     def __init__(
@@ -200,6 +203,7 @@ class FastRun:
         chunk_frames: int = CHUNK_FRAMES,
         start_chunk: int = 0,
         final_context: bool = True,
+        fold_context: bool = False,
     ):
         if noise is not None and (noise.dim() != 5 or noise.shape[0] != 1):
             raise ValueError(f"noise must be [1, 16, F_lat, h, w], got {tuple(noise.shape)}")
@@ -231,9 +235,14 @@ class FastRun:
         self.chunk_frames = chunk_frames
         self.start_chunk = start_chunk
         self.final_context = final_context
+        self.fold_context = bool(fold_context)
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
+        # With fold_context: per finished chunk, the input and timestep of the call that wrote its final K/V (the
+        # last denoising step's), so `context_pass(..., x, timestep=t)` replays it (rebuilding a cache exactly).
+        # Without it that call is the context pass on the chunk's latent at t = 0 (nothing extra is kept).
+        self.folded_inputs: list[tuple[torch.Tensor, int]] = []
 
     @property
     def chunks(self) -> int:
@@ -245,7 +254,10 @@ class FastRun:
 
     @property
     def model_calls(self) -> int:
-        """Model calls of the whole run: steps + one context pass per chunk (but the last, without final_context)."""
+        """Model calls of the whole run: steps + one context pass per chunk (but the last, without final_context;
+        none with fold_context)."""
+        if self.fold_context:
+            return self.chunks * self.schedule.steps
         return self.chunks * (self.schedule.steps + 1) - (0 if self.final_context else 1)
 
     def _cancel(self) -> None:
@@ -272,11 +284,15 @@ class FastRun:
         cam = self._slice(self.camera, local)
         ctx = self.context.to(self.device)
         x0 = x
+        writes_context = self.final_context or c + 1 < self.chunks
         with torch.no_grad():
             for i, t_int in enumerate(s.timesteps):
                 self._cancel()
                 t = torch.tensor([t_int], device=self.device, dtype=torch.long)
-                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=False)
+                final = self.fold_context and writes_context and i + 1 == s.steps
+                if self.fold_context and i + 1 == s.steps:
+                    folded = (x, t_int)
+                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=final)
                 x0 = velocity_to_x0(x, v.float(), s.sigma_x0[i])
                 del v
                 if i + 1 < s.steps:
@@ -287,10 +303,12 @@ class FastRun:
                     index = c * s.steps + i
                     self.callback(FastStepInfo(index, self.chunks * s.steps, t_int, "fast", x0, c, self.chunks, i,
                                                s.steps))
-            if self.final_context or c + 1 < self.chunks:
+            if writes_context and not self.fold_context:
                 self._cancel()
                 context_pass(self.model, x0, ctx, y, cam, self.cache, start)
         self.latents.append(x0)
+        if self.fold_context:
+            self.folded_inputs.append(folded)
         self.chunk += 1
         if self.on_chunk is not None:
             self.on_chunk(c, x0)
@@ -310,10 +328,11 @@ class FastRun:
 
 
 def context_pass(model: nn.Module, x0: torch.Tensor, context: torch.Tensor, y: torch.Tensor,
-                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int) -> None:
+                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int, timestep: int = 0) -> None:
     """The clean chunk x0 at t = 0 through the model: it writes the K/V later chunks attend to (its output is
-    unused). The only forward of a chunk whose K/V survive it, so replaying these rebuilds a cache exactly."""
-    t0 = torch.zeros(1, device=x0.device, dtype=torch.long)
+    unused). The only forward of a chunk whose K/V survive it, so replaying these rebuilds a cache exactly.
+    A run with fold_context wrote them from its last step instead: replay `FastRun.folded_inputs` (x, timestep)."""
+    t0 = torch.full((1,), int(timestep), device=x0.device, dtype=torch.long)
     model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True)
 
 

@@ -1,0 +1,411 @@
+"""Benchmark: the Fast model's speed presets and levers, per 12-frame chunk (issue 26).
+
+    # one H100 session, four calls (bench/results/fast_chunk_*_h100.json; each call on a fresh machine writes the
+    # Fast expert again, ~20 s, and every case takes 40-65 s)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fast,draft,auto_profile --workdir /tmp/lwfs \
+        --keep --fresh --budget-s 430 --min-case-s 45 --out bench/results/fast_chunk_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,decode,auto_overlap,draft_overlap,fast_overlap,\
+fold,steps3,window15,fp8_gemm,fp8_attn --workdir /tmp/lwfs --fresh --budget-s 470 --min-case-s 42 \
+        --out bench/results/fast_chunk_levers_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,fast,draft --workdir /tmp/lwfs --fresh \
+        --budget-s 175 --out bench/results/fast_chunk_presets_h100.json      # draft ran in a 4th call, same machine
+    python -m lingbot_world.bench.bench_fast_speed --tiny --out /tmp/fast_speed_tiny.json     # CPU smoke run
+    python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
+
+Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
+with set_per_process_memory_fraction, memory planned by `plan_fast_memory` as the CLI does, the VAE's streaming
+decode counted in), window 21 + sink 3, camera on. Every case runs in its own child process: the model loads, the
+speed plan of its preset is applied (`speed.presets.resolve_preset`, explicit flags over it where the case says),
+two warm-up chunks run (compile, cuDNN plans, the decoder's first frames) and are forgotten (the cache's counters
+go back to 0: every slot a chunk attends to is written again by the timed run before it is read), then the whole
+video runs timed, each chunk's DiT work followed by its streaming VAE decode on the same stream (the frames are
+ready when the chunk's time ends). Every chunk runs its context pass (the player's case: the video continues).
+
+Per case: seconds per chunk (DiT + decode, and each part), their mean over the video, peak VRAM and RSS, and the
+outputs (the first model call's velocity and every chunk's x0) saved in --workdir; the parent compares them with
+the `exact` case's (relative L2): `error_forward` (the very first call: same inputs in every case), `error_chunks`
+(each chunk's x0, errors carried through the cache included), `error_video` (the whole latent).
+
+`*_profile` cases: the 4th chunk under torch.profiler instead (device seconds by kernel category, top kernels and
+operators, and the device's busy share of the chunk's unprofiled wall time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..wan.dit.model import DiTConfig
+from .bench_fast import TINY_VIDEO, V480, fast_inputs
+from .bench_pipeline import apply_cap, bench_config, random_experts, sync
+from .common import (
+    CaseLoop,
+    add_case_arguments,
+    case_ok,
+    child_main,
+    in_gb,
+    mib_in_gb,
+    parse_cases,
+    peak_rss_bytes,
+    run_case_child,
+)
+
+MODULE = __spec__.name if __spec__ is not None else __name__
+WINDOW, SINK = 21, 3
+WARM_CHUNKS = 2
+REFERENCE = "exact"
+FRAMES_REFERENCE = "auto"  # the decode levers change frames, not latents: compared with auto's frames
+CASES: dict[str, dict] = {
+    "exact": dict(preset="exact"),  # eager bf16: the reference of every error
+    # the fastest exact path (compiled even for a 7-chunk video); its frames are the reference of the decode levers
+    "auto": dict(preset="auto", compile="blocks", save_frames=True),
+    "fast": dict(preset="fast", compile="blocks"),
+    "draft": dict(preset="draft", compile="blocks"),
+    # each lever alone, on top of the auto preset
+    "fp8_gemm": dict(preset="auto", compile="blocks", compute="fp8", attention="sdpa"),
+    "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
+    "steps3": dict(preset="auto", compile="blocks", levers=dict(steps=3)),
+    "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
+    "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),
+    "auto_overlap": dict(preset="auto", compile="blocks", levers=dict(decode_overlap=True), save_frames=True),
+    "auto_decode_bf16": dict(preset="auto", compile="blocks", levers=dict(decode_bf16=True), save_frames=True),
+    "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
+    "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
+    "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
+    "auto_profile": dict(preset="auto", compile="blocks", profile=True),
+    "exact_profile": dict(preset="exact", profile=True),
+    "fast_profile": dict(preset="fast", compile="blocks", profile=True),
+}
+DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
+TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
+
+
+# ---- the child ---------------------------------------------------------------------------------------------------
+def child_case(spec: dict) -> dict:
+    from safetensors.torch import save_file
+
+    from ..memory.kv_placement import FastPlacement, plan_fast_memory
+    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..speed.decode import ChunkDecoder
+    from ..speed.levers import ChunkLevers
+    from ..speed.options import apply_speed, resolve_speed
+    from ..speed.presets import PRESETS, attach_preset, preset_options
+    from ..wan.dit.kv_cache import cache_layout
+    from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+    from ..wan.vae.model import VAEConfig, WanVAE
+    from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
+
+    device = torch.device(spec["device"])
+    cuda = device.type == "cuda"
+    out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}
+    if cuda:
+        torch.empty(1, device=device)
+    cfg = DiTConfig.from_json(spec["config"])
+    frames, h, w = spec["video"]
+    fr = fast_frames(frames)
+    out.update(frames=fr.frames, latent_frames=fr.latent_frames, chunks=fr.chunks)
+    preset = PRESETS[spec["preset"]]
+    levers = ChunkLevers(**{**preset.levers.__dict__, **spec.get("levers", {})})
+    explicit = {k: spec[k] for k in ("compile", "compute", "attention") if spec.get(k)}
+    plan_speed = attach_preset(resolve_speed(preset_options(preset.name, explicit), device), preset.name)
+    plan_speed.levers = levers
+    out["speed"] = plan_speed.to_json()
+    vae_cfg = VAEConfig.tiny() if spec["tiny"] else VAEConfig()
+    torch.manual_seed(0)  # the same random VAE in every case: the same conditioning y
+    with torch.device(device):
+        vae = WanVAE(vae_cfg).eval().requires_grad_(False)
+    inputs = fast_inputs(spec["video"], cfg, device, fr.latent_frames, vae)
+    out["vae_encode_s"] = inputs["vae_encode_s"]
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    window = levers.window(spec["window"], fr.latent_frames)
+    layout = cache_layout(fr.latent_frames, (h // 16) * (w // 16), window_frames=window,
+                          sink_frames=spec["sink"] if window is not None and window < fr.latent_frames else 0)
+    out["layout"] = {"capacity": layout.capacity, "sink_tokens": layout.sink_tokens, "evict": layout.evict,
+                     "window_frames": window}
+    vram = free_vram_bytes(device) if cuda else 1 << 60
+    extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
+    plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra)
+    out["plan"] = plan.to_json()
+    placement = FastPlacement(plan, device, lambda s: None)
+    try:
+        t0 = time.perf_counter()
+        model = apply_speed(placement.load_model(spec["fast"], "nf4"), plan_speed)
+        sync(device)
+        out["load_s"] = round(time.perf_counter() - t0, 3)
+        cache = placement.make_cache()
+        options = dict(levers.fast_run_options(), device=device)
+
+        def new_run(on_chunk=None, seed=42):
+            gen = make_generator(seed, "cuda" if cuda else "cpu")
+            noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
+            return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen,
+                           on_chunk=on_chunk, **options)
+
+        # warm-up: compile, attention plans and the decoder, on chunks the timed run writes again
+        t0 = time.perf_counter()
+        warm, warm_decoder = new_run(seed=7), StreamingDecoder(vae)
+        with torch.inference_mode():
+            for _ in range(min(WARM_CHUNKS, warm.chunks)):
+                warm_decoder.decode(warm.next_chunk())
+        sync(device)
+        out["warm_up_s"] = round(time.perf_counter() - t0, 3)
+        warm_decoder.close()
+        del warm
+        cache.global_end = cache.local_end = 0
+        if spec.get("profile"):
+            from .bench_fast import profile_chunk
+
+            out["profile"] = profile_chunk(new_run(), device)
+            return out
+
+        first_call: list = []
+        hook = model.register_forward_hook(
+            lambda mod, args, result: first_call.append(result.float().cpu()) if not first_call else None)
+        decoder = ChunkDecoder(StreamingDecoder(vae).decode, device, overlap=levers.decode_overlap,
+                               bf16=levers.decode_bf16)
+        marks: list[tuple] = []
+        latents: list[torch.Tensor] = []
+        pending: list = []
+
+        def on_chunk(index: int, x0: torch.Tensor) -> None:
+            latents.append(x0.cpu())  # waits for the chunk's DiT (a copy to the host)
+            t_dit = time.perf_counter()
+            pending.append(decoder.submit(x0))
+            if not decoder.overlapped:
+                sync(device)
+            else:  # the frames of the chunk before are due now (the player shows them)
+                if len(pending) > 1:
+                    pending[-2].result()
+            marks.append((t_dit, time.perf_counter()))
+
+        run = new_run(on_chunk)
+        uploaded_before = (placement.placement.stats() or {}).get("uploaded_bytes", 0)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        sync(device)
+        t_start = time.perf_counter()
+        with torch.inference_mode():
+            run.run()
+            frames = [p.result() for p in pending]
+        sync(device)
+        out["video_s"] = round(time.perf_counter() - t_start, 3)
+        out["frames_out"] = sum(f.shape[2] for f in frames)
+        if spec.get("save_frames"):
+            save_file({"frames": torch.cat([f.float().cpu() for f in frames], dim=2)[:, :, ::4].contiguous()},
+                      str(Path(spec["workdir"]) / f"frames_{spec['case']}.safetensors"))
+        del frames
+        hook.remove()
+        starts = [t_start] + [m[1] for m in marks[:-1]]
+        out["chunk_s"] = [round(e - s, 4) for s, (_, e) in zip(starts, marks)]
+        out["dit_s"] = [round(d - s, 4) for s, (d, _) in zip(starts, marks)]
+        out["decode_s"] = [round(e - d, 4) for d, e in marks]
+        out["calls_per_chunk"] = run.model_calls / run.chunks
+        latent = torch.cat(latents, dim=2)
+        out["finite"] = bool(torch.isfinite(latent).all())
+        save_file({"latent": latent.contiguous(), "first_call": first_call[0].contiguous()},
+                  str(Path(spec["workdir"]) / f"outputs_{spec['case']}.safetensors"))
+        if cuda:
+            out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+            out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
+        out["stream"] = placement.placement.stats() if placement.placement else None
+        out["uploaded_bytes_timed"] = (out["stream"] or {}).get("uploaded_bytes", 0) - uploaded_before
+        out["peak_rss_sampling"] = peak_rss_bytes()
+    finally:
+        placement.close()
+    return out
+
+
+def child_decode(spec: dict) -> dict:
+    """The streaming decode of a 21-latent-frame video chunk by chunk, alone: float32 (the default), bf16 under
+    autocast, each also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one
+    warm-up video, and each variant's frames against float32's (relative L2)."""
+    from ..speed.decode import ChunkDecoder
+    from ..wan.vae.model import VAEConfig, WanVAE
+    from ..wan.vae.streaming import StreamingDecoder
+
+    device = torch.device(spec["device"])
+    frames, h, w = spec["video"]
+    lat = (frames - 1) // 4 + 1
+    lat -= lat % 3
+    torch.manual_seed(0)
+    with torch.device(device):
+        vae = WanVAE(VAEConfig.tiny() if spec["tiny"] else VAEConfig()).eval().requires_grad_(False)
+    z = torch.randn(1, 16, lat, h // 8, w // 8, generator=torch.Generator().manual_seed(1)).to(device)
+    out: dict = {"latent_frames": lat}
+    ref = None
+    for name, bf16, bench in (("fp32", False, False), ("bf16", True, False), ("fp32_cudnn_benchmark", False, True),
+                              ("bf16_cudnn_benchmark", True, True)):
+        torch.backends.cudnn.benchmark = bench
+        times = []
+        for rep in range(2):  # the first video warms up (and lets the autotuner choose)
+            dec = ChunkDecoder(StreamingDecoder(vae).decode, device, bf16=bf16)
+            got = []
+            for c in range(0, lat, 3):
+                sync(device)
+                t0 = time.perf_counter()
+                got.append(dec.submit(z[:, :, c:c + 3]).result())
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            if rep == 0:
+                times = []
+        video = torch.cat([g[:, :, ::4].float().cpu() for g in got], dim=2)
+        ref = video if ref is None else ref
+        out[name] = {"s_per_chunk": round(sum(times) / len(times), 4), "first_chunk_s": round(times[0], 4),
+                     "error_vs_fp32": round(rel_l2(video, ref), 6)}
+    torch.backends.cudnn.benchmark = False
+    return out
+
+
+CHILDREN = {"fast_speed": child_case, "decode": child_decode}
+
+
+# ---- the parent --------------------------------------------------------------------------------------------------
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def errors_against_reference(workdir: Path, name: str) -> dict:
+    """Relative L2 of the case's saved outputs against the reference case's: first call, each chunk, the video."""
+    from safetensors.torch import load_file
+
+    mine, ref = workdir / f"outputs_{name}.safetensors", workdir / f"outputs_{REFERENCE}.safetensors"
+    if name == REFERENCE or not mine.is_file() or not ref.is_file():
+        return {}
+    a, b = load_file(str(mine)), load_file(str(ref))
+    la, lb = a["latent"], b["latent"]
+    out = {"error_forward": round(rel_l2(a["first_call"], b["first_call"]), 6),
+           "error_chunks": [round(rel_l2(la[:, :, i:i + 3], lb[:, :, i:i + 3]), 6) for i in range(0, lb.shape[2], 3)],
+           "error_video": round(rel_l2(la, lb), 6)}
+    mine, ref = workdir / f"frames_{name}.safetensors", workdir / f"frames_{FRAMES_REFERENCE}.safetensors"
+    if name != FRAMES_REFERENCE and mine.is_file() and ref.is_file():  # every 4th frame
+        out["error_frames_vs_auto"] = round(rel_l2(load_file(str(mine))["frames"], load_file(str(ref))["frames"]), 6)
+    return out
+
+
+def summarize(res: dict, workdir: Path) -> dict:
+    s: dict = {}
+    for name, r in res["cases"].items():
+        if not case_ok(r):
+            continue
+        if CASES.get(name, {}).get("kind") == "decode":
+            s[name] = {k: v for k, v in r.items() if isinstance(v, dict) and "s_per_chunk" in v}
+            continue
+        if r.get("profile"):
+            pr = r["profile"]
+            split = dict(pr["split"]["seconds"])
+            # host<->device copies run on the copy engines beside the kernels; profile_split counts them as
+            # "elementwise": take them out so the split and the busy share are the compute engines' alone
+            copies = sum(v for k, v in pr["split"]["top_kernels"] if k.startswith("Memcpy"))
+            split["elementwise"] = round(split["elementwise"] - copies, 4)
+            kernels = round(pr["split"]["kernel_seconds"] - copies, 4)
+            wall = pr["wall_s_around"]
+            s[name] = {"device_s": kernels, "copies_s": round(copies, 4), "wall_s_around": wall,
+                       "device_busy_share": round(kernels / wall, 3) if wall else None, "device_split_s": split}
+            continue
+        chunks = r["chunk_s"]
+        mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731
+        # the whole video (every frame decoded) over its chunks: with an overlapped decode a chunk's own time
+        # holds the decode of the chunk before, so only the video's time compares across cases
+        row = {"preset": r["speed"]["preset"], "speed": {k: r["speed"][k] for k in ("compile", "compute", "attention")},
+               "levers": r["speed"]["levers"], "mean_chunk_s": round(r["video_s"] / len(chunks), 4),
+               "mean_dit_s": mean(r["dit_s"]), "mean_decode_s": mean(r["decode_s"]), "first_chunk_s": chunks[0],
+               "calls_per_chunk": r["calls_per_chunk"],
+               "s_per_call": round(mean(r["dit_s"]) / r["calls_per_chunk"], 4),
+               "fps": round(12 / mean(chunks), 2), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
+               "smi_peak_gb": mib_in_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": in_gb(r.get("peak_rss")),
+               "cache_layers_on_gpu": r["plan"].get("cache_layers_on_gpu"), "warm_up_s": r.get("warm_up_s"),
+               "full_window_chunk_s": chunks[-1],
+               "uploaded_gb_per_chunk": round(r.get("uploaded_bytes_timed", 0) / 1e9 / len(chunks), 2)}
+        row.update(errors_against_reference(workdir, name))
+        target = TARGETS_S.get(name)
+        if target is not None:
+            row["target_s"] = target
+            row["met"] = row["mean_chunk_s"] <= target
+        s[name] = row
+    return s
+
+
+def print_report(res: dict) -> None:
+    print("\n| case | preset / options / levers | s per chunk (DiT + decode) | DiT | decode | fps | error per forward "
+          "| error per chunk (first / last) | peak reserved | nvidia-smi | RSS |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in res["cases"].items():
+        if "error" in r:
+            print(f"| {name} | ERROR: {r['error'][:160]} | | | | | | | | | |")
+            continue
+        row = res.get("summary", {}).get(name, {})
+        if CASES.get(name, {}).get("kind") == "decode":
+            print(f"| {name} | VAE chunk decode alone: {json.dumps(row)} | | | | | | | | | |")
+            continue
+        if r.get("profile"):
+            print(f"| {name} | profiled chunk: kernels {row.get('device_s')} s of ~{row.get('wall_s_around')} s "
+                  f"(busy {row.get('device_busy_share')}), copies {row.get('copies_s')} s beside them, "
+                  f"{json.dumps(row.get('device_split_s'))} | | | | | | | | | |")
+            continue
+        errs = row.get("error_chunks") or []
+        print(f"| {name} | {row['preset']} {json.dumps(row['speed'])} {json.dumps(row['levers'])} | "
+              f"{row['mean_chunk_s']} | {row['mean_dit_s']} | {row['mean_decode_s']} | {row['fps']} | "
+              f"{row.get('error_forward', '-')} | {errs[0] if errs else '-'} / {errs[-1] if errs else '-'} | "
+              f"{row['peak_reserved_gb']} GB | {row['smi_peak_gb']} GB | {row['peak_rss_gb']} GB |")
+
+
+def run(args) -> dict:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = DiTConfig(**{**bench_config(args.tiny).__dict__, "causal": True})
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    loop = CaseLoop(args, "fast_speed", device, lambda res: res.update(summary=summarize(res, workdir)),
+                    config=cfg.to_json(),
+                    notes=["per chunk: the chunk's DiT calls (steps + its context pass) and its streaming VAE decode, "
+                           "timed after two warm-up chunks; mean over the video",
+                           f"errors: relative L2 against the '{REFERENCE}' case's outputs (same seed and inputs)"])
+    paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4"}
+    experts = random_experts(loop, paths, {"fast": cfg}, device)
+
+    def run_case(name: str, timeout: float) -> dict:
+        c = CASES[name]
+        video = TINY_VIDEO["fast"] if args.tiny else V480
+        spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
+                "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
+                "cap_gib": 24 if device == "cuda" else None, "context_gib": args.context_gib,
+                "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
+                **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
+                                                       "profile", "save_frames")}}
+        if args.tiny:
+            spec.pop("compile", None)
+            if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
+                spec["levers"] = {**spec["levers"], "decode_bf16": False}  # CPU autocast: minutes on 2 cores
+        return run_case_child(spec, workdir, timeout, MODULE)
+
+    return loop.run(run_case, workdir, written=paths.values())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_arguments(p, CASES, DEFAULT_CASES, budget_s=540.0, min_case_s=40.0,
+                       tiny_help="tiny config and video on the CPU (smoke run)",
+                       workdir="/tmp/lingbot_fast_speed", workdir_help="where the Fast expert and the outputs go",
+                       keep_help="keep the expert for the next call")
+    p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
+    args = p.parse_args(argv)
+    if args.child:
+        return child_main(args.child, CHILDREN)
+    args.cases = parse_cases(p, args.cases, CASES)
+    if args.tiny:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    res = run(args)
+    print_report(res)
+    if args.out:
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The Fast model in ComfyUI's process: its payload, settings from node inputs, and one part of a video run
+through the World session (world/session.py) with the model placed by ComfyUI's model management.
+
+`ComfyFastPlacement` is the session's placement here: the model is loaded by `comfy.model_management` (the
+experts' ExpertPatcher, so "free memory" and other models evict it like an expert) and the K/V cache is placed by
+the memory plan next to it (GPU, or pinned RAM streamed one layer ahead). `run_fast_part` plans the memory, shows
+the plan on the node, runs the part with ComfyUI's progress bar, previews and cancel, and frees the cache when the
+part ends or is cancelled (a state keeps it parked in RAM: nodes/fast_state_store.py).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..loaders.expert_format import ExpertFormat
+from ..memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
+from ..memory.placement import _gb, available_ram_bytes
+from ..wan.sampling.fast_sampler import STEP_INDICES
+from ..wan.sampling.fast_state import CameraSource, FastSettings
+from ..wan.sampling.sampler import Cancelled
+from ..world.plan import session_layout
+from ..world.session import WorldSession
+from .expert_weights import compute_bytes_for
+from .memory import vram_comfy_can_free
+from .payloads import CameraInput, TextEmbeds, VAEHandle
+
+log = logging.getLogger(__name__)
+
+FAST_MODEL = "LINGBOT_FAST_MODEL"
+FAST_STATE = "LINGBOT_FAST_STATE"
+NOISE_SOURCES = ("cpu", "cuda")
+PREVIEW_COLUMNS = 4
+FPS = 16
+
+
+@dataclass
+class FastModel:
+    """LINGBOT_FAST_MODEL: the Fast model's patcher (loaded on demand by the sampler) and how to place its cache."""
+
+    patcher: Any  # ExpertPatcher
+    format: ExpertFormat
+    weights: str
+    kv_cache: str  # "auto" | "gpu" | "host"
+
+    @property
+    def config(self):
+        return self.format.config
+
+
+def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int = 0) -> str:
+    """The Fast nodes' text: what they generate (after the chunk rounding; `so_far` frames before it for a
+    continued video), where the model and the K/V cache live, then any adjustment."""
+    est = plan.estimates
+    if so_far:
+        total = so_far + frames.frames
+        line = (f"{width}x{height}, {frames.frames} new frames after {so_far} ({total} frames, {total / FPS:.1f} s "
+                f"at {FPS} fps): {frames.chunks} chunks x {len(STEP_INDICES)} steps")
+    else:
+        line = (f"{width}x{height}, {frames.frames} frames ({frames.frames / FPS:.1f} s at {FPS} fps): "
+                f"{frames.chunks} chunks x {len(STEP_INDICES)} steps")
+    if est.get("vram_free") is None:
+        where = f"model and K/V cache ({_gb(est['cache_bytes'])}) in RAM (CPU run)"
+    elif plan.cache == "gpu":
+        where = f"K/V cache ({_gb(est['cache_bytes'])}) on the GPU"
+    else:
+        where = (f"K/V cache ({_gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
+                 f"layers on the GPU")
+    if plan.blocks_on_gpu is not None:
+        where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
+    return "\n".join([line, f"memory: {where}"] + [n for n in notes if n])
+
+
+def check_text(text: TextEmbeds, cfg) -> None:
+    if text.positive.dim() != 2 or text.positive.shape[1] != cfg.text_dim:
+        raise ValueError(f"the prompt embedding is {tuple(text.positive.shape)} but the Fast model takes "
+                         f"[L, {cfg.text_dim}]: the text encoder does not belong to it (umT5-XXL gives 4096)")
+
+
+def fast_settings(fast_model: FastModel, device, height: int, width: int, seed: int, noise_source: str, rule: str,
+                  window: Optional[int], sink: int, max_attention: Optional[int], *, keep: bool,
+                  tiled: bool = False) -> FastSettings:
+    from ..loaders.fast_state_file import model_fingerprint, model_label
+    from ..quant.nf4 import default_compute_dtype
+
+    dtype = torch.bfloat16 if fast_model.weights == "bf16" else default_compute_dtype(device)
+    return FastSettings(height, width, seed, noise_source, rule, window=window, sink=sink, max_attention=max_attention,
+                        weights=fast_model.weights, cache_dtype=str(dtype).replace("torch.", ""),
+                        model=model_fingerprint(fast_model.format) if keep else "",
+                        model_label=model_label(fast_model.format), vae_tiled=tiled)
+
+
+def camera_source(camera: Optional[CameraInput]) -> CameraSource:
+    """The Sampler's / Continue's camera input as a part's control: keys when it was built from keys."""
+    if camera is None:
+        return CameraSource()
+    if camera.keys is not None:
+        return CameraSource(keys=camera.keys, intrinsics=camera.intrinsics[:1], label=camera.label)
+    return CameraSource(poses=camera.poses, intrinsics=camera.intrinsics,
+                        per_frame_intrinsics=camera.per_frame_intrinsics, label=camera.label)
+
+
+class ComfyFastPlacement:
+    """The World session's placement in ComfyUI: the model through model management, the cache by the plan."""
+
+    def __init__(self, fast_model: FastModel, plan, device, preview_vae: Optional[VAEHandle] = None,
+                 extra_vram: int = 0):
+        self.fast_model = fast_model
+        self.plan = plan
+        self.device = torch.device(device)
+        self.preview_vae = preview_vae
+        self.extra_vram = extra_vram
+        self.model = None
+        self.placement = None
+
+    def load_model(self):
+        import comfy.model_management as mm
+
+        from .progress import load_progress
+
+        plan, patcher = self.plan, self.fast_model.patcher
+        weights = patcher.weights
+        if patcher.is_loaded() and plan.blocks_on_gpu != weights.blocks_on_gpu:
+            from .patchers import unload_patcher
+
+            unload_patcher(patcher)  # placed differently last run
+        weights.set_placement(False, plan.blocks_on_gpu)
+        if not patcher.is_loaded():
+            patcher.size = weights.device_bytes(patcher.load_device)
+        est = plan.estimates
+        beside = (plan.cache_layers_on_gpu * est["cache_layer_bytes"] + est["activation_bytes"]
+                  + (est["text_kv_bytes"] if plan.cache_text else 0)
+                  + (2 * est["cache_layer_bytes"] if plan.cache == "host" else 0))
+        models = [patcher] + ([self.preview_vae.patcher] if self.preview_vae is not None else [])
+        weights.progress = load_progress()("fast")
+        try:
+            mm.load_models_gpu(models, memory_required=beside + self.extra_vram, force_full_load=True)
+        finally:
+            weights.progress = None
+        model = patcher.model.diffusion_model
+        if model is None:
+            raise RuntimeError("ComfyUI did not load the Fast model; see the log above")
+        if plan.token_chunk is not None:
+            model.set_token_chunk(plan.token_chunk)
+        self.model = model
+        return model
+
+    def make_cache(self, fill: Optional[Callable] = None):
+        if self.model is None:
+            raise RuntimeError("load_model() first: the cache hooks into the model")
+        self.placement = place_kv_cache(self.plan, self.model, self.device, self.model.dtype_for_compute(), fill=fill)
+        return self.placement.cache
+
+    def release_cache(self) -> None:
+        if self.placement is not None:
+            self.placement.close()
+            self.placement = None
+
+    def close(self) -> None:
+        """The cache goes; the model stays with ComfyUI's model management."""
+        import comfy.model_management as mm
+
+        self.release_cache()
+        self.model = None
+        mm.soft_empty_cache()
+
+
+def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames: int, part, preview_vae, *,
+                    so_far: int = 0, show: Callable[[str], None] = lambda s: None) -> tuple[WorldSession, str]:
+    """A World session for a video of `latent_frames` (so far + this part), its memory planned for what ComfyUI
+    can free; the plan is shown on the node (returned too)."""
+    import comfy.model_management as mm
+
+    cfg = fast_model.config
+    device = mm.get_torch_device()
+    h, w = settings.height, settings.width
+    extra = 0
+    if preview_vae is not None:
+        from ..wan.vae.streaming import streaming_decode_bytes
+
+        extra = streaming_decode_bytes(preview_vae.model.cfg, h, w)
+    layout = session_layout(settings, latent_frames)
+    if layout.note:
+        log.warning("LingBot-World Fast K/V cache: %s", layout.note)
+    try:
+        plan = plan_fast_memory(h, w, cfg, layout, vram_comfy_can_free(mm, device), available_ram_bytes(),
+                                weights=fast_model.weights, cache=fast_model.kv_cache, camera=part.camera is not None,
+                                compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra)
+    except FastMemoryError as e:
+        raise MemoryError(f"LingBot-World Fast: {e}") from None
+    log.info("LingBot-World Fast memory plan: %s", plan.reason)
+    summary = fast_summary(part, w, h, plan, [part.note, layout.note], so_far)
+    show(summary)
+    placement = ComfyFastPlacement(fast_model, plan, device, preview_vae, extra)
+    return WorldSession(placement, settings, device=device, load_model=placement.load_model), summary
+
+
+def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],
+                  preview_vae: Optional[VAEHandle], *, keep: bool, after=None,
+                  z_before: Optional[torch.Tensor] = None, label: str = "") -> torch.Tensor:
+    """Run `part` in `world` (begun or resumed by the caller) with progress, previews and cancel. after(world, ok)
+    runs before the cache is freed (ok False when the part stopped). Returns the part's latent (normalised)."""
+    import comfy.model_management as mm
+
+    progress = FastProgress(part.chunks * len(STEP_INDICES), world.device, preview_vae, z_before)
+    world.callback = progress.step
+    world.cancel_check = mm.processing_interrupted
+    ok = False
+    try:
+        # the last chunk's context pass only feeds a continuation: skipped when nothing takes the state
+        x = world.run_part(part, source, frames, final_context=keep, on_latent=progress.chunk_done, label=label)
+        ok = True
+    except Cancelled:
+        mm.throw_exception_if_processing_interrupted()
+        raise mm.InterruptProcessingException()
+    finally:
+        try:
+            if after is not None:
+                after(world, ok)
+        finally:
+            world.close()
+            progress.close()
+    progress.finish()
+    return x
+
+
+class FastProgress:
+    """Progress per chunk x step, and previews. Without a VAE: at each step, every latent frame of the part so far
+    (the finished chunks and the current chunk's x0) as one grid through ComfyUI's latent previewer, like LingBot
+    Sampler's whole-clip preview. With a VAE: each finished chunk decoded to its frames, tiled into one image (a
+    continued part's decoder is first warmed up on the video before it, `z_before`, so its frames are exact)."""
+
+    def __init__(self, total: int, device, vae: Optional[VAEHandle], z_before: Optional[torch.Tensor] = None):
+        from .progress import SamplingProgress
+
+        self.total = total
+        self.bar = SamplingProgress(total, device)  # ComfyUI's bar and the whole-clip latent preview
+        self.pbar = self.bar.pbar
+        self.decoder = None
+        self.failed = False
+        self.finished: list[torch.Tensor] = []  # x0 of the finished chunks (FastRun keeps them anyway)
+        if vae is not None:
+            from ..wan.vae.streaming import StreamingDecoder, warm_up
+
+            self.decoder = StreamingDecoder(vae.model)
+            if z_before is not None:  # a continued video: its chunks decode as in the whole video
+                try:
+                    with torch.inference_mode():
+                        warm_up(self.decoder, z_before.to(vae.model.device))
+                except Exception as e:  # a preview must never stop a generation
+                    self.failed = True
+                    log.warning("LingBot-World: chunk previews disabled for this run: %s", e)
+        self.done = 0
+
+    def step(self, info) -> None:
+        self.done = info.index + 1
+        preview = None
+        if self.decoder is None:
+            preview = self.bar.preview(torch.cat(self.finished + [info.x0], dim=2))
+        self.pbar.update_absolute(self.done, self.total, preview)
+
+    def chunk_done(self, index: int, x0: torch.Tensor) -> None:
+        self.finished.append(x0)
+        if self.decoder is None or self.failed:
+            return
+        try:
+            with torch.inference_mode():
+                frames = self.decoder.decode(x0)[0]  # [3, T, H, W] in [-1, 1]
+            preview = ("JPEG", frame_grid(((frames + 1) / 2).clamp(0, 1)), _max_preview())
+        except Exception as e:
+            self.failed = True
+            log.warning("LingBot-World: chunk previews disabled for this run: %s", e)
+            return
+        self.pbar.update_absolute(self.done, self.total, preview)
+
+    def finish(self) -> None:
+        self.pbar.update_absolute(self.total, self.total)
+
+    def close(self) -> None:
+        self.finished = []
+        if self.decoder is not None:
+            self.decoder.close()
+            self.decoder = None
+
+
+def _max_preview() -> int:
+    try:
+        from latent_preview import MAX_PREVIEW_RESOLUTION
+
+        return int(MAX_PREVIEW_RESOLUTION)
+    except Exception:
+        return 512
+
+
+def frame_grid(frames: torch.Tensor, columns: int = PREVIEW_COLUMNS):
+    """[3, T, H, W] in 0..1 -> one PIL image with the T frames in rows of `columns`."""
+    from PIL import Image
+
+    arr = (frames.permute(1, 2, 3, 0).float().cpu().numpy() * 255).astype("uint8")
+    return tile_images([Image.fromarray(a) for a in arr], columns)
+
+
+def tile_images(images: list, columns: int = PREVIEW_COLUMNS):
+    from PIL import Image
+
+    w, h = images[0].size
+    cols = min(columns, len(images))
+    rows = -(-len(images) // cols)
+    grid = Image.new("RGB", (cols * w, rows * h))
+    for i, im in enumerate(images):
+        grid.paste(im.convert("RGB"), ((i % cols) * w, (i // cols) * h))
+    return grid

@@ -1,0 +1,79 @@
+"""The Fast model's chunk-schedule levers (issue 26): what a speed preset changes in the chunk loop itself.
+
+These change the output (they are not rounding): the `draft` preset turns them on, every other preset leaves
+them at the release's schedule. Each is measured on its own in BENCHMARKS ("Fast model toward real time").
+
+- steps: denoising calls per chunk. 4 is the release's [999, 978, 947, 825]; 3 drops 978 (the step closest to
+  its neighbour: 999 -> 947 is the smallest jump the distilled schedule can skip); 2 keeps [999, 825].
+- fold_context: no separate context pass; the last denoising call writes the K/V later chunks read (from the
+  chunk at t = 825, not the clean chunk at t = 0). One model call fewer per chunk.
+- window_frames: cap on the K/V window (latent frames): later chunks attend to at most this many frames (the
+  sink included), so attention reads fewer keys. None keeps the run's own window.
+
+And the door's VAE decode of each chunk (speed/decode.py ChunkDecoder; the latents do not change):
+- decode_overlap: the chunk's decode on a side stream beside the next chunk's DiT (the same frames, later).
+- decode_bf16: the decoder's convolutions in bf16 (approximate frames).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..wan.sampling.fast_sampler import STEP_INDICES, fast_schedule
+
+# Grid indices of each step count (into the 1000-step, shift-10 grid of fast_sampler.STEP_INDICES).
+STEP_CHOICES = {4: STEP_INDICES, 3: (0, 358, 679), 2: (0, 679)}
+
+
+@dataclass(frozen=True)
+class ChunkLevers:
+    steps: int = 4
+    fold_context: bool = False
+    window_frames: Optional[int] = None
+    decode_overlap: bool = False
+    decode_bf16: bool = False
+
+    def __post_init__(self):
+        if self.steps not in STEP_CHOICES:
+            raise ValueError(f"steps={self.steps!r}: the Fast schedule has {sorted(STEP_CHOICES)} step variants")
+        if self.window_frames is not None and (isinstance(self.window_frames, bool)
+                                               or not isinstance(self.window_frames, int) or self.window_frames < 3):
+            raise ValueError(f"window_frames={self.window_frames!r} must be None or at least one 3-frame chunk")
+
+    @property
+    def exact(self) -> bool:
+        """True when nothing changes the latents or the frames (overlapping the decode alone changes only when)."""
+        return self.steps == 4 and not self.fold_context and self.window_frames is None and not self.decode_bf16
+
+    def fast_run_options(self) -> dict:
+        """FastRun keyword options for these levers; empty for the release's schedule (FastRun's defaults)."""
+        opts: dict = {}
+        if self.steps != 4:
+            opts["schedule"] = fast_schedule(STEP_CHOICES[self.steps])
+        if self.fold_context:
+            opts["fold_context"] = True
+        return opts
+
+    def window(self, window_frames: Optional[int], latent_frames: Optional[int] = None) -> Optional[int]:
+        """The K/V window a run uses under these levers: the smaller of the run's and the cap (None = no window).
+        A cap at or above the video's latent frames changes nothing."""
+        cap = self.window_frames
+        if cap is None or (latent_frames is not None and cap >= latent_frames and window_frames is None):
+            return window_frames
+        return cap if window_frames is None else min(window_frames, cap)
+
+    def describe(self) -> list[str]:
+        """One phrase per lever that is on (for the plan's notes)."""
+        out = []
+        if self.steps != 4:
+            ts = fast_schedule(STEP_CHOICES[self.steps]).timesteps
+            out.append(f"{self.steps} steps per chunk (timesteps {list(ts)} instead of [999, 978, 947, 825])")
+        if self.fold_context:
+            out.append("the context pass folded into the last step (later chunks read K/V of the chunk at t = 825)")
+        if self.window_frames is not None:
+            out.append(f"a K/V window of at most {self.window_frames} latent frames")
+        if self.decode_overlap:
+            out.append("each chunk's VAE decode on a side stream beside the next chunk's DiT (same frames)")
+        if self.decode_bf16:
+            out.append("the VAE decode in bf16 (approximate frames)")
+        return out

@@ -1,0 +1,82 @@
+"""Speed presets (`--speed exact|fast|draft|auto`, issue 26): what each one turns on, as plain data.
+
+    preset = PRESETS["fast"]
+    preset.options       # SpeedOptions (compile, compute, attention), resolved per GPU by resolve_speed
+    preset.levers        # ChunkLevers of the Fast chunk loop (steps, context pass, window)
+
+- exact: the reference numerics: eager bf16 GEMMs and exact attention, the release's chunk schedule.
+- auto: the fastest *exact* path for the card: the per-token work compiled where the compiler runs (within 1e-3 of
+  eager per forward, bf16 rounding in another order), bf16 GEMMs, torch SDPA with the GPU's fastest exact kernel;
+  the release's schedule. This is also what the speed flags give when no preset is named.
+- fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere), compiled; exact
+  attention (FP8 attention gained nothing measurable beside FP8 GEMMs for chunk queries over a long cache: H100,
+  2.36 s per chunk with it, 2.29 and 2.35 without, three machines); the release's schedule. Approximate.
+- draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
+  15-frame window, and the VAE decode in bf16. Changes the video visibly more than fast; for previews and
+  real-time play.
+
+The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: it saved 0.08 s per chunk on an H100 but
+took nvidia-smi from 22.3 to 23.7 GB on the 24 GB cap (the side stream's memory is not shared with the DiT's).
+
+A flag given explicitly (--compile, --compute, --attention) wins over the preset's value for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .levers import ChunkLevers
+from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
+
+PRESET_NAMES = ("exact", "fast", "draft", "auto")
+DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True)
+
+
+@dataclass(frozen=True)
+class SpeedPreset:
+    name: str
+    options: SpeedOptions
+    levers: ChunkLevers
+    exact: bool  # True: nothing beyond bf16 rounding changes the output
+    summary: str
+
+
+PRESETS = {
+    "exact": SpeedPreset("exact", SpeedOptions(compile="off", compute="bf16", attention="sdpa"), ChunkLevers(), True,
+                         "reference numerics: eager, bf16 GEMMs, exact attention"),
+    "auto": SpeedPreset("auto", SpeedOptions(compile="auto", compute="bf16", attention="auto"), ChunkLevers(), True,
+                        "the fastest exact path for this card (compiled per-token work where the compiler runs)"),
+    "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), ChunkLevers(), False,
+                        "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs where they run, exact attention; approximate"),
+    "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), DRAFT_LEVERS, False,
+                         "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window, "
+                         "the VAE decode in bf16"),
+}
+FLAG_NAMES = ("compile", "compute", "attention")
+
+
+def preset_options(name: str, explicit: dict | None = None) -> SpeedOptions:
+    """The preset's SpeedOptions with any explicitly chosen flag ({"compute": "bf16"}) put over it."""
+    preset = _get(name)
+    given = {k: v for k, v in (explicit or {}).items() if k in FLAG_NAMES and v is not None}
+    return dataclasses.replace(preset.options, **given)
+
+
+def attach_preset(plan: SpeedPlan, name: str | None) -> SpeedPlan:
+    """The plan with the preset's name and chunk levers recorded (levers only for the Fast model's chunk loop)."""
+    if name is None:
+        return plan
+    preset = _get(name)
+    notes = [f"speed preset {name}: {preset.summary}"] + [f"speed preset {name}: {d}" for d in preset.levers.describe()]
+    return dataclasses.replace(plan, preset=name, levers=preset.levers, notes=notes + list(plan.notes))
+
+
+def resolve_preset(name: str, device, weights: str = "nf4", explicit: dict | None = None) -> SpeedPlan:
+    """resolve_speed of the preset's options (explicit flags over them), with the preset recorded on the plan."""
+    return attach_preset(resolve_speed(preset_options(name, explicit), device, weights=weights), name)
+
+
+def _get(name: str) -> SpeedPreset:
+    if name not in PRESETS:
+        raise SpeedOptionError(f"speed preset {name!r} does not exist; choose one of {', '.join(PRESET_NAMES)}")
+    return PRESETS[name]

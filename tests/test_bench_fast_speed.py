@@ -1,0 +1,65 @@
+"""bench_fast_speed's parent side (issue 26): cases checked first, errors against the exact case from the saved
+outputs, the per-chunk summary (an overlapped decode counted through the whole video), and the RTX projection over
+the committed H100 results."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lingbot_world.bench import bench_fast_speed as bfs
+from lingbot_world.bench import fast_projection
+
+
+def test_an_unknown_case_is_refused_before_any_work(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        bfs.main(["--cases", "nope", "--out", str(tmp_path / "r.json"), "--workdir", str(tmp_path / "w")])
+    assert "unknown case(s) ['nope']" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def _outputs(path, latent, first):
+    save_file({"latent": latent.contiguous(), "first_call": first.contiguous()}, str(path))
+
+
+def test_errors_against_the_reference_per_forward_chunk_and_video(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    ref, first = torch.randn(1, 16, 6, 4, 4, generator=g), torch.randn(1, 16, 3, 4, 4, generator=g)
+    mine = ref.clone()
+    mine[:, :, 3:] *= 1.5  # the second chunk off by half its norm
+    _outputs(tmp_path / "outputs_exact.safetensors", ref, first)
+    _outputs(tmp_path / "outputs_x.safetensors", mine, first * 1.01)
+    e = bfs.errors_against_reference(tmp_path, "x")
+    assert e["error_forward"] == pytest.approx(0.01, abs=1e-6)
+    assert e["error_chunks"][0] == 0 and e["error_chunks"][1] == pytest.approx(0.5, abs=1e-6)
+    expected = (0.5 * ref[:, :, 3:].norm() / ref.norm()).item()
+    assert e["error_video"] == pytest.approx(expected, abs=1e-6)
+    assert bfs.errors_against_reference(tmp_path, "exact") == {}  # the reference itself
+    assert bfs.errors_against_reference(tmp_path, "missing") == {}
+
+
+def _case(chunk_s, video_s, overlap=False):
+    return {"speed": {"preset": "auto", "compile": "blocks", "compute": "bf16", "attention": "sdpa",
+                      "levers": {"decode_overlap": overlap}},
+            "chunk_s": chunk_s, "dit_s": [c - 0.1 for c in chunk_s], "decode_s": [0.1] * len(chunk_s),
+            "video_s": video_s, "calls_per_chunk": 5.0, "plan": {"cache_layers_on_gpu": 4},
+            "uploaded_bytes_timed": 3e9, "peak_reserved": 2e9}
+
+
+def test_summary_takes_the_whole_video_over_its_chunks(tmp_path):
+    res = {"cases": {"auto": _case([2.0, 3.0], 5.0), "auto_overlap": _case([1.5, 2.5], 4.6, overlap=True)}}
+    s = bfs.summarize(res, tmp_path)
+    assert s["auto"]["mean_chunk_s"] == 2.5 and s["auto"]["target_s"] == 1.6 and s["auto"]["met"] is False
+    assert s["auto_overlap"]["mean_chunk_s"] == 2.3  # the last chunk's decode is in video_s
+    assert s["auto"]["uploaded_gb_per_chunk"] == 1.5 and s["auto"]["full_window_chunk_s"] == 3.0
+    assert s["auto"]["s_per_call"] == round(2.4 / 5, 4) and s["auto"]["fps"] == round(12 / 2.5, 2)
+
+
+def test_projection_of_the_committed_results_is_slower_on_the_rtx_cards():
+    res = fast_projection.run()
+    h100 = res["h100_measured"]
+    for card, rows in res["rows"].items():
+        auto = rows["auto (exact, compiled)"]
+        assert auto["chunk_s"][0] > h100["auto"] and auto["chunk_s"][0] <= auto["chunk_s"][1]
+        draft = next(v for k, v in rows.items() if k.startswith("draft"))
+        assert draft["chunk_s"][0] < auto["chunk_s"][0]

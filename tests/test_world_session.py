@@ -1,0 +1,198 @@
+"""The World session on the tiny demo (CPU, float32): a played video equals the batch run of its keys bit for bit,
+with and without a window (eviction), through a growing cache, after rewinds and after an interrupted chunk;
+saving, continuing a saved state from the CLI, LoRA on the Fast model, and nothing left after close."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from lingbot_world.cli import main
+from lingbot_world.wan.control.actions import ActionStringError, KeyInputError
+from lingbot_world.wan.sampling.fast_state import CameraSource
+from lingbot_world.wan.sampling.sampler import Cancelled
+from lingbot_world.world import FastFiles, TextSettings, WorldError, WorldSession, WorldSettings
+
+IMAGE = "assets/examples/00/image.jpg"
+PROMPT = "a lake with a lone tree"
+SIZE = "64*112"  # 48x112 from example 00's image: 21 tokens per latent frame
+KEYS = ["w-8", "wj-6,none-6", None, "a-12", "i-3,l-9"]
+
+
+@pytest.fixture(scope="module")
+def files(demo_ckpt):
+    return FastFiles.demo(demo_ckpt)
+
+
+def _settings(cache_dir, **kw) -> WorldSettings:
+    return WorldSettings(size=SIZE, text=TextSettings(device="cpu", cache_dir=cache_dir), **kw)
+
+
+def _open(files, tmp_path, **kw) -> WorldSession:
+    s = WorldSession.open(files, _settings(tmp_path.parent / "world_text_cache", **kw), device="cpu")
+    s.start(IMAGE, PROMPT)
+    return s
+
+
+def _play(session, keys) -> np.ndarray:
+    out = []
+    for k in keys:
+        for batch in session.step(k):
+            assert batch.frames.dtype == np.uint8 and batch.frames.shape[1:] == (session.height, session.width, 3)
+            out.append(batch.frames)
+    return np.concatenate(out)
+
+
+def _png_frames(folder) -> np.ndarray:
+    return np.stack([np.asarray(Image.open(f)) for f in sorted(folder.glob("frame_*.png"))])
+
+
+def _batch(demo_ckpt, tmp_path, actions: str, *extra) -> np.ndarray:
+    out = tmp_path / "batch"
+    code = main(["generate", "--demo", "--model", "fast", "--demo-dir", str(demo_ckpt), "--rule", "continuable",
+                 "--actions", actions, "--image", IMAGE, "--prompt", PROMPT, "--size", SIZE, "--quiet",
+                 "--cache-dir", str(tmp_path.parent / "world_text_cache"), "--out", str(out), *extra])
+    assert code == 0
+    return _png_frames(out)
+
+
+def test_a_played_video_equals_the_batch_run_of_its_keys(files, demo_ckpt, tmp_path):
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        assert s.keys_for_next_chunk() == 8
+        played = _play(s, KEYS)
+        assert s.keys_for_next_chunk() == 12 and s.chunks == 5 and s.frames == 57 == played.shape[0]
+        assert s.cache.global_end > s.cache.local_end  # the window evicted tokens
+        actions = s.action_string()
+    assert actions == "w-8,wj-6,none-18,a-12,i-3,l-9"
+    assert np.array_equal(played, _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3"))
+
+
+def test_a_cache_without_window_grows_and_gives_the_same_latents(files, tmp_path, monkeypatch):
+    import lingbot_world.world.plan as plan_mod
+    import lingbot_world.world.session as session_mod
+
+    monkeypatch.setattr(plan_mod, "GROW_LATENT_FRAMES", 3)  # grow at every chunk
+    monkeypatch.setattr(session_mod, "GROW_LATENT_FRAMES", 3)
+    with _open(files, tmp_path) as s:
+        _play(s, KEYS[:4])
+        capacities = s.cache.capacity
+        played = s.latent()
+        keys = s.keys()
+    assert capacities >= 12 * 21
+    with _open(files, tmp_path) as b:  # one part of the concatenated keys, cache sized for it at once
+        source = CameraSource(keys=keys, label="keys")
+        b.run_part(b.plan_part(source), source)
+        assert torch.equal(b.latent(), played)
+
+
+def test_rewind_is_exact_before_and_after_an_eviction(files, tmp_path):
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        played = _play(s, KEYS)
+        s.rewind(4)  # no eviction since chunk 4? there was: the cache is rebuilt from the context passes
+        assert s.chunks == 4 and s.frames == 45
+        assert np.array_equal(_play(s, KEYS[4:]), played[45:])
+        s.rewind(1)
+        again = _play(s, KEYS[1:])
+        assert np.array_equal(again, played[9:])
+        s.rewind(0)
+        assert s.chunks == 0 and s.keys_for_next_chunk() == 8
+        assert np.array_equal(_play(s, KEYS[:2]), played[:21])
+        with pytest.raises(WorldError, match="chunk boundary from 0 to 2"):
+            s.rewind(5)
+
+
+def test_rewind_without_eviction_sets_the_counters_back(files, tmp_path):
+    with _open(files, tmp_path) as s:
+        played = _play(s, KEYS[:3])
+        cache = s.cache
+        s.rewind(2)
+        assert s.cache is cache and cache.local_end == 2 * 3 * 21 - 21 * 0  # 2 chunks' tokens, same tensors
+        assert np.array_equal(_play(s, KEYS[2:3]), played[21:])
+
+
+def test_an_interrupted_chunk_leaves_the_video_at_its_last_chunk(files, tmp_path):
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        reference = _play(s, KEYS)
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        _play(s, KEYS[:3])
+        calls = []
+        s.cancel_check = lambda: len(calls) > 2 or calls.append(1)
+        with pytest.raises(Cancelled):
+            _play(s, KEYS[3:4])
+        s.cancel_check = None
+        assert s.chunks == 3
+        assert np.array_equal(_play(s, KEYS[3:]), reference[33:])
+
+
+def test_bad_keys_are_refused_before_any_work(files, tmp_path):
+    with _open(files, tmp_path) as s:
+        with pytest.raises(KeyInputError, match="9 frames of keys for one chunk, which takes 8"):
+            next(s.step("w-9"))
+        with pytest.raises(ActionStringError, match="key"):
+            next(s.step("x-3"))
+        assert s.chunks == 0
+
+
+def test_save_and_continue_the_saved_state_from_the_cli(files, demo_ckpt, tmp_path):
+    written = {}
+
+    def write_video(frames, path, fps):
+        written["frames"] = np.concatenate(list(frames))
+        np.save(path.with_suffix(".npy"), written["frames"])
+        return path.with_suffix(".npy")
+
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        played = _play(s, KEYS[:3])
+        saved = s.save(tmp_path / "walk", write_video=write_video, state=True)
+        more = _play(s, KEYS[3:])
+    assert np.array_equal(written["frames"], played)
+    assert saved.actions.read_text().strip() == "w-8,wj-6,none-18"
+    poses = np.load(saved.camera / "poses.npy")
+    assert poses.shape == (33, 4, 4) and np.load(saved.camera / "intrinsics.npy").shape == (33, 4)
+    out = tmp_path / "part2"
+    assert main(["generate", "--demo", "--model", "fast", "--demo-dir", str(demo_ckpt), "--continue-from",
+                 str(saved.state), "--actions", "a-12,i-3,l-9", "--quiet", "--out", str(out)]) == 0
+    assert np.array_equal(_png_frames(out), more)
+
+
+def test_close_frees_the_model_and_the_cache(files, tmp_path):
+    s = _open(files, tmp_path)
+    _play(s, KEYS[:1])
+    placement = s.placement
+    s.close()
+    s.close()  # idempotent
+    assert placement.model is None and placement.placement is None and s.cache is None and s.decoder is None
+    with pytest.raises(WorldError, match="closed"):
+        next(s.step("w-8"))
+
+
+def _tiny_lora(path, cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d = cfg.dim
+    sd = {}
+    for i in range(cfg.num_layers):
+        name = f"diffusion_model.blocks.{i}.self_attn.q"
+        sd[f"{name}.lora_down.weight"] = torch.randn(4, d, generator=g) / d**0.5
+        sd[f"{name}.lora_up.weight"] = torch.randn(d, 4, generator=g)
+    save_file(sd, str(path))
+    return path
+
+
+def test_lora_on_the_fast_model(files, demo_ckpt, tmp_path):
+    fmt, _ = files.check()
+    lora = _tiny_lora(tmp_path / "fast_lora.safetensors", fmt.config)
+    plain = _batch(demo_ckpt, tmp_path, "w-8")
+    assert np.array_equal(_batch(demo_ckpt, tmp_path, "w-8", "--lora", f"{lora}:0"), plain)
+    with_lora = _batch(demo_ckpt, tmp_path, "w-8", "--lora", f"{lora}:1")
+    assert not np.array_equal(with_lora, plain)
+    with _open(files, tmp_path, loras=((lora, 1.0),)) as s:  # the session applies it the same way
+        assert np.array_equal(_play(s, ["w-8"]), with_lora)
+
+
+def test_lora_high_or_low_on_the_fast_model_is_refused(demo_ckpt, tmp_path, capsys):
+    code = main(["generate", "--demo", "--model", "fast", "--demo-dir", str(demo_ckpt), "--lora-high", "x.safetensors",
+                 "--out", str(tmp_path / "x.mp4")])
+    assert code == 2
+    assert "--lora-high: the Fast model is one model; use --lora" in capsys.readouterr().err
