@@ -151,7 +151,7 @@ def run(args) -> int:
 
 
 def _refuse_other_settings(args, st: FastSettings) -> None:
-    """Flags that a continuation takes from the state: a different value is refused (cache rules) or ignored."""
+    """The cache rules a continuation takes from the state: a different value is refused."""
     for flag, given, saved in (("--window", args.window, st.window), ("--max-attention", args.max_attention,
                                                                        st.max_attention)):
         if given is not None and given != saved:
@@ -159,8 +159,4 @@ def _refuse_other_settings(args, st: FastSettings) -> None:
                              "the cache rules it was started with (leave the flag out)")
     if args.sink and args.sink != st.sink:
         raise UsageError(f"--sink {args.sink}: the video was started with --sink {st.sink}; leave the flag out")
-    ignored = [f for f, on in (("--image", args.image is not None), ("--size", args.size not in ("480*832", "64*112")),
-                               ("--rule", args.rule != "reference"), ("--seed", args.seed != 42)) if on]
-    if ignored:
-        log.warning("a continuation takes the size, the generator and the rule from the state; ignoring %s",
-                    ", ".join(ignored))
+    # --image, --size, --seed, --noise and --rule are refused before this (cli/flag_checks.FROM_THE_STATE)

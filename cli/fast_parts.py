@@ -128,14 +128,7 @@ class SaveState:
 
 # ---- files, plan, load -------------------------------------------------------------------------------------------
 def warn_base_only_flags(args) -> None:
-    ignored = [flag for flag, value, default in (
-        ("--steps", args.steps, None), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
-        ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
-        ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None),
-        ("--camera-cache", args.camera_cache, "auto"))
-        if value != default]
-    if ignored:
-        log.warning("--model fast ignores %s (4 distilled steps per chunk, no guidance)", ", ".join(ignored))
+    """The base model's own flags are refused before this (cli/flag_checks.BASE_ONLY); --shift applies but warns."""
     if args.shift != 10.0:
         log.warning("--shift %.3g: the Fast model was distilled at shift 10; other values change its timesteps",
                     args.shift)

@@ -69,7 +69,7 @@ NUMBERS = (
     Number("--seed", 0, SEED_MAX, hint="2**64-1, or a negative number for a random seed", negative_means_random=True),
     Number("--frames", 1, MAX_FRAMES, hint="4n+1; the longest video a run makes is 1 h 44 min at 16 fps"),
     Number("--fps", 1, FPS_MAX, hint="frames per second of the file; the model makes 16 fps video"),
-    Number("--steps", 1, 1000, hint="the schedule has 1000 timesteps; the reference uses 70, the Act model 20"),
+    Number("--steps", 1, 10_000, hint="the reference uses 70, the Act model 20"),
     Number("--shift", 0, 1000, low_open=True, hint="the reference uses 10"),
     Number("--boundary", 0, 1, hint="the high-noise expert runs while t >= boundary*1000"),
     Number("--guide-scale", 0, 100, hint="1 = no guidance; the reference uses 5"),
@@ -156,7 +156,7 @@ def check_model_flags(args) -> None:
                          f"guidance, from --fast-model); leave {given[0]} out")
     given = _given(args, EXPERT_LORA_FLAGS)
     if given:
-        raise UsageError(f"{given[0]}: the Fast model is one model, not two experts; use --lora FILE[:STRENGTH]")
+        raise UsageError(f"{given[0]}: the Fast model is one model; use --lora FILE[:STRENGTH]")
     continuing = getattr(args, "continue_from", None) is not None
     if not continuing and getattr(args, "whole_video", None) is not None:
         raise UsageError("--whole-video writes the whole video of a continuation: it needs --continue-from")

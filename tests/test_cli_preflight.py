@@ -115,7 +115,7 @@ def test_non_image_and_bomb_image(capsys, demo_ckpt, tmp_path, no_work):
     ("--frames", "10", "frame count 10 is not of the form 4n+1; use 9 or 13"),
     ("--size", "100000*100000", "of RAM"),
     ("--size", "big", "--size: unknown size 'big'"),
-    ("--steps", "0", "--steps 0: use 1 .. 1000"),
+    ("--steps", "0", "--steps 0: use 1 .. 10000"),
     ("--fps", "0", "--fps 0"),
     ("--boundary", "1.5", "--boundary 1.5: use 0 .. 1"),
     ("--shift", "nan", "--shift nan"),

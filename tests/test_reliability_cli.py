@@ -99,7 +99,7 @@ def test_fast_bad_values_are_one_line_before_any_work(capsys, demo_ckpt, tmp_pat
     ("", ["--window", "3"], "--window is a flag of the Fast model"),
     ("fast", ["--steps", "3"], "--model fast does not take --steps"),
     ("fast", ["--guide-scale", "3"], "--model fast does not take --guide-scale"),
-    ("fast", ["--lora-high", "x.safetensors"], "--lora-high: the Fast model is one model, not two experts"),
+    ("fast", ["--lora-high", "x.safetensors"], "--lora-high: the Fast model is one model; use --lora FILE[:STRENGTH]"),
     ("fast", ["--whole-video", "w.mp4"], "--whole-video writes the whole video of a continuation: it needs "
                                          "--continue-from"),
     ("fast", ["--camera", "dolly_in", "--actions", "w-8"], "give either --camera (a trajectory) or --actions"),
