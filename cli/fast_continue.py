@@ -107,7 +107,7 @@ def run(args) -> int:
         return apply_speed(model, speed)
 
     world = WorldSession(placement, st, device=device, load_model=load.result, prepare_model=prepare_model,
-                         vae=vae if stream_vae else None)
+                         vae=vae if stream_vae else None, speed=speed)
     try:
         world.resume(state, sf)
         world.context, world.prompt = context.detach().to("cpu", torch.float32), prompt

@@ -117,6 +117,10 @@ def _first_part(args, session, imports, stats) -> int:
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
     speed = fast_speed_plan(args, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
+    window = speed.fast_window(settings.window, part.latent_frames)  # a preset's window cap (draft)
+    if window != settings.window:
+        settings = replace(settings, window=window)
+    save = fast_parts.SaveState.plan(args, settings, cfg, part.latent_frames)
     if session.is_main:
         print(f"Fast model: {height}x{width}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
               f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),
@@ -214,7 +218,7 @@ def _first_part(args, session, imports, stats) -> int:
             return model
 
         world = WorldSession(placement, settings, device=device, load_model=load_model, prepare_model=prepare_model,
-                             vae=vae if stream_vae else None)
+                             vae=vae if stream_vae and vae is not None else None, speed=speed)
         world.load()
         if text.background:  # before the cache takes the VRAM the encoder holds
             text.embeddings()
@@ -226,7 +230,8 @@ def _first_part(args, session, imports, stats) -> int:
             save.write(state, placement.placement)
 
         latent, written = fast_parts.run_part(world, part, source, args.frames, args=args, target=target, stats=stats,
-                                              stream=stream_vae, on_done=on_done if save is not None else None,
+                                              stream=stream_vae and vae is not None,  # rank 0 writes the video
+                                              on_done=on_done if save is not None else None,
                                               keep_cache=save is not None, label=control)
         if placement.host_memory_s is not None:
             stats.note("K/V host memory (in the background)", placement.host_memory_s)

@@ -161,7 +161,10 @@ class VideoWriter:
     def append(self, video: torch.Tensor) -> None:
         """Frames [3, T, H, W] in [-1, 1]; copied to host memory here, encoded in the background (errors are raised
         by the next append or by close)."""
-        frames = to_uint8_frames(video)
+        self.append_frames(to_uint8_frames(video))
+
+    def append_frames(self, frames: np.ndarray) -> None:
+        """Frames [T, H, W, 3] uint8 (already converted, e.g. a World session's)."""
         self._raise_failed()
         if self.target.container is None:
             for f in frames:

@@ -13,6 +13,7 @@ from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
 from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
 from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
+from .play_node import LingBotPlay
 from .sampler_node import LingBotSampler
 from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
@@ -31,6 +32,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotFastLoader": LingBotFastLoader,
     "LingBotFastSampler": LingBotFastSampler,
     "LingBotFastContinue": LingBotFastContinue,
+    "LingBotPlay": LingBotPlay,
     "LingBotSpeedOptions": LingBotSpeedOptions,
     # native door (issue 16): LingBot experts as MODEL, camera / first frame on CONDITIONING, LoRA
     "LingBotModelLoader": LingBotModelLoader,
@@ -56,6 +58,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotFastLoader": "LingBot Fast Model Loader (Wan)",
     "LingBotFastSampler": "LingBot Fast Sampler (Wan)",
     "LingBotFastContinue": "LingBot Fast Continue (Wan)",
+    "LingBotPlay": "LingBot Play (Wan Fast, live)",
     "LingBotSpeedOptions": "LingBot Speed Options (Wan)",
     "LingBotModelLoader": "LingBot NF4 Model Loader (Wan)",
     "LingBotLoraLoader": "LingBot LoRA Loader (Wan NF4)",
@@ -77,6 +80,9 @@ def _setup_inside_comfyui() -> None:
     from .example_inputs import install_example_inputs
 
     host_memory.install()
+    from .play_node import install_routes
+
+    install_routes()  # the live player's page on ComfyUI's server (token-protected)
     try:
         register_model_folders()
     except Exception:

@@ -196,3 +196,20 @@ def test_lora_high_or_low_on_the_fast_model_is_refused(demo_ckpt, tmp_path, caps
                  "--out", str(tmp_path / "x.mp4")])
     assert code == 2
     assert "--lora-high: the Fast model is one model; use --lora" in capsys.readouterr().err
+
+
+def test_the_draft_preset_plays_like_its_batch_run_and_rewinds_exactly(files, demo_ckpt, tmp_path):
+    import torch as _torch
+
+    from lingbot_world.speed.presets import resolve_preset
+
+    speed = resolve_preset("draft", _torch.device("cpu"))
+    with _open(files, tmp_path, window=6, sink=3, speed=speed) as s:
+        assert s.settings.window == 6  # the preset's cap (15) leaves a smaller window alone
+        played = _play(s, KEYS[:4])
+        assert s.parts[-1].folded  # the folded context pass: what rebuilds the cache
+        s.rewind(2)
+        assert np.array_equal(_play(s, KEYS[2:4]), played[21:])
+        actions = s.action_string()
+    batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--speed", "draft")
+    assert np.array_equal(played, batch)

@@ -88,7 +88,10 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
 def fast_settings(settings: WorldSettings, fmt, device: torch.device, height: int, width: int) -> FastSettings:
     """The fixed settings of a video of this size (what a saved state checks when it is continued)."""
     dtype = compute_dtype(settings.weights, device)
-    return FastSettings(height, width, int(settings.seed), settings.noise, settings.rule, window=settings.window,
+    window = settings.window
+    if settings.speed is not None:  # a preset's window cap (draft: 15 latent frames)
+        window = settings.speed.fast_window(window)
+    return FastSettings(height, width, int(settings.seed), settings.noise, settings.rule, window=window,
                         sink=settings.sink, max_attention=settings.max_attention, precision=settings.precision,
                         weights=settings.weights, cache_dtype=str(dtype).replace("torch.", ""),
                         model=model_fingerprint(fmt), model_label=model_label(fmt), vae_tiled=settings.vae_tiled)

@@ -62,6 +62,7 @@ class _Part:
     plan_keys: Optional[KeyTimeline]  # the keys the part used, padded (None for a camera or no input)
     played_keys: Optional[KeyTimeline] = None  # keys as played (a chunk of the player), for the action string
     resumed: bool = False  # the saved video a continuation started from (its parts are not known here)
+    folded: list = field(default_factory=list)  # (x, t) of each chunk's K/V-writing call with a folded context pass
 
 
 class FixedCondition:
@@ -104,11 +105,13 @@ class WorldSession:
     load_model(): the model, loaded as the plan says (called once, when the first part needs it).
     prepare_model(model) -> model: speed options, a parallel layout (called once after the load).
     vae: a WanVAE on the device for streaming decode (None: the door decodes the latents itself).
+    speed: the run's SpeedPlan (speed/options.py): its chunk levers go to every chunk (a preset's 3 steps, the
+    folded context pass) and its decode levers to the streaming decode (bf16); None: the release's schedule.
     """
 
     def __init__(self, placement, settings: FastSettings, *, device, load_model: Callable[[], nn.Module],
                  prepare_model: Optional[Callable[[nn.Module], nn.Module]] = None, vae=None,
-                 text_len: Optional[int] = None):
+                 text_len: Optional[int] = None, speed=None):
         self.placement = placement
         self.settings = settings
         self.device = torch.device(device)
@@ -116,6 +119,7 @@ class WorldSession:
         self._prepare_model = prepare_model
         self.vae = vae
         self.text_len = text_len
+        self.speed = speed  # a speed.options.SpeedPlan: its chunk levers (steps, fold) and decode levers
         self.model: Optional[nn.Module] = None
         self.cache = None
         self.decoder: Optional[StreamingDecoder] = None
@@ -145,7 +149,7 @@ class WorldSession:
 
         session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *_size_from(settings.size)),
                       device=device, load_model=pieces.load_model, vae=pieces.vae,
-                      prepare_model=_speed_preparer(settings.speed))
+                      prepare_model=_speed_preparer(settings.speed), speed=settings.speed)
         session.files, session.world_settings, session.format = files, settings, pieces.fmt
         session.plan_reason = pieces.plan_reason
         return session
@@ -285,13 +289,13 @@ class WorldSession:
             if decoder is not None:
                 t = time.perf_counter()
                 with torch.inference_mode():
-                    on_frames(decoder.decode(x0))
+                    on_frames(self._decode(decoder, x0))
                 t_decode += time.perf_counter() - t
 
         t0 = time.perf_counter()
         run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
                          final_context=final_context, callback=self.callback, on_chunk=on_chunk,
-                         cancel_check=self.cancel_check)
+                         cancel_check=self.cancel_check, **self._run_options())
         try:
             with torch.inference_mode():
                 latent = run.run()
@@ -301,7 +305,8 @@ class WorldSession:
         state = finish_part(run, part, self.settings, self.state, context=self.context, prompt=self.prompt,
                             label=label or source.label or source.kind)
         state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
-        self.parts.append(_Part(state, source, frames, part.keys, keys))
+        folded = [(x.detach().to("cpu"), t) for x, t in getattr(run, "folded_inputs", [])]
+        self.parts.append(_Part(state, source, frames, part.keys, keys, folded=folded))
         if not final_context:
             self._unfinished = True
         if on_done is not None:
@@ -338,7 +343,7 @@ class WorldSession:
         for i in range(latent.shape[2]):
             t = time.perf_counter()
             with torch.inference_mode():
-                frames_i = to_uint8(decoder.decode(latent[:, :, i:i + 1].to(self.device)))
+                frames_i = to_uint8(self._decode(decoder, latent[:, :, i:i + 1].to(self.device)))
             decoded += time.perf_counter() - t
             self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0)
             yield ChunkFrames(chunk, first, frames_i)
@@ -430,8 +435,11 @@ class WorldSession:
                 for c in range(part.chunks):
                     sl = slice(c * CHUNK_FRAMES, (c + 1) * CHUNK_FRAMES)
                     cam = None if part.camera is None else part.camera[:, :, sl].to(self.device)
-                    context_pass(model, latent[:, :, sl].to(self.device), ctx, y[:, :, sl].to(self.device), cam,
-                                 self.cache, start + c * CHUNK_FRAMES)
+                    # the call that wrote the chunk's K/V: the context pass on its latent at t = 0, or (a folded
+                    # context pass) its last denoising step
+                    x, t = p.folded[c] if p.folded else (latent[:, :, sl], 0)
+                    context_pass(model, x.to(self.device), ctx, y[:, :, sl].to(self.device), cam, self.cache,
+                                 start + c * CHUNK_FRAMES, timestep=t)
                 start += part.latent_frames
                 before = p.state
         if (self.cache.global_end, self.cache.local_end) != (before.kv_global_end, before.kv_local_end):
@@ -455,7 +463,7 @@ class WorldSession:
         try:
             for i in range(z.shape[2]):
                 with torch.inference_mode():
-                    yield to_uint8(decoder.decode(z[:, :, i:i + 1].to(self.device)))
+                    yield to_uint8(self._decode(decoder, z[:, :, i:i + 1].to(self.device)))
         finally:
             decoder.close()
 
@@ -468,6 +476,18 @@ class WorldSession:
                 with torch.inference_mode():
                     warm_up(self.decoder, self.latent().to(self.device))
         return self.decoder
+
+    def _decode(self, decoder: StreamingDecoder, z: torch.Tensor) -> torch.Tensor:
+        """The frames of latent frames `z`, in bf16 when the speed plan's decode lever says so."""
+        levers = getattr(self.speed, "levers", None)
+        if levers is None or not levers.decode_bf16:
+            return decoder.decode(z)
+        from ..speed.decode import ChunkDecoder
+
+        return ChunkDecoder(decoder.decode, self.device, bf16=True).submit(z).result()
+
+    def _run_options(self) -> dict:
+        return self.speed.fast_run_options() if self.speed is not None else {}
 
     def _reset_decoder(self) -> None:
         if self.decoder is not None:

@@ -1,0 +1,223 @@
+"""Benchmark: the live player's World session, chunk after chunk as `lingbot-world play` drives it.
+
+    # one H100: 200 chunks at 480x832 on a 24 GB cap, K/V cache in pinned host RAM, window 21 + sink 3
+    python -m lingbot_world.bench.bench_play --workdir /tmp/lwf --keep --out bench/results/play_h100.json
+    # the same with the chunk-latency speed options
+    python -m lingbot_world.bench.bench_play --workdir /tmp/lwf --keep --speed compile=blocks,compute=fp8 \\
+        --out bench/results/play_h100_fast.json
+    python -m lingbot_world.bench.bench_play --tiny --out /tmp/play_tiny.json      # CPU smoke run (CI)
+
+A random full-size Fast model in the community NF4 layout is written once to --workdir (the same folder
+bench_fast uses: reused when its config matches) and a full-size random Wan 2.1 VAE is made in memory; the text
+context is random (the prompt's encoder is outside the chunk loop). The session is built as
+`world.opening.open_pieces` builds it (memory plan for the played layout, FastPlacement, streaming VAE) and driven
+through `player.driver.SessionDriver`, the player's own worker thread, with keys that change every chunk.
+
+Per chunk (server timestamps, what the page receives over its socket one hop later): key request -> first decoded
+frame JPEG-encoded on the loop ("key -> first frame"), request -> chunk committed (on the loop too), the session's
+own DiT / decode / total split,
+peak VRAM allocated / reserved during the chunk, RSS after it. Summary over the steady chunks (after --warmup):
+median and p90 of key -> first frame, sustained frames per second (frames made / wall time), and whether VRAM and
+RSS stay flat (the last quarter's peak within --flat-slack-mib of the first steady quarter's). The page's own
+timestamps (key press -> frame on screen) add the page's sampling wait (up to one chunk's playback, 0.75 s) and
+the JPEG decode: the player's page shows them live ("key -> screen").
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .bench_pipeline import apply_cap, bench_config, sync, write_random_experts
+from .common import machine_info, rss_bytes, write_json
+
+GiB = 1024**3
+KEY_PATTERN = ("w-12", "wj-12", "w-6,wl-6", "d-12", "none-4,s-8", "i-6,k-6", "a-12", "wl-12")
+
+
+def parse_speed(text: Optional[str]):
+    """'compile=blocks,compute=fp8' -> a resolved speed plan (None: the exact defaults)."""
+    if not text:
+        return None
+    from ..speed.options import SpeedOptions
+
+    pairs = dict(part.split("=", 1) for part in text.split(",") if part)
+    return SpeedOptions(**pairs)
+
+
+def keys_for(chunk: int, need: int) -> str:
+    """Keys that change every chunk (the first chunk takes 8 frames, later ones 12)."""
+    from ..wan.control.actions import KeyTimeline
+
+    return KeyTimeline.from_string(KEY_PATTERN[chunk % len(KEY_PATTERN)])[0:need].to_string()
+
+
+def build_session(args, device: torch.device, fast_path: Path, cfg):
+    """The World session of `lingbot-world play` on random weights (no text encoder: a random context)."""
+    from ..loaders.expert_format import detect_format
+    from ..memory.kv_placement import FastPlacement
+    from ..speed.options import resolve_speed
+    from ..wan.i2v import ConditionTrack
+    from ..wan.vae.model import VAEConfig, WanVAE
+    from ..world.opening import fast_settings
+    from ..world.plan import compute_dtype, plan_world_memory, play_layout
+    from ..world.session import WorldSession, _speed_preparer
+    from ..world.settings import WorldSettings
+
+    h, w = (64, 112) if args.tiny else (480, 832)
+    speed = parse_speed(args.speed)
+    plan_speed = resolve_speed(speed, device) if speed is not None else None
+    settings = WorldSettings(size=f"{h}*{w}", seed=42, noise="cuda" if device.type == "cuda" else "cpu",
+                             window=args.window, sink=args.sink, kv_cache=args.kv_cache, speed=plan_speed)
+    fmt = detect_format(fast_path)
+    fs = fast_settings(settings, fmt, device, h, w)
+    with torch.device(device):
+        vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
+    plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights="nf4", kv_cache=args.kv_cache,
+                                stream_decode="on", vae_cfg=vae.cfg)
+    placement = FastPlacement(plan, device, lambda s: None)
+    dtype = compute_dtype("nf4", device)
+    session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed),
+                           load_model=lambda: placement.load_model(fast_path, "nf4", compute_dtype=dtype))
+    g = torch.Generator().manual_seed(0)
+    image = torch.rand(3, h, w, generator=g) * 2 - 1
+    context = torch.randn(64, cfg.text_dim, generator=g)
+    t0 = time.perf_counter()
+    session.load()
+    sync(device)
+    load_s = time.perf_counter() - t0
+    with torch.inference_mode():
+        session.begin(ConditionTrack.build(vae, image, h, w), context, "bench")
+    return session, plan, load_s
+
+
+async def play(session, chunks: int, device: torch.device, budget_s: float) -> list[dict]:
+    from ..player.driver import SessionDriver
+
+    driver = SessionDriver(session)
+    driver.adopt(torch.zeros(session.height, session.width, 3, dtype=torch.uint8).numpy())
+    cuda = device.type == "cuda"
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    try:
+        for i in range(chunks):
+            if time.perf_counter() - t_start > budget_s:
+                break
+            need = driver.snapshot["next_keys"]
+            keys = keys_for(i, need)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            first: list[float] = []
+            t_key = time.perf_counter()
+
+            async def on_frames(chunk, first_frame, data):
+                if not first:
+                    first.append(time.perf_counter() - t_key)
+
+            report = await driver.step(keys, on_frames)
+            total = time.perf_counter() - t_key
+            row = {"chunk": i + 1, "keys": keys, "frames": report.frames, "key_to_first_frame_s": round(first[0], 4),
+                   "total_s": round(total, 4), **{f"session_{k}_s": v for k, v in report.seconds.items()},
+                   "rss": rss_bytes()}
+            if cuda:
+                row["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+                row["peak_reserved"] = torch.cuda.max_memory_reserved(device)
+            rows.append(row)
+            print(f"chunk {i + 1}: key -> first frame {row['key_to_first_frame_s']:.3f} s, chunk {row['total_s']:.3f} s"
+                  + (f", peak {row['peak_allocated'] / GiB:.2f} GiB" if cuda else "")
+                  + f", RSS {row['rss'] / GiB:.2f} GiB", flush=True)
+    finally:
+        driver.close()  # closes the session: every GPU and pinned buffer freed
+    return rows
+
+
+def summarize(rows: list[dict], warmup: int, slack_mib: float) -> dict:
+    steady = rows[warmup:] if len(rows) > warmup + 1 else rows
+    firsts = sorted(r["key_to_first_frame_s"] for r in steady)
+    wall = sum(r["total_s"] for r in steady)
+    out = {"chunks": len(rows), "steady_chunks": len(steady),
+           "key_to_first_frame_median_s": round(statistics.median(firsts), 4),
+           "key_to_first_frame_p90_s": round(firsts[min(len(firsts) - 1, int(0.9 * len(firsts)))], 4),
+           "chunk_median_s": round(statistics.median(r["total_s"] for r in steady), 4),
+           "sustained_fps": round(sum(r["frames"] for r in steady) / wall, 3) if wall else None}
+    q = max(1, len(steady) // 4)
+    slack = slack_mib * 2**20
+    for key in ("peak_allocated", "peak_reserved", "rss"):
+        if key not in steady[0]:
+            continue
+        early, late = max(r[key] for r in steady[:q]), max(r[key] for r in steady[-q:])
+        out[f"{key}_first_quarter"] = early
+        out[f"{key}_last_quarter"] = late
+        out[f"{key}_flat"] = late - early <= slack
+    return out
+
+
+def run(args) -> dict:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    res: dict = {"bench": "play", "machine": machine_info(), "args": vars(args),
+                 "cap_bytes": apply_cap(device, None if args.tiny else args.cap_gib, args.context_gib)}
+    cfg = bench_config(args.tiny)
+    cfg = type(cfg)(**{**cfg.__dict__, "causal": True})
+    fast_path = Path(args.workdir) / "lingbot_world_fast_bnb_nf4"
+    print(f"[model] {'tiny' if args.tiny else 'full-size'} random NF4 Fast model in {fast_path} ...", flush=True)
+    res["model"] = write_random_experts({"fast": fast_path}, {"fast": cfg}, str(device), timeout=3600)
+    session, plan, load_s = build_session(args, device, fast_path, cfg)
+    res.update(plan=plan.to_json(), load_s=round(load_s, 3))
+    print(f"[plan] {plan.reason}", flush=True)
+    rows = asyncio.run(play(session, args.chunks, device, args.budget_s))
+    res["per_chunk"] = rows
+    res["summary"] = summarize(rows, args.warmup, args.flat_slack_mib)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        res["after_close_allocated"] = torch.cuda.memory_allocated(device)
+    if not args.keep and not args.tiny:
+        import shutil
+
+        shutil.rmtree(fast_path, ignore_errors=True)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny model and 64x112 on the CPU (smoke run, CI)")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--chunks", type=int, default=None, help="chunks to play (default 200; tiny 8)")
+    p.add_argument("--warmup", type=int, default=None, help="first chunks left out of the summary (default 5; tiny 2)")
+    p.add_argument("--window", type=int, default=None, help="latent frames kept (default 21; tiny 6)")
+    p.add_argument("--sink", type=int, default=None, help="latent frames never evicted (default 3; tiny 1)")
+    p.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="host", help="where the K/V cache lives")
+    p.add_argument("--cap-gib", type=float, default=24.0, help="simulated card size (GiB; 0 = the whole card)")
+    p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
+    p.add_argument("--speed", default=None, help="speed options, e.g. compile=blocks,compute=fp8,attention=sdpa")
+    p.add_argument("--budget-s", type=float, default=540.0, help="stop playing after this many seconds")
+    p.add_argument("--flat-slack-mib", type=float, default=256.0,
+                   help="memory counts as flat when the last quarter's peak is within this of the first's")
+    p.add_argument("--workdir", default="/tmp/lingbot_fast_bench", help="where the random Fast model is written")
+    p.add_argument("--keep", action="store_true", help="keep the random model for the next call")
+    p.add_argument("--out", default=None, help="results JSON")
+    args = p.parse_args(argv)
+    if args.tiny:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    defaults = dict(chunks=(8, 200), warmup=(2, 5), window=(6, 21), sink=(1, 3))
+    for name, (tiny, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if args.tiny else full)
+    res = run(args)
+    s = res["summary"]
+    print(json.dumps(s, indent=2))
+    if args.out:
+        write_json(args.out, res)
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

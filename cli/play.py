@@ -1,0 +1,193 @@
+"""`lingbot-world play`: one resident Fast-model session played live in the browser (player/).
+
+Parses the flags into typed settings, checks everything that is quick (the image, the out dir, the port, the
+model files' headers) before the model loads, then hands the loaded session to the player's server.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from .errors import UsageError
+
+log = logging.getLogger("lingbot_world.play")
+DEMO_SIZE = "64*112"
+
+
+def add_parser(sub) -> None:
+    from ..player.options import DEFAULT_PORT, LOCAL_HOST
+
+    p = sub.add_parser(
+        "play", help="play the Fast model live in the browser (keys in, video out)",
+        description="Load the Fast model once and play it in a browser page: WASD move, IJKL look; the keys held "
+        "while a chunk plays decide the next one. The page can pause, rewind to a chunk boundary, save the clip "
+        "and render the played path with the base Cam model or the Fast model at 720p. `--demo` plays the tiny "
+        "random-weight demo checkpoint on the CPU (the picture is noise; the whole path is real).")
+    src = p.add_argument_group("inputs")
+    src.add_argument("--ckpt-dir", type=Path, help="checkpoint folder with the Fast model (lingbot_world_fast*/), "
+                     "the umT5 encoder and the VAE")
+    src.add_argument("--demo", action="store_true", help="play the tiny demo checkpoint (built on first use) on "
+                     "the CPU at 64*112 with the demo's image and prompt")
+    src.add_argument("--demo-dir", type=Path, default=None, help="where the demo checkpoint is built and cached")
+    src.add_argument("--image", type=Path, default=None, help="start image (or pick/upload one in the page)")
+    src.add_argument("--prompt", default=None, help="text prompt (or write it in the page)")
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--seed", type=int, default=42, help="noise seed (the render uses the same)")
+    gen.add_argument("--size", default=None, help="max area H*W, aspect from the image (default 480*832; demo "
+                     f"{DEMO_SIZE})")
+    gen.add_argument("--window", type=int, default=21, metavar="LATENT_FRAMES",
+                     help="latent frames kept in the K/V cache (bounded memory for endless play)")
+    gen.add_argument("--sink", type=int, default=3, metavar="LATENT_FRAMES",
+                     help="first latent frames never evicted from the window")
+    gen.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="auto",
+                     help="where the K/V cache lives: gpu, host (pinned RAM, streamed), auto")
+    gen.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (demo: cpu)")
+    gen.add_argument("--noise", choices=("auto", "cuda", "cpu"), default="auto",
+                     help="noise generator (auto: cuda on a GPU), as for generate")
+    gen.add_argument("--t5-device", choices=("auto", "cuda", "cpu"), default="auto",
+                     help="where the text encoder child runs")
+    gen.add_argument("--cache-dir", type=Path, default=None,
+                     help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
+    srv = p.add_argument_group("server")
+    srv.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the page (0: any free port)")
+    srv.add_argument("--host", default=LOCAL_HOST, help="address to listen on; anything but 127.0.0.1 lets other "
+                     "machines reach the page (they still need the token)")
+    srv.add_argument("--no-browser", action="store_true", help="only print the URL, do not open a browser")
+    srv.add_argument("--out-dir", type=Path, default=Path("lingbot_play"),
+                     help="where saves, uploads and renders go (nothing is written anywhere else)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .progress import cli_logging
+
+    with cli_logging(False):
+        return _run(args)
+
+
+def _run(args) -> int:
+    from ..player.driver import SessionDriver
+    from ..player.options import LOCAL_HOST, PlayerOptions
+    from ..player.server import bind, serve
+    from .preflight import noise_source, resolve_device
+
+    # quick checks first: flags, image, out dir, port, model files (headers); the model loads last
+    if args.demo and args.ckpt_dir is not None:
+        raise UsageError("give either --demo or --ckpt-dir, not both")
+    if not args.demo and args.ckpt_dir is None:
+        raise UsageError("--ckpt-dir is required (the folder with the Fast model), or use --demo")
+    if args.window is not None and args.window < 1:
+        raise UsageError(f"--window {args.window}: use a positive number of latent frames")
+    if not 0 <= args.sink < (args.window or 1 << 30):
+        raise UsageError(f"--sink {args.sink}: use 0 .. --window - 1")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: use 0 .. 65535")
+    image, prompt = args.image, args.prompt
+    size, device_name = args.size, args.device
+    if args.demo:
+        from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
+
+        image, prompt = image or DEMO_IMAGE, prompt or DEMO_PROMPT
+        size = size or DEMO_SIZE
+        device_name = "cpu" if device_name == "auto" else device_name
+    size = size or "480*832"
+    _check_size(size)
+    device = resolve_device(device_name)
+    noise = noise_source(args.noise, device)
+    if image is not None:
+        from ..loaders.image_files import load_image
+
+        image = Path(image).expanduser().resolve()
+        load_image(image)  # unreadable or not a picture: one line now
+    out_dir = _out_dir(args.out_dir)
+    if args.host != LOCAL_HOST:
+        print(f"warning: --host {args.host}: the player is reachable from other machines on that network (anyone "
+              "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
+    sock = bind(args.host, args.port)
+    try:
+        from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
+
+        files = FastFiles.demo(args.demo_dir) if args.demo else FastFiles.find(args.ckpt_dir)
+        settings = WorldSettings(size=size, seed=args.seed, noise=noise, window=args.window, sink=args.sink,
+                                 kv_cache=args.kv_cache,
+                                 text=TextSettings(device=args.t5_device, cache_dir=args.cache_dir))
+        options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
+                                render=_render_source(args, size, device_name, noise))
+        session = WorldSession.open(files, settings, device=device)  # checks every file's header first
+        driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
+        try:
+            print("loading the Fast model...", flush=True)
+            session.load()
+            if image is not None and prompt:
+                driver.start_now(image, prompt)
+        except BaseException:
+            driver.close()
+            raise
+        stopped_by = serve(driver, options, sock, open_browser=not args.no_browser,
+                           log=lambda line: print(line, flush=True))
+    finally:
+        sock.close()
+    return _exit_for(stopped_by)
+
+
+def _exit_for(signum: int) -> int:
+    """The server stopped cleanly on a signal: the same outcome as any command stopped by it (130, 143, 129)."""
+    import signal
+
+    from .errors import Terminated
+
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum:
+        raise Terminated(signum)
+    return 0
+
+
+def _render_source(args, size: str, device_name: str, noise: str):
+    from ..player.options import RenderSource
+
+    if args.demo:
+        checkpoint = ("--demo",) + (("--demo-dir", str(Path(args.demo_dir).resolve())) if args.demo_dir else ())
+    else:
+        checkpoint = ("--ckpt-dir", str(Path(args.ckpt_dir).expanduser().resolve()))
+    if args.cache_dir is not None:
+        checkpoint += ("--cache-dir", str(Path(args.cache_dir).resolve()))
+    return RenderSource(checkpoint, args.seed, size, args.window, args.sink, device=device_name, demo=args.demo,
+                        noise=noise)
+
+
+def write_frames(frames, path: Path, fps: int) -> Path:
+    """The session's uint8 frames to a video file, atomically (the same writer and encoder as `generate`)."""
+    from .video_out import VideoWriter, plan_output
+
+    writer = VideoWriter(plan_output(Path(path)), fps)
+    try:
+        for batch in frames:
+            writer.append_frames(batch)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
+
+
+def _check_size(size: str) -> None:
+    from ..wan.sizes import max_area_for
+
+    try:
+        max_area_for(size)
+    except ValueError as e:
+        raise UsageError(f"--size {size!r}: {e}") from None
+
+
+def _out_dir(path: Path) -> Path:
+    import os
+
+    out = Path(path).expanduser().resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out-dir {path}: cannot create it ({e.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"--out-dir {path}: not writable; pick a folder you can write to")
+    return out

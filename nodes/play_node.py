@@ -1,0 +1,228 @@
+"""LingBot Play (Wan): the live player inside ComfyUI, on the loaded Fast model, the I2V condition and the text.
+
+The node opens one World session per node (the model through ComfyUI's model management: nodes/fast_host.py),
+and the page of `lingbot-world play` (player/) is served on ComfyUI's own server under
+/lingbot_world/play/<node id>/ behind a per-session token; web/lingbot_play.js opens it in a panel. The keys
+played so far come back as the node's `actions` output (an action string: LingBot Actions -> LingBot Fast Sampler
+with rule "continuable" and the same seed / window / sink re-renders the played path). Queue again after playing
+to send the new keys down the graph. "Free model and node cache" (and any change of the node's inputs) closes the
+session: it lives as long as ComfyUI keeps the node's I2V input in its cache (the session holds no reference to
+that object, so it dies with ComfyUI's node cache).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .fast_host import FAST_MODEL, NOISE_SOURCES, FastModel, check_text, fast_settings, open_fast_world
+from .payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
+
+log = logging.getLogger(__name__)
+
+ROUTE = "/lingbot_world/play"
+OUT_SUBDIR = "lingbot_play"
+_serials = itertools.count(1)
+
+
+@dataclass
+class _Open:
+    """One node's open player: its inputs' identity, the session's driver, the page's routes."""
+
+    key: tuple
+    driver: object  # player.driver.SessionDriver
+    player: object  # player.routes.Player
+    serial: int = 0
+
+
+_open: dict[str, _Open] = {}
+
+
+class LingBotPlay:
+    """Plays the Fast model live in a panel: WASD move, IJKL look; outputs the keys played as an action string."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "fast_model": (FAST_MODEL, {"tooltip": "From LingBot Fast Model Loader"}),
+                "text": (TEXT, {"tooltip": "From LingBot Text Encode (the prompt of the played world)"}),
+                "i2v": (I2V, {"tooltip": (
+                    "From LingBot Image To Video with LingBot VAE Loader's VAE: its image starts the world and its "
+                    "VAE decodes the frames as they are made (its frame count does not matter: play is endless)")}),
+                "seed": ("INT", {"default": 42, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "tooltip": (
+                    "Noise seed; the same seed, window and sink re-render the played keys exactly")}),
+                "noise_source": (list(NOISE_SOURCES), {"default": "cpu", "tooltip": (
+                    "cpu: the same noise on every machine; cuda: the reference's GPU generator")}),
+                "window": ("INT", {"default": 21, "min": 0, "max": 10_000, "tooltip": (
+                    "Latent frames kept in the K/V cache (0 = all: memory grows with the video). 21 + sink 3 keeps "
+                    "memory flat however long you play")}),
+                "sink": ("INT", {"default": 3, "min": 0, "max": 10_000, "tooltip": (
+                    "With a window: the first latent frames are never evicted")}),
+            },
+            "hidden": {"unique_id": "UNIQUE_ID"},
+        }
+
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("actions",)
+    OUTPUT_TOOLTIPS = ("The keys played so far as an action string (queue again after playing to update it); "
+                       "LingBot Actions -> LingBot Fast Sampler (rule continuable) re-renders them",)
+    OUTPUT_NODE = True
+    FUNCTION = "play"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Opens the live player in a panel on the loaded Fast model: hold W A S D to move and I J K L to "
+                   "look; the keys held while a chunk plays steer the next one. Pause, rewind and save in the panel. "
+                   "Queue again to send the played keys down the graph as an action string. Free model and node "
+                   "cache closes the session.")
+
+    @classmethod
+    def IS_CHANGED(cls, unique_id=None, **_):
+        """The keys played since the last run: queueing again after playing re-runs the node with them."""
+        current = _open.get(str(unique_id))
+        return current.driver.snapshot.get("action_string", "") if current is not None else ""
+
+    def play(self, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int = 42,
+             noise_source: str = "cpu", window: int = 21, sink: int = 3, unique_id: Optional[str] = None):
+        if noise_source not in NOISE_SOURCES:
+            raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
+        if window and not 0 <= sink < window:
+            raise ValueError(f"sink {sink}: use 0 .. window - 1 ({window - 1})")
+        check_text(text, fast_model.config)
+        node = str(unique_id)
+        key = (id(fast_model), id(text), id(i2v), int(seed), noise_source, int(window), int(sink))
+        current = _open.get(node)
+        if current is None or current.key != key or current.driver.closed:
+            close_player(node)
+            current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source, window or None, sink)
+            current.serial = next(_serials)
+            weakref.finalize(i2v, _dropped, node, current.serial)  # Free (or new inputs) drops it: close
+        actions = current.driver.snapshot.get("action_string") or ""
+        token = current.player.options.token
+        return {"ui": {"lingbot_play": [{"url": f"{ROUTE}/{node}/?token={token}", "node": node,
+                                         "actions": actions}]},
+                "result": (actions,)}
+
+
+def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int, noise_source: str,
+           window: Optional[int], sink: int) -> _Open:
+    import comfy.model_management as mm
+    import folder_paths
+
+    from ..player.driver import SessionDriver
+    from ..player.options import PlayerOptions
+    from ..player.routes import Player
+    from ..wan.control.actions import KeyTimeline
+    from ..wan.sampling.fast_state import CameraSource, first_part_frames, plan_first_part
+    from .progress import show_on_node
+
+    if i2v.vae is None or i2v.image is None:
+        raise ValueError("LingBot Play: connect LingBot VAE Loader's VAE to LingBot Image To Video (the player "
+                         "decodes each chunk with it and encodes the conditioning of later frames)")
+    device = mm.get_torch_device()
+    settings = fast_settings(fast_model, device, i2v.height, i2v.width, seed, noise_source, "continuable", window,
+                             sink, None, keep=False, tiled=i2v.tiled)
+    first = plan_first_part(CameraSource(keys=KeyTimeline.none(8)), first_part_frames(1), settings)
+    world, _ = open_fast_world(fast_model, settings, first.latent_frames, first, i2v.vae, show=show_on_node)
+    try:
+        world.vae = i2v.vae.model
+        world.load()  # on ComfyUI's worker thread, with its model management; chunks then run on the player's
+        world.begin(_condition_track(i2v), text.positive, text.prompt)
+    except BaseException:
+        world.close()
+        raise
+    condition, context, prompt = world.condition, world.context, world.prompt
+    driver = SessionDriver(world, prompt=text.prompt)
+    driver.adopt(_start_frame(i2v))
+    out_dir = Path(folder_paths.get_output_directory()) / OUT_SUBDIR
+    options = PlayerOptions(out_dir=out_dir, prompt=text.prompt, title="LingBot Play",
+                            restart=lambda session: session.begin(condition, context, prompt))
+    player = Player(driver, options, prefix="")
+    log.info("LingBot Play: session open (%dx%d, window %s, sink %d)", i2v.width, i2v.height, window, sink)
+    return _Open(key, driver, player)
+
+
+def _condition_track(i2v: I2VCondition):
+    """The conditioning of every later frame (built once per I2V output, like LingBot Fast Continue's)."""
+    if i2v.track is not None:
+        return i2v.track
+    from ..wan.i2v import ConditionTrack
+    from ..wan.vae.footprint import vae_work_bytes
+    from ..wan.vae.reach import encoder_reach
+    from .i2v_nodes import load_vae_to_device
+
+    cfg = i2v.vae.model.cfg
+    frames = cfg.temporal_factor * (encoder_reach(cfg) + 1) + 1
+    model = load_vae_to_device(i2v.vae, vae_work_bytes(cfg, i2v.height, i2v.width, frames, i2v.tiled, 256))
+    i2v.track = ConditionTrack.build(model, i2v.image, i2v.height, i2v.width, tiled=i2v.tiled, have=i2v.y)
+    return i2v.track
+
+
+def _start_frame(i2v: I2VCondition):
+    """The start image as the page shows it before the first chunk (uint8 [H, W, 3] at the video's size)."""
+    import numpy as np
+    from PIL import Image
+
+    img = ((i2v.image.float().clamp(-1, 1) + 1) / 2 * 255).to("cpu").byte().permute(1, 2, 0).numpy()
+    return np.asarray(Image.fromarray(img).resize((i2v.width, i2v.height), Image.BICUBIC))
+
+
+def _dropped(node: str, serial: int) -> None:
+    """ComfyUI let go of the I2V output a session was opened on: close it (unless the node has a newer one)."""
+    current = _open.get(node)
+    if current is not None and current.serial == serial:
+        close_player(node)
+
+
+def close_player(node: str) -> None:
+    """Close one node's player: its page's socket and render child, then the session (after a running chunk)."""
+    current = _open.pop(node, None)
+    if current is None:
+        return
+    try:
+        from server import PromptServer
+
+        loop = PromptServer.instance.loop
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(current.player.close(), loop)
+    except Exception:  # no server loop (tests): nothing is connected
+        pass
+    current.driver.close()
+    log.info("LingBot Play: session %s closed", node)
+
+
+def register_routes(routes) -> None:
+    """The page, its files, uploads and socket of every open player on ComfyUI's server (a RouteTableDef).
+    Each request is handed to its node's player, which checks the token."""
+    from aiohttp import web
+
+    def handler(method: str):
+        async def handle(request: web.Request):
+            current = _open.get(request.match_info["node"])
+            if current is None:
+                raise web.HTTPNotFound(text="no LingBot Play session is open for this node: queue the workflow\n")
+            return await getattr(current.player, method)(request)
+
+        return handle
+
+    routes.get(ROUTE + "/{node}/")(handler("page"))
+    routes.get(ROUTE + "/{node}/static/{name}")(handler("static"))
+    routes.get(ROUTE + "/{node}/ws")(handler("websocket"))
+    routes.post(ROUTE + "/{node}/upload")(handler("upload"))
+    routes.get(ROUTE + "/{node}/images")(handler("images"))
+
+
+def install_routes() -> None:
+    """Called once when ComfyUI loads the pack (before its server starts routing); without ComfyUI's server
+    (a script loading the nodes) there is nothing to serve the page on."""
+    try:
+        from server import PromptServer
+
+        routes = PromptServer.instance.routes
+    except (ImportError, AttributeError):
+        log.info("LingBot Play: no ComfyUI server here; the player's page is not served")
+        return
+    register_routes(routes)

@@ -1,0 +1,153 @@
+"""Every call of one world session on ONE worker thread, and one chunk at a time.
+
+The event loop never touches the session: it awaits the worker and reads `snapshot`, a plain dict the worker
+refreshes after each operation. A chunk always runs to its end (its frames are pushed to the loop as they are
+decoded), whether or not anyone still listens, so closing the tab mid-chunk keeps the session consistent.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable, Optional
+
+from .frames import image_preview, jpeg, png_data_url
+
+# on_frames(chunk, first_frame_number, [jpeg bytes]) is awaited on the loop for each decoded batch
+FramesCallback = Callable[[int, int, list], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ChunkReport:
+    chunk: int
+    frames: int
+    first_frame_s: float  # step request -> first batch of decoded frames ready (server side)
+    total_s: float  # step request -> chunk committed
+    seconds: dict  # the session's own split (dit, decode, total)
+
+
+class SessionDriver:
+    def __init__(self, session, prompt: str = "", image: Optional[Path] = None,
+                 write_video: Optional[Callable] = None):
+        """write_video(frames, path, fps) -> path: the door's video writer for Save (frames: an iterator of uint8
+        [n, H, W, 3]); None saves the keys and camera path only."""
+        self._session = session
+        self._write_video = write_video
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingbot-world-session")
+        self._lock: Optional[asyncio.Lock] = None
+        self._closed = False
+        self.last_frame: Optional[tuple[int, int, bytes]] = None  # what a new tab shows first
+        self._start_jpeg: Optional[bytes] = None
+        self.snapshot: dict = {"started": False, "prompt": prompt, "image": str(image) if image else None}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- the worker side (these run on the session thread only) ----
+    def _refresh(self, **extra) -> dict:
+        s = self._session
+        started = bool(extra.pop("started", self.snapshot.get("started")))
+        snap = dict(self.snapshot, started=started, **extra)
+        if started:
+            snap.update(chunks=s.chunks, frames=s.frames, next_keys=s.keys_for_next_chunk(),
+                        action_string=s.action_string(), height=s.height, width=s.width)
+        self.snapshot = snap
+        return snap
+
+    def start_now(self, image: Path, prompt: str) -> dict:
+        """Synchronous start, for a door that starts before serving (the CLI, on its main thread)."""
+        self._session.start(image, prompt)
+        self._start_jpeg = image_preview(Path(image), self._session.width, self._session.height)
+        self.last_frame = (0, 0, self._start_jpeg)
+        return self._refresh(started=True, image=str(image), prompt=prompt, minimap="", seconds=None)
+
+    def adopt(self, start_frame) -> dict:
+        """A session the door has begun itself (ComfyUI: from its I2V condition); start_frame: uint8 [H, W, 3]."""
+        self._start_jpeg = jpeg(start_frame)
+        self.last_frame = (0, 0, self._start_jpeg)
+        return self._refresh(started=True, minimap="", seconds=None)
+
+    def _restart(self, begin: Callable) -> dict:
+        begin(self._session)
+        frame = self.start_frame
+        self.last_frame = (0, 0, frame) if frame is not None else None
+        return self._refresh(started=True, minimap="", seconds=None)
+
+    @property
+    def start_frame(self) -> Optional[bytes]:
+        return self._start_jpeg
+
+    def _step(self, keys, push, t0: float) -> ChunkReport:
+        first = None
+        chunk = self._session.chunks + 1  # numbered from 1 on the wire (0 is the start image)
+        frames = 0
+        for batch in self._session.step(keys):
+            data = [jpeg(f) for f in batch.frames]
+            if first is None:
+                first = time.perf_counter() - t0
+            frames += len(data)
+            self.last_frame = (chunk, batch.first_frame + len(data) - 1, data[-1])
+            push(chunk, batch.first_frame, data)
+        total = time.perf_counter() - t0
+        seconds = self._session.last_times.to_json()
+        self._refresh(minimap=png_data_url(self._session.trajectory_picture()), seconds=seconds)
+        return ChunkReport(chunk, frames, first or total, total, seconds)
+
+    def _rewind(self, chunks: int) -> dict:
+        self._session.rewind(chunks)
+        self.last_frame = (0, 0, self._start_jpeg) if chunks == 0 and self._start_jpeg else None
+        return self._refresh(minimap=png_data_url(self._session.trajectory_picture()) if chunks else "")
+
+    # ---- the loop side ----
+    async def _run(self, fn, *args):
+        if self._closed:
+            raise RuntimeError("the world session is closed")
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # queued calls wait here, so the worker never holds a backlog
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def start(self, image: Path, prompt: str) -> dict:
+        return await self._run(self.start_now, image, prompt)
+
+    async def restart(self, begin: Callable) -> dict:
+        """The same video again from its start: begin(session) on the worker (a door's fixed start)."""
+        return await self._run(self._restart, begin)
+
+    async def step(self, keys, on_frames: FramesCallback) -> ChunkReport:
+        """One chunk with `keys` (an action string, a KeyTimeline or None); frames reach `on_frames` as decoded."""
+        if not self.snapshot.get("started"):
+            raise ValueError("start the session first (pick an image and a prompt)")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        t0 = time.perf_counter()
+
+        def push(chunk, first_frame, data):
+            loop.call_soon_threadsafe(queue.put_nowait, (chunk, first_frame, data))
+
+        job = asyncio.ensure_future(self._run(self._step, keys, push, t0))
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+        while (item := await queue.get()) is not None:
+            await on_frames(*item)
+        return await job
+
+    async def rewind(self, chunks: int) -> dict:
+        return await self._run(self._rewind, chunks)
+
+    async def save(self, prefix: Path, state: bool = False):
+        return await self._run(lambda: self._session.save(prefix, write_video=self._write_video, state=state))
+
+    async def call(self, fn):
+        """fn(session) on the worker (for doors: read the action string, the keys, a state...)."""
+        return await self._run(fn, self._session)
+
+    def close(self) -> None:
+        """Waits for a running chunk to finish, then closes the session (idempotent; any thread, once idle)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._session.close()

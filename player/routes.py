@@ -1,0 +1,299 @@
+"""The player's HTTP surface: page, static files, uploads and one WebSocket; every route needs the run's token.
+
+Mounted under a prefix: '' on the standalone server, '/lingbot_world/play' on ComfyUI's. The first WebSocket
+drives the session; while it is connected another tab gets a clear "in use" message. Messages (JSON text, page
+-> server): start {image, prompt} · step {keys} · rewind {chunks} · save {state} · render {target, run} ·
+cancel_render. Server -> page: hello, state, chunk_begin, chunk_end, rewound, saved, render, error, note (JSON)
+and frames (binary, frames.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Optional
+
+from aiohttp import WSMsgType, web
+
+from .driver import SessionDriver
+from .frames import frame_message
+from .options import PlayerOptions
+from .render_job import RenderJob, printable, render_command
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+UPLOADS = "uploads"
+UPLOAD_TYPES = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp", "BMP": ".bmp"}
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024
+TOKEN_HEADER = "X-LingBot-Token"
+BUSY_CLOSE_CODE = 4001
+log = logging.getLogger("lingbot_world.player")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def _static_files() -> dict[str, Path]:
+    """The page's files: a fixed listing made once, so a request can only name one of them."""
+    return {p.name: p for p in STATIC_DIR.iterdir() if p.is_file() and p.suffix in STATIC_TYPES}
+
+
+class Player:
+    """One session's page and socket; `add_routes` mounts them on an aiohttp router."""
+
+    def __init__(self, driver: SessionDriver, options: PlayerOptions, prefix: str = ""):
+        self.driver, self.options, self.prefix = driver, options, prefix.rstrip("/")
+        self.render = RenderJob()
+        self._static = _static_files()
+        self._socket: Optional[web.WebSocketResponse] = None
+        self._last_render: Optional[dict] = None
+
+    # ---- routing and the token ----
+    def add_routes(self, router) -> None:
+        p = self.prefix
+        router.add_get(p + "/", self.page)
+        router.add_get(p + "/static/{name}", self.static)
+        router.add_get(p + "/ws", self.websocket)
+        router.add_post(p + "/upload", self.upload)
+        router.add_get(p + "/images", self.images)
+
+    def _check(self, request: web.Request) -> None:
+        given = request.query.get("token") or request.headers.get(TOKEN_HEADER) or ""
+        if not secrets.compare_digest(given.encode(), self.options.token.encode()):
+            raise web.HTTPForbidden(text="403: this player needs the token from the URL its server printed\n")
+
+    def page_url(self, base: str) -> str:
+        return f"{base}{self.prefix}/?token={self.options.token}"
+
+    # ---- page and files ----
+    async def page(self, request: web.Request) -> web.Response:
+        self._check(request)
+        html = self._static["index.html"].read_text(encoding="utf-8")
+        html = html.replace("{{TOKEN}}", self.options.token).replace("{{TITLE}}", self.options.title)
+        return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def static(self, request: web.Request) -> web.Response:
+        self._check(request)
+        path = self._static.get(request.match_info["name"])
+        if path is None or path.name == "index.html":
+            raise web.HTTPNotFound()
+        return web.Response(body=path.read_bytes(), content_type=STATIC_TYPES[path.suffix],
+                            headers={"Cache-Control": "no-store"})
+
+    def _uploads(self) -> Path:
+        return self.options.out_dir / UPLOADS
+
+    async def images(self, request: web.Request) -> web.Response:
+        """The start images the page can pick: the door's own and the uploads."""
+        self._check(request)
+        folder = self._uploads()
+        names = sorted(p.name for p in folder.iterdir() if p.suffix in UPLOAD_TYPES.values()) if folder.is_dir() else []
+        return web.json_response({"default": self.options.image.name if self.options.image else None,
+                                  "uploads": names})
+
+    async def upload(self, request: web.Request) -> web.Response:
+        """An image from the page, checked by PIL, kept only inside the out dir (uploads/)."""
+        self._check(request)
+        reader = await request.multipart()
+        field = await reader.next()
+        if field is None or field.name != "image":
+            raise web.HTTPBadRequest(text="upload: send the picture as the multipart field 'image'")
+        data = bytearray()
+        while chunk := await field.read_chunk():
+            data += chunk
+            if len(data) > MAX_UPLOAD_BYTES:
+                raise web.HTTPRequestEntityTooLarge(MAX_UPLOAD_BYTES, len(data))
+        ext = _image_ext(bytes(data))
+        if ext is None:
+            raise web.HTTPBadRequest(text="upload: not a PNG, JPEG, WebP or BMP picture")
+        folder = self._uploads()
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"upload_{time.strftime('%Y%m%d_%H%M%S')}_{secrets.token_hex(3)}{ext}"
+        tmp = folder / f".{name}.part"
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, folder / name)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
+        return web.json_response({"image": name})
+
+    def _start_image(self, name: Optional[str]) -> Path:
+        if not name:
+            if self.options.image is None:
+                raise ValueError("no start image: pick or upload one")
+            return self.options.image
+        if self.options.image is not None and name == self.options.image.name:
+            return self.options.image
+        if not _SAFE_NAME.match(name) or not (self._uploads() / name).is_file():
+            raise ValueError(f"start image {name!r} is not among the uploads; upload it first")
+        return self._uploads() / name
+
+    # ---- the socket ----
+    async def websocket(self, request: web.Request) -> web.WebSocketResponse:
+        self._check(request)
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=1 << 20)
+        await ws.prepare(request)
+        if self._socket is not None and not self._socket.closed:
+            await ws.send_json({"type": "busy", "message": "this player is in use in another tab or window; "
+                                "close it there (or wait for it to close) and reload this page"})
+            await ws.close(code=BUSY_CLOSE_CODE, message=b"in use")
+            return ws
+        self._socket = ws
+        ops: asyncio.Queue = asyncio.Queue()
+        worker = asyncio.ensure_future(self._serve_ops(ws, ops))
+        try:
+            await self._send(ws, {"type": "hello", "state": self.driver.snapshot, "render": self._render_info()})
+            if self.driver.last_frame is not None:
+                await self._send(ws, frame_message(*self.driver.last_frame))
+            if self._last_render is not None:
+                await self._send(ws, dict(self._last_render, type="render"))
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                try:
+                    op = json.loads(msg.data)
+                except ValueError:
+                    op = None
+                if isinstance(op, dict):
+                    ops.put_nowait(op)
+                else:
+                    await self._send(ws, {"type": "error", "message": "ignored a message that is not a JSON object"})
+        finally:
+            if self._socket is ws:
+                self._socket = None  # another tab may drive now; a running chunk still finishes
+            ops.put_nowait(None)
+        return ws
+
+    async def _serve_ops(self, ws, ops: asyncio.Queue) -> None:
+        """The socket's operations one after another; after the socket closes only the running one finishes."""
+        while (op := await ops.get()) is not None:
+            if ws.closed:
+                break  # the tab left: what it queued after the running operation is dropped
+            try:
+                await self._op(ws, op)
+            except Exception as e:  # noqa: BLE001 - the page shows the one line; the server keeps running
+                if not isinstance(e, (ValueError, FileNotFoundError)):
+                    log.exception("player operation %r failed", op)
+                await self._send(ws, {"type": "error", "message": _one_line(e), "op": op.get("op")})
+
+    async def _op(self, ws, op: dict) -> None:
+        kind = op.get("op")
+        if kind == "start" and self.options.restart is not None:  # the door fixed the start (ComfyUI's inputs)
+            await self.driver.restart(self.options.restart)
+            await self._send(ws, {"type": "state", "state": self.driver.snapshot})
+            if self.driver.last_frame is not None:
+                await self._send(ws, frame_message(*self.driver.last_frame))
+        elif kind == "start":
+            image = self._start_image(op.get("image"))
+            prompt = str(op.get("prompt") or self.options.prompt or "").strip()
+            if not prompt:
+                raise ValueError("no prompt: write one before starting")
+            await self._send(ws, {"type": "note", "message": "starting: encoding the prompt and the image..."})
+            await self.driver.start(image, prompt)
+            await self._send(ws, {"type": "state", "state": self.driver.snapshot})
+            await self._send(ws, frame_message(*self.driver.last_frame))
+        elif kind == "step":
+            await self._step(ws, op.get("keys") or None)
+        elif kind == "rewind":
+            chunks = op.get("chunks")
+            if not isinstance(chunks, int) or chunks < 0:
+                raise ValueError(f"rewind: 'chunks' must be a whole number >= 0, got {chunks!r}")
+            state = await self.driver.rewind(chunks)
+            await self._send(ws, {"type": "rewound", "state": state})
+        elif kind == "save":
+            prefix = self.options.out_dir / f"play_{time.strftime('%Y%m%d_%H%M%S')}"
+            saved = await self.driver.save(prefix, state=bool(op.get("state")))
+            await self._send(ws, {"type": "saved", "files": _paths(saved)})
+        elif kind == "render":
+            await self._render(ws, str(op.get("target") or "cam"), bool(op.get("run")))
+        elif kind == "cancel_render":
+            await self.render.stop()
+        else:
+            raise ValueError(f"unknown operation {kind!r}")
+
+    async def _step(self, ws, keys) -> None:
+        if keys is not None and not isinstance(keys, str):
+            raise ValueError("step: 'keys' must be an action string such as 'w-8' (or null for no keys)")
+        chunk = self.driver.snapshot.get("chunks", 0) + 1
+        await self._send(ws, {"type": "chunk_begin", "chunk": chunk, "keys": keys})
+
+        async def on_frames(chunk_no, first, data):
+            for i, jpg in enumerate(data):
+                await self._send(ws, frame_message(chunk_no, first + i, jpg))
+
+        report = await self.driver.step(keys, on_frames)
+        await self._send(ws, {"type": "chunk_end", "chunk": report.chunk, "frames": report.frames,
+                              "first_frame_s": round(report.first_frame_s, 4), "total_s": round(report.total_s, 4),
+                              "seconds": report.seconds, "state": self.driver.snapshot})
+
+    def _render_info(self) -> dict:
+        return {"available": self.options.render is not None, "running": self.render.running,
+                "fixed_start": self.options.restart is not None}
+
+    async def _render(self, ws, target: str, run: bool) -> None:
+        snap = self.driver.snapshot
+        actions = snap.get("action_string") or ""
+        if self.options.render is None:
+            await self._send(ws, {"type": "render", "status": "command", "actions": actions,
+                                  "command": f'--actions "{actions}"'})
+            return
+        out = (self.options.out_dir / f"render_{target}_{time.strftime('%Y%m%d_%H%M%S')}.mp4").resolve()
+        cmd = render_command(self.options.render, target, actions, Path(snap["image"]).resolve(), snap["prompt"], out)
+        if not run:
+            await self._send(ws, {"type": "render", "status": "command", "actions": actions,
+                                  "command": printable(cmd)})
+            return
+
+        async def report(info: dict) -> None:
+            self._last_render = info
+            if self._socket is not None:  # whichever tab drives now
+                await self._send(self._socket, dict(info, type="render"))
+
+        await self.render.start(cmd, out, report, cwd=self.options.out_dir)
+
+    async def _send(self, ws, message) -> None:
+        """Sends to the tab if it is still there; a closed tab is not an error (its chunk still finishes)."""
+        if ws.closed:
+            return
+        try:
+            if isinstance(message, (bytes, bytearray)):
+                await ws.send_bytes(message)
+            else:
+                await ws.send_str(json.dumps(message))
+        except (ConnectionError, RuntimeError):
+            pass
+
+    async def close(self) -> None:
+        await self.render.stop()
+        if self._socket is not None:
+            await self._socket.close(code=1001, message=b"server closing")
+
+
+def _image_ext(data: bytes) -> Optional[str]:
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            fmt = im.format
+            im.verify()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        return None
+    return UPLOAD_TYPES.get(fmt or "")
+
+
+def _paths(saved) -> list[str]:
+    if isinstance(saved, (str, Path)):
+        return [str(saved)]
+    fields = getattr(saved, "__dataclass_fields__", None)
+    values = [getattr(saved, f) for f in fields] if fields else list(saved)
+    return [str(v) for v in values if isinstance(v, (str, Path))]
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,331 @@
+// LingBot-World player page: plays chunks at 16 fps as they arrive, samples the keys once per video frame into
+// the next chunk's key timeline (the keys held while chunk n plays decide chunk n+1), and drives the server's
+// one world session over a WebSocket (protocol: player/routes.py; frames: player/frames.py).
+"use strict";
+(() => {
+  const FPS = 16;
+  const KEYS = "wasdijkl";
+  const TOKEN = document.body.dataset.token;
+  const $ = (id) => document.getElementById(id);
+  const screen = $("screen");
+  const ctx = screen.getContext("2d");
+
+  // ---- state (window.lingbotPlayer exposes it for tests and curious users) ----
+  const P = {
+    state: null, running: false, paused: true, inFlight: false, discard: false,
+    need: 0, sampling: false, pending: [], awaitChunk: 0, sent: [], shown: 0, chunkEnds: [],
+    notes: [], errors: [], saved: null, render: null, busy: false, connected: false,
+  };
+  window.lingbotPlayer = P;
+  const held = new Set();
+  const latched = new Set();
+  const queue = []; // {chunk, frame, bmp} in arrival order
+  const boundary = {}; // chunk number -> its last frame (rewind shows it)
+  let decodeChain = Promise.resolve();
+  let epoch = 0; // bumped on rewind/start: frames decoded for an older epoch are dropped
+  let sentAt = 0, firstSeenAt = 0, keyChangeAt = 0, lastSample = null, pendingKeyChange = 0;
+  const shownTimes = [];
+  let ws = null;
+
+  // ---- helpers ----
+  function url(path) {
+    const u = new URL(path, location.href);
+    u.searchParams.set("token", TOKEN);
+    return u;
+  }
+  function note(text, isError) {
+    const el = $("note");
+    el.textContent = text;
+    el.className = isError ? "error" : "";
+    (isError ? P.errors : P.notes).push(text);
+  }
+  function send(obj) {
+    if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(obj));
+  }
+  function sampleKeys() {
+    const on = new Set([...held, ...latched]);
+    latched.clear();
+    return [...KEYS].filter((k) => on.has(k)).join("");
+  }
+  function actionString(samples) {
+    const out = [];
+    for (const k of samples) {
+      const last = out[out.length - 1];
+      if (last && last.k === k) last.n += 1; else out.push({ k, n: 1 });
+    }
+    return out.map((s) => `${s.k || "none"}-${s.n}`).join(",");
+  }
+  function fmt(s) { return s == null ? "-" : `${Number(s).toFixed(2)} s`; }
+
+  // ---- display ----
+  function draw(bmp) {
+    if (!bmp) return;
+    if (screen.width !== bmp.width || screen.height !== bmp.height) {
+      screen.width = bmp.width; screen.height = bmp.height;
+    }
+    ctx.drawImage(bmp, 0, 0);
+  }
+  function showKeys() {
+    const on = new Set([...held, ...latched]);
+    document.querySelectorAll("#keys kbd").forEach((el) => el.classList.toggle("on", on.has(el.dataset.k)));
+  }
+  function showState() {
+    const s = P.state || {};
+    $("s-chunk").textContent = s.started ? String(s.chunks) : "-";
+    $("s-frames").textContent = s.started ? String(s.frames) : "-";
+    $("actions").textContent = s.action_string || "";
+    $("rewind-to").max = String(s.chunks || 0);
+    if (s.minimap) { $("minimap").src = s.minimap; $("minimap").hidden = false; } else { $("minimap").hidden = true; }
+    const ready = Boolean(s.started);
+    for (const id of ["pause", "rewind", "save"]) $(id).disabled = !ready;
+    const canRender = ready && s.chunks > 0;
+    $("render-cmd").disabled = !canRender;
+    $("render-run").disabled = !canRender || !(P.renderAvailable);
+    if (s.prompt && !$("prompt").value) $("prompt").value = s.prompt;
+  }
+
+  // The clock: one tick per video frame. It shows the next buffered frame and samples the keys into the next
+  // chunk's timeline; when that timeline is full (and the running chunk has ended) it asks for the next chunk.
+  let nextTick = performance.now();
+  function tick() {
+    const now = performance.now();
+    if (P.running && !P.paused) {
+      if (queue.length) {
+        const f = queue.shift();
+        draw(f.bmp);
+        P.shown += 1;
+        shownTimes.push(now);
+        if (f.chunk === P.awaitChunk && !P.sampling) {
+          P.sampling = true; // the chunk asked for last is on screen: its keys decide the next one
+          $("s-first").textContent = `${fmt((firstSeenAt - sentAt) / 1000)} (server ${fmt(P.lastServerFirst)})`;
+          if (pendingKeyChange) $("s-key").textContent = fmt((now - pendingKeyChange) / 1000);
+          pendingKeyChange = 0;
+        }
+      }
+      if (P.sampling && P.pending.length < P.need) {
+        const k = sampleKeys();
+        if (lastSample !== null && k !== lastSample && !keyChangeAt) keyChangeAt = now;
+        lastSample = k;
+        P.pending.push(k);
+        trySend();
+      }
+    }
+    while (shownTimes.length && shownTimes[0] < now - 2000) shownTimes.shift();
+    $("s-fps").textContent = P.running && !P.paused ? (shownTimes.length / 2).toFixed(1) : "-";
+    showKeys();
+    nextTick = Math.max(nextTick + 1000 / FPS, now + 1);
+    setTimeout(tick, nextTick - performance.now());
+  }
+
+  function trySend() {
+    if (!P.running || P.paused || P.inFlight || P.discard || !P.sampling || P.pending.length < P.need) return;
+    const keys = actionString(P.pending);
+    P.sent.push(keys);
+    P.pending = [];
+    P.sampling = false;
+    P.inFlight = true;
+    P.awaitChunk = (P.state ? P.state.chunks : 0) + 1;
+    sentAt = performance.now();
+    firstSeenAt = 0;
+    pendingKeyChange = keyChangeAt;
+    keyChangeAt = 0;
+    send({ op: "step", keys });
+  }
+
+  function playFrom(state, frame) {
+    // (re)start playing at a chunk boundary: the screen shows `frame`, sampling for the next chunk begins
+    P.state = state;
+    queue.length = 0;
+    P.pending = [];
+    P.need = state.next_keys || 0;
+    P.sampling = true;
+    P.running = true;
+    P.discard = false;
+    $("pause").textContent = P.paused ? "Play" : "Pause";
+    P.inFlight = false;
+    lastSample = null; keyChangeAt = 0;
+    if (frame) draw(frame);
+    showState();
+  }
+
+  // ---- socket ----
+  function onFrame(buf) {
+    const view = new DataView(buf);
+    const chunk = view.getUint32(0), frame = view.getUint32(4);
+    const blob = new Blob([buf.slice(8)], { type: "image/jpeg" });
+    const myEpoch = epoch;
+    if (chunk === P.awaitChunk && !firstSeenAt) firstSeenAt = performance.now();
+    decodeChain = decodeChain.then(() => createImageBitmap(blob)).then((bmp) => {
+      boundary[chunk] = bmp;
+      if (myEpoch !== epoch || P.discard) return;
+      if (chunk === 0 || P.pendingStill) { // the start image, or the last frame shown to a tab that reconnects
+        P.pendingStill = false;
+        draw(bmp);
+        return;
+      }
+      queue.push({ chunk, frame, bmp });
+    }).catch((e) => note(`a frame could not be decoded: ${e}`, true));
+  }
+
+  function onMessage(m) {
+    switch (m.type) {
+      case "hello":
+        P.renderAvailable = m.render && m.render.available;
+        if (m.render && m.render.fixed_start) { // the start comes from the door (ComfyUI's graph): restart only
+          for (const id of ["image-pick", "image-upload", "prompt"]) $(id).closest("label").hidden = true;
+          $("start").textContent = "Restart";
+          $("render-run").hidden = true;
+          $("render-target").hidden = true;
+        }
+        P.state = m.state;
+        if (m.state.started) { P.pendingStill = true; playFrom(m.state, null); }
+        showState();
+        loadImages();
+        break;
+      case "state":
+        epoch += 1;
+        decodeChain = decodeChain.then(() => { playFrom(m.state, null); });
+        break;
+      case "chunk_begin":
+        break;
+      case "chunk_end":
+        P.inFlight = false;
+        P.chunkEnds.push(m);
+        P.lastServerFirst = m.first_frame_s;
+        $("s-chunk-time").textContent = fmt(m.total_s);
+        decodeChain = decodeChain.then(() => {
+          if (P.discard) return;
+          P.state = m.state;
+          P.need = m.state.next_keys;
+          showState();
+          trySend();
+        });
+        break;
+      case "rewound":
+        epoch += 1;
+        decodeChain = decodeChain.then(() => {
+          const n = m.state.chunks;
+          for (const c of Object.keys(boundary)) if (Number(c) > n) delete boundary[c];
+          playFrom(m.state, boundary[n]);
+          note(`rewound to chunk ${n}`);
+        });
+        break;
+      case "saved":
+        P.saved = m.files;
+        $("saved").textContent = "saved: " + m.files.join(", ");
+        break;
+      case "render": {
+        P.render = m;
+        $("render").hidden = false;
+        const p = $("render-progress");
+        if (m.progress == null) p.removeAttribute("value"); else p.value = m.progress;
+        $("render-text").textContent = `${m.status}${m.out ? " -> " + m.out : ""} ${m.line || ""}`;
+        $("render-command").textContent = m.command || "";
+        $("render-cancel").hidden = m.status !== "running";
+        break;
+      }
+      case "note":
+        note(m.message, false);
+        break;
+      case "error":
+        note(m.message, true);
+        if (m.op === "step") { P.inFlight = false; }
+        break;
+      case "busy":
+        P.busy = true;
+        $("app").hidden = true;
+        $("busy").hidden = false;
+        $("busy-text").textContent = m.message;
+        break;
+    }
+  }
+
+  function connect() {
+    const u = url("ws");
+    u.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    ws = new WebSocket(u);
+    ws.binaryType = "arraybuffer";
+    ws.onopen = () => { P.connected = true; };
+    ws.onmessage = (ev) => {
+      if (typeof ev.data === "string") onMessage(JSON.parse(ev.data)); else onFrame(ev.data);
+    };
+    ws.onclose = () => {
+      P.connected = false;
+      if (!P.busy) note("disconnected from the server (it stopped, or the network dropped); reload to reconnect", true);
+    };
+  }
+
+  // ---- keys ----
+  function typing(ev) {
+    const t = ev.target;
+    return t && (t.tagName === "INPUT" || t.tagName === "TEXTAREA" || t.tagName === "SELECT");
+  }
+  document.addEventListener("keydown", (ev) => {
+    if (typing(ev) || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    const k = ev.key.toLowerCase();
+    if (k.length === 1 && KEYS.includes(k)) {
+      held.add(k); latched.add(k); ev.preventDefault(); showKeys();
+    } else if (k === " ") {
+      ev.preventDefault(); togglePause();
+    } else if (ev.key.length === 1) {
+      note(`'${ev.key}' is not a control key and was ignored: W A S D move, I J K L look, Space pauses`);
+    }
+  });
+  document.addEventListener("keyup", (ev) => {
+    const k = ev.key.toLowerCase();
+    if (held.delete(k)) showKeys();
+  });
+  window.addEventListener("blur", () => { held.clear(); showKeys(); }); // no stuck keys after alt-tab
+
+  // ---- buttons ----
+  function togglePause() {
+    if (!P.running) return;
+    P.paused = !P.paused;
+    $("pause").textContent = P.paused ? "Play" : "Pause";
+    if (!P.paused) trySend();
+  }
+  $("pause").onclick = togglePause;
+  $("rewind").onclick = () => {
+    const n = Number($("rewind-to").value);
+    P.discard = true;
+    queue.length = 0;
+    send({ op: "rewind", chunks: n });
+  };
+  $("save").onclick = () => send({ op: "save", state: $("save-state").checked });
+  $("render-run").onclick = () => send({ op: "render", target: $("render-target").value, run: true });
+  $("render-cmd").onclick = () => send({ op: "render", target: $("render-target").value, run: false });
+  $("render-cancel").onclick = () => send({ op: "cancel_render" });
+  $("start").onclick = () => {
+    P.running = false;
+    send({ op: "start", image: $("image-pick").value || null, prompt: $("prompt").value });
+  };
+  $("image-upload").onchange = async () => {
+    const file = $("image-upload").files[0];
+    if (!file) return;
+    const body = new FormData();
+    body.append("image", file);
+    const r = await fetch(url("upload"), { method: "POST", body });
+    if (!r.ok) { note(`upload refused: ${await r.text()}`, true); return; }
+    const { image } = await r.json();
+    await loadImages(image);
+    note(`uploaded as ${image}; press Start`);
+  };
+  async function loadImages(select) {
+    const r = await fetch(url("images"));
+    if (!r.ok) return;
+    const { default: first, uploads } = await r.json();
+    const pick = $("image-pick");
+    pick.innerHTML = "";
+    for (const name of [first, ...uploads].filter(Boolean)) {
+      const o = document.createElement("option");
+      o.value = name === first ? "" : name;
+      o.textContent = name;
+      pick.appendChild(o);
+    }
+    if (select) pick.value = select;
+  }
+
+  screen.addEventListener("click", () => screen.focus());
+  connect();
+  setTimeout(tick, 0);
+})();

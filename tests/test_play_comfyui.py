@@ -1,0 +1,120 @@
+"""LingBot Play inside a real ComfyUI (opt-in: COMFYUI_PATH, see tests/comfyui_server.py): the node opens the
+player's page on ComfyUI's own server (token-protected), the page's socket plays chunks on the tiny demo, queueing
+again returns the played keys as the node's action string, and "Free model and node cache" closes the session."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.comfyui
+
+
+def _load(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(file))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+comfy = _load("comfyui_server", "comfyui_server.py")
+if comfy.skip_reason():
+    pytest.skip(comfy.skip_reason(), allow_module_level=True)
+
+FAST = "Fast image to video, camera preset"
+WAIT_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfy_play")
+    comfy.prepare_base(base)
+    with comfy.running_server(base) as srv:
+        yield srv
+
+
+def _play_prompt() -> dict:
+    """Fast loader, text, VAE, image and I2V of the Fast example on the tiny demo, into LingBot Play."""
+    from lingbot_world.nodes.example_inputs import DEMO_IMAGE
+
+    prompt = json.loads((comfy.REPO / "tests" / "workflows" / f"{FAST}.api.json").read_text())
+    kinds = {v["class_type"]: k for k, v in prompt.items()}
+    keep = {kinds[t] for t in ("LingBotFastLoader", "LingBotTextEncode", "LingBotVAELoader", "LoadImage",
+                               "LingBotImageToVideo")}
+    prompt = {k: v for k, v in prompt.items() if k in keep}
+    inputs = {v["class_type"]: v["inputs"] for v in prompt.values()}
+    inputs["LingBotFastLoader"]["fast_model"] = "lingbot-demo/lingbot_world_fast_bnb_nf4"
+    inputs["LingBotTextEncode"].update(text_encoder="lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
+    inputs["LingBotVAELoader"]["vae_name"] = "lingbot-demo/Wan2.1_VAE.pth"
+    inputs["LoadImage"]["image"] = DEMO_IMAGE
+    inputs["LingBotImageToVideo"].update(size="custom", width=112, height=64, frames=9)
+    inputs["LingBotImageToVideo"].pop("camera", None)
+    prompt["50"] = {"class_type": "LingBotPlay", "inputs": {
+        "fast_model": [kinds["LingBotFastLoader"], 0], "text": [kinds["LingBotTextEncode"], 0],
+        "i2v": [kinds["LingBotImageToVideo"], 0], "seed": 42, "noise_source": "cpu", "window": 21, "sink": 3}}
+    return prompt
+
+
+def _played(server, prompt) -> dict:
+    res = server.run(prompt, timeout=WAIT_S * 2)
+    assert res["end"] == "done", res["error"]
+    return res["history"]["outputs"]["50"]["lingbot_play"][0]
+
+
+async def _play(server, url: str, keys: list[str]) -> dict:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.url + url.replace("token=", "token=x")) as r:
+            assert r.status == 403  # a wrong token
+        async with http.get(server.url + url) as r:
+            assert r.status == 200 and "static/player.js" in await r.text()
+        async with http.ws_connect(server.url + url.replace("/?", "/ws?"), max_msg_size=0) as ws:
+            state = None
+            for k in [None] + keys:
+                if k is not None:
+                    await ws.send_str(json.dumps({"op": "step", "keys": k}))
+                while True:
+                    msg = await ws.receive(timeout=WAIT_S)
+                    if msg.type == aiohttp.WSMsgType.BINARY:
+                        continue
+                    assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                    m = json.loads(msg.data)
+                    assert m["type"] != "error", m
+                    if k is None and m["type"] == "hello":
+                        state = m["state"]
+                        break
+                    if m["type"] == "chunk_end":
+                        state = m["state"]
+                        break
+            return state
+
+
+def test_play_node_plays_returns_the_keys_and_free_closes_it(server):
+    prompt = _play_prompt()
+    first = _played(server, prompt)
+    assert first["actions"] == "" and first["url"].startswith("/lingbot_world/play/50/?token=")
+    state = asyncio.run(_play(server, first["url"], ["w-8", "jw-12"]))
+    assert state["chunks"] == 2 and state["action_string"] == "w-8,wj-12"
+    again = _played(server, prompt)  # queued again: the node re-runs with the keys played since
+    assert again["url"] == first["url"] and again["actions"] == "w-8,wj-12"
+    assert server.proc.poll() is None
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    t0 = time.monotonic()
+    status = 200
+    import urllib.error
+    import urllib.request
+
+    while status == 200 and time.monotonic() - t0 < WAIT_S:  # the worker frees the cache between prompts
+        try:
+            with urllib.request.urlopen(server.url + first["url"], timeout=30) as r:
+                status = r.status
+            time.sleep(1)
+        except urllib.error.HTTPError as e:
+            status = e.code
+    assert status == 404, "the session was not closed by Free model and node cache"
+    assert "LingBot Play: session 50 closed" in server.log()

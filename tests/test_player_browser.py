@@ -1,0 +1,141 @@
+"""The live player through a real headless Chromium (Debian's `chromium` + Playwright's Python client, both
+installed by .ci/run; no downloaded browser): keys held and tapped in the page steer the real World session on the
+tiny demo checkpoint, and the played clip equals the batch run of the recorded keys frame for frame."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+support = _load("test_player_support")
+WAIT_MS = 300_000  # every wait ends on a condition in the page; this only bounds a hung run
+P = "window.lingbotPlayer"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see .ci/run)")
+    exe = support.chromium_path()
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return support.shared_cache(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def server(cache, tmp_path_factory):
+    srv = support.PlayServer(cache, tmp_path_factory.mktemp("player_browser") / "out")
+    yield srv
+    srv.stop()
+
+
+def _page(browser, url: str):
+    page = browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    return page, errors
+
+
+def _ends(page) -> int:
+    return page.evaluate(f"{P}.chunkEnds.length")
+
+
+def _wait_ends(page, n: int) -> None:
+    page.wait_for_function(f"{P}.chunkEnds.length >= {n}")
+
+
+def test_keys_in_the_page_steer_the_session_and_the_clip_equals_the_batch_run(browser, server, cache, tmp_path):
+    page, errors = _page(browser, server.url_for("/"))
+    page.wait_for_function(f"{P}.state && {P}.state.started && {P}.state.chunks === 0")
+    assert page.inner_text("#pause") == "Play"  # nothing is made before the player presses Play
+    # hold W from before Play: the first two chunks are sampled entirely while it is held
+    page.keyboard.down("w")
+    page.click("#pause")
+    _wait_ends(page, 2)
+    assert page.evaluate(f"{P}.shown") > 0
+    page.keyboard.up("w")
+    # hold J: the chunk asked for after the next one is sampled entirely while J is held
+    page.keyboard.down("j")
+    n0 = _ends(page)
+    _wait_ends(page, n0 + 3)
+    page.keyboard.up("j")
+    # a tap while paused is latched into the next sampled frame; an unknown key gets a visible note
+    page.click("#pause")
+    page.wait_for_function(f"{P}.paused && !{P}.inFlight")
+    tapped_from = len(page.evaluate(f"{P}.sent"))
+    page.keyboard.press("a")
+    page.keyboard.press("x")
+    assert "not a control key" in page.inner_text("#note")
+    page.click("#pause")
+    page.wait_for_function(f"{P}.sent.length >= {tapped_from + 1}")
+    _wait_ends(page, page.evaluate(f"{P}.sent.length"))
+    page.click("#pause")
+    page.wait_for_function(f"{P}.paused && !{P}.inFlight")
+
+    sent = page.evaluate(f"{P}.sent")
+    state = page.evaluate(f"{P}.state")
+    assert sent[0] == "w-8" and sent[1] == "w-12", sent
+    assert sent[n0 + 2] == "j-12", (n0, sent)
+    assert "a" in sent[tapped_from].split("-")[0] or any(seg.split("-")[0] == "a" for seg in
+                                                         sent[tapped_from].split(",")), sent[tapped_from]
+    from lingbot_world.wan.control.actions import KeyTimeline
+
+    recorded = KeyTimeline.from_string(state["action_string"])
+    pressed = KeyTimeline.from_string(",".join(sent))
+    assert np.array_equal(recorded.pressed, pressed.pressed)  # the server played exactly the keys the page sent
+    assert state["chunks"] == len(sent) and page.inner_text("#actions") == state["action_string"]
+    assert page.inner_text("#s-chunk") == str(state["chunks"]) and page.evaluate(
+        "document.getElementById('minimap').src").startswith("data:image/png")
+
+    page.click("#save")
+    page.wait_for_function(f"{P}.saved")
+    video = next(p for p in page.evaluate(f"{P}.saved") if p.endswith(".mp4"))
+    assert not errors and not page.evaluate(f"{P}.errors")
+    page.close()
+
+    import imageio.v3 as iio
+
+    batch = tmp_path / "batch.mp4"
+    argv = ["generate", "--demo", "--model", "fast", "--rule", "continuable",
+           "--actions", state["action_string"], "--window", "21", "--sink", "3", "--seed", "42",
+           "--cache-dir", str(cache / "text"), "--out", str(batch), "--quiet"]
+    support.run_batch(argv, cache)
+    played, expected = iio.imread(video), iio.imread(batch)
+    assert played.shape == expected.shape and played.shape[0] == state["frames"]
+    assert np.array_equal(played, expected)
+
+
+def test_second_tab_shows_in_use_and_a_wrong_token_gets_403(browser, server):
+    first, _ = _page(browser, server.url_for("/"))
+    first.wait_for_function(f"{P}.connected")
+    second, _ = _page(browser, server.url_for("/"))
+    second.wait_for_function(f"{P}.busy")
+    assert second.is_visible("#busy") and not second.is_visible("#app")
+    assert "in use" in second.inner_text("#busy")
+    second.close()
+    first.close()
+    page = browser.new_page()
+    response = page.goto(server.url_for("/", "not-the-token"))
+    assert response.status == 403
+    page.close()
