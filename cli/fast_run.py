@@ -107,13 +107,6 @@ def _first_part(args, session, imports, stats) -> int:
     part = plan_first_part(source, args.frames, settings)
     if part.note:
         log.warning("frames: %s", part.note)
-    save = fast_parts.SaveState.plan(args, settings, cfg, part.latent_frames)
-    fast_request.check_targets(args, target, part.frames, height, width, save=save, files=files)
-    fast_parts.write_picture(args, part, source, target)
-    layout = settings.layout(part.latent_frames)
-    if layout.note:
-        log.warning("K/V cache: %s", layout.note)
-    control = fast_parts.control_label(source)
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
     speed = fast_speed_plan(args, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
@@ -121,6 +114,12 @@ def _first_part(args, session, imports, stats) -> int:
     if window != settings.window:
         settings = replace(settings, window=window)
     save = fast_parts.SaveState.plan(args, settings, cfg, part.latent_frames)
+    fast_request.check_targets(args, target, part.frames, height, width, save=save, files=files)
+    fast_parts.write_picture(args, part, source, target)
+    layout = settings.layout(part.latent_frames)
+    if layout.note:
+        log.warning("K/V cache: %s", layout.note)
+    control = fast_parts.control_label(source)
     if session.is_main:
         print(f"Fast model: {height}x{width}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
               f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),
