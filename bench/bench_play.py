@@ -44,11 +44,15 @@ KEY_PATTERN = ("w-12", "wj-12", "w-6,wl-6", "d-12", "none-4,s-8", "i-6,k-6", "a-
 
 
 def parse_speed(text: Optional[str]):
-    """'compile=blocks,compute=fp8' -> a resolved speed plan (None: the exact defaults)."""
+    """A preset name ('auto', 'draft', ...) or 'compile=blocks,compute=fp8' -> (preset name or None, SpeedOptions);
+    None: the exact defaults."""
     if not text:
         return None
     from ..speed.options import SpeedOptions
+    from ..speed.presets import PRESET_NAMES
 
+    if text in PRESET_NAMES:
+        return text
     pairs = dict(part.split("=", 1) for part in text.split(",") if part)
     return SpeedOptions(**pairs)
 
@@ -74,7 +78,12 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
 
     h, w = (64, 112) if args.tiny else (480, 832)
     speed = parse_speed(args.speed)
-    plan_speed = resolve_speed(speed, device) if speed is not None else None
+    if isinstance(speed, str):  # a preset: its options and its chunk levers (steps, fold, window cap, decode)
+        from ..speed.presets import resolve_preset
+
+        plan_speed = resolve_preset(speed, device)
+    else:
+        plan_speed = resolve_speed(speed, device) if speed is not None else None
     settings = WorldSettings(size=f"{h}*{w}", seed=42, noise="cuda" if device.type == "cuda" else "cpu",
                              window=args.window, sink=args.sink, kv_cache=args.kv_cache, speed=plan_speed)
     fmt = detect_format(fast_path)
@@ -85,7 +94,7 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
                                 stream_decode="on", vae_cfg=vae.cfg)
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype("nf4", device)
-    session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed),
+    session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,
                            load_model=lambda: placement.load_model(fast_path, "nf4", compute_dtype=dtype))
     g = torch.Generator().manual_seed(0)
     image = torch.rand(3, h, w, generator=g) * 2 - 1
@@ -196,7 +205,8 @@ def main(argv=None) -> int:
     p.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="host", help="where the K/V cache lives")
     p.add_argument("--cap-gib", type=float, default=24.0, help="simulated card size (GiB; 0 = the whole card)")
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
-    p.add_argument("--speed", default=None, help="speed options, e.g. compile=blocks,compute=fp8,attention=sdpa")
+    p.add_argument("--speed", default=None, help="a preset (exact, auto, fast, draft) or speed options, e.g. "
+                   "compile=blocks,compute=fp8,attention=sdpa")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop playing after this many seconds")
     p.add_argument("--flat-slack-mib", type=float, default=256.0,
                    help="memory counts as flat when the last quarter's peak is within this of the first's")

@@ -49,6 +49,9 @@ def add_parser(sub) -> None:
                      help="where the text encoder child runs")
     gen.add_argument("--cache-dir", type=Path, default=None,
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
+    from .speed_flags import add_speed_args
+
+    add_speed_args(p)  # --speed draft: the preset made for real-time play (3 steps, window 15, bf16 decode)
     srv = p.add_argument_group("server")
     srv.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the page (0: any free port)")
     srv.add_argument("--host", default=LOCAL_HOST, help="address to listen on; anything but 127.0.0.1 lets other "
@@ -95,6 +98,9 @@ def _run(args) -> int:
     _check_size(size)
     device = resolve_device(device_name)
     noise = noise_source(args.noise, device)
+    from .speed_flags import FAST_COMPILE_MIN_CHUNKS, fast_speed_plan, log_speed_plan
+
+    speed = fast_speed_plan(args, device, FAST_COMPILE_MIN_CHUNKS)  # a played video is long: compile pays off
     if image is not None:
         from ..loaders.image_files import load_image
 
@@ -110,8 +116,9 @@ def _run(args) -> int:
 
         files = FastFiles.demo(args.demo_dir) if args.demo else FastFiles.find(args.ckpt_dir)
         settings = WorldSettings(size=size, seed=args.seed, noise=noise, window=args.window, sink=args.sink,
-                                 kv_cache=args.kv_cache,
+                                 kv_cache=args.kv_cache, speed=speed,
                                  text=TextSettings(device=args.t5_device, cache_dir=args.cache_dir))
+        log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
                                 render=_render_source(args, size, device_name, noise))
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
@@ -153,6 +160,8 @@ def _render_source(args, size: str, device_name: str, noise: str):
         checkpoint = ("--ckpt-dir", str(Path(args.ckpt_dir).expanduser().resolve()))
     if args.cache_dir is not None:
         checkpoint += ("--cache-dir", str(Path(args.cache_dir).resolve()))
+    if args.speed is not None:  # the render replays with the played preset (its window cap included)
+        checkpoint += ("--speed", args.speed)
     return RenderSource(checkpoint, args.seed, size, args.window, args.sink, device=device_name, demo=args.demo,
                         noise=noise)
 

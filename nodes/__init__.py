@@ -8,6 +8,7 @@ import logging
 from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
 from .fast_continue_node import LingBotFastContinue
+from .fast_lora_node import LingBotFastLoraLoader
 from .fast_nodes import LingBotFastLoader, LingBotFastSampler
 from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
 from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
@@ -32,6 +33,7 @@ NODE_CLASS_MAPPINGS = {
     "LingBotFastLoader": LingBotFastLoader,
     "LingBotFastSampler": LingBotFastSampler,
     "LingBotFastContinue": LingBotFastContinue,
+    "LingBotFastLoraLoader": LingBotFastLoraLoader,
     "LingBotPlay": LingBotPlay,
     "LingBotSpeedOptions": LingBotSpeedOptions,
     # native door (issue 16): LingBot experts as MODEL, camera / first frame on CONDITIONING, LoRA
@@ -58,6 +60,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotFastLoader": "LingBot Fast Model Loader (Wan)",
     "LingBotFastSampler": "LingBot Fast Sampler (Wan)",
     "LingBotFastContinue": "LingBot Fast Continue (Wan)",
+    "LingBotFastLoraLoader": "LingBot Fast LoRA Loader (Wan NF4)",
     "LingBotPlay": "LingBot Play (Wan Fast, live)",
     "LingBotSpeedOptions": "LingBot Speed Options (Wan)",
     "LingBotModelLoader": "LingBot NF4 Model Loader (Wan)",

@@ -44,6 +44,7 @@ class FastModel:
     format: ExpertFormat
     weights: str
     kv_cache: str  # "auto" | "gpu" | "host"
+    speed: Any = None  # speed.options.SpeedPlan from LingBot Speed Options (None: the exact defaults)
 
     @property
     def config(self):
@@ -86,6 +87,8 @@ def fast_settings(fast_model: FastModel, device, height: int, width: int, seed: 
     from ..quant.nf4 import default_compute_dtype
 
     dtype = torch.bfloat16 if fast_model.weights == "bf16" else default_compute_dtype(device)
+    if fast_model.speed is not None:  # a preset's window cap (draft: 15 latent frames)
+        window = fast_model.speed.fast_window(window)
     return FastSettings(height, width, seed, noise_source, rule, window=window, sink=sink, max_attention=max_attention,
                         weights=fast_model.weights, cache_dtype=str(dtype).replace("torch.", ""),
                         model=model_fingerprint(fast_model.format) if keep else "",
@@ -194,7 +197,8 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     summary = fast_summary(part, w, h, plan, [part.note, layout.note], so_far)
     show(summary)
     placement = ComfyFastPlacement(fast_model, plan, device, preview_vae, extra)
-    return WorldSession(placement, settings, device=device, load_model=placement.load_model), summary
+    return WorldSession(placement, settings, device=device, load_model=placement.load_model,
+                        speed=fast_model.speed), summary
 
 
 def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],

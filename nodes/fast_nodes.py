@@ -25,7 +25,8 @@ from .expert_weights import ExpertWeights
 from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text, fast_settings,
                         open_fast_world, run_fast_part)
 from .fast_state_store import FastStateHandle, state_line, state_output_used
-from .payloads import CAMERA, CATEGORY, I2V, TEXT, VAE, WEIGHT_MODES, CameraInput, I2VCondition, TextEmbeds, VAEHandle
+from .payloads import (CAMERA, CATEGORY, I2V, SPEED, TEXT, VAE, WEIGHT_MODES, CameraInput, I2VCondition,
+                       TextEmbeds, VAEHandle)
 from .progress import show_on_node
 from .ui_hints import hide_if, short_labels
 
@@ -54,7 +55,13 @@ class LingBotFastLoader:
                     "Where the K/V cache of the video lives (26.8 GB at 480x832x81): gpu (the reference's layout), "
                     "host (pinned RAM, each layer streamed to the GPU one layer ahead; for 16-24 GB cards), auto "
                     "(GPU when it fits; logs the plan).")}),
-            }
+            },
+            "optional": {
+                "speed": (SPEED, {"tooltip": (
+                    "From LingBot Speed Options: a speed preset (exact, auto, fast, draft) or compile / GEMM precision "
+                    "/ attention. draft also runs 3 steps per chunk, folds the context pass into the last step and "
+                    "keeps a 15-frame window. Without it: the exact defaults.")}),
+            },
         }
 
     RETURN_TYPES = (FAST_MODEL,)
@@ -65,7 +72,7 @@ class LingBotFastLoader:
     DESCRIPTION = ("Selects LingBot-World-Fast (causal, 4 steps per chunk of 3 latent frames, no CFG) and where its "
                    "K/V cache lives.")
 
-    def load(self, fast_model: str, weights: str = "nf4", kv_cache: str = "auto"):
+    def load(self, fast_model: str, weights: str = "nf4", kv_cache: str = "auto", speed=None):
         import comfy.model_management as mm
 
         from .patchers import ExpertContainer, ExpertPatcher
@@ -81,11 +88,14 @@ class LingBotFastLoader:
             log.warning("LingBot-World: %s", note)
         check_expert_keys(fmt, weights)  # a missing or mis-shaped tensor is named now, not mid-load
         device = mm.get_torch_device()
-        w = ExpertWeights("fast", fmt, weights)
+        if speed is not None and speed.compute != "bf16" and weights != "nf4":
+            raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
+                             "use weights nf4 or compute bf16")
+        w = ExpertWeights("fast", fmt, weights, speed=speed)  # the speed options go on after every load
         host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
         patcher = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World Fast model: %s (%s), weights=%s, kv_cache=%s", path, fmt.kind, weights, kv_cache)
-        return (FastModel(patcher, fmt, weights, kv_cache),)
+        return (FastModel(patcher, fmt, weights, kv_cache, speed),)
 
 
 class LingBotFastSampler:

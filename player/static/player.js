@@ -182,8 +182,9 @@
         showState();
         loadImages();
         break;
-      case "state":
+      case "state": // a new video (start / restart): the old chunk boundaries are gone
         epoch += 1;
+        for (const c of Object.keys(boundary)) if (Number(c) > 0) delete boundary[c];
         decodeChain = decodeChain.then(() => { playFrom(m.state, null); });
         break;
       case "chunk_begin":
@@ -326,6 +327,9 @@
   }
 
   screen.addEventListener("click", () => screen.focus());
+  // after a click on a control the keys go back to the video (Space on a focused button would press it again)
+  document.querySelectorAll("#controls button, #controls select").forEach((el) =>
+    el.addEventListener(el.tagName === "SELECT" ? "change" : "click", () => { el.blur(); screen.focus(); }));
   connect();
   setTimeout(tick, 0);
 })();
