@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -67,22 +66,21 @@ def prepare(args, high: Path, low: Path, log: logging.Logger) -> str:
 
 
 def _write_picture(image, target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
+    from ..loaders.atomic import atomic_path
+
+    with atomic_path(target) as tmp:  # the folder was checked with every output (cli/outputs.py)
         image.save(tmp, format="PNG")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 
-def picture_path(args) -> Optional[Path]:
+def picture_path(args, video: Optional[Path] = None) -> Optional[Path]:
+    """--trajectory-picture's file: the name given, or `<video>_trajectory.png` next to the video (`video`, else
+    --out)."""
     if args.trajectory_picture is None:
         return None
     if args.trajectory_picture != PICTURE_NEXT_TO_VIDEO:
         return Path(args.trajectory_picture).expanduser()
-    out = Path(args.out) if args.out is not None else Path(f"lingbot_{time.strftime('%Y%m%d_%H%M%S')}.mp4")
+    out = video or (Path(args.out) if args.out is not None else Path(f"lingbot_{time.strftime('%Y%m%d_%H%M%S')}.mp4"))
     return out.with_name(out.stem + "_trajectory.png")
 
 

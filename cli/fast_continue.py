@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..wan.sampling.fast_state import FastSettings
-from . import fast_parts
+from . import fast_parts, fast_request
 from .errors import UsageError
 
 log = logging.getLogger("lingbot_world.generate")
@@ -67,8 +67,7 @@ def run(args) -> int:
         log.warning("frames: %s", part.note)
     index = len(state.parts) + 1
     target = plan_output(args.out if args.out is not None else Path(f"{sf.path.stem}_part{index}.mp4"))
-    whole_target = plan_output(args.whole_video) if args.whole_video is not None else None
-    fast_parts.write_picture(args, part, source, target)
+    whole_target = plan_output(args.whole_video, flag="--whole-video") if args.whole_video is not None else None
     layout = next_layout(state, part)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
@@ -77,6 +76,9 @@ def run(args) -> int:
     print(f"continuing {sf.path} ({sf.file_bytes / 1e9:.2f} GB): {state.frames} frames so far ({state.chunks} chunks), "
           f"+ {part.frames} frames ({part.chunks} chunks), camera: {control}", flush=True)
     save = fast_parts.SaveState.plan(args, st, cfg, total_lat)
+    fast_request.check_targets(args, target, part.frames, st.height, st.width, save=save, whole=whole_target,
+                               whole_frames=state.frames + part.frames, files=files)
+    fast_parts.write_picture(args, part, source, target)
     speed = fast_compile_policy(speed, args, part.chunks)
     log_speed_plan(speed, log)
 
@@ -149,7 +151,7 @@ def run(args) -> int:
 
 
 def _refuse_other_settings(args, st: FastSettings) -> None:
-    """Flags that a continuation takes from the state: a different value is refused (cache rules) or ignored."""
+    """The cache rules a continuation takes from the state: a different value is refused."""
     for flag, given, saved in (("--window", args.window, st.window), ("--max-attention", args.max_attention,
                                                                        st.max_attention)):
         if given is not None and given != saved:
@@ -157,8 +159,4 @@ def _refuse_other_settings(args, st: FastSettings) -> None:
                              "the cache rules it was started with (leave the flag out)")
     if args.sink and args.sink != st.sink:
         raise UsageError(f"--sink {args.sink}: the video was started with --sink {st.sink}; leave the flag out")
-    ignored = [f for f, on in (("--image", args.image is not None), ("--size", args.size not in ("480*832", "64*112")),
-                               ("--rule", args.rule != "reference"), ("--seed", args.seed != 42)) if on]
-    if ignored:
-        log.warning("a continuation takes the size, the generator and the rule from the state; ignoring %s",
-                    ", ".join(ignored))
+    # --image, --size, --seed, --noise and --rule are refused before this (cli/flag_checks.FROM_THE_STATE)

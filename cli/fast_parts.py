@@ -85,7 +85,7 @@ def write_picture(args, part: PartPlan, source: CameraSource, target: Path) -> O
 
 @dataclass
 class SaveState:
-    """--save-state: the target, checked before the run, and the size it will have."""
+    """--save-state: the target and the size it will have (checked with the other outputs before the run)."""
 
     path: Path
     estimate: int
@@ -93,21 +93,18 @@ class SaveState:
 
     @classmethod
     def plan(cls, args, settings: FastSettings, cfg, latent_frames: int) -> Optional["SaveState"]:
-        from ..loaders.fast_state_file import describe_size, kv_bytes
+        from ..loaders.fast_state_file import HEADER_RESERVE_BYTES, describe_size, kv_bytes
 
         if args.save_state is None:
             return None
-        path = Path(args.save_state).expanduser()
-        if path.is_dir():
-            raise UsageError(f"--save-state {path} is a folder; give a file name, e.g. {path / 'video.state'}")
-        if not path.parent.is_dir():
-            raise UsageError(f"--save-state {path}: the folder {path.parent} does not exist")
+        path = Path(args.save_state).expanduser()  # checked with every other output (cli/fast_request.py)
         layout = settings.layout(latent_frames)
         tokens = min(layout.capacity, latent_frames * settings.frame_tokens)
         dtype = getattr(torch, settings.cache_dtype)
         kv = kv_bytes(tokens, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype)
         lat_h, lat_w = settings.height // 8, settings.width // 8
-        small = 4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
+        small = (4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
+                 + HEADER_RESERVE_BYTES)
         out = cls(path, kv + small)
         if not args.quiet:
             print(f"state: {path} will hold {describe_size(out.estimate)} (the K/V cache: {tokens} tokens x "
@@ -131,14 +128,7 @@ class SaveState:
 
 # ---- files, plan, load -------------------------------------------------------------------------------------------
 def warn_base_only_flags(args) -> None:
-    ignored = [flag for flag, value, default in (
-        ("--steps", args.steps, None), ("--guide-scale", args.guide_scale, [5.0]), ("--boundary", args.boundary, 0.947),
-        ("--solver", args.solver, "unipc"), ("--cfg-mode", args.cfg_mode, "auto"),
-        ("--memory-mode", args.memory_mode, "auto"), ("--negative-prompt", args.negative_prompt, None),
-        ("--camera-cache", args.camera_cache, "auto"))
-        if value != default]
-    if ignored:
-        log.warning("--model fast ignores %s (4 distilled steps per chunk, no guidance)", ", ".join(ignored))
+    """The base model's own flags are refused before this (cli/flag_checks.BASE_ONLY); --shift applies but warns."""
     if args.shift != 10.0:
         log.warning("--shift %.3g: the Fast model was distilled at shift 10; other values change its timesteps",
                     args.shift)
@@ -235,10 +225,10 @@ def run_part(world, part: PartPlan, source: CameraSource, frames, *, args, targe
 
     writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if stream else None
     bar = ProgressLine(part.chunks * len(STEP_INDICES), enabled=not args.quiet)
-    done = [0]
+    done = [0]  # chunks whose steps are all done
 
     def progress(info):
-        done[0] = info.chunk
+        done[0] = (info.index + 1) // len(STEP_INDICES)
         bar.update(replace(info, expert=f"chunk {info.chunk + 1}/{info.chunks}"))
 
     world.callback = progress
@@ -257,11 +247,10 @@ def run_part(world, part: PartPlan, source: CameraSource, frames, *, args, targe
     finally:
         bar.close()
         world.callback = None
-        if writer is not None:  # stopped early: keep what was decoded, never an empty file
-            total = part.chunks
-            if writer.frames:
-                print(f"stopped after {done[0]} of {total} chunks: the {writer.frames} frames decoded so far are in "
-                      f"{writer.close()}", flush=True)
+        if writer is not None and writer.open:  # stopped early: what was decoded goes to a new name, never --out
+            frames, kept = writer.frames, writer.keep_partial()
+            if kept is not None:
+                print(f"stopped after {done[0]} of {part.chunks} chunks: the {frames} frames decoded so far are in "
+                      f"{kept} ({target.path} was not touched)", flush=True)
             else:
-                writer.abort()
-                print(f"stopped after {done[0]} of {total} chunks; nothing written", flush=True)
+                print(f"stopped after {done[0]} of {part.chunks} chunks; nothing written", flush=True)

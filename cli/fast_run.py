@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from . import fast_continue, fast_parts, parallel_flags
+from . import fast_continue, fast_parts, fast_request, parallel_flags
 from .demo_defaults import apply_demo_defaults
 from .errors import UsageError
 
@@ -28,6 +28,7 @@ DEMO_FAST_FRAMES = 33  # three chunks of the tiny demo
 
 def run(args) -> int:
     """Entry point from generate.run() for --model fast (one process, or one rank of a torchrun launch)."""
+    fast_request.check_flags(args)  # no I/O: the flags' ranges and what applies to the Fast model
     if args.continue_from is None:
         if args.demo:  # a continuation takes its inputs from the state
             requested_frames = args.frames
@@ -97,6 +98,7 @@ def _first_part(args, session, imports, stats) -> int:
         log.info("image %s: %s", args.image, image_note)
     image = decoded.pixels
     height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
+    fast_request.check_video_fits(args, height, width)
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     settings = fast_parts.settings_for(args, fmt, device, height, width, seed, noise)
     source = fast_parts.camera_source(args, args.frames)
@@ -105,11 +107,6 @@ def _first_part(args, session, imports, stats) -> int:
     part = plan_first_part(source, args.frames, settings)
     if part.note:
         log.warning("frames: %s", part.note)
-    fast_parts.write_picture(args, part, source, target)
-    layout = settings.layout(part.latent_frames)
-    if layout.note:
-        log.warning("K/V cache: %s", layout.note)
-    control = fast_parts.control_label(source)
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
     speed = fast_speed_plan(args, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
@@ -117,6 +114,12 @@ def _first_part(args, session, imports, stats) -> int:
     if window != settings.window:
         settings = replace(settings, window=window)
     save = fast_parts.SaveState.plan(args, settings, cfg, part.latent_frames)
+    fast_request.check_targets(args, target, part.frames, height, width, save=save, files=files)
+    fast_parts.write_picture(args, part, source, target)
+    layout = settings.layout(part.latent_frames)
+    if layout.note:
+        log.warning("K/V cache: %s", layout.note)
+    control = fast_parts.control_label(source)
     if session.is_main:
         print(f"Fast model: {height}x{width}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
               f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),

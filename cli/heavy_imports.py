@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Sequence
 
+from .. import quant  # noqa: F401 - its log filter must be in place before bitsandbytes is imported
+
 log = logging.getLogger(__name__)
 
 # What a run certainly imports and takes long: bitsandbytes (with torch._inductor), on the thread.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -32,14 +33,24 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a LoRA on the low-noise expert only")
 
 
-def parse_spec(spec: str) -> tuple[Path, float]:
+STRENGTH_MAX = 100.0  # |strength| beyond this swamps the weights (and overflows bf16 towards inf)
+
+
+def parse_spec(spec: str, flag: str = "--lora") -> tuple[Path, float]:
+    """FILE or FILE:STRENGTH -> (path, strength). An existing file whose name holds ':' is taken whole; a strength
+    that is not a finite number in -100..100 is a UsageError naming the flag (nan would make every frame black)."""
     path, sep, strength = spec.rpartition(":")
-    if sep and path and not strength.startswith(("/", "\\")):
-        try:
-            return Path(path), float(strength)
-        except ValueError:
-            pass
-    return Path(spec), 1.0
+    if not sep or not path or strength.startswith(("/", "\\")) or Path(spec).expanduser().is_file():
+        return Path(spec), 1.0
+    try:
+        value = float(strength)
+    except ValueError:
+        raise UsageError(f"{flag} {spec}: strength {strength!r} is not a number; write FILE:STRENGTH, e.g. "
+                         f"{path}:0.8") from None
+    if not math.isfinite(value) or abs(value) > STRENGTH_MAX:
+        raise UsageError(f"{flag} {spec}: strength {strength} must be a finite number from -{STRENGTH_MAX:g} to "
+                         f"{STRENGTH_MAX:g} (1 = the LoRA as trained)")
+    return Path(path), value
 
 
 def read_cli_loras(args, config) -> dict[str, list[tuple["LoraSet", float]]]:
@@ -54,7 +65,7 @@ def read_cli_loras(args, config) -> dict[str, list[tuple["LoraSet", float]]]:
     cache: dict[Path, "LoraSet"] = {}
     for flag, experts in (("lora", ("high", "low")), ("lora_high", ("high",)), ("lora_low", ("low",))):
         for spec in getattr(args, flag, []) or []:
-            path, strength = parse_spec(spec)
+            path, strength = parse_spec(spec, f"--{flag.replace('_', '-')}")
             if path not in cache:
                 try:
                     cache[path] = load_lora(path, shapes)

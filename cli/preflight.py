@@ -7,7 +7,6 @@ the value and what to use (exit code 2); nothing has been loaded or started yet 
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,49 +16,21 @@ import torch
 
 from . import actions_arg
 from .errors import UsageError
+from .flag_checks import check_generate_flags
+from .outputs import check_outputs, generate_inputs, picture_spec, video_spec
 from .speed_flags import log_speed_plan, speed_plan
 from .video_out import OutputTarget, plan_output
 
-SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
-FPS_MAX = 240
 _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
-def _finite(flag: str, value: float, low: Optional[float] = None, high: Optional[float] = None,
-            low_open: bool = False) -> None:
-    bad = not math.isfinite(value)
-    if not bad and low is not None:
-        bad = value <= low if low_open else value < low
-    if not bad and high is not None:
-        bad = value > high
-    if bad:
-        rng = (f"greater than {low:g}" if low_open else f"at least {low:g}") if low is not None else ""
-        if high is not None:
-            rng = f"between {low:g} and {high:g}" if low is not None else f"at most {high:g}"
-        raise UsageError(f"{flag} {value!r}: must be a finite number {rng}".rstrip())
-
-
 def check_flags(args) -> None:
-    """Values that are wrong whatever the machine (no I/O)."""
+    """Values that are wrong whatever the machine (no I/O); the flags' ranges are cli/flag_checks.py's."""
     from ..wan.sizes import check_frames, max_area_for
 
-    if args.seed > SEED_MAX:
-        raise UsageError(f"--seed {args.seed}: use 0 .. {SEED_MAX} (2**64-1), or a negative number for a random seed")
-    if args.steps is not None and args.steps < 1:
-        raise UsageError(f"--steps {args.steps}: use at least 1 (the reference uses 70)")
-    if args.fps < 1 or args.fps > FPS_MAX:
-        raise UsageError(f"--fps {args.fps}: use 1 .. {FPS_MAX} (the model makes 16 fps video)")
-    _finite("--shift", args.shift, 0, low_open=True)
-    _finite("--boundary", args.boundary, 0, 1)
-    _finite("--camera-speed", args.camera_speed, 0, low_open=True)
+    check_generate_flags(args)
     if len(args.guide_scale) > 2:
         raise UsageError(f"--guide-scale takes one value or two (LOW HIGH), got {len(args.guide_scale)}")
-    for g in args.guide_scale:
-        _finite("--guide-scale", g, 0)
-    if args.blocks_on_gpu is not None and args.blocks_on_gpu < 0:
-        raise UsageError(f"--blocks-on-gpu {args.blocks_on_gpu}: use 0 or more")
-    if args.t5_timeout is not None:
-        _finite("--t5-timeout", args.t5_timeout, 0, low_open=True)
     try:
         if args.frames is not None:  # None: 81, or as long as --actions
             check_frames(args.frames)
@@ -179,6 +150,10 @@ def prepare(args, log) -> Prepared:
     check_video_fits(frames, height, width, checked.high.config, total_ram=total_ram_bytes(),
                      total_vram=total_vram_bytes(device), camera=bool(args.camera or args.actions),
                      what=f"--frames {frames} --size {args.size}")
+    check_outputs([video_spec("--out", output, frames, height, width), *picture_spec(args, output.path)],
+                  inputs=generate_inputs(args, files))
+    if args.trajectory_picture is not None and args.out is None:
+        args.out = output.path  # the picture goes next to the video actually written
     camera, note, frames = _camera(args, kind, frames, height, width, log)
     log_speed_plan(speed, log)
     return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,

@@ -4,7 +4,11 @@
 .[video]`); a path without an extension is a folder of PNG frames. The video is encoded into a temp file
 beside the target; ffmpeg's exit status and the frame count read back from that file are checked before it
 is renamed over the target, so a failed or interrupted write never leaves a truncated video under the
-final name (nor clobbers the previous one), and success is reported only for a file that exists.
+final name (nor clobbers the previous one), and success is reported only for a file that exists. The frames of
+an interrupted run, where they are kept (`VideoWriter.keep_partial`), go to a new name (loaders/atomic.py).
+
+ffmpeg runs in a session of its own: Ctrl-C at a terminal (SIGINT to the whole process group) and a service
+manager's SIGTERM to the group reach only this process, which then finishes or stops the encoder itself.
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..loaders.atomic import atomic_dir, commit, remove_path, remove_stale_temps, temp_path
+from ..text_encoder.encode import own_session
+from ..loaders.atomic import atomic_dir, commit, commit_new, remove_path, remove_stale_temps, temp_path
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +125,8 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 def _ffmpeg_frames(ffmpeg: str, path: Path) -> Optional[int]:
     """Frames in a written video, counted by ffmpeg reading it back (stream copy: nothing is decoded)."""
     r = subprocess.run([ffmpeg, "-hide_banner", "-nostdin", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null",
-                        "-"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                        "-"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       **own_session())
     found = re.findall(r"frame=\s*(\d+)", r.stderr.decode("utf-8", "replace"))
     return int(found[-1]) if r.returncode == 0 and found else None
 
@@ -130,14 +136,16 @@ class VideoWriter:
     from a pipe, or a temp folder of PNG frames) and `close()` checks the encoder's exit status and the frame count
     before renaming it over the target. `abort()` removes the temp and leaves the target as it was.
 
-    The Fast model appends each chunk as it is decoded; on an interrupt the caller may still `close()` to keep
-    the frames made so far (a shorter but complete video) and says so.
+    The Fast model appends each chunk as it is decoded; on an interrupt the caller may `keep_partial()` the
+    frames made so far (a shorter but complete video) under a new name, and says so. A writer is finished once:
+    after `close()`, `abort()` or a failed close, `close()` raises the reason again (it never runs twice).
     """
 
     def __init__(self, target: OutputTarget, fps: int = 16):
         self.target = target
         self.fps = fps
         self.frames = 0
+        self._finished: Optional[str] = None  # why the writer cannot close (again): closed, stopped, failed
         self._proc: Optional[subprocess.Popen] = None
         self._size: Optional[tuple[int, int]] = None
         remove_stale_temps(target.path)
@@ -160,7 +168,7 @@ class VideoWriter:
         self._raise_failed()
         if self.target.container is None:
             for f in frames:
-                self._pending.append(self._pool.submit(_save_png, f, self._tmp / FRAME_NAME.format(self.frames)))
+                self._pending.append(self._pool.submit(self._png, f, self._tmp / FRAME_NAME.format(self.frames)))
                 self.frames += 1
             return
         size = (frames.shape[2], frames.shape[1])
@@ -169,11 +177,18 @@ class VideoWriter:
             cmd = [self.target.ffmpeg or "ffmpeg", "-hide_banner", "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt",
                    "rgb24", "-s", f"{size[0]}x{size[1]}", "-r", str(self.fps), "-i", "-",
                    *FFMPEG_ARGS[self.target.container], str(self._tmp)]
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                          **own_session())
         elif size != self._size:
             raise VideoWriteError(f"frame size {size} differs from the first frames' {self._size}")
         self._pending.append(self._pool.submit(self._pipe, np.ascontiguousarray(frames)))
         self.frames += len(frames)
+
+    def _png(self, frame: np.ndarray, path: Path) -> None:
+        try:
+            _save_png(frame, path)
+        except OSError as e:  # named by the target, not by the temp folder the frames go to first
+            raise VideoWriteError(f"cannot write the PNG frames of {self.target.path} ({e.strerror or e})") from None
 
     def _pipe(self, frames: np.ndarray) -> None:
         try:
@@ -214,11 +229,37 @@ class VideoWriter:
             finally:
                 proc.wait()
         tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
-        raise VideoWriteError(f"ffmpeg failed writing {self._tmp.name} (exit code {proc.returncode if proc else '?'})"
+        raise VideoWriteError(f"ffmpeg failed writing {self.target.path} (exit code {proc.returncode if proc else '?'})"
                               + (f": {tail[-1]}" if tail else ""))
+
+    @property
+    def open(self) -> bool:
+        """True until close(), abort() or a failed close."""
+        return self._finished is None
 
     def close(self) -> Path:
         """Finish, verify and rename into place; returns the path written (it exists)."""
+        return self._finish(partial=False)
+
+    def keep_partial(self) -> Optional[Path]:
+        """After an interrupt or a failure elsewhere: the frames so far, verified, under a new name beside the
+        target (`<stem>_partial<suffix>`: the target itself, maybe a complete earlier video, is never touched).
+        Returns that name, or None when nothing could be kept (no frames, or the write failed: a warning says
+        why). Never raises an Exception, so the caller's own error is the one reported."""
+        if not self.open:
+            return None
+        if not self.frames:
+            self.abort()
+            return None
+        try:
+            return self._finish(partial=True)
+        except Exception as e:  # noqa: BLE001 - the interrupt or failure that got here is the one to report
+            log.warning("the %d frames made so far could not be kept: %s", self.frames, e)
+            return None
+
+    def _finish(self, partial: bool) -> Path:
+        if not self.open:
+            raise VideoWriteError(f"{self.target.path}: the video writer was {self._finished}; nothing more is written")
         try:
             self._drain()
             self._pool.shutdown()
@@ -234,28 +275,39 @@ class VideoWriter:
                 proc.wait()
                 if proc.returncode != 0:
                     tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
-                    raise VideoWriteError(f"ffmpeg failed writing {self._tmp.name} (exit code {proc.returncode})"
+                    raise VideoWriteError(f"ffmpeg failed writing {self.target.path} (exit code {proc.returncode})"
                                           + (f": {tail[-1]}" if tail else ""))
                 got = _ffmpeg_frames(self.target.ffmpeg or "ffmpeg", self._tmp)
                 if got != self.frames:
                     raise VideoWriteError(f"ffmpeg wrote {got} of {self.frames} frames; the video was not saved")
-                commit(self._tmp, self.target.path)
             else:
                 written = len(list(self._tmp.glob("frame_*.png")))
                 if written != self.frames:
                     raise VideoWriteError(f"{written} of {self.frames} PNG frames were written; the folder was not saved")
-                with atomic_dir(self.target.path, replace=True) as tmp:
-                    tmp.rmdir()
-                    os.replace(self._tmp, tmp)
-        except BaseException:
+            path = self._commit(partial)
+        except BaseException as e:
             self.abort()
+            self._finished = f"stopped after a failed close ({e or type(e).__name__})"
             raise
-        if not self.target.path.exists():  # never report a file that is not there
-            raise VideoWriteError(f"{self.target.path} is missing after writing it")
+        self._finished = "closed"
+        if not path.exists():  # never report a file that is not there
+            raise VideoWriteError(f"{path} is missing after writing it")
+        return path
+
+    def _commit(self, partial: bool) -> Path:
+        if partial:
+            return commit_new(self._tmp, self.target.path)
+        if self.target.container is not None:
+            return commit(self._tmp, self.target.path)
+        with atomic_dir(self.target.path, replace=True) as tmp:
+            tmp.rmdir()
+            os.replace(self._tmp, tmp)
         return self.target.path
 
     def abort(self) -> None:
         """Stop the encoder and remove the temp; the target keeps its old content."""
+        if self._finished is None:
+            self._finished = "stopped"
         for f in self._pending:
             f.cancel()
         proc, self._proc = self._proc, None

@@ -9,6 +9,10 @@ so the next write to that target removes temps whose writer is gone (`remove_sta
 
 Temp names: `.<name>.tmp-<pid>-<token><suffix>`; the target's suffix is kept because some writers pick the
 format from it (ffmpeg, np.save).
+
+The promise, kept here for every writer: an interrupted or failed run never truncates or replaces an existing
+output. A partial result that is worth keeping (the chunks of an interrupted Fast run) is committed under a NEW
+name that nothing holds yet (`commit_new`, `<stem>_partial<suffix>`), which the caller prints.
 """
 from __future__ import annotations
 
@@ -107,6 +111,50 @@ def commit(tmp: PathLike, target: PathLike) -> Path:
     os.replace(tmp, target)
     fsync_path(target.parent)
     return target
+
+
+PARTIAL_TAG = "_partial"
+
+
+def unused_name(target: PathLike, tag: str = PARTIAL_TAG) -> Path:
+    """`<stem><tag><suffix>`, or `<stem><tag>2<suffix>`, ... : the first such sibling of `target` that does not
+    exist (a partial result never takes the place of a complete one)."""
+    target = Path(target)
+    for n in range(1, 10_000):
+        candidate = target.with_name(f"{target.stem}{tag}{n if n > 1 else ''}{target.suffix}")
+        if not (candidate.exists() or candidate.is_symlink()):
+            return candidate
+    raise FileExistsError(f"{target}: every name {target.stem}{tag}N{target.suffix} is taken; remove some")
+
+
+def commit_new(tmp: PathLike, target: PathLike, tag: str = PARTIAL_TAG) -> Path:
+    """Flush `tmp` (a file or a folder) and give it a name beside `target` that nothing holds (`unused_name`);
+    never replaces anything. Returns the name it got."""
+    tmp = Path(tmp)
+    if tmp.is_dir():
+        _fsync_tree(tmp)
+    else:
+        fsync_path(tmp)
+    for _ in range(100):
+        name = unused_name(target, tag)
+        if tmp.is_dir():
+            if name.exists():  # taken since unused_name looked: os.rename would replace an empty folder
+                continue
+            os.rename(tmp, name)
+        else:
+            try:
+                os.link(tmp, name)  # fails if the name was taken meanwhile: never replaces a file
+            except FileExistsError:
+                continue
+            except OSError:  # a file system without hard links
+                if name.exists():
+                    continue
+                os.rename(tmp, name)
+            else:
+                os.unlink(tmp)
+        fsync_path(name.parent)
+        return name
+    raise FileExistsError(f"{target}: could not find a free name for the partial result")
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from .safetensors_stream import SafetensorsFormatError, SafetensorsWriter, _host
 
 FORMAT = "lingbot-world-fast-state"
 VERSION = 1
+HEADER_RESERVE_BYTES = 1 << 20  # room for the JSON header, written last (part of every file's size)
 SAMPLES_PER_FILE = 16
 SAMPLE_BYTES = 64 * 1024
 PathLike = Union[str, Path]
@@ -104,7 +105,7 @@ def save_state(path: PathLike, state: FastState, layers: Iterable[tuple[torch.Te
         raise ValueError("the state has no conditioning track; build it before saving (ConditionTrack.build)")
     info = describe(state)
     crcs: dict[str, int] = {}
-    writer = SafetensorsWriter(path, header_reserve=1 << 20)
+    writer = SafetensorsWriter(path, header_reserve=HEADER_RESERVE_BYTES)
     try:
         for name, t in small_tensors(state).items():
             t = t.detach().to("cpu").contiguous()

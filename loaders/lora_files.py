@@ -253,7 +253,20 @@ def parse_lora(sd: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int
         raise LoraFileError(
             f"{source}: none of its {len(groups)} LoRA modules match the LingBot-World DiT (first: {next(iter(groups))!r}); "
             f"is it a LoRA for another model? LingBot-World takes Wan 2.1/2.2 14B LoRAs")
+    for w in weights.values():
+        _check_finite(w, source)
     return LoraSet(source, weights, formats, len(groups), unmatched + unknown)
+
+
+def _check_finite(w: LoraWeight, source: str) -> None:
+    """A NaN or infinite value would turn every frame black; named here, before any model loads."""
+    for name, t in (("up", w.up), ("down", w.down), ("diff", w.diff)):
+        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise LoraFileError(f"{source}: {w.file_key} ({name}) holds {bad} NaN or infinite value(s); the file is "
+                                "damaged: download it again")
+    if w.alpha is not None and not math.isfinite(w.alpha):
+        raise LoraFileError(f"{source}: {w.file_key} has alpha {w.alpha}; the file is damaged: download it again")
 
 
 def _add(weights: dict[str, LoraWeight], w: LoraWeight) -> None:

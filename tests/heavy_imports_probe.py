@@ -6,9 +6,12 @@ tests/test_heavy_imports.py in a fresh interpreter (the imports must not be load
         imports and their join, and the imports' closure from the very state they start in (computed in a fork
         taken at that moment). The process ends at the join (exit code 0): what follows is not observed.
     python heavy_imports_probe.py slow OUT.json -- generate ...
-        The real background imports, each module of theirs slowed down so they run through the main thread's
-        whole start-up. Recorded: which thread loaded each module, when the imports ended and when the main thread
-        reached the join.
+        The real background imports, each module of theirs slowed down, and held inside one of their deepest
+        modules (GATE_MODULE, with the import locks of bitsandbytes and torch._inductor taken) until the main thread
+        reaches the join: both threads import at the same time through the main thread's whole start-up by
+        construction, not by timing. Recorded: which thread loaded each module, whether the imports were still
+        running when the main thread joined, and whether the gate had to give up (GATE_TIMEOUT_S: the main thread
+        never joined, e.g. it was itself waiting for a lock the import thread holds).
 """
 import importlib
 import json
@@ -58,6 +61,12 @@ class Serial(Base):
         os._exit(0)
 
 
+GATE_MODULE = "torch._inductor.compile_fx"  # deep in bitsandbytes' import closure (the test checks it is in it)
+GATE_TIMEOUT_S = 120.0
+main_joined = threading.Event()
+imports_done = threading.Event()
+
+
 class SlowFinder:
     """First on sys.meta_path: sees every module a thread loads (not the ones found in sys.modules)."""
 
@@ -68,6 +77,8 @@ class SlowFinder:
         self.loaded_by.setdefault(name, thread)
         if thread == "lingbot-imports":
             time.sleep(0.002)
+            if name == GATE_MODULE and not main_joined.wait(GATE_TIMEOUT_S):
+                record["gate_timed_out"] = True
         return None
 
 
@@ -78,15 +89,25 @@ class Slow(Base):
 
     def _import(self):
         super()._import()
-        record["imports_done"] = time.monotonic()
+        imports_done.set()
+
+    def wait(self):
+        main_joins()
+        super().wait()
 
 
-def main_joins(result):
-    """ModelLoad.result: where the main thread joins the load (and so the imports)."""
+def main_joins():
+    """The main thread's first join of the imports: BackgroundImports.wait, or ModelLoad.result when the load (and
+    its wait) runs on a thread of its own. Opens the gate."""
+    if threading.current_thread() is threading.main_thread() and not main_joined.is_set():
+        record["imports_running_at_join"] = not imports_done.is_set()
+        record["main_before_join"] = sorted(n for n, t in SlowFinder.loaded_by.items() if t == "MainThread")
+        main_joined.set()
+
+
+def joins_first(result):
     def wrapped(self):
-        if "main_joins" not in record and threading.current_thread() is threading.main_thread():
-            record["main_joins"] = time.monotonic()
-            record["main_before_join"] = sorted(n for n, t in SlowFinder.loaded_by.items() if t == "MainThread")
+        main_joins()
         return result(self)
     return wrapped
 
@@ -98,7 +119,7 @@ else:
 
     sys.meta_path.insert(0, SlowFinder())
     heavy_imports.BackgroundImports = Slow
-    model_load.ModelLoad.result = main_joins(model_load.ModelLoad.result)
+    model_load.ModelLoad.result = joins_first(model_load.ModelLoad.result)
 code = cli.main(argv)
 record["rc"] = code
 if mode == "slow":

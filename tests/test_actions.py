@@ -127,3 +127,25 @@ def test_key_arrays_threshold_and_shapes():
         KeyTimeline.from_arrays(np.full((2, 4), np.nan))
     with pytest.raises(KeyInputError, match="no key arrays"):
         KeyTimeline.from_arrays()
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("w-\u0661\u0662", "frame count '\u0661\u0662', which is not a positive whole number written with the digits 0-9"),
+    ("w-\u00b2", "not a positive whole number written with the digits 0-9"),  # '²'.isdigit() is True
+    ("w-100002", "segment 1 'w-100002' asks for more frames than the longest video a run makes (100001 frames"),
+    ("w-" + "9" * 5000, "asks for more frames than the longest video"),  # no 4300-digit int() error
+    ("w-50000,a-50000,d-2", "holds 100002 frames in all, more than the longest video a run makes"),
+])
+def test_counts_are_ascii_and_bounded(text, expect):
+    from lingbot_world.wan.control.actions import ActionStringError, parse_action_string
+
+    with pytest.raises(ActionStringError) as e:
+        parse_action_string(text)
+    assert expect in str(e.value) and len(str(e.value)) < 300
+
+
+def test_the_longest_action_string_is_taken():
+    from lingbot_world.wan.control.actions import parse_action_string
+    from lingbot_world.wan.sizes import MAX_FRAMES
+
+    assert sum(s.frames for s in parse_action_string(f"w-{MAX_FRAMES - 1},none-1")) == MAX_FRAMES

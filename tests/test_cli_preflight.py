@@ -111,15 +111,15 @@ def test_non_image_and_bomb_image(capsys, demo_ckpt, tmp_path, no_work):
     ("--device", "tpu", "--device 'tpu': use auto, cpu, cuda or cuda:N"),
     ("--device", "cpu:1", "the CPU has no index"),
     ("--seed", str(2**70), "--seed 1180591620717411303424: use 0 .. 18446744073709551615"),
-    ("--frames", "1000000001", "1000000001 frames at 48x112"),
+    ("--frames", "1000000001", "--frames 1000000001: use 1 .. 100001 (4n+1; the longest video a run makes is 1 h"),
     ("--frames", "10", "frame count 10 is not of the form 4n+1; use 9 or 13"),
     ("--size", "100000*100000", "of RAM"),
     ("--size", "big", "--size: unknown size 'big'"),
-    ("--steps", "0", "--steps 0: use at least 1"),
+    ("--steps", "0", "--steps 0: use 1 .. 10000"),
     ("--fps", "0", "--fps 0"),
-    ("--boundary", "1.5", "--boundary 1.5: must be a finite number between 0 and 1"),
+    ("--boundary", "1.5", "--boundary 1.5: use 0 .. 1"),
     ("--shift", "nan", "--shift nan"),
-    ("--t5-timeout", "0", "--t5-timeout 0.0: must be a finite number greater than 0"),
+    ("--t5-timeout", "0", "--t5-timeout 0.0: use more than 0 and at most 2592000 (seconds; leave the flag out"),
     ("--blocks-on-gpu", "-1", "--blocks-on-gpu -1"),
     ("--camera", "no_such_preset", "no_such_preset"),
 ])
@@ -131,8 +131,9 @@ def test_bad_flag_values(capsys, demo_ckpt, tmp_path, no_work, flag, value, expe
 
 
 def test_huge_frame_count_names_the_memory_it_needs(capsys, demo_ckpt, tmp_path, no_work):
-    """--frames 1000000001 used to try to allocate 119 GiB; now one line with the numbers, at once."""
-    rc, _, err = _run(capsys, demo_ckpt, tmp_path, "--frames", "1000000001")
+    """--frames 1000000001 used to try to allocate 119 GiB; a count under the frame limit that cannot fit the
+    machine is one line with the numbers, at once."""
+    rc, _, err = _run(capsys, demo_ckpt, tmp_path, "--frames", "100001", "--size", "720*1280")
     line = _one_line(err)
     assert rc == 2 and "TiB of RAM" in line and "more than this machine's" in line and "GiB" in line
 

@@ -127,6 +127,18 @@ def test_sigterm_during_text_encoding(demo_ckpt, tmp_path):
     _clean(run, child)
 
 
+def test_sigterm_to_the_group_during_text_encoding(demo_ckpt, tmp_path):
+    """A service manager stops the whole group: the child runs in a session of its own, so only the parent gets the
+    signal; it stops the child itself and reports 143 (not 'the text encoder process died from signal SIGTERM')."""
+    run = Run(demo_ckpt, tmp_path, "--no-text-cache", t5_delay=60)
+    child = run.t5_child()
+    assert os.getpgid(child) != os.getpgid(run.proc.pid)
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    assert run.finish() == 143
+    assert run.lines[-1] == "lingbot-world generate: terminated (SIGTERM)"
+    _clean(run, child)
+
+
 def test_sigkill_of_the_parent_takes_the_child_along(demo_ckpt, tmp_path):
     """SIGKILL cannot be handled by the parent: the child must notice and exit by itself within seconds (with
     real weights it would otherwise hold ~11 GB of RAM); the next encode removes the orphaned work folder."""

@@ -163,3 +163,23 @@ def test_all_finite(dtype):
         u = t.clone()
         u[6, 4] = bad
         assert not ec.all_finite(u)
+
+
+def test_a_full_disk_is_an_oserror_and_leaves_no_temp(tmp_path):
+    """safetensors reports ENOSPC as its own SafetensorError; the cache turns it into the OSError its callers
+    handle (a warning, the run goes on). A 1 MB tmpfs, root only."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mount -t tmpfs is not permitted here")
+    try:
+        cache = EmbeddingCache(mnt)
+        with pytest.raises(OSError, match="No space left on device"):
+            cache.put(key(), torch.zeros(512, 4096).bfloat16())  # 4 MB
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -177,6 +177,102 @@ def test_frames_are_encoded_in_the_background_and_errors_surface_at_close(tmp_pa
     monkeypatch.setattr(video_out, "_save_png", broken_save)
     writer = video_out.VideoWriter(plan_output(tmp_path / "other"))
     writer.append(_video(frames=3))
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(VideoWriteError, match=r"cannot write the PNG frames of .*other \(disk full\)"):
         writer.close()
     assert not (tmp_path / "other").exists() and _names(tmp_path) == ["frames"]
+
+
+@pytest.mark.skipif(os.name == "nt", reason="a script as the ffmpeg executable")
+def test_a_failed_close_is_reported_again_not_run_twice(tmp_path):
+    """A full disk at the end of a Fast run: close() fails, and the caller's cleanup asks again (keep_partial /
+    close). The reason comes back as a VideoWriteError, never an AttributeError from a second close."""
+    from lingbot_world.cli.video_out import VideoWriter
+
+    ffmpeg = _fake_ffmpeg(tmp_path, "sys.stdin.buffer.read()\n"
+                                    "print('av_interleaved_write_frame(): No space left on device', file=sys.stderr)\n"
+                                    "sys.exit(1)")
+    out = tmp_path / "out.mp4"
+    out.write_bytes(b"previous video")
+    writer = VideoWriter(plan_output(out, ffmpeg))
+    writer.append(_video(frames=5))
+    with pytest.raises(VideoWriteError, match="No space left on device"):
+        writer.close()
+    assert not writer.open and writer.keep_partial() is None
+    with pytest.raises(VideoWriteError, match="failed close.*No space left on device"):
+        writer.close()
+    assert out.read_bytes() == b"previous video" and _names(tmp_path) == ["fake_ffmpeg", "out.mp4"]
+
+
+@pytest.mark.parametrize("name", ["clip.mp4", "frames"])
+def test_a_partial_video_goes_to_a_new_name(tmp_path, name):
+    """The frames of an interrupted run never replace the target (maybe a complete earlier video): they go to
+    <stem>_partial<suffix>, then _partial2, ..."""
+    from lingbot_world.cli.video_out import VideoWriter
+
+    if name.endswith(".mp4") and find_ffmpeg() is None:
+        pytest.skip("imageio-ffmpeg not installed")
+    out = tmp_path / name
+    if out.suffix:
+        out.write_bytes(b"complete earlier video")
+    else:
+        write_video(_video(frames=9), plan_output(out))
+    kept = []
+    for frames in (5, 3):
+        writer = VideoWriter(plan_output(out))
+        writer.append(_video(frames=frames))
+        kept.append(writer.keep_partial())
+        assert not writer.open
+    stem, suffix = out.stem, out.suffix
+    assert kept == [tmp_path / f"{stem}_partial{suffix}", tmp_path / f"{stem}_partial2{suffix}"]
+    if out.suffix:
+        imageio = pytest.importorskip("imageio.v2")
+        assert out.read_bytes() == b"complete earlier video"
+        assert [len(imageio.mimread(p)) for p in kept] == [5, 3]
+    else:
+        assert len(_names(out)) == 9 and [len(_names(p)) for p in kept] == [5, 3]
+    assert sorted(_names(tmp_path)) == sorted([name] + [p.name for p in kept])  # no temp left
+
+
+def test_nothing_to_keep_leaves_nothing(tmp_path):
+    from lingbot_world.cli.video_out import VideoWriter
+
+    writer = VideoWriter(plan_output(tmp_path / "frames"))
+    assert writer.keep_partial() is None and _names(tmp_path) == []
+
+
+@needs_ffmpeg
+@pytest.mark.skipif(os.name == "nt", reason="POSIX process groups")
+def test_ffmpeg_is_shielded_from_ctrl_c_to_the_process_group(tmp_path):
+    """Ctrl-C at a terminal signals the whole process group. ffmpeg runs in a session of its own, so it keeps
+    encoding while this process turns the interrupt into a kept partial video (before, ffmpeg died with the
+    group and the run ended in 'ffmpeg failed writing')."""
+    import signal
+    import subprocess
+
+    import psutil
+
+    out = tmp_path / "out.mp4"
+    out.write_bytes(b"complete earlier video")
+    code = ("import sys, time, torch\n"
+            "from lingbot_world.cli.video_out import VideoWriter, plan_output\n"
+            f"w = VideoWriter(plan_output({str(out)!r}))\n"
+            "w.append(torch.zeros(3, 7, 32, 48))\n"
+            "print(w._proc.pid, flush=True)\n"
+            "try:\n    time.sleep(60)\n"
+            "except KeyboardInterrupt:\n    print(w.keep_partial(), flush=True)\n    sys.exit(130)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        encoder = int(proc.stdout.readline())
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 130
+        kept = proc.stdout.readline().strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    imageio = pytest.importorskip("imageio.v2")
+    assert kept == str(tmp_path / "out_partial.mp4") and len(imageio.mimread(kept)) == 7
+    assert out.read_bytes() == b"complete earlier video"
+    assert not psutil.pid_exists(encoder) or psutil.Process(encoder).status() == psutil.STATUS_ZOMBIE
+    assert _names(tmp_path) == ["out.mp4", "out_partial.mp4"]

@@ -19,7 +19,7 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..loaders.atomic import atomic_path
@@ -99,7 +99,8 @@ class EmbeddingCache:
             return None
 
     def put(self, key: CacheKey, embedding: torch.Tensor) -> Path:
-        """Store atomically (temp file + rename), with a checksum of the data; returns the entry's path.
+        """Store atomically (temp file + rename), with a checksum of the data; returns the entry's path. A write that
+        fails (full disk, read-only folder) raises OSError and leaves no temp file.
         Non-finite embeddings are refused (ValueError): they would turn every later run of the prompt black."""
         if embedding.dim() != 2:
             raise ValueError(f"embedding must be [L, dim], got {tuple(embedding.shape)}")
@@ -109,7 +110,11 @@ class EmbeddingCache:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(key)
         with atomic_path(path) as tmp:
-            save_file({_TENSOR: tensor}, str(tmp), metadata={"key": key.canonical(), "sha256": tensor_sha256(tensor)})
+            try:
+                save_file({_TENSOR: tensor}, str(tmp), metadata={"key": key.canonical(),
+                                                                  "sha256": tensor_sha256(tensor)})
+            except SafetensorError as e:  # a full disk surfaces as safetensors' own error, not an OSError
+                raise OSError(f"cannot write {path.name}: {e}") from None
         return path
 
 

@@ -175,6 +175,15 @@ def _worker_command(job_path: Path) -> list[str]:
     return cmd + [str(WORKER_SCRIPT), str(job_path)]
 
 
+def own_session() -> dict:
+    """Popen arguments that start a child outside this process group (the text encoder here, ffmpeg in
+    cli/video_out.py): a terminal's Ctrl-C or a group-wide SIGTERM then reaches only the parent, which stops or
+    finishes its children itself instead of having them die mid-write."""
+    if os.name == "nt":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
 def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         try:
@@ -248,8 +257,11 @@ def run_text_encoder(
         job_path.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            # stdin: a pipe we hold open and never write to; the child exits when it reads EOF (we are gone)
-            proc = subprocess.Popen(_worker_command(job_path), stdin=subprocess.PIPE, stdout=out, stderr=err, env=env)
+            # stdin: a pipe we hold open and never write to; the child exits when it reads EOF (we are gone).
+            # A session of its own: a terminal's Ctrl-C or a service manager's SIGTERM to the process group reaches
+            # only this process, which stops the child itself (and reports 130/143, not "died from signal").
+            proc = subprocess.Popen(_worker_command(job_path), stdin=subprocess.PIPE, stdout=out, stderr=err, env=env,
+                                    **own_session())
         with _lock:
             _live[proc.pid] = proc
         t0 = time.monotonic()

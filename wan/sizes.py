@@ -63,6 +63,12 @@ def latent_size(h: int, w: int) -> tuple[int, int]:
     return h // VAE_STRIDE, w // VAE_STRIDE
 
 
+# The longest video a run makes (1 h 44 min at 16 fps): a run holds per-frame tensors (the camera input, the
+# latents) for the whole video, so a larger count (a typo, an overflowing script) is refused up front instead of
+# asking for terabytes of RAM.
+MAX_FRAMES = 100_001
+
+
 def _is_int(value: object) -> bool:
     # numpy integers count, bools do not (True would otherwise pass as 1 frame)
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -88,6 +94,9 @@ def check_frames(frames: int) -> int:
         raise ValueError(
             f"frame count {frames} is not of the form 4n+1; use {below} or {below + VAE_TEMPORAL_STRIDE}"
         )
+    if frames > MAX_FRAMES:
+        raise ValueError(f"frame count {frames} is more than {MAX_FRAMES}, the longest video a run makes (1 h 44 min "
+                         "at 16 fps: every frame's camera and latents are held for the whole run); ask for fewer")
     return int(frames)
 
 

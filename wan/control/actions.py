@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..sizes import VAE_TEMPORAL_STRIDE
+from ..sizes import MAX_FRAMES, VAE_TEMPORAL_STRIDE
 
 KEYS = "wasdijkl"
 MOVE_KEYS = KEYS[:4]  # columns of wasd_action.npy
@@ -58,8 +58,13 @@ def normalize_action_string(text: str) -> str:
     return "".join(text.replace("，", ",").split())
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    """repr of a string, cut short: a message stays one readable line whatever was pasted."""
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
 def _segment_error(text: str, index: int, part: str, why: str) -> ActionStringError:
-    return ActionStringError(f"action string {text!r}: segment {index} {part!r} {why}")
+    return ActionStringError(f"action string {_shown(text)}: segment {index} {_shown(part, 30)} {why}")
 
 
 def parse_action_string(text: str) -> tuple[Segment, ...]:
@@ -79,11 +84,15 @@ def parse_action_string(text: str) -> tuple[Segment, ...]:
         if "-" not in part:
             raise _segment_error(text, index, part, f"has no '-FRAMES' count; write it as KEYS-FRAMES, e.g. {part}-5")
         keys_part, count = part.rsplit("-", 1)
-        if not count.isdigit():
-            raise _segment_error(text, index, part, f"has frame count {count!r}, which is not a positive whole number")
-        n = int(count)
+        if not (count.isascii() and count.isdigit()):  # str.isdigit alone takes '١٢' or '²'
+            raise _segment_error(text, index, part, f"has frame count {_shown(count, 20)}, which is not a positive "
+                                                    "whole number written with the digits 0-9")
+        n = int(count) if len(count.lstrip("0")) <= len(str(MAX_FRAMES)) else MAX_FRAMES + 1  # no 4300-digit int
         if n <= 0:
             raise _segment_error(text, index, part, "has 0 frames; the count must be at least 1")
+        if n > MAX_FRAMES:
+            raise _segment_error(text, index, part, f"asks for more frames than the longest video a run makes "
+                                                    f"({MAX_FRAMES} frames, 1 h 44 min at 16 fps)")
         keys_part = keys_part.lower()
         if keys_part == NO_KEYS:
             keys = ""
@@ -98,6 +107,10 @@ def parse_action_string(text: str) -> tuple[Segment, ...]:
                 )
             keys = "".join(k for k in KEYS if k in keys_part)
         segments.append(Segment(keys, n))
+    total = sum(seg.frames for seg in segments)
+    if total > MAX_FRAMES:
+        raise ActionStringError(f"action string of {len(segments)} segments holds {total} frames in all, more than the "
+                                f"longest video a run makes ({MAX_FRAMES} frames, 1 h 44 min at 16 fps); shorten it")
     return tuple(segments)
 
 
