@@ -13,7 +13,7 @@ import torch
 
 from ..parallel.group import DEFAULT_TIMEOUT_S, LaunchError, Session, launched_by_torchrun
 from ..parallel.layout import MODES, Layout, plan_layout
-from .errors import UsageError
+from .errors import USAGE_ERRORS, UsageError
 
 
 def add_arguments(p) -> None:
@@ -53,6 +53,7 @@ def start(args, log: logging.Logger) -> Session:
     kind = _device_kind(args.device)
     try:
         session = Session.start(kind, args.parallel_timeout)
+        session.usage_errors = USAGE_ERRORS
     except LaunchError as e:
         raise UsageError(str(e)) from None
     args.device = str(session.device)

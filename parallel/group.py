@@ -106,6 +106,9 @@ class Session:
     control: object = None  # gloo group over every rank
     sp_group: object = None  # the ranks splitting this rank's pass (Ulysses); None = not split
     cfg_group: object = None  # this rank and the rank holding the same shard of the other pass; None = no CFG split
+    # The exception kinds that are the user's input (a rank refusing them exits 2 on every rank); the door sets its
+    # own (cli/errors.USAGE_ERRORS), as this layer knows no door.
+    usage_errors: tuple = (ValueError, FileNotFoundError)
     _own_group: bool = False
     _checks: Optional[str] = None  # the phase of checks in progress (begin_checks)
 
@@ -247,7 +250,7 @@ class Session:
         what, self._checks = self._checks, None
         if not self.parallel or what is None or not isinstance(exc, Exception):
             return
-        status = _status(self.rank, exc)
+        status = _status(self.rank, exc, self.usage_errors)
         try:
             if self.is_main:
                 broadcast_json(status, 0, self.control, what)  # the others raise it before starting their checks
@@ -279,7 +282,7 @@ class Session:
             yield
         except Exception as e:  # noqa: BLE001
             own = e
-        statuses = self._statuses(None if own is None else _status(self.rank, own), what)
+        statuses = self._statuses(None if own is None else _status(self.rank, own, self.usage_errors), what)
         self._raise_first(statuses, own)
 
     def from_main(self, make: Callable[[], Sequence[torch.Tensor]], what: str) -> list[torch.Tensor]:
@@ -293,7 +296,7 @@ class Session:
                 result = list(make())
             except Exception as e:  # noqa: BLE001
                 own = e
-        st = broadcast_json(None if own is None else _status(0, own), 0, self.control, what)
+        st = broadcast_json(None if own is None else _status(0, own, self.usage_errors), 0, self.control, what)
         if own is not None:
             raise own
         if st is not None:
@@ -314,11 +317,9 @@ class Session:
         return all_gather_json(value, self.control, what)
 
 
-def _status(rank: int, exc: BaseException) -> dict:
-    from ..cli.errors import USAGE_ERRORS
-
+def _status(rank: int, exc: BaseException, usage_errors: tuple) -> dict:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return {"rank": rank, "usage": isinstance(exc, USAGE_ERRORS), "message": first}
+    return {"rank": rank, "usage": isinstance(exc, usage_errors), "message": first}
 
 
 class RankFailed(RuntimeError):
