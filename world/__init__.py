@@ -5,7 +5,8 @@ Every door (cli/, nodes/, player/) runs the Fast model through `WorldSession`; s
 from .errors import WorldError
 from .files import FastFiles
 from .saving import SavedFiles
-from .session import ChunkFrames, FixedCondition, WorldSession, to_uint8
+from .frames import ChunkFrames, FixedCondition, to_uint8
+from .session import WorldSession
 from .settings import TextSettings, WorldSettings
 
 __all__ = ["ChunkFrames", "FastFiles", "FixedCondition", "SavedFiles", "TextSettings", "WorldError", "WorldSession",

@@ -17,39 +17,28 @@ passes (the only forwards whose K/V survive a chunk), which writes the same K/V 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from ..memory.kv_park import park
 from ..wan.control.actions import KeyInputError, KeyTimeline
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import CHUNK_FRAMES, FastRun, context_pass
 from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part,
                                        first_part_frames, plan_first_part, plan_next_part, start_part)
-from ..wan.sampling.sampler import Cancelled
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from ..wan.vae.streaming import StreamingDecoder, context_latents
+from .cache import SessionCache
 from .errors import WorldError
-from .plan import GROW_LATENT_FRAMES, play_layout, session_layout
+from .frames import ChunkFrames, ChunkTimes, FixedCondition, to_uint8
 
 log = logging.getLogger(__name__)
 
 CHUNK_VIDEO_FRAMES = VAE_TEMPORAL_STRIDE * CHUNK_FRAMES
-
-
-@dataclass
-class ChunkFrames:
-    """Frames of the video as they are decoded: `frames` uint8 [n, H, W, 3], the first at `first_frame`."""
-
-    chunk: int
-    first_frame: int
-    frames: np.ndarray
 
 
 @dataclass
@@ -63,37 +52,6 @@ class _Part:
     played_keys: Optional[KeyTimeline] = None  # keys as played (a chunk of the player), for the action string
     resumed: bool = False  # the saved video a continuation started from (its parts are not known here)
     folded: list = field(default_factory=list)  # (x, t) of each chunk's K/V-writing call with a folded context pass
-
-
-class FixedCondition:
-    """The conditioning of a video whose length is known (a plain `build_i2v_condition` result): the
-    `ConditionTrack.frames` interface over the frames it has."""
-
-    def __init__(self, y: torch.Tensor):
-        self.y = y
-
-    def frames(self, start: int, count: int) -> torch.Tensor:
-        if start + count > self.y.shape[2]:
-            raise WorldError(f"the conditioning covers {self.y.shape[2]} latent frames; this video needs "
-                             f"{start + count}: build a ConditionTrack to make a longer video")
-        return self.y[:, :, start:start + count]
-
-
-def to_uint8(frames: torch.Tensor) -> np.ndarray:
-    """Decoded frames [1, 3, T, H, W] in [-1, 1] -> uint8 [T, H, W, 3], truncating like the reference's save_video
-    (the conversion every video writer of the package uses)."""
-    x = ((frames[0].float().clamp(-1, 1) + 1) / 2 * 255).to(torch.uint8)
-    return x.permute(1, 2, 3, 0).contiguous().cpu().numpy()
-
-
-@dataclass
-class ChunkTimes:
-    dit: float = 0.0
-    decode: float = 0.0
-    total: float = 0.0
-
-    def to_json(self) -> dict:
-        return {"dit": round(self.dit, 4), "decode": round(self.decode, 4), "total": round(self.total, 4)}
 
 
 class WorldSession:
@@ -121,7 +79,7 @@ class WorldSession:
         self.text_len = text_len
         self.speed = speed  # a speed.options.SpeedPlan: its chunk levers (steps, fold) and decode levers
         self.model: Optional[nn.Module] = None
-        self.cache = None
+        self.kv = SessionCache(placement)
         self.decoder: Optional[StreamingDecoder] = None
         self.condition = None
         self.context: Optional[torch.Tensor] = None  # [L, dim] float32, CPU (trimmed)
@@ -131,22 +89,33 @@ class WorldSession:
         self.cancel_check: Optional[Callable[[], bool]] = None
         self.last_times = ChunkTimes()
         self.load_seconds: Optional[float] = None
+        # set by open(): what start() needs to make a video from an image and a prompt
+        self.files = None  # world.files.FastFiles
+        self.world_settings = None  # world.settings.WorldSettings
+        self.format = None  # the Fast model's ExpertFormat
+        self.plan_reason = ""
+        self._restore = None  # a saved cache to put back when the cache is placed (resume)
+        self._unfinished = False  # the last part skipped its final context pass: the video cannot go on
+        self._grow_ahead = False  # played chunk by chunk: the cache is sized ahead, grown 81 frames at a time
         self._closed = False
+
+    @property
+    def cache(self):
+        """The K/V cache of the video (None when none is placed)."""
+        return self.kv.cache
 
     # ---- opening from files (the player's way; the CLI and ComfyUI build the pieces themselves) -------------------
     @classmethod
     def open(cls, files, settings=None, *, device=None) -> "WorldSession":
         """Check `files` (a world.files.FastFiles) from their headers, plan the memory for `settings` (a
         WorldSettings) and load the VAE; the model loads with the first chunk (or `load()`)."""
-        from .opening import open_pieces
+        from .opening import _size_from, fast_settings, open_pieces
         from .settings import WorldSettings
 
         settings = settings or WorldSettings()
         device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
         pieces = open_pieces(files, settings, device)
-        from .opening import _size_from, fast_settings
-
         session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *_size_from(settings.size)),
                       device=device, load_model=pieces.load_model, vae=pieces.vae,
                       prepare_model=_speed_preparer(settings.speed), speed=settings.speed)
@@ -165,7 +134,7 @@ class WorldSession:
         from .opening import fast_settings, load_start_image, start_inputs
 
         self._check_open()
-        if not hasattr(self, "files"):
+        if self.files is None:
             raise WorldError("start() needs a session made by WorldSession.open(); use begin() otherwise")
         pixels = load_start_image(image)
         h, w, condition, context = start_inputs(self.files, self.world_settings, self.vae, pixels, prompt,
@@ -325,7 +294,7 @@ class WorldSession:
         timeline = self._keys(keys, need)
         if self.vae is None:
             raise WorldError("this session has no VAE: step() decodes the frames as they are made")
-        if getattr(self, "_unfinished", False):
+        if self._unfinished:
             raise WorldError("the last part skipped its final context pass; the video cannot go on")
         source = CameraSource(keys=timeline, label="keys")
         frames = first_part_frames(1) if not self.parts else CHUNK_VIDEO_FRAMES
@@ -511,39 +480,11 @@ class WorldSession:
         return self.text_len or int(getattr(getattr(model, "cfg", None), "text_len", 512))
 
     def _ensure_cache(self, latent_frames: int) -> None:
-        """A cache that holds a video of `latent_frames`: placed the first time, grown (moved through host memory)
-        when a video without a window outgrows it."""
-        restore = getattr(self, "_restore", None)
-        if self.cache is None:
-            plan = self.placement.plan
-            if getattr(self, "_grow_ahead", False):  # a played video: room for the next 81 frames at once
-                need = play_layout(self.settings, latent_frames)
-            else:
-                need = session_layout(self.settings, latent_frames)
-            if plan.layout != need:  # planned for another size, or grown since
-                self.placement.plan = replace(plan, layout=need)
-            self.cache = self.placement.make_cache(fill=None if restore is None else restore.fill)
-            if restore is not None:
-                restore.restore_counters(self.cache)
-                self._restore = None
-            return
-        layout = self.placement.plan.layout
-        tokens = latent_frames * self.settings.frame_tokens
-        if layout.evict or tokens <= layout.capacity:
-            return
-        grown = session_layout(self.settings, latent_frames + GROW_LATENT_FRAMES - latent_frames % GROW_LATENT_FRAMES)
-        log.info("K/V cache: growing from %d to %d tokens per layer", layout.capacity, grown.capacity)
-        parked = park(self.placement.placement)
-        self._release_cache()
-        self.placement.plan = replace(self.placement.plan, layout=grown)
-        self.cache = self.placement.make_cache(fill=parked.fill)
-        parked.restore_counters(self.cache)
-        parked.release()
+        self.kv.ensure(self.settings, latent_frames, restore=self._restore, ahead=self._grow_ahead)
+        self._restore = None
 
     def _release_cache(self) -> None:
-        if self.cache is not None:
-            self.placement.release_cache()
-            self.cache = None
+        self.kv.release()
 
     def _reset_cache(self) -> None:
         """An empty cache for a new video: the placed one with its counters at zero, or none yet."""
@@ -570,11 +511,7 @@ class WorldSession:
     def park(self):
         """Take the cache out into host memory (a ParkedKV) and free the device's share; the session can go on
         after `resume(state, parked)`."""
-        if self.cache is None:
-            raise WorldError("no cache to park")
-        parked = park(self.placement.placement)
-        self._release_cache()
-        return parked
+        return self.kv.park()
 
     def close(self) -> None:
         """Free the decoder, the cache and the model (idempotent)."""
@@ -582,7 +519,7 @@ class WorldSession:
             return
         self._closed = True
         self._reset_decoder()
-        self.cache = None
+        self.kv.cache = None
         self.model = None
         self.placement.close()
 
