@@ -15,33 +15,16 @@ from typing import Optional
 import torch
 
 from ..wan.control.camera import camera_condition
-from .i2v_nodes import (CUSTOM_SIZE, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, choose_size, first_frame_video, video_frames,
-                        video_summary)
+from .video_setup import (CUSTOM_SIZE, LATENT_CHANNELS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,
+                          choose_size, first_frame_video, video_frames, video_summary)
 from .payloads import CAMERA, CATEGORY, CameraInput
 from .progress import show_on_node
 from .ui_hints import show_if
 
 log = logging.getLogger(__name__)
 
-LATENT_CHANNELS = 16
 TEMPORAL = 4  # pixel frames per latent frame (after the first)
 SPATIAL = 8
-
-
-def check_wan21_vae(vae) -> None:
-    """Refuse a native VAE that is not Wan 2.1's (LingBot-World's latent space), naming what it is."""
-    import comfy.ldm.wan.vae
-
-    model = getattr(vae, "first_stage_model", None)
-    channels = getattr(vae, "latent_channels", None)
-    if isinstance(model, comfy.ldm.wan.vae.WanVAE) and channels == LATENT_CHANNELS:
-        return
-    kind = type(model).__name__ if model is not None else type(vae).__name__
-    where = getattr(model, "__module__", "")
-    if "vae2_2" in where:
-        kind = "Wan 2.2's 48-channel VAE (for the 5B model)"
-    raise ValueError(f"the VAE is {kind} with {channels} latent channels, not the Wan 2.1 VAE LingBot-World uses: "
-                     f"load wan_2.1_vae.safetensors with Load VAE (or use LingBot VAE Loader)")
 
 
 def camera_for_latent(camera: CameraInput, latent: torch.Tensor):
