@@ -5,6 +5,10 @@ model folder `lingbot_world` is registered only when ComfyUI's folder_paths is t
 """
 import logging
 
+from .log_filters import quiet_optional_kernel_warning
+
+quiet_optional_kernel_warning()  # before any node module imports bitsandbytes
+
 from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
 from .fast_continue_node import LingBotFastContinue
@@ -16,6 +20,7 @@ from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotMo
 from .sampler_node import LingBotSampler
 from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
+from . import node_errors  # noqa: E402
 
 NODE_CLASS_MAPPINGS = {
     "LingBotExpertLoader": LingBotExpertLoader,
@@ -39,6 +44,8 @@ NODE_CLASS_MAPPINGS = {
     "LingBotCameraConditioning": LingBotCameraConditioning,
     "LingBotImageToVideoNative": LingBotImageToVideoNative,
 }
+
+node_errors.install(NODE_CLASS_MAPPINGS.values())  # errors in node words, under plain type names
 
 # The frontend's node search matches the class and display names only (fuzzily, near their start): every display
 # name says "LingBot" and "Wan" (within its first 30 characters) so searching either finds the pack.

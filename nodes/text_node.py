@@ -83,7 +83,7 @@ class LingBotTextEncode:
         encoders = comfy_paths.list_text_encoders()
         from ..loaders.model_folders import pick_default
 
-        default = pick_default(encoders, "umt5") or pick_default(encoders, "t5")
+        default = pick_default(encoders, "umt5", avoid=("demo",)) or pick_default(encoders, "t5", avoid=("demo",))
         enc_opts = {"default": default} if default else {}
         return {
             "required": {
@@ -107,6 +107,12 @@ class LingBotTextEncode:
                     "never starts the encoder again.")}),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, text_encoder=None, tokenizer=None):
+        from . import model_check
+
+        return model_check._first(model_check.text_encoder(text_encoder), model_check.tokenizer(tokenizer))
 
     RETURN_TYPES = (TEXT, "CONDITIONING", "CONDITIONING")
     RETURN_NAMES = ("text", "positive", "negative")

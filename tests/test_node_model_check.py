@@ -1,0 +1,169 @@
+"""Model choices are checked when a prompt is queued (VALIDATE_INPUTS), with the pack's own message; the tiny demo is
+listed before it exists and built on first use; errors reach ComfyUI in node words under plain type names."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+from lingbot_world.nodes import comfy_paths, demo_models, model_check, node_errors
+from lingbot_world.nodes.loader_nodes import LingBotExpertLoader, LingBotVAELoader
+from lingbot_world.nodes.native_nodes import LingBotLoraLoader, LingBotModelLoader
+from lingbot_world.nodes.text_node import LingBotTextEncode
+
+
+def _make_folder_paths():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_lingbot_test_nodes", Path(__file__).with_name("test_nodes.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_folder_paths
+
+
+make_folder_paths = _make_folder_paths()  # ComfyUI's folder_paths stand-in, shared with test_nodes.py
+
+
+@pytest.fixture
+def comfy_folders(tmp_path, monkeypatch):
+    for d in ("models/diffusion_models", "models/text_encoders", "models/vae", "models/loras", "input", "output",
+              "user"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setitem(sys.modules, "folder_paths", make_folder_paths(tmp_path))
+    comfy_paths.register_model_folders()
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def built_demo(tmp_path_factory):
+    """The camera demo folder, built once for the module (a few seconds)."""
+    from lingbot_world.loaders.demo_checkpoint import build_demo_fast_checkpoint
+
+    root = tmp_path_factory.mktemp("demo") / "lingbot-demo"
+    build_demo_fast_checkpoint(root)
+    return root
+
+
+def test_a_missing_expert_is_refused_at_queue_time_with_where_and_what(comfy_folders):
+    msg = LingBotExpertLoader.VALIDATE_INPUTS("lingbot-world-base-cam-nf4/high_noise_model_bnb_nf4",
+                                              "lingbot-world-base-cam-nf4/low_noise_model_bnb_nf4")
+    assert isinstance(msg, str)
+    assert "high_noise_expert 'lingbot-world-base-cam-nf4/high_noise_model_bnb_nf4' was not found" in msg
+    assert str(comfy_folders / "models" / "lingbot_world") in msg  # where it was looked for
+    assert "FOLDER" in msg and "config.json" in msg and "model.safetensors" in msg  # an expert is a folder: its files
+    assert "huggingface.co/cahlen/lingbot-world-base-cam-nf4" in msg and "ComfyUI/models/lingbot_world/" in msg
+    assert "--" not in msg
+    assert "expert 'x' was not found" in LingBotModelLoader.VALIDATE_INPUTS("x")
+
+
+def test_missing_files_name_their_widget_folder_and_download(comfy_folders):
+    te = LingBotTextEncode.VALIDATE_INPUTS("umt5_xxl_fp16.safetensors", "auto")
+    assert te.startswith("text_encoder: text encoder 'umt5_xxl_fp16.safetensors' was not found")
+    assert "ComfyUI/models/text_encoders/" in te and "huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged" in te
+    vae = LingBotVAELoader.VALIDATE_INPUTS("wan_2.1_vae.safetensors")
+    assert vae.startswith("vae_name: VAE 'wan_2.1_vae.safetensors' was not found") and "ComfyUI/models/vae/" in vae
+    lora = LingBotLoraLoader.VALIDATE_INPUTS("style.safetensors")
+    assert lora.startswith("lora_name: LoRA 'style.safetensors' was not found") and "bypass" in lora
+    # linked widgets (None) are checked when the node runs
+    assert LingBotTextEncode.VALIDATE_INPUTS(None, None) is True
+
+
+def test_demo_entries_are_listed_and_valid_before_they_exist(comfy_folders):
+    experts = comfy_paths.list_experts()
+    for name in ("lingbot-demo/high_noise_model_bnb_nf4", "lingbot-demo-act/low_noise_model_bnb_nf4",
+                 "lingbot-demo/lingbot_world_fast_bnb_nf4"):
+        assert name in experts
+    assert "lingbot-demo/Wan2.1_VAE.pth" in comfy_paths.list_vaes()
+    assert "lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth" in comfy_paths.list_text_encoders()
+    assert LingBotExpertLoader.VALIDATE_INPUTS("lingbot-demo/high_noise_model_bnb_nf4",
+                                               "lingbot-demo/low_noise_model_bnb_nf4") is True
+    assert LingBotVAELoader.VALIDATE_INPUTS("lingbot-demo/Wan2.1_VAE.pth") is True
+    assert not (comfy_folders / "models" / "lingbot_world" / "lingbot-demo").exists()  # validation builds nothing
+    # a real install is the default; the demo only where nothing else is there
+    defaults = LingBotExpertLoader.INPUT_TYPES()["required"]
+    assert defaults["high_noise_expert"][1]["default"] == "lingbot-demo/high_noise_model_bnb_nf4"
+
+
+def test_a_demo_entry_is_built_on_first_use(comfy_folders, monkeypatch):
+    calls = []
+    monkeypatch.setattr("lingbot_world.loaders.demo_checkpoint.build_demo_checkpoint",
+                        lambda root, control="camera", seed=0: calls.append((root, control)) or
+                        (root / "high_noise_model_bnb_nf4").mkdir(parents=True))
+    path = comfy_paths.resolve_expert("lingbot-demo-act/high_noise_model_bnb_nf4")
+    root = comfy_folders / "models" / "lingbot_world" / "lingbot-demo-act"
+    assert path == root / "high_noise_model_bnb_nf4" and calls == [(root, "act")]
+    assert demo_models.ensure_demo("lingbot-demo-act/high_noise_model_bnb_nf4", [str(root.parent)]) == path
+    assert calls == [(root, "act")]  # built once
+    assert demo_models.ensure_demo("elsewhere/high_noise_model_bnb_nf4", [str(root.parent)]) is None
+
+
+def test_a_wrong_kind_of_model_is_refused_in_node_words(comfy_folders, built_demo):
+    import shutil
+
+    shutil.copytree(built_demo, comfy_folders / "models" / "lingbot_world" / "mine")
+    msg = LingBotExpertLoader.VALIDATE_INPUTS("mine/lingbot_world_fast_bnb_nf4", "mine/low_noise_model_bnb_nf4")
+    assert msg.startswith("high_noise_expert: ") and "Fast (causal) model" in msg
+    assert "LingBot Fast Model Loader" in msg and "--model" not in msg
+    assert LingBotExpertLoader.VALIDATE_INPUTS("mine/high_noise_model_bnb_nf4", "mine/low_noise_model_bnb_nf4") is True
+    same = LingBotExpertLoader.VALIDATE_INPUTS("mine/high_noise_model_bnb_nf4", "mine/high_noise_model_bnb_nf4")
+    assert "both 'mine/high_noise_model_bnb_nf4'" in same
+    assert model_check.expert("fast_model", "mine/high_noise_model_bnb_nf4", want="fast").startswith("fast_model: ")
+
+
+def test_swapped_experts_get_a_warning_naming_both_folders():
+    note = model_check.swapped_experts_note("m/low_noise_model_bnb_nf4", "m/high_noise_model_bnb_nf4")
+    assert "swapped" in note and "m/low_noise_model_bnb_nf4" in note and "m/high_noise_model_bnb_nf4" in note
+    one = model_check.swapped_experts_note("m/low_noise_model", "m/other")
+    assert "m/low_noise_model" in one and "m/other" in one and "high_noise_expert" in one
+    assert model_check.swapped_experts_note("m/high_noise_model", "m/low_noise_model") is None
+    assert model_check.swapped_experts_note("a/expert1", "a/expert2") is None
+
+
+def test_errors_reach_comfyui_in_node_words_under_plain_types():
+    from lingbot_world.loaders.expert_format import ExpertLoadError
+    from lingbot_world.nodes.comfy_paths import ModelFileNotFound
+
+    plain = node_errors.plain_error(ExpertLoadError("x is the Fast model: run it with --model fast"))
+    assert type(plain) is ValueError and str(plain) == "x is the Fast model: load it with LingBot Fast Model Loader"
+    assert type(node_errors.plain_error(ModelFileNotFound("gone"))) is FileNotFoundError
+    assert node_errors.in_node_words("use --camera-cache host or auto; --compute bf16") == \
+        "use camera_cache host or auto; compute bf16"
+    assert "480p or 720p" in node_errors.in_node_words("frame size 60x100 must be ...; use target_size() to pick one")
+    keep = ValueError("fine as it is")
+    assert node_errors.plain_error(keep) is keep
+
+    class Node:
+        FUNCTION = "run"
+
+        def run(self, fail):
+            if fail:
+                raise ExpertLoadError("--weights nf4 please")
+            return ("ok",)
+
+    node_errors.install([Node])
+    node_errors.install([Node])  # idempotent
+    assert Node().run(False) == ("ok",)
+    with pytest.raises(ValueError) as info:
+        Node().run(True)
+    assert type(info.value) is ValueError and str(info.value) == "weights nf4 please"
+    assert isinstance(info.value.__cause__, ExpertLoadError)
+
+
+def test_every_registered_node_goes_through_the_door():
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+
+    for name, cls in NODE_CLASS_MAPPINGS.items():
+        assert getattr(getattr(cls, cls.FUNCTION), "lingbot_door", False), name
+
+
+def test_the_optional_bitsandbytes_kernel_warning_is_dropped(caplog):
+    from lingbot_world.nodes.log_filters import BNB_CPU_LOGGER, quiet_optional_kernel_warning
+
+    quiet_optional_kernel_warning()
+    logger = logging.getLogger(BNB_CPU_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=BNB_CPU_LOGGER):
+        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
+        logger.warning("something else")
+    assert [r.getMessage() for r in caplog.records if r.name == BNB_CPU_LOGGER] == ["something else"]
