@@ -89,6 +89,12 @@ def _setup_inside_comfyui() -> None:
     except Exception:
         logging.getLogger(__name__).exception("LingBot-World: could not register the lingbot_world model folder")
     try:
+        from .prompt_guard import install as install_prompt_guard
+
+        install_prompt_guard(NODE_CLASS_MAPPINGS)
+    except Exception:
+        logging.getLogger(__name__).exception("LingBot-World: could not register the model check for queued prompts")
+    try:
         install_example_inputs(Path(folder_paths.get_input_directory()))
     except Exception:  # never stop ComfyUI for an example file
         logging.getLogger(__name__).exception("LingBot-World: could not copy the example inputs")

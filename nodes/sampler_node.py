@@ -173,6 +173,9 @@ class LingBotSampler:
                     "Native prompt conditioning instead of 'text': CLIPTextEncode with umT5-XXL (CLIPLoader type "
                     "wan), 4096 wide")}),
                 "negative": ("CONDITIONING", {"tooltip": "Native negative conditioning (with 'positive')"}),
+                "previews": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
+                    "Show every latent frame of the current estimate on the node at each step, even when ComfyUI's "
+                    "own previews are off (Latent2RGB then; ComfyUI's TAESD / video TAE when chosen). Off: none.")}),
             },
         }
 
@@ -188,7 +191,8 @@ class LingBotSampler:
                steps: int = 70, shift: float = 10.0, boundary: float = 0.947, guide_high: float = 5.0,
                guide_low: float = 5.0, seed: int = 42, noise_source: str = "cpu", solver: str = "unipc",
                cfg_mode: str = "auto", camera: Optional[CameraInput] = None, act: Optional[ActInput] = None,
-               positive=None, negative=None, cfg_parallel: str = "off", camera_cache: str = "auto"):
+               positive=None, negative=None, cfg_parallel: str = "off", camera_cache: str = "auto",
+               previews: bool = True):
         import comfy.model_management as mm
 
         from .progress import SamplingProgress, load_progress, show_on_node
@@ -228,7 +232,7 @@ class LingBotSampler:
         film = camera_cache_for(camera_cache, experts, (i2v.frames, i2v.height, i2v.width),
                                 control is not None and velocity is None, settings.steps, settings.cfg_mode, plan,
                                 device)
-        progress = SamplingProgress(settings.steps, device)
+        progress = SamplingProgress(settings.steps, device, previews=bool(previews))
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",
                  i2v.width, i2v.height, i2v.frames, settings.steps, settings.cfg_mode,
                  camera.label if camera is not None else f"act {act.label}" if act is not None else "none")

@@ -167,3 +167,33 @@ def test_the_optional_bitsandbytes_kernel_warning_is_dropped(caplog):
         logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
         logger.warning("something else")
     assert [r.getMessage() for r in caplog.records if r.name == BNB_CPU_LOGGER] == ["something else"]
+
+
+def test_a_prompt_with_a_missing_model_runs_nothing_not_just_the_camera_preview(comfy_folders):
+    """The demo template's camera preview needs no model: with a missing expert it is held back too, so ComfyUI
+    finds no valid output and shows the pack's message instead of a partial 'success'."""
+    import json
+    from pathlib import Path
+
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+    from lingbot_world.nodes.prompt_guard import failing_nodes, make_handler
+
+    repo = Path(__file__).resolve().parents[1]
+    prompt = json.loads((repo / "tests" / "workflows" / "Image to video, camera preset.api.json").read_text())
+    prompt["900"] = {"class_type": "SaveImage", "inputs": {"images": ["901", 0]}}  # unrelated to the pack
+    prompt["901"] = {"class_type": "LoadImage", "inputs": {"image": "x.png"}}
+    outputs = {"PreviewImage", "SaveVideo", "SaveImage"}
+    core = {name: type(name, (), {"OUTPUT_NODE": name in outputs}) for name in ("PreviewImage", "SaveVideo",
+                                                                               "SaveImage", "LoadImage", "CreateVideo")}
+    handler = make_handler(NODE_CLASS_MAPPINGS, {**core, **NODE_CLASS_MAPPINGS})
+    failing = failing_nodes(prompt, NODE_CLASS_MAPPINGS)
+    kinds = {prompt[k]["class_type"] for k in failing}
+    assert {"LingBotExpertLoader", "LingBotTextEncode", "LingBotVAELoader"} <= kinds
+    out = handler({"prompt": prompt, "client_id": "x"})
+    left = {v["class_type"] for v in out["prompt"].values()}
+    assert "PreviewImage" not in left and "SaveVideo" in left and "SaveImage" in left
+    assert out["client_id"] == "x" and len(prompt) == len(out["prompt"]) + 1  # the caller's dict is not changed
+    # all installed: nothing is held back
+    ok = {"1": {"class_type": "LingBotCameraPreset", "inputs": {}},
+          "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 1]}}}
+    assert handler({"prompt": ok})["prompt"] == ok

@@ -294,9 +294,14 @@ def test_comfy_paths_lists_and_resolves_across_folders(fake_folder_paths):
     (base / "models" / "text_encoders" / "umt5_xxl_fp16.safetensors").write_bytes(b"x")
     (base / "models" / "vae" / "wan_2.1_vae.safetensors").write_bytes(b"x")
 
-    assert comfy_paths.list_experts() == ["ckpt/high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4"]
-    assert comfy_paths.list_text_encoders() == ["umt5_xxl_fp16.safetensors", "ckpt/models_t5_umt5-xxl-enc-bf16.pth"]
-    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors"]
+    from lingbot_world.nodes.demo_models import demo_entries
+
+    # the demo's entries come last (built on first use)
+    assert comfy_paths.list_experts() == ["ckpt/high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4",
+                                          *demo_entries("experts"), *demo_entries("fast")]
+    assert comfy_paths.list_text_encoders() == ["umt5_xxl_fp16.safetensors", "ckpt/models_t5_umt5-xxl-enc-bf16.pth",
+                                                *demo_entries("text_encoder")]
+    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors", *demo_entries("vae")]
     assert comfy_paths.resolve_expert("low_noise_model_bnb_nf4") == base / "models/diffusion_models/low_noise_model_bnb_nf4"
     assert comfy_paths.resolve_text_encoder("ckpt/models_t5_umt5-xxl-enc-bf16.pth").parent == lingbot / "ckpt"
     assert comfy_paths.resolve_tokenizer("auto") is None
