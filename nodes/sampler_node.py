@@ -212,7 +212,7 @@ class LingBotSampler:
                 log.info("LingBot-World: cfg_mode %s does not apply with cfg_parallel: each GPU runs one pass", cfg_mode)
             cfg_mode = "sequential"  # this GPU runs only the prompt pass
         plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, control is not None,
-                        vram_comfy_can_free(mm, device), device=device)
+                        vram_comfy_can_free(mm, device, experts.patcher("high")), device=device)
         log.info("LingBot-World memory plan: %s", plan.reason)
         settings = SamplingSettings(steps=int(steps), shift=float(shift), boundary=float(boundary),
                                     guide_high=float(guide_high), guide_low=float(guide_low), solver=solver,
