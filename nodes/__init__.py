@@ -72,6 +72,24 @@ NODE_DISPLAY_NAME_MAPPINGS = {
 }
 
 
+# Current ComfyUI's node search also matches SEARCH_ALIASES (server.node_info); the display names keep "LingBot" and
+# "Wan" for 0.3.x frontends, whose search knows only the names.
+COMMON_ALIASES = ["LingBot", "LingBot-World", "Wan", "Wan 2.2", "world model", "camera control"]
+EXTRA_ALIASES = {
+    "LingBotExpertLoader": ["NF4 experts", "high noise", "low noise"],
+    "LingBotModelLoader": ["NF4", "diffusion model", "unet loader"],
+    "LingBotSampler": ["KSampler", "image to video", "i2v"],
+    "LingBotFastSampler": ["Fast", "real time", "streaming"],
+    "LingBotActions": ["WASD", "keys", "Act"],
+    "LingBotCameraPreset": ["trajectory", "dolly", "orbit", "pan"],
+    "LingBotImageToVideo": ["i2v", "first frame"],
+    "LingBotImageToVideoNative": ["i2v", "WanImageToVideo"],
+}
+for _name, _cls in NODE_CLASS_MAPPINGS.items():
+    if "SEARCH_ALIASES" not in _cls.__dict__:
+        _cls.SEARCH_ALIASES = COMMON_ALIASES + EXTRA_ALIASES.get(_name, [])
+
+
 def _setup_inside_comfyui() -> None:
     try:
         import folder_paths  # noqa: F401

@@ -197,3 +197,20 @@ def test_a_prompt_with_a_missing_model_runs_nothing_not_just_the_camera_preview(
     ok = {"1": {"class_type": "LingBotCameraPreset", "inputs": {}},
           "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 1]}}}
     assert handler({"prompt": ok})["prompt"] == ok
+
+
+def test_current_comfyui_conventions_search_aliases_and_advanced_widgets(comfy_folders):
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+    from lingbot_world.nodes.ui_hints import SHOW_IF
+
+    for name, cls in NODE_CLASS_MAPPINGS.items():
+        assert {"LingBot", "Wan"} <= set(cls.SEARCH_ALIASES), name
+    sampler = NODE_CLASS_MAPPINGS["LingBotSampler"].INPUT_TYPES()
+    assert sampler["required"]["shift"][1]["advanced"] and "advanced" not in sampler["required"]["steps"][1]
+    assert sampler["optional"]["previews"][1] == {**sampler["optional"]["previews"][1], "default": True,
+                                                  "advanced": True}
+    for cls in NODE_CLASS_MAPPINGS.values():  # every conditional widget is an advanced one in current ComfyUI
+        for section in cls.INPUT_TYPES().values():
+            for spec in section.values():
+                if len(spec) > 1 and SHOW_IF in spec[1]:
+                    assert spec[1]["advanced"] is True
