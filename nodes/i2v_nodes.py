@@ -12,18 +12,11 @@ from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAE
 from .progress import show_on_node
 from .ui_hints import show_if
 from .video_setup import (CUSTOM_SIZE, FPS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,  # noqa: F401
-                          choose_size, first_frame_video, video_frames, video_summary)
+                          choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
 
 log = logging.getLogger(__name__)
 
 CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
-
-
-def load_vae_to_device(vae: VAEHandle, work_bytes: int) -> torch.nn.Module:
-    import comfy.model_management as mm
-
-    mm.load_models_gpu([vae.patcher], memory_required=work_bytes, force_full_load=True)
-    return vae.model
 
 
 def native_vae_condition(vae, image_hwc: torch.Tensor, height: int, width: int, frames: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 from ..wan.control.camera import usable_frames
 from ..wan.i2v import image_to_model_range, resize_first_frame
 from ..wan.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
+from .payloads import VAEHandle
 
 CUSTOM_SIZE = "custom"
 SIZE_CHOICES = tuple(SIZE_AREAS) + (CUSTOM_SIZE,)
@@ -22,8 +23,13 @@ LATENT_CHANNELS = 16
 def choose_size(size: str, image_h: int, image_w: int, width: int, height: int) -> tuple[int, int]:
     """(h, w): the reference's max-area rule for 480p/720p (aspect from the image), or an explicit size."""
     if size == CUSTOM_SIZE:
-        latent_size(int(height), int(width))  # raises with the rule (multiples of 16) when wrong
-        return int(height), int(width)
+        w, h = int(width), int(height)
+        if w <= 0 or h <= 0 or w % 16 or h % 16:
+            near = (max(16, round(w / 16) * 16), max(16, round(h / 16) * 16))
+            raise ValueError(f"custom size {w}x{h} (width x height): width and height must be multiples of 16, "
+                             f"e.g. {near[0]}x{near[1]}")
+        latent_size(h, w)
+        return h, w
     if size not in SIZE_AREAS:
         raise ValueError(f"size must be one of {SIZE_CHOICES}, got {size!r}")
     return target_size(image_h, image_w, SIZE_AREAS[size])
@@ -73,3 +79,10 @@ def check_wan21_vae(vae) -> None:
         kind = "Wan 2.2's 48-channel VAE (for the 5B model)"
     raise ValueError(f"the VAE is {kind} with {channels} latent channels, not the Wan 2.1 VAE LingBot-World uses: "
                      f"load wan_2.1_vae.safetensors with Load VAE (or use LingBot VAE Loader)")
+
+
+def load_vae_to_device(vae: VAEHandle, work_bytes: int) -> torch.nn.Module:
+    import comfy.model_management as mm
+
+    mm.load_models_gpu([vae.patcher], memory_required=work_bytes, force_full_load=True)
+    return vae.model

@@ -214,3 +214,13 @@ def test_current_comfyui_conventions_search_aliases_and_advanced_widgets(comfy_f
             for spec in section.values():
                 if len(spec) > 1 and SHOW_IF in spec[1]:
                     assert spec[1]["advanced"] is True
+
+
+def test_a_custom_size_error_says_width_x_height_in_widget_words():
+    from lingbot_world.nodes.video_setup import choose_size
+
+    with pytest.raises(ValueError) as info:
+        choose_size("custom", 480, 832, width=100, height=60)
+    assert str(info.value) == ("custom size 100x60 (width x height): width and height must be multiples of 16, "
+                               "e.g. 96x64")
+    assert choose_size("custom", 480, 832, width=112, height=64) == (64, 112)
