@@ -49,6 +49,11 @@ def expert_kind(widget: str, path: Path, want: str) -> Verdict:
     return True
 
 
+def fast_model(cls, fast_model=None) -> Verdict:
+    """VALIDATE_INPUTS for LingBot Fast Model Loader (attached in nodes/__init__.py)."""
+    return expert("fast_model", fast_model, want="fast")
+
+
 def expert_pair(high: Optional[str], low: Optional[str]) -> Verdict:
     verdict = _first(expert("high_noise_expert", high), expert("low_noise_expert", low))
     if verdict is True and high is not None and high == low:

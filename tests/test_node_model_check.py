@@ -224,3 +224,12 @@ def test_a_custom_size_error_says_width_x_height_in_widget_words():
     assert str(info.value) == ("custom size 100x60 (width x height): width and height must be multiples of 16, "
                                "e.g. 96x64")
     assert choose_size("custom", 480, 832, width=112, height=64) == (64, 112)
+
+
+def test_the_fast_loader_checks_its_model_at_queue_time(comfy_folders):
+    from lingbot_world.nodes import NODE_CLASS_MAPPINGS
+
+    fast = NODE_CLASS_MAPPINGS["LingBotFastLoader"]
+    msg = fast.VALIDATE_INPUTS("lingbot-world-base-cam/lingbot_world_fast")
+    assert msg.startswith("fast_model 'lingbot-world-base-cam/lingbot_world_fast' was not found")
+    assert fast.VALIDATE_INPUTS("lingbot-demo/lingbot_world_fast_bnb_nf4") is True
