@@ -9,7 +9,7 @@ import torch
 from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
-from . import comfy_paths, host_memory, model_check
+from . import comfy_paths, demo_models, host_memory, model_check
 from .expert_weights import ExpertWeights, compute_dtype_for
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
 from .ui_hints import short_labels, show_if
@@ -23,7 +23,8 @@ def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
     from ..loaders.model_folders import pick_default
 
     opts: dict = {}
-    default = pick_default(names, *hints, avoid=avoid)
+    installed = [n for n in names if not demo_models.is_demo_entry(n)]  # a real install first, the demo last
+    default = pick_default(installed, *hints, avoid=avoid) or pick_default(names, *hints, avoid=tuple(avoid) + ("act",))
     if default is not None:
         opts["default"] = default
     return names, opts
@@ -33,7 +34,7 @@ def _expert_combo(names: list[str], *hints: str) -> tuple:
     """An expert combo whose default is a Cam expert when Act experts are installed too (a folder with the word
     'act', like the release's lingbot-world-base-act): a new graph starts from the camera workflows, and an Act
     expert refuses a camera input. An Act-only install still gets its Act experts."""
-    return _combo(names, *hints, avoid=("act", "demo"))
+    return _combo(names, *hints, avoid=("act",))
 
 
 def check_expert_pair(high: Path, low: Path, fmt_high, fmt_low) -> None:
@@ -154,7 +155,7 @@ class LingBotVAELoader:
     @classmethod
     def INPUT_TYPES(cls):
         vaes = comfy_paths.list_vaes()
-        names, opts = _combo(vaes, "wan", avoid=("demo",))
+        names, opts = _combo(vaes, "wan")
         return {
             "required": {
                 "vae_name": (names, {**opts, **short_labels(), "tooltip": (
