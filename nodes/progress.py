@@ -88,6 +88,11 @@ def show_on_node(text: str) -> None:
         log.debug("LingBot-World: node text not shown (%s): %s", e, text)
 
 
+def count(n: int, word: str, plural: str = "") -> str:
+    """"1 chunk", "7 chunks": a number and its noun as the node text says it."""
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
 def _size(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 

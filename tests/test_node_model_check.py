@@ -233,3 +233,10 @@ def test_the_fast_loader_checks_its_model_at_queue_time(comfy_folders):
     msg = fast.VALIDATE_INPUTS("lingbot-world-base-cam/lingbot_world_fast")
     assert msg.startswith("fast_model 'lingbot-world-base-cam/lingbot_world_fast' was not found")
     assert fast.VALIDATE_INPUTS("lingbot-demo/lingbot_world_fast_bnb_nf4") is True
+
+
+def test_node_text_counts_in_words():
+    from lingbot_world.nodes.progress import count
+
+    assert [count(1, "chunk"), count(7, "chunk"), count(0, "frame"), count(1, "pass", "passes"),
+            count(2, "pass", "passes")] == ["1 chunk", "7 chunks", "0 frames", "1 pass", "2 passes"]
