@@ -3,8 +3,8 @@
 The layers below speak to the CLI ("run it with --model fast", "--camera-cache host"); inside ComfyUI the same fact
 is a node or a widget. And ComfyUI names an error by its class's module, which for a custom node is the pack's file
 path ("/home/me/ComfyUI/custom_nodes/ComfyUI-LingBot-World.loaders.expert_format.ExpertLoadError"). `node_door` wraps
-each node's function once, at registration, so every node's error reaches the UI as a builtin type (ValueError,
-FileNotFoundError, RuntimeError, torch's OutOfMemoryError) with the message in node words. ComfyUI's interrupt and
+each node's function once, at registration, so every node's error reaches the UI with the message in node words and
+a type name without a path ("ValueError", "LingBot-World.ExpertLoadError"); it stays an instance of its class. ComfyUI's interrupt and
 anything that is not an `Exception` pass through untouched.
 """
 from __future__ import annotations
@@ -25,8 +25,6 @@ _CLI_PHRASES = (
     (r"--ckpt-dir", "the model folder"),
 )
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
-_BUILTIN_BASES = (FileNotFoundError, PermissionError, OSError, ValueError, TypeError, KeyError, IndexError,
-                  NotImplementedError, RuntimeError)
 
 
 def in_node_words(text: str) -> str:
@@ -44,19 +42,34 @@ def _is_interrupt(error: BaseException) -> bool:
     return isinstance(error, mm.InterruptProcessingException)
 
 
-def plain_error(error: Exception) -> Exception:
-    """The same failure as a builtin (or torch) type with the message in node words; `error` itself when it
-    already is one with nothing to change."""
-    import torch
+SHOWN_MODULE = "LingBot-World"  # what ComfyUI prints before the class name of the pack's errors
+_shown: dict[type, type] = {}
 
+
+def _shown_class(kind: type) -> type:
+    """A subclass of `kind` that ComfyUI names "LingBot-World.<Name>": still caught by `except kind` (and by
+    ComfyUI's own isinstance checks: out of memory, interrupt), only its module differs."""
+    if kind not in _shown:
+        _shown[kind] = type(kind.__name__, (kind,), {"__module__": SHOWN_MODULE, "__qualname__": kind.__qualname__})
+    return _shown[kind]
+
+
+def plain_error(error: Exception) -> Exception:
+    """The same failure with its message in node words and a type name without a file path: builtin and torch
+    errors keep their type (the message is rewritten in place), the pack's get `_shown_class`. `error` itself when
+    nothing changes."""
     message = in_node_words(str(error))
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        kind = torch.cuda.OutOfMemoryError  # ComfyUI's OOM handling (unload, tips) keys on this type
-    else:
-        kind = next((b for b in _BUILTIN_BASES if isinstance(error, b)), Exception)
-    if type(error) is kind and message == str(error):
+    kind = type(error)
+    module = kind.__module__ or ""
+    if module in ("builtins", SHOWN_MODULE) or module.split(".")[0] == "torch":
+        if message != str(error):
+            error.args = (message,)
         return error
-    return kind(message)
+    shown = _shown_class(kind)
+    plain = shown.__new__(shown)
+    plain.__dict__.update(error.__dict__)
+    plain.args = (message,)
+    return plain
 
 
 def node_door(function):

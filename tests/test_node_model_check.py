@@ -126,8 +126,12 @@ def test_errors_reach_comfyui_in_node_words_under_plain_types():
     from lingbot_world.nodes.comfy_paths import ModelFileNotFound
 
     plain = node_errors.plain_error(ExpertLoadError("x is the Fast model: run it with --model fast"))
-    assert type(plain) is ValueError and str(plain) == "x is the Fast model: load it with LingBot Fast Model Loader"
-    assert type(node_errors.plain_error(ModelFileNotFound("gone"))) is FileNotFoundError
+    assert isinstance(plain, ExpertLoadError) and str(plain) == "x is the Fast model: load it with LingBot Fast Model Loader"
+    # what ComfyUI prints as the type: module + qualname (for a custom node the module is its file path)
+    assert f"{type(plain).__module__}.{type(plain).__qualname__}" == "LingBot-World.ExpertLoadError"
+    gone = node_errors.plain_error(ModelFileNotFound("gone"))
+    assert isinstance(gone, FileNotFoundError) and type(gone).__module__ == "LingBot-World"
+    assert type(node_errors.plain_error(ModelFileNotFound("again"))) is type(gone)  # one shown class per class
     assert node_errors.in_node_words("use --camera-cache host or auto; --compute bf16") == \
         "use camera_cache host or auto; compute bf16"
     assert "480p or 720p" in node_errors.in_node_words("frame size 60x100 must be ...; use target_size() to pick one")
@@ -145,10 +149,13 @@ def test_errors_reach_comfyui_in_node_words_under_plain_types():
     node_errors.install([Node])
     node_errors.install([Node])  # idempotent
     assert Node().run(False) == ("ok",)
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ExpertLoadError) as info:
         Node().run(True)
-    assert type(info.value) is ValueError and str(info.value) == "weights nf4 please"
-    assert isinstance(info.value.__cause__, ExpertLoadError)
+    assert type(info.value).__module__ == "LingBot-World" and str(info.value) == "weights nf4 please"
+    assert type(info.value.__cause__) is ExpertLoadError
+    with pytest.raises(ValueError) as info:  # a builtin keeps its type, in node words
+        node_errors.node_door(lambda: (_ for _ in ()).throw(ValueError("use --tile-size 32")))()
+    assert type(info.value) is ValueError and str(info.value) == "use tile_size 32"
 
 
 def test_every_registered_node_goes_through_the_door():
