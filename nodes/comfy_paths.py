@@ -120,7 +120,12 @@ def resolve_lora(name: str) -> Path:
 
 
 def _not_found(kind: str, name: str, roots: list[str], hint: str) -> ModelFileNotFound:
-    where = ", ".join(roots) or "(no folders registered)"
+    """One line: what is missing, where it was looked for (the first folder, where it goes, and how many others)."""
+    if not roots:
+        where = "(no folders registered)"
+    else:
+        where = roots[0] + (f" and {len(roots) - 1} other model folder{'s' if len(roots) > 2 else ''}"
+                            if len(roots) > 1 else "")
     return ModelFileNotFound(f"{kind} '{name}' was not found in: {where}. {hint}")
 
 

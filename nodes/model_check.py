@@ -55,11 +55,20 @@ def fast_model(cls, fast_model=None) -> Verdict:
 
 
 def expert_pair(high: Optional[str], low: Optional[str]) -> Verdict:
-    verdict = _first(expert("high_noise_expert", high), expert("low_noise_expert", low))
+    """Both experts' problems in one message (ComfyUI shows a VALIDATE_INPUTS message under each input it checks)."""
+    problems = [v for v in (expert("high_noise_expert", high), expert("low_noise_expert", low)) if v is not True]
+    if len(problems) == 2 and problems[0].count(". ") and _same_advice(*problems):
+        head = problems[1].split(". ", 1)[0]  # the second expert's "... was not found in: ...", the advice once
+        return f"{problems[0]} Also {head[0].lower()}{head[1:]}."
+    verdict = _first(*problems) if problems else True
     if verdict is True and high is not None and high == low:
         return (f"high_noise_expert and low_noise_expert are both '{high}': pick the low_noise_model folder for "
                 "low_noise_expert")
     return verdict
+
+
+def _same_advice(a: str, b: str) -> bool:
+    return a.split(". ", 1)[1:] == b.split(". ", 1)[1:]
 
 
 def model_file(widget: str, name: Optional[str], resolve) -> Verdict:

@@ -195,6 +195,31 @@ GAP = 90  # room for a node's title bar and a little air
 COLUMN_GAP = 60  # two group margins and a little air
 
 
+PATH_WIDTH = 560  # loaders whose combos may show a whole path (a model that is not installed yet)
+PATH_WIDTH_NATIVE = 470  # the native model loader's only path widget has a short label
+PATH_NODES = ("LingBotExpertLoader", "LingBotTextEncode", "LingBotVAELoader", "LingBotFastLoader")
+
+
+def widen_path_nodes(ui: dict) -> None:
+    for node in ui["nodes"]:
+        if node["type"] in PATH_NODES:
+            node["size"][0] = max(node["size"][0], PATH_WIDTH)
+
+
+def widen_first_column(ui: dict, types, width: int) -> None:
+    """Loaders in the first column made `width` wide; every node to their right moves right by as much."""
+    column = [n for n in ui["nodes"] if n["type"] in types]
+    grow = max((width - n["size"][0] for n in column), default=0)
+    if grow <= 0:
+        return
+    right_of = max(n["pos"][0] + n["size"][0] for n in column)
+    for node in ui["nodes"]:
+        if node["pos"][0] >= right_of:
+            node["pos"][0] += grow
+    for node in column:
+        node["size"][0] = width
+
+
 def lay_out_in_groups(ui: dict) -> None:
     """Loaders, then the prompt below them; image + camera; sampler, with decode and save to its right (nothing below
     the sampler, so its preview grid has room). Each step gets a group around its nodes."""
@@ -233,11 +258,19 @@ NATIVE_STEP_OF = {"LingBotModelLoader": 0, "ModelSamplingSD3": 0, "CLIPLoader": 
 
 
 def native_groups(ui: dict) -> None:
-    """The native templates keep their layout; their groups are drawn around their members again (Load VAE made
-    narrower so the first two groups do not overlap)."""
+    """The native templates keep their layout, the model loaders wide enough for a whole path (what is not installed
+    shows with its folder) and the rest moved right by as much; their groups are drawn around their members again
+    (Load VAE made narrower so the first two groups do not overlap)."""
+    widen_first_column(ui, ("LingBotModelLoader",), PATH_WIDTH_NATIVE)
     for node in ui["nodes"]:
         if node["type"] in ("VAELoader", "LingBotVAELoader") and node["pos"][0] > 100:
             node["size"][0] = min(node["size"][0], 300)
+    decode = next((n for n in ui["nodes"] if n["type"] == "LingBotVAEDecode"), None)
+    if decode is not None:  # the tiny demo's decoder is taller than VAEDecode: what sits under it moves down
+        bottom = decode["pos"][1] + decode["size"][1] + GAP
+        for node in ui["nodes"]:
+            if node is not decode and node["pos"][0] == decode["pos"][0] and decode["pos"][1] < node["pos"][1] < bottom:
+                node["pos"][1] = bottom
     steps = {i: [n for n in ui["nodes"] if NATIVE_STEP_OF.get(n["type"]) == i] for i in range(4)}
     ui["groups"] = _groups(steps)
 
@@ -345,9 +378,12 @@ def updated(name: str, ui: dict, defs: dict) -> dict:
         native_demo_vae(ui)
     demo_notes(name, ui)
     if any(n["type"] == "LingBotSampler" for n in ui["nodes"]):
+        widen_path_nodes(ui)
         lay_out_in_groups(ui)
     elif any(n["type"] == "KSamplerAdvanced" for n in ui["nodes"]):
         native_groups(ui)
+    else:  # the Fast templates keep their layout, the loaders wide enough for a whole path
+        widen_first_column(ui, PATH_NODES, PATH_WIDTH)
     set_models(ui, defs)
     ui["last_node_id"] = max(n["id"] for n in ui["nodes"])
     ui["last_link_id"] = max((l[0] for l in ui["links"]), default=0)
