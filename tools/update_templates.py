@@ -145,9 +145,13 @@ def set_models(ui: dict, defs: dict) -> None:
             if value in FILE_MODELS:
                 directory, url = FILE_MODELS[value]
                 props["models"] = [{"name": value, "url": url, "directory": directory}]
+        experts = []
         for widget in EXPERT_WIDGETS.get(node["type"], ()):
             if node.get("mode", 0) != 4:
-                workflow_models += expert_models(get_widget(node, widget, defs))
+                experts += expert_models(get_widget(node, widget, defs))
+        if experts:  # on the node too: newer frontends read only the nodes' lists
+            props["models"] = experts
+        workflow_models += experts
     seen = set()
     ui["models"] = [m for m in workflow_models if not (m["name"] in seen or seen.add(m["name"]))]
     if not ui["models"]:
@@ -262,6 +266,9 @@ def native_groups(ui: dict) -> None:
     shows with its folder) and the rest moved right by as much; their groups are drawn around their members again
     (Load VAE made narrower so the first two groups do not overlap)."""
     widen_first_column(ui, ("LingBotModelLoader",), PATH_WIDTH_NATIVE)
+    for node in ui["nodes"]:  # under the loaders, nothing to its right before the next column
+        if node["type"] == "LingBotTextEncode" and node["pos"][0] < 100:
+            node["size"][0] = max(node["size"][0], PATH_WIDTH_NATIVE + 30)
     for node in ui["nodes"]:
         if node["type"] in ("VAELoader", "LingBotVAELoader") and node["pos"][0] > 100:
             node["size"][0] = min(node["size"][0], 300)
@@ -312,6 +319,7 @@ def fast_demo(fast: dict, defs: dict) -> dict:
     i2v = _node(ui, "LingBotImageToVideo")
     for name, value in (("size", "custom"), ("width", 112), ("height", 64), ("frames", 33)):
         set_widget(i2v, name, value, defs)
+    _grow(ui, i2v, 260)  # custom size: the width and height rows show
     _node(ui, "SaveVideo")["widgets_values"][0] = "video/lingbot_demo_fast"
     _note(ui, "## Tiny CPU demo: the Fast model (random weights)\n\nThe *Fast image to video, camera preset* graph on "
               "a tiny random Fast model: it shows the pack works on any machine, in seconds on a CPU. The video is "
@@ -331,6 +339,7 @@ def act_demo(act: dict, defs: dict) -> dict:
     i2v = _node(ui, "LingBotImageToVideo")
     for name, value in (("size", "custom"), ("width", 64), ("height", 32)):
         set_widget(i2v, name, value, defs)
+    _grow(ui, i2v, 260)
     set_widget(_node(ui, "LingBotSampler"), "steps", 2, defs)
     _node(ui, "SaveVideo")["widgets_values"][0] = "video/lingbot_demo_act"
     _note(ui, "## Tiny CPU demo: the Act model (random weights)\n\nThe *Act model steered with keys* graph on tiny "
@@ -338,6 +347,17 @@ def act_demo(act: dict, defs: dict) -> dict:
               "on a CPU. The video is noise.\n\n" + DEMO_SETUP.format(folder="lingbot-demo-act") +
               "\n\nFor real videos open *Act model steered with keys*.")
     return ui
+
+
+def _grow(ui: dict, node: dict, height: int) -> None:
+    """Make `node` `height` tall; the nodes below it in its column move down by as much."""
+    grow = height - node["size"][1]
+    if grow <= 0:
+        return
+    for other in ui["nodes"]:
+        if other is not node and other["pos"][0] == node["pos"][0] and other["pos"][1] > node["pos"][1]:
+            other["pos"][1] += grow
+    node["size"][1] = height
 
 
 def _demo_files(ui: dict, folder: str, defs: dict) -> None:
