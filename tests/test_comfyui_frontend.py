@@ -234,7 +234,8 @@ def test_a_missing_node_is_caught(page):
     got, warnings = _load(page, ui)
     assert got["missing"] == ["LingBotNoSuchNode"]
     assert got["unregistered"] == ["LingBotNoSuchNode"]
-    assert warnings and "LingBotNoSuchNode" in " ".join(warnings)
+    if _classic_ui(page):  # newer frontends report missing nodes in the Issues panel, not a dialog
+        assert warnings and "LingBotNoSuchNode" in " ".join(warnings)
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
@@ -499,7 +500,7 @@ def test_a_queued_template_without_its_models_shows_the_packs_message(page, serv
         _screenshot(page, ui, "missing_models_message.png", Path(os.environ.get("TMPDIR", "/tmp")))
         _close_dialogs(page)
     else:  # the Issues panel lists each refused input (the pack's message is its detail) and the missing files
-        page.get_by_text("View details").first.click(timeout=30_000)
+        page.locator("[data-testid='error-overlay-see-errors']").first.click(timeout=30_000, force=True)
         page.wait_for_timeout(1500)
         text = page.locator("body").inner_text()
         for entry in ("LingBot Expert Loader (Wan) - high_noise_expert", "LingBot Text Encode (Wan umT5) - text_encoder",

@@ -266,9 +266,11 @@ def native_groups(ui: dict) -> None:
     shows with its folder) and the rest moved right by as much; their groups are drawn around their members again
     (Load VAE made narrower so the first two groups do not overlap)."""
     widen_first_column(ui, ("LingBotModelLoader",), PATH_WIDTH_NATIVE)
-    for node in ui["nodes"]:  # under the loaders, nothing to its right before the next column
-        if node["type"] == "LingBotTextEncode" and node["pos"][0] < 100:
-            node["size"][0] = max(node["size"][0], PATH_WIDTH_NATIVE + 30)
+    for node in ui["nodes"]:  # under the loaders, nothing to their right before the next column
+        if node["type"] in ("LingBotTextEncode", "CLIPLoader") and node["pos"][0] < 100:
+            node["size"][0] = max(node["size"][0], PATH_WIDTH_NATIVE + (30 if node["type"] == "LingBotTextEncode" else 0))
+        if node["type"] == "LingBotVAEDecode":
+            node["size"][0] = min(node["size"][0], 230)  # VAEDecode's width: Save Video starts right of it
     for node in ui["nodes"]:
         if node["type"] in ("VAELoader", "LingBotVAELoader") and node["pos"][0] > 100:
             node["size"][0] = min(node["size"][0], 300)
