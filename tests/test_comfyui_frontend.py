@@ -133,6 +133,11 @@ def _classic_ui(page) -> bool:
 
 
 def _close_dialogs(page) -> None:
+    for _ in range(3):  # newer frontends' overlays (the template browser on a fresh profile) close with Escape
+        if page.locator(".p-dialog").count() or not page.locator("[role=dialog]:visible").count():
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
     for _ in range(5):
         dialogs = page.locator(".p-dialog")
         if dialogs.count() == 0:
