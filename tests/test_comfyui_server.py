@@ -350,7 +350,7 @@ def test_fast_continue_chain_runs_on_the_tiny_demo(server):
     inputs["LingBotFastLoader"]["fast_model"] = "lingbot-demo/lingbot_world_fast_bnb_nf4"
     inputs["LingBotTextEncode"].update(text_encoder="lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", tokenizer="auto")
     inputs["LingBotVAELoader"]["vae_name"] = "lingbot-demo/Wan2.1_VAE.pth"
-    assert inputs["LoadImage"]["image"] == "lingbot_examples/03/image.jpg"  # installed at start-up: kept
+    assert inputs["LoadImage"]["image"] == "lingbot_example_03.jpg"  # installed at the top of input/ at start-up: kept
     inputs["LingBotImageToVideo"].update(size="custom", width=112, height=64)
     saves = {}
     for k, v in list(prompt.items()):  # every decoded part also as frames
