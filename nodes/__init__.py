@@ -5,6 +5,10 @@ model folder `lingbot_world` is registered only when ComfyUI's folder_paths is t
 """
 import logging
 
+from .log_filters import quiet_optional_kernel_warning
+
+quiet_optional_kernel_warning()  # before any node module imports bitsandbytes
+
 from .action_nodes import LingBotActions
 from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
 from .fast_continue_node import LingBotFastContinue
@@ -18,6 +22,7 @@ from .play_node import LingBotPlay
 from .sampler_node import LingBotSampler
 from .speed_node import LingBotSpeedOptions
 from .text_node import LingBotTextEncode
+from . import node_errors  # noqa: E402
 
 NODE_CLASS_MAPPINGS = {
     "LingBotExpertLoader": LingBotExpertLoader,
@@ -43,6 +48,12 @@ NODE_CLASS_MAPPINGS = {
     "LingBotCameraConditioning": LingBotCameraConditioning,
     "LingBotImageToVideoNative": LingBotImageToVideoNative,
 }
+
+node_errors.install(NODE_CLASS_MAPPINGS.values())
+if "VALIDATE_INPUTS" not in LingBotFastLoader.__dict__:  # the Fast loader's model check, until it declares its own
+    from .model_check import fast_model as _fast_model_check
+
+    LingBotFastLoader.VALIDATE_INPUTS = classmethod(_fast_model_check)  # errors in node words, under plain type names
 
 # The frontend's node search matches the class and display names only (fuzzily, near their start): every display
 # name says "LingBot" and "Wan" (within its first 30 characters) so searching either finds the pack.
@@ -71,6 +82,24 @@ NODE_DISPLAY_NAME_MAPPINGS = {
 }
 
 
+# Current ComfyUI's node search also matches SEARCH_ALIASES (server.node_info); the display names keep "LingBot" and
+# "Wan" for 0.3.x frontends, whose search knows only the names.
+COMMON_ALIASES = ["LingBot", "LingBot-World", "Wan", "Wan 2.2", "world model", "camera control"]
+EXTRA_ALIASES = {
+    "LingBotExpertLoader": ["NF4 experts", "high noise", "low noise"],
+    "LingBotModelLoader": ["NF4", "diffusion model", "unet loader"],
+    "LingBotSampler": ["KSampler", "image to video", "i2v"],
+    "LingBotFastSampler": ["Fast", "real time", "streaming"],
+    "LingBotActions": ["WASD", "keys", "Act"],
+    "LingBotCameraPreset": ["trajectory", "dolly", "orbit", "pan"],
+    "LingBotImageToVideo": ["i2v", "first frame"],
+    "LingBotImageToVideoNative": ["i2v", "WanImageToVideo"],
+}
+for _name, _cls in NODE_CLASS_MAPPINGS.items():
+    if "SEARCH_ALIASES" not in _cls.__dict__:
+        _cls.SEARCH_ALIASES = COMMON_ALIASES + EXTRA_ALIASES.get(_name, [])
+
+
 def _setup_inside_comfyui() -> None:
     try:
         import folder_paths  # noqa: F401
@@ -90,6 +119,12 @@ def _setup_inside_comfyui() -> None:
         register_model_folders()
     except Exception:
         logging.getLogger(__name__).exception("LingBot-World: could not register the lingbot_world model folder")
+    try:
+        from .prompt_guard import install as install_prompt_guard
+
+        install_prompt_guard(NODE_CLASS_MAPPINGS)
+    except Exception:
+        logging.getLogger(__name__).exception("LingBot-World: could not register the model check for queued prompts")
     try:
         install_example_inputs(Path(folder_paths.get_input_directory()))
     except Exception:  # never stop ComfyUI for an example file

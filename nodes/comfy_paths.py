@@ -18,14 +18,19 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..loaders import model_folders as mf
+from . import demo_models
 
 log = logging.getLogger(__name__)
 
 FOLDER_KEY = "lingbot_world"
 AUTO_TOKENIZER = "auto"
+NF4_REPO = "huggingface.co/cahlen/lingbot-world-base-cam-nf4"
+EXPERT_FILES = ("an expert is a FOLDER, not one file: the NF4 one holds config.json, model.safetensors and "
+                "quantization_meta.json; the release's holds config.json and diffusion_pytorch_model-*.safetensors")
 DOWNLOAD_HINT = (
-    "Download the NF4 experts from huggingface.co/cahlen/lingbot-world-base-cam-nf4 (or the official "
-    "robbyant/lingbot-world-base-cam) into ComfyUI/models/lingbot_world/, then refresh the page (press R)."
+    f"Download the NF4 experts from {NF4_REPO} (the Act model: robbyant/lingbot-world-base-act; the Fast model: "
+    "robbyant/lingbot-world-fast) into ComfyUI/models/lingbot_world/, keeping their folders, then refresh the page "
+    "(press R). Or pick a lingbot-demo entry: the tiny CPU demo is built on first use."
 )
 
 
@@ -80,14 +85,15 @@ def _unique(*lists: list[str]) -> list[str]:
 def list_experts() -> list[str]:
     def scan() -> list[str]:
         roots = expert_roots()
-        return _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots))
+        return _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots), demo_models.demo_entries("experts"),
+                       demo_models.demo_entries("fast"))
 
     return _safe(scan, "experts")
 
 
 def list_text_encoders() -> list[str]:
-    return _safe(lambda: _unique(_fp().get_filename_list("text_encoders"), mf.scan_t5_files(lingbot_roots())),
-                 "text encoders")
+    return _safe(lambda: _unique(_fp().get_filename_list("text_encoders"), mf.scan_t5_files(lingbot_roots()),
+                                 demo_models.demo_entries("text_encoder")), "text encoders")
 
 
 def list_tokenizers() -> list[str]:
@@ -96,7 +102,8 @@ def list_tokenizers() -> list[str]:
 
 
 def list_vaes() -> list[str]:
-    return _safe(lambda: _unique(_fp().get_filename_list("vae"), mf.scan_vae_files(lingbot_roots())), "VAEs")
+    return _safe(lambda: _unique(_fp().get_filename_list("vae"), mf.scan_vae_files(lingbot_roots()),
+                                 demo_models.demo_entries("vae")), "VAEs")
 
 
 def list_loras() -> list[str]:
@@ -107,39 +114,58 @@ def list_loras() -> list[str]:
 def resolve_lora(name: str) -> Path:
     full = _fp().get_full_path("loras", name)
     if full is None:
-        raise _not_found("LoRA", name, _paths("loras"), "Put the LoRA (.safetensors) in models/loras and refresh.")
+        raise _not_found("LoRA", name, _paths("loras"), "Put the LoRA (.safetensors) in ComfyUI/models/loras/ and "
+                         "refresh the page (press R), or bypass this LoRA loader (Ctrl+B).")
     return Path(full)
 
 
 def _not_found(kind: str, name: str, roots: list[str], hint: str) -> ModelFileNotFound:
-    where = ", ".join(roots) or "(no folders registered)"
+    """One line: what is missing, where it was looked for (the first folder, where it goes, and how many others)."""
+    if not roots:
+        where = "(no folders registered)"
+    else:
+        where = roots[0] + (f" and {len(roots) - 1} other model folder{'s' if len(roots) > 2 else ''}"
+                            if len(roots) > 1 else "")
     return ModelFileNotFound(f"{kind} '{name}' was not found in: {where}. {hint}")
 
 
-def resolve_expert(name: str, which: str = "expert") -> Path:
-    roots = expert_roots()
-    p = mf.resolve_in_roots(roots, name)
+def _demo(name: str, build: bool = True) -> Optional[Path]:
+    """A demo entry, built on first use in the first lingbot_world folder (build=False: its future path, for
+    validation, which must stay quick)."""
+    if not build:
+        roots = lingbot_roots()
+        return Path(roots[0]) / name if roots and demo_models.is_demo_entry(name) else None
+    return demo_models.ensure_demo(name, lingbot_roots())
+
+
+def expert_missing(name: str, which: str = "expert") -> ModelFileNotFound:
+    return _not_found(which, name, expert_roots(), f"Put it there; {EXPERT_FILES}. {DOWNLOAD_HINT}")
+
+
+def resolve_expert(name: str, which: str = "expert", build_demo: bool = True) -> Path:
+    p = mf.resolve_in_roots(expert_roots(), name) or _demo(name, build_demo)
     if p is None:
-        raise _not_found(which, name, roots, DOWNLOAD_HINT)
+        raise expert_missing(name, which)
     return p
 
 
-def _resolve_model_file(folder_key: str, name: str, what: str, hint: str) -> Path:
+def _resolve_model_file(folder_key: str, name: str, what: str, hint: str, build_demo: bool = True) -> Path:
     """A file from a ComfyUI model folder, or else from the lingbot_world folders."""
     full = _fp().get_full_path(folder_key, name)
     if full is not None:
         return Path(full)
-    p = mf.resolve_in_roots(lingbot_roots(), name, want_dir=False)
+    p = mf.resolve_in_roots(lingbot_roots(), name, want_dir=False) or _demo(name, build_demo)
     if p is None:
         raise _not_found(what, name, _paths(folder_key) + lingbot_roots(), hint)
     return p
 
 
-def resolve_text_encoder(name: str) -> Path:
+def resolve_text_encoder(name: str, build_demo: bool = True) -> Path:
     return _resolve_model_file(
         "text_encoders", name, "text encoder",
-        "Put umt5_xxl_fp16.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in "
-        "models/text_encoders, or the release's models_t5_umt5-xxl-enc-bf16.pth in models/lingbot_world.")
+        "Put umt5_xxl_fp16.safetensors (from huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged, "
+        "split_files/text_encoders) in ComfyUI/models/text_encoders/, or the release's "
+        "models_t5_umt5-xxl-enc-bf16.pth in ComfyUI/models/lingbot_world/, then refresh the page (press R).", build_demo)
 
 
 def resolve_tokenizer(name: str) -> Optional[Path]:
@@ -153,11 +179,12 @@ def resolve_tokenizer(name: str) -> Optional[Path]:
     return p
 
 
-def resolve_vae(name: str) -> Path:
+def resolve_vae(name: str, build_demo: bool = True) -> Path:
     return _resolve_model_file(
         "vae", name, "VAE",
-        "Put wan_2.1_vae.safetensors (Comfy-Org repackaged) in models/vae, or the release's "
-        "Wan2.1_VAE.pth in models/lingbot_world.")
+        "Put wan_2.1_vae.safetensors (from huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged, split_files/vae) in "
+        "ComfyUI/models/vae/, or the release's Wan2.1_VAE.pth in ComfyUI/models/lingbot_world/, then refresh the "
+        "page (press R).", build_demo)
 
 
 def list_trajectories() -> list[str]:

@@ -3,7 +3,8 @@
 ComfyUI's Load Image lists only files under input/, and LingBot Camera From Files / LingBot Actions list trajectory
 and key-file folders there, so the pack copies the official examples its workflows use (Apache-2.0,
 assets/examples: 00 the camera example, 03 the Fast model's, 05 the Act model's with its key files) and the demo
-image to input/lingbot_examples/ when they are missing: the example workflows then run without any setup beyond
+image to input/lingbot_examples/ when they are missing, and the first frames also to the top of input/ (Load
+Image lists only that level): the example workflows then run without any setup beyond
 the model files. A file whose size differs from the shipped one (an interrupted copy) is copied again;
 nothing else in input/ is touched. No ComfyUI imports: the caller passes the input folder.
 """
@@ -24,16 +25,20 @@ EXAMPLES = {  # example id -> files it ships
     "05": CAMERA_FILES + ("action.npy", "wasd_action.npy", "ijkl_action.npy"),  # the Act model's example, with keys
 }
 EXTRA = {"demo_image.jpg": ASSETS / "demo_image.jpg", "NOTICE.md": ASSETS / "examples" / "NOTICE.md"}
-EXAMPLE_IMAGE = f"{FOLDER}/00/image.jpg"  # what the example workflows load
+# Load Image lists only the top level of input/, so the first frames the templates load go there too
+TOP_LEVEL = {"lingbot_demo_image.jpg": ASSETS / "demo_image.jpg",
+             **{f"lingbot_example_{e}.jpg": ASSETS / "examples" / e / "image.jpg" for e in EXAMPLES}}
+EXAMPLE_IMAGE = "lingbot_example_00.jpg"  # what the example workflows load
 EXAMPLE_TRAJECTORY = f"{FOLDER}/00"
 FAST_EXAMPLE = f"{FOLDER}/03"
 ACT_EXAMPLE = f"{FOLDER}/05"
-DEMO_IMAGE = f"{FOLDER}/demo_image.jpg"
+DEMO_IMAGE = "lingbot_demo_image.jpg"
 
 
 def shipped_files() -> dict[str, Path]:
     """Destination (relative to input/) -> source in the pack."""
     files = {f"{FOLDER}/{k}": src for k, src in EXTRA.items()}
+    files.update(TOP_LEVEL)
     for example, names in EXAMPLES.items():
         for name in names:
             files[f"{FOLDER}/{example}/{name}"] = ASSETS / "examples" / example / name

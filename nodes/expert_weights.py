@@ -138,6 +138,17 @@ class ExpertWeights:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def _comfy_cache_tensors(self) -> list:
+        """Host copies (parked expert, block-swap blocks in pinned RAM) for ComfyUI's RAM-pressure node cache."""
+        host = [self.parked]
+        parts = list(getattr(self.swapper, "parts", None) or [])
+        if self.kept_parts is not None:
+            model, kept = self.kept_parts
+            host.append(model)
+            parts += list(kept or [])
+        host += [getattr(p, "host", None) for p in parts]  # memory.pinned.WeightPart: one flat host buffer each
+        return host_memory.host_tensors(*host)
+
     def forget(self) -> None:
         """Drop host copies (the plan changed, or the loader node's output was replaced)."""
         if self.parked is not None or self.kept_parts is not None:

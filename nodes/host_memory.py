@@ -47,3 +47,27 @@ def install() -> None:
     """Run pending trims after full collections (idempotent)."""
     if _after_collection not in gc.callbacks:
         gc.callbacks.append(_after_collection)
+
+
+def host_tensors(*roots) -> list:
+    """The CPU tensors held by `roots` (modules, tensors, and lists / tuples / dicts of them), each storage once: what
+    ComfyUI's RAM-pressure node cache should count for an output (`_comfy_cache_tensors`). Newer ComfyUI sizes cached
+    outputs by their CPU tensors only, so without this the pack's pinned expert copies would count as nothing."""
+    import torch
+
+    out, seen, todo = [], set(), list(roots)
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type == "cpu" and obj.numel():
+                key = obj.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    out.append(obj)
+        elif isinstance(obj, torch.nn.Module):
+            todo += list(obj.parameters()) + list(obj.buffers())
+        elif isinstance(obj, dict):
+            todo += list(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            todo += list(obj)
+    return out

@@ -5,78 +5,24 @@ import logging
 
 import torch
 
-from ..wan.control.camera import usable_frames
-from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range, resize_first_frame
-from ..wan.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
+from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range
 from ..wan.vae.footprint import vae_work_bytes
 from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
 from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
 from .progress import show_on_node
 from .ui_hints import show_if
+from .video_setup import (CUSTOM_SIZE, FPS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,  # noqa: F401
+                          choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
 
 log = logging.getLogger(__name__)
 
-CUSTOM_SIZE = "custom"
-SIZE_CHOICES = tuple(SIZE_AREAS) + (CUSTOM_SIZE,)
-MAX_SIDE = 4096
-MAX_FRAMES = 1601
 CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
-FPS = 16  # LingBot-World's frame rate
-
-
-def choose_size(size: str, image_h: int, image_w: int, width: int, height: int) -> tuple[int, int]:
-    """(h, w): the reference's max-area rule for 480p/720p (aspect from the image), or an explicit size."""
-    if size == CUSTOM_SIZE:
-        latent_size(int(height), int(width))  # raises with the rule (multiples of 16) when wrong
-        return int(height), int(width)
-    if size not in SIZE_AREAS:
-        raise ValueError(f"size must be one of {SIZE_CHOICES}, got {size!r}")
-    return target_size(image_h, image_w, SIZE_AREAS[size])
-
-
-def video_frames(requested: int, camera_poses: int | None) -> tuple[int, list[str]]:
-    """Frames to generate and what was changed: rounded down to 4n+1, then limited to what the camera covers."""
-    if requested < 1:
-        raise ValueError(f"frames must be at least 1, got {requested}")
-    frames, notes = frames_at_most(requested), []
-    if frames != requested:
-        notes.append(f"{requested} frames is not of the form 4n+1: using {frames}.")
-    if camera_poses is not None:
-        frames, clipped = usable_frames(camera_poses, frames)
-        if clipped:
-            notes.append(clipped)
-    return frames, notes
-
-
-def video_summary(width: int, height: int, frames: int, notes: list[str]) -> str:
-    """The node's text: what will be generated, then any adjustment."""
-    line = f"{width}x{height}, {frames} frames ({frames / FPS:.1f} s at {FPS} fps), {latent_frames(frames)} latent frames"
-    return "\n".join([line] + notes)
-
-
-def load_vae_to_device(vae: VAEHandle, work_bytes: int) -> torch.nn.Module:
-    import comfy.model_management as mm
-
-    mm.load_models_gpu([vae.patcher], memory_required=work_bytes, force_full_load=True)
-    return vae.model
-
-
-def first_frame_video(image_hwc: torch.Tensor, height: int, width: int, frames: int) -> torch.Tensor:
-    """The video the reference encodes for I2V, as a native IMAGE batch [frames, h, w, 3] in 0..1: the first frame
-    resized like the reference (bicubic on [-1, 1], no antialias, no clamp), then grey (0 in [-1, 1]) frames.
-    ComfyUI's VAE maps it back with x*2-1."""
-    first = resize_first_frame(image_to_model_range(image_hwc[:, :, :3]), height, width)
-    video = torch.full((frames, height, width, 3), 0.5)
-    video[0] = (first.permute(1, 2, 0) + 1.0) * 0.5
-    return video
 
 
 def native_vae_condition(vae, image_hwc: torch.Tensor, height: int, width: int, frames: int) -> torch.Tensor:
     """The 20-channel y through ComfyUI's own Wan 2.1 VAE: its raw latent of `first_frame_video`, normalised with
     ComfyUI's Wan 2.1 latent format, after the first-frame mask."""
     import comfy.latent_formats
-
-    from .native_conditioning import check_wan21_vae
 
     check_wan21_vae(vae)
     raw = vae.encode(first_frame_video(image_hwc, height, width, frames)).float().cpu()

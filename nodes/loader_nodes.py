@@ -9,7 +9,7 @@ import torch
 from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
-from . import comfy_paths, host_memory
+from . import comfy_paths, demo_models, host_memory, model_check
 from .expert_weights import ExpertWeights, compute_dtype_for
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
 from .ui_hints import short_labels, show_if
@@ -23,7 +23,8 @@ def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
     from ..loaders.model_folders import pick_default
 
     opts: dict = {}
-    default = pick_default(names, *hints, avoid=avoid)
+    installed = [n for n in names if not demo_models.is_demo_entry(n)]  # a real install first, the demo last
+    default = pick_default(installed, *hints, avoid=avoid) or pick_default(names, *hints, avoid=tuple(avoid) + ("act",))
     if default is not None:
         opts["default"] = default
     return names, opts
@@ -48,11 +49,12 @@ def check_expert_pair(high: Path, low: Path, fmt_high, fmt_low) -> None:
                 f"{getattr(b, field)} in {low}"
             )
     check_control_pair(fmt_high, fmt_low)  # a Cam expert with an Act one
-    for path, expect, other in ((high, "high", "low"), (low, "low", "high")):
-        name = path.as_posix().lower()
-        if f"{other}_noise" in name and f"{expect}_noise" not in name:
-            log.warning("LingBot-World: %s is selected as the %s-noise expert but its name says %s-noise",
-                        path, expect, other)
+    note = model_check.swapped_experts_note(high, low)
+    if note:
+        log.warning("LingBot-World: %s", note)
+        from .progress import show_on_node
+
+        show_on_node(note)  # on the loader, where the choice is made
 
 
 class LingBotExpertLoader:
@@ -92,6 +94,10 @@ class LingBotExpertLoader:
                     "Unconnected: compile auto, compute bf16, attention auto.")}),
             },
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, high_noise_expert=None, low_noise_expert=None):
+        return model_check.expert_pair(high_noise_expert, low_noise_expert)
 
     RETURN_TYPES = (EXPERTS,)
     RETURN_NAMES = ("experts",)
@@ -157,6 +163,10 @@ class LingBotVAELoader:
                     "the release's Wan2.1_VAE.pth in models/lingbot_world.")}),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, vae_name=None):
+        return model_check.vae(vae_name)
 
     RETURN_TYPES = (VAE,)
     RETURN_NAMES = ("vae",)

@@ -28,13 +28,25 @@ log = logging.getLogger(__name__)
 GiB = 1024**3
 
 
-def vram_comfy_can_free(mm, device) -> Optional[int]:
+def free_memory(mm, device, patcher=None) -> int:
+    """Free device memory as current ComfyUI counts it: `ModelPatcher.get_free_memory(device)` (newer cores; it also
+    counts what dynamic VRAM holds and would give up), else model_management's `get_free_memory` (0.3.x)."""
+    counted = getattr(patcher, "get_free_memory", None)
+    if callable(counted):
+        try:
+            return int(counted(device))
+        except TypeError:  # a different signature: fall back to the module function
+            pass
+    return int(mm.get_free_memory(device))
+
+
+def vram_comfy_can_free(mm, device, patcher=None) -> Optional[int]:
     """Free device memory now plus what ComfyUI holds in models it may evict for us; None on the CPU (ComfyUI
     --cpu: host RAM holds everything and the planner has no device budget to respect)."""
     if mm.is_device_cpu(device):
         return None
     held = sum(lm.model_loaded_memory() for lm in mm.current_loaded_models if lm.device == device)
-    return int(mm.get_free_memory(device) + held)
+    return int(free_memory(mm, device, patcher) + held)
 
 
 def plan_for(experts: ExpertPair, video: tuple[int, int, int], cfg_mode: str, camera: bool,
@@ -100,7 +112,7 @@ class ComfyExpertProvider:
         if mm.is_device_cpu(device):
             return True  # host RAM: ComfyUI does not budget it either
         need = patcher.model_size() + self.activation_bytes + mm.minimum_inference_memory()
-        return mm.get_free_memory(device) >= need
+        return free_memory(mm, device, patcher) >= need
 
     def acquire(self, name: str) -> nn.Module:
         from .patchers import is_registered, unload_patcher

@@ -15,33 +15,16 @@ from typing import Optional
 import torch
 
 from ..wan.control.camera import camera_condition
-from .i2v_nodes import (CUSTOM_SIZE, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, choose_size, first_frame_video, video_frames,
-                        video_summary)
-from .payloads import CAMERA, CATEGORY, CameraInput
+from .video_setup import (CUSTOM_SIZE, LATENT_CHANNELS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,
+                          choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
+from .payloads import CAMERA, CATEGORY, VAE, CameraInput, VAEHandle
 from .progress import show_on_node
 from .ui_hints import show_if
 
 log = logging.getLogger(__name__)
 
-LATENT_CHANNELS = 16
 TEMPORAL = 4  # pixel frames per latent frame (after the first)
 SPATIAL = 8
-
-
-def check_wan21_vae(vae) -> None:
-    """Refuse a native VAE that is not Wan 2.1's (LingBot-World's latent space), naming what it is."""
-    import comfy.ldm.wan.vae
-
-    model = getattr(vae, "first_stage_model", None)
-    channels = getattr(vae, "latent_channels", None)
-    if isinstance(model, comfy.ldm.wan.vae.WanVAE) and channels == LATENT_CHANNELS:
-        return
-    kind = type(model).__name__ if model is not None else type(vae).__name__
-    where = getattr(model, "__module__", "")
-    if "vae2_2" in where:
-        kind = "Wan 2.2's 48-channel VAE (for the 5B model)"
-    raise ValueError(f"the VAE is {kind} with {channels} latent channels, not the Wan 2.1 VAE LingBot-World uses: "
-                     f"load wan_2.1_vae.safetensors with Load VAE (or use LingBot VAE Loader)")
 
 
 def camera_for_latent(camera: CameraInput, latent: torch.Tensor):
@@ -63,6 +46,19 @@ def camera_for_latent(camera: CameraInput, latent: torch.Tensor):
 def plucker_for_latent(camera: CameraInput, latent: torch.Tensor) -> torch.Tensor:
     """The camera rasterised for a video latent [B, 16, F, h, w]: [1, 384, F, h, w] float32."""
     return camera_for_latent(camera, latent).plucker
+
+
+def encode_first_frame_video(vae, video: torch.Tensor) -> torch.Tensor:
+    """The raw Wan 2.1 latent [1, 16, f, h, w] of a native IMAGE batch [F, H, W, 3] in 0..1, through ComfyUI's VAE or
+    the pack's (LINGBOT_VAE: float32, the reference's maths; the tiny demo's VAE is one)."""
+    if not isinstance(vae, VAEHandle):
+        return vae.encode(video)
+    from ..wan.vae.footprint import vae_work_bytes
+
+    f, h, w = video.shape[0], video.shape[1], video.shape[2]
+    model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, f, False, 256))
+    pixels = (video * 2.0 - 1.0).permute(3, 0, 1, 2)[None].to(model.device, torch.float32)
+    return model.encode_raw(pixels).float().cpu()
 
 
 def with_values(conditioning, values: dict):
@@ -112,7 +108,9 @@ class LingBotImageToVideoNative:
                 "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning (CLIPTextEncode with umT5, or LingBot "
                                                          "Text Encode's positive)"}),
                 "negative": ("CONDITIONING", {"tooltip": "Negative conditioning"}),
-                "vae": ("VAE", {"tooltip": "The Wan 2.1 VAE (Load VAE with wan_2.1_vae.safetensors)"}),
+                "vae": (f"VAE,{VAE}", {"tooltip": (
+                    "The Wan 2.1 VAE: Load VAE with wan_2.1_vae.safetensors, or LingBot VAE Loader (the tiny demo's "
+                    "VAE, or the release's Wan2.1_VAE.pth)")}),
                 "start_image": ("IMAGE", {"tooltip": "The first frame (only the first image is used)"}),
                 "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
                     "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (resized, "
@@ -145,7 +143,8 @@ class LingBotImageToVideoNative:
                height: int = 480, length: int = 81, camera: Optional[CameraInput] = None):
         import comfy.model_management as mm
 
-        check_wan21_vae(vae)
+        if not isinstance(vae, VAEHandle):
+            check_wan21_vae(vae)
         if start_image.dim() != 4 or start_image.shape[-1] < 3:
             raise ValueError(f"start_image must be an IMAGE batch [B, H, W, 3], got {tuple(start_image.shape)}")
         h, w = choose_size(size, start_image.shape[1], start_image.shape[2], width, height)
@@ -153,7 +152,7 @@ class LingBotImageToVideoNative:
         if notes:
             log.warning("LingBot-World: %s", " ".join(notes))
         show_on_node(video_summary(w, h, frames, notes))
-        latent_image = vae.encode(first_frame_video(start_image[0], h, w, frames))
+        latent_image = encode_first_frame_video(vae, first_frame_video(start_image[0], h, w, frames))
         f_lat = (frames - 1) // TEMPORAL + 1
         if tuple(latent_image.shape[1:]) != (LATENT_CHANNELS, f_lat, h // SPATIAL, w // SPATIAL):
             raise RuntimeError(f"the VAE returned a latent of {tuple(latent_image.shape)}; expected "

@@ -17,7 +17,7 @@ import torch
 
 from ..loaders.expert_format import detect_format
 from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
-from . import comfy_paths, host_memory
+from . import comfy_paths, host_memory, model_check
 from .expert_weights import ExpertWeights, compute_dtype_for
 from .loader_nodes import MAX_BLOCKS, _expert_combo, check_expert_pair
 from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, WEIGHT_MODES, ExpertPair
@@ -78,6 +78,10 @@ class LingBotModelLoader:
             }
         }
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, expert=None):
+        return model_check.expert("expert", expert)
+
     RETURN_TYPES = ("MODEL",)
     RETURN_NAMES = ("model",)
     OUTPUT_TOOLTIPS = ("The expert as a native MODEL: KSampler(Advanced), LoRA loaders, ModelSamplingSD3 (shift 10 "
@@ -127,6 +131,10 @@ class LingBotLoraLoader:
                     "LoRA strength (0 = no LoRA). Stack several loaders for several LoRAs.")}),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, lora_name=None):
+        return model_check.lora(lora_name)
 
     RETURN_TYPES = ("MODEL",)
     RETURN_NAMES = ("model",)

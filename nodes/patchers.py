@@ -75,6 +75,23 @@ def _same_device(a: Optional[torch.device], b: torch.device) -> bool:
 
 
 NO_LIMIT = 1e31  # LoadedModel.model_load passes 1e32 for "load everything"
+SMALLEST_BUDGET = 1  # bytes: "as little as possible" (load() reads a budget of 0 as "no limit")
+
+
+def load_budget(used: int, extra_memory: float) -> tuple[bool, int]:
+    """(full load?, lowvram budget for `load`) from what partially_load is offered.
+
+    Newer ComfyUI computes the low-VRAM budget as max(0, free - reserve) - loaded, so `extra_memory` can be <= 0:
+    there is no room beyond what the expert already holds, or less. The pack cannot give back part of a loaded expert
+    piecewise, so it places the expert as small as it goes (block swap, no block resident) instead of ignoring it.
+    """
+    if extra_memory >= NO_LIMIT:
+        return True, 0
+    budget = int(used + extra_memory)
+    if budget <= 0:
+        log.info("LingBot-World: ComfyUI offers no VRAM for this expert (%.2f GiB): the fewest blocks on the GPU",
+                 budget / 2**30)
+    return False, max(budget, SMALLEST_BUDGET)
 
 
 class ExpertPatcher(comfy.model_patcher.ModelPatcher):
@@ -111,11 +128,11 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
             used = c.model_loaded_weight_memory
             self.unpatch_model(self.offload_device, unpatch_weights=False)  # the last clone's object patches out
             self.patch_model(load_weights=False)  # this clone's in (ModelSamplingSD3, ...)
-            full = extra_memory >= NO_LIMIT
+            full, budget = load_budget(used, extra_memory)
             try:
-                self.load(device_to, lowvram_model_memory=0 if full else used + extra_memory,
-                          force_patch_weights=force_patch_weights, full_load=full)
-            except Exception:
+                self.load(device_to, lowvram_model_memory=budget, force_patch_weights=force_patch_weights,
+                          full_load=full)
+            except BaseException:  # newer ComfyUI's InterruptProcessingException is a BaseException: clean up too
                 self.detach()
                 raise
             return c.model_loaded_weight_memory - used
@@ -125,8 +142,8 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
         w = self.weights
         device = torch.device(device_to) if device_to is not None else torch.device(self.load_device)
         with self.use_ejected():
-            if not full_load and lowvram_model_memory > 0:
-                self._place_for_budget(device, int(lowvram_model_memory))
+            if not full_load and lowvram_model_memory != 0:  # 0: no limit; below 0: newer ComfyUI has no room left
+                self._place_for_budget(device, max(int(lowvram_model_memory), SMALLEST_BUDGET))
             if self.is_loaded() and self._needs_reload(device):
                 self._release_weights()
             if not self.is_loaded():

@@ -40,6 +40,14 @@ class ExpertPair:
     blocks_on_gpu: int  # block_swap only: DiT blocks kept on the GPU; -1 = planned from free VRAM
     speed: Any = None  # speed.options.SpeedPlan applied to each expert when it loads
 
+    def _comfy_cache_tensors(self) -> list:
+        """What ComfyUI's RAM-pressure node cache counts for this output: the experts' host copies."""
+        out = []
+        for patcher in (self.high, self.low):
+            hook = getattr(getattr(getattr(patcher, "model", None), "weights", None), "_comfy_cache_tensors", None)
+            out += hook() if hook is not None else []
+        return out
+
     def patcher(self, name: str) -> Any:
         if name not in ("high", "low"):
             raise ValueError(f"expert name must be 'high' or 'low', got {name!r}")
@@ -62,6 +70,9 @@ class TextEmbeds:
     negative: torch.Tensor
     prompt: str
     negative_prompt: str
+
+    def _comfy_cache_tensors(self) -> list:
+        return [self.positive, self.negative]
 
 
 @dataclass
@@ -105,6 +116,11 @@ class VAEHandle:
     @property
     def model(self):
         return self.patcher.model.vae
+
+    def _comfy_cache_tensors(self) -> list:
+        from .host_memory import host_tensors
+
+        return host_tensors(self.model)  # its weights while offloaded to the CPU
 
 
 @dataclass

@@ -69,3 +69,34 @@ class ClipPreview:
         if shrink < 1.0:
             grid = grid.resize((max(1, round(grid.width * shrink)), max(1, round(grid.height * shrink))), Image.BILINEAR)
         return grid
+
+
+def frames_as_video(decode5: Callable[[torch.Tensor], Image.Image]) -> Decode:
+    """A [1, C, h, w] decoder made from one that wants video latents [1, C, T, h, w] (ComfyUI's video TAE
+    previewers, e.g. Wan's lighttaew2_1): the picture is passed as a video of one latent frame."""
+    return lambda latent: decode5(latent.unsqueeze(2))
+
+
+def preview_decoder(latent_preview, device, latent_format, enabled: bool = True) -> Optional[Decode]:
+    """The decoder LingBot samplers preview with, whatever ComfyUI's global preview setting (None when `enabled` is
+    off): ComfyUI's own previewer for the latent format (TAESD / video TAE when installed and chosen), else
+    Latent2RGB with the format's factors, which needs no file. `latent_preview` is ComfyUI's module (passed in, so
+    this needs no ComfyUI to test)."""
+    if not enabled:
+        return None
+    previewer = latent_preview.get_previewer(device, latent_format)
+    if previewer is None:  # previews off globally (ComfyUI's default --preview-method none)
+        factors = getattr(latent_format, "latent_rgb_factors", None)
+        if factors is None:
+            return None
+        extra = {}
+        reshape = getattr(latent_format, "latent_rgb_factors_reshape", None)
+        if reshape is not None:  # newer ComfyUI only
+            extra["latent_rgb_factors_reshape"] = reshape
+        previewer = latent_preview.Latent2RGBPreviewer(factors, getattr(latent_format, "latent_rgb_factors_bias", None),
+                                                       **extra)
+    video_taes = getattr(latent_preview, "VIDEO_TAES", ())
+    if (getattr(latent_format, "taesd_decoder_name", None) in video_taes
+            and not isinstance(previewer, latent_preview.Latent2RGBPreviewer)):
+        return frames_as_video(previewer.decode_latent_to_preview)
+    return previewer.decode_latent_to_preview

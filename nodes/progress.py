@@ -17,21 +17,22 @@ log = logging.getLogger(__name__)
 
 
 class SamplingProgress:
-    """`callback(StepInfo)` for `wan.sampler.sample`: progress + a preview of the whole clip per step, at ComfyUI's
-    cadence and with its previewer (`--preview-method`, `--preview-size`). Any sampler loop can use it: call it with
-    a StepInfo, or `preview(x0)` / `pbar` directly."""
+    """`callback(StepInfo)` for `wan.sampler.sample`: progress + a preview of the whole clip per step, with ComfyUI's
+    previewer (`--preview-method`, `--preview-size`), or Latent2RGB when ComfyUI's previews are off: LingBot samplers
+    preview unless their `previews` switch is off. Any sampler loop can use it: call it with a StepInfo, or
+    `preview(x0)` / `pbar` directly."""
 
-    def __init__(self, total_steps: int, device):
+    def __init__(self, total_steps: int, device, previews: bool = True):
         import comfy.latent_formats
         import comfy.utils
         import latent_preview
 
-        from .previews import ClipPreview
+        from .previews import ClipPreview, preview_decoder
 
         self.pbar = comfy.utils.ProgressBar(total_steps)
-        previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
+        decode = preview_decoder(latent_preview, device, comfy.latent_formats.Wan21(), previews)
         self.max_side = getattr(latent_preview, "MAX_PREVIEW_RESOLUTION", 512)  # --preview-size
-        self.clip = ClipPreview(previewer.decode_latent_to_preview, self.max_side) if previewer is not None else None
+        self.clip = ClipPreview(decode, self.max_side) if decode is not None else None
 
     def preview(self, x0) -> Optional[tuple]:
         """ComfyUI's preview tuple for x0 [B, C, T, h, w] (every latent frame), or None (previews off or failed)."""
@@ -85,6 +86,11 @@ def show_on_node(text: str) -> None:
         server.send_progress_text(text, node_id, server.client_id)
     except Exception as e:  # no server, or an older ComfyUI without progress text
         log.debug("LingBot-World: node text not shown (%s): %s", e, text)
+
+
+def count(n: int, word: str, plural: str = "") -> str:
+    """"1 chunk", "7 chunks": a number and its noun as the node text says it."""
+    return f"{n} {word if n == 1 else plural or word + 's'}"
 
 
 def _size(n: int) -> str:

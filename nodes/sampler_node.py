@@ -130,9 +130,9 @@ class LingBotSampler:
                 "i2v": (I2V, {"tooltip": "From LingBot Image To Video (first frame, size, frames)"}),
                 "steps": ("INT", {"default": 70, "min": 1, "max": 1000, "tooltip": (
                     "Denoising steps (reference 70: 26 with the high-noise expert, 44 with the low-noise one).")}),
-                "shift": ("FLOAT", {"default": 10.0, "min": 0.1, "max": 100.0, "step": 0.1, "tooltip": (
+                "shift": ("FLOAT", {"advanced": True, "default": 10.0, "min": 0.1, "max": 100.0, "step": 0.1, "tooltip": (
                     "Timestep shift of the flow schedule (reference 10).")}),
-                "boundary": ("FLOAT", {"default": 0.947, "min": 0.001, "max": 1.0, "step": 0.001, "tooltip": (
+                "boundary": ("FLOAT", {"advanced": True, "default": 0.947, "min": 0.001, "max": 1.0, "step": 0.001, "tooltip": (
                     "Switch from the high- to the low-noise expert when t drops below boundary x 1000 (reference 0.947).")}),
                 "guide_high": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 30.0, "step": 0.1, "tooltip": (
                     "Classifier-free guidance of the high-noise expert (reference 5; 1 = no negative pass).")}),
@@ -140,12 +140,12 @@ class LingBotSampler:
                     "Classifier-free guidance of the low-noise expert (reference 5).")}),
                 "seed": ("INT", {"default": 42, "min": 0, "max": MAX_SEED, "control_after_generate": True, "tooltip": (
                     "Noise seed (reference default 42).")}),
-                "noise_source": (list(NOISE_SOURCES), {"default": "cpu", "tooltip": (
+                "noise_source": (list(NOISE_SOURCES), {"advanced": True, "default": "cpu", "tooltip": (
                     "cpu: the same noise on every machine. cuda: the reference's GPU generator (bit-identical to "
                     "the original scripts for the same seed; needs a CUDA GPU).")}),
-                "solver": (list(SOLVERS), {"default": "unipc", "tooltip": (
+                "solver": (list(SOLVERS), {"advanced": True, "default": "unipc", "tooltip": (
                     "unipc: the reference's flow UniPC (order 2). dpm++: flow DPM-Solver++.")}),
-                "cfg_mode": (list(CFG_MODES), {"default": "auto", "tooltip": (
+                "cfg_mode": (list(CFG_MODES), {"advanced": True, "default": "auto", "tooltip": (
                     "How the prompt and negative passes run: batch (one forward of 2: fastest, most VRAM), "
                     "layered (one after the other inside each block, sharing the camera layers and each layer's "
                     "weight preparation and streaming: faster than sequential, the same video, ~0.65 GB more at "
@@ -158,12 +158,12 @@ class LingBotSampler:
                 "act": (ACT, {"tooltip": (
                     "Act control (Act model only: ray directions + WASD keys) from LingBot Actions. The Act "
                     "release recommends 20 steps.")}),
-                "cfg_parallel": (list(CFG_PARALLEL), {"default": "off", "tooltip": (
+                "cfg_parallel": (list(CFG_PARALLEL), {"advanced": True, "default": "off", "tooltip": (
                     "Two GPUs: run the negative (unconditional) pass on a second GPU at the same time as the "
                     "prompt pass, nearly halving the time per step. That GPU holds its own copy of the current expert "
                     "(9.6 GB NF4, placed for its free VRAM) plus one pass's activations, loaded for the run and "
                     "freed when it ends. auto: the other GPU with the most free memory. off: one GPU.")}),
-                "camera_cache": (list(CAMERA_CACHE_CHOICES), {"default": "auto", "tooltip": (
+                "camera_cache": (list(CAMERA_CACHE_CHOICES), {"advanced": True, "default": "auto", "tooltip": (
                     "The camera layers give the same values at every step: keep them instead of recomputing them "
                     "(about 12 % faster per step, the same video). host: every block's in pinned RAM (26 GB at 480p "
                     "81 frames), streamed to the GPU one block at a time (+0.3 GB VRAM). device: on the GPU (big "
@@ -173,6 +173,9 @@ class LingBotSampler:
                     "Native prompt conditioning instead of 'text': CLIPTextEncode with umT5-XXL (CLIPLoader type "
                     "wan), 4096 wide")}),
                 "negative": ("CONDITIONING", {"tooltip": "Native negative conditioning (with 'positive')"}),
+                "previews": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
+                    "Show every latent frame of the current estimate on the node at each step, even when ComfyUI's "
+                    "own previews are off (Latent2RGB then; ComfyUI's TAESD / video TAE when chosen). Off: none.")}),
             },
         }
 
@@ -188,7 +191,8 @@ class LingBotSampler:
                steps: int = 70, shift: float = 10.0, boundary: float = 0.947, guide_high: float = 5.0,
                guide_low: float = 5.0, seed: int = 42, noise_source: str = "cpu", solver: str = "unipc",
                cfg_mode: str = "auto", camera: Optional[CameraInput] = None, act: Optional[ActInput] = None,
-               positive=None, negative=None, cfg_parallel: str = "off", camera_cache: str = "auto"):
+               positive=None, negative=None, cfg_parallel: str = "off", camera_cache: str = "auto",
+               previews: bool = True):
         import comfy.model_management as mm
 
         from .progress import SamplingProgress, load_progress, show_on_node
@@ -208,7 +212,7 @@ class LingBotSampler:
                 log.info("LingBot-World: cfg_mode %s does not apply with cfg_parallel: each GPU runs one pass", cfg_mode)
             cfg_mode = "sequential"  # this GPU runs only the prompt pass
         plan = plan_for(experts, (i2v.frames, i2v.height, i2v.width), cfg_mode, control is not None,
-                        vram_comfy_can_free(mm, device), device=device)
+                        vram_comfy_can_free(mm, device, experts.patcher("high")), device=device)
         log.info("LingBot-World memory plan: %s", plan.reason)
         settings = SamplingSettings(steps=int(steps), shift=float(shift), boundary=float(boundary),
                                     guide_high=float(guide_high), guide_low=float(guide_low), solver=solver,
@@ -228,7 +232,7 @@ class LingBotSampler:
         film = camera_cache_for(camera_cache, experts, (i2v.frames, i2v.height, i2v.width),
                                 control is not None and velocity is None, settings.steps, settings.cfg_mode, plan,
                                 device)
-        progress = SamplingProgress(settings.steps, device)
+        progress = SamplingProgress(settings.steps, device, previews=bool(previews))
         log.info("LingBot-World sampling %dx%d, %d frames, %d steps, %s CFG, camera=%s",
                  i2v.width, i2v.height, i2v.frames, settings.steps, settings.cfg_mode,
                  camera.label if camera is not None else f"act {act.label}" if act is not None else "none")

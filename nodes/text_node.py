@@ -83,7 +83,7 @@ class LingBotTextEncode:
         encoders = comfy_paths.list_text_encoders()
         from ..loaders.model_folders import pick_default
 
-        default = pick_default(encoders, "umt5") or pick_default(encoders, "t5")
+        default = pick_default(encoders, "umt5", avoid=("demo",)) or pick_default(encoders, "t5", avoid=("demo",))
         enc_opts = {"default": default} if default else {}
         return {
             "required": {
@@ -91,7 +91,7 @@ class LingBotTextEncode:
                     "umT5-XXL encoder: umt5_xxl_fp16 / fp8_e4m3fn_scaled .safetensors (Comfy-Org repackaged, in "
                     "models/text_encoders) or the release's models_t5_umt5-xxl-enc-bf16.pth. It runs in a separate "
                     "process that exits after encoding, so its 11 GB never stay in ComfyUI.")}),
-                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, **short_labels(),
+                "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, **short_labels(), "advanced": True,
                                                                "tooltip": (
                     "auto: the tokenizer stored inside Comfy-Org's umt5 .safetensors, or a google/umt5-xxl/ or "
                     "tokenizer/ folder next to the encoder file. Or pick a folder with tokenizer.json / spiece.model.")}),
@@ -99,14 +99,20 @@ class LingBotTextEncode:
                     "What happens in the video. The camera motion comes from the camera input, not from the text.")}),
                 "negative_prompt": ("STRING", {"multiline": True, "default": DEFAULT_NEGATIVE_PROMPT, "tooltip": (
                     "What to avoid. Defaults to LingBot-World's own negative prompt; leaving it empty uses that too.")}),
-                "device": (list(DEVICES), {"default": "auto", "tooltip": (
+                "device": (list(DEVICES), {"default": "auto", "advanced": True, "tooltip": (
                     "Where the child process runs the encoder. auto: the GPU if it has room after ComfyUI frees "
                     "memory for it (about 10 GB), else the CPU (slow, needs about 12 GB RAM).")}),
-                "cache": ("BOOLEAN", {"default": True, "tooltip": (
+                "cache": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
                     "Keep embeddings on disk (ComfyUI user folder, lingbot_world/text_cache): a repeated prompt "
                     "never starts the encoder again.")}),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, text_encoder=None, tokenizer=None):
+        from . import model_check
+
+        return model_check._first(model_check.text_encoder(text_encoder), model_check.tokenizer(tokenizer))
 
     RETURN_TYPES = (TEXT, "CONDITIONING", "CONDITIONING")
     RETURN_NAMES = ("text", "positive", "negative")

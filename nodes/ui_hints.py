@@ -14,10 +14,15 @@ that declares them, so a new node gets the behaviour with one line, e.g.
   instead of "lingbot-world-base-cam-nf4/high_noise_model_bnb_nf4"); the value sent to the server is unchanged;
 - upload: adds an upload button of the named kind next to a combo ("camera_npy": poses.npy + intrinsics.npy into
   a new folder under input/lingbot_trajectories, then selected).
+Current ComfyUI (frontend 1.3x+, and its Vue node renderer, where hiding a widget from an extension may not work)
+has a native way for secondary widgets: `"advanced": True` puts them behind the node's "show advanced" toggle. The
+conditional widgets carry it too (`advanced()`), so they stay out of the way there; 0.3.64's frontend ignores the key
+and the extension hides them as before.
 No ComfyUI imports: plain dicts.
 """
 from __future__ import annotations
 
+ADVANCED = "advanced"  # ComfyUI's own option key (nodes_model_advanced.py uses it)
 SHOW_IF = "lingbot_show_if"
 HIDE_IF = "lingbot_hide_if"
 SHORT_LABELS = "lingbot_short_labels"
@@ -29,14 +34,19 @@ def show_if(**conditions: list) -> dict:
     """Options that show the widget only while every named widget holds one of its listed values."""
     if not conditions:
         raise ValueError("show_if needs at least one widget=[values] condition")
-    return {SHOW_IF: {name: list(values) for name, values in conditions.items()}}
+    return {SHOW_IF: {name: list(values) for name, values in conditions.items()}, ADVANCED: True}
 
 
 def hide_if(**conditions: list) -> dict:
     """Options that hide the widget while any named widget holds one of its listed values."""
     if not conditions:
         raise ValueError("hide_if needs at least one widget=[values] condition")
-    return {HIDE_IF: {name: list(values) for name, values in conditions.items()}}
+    return {HIDE_IF: {name: list(values) for name, values in conditions.items()}, ADVANCED: True}
+
+
+def advanced() -> dict:
+    """A secondary widget: behind "show advanced" in current ComfyUI (shown as usual in 0.3.64)."""
+    return {ADVANCED: True}
 
 
 def short_labels() -> dict:

@@ -110,18 +110,11 @@ def ui_to_api(ui: Mapping, object_info: Mapping, unchecked: Collection[str] = ()
             pos += 1 + extra_values(name, spec)
         if pos != len(values):
             raise WorkflowError(f"node {node['id']} ({kind}): {len(values)} widget values, the node declares {pos}")
-        for entry in node.get("inputs", []):
+        for slot, entry in enumerate(node.get("inputs", [])):
             link_id = entry.get("link")
             if link_id is None:
                 continue
-            if link_id not in links:
-                raise WorkflowError(f"node {node['id']}: input {entry['name']!r} refers to missing link {link_id}")
-            _, src, src_slot, dst, _, ltype = links[link_id]
-            if dst != node["id"] or src not in nodes:
-                raise WorkflowError(f"link {link_id} does not connect node {src} to node {node['id']}")
-            src_def = object_info.get(nodes[src]["type"])
-            if src_def is not None and src_def["output"][src_slot] != ltype:
-                raise WorkflowError(f"link {link_id}: source output is {src_def['output'][src_slot]}, link says {ltype}")
+            src, src_slot = _source(link_id, node, slot, entry, links, nodes, object_info)
             inputs[entry["name"]] = [str(src), src_slot]
         required = node_def["input"].get("required", {})
         missing = [n for n in required if n not in inputs]
@@ -130,6 +123,43 @@ def ui_to_api(ui: Mapping, object_info: Mapping, unchecked: Collection[str] = ()
         api[str(node["id"])] = {"class_type": kind, "inputs": inputs,
                                 "_meta": {"title": node.get("title") or node_def.get("display_name", kind)}}
     return api
+
+
+def _check_link(link_id: int, node: Mapping, slot: int, links: Mapping, nodes: Mapping, object_info: Mapping) -> list:
+    """The link entering `node`'s input `slot`, checked both ways (the frontend repairs, and rewrites on load, a link
+    whose ends disagree with the nodes' own lists)."""
+    if link_id not in links:
+        raise WorkflowError(f"node {node['id']}: input slot {slot} refers to missing link {link_id}")
+    _, src, src_slot, dst, dst_slot, ltype = links[link_id]
+    if dst != node["id"] or src not in nodes:
+        raise WorkflowError(f"link {link_id} does not connect node {src} to node {node['id']}")
+    if dst_slot != slot:
+        raise WorkflowError(f"link {link_id} says it enters input slot {dst_slot} of node {node['id']}, but that node "
+                            f"lists it on slot {slot} ({node['inputs'][slot]['name']!r})")
+    outputs = nodes[src].get("outputs") or []
+    if src_slot >= len(outputs) or link_id not in (outputs[src_slot].get("links") or []):
+        raise WorkflowError(f"link {link_id} leaves output {src_slot} of node {src}, which does not list it")
+    src_def = object_info.get(nodes[src]["type"])
+    if src_def is not None and src_def["output"][src_slot] != ltype:
+        raise WorkflowError(f"link {link_id}: source output is {src_def['output'][src_slot]}, link says {ltype}")
+    return links[link_id]
+
+
+def _source(link_id: int, node: Mapping, slot: int, entry: Mapping, links: Mapping, nodes: Mapping,
+            object_info: Mapping) -> tuple[int, int]:
+    """(node id, output slot) feeding an input; a bypassed node passes its first input of the link's type through,
+    as the frontend does."""
+    _, src, src_slot, _, _, ltype = _check_link(link_id, node, slot, links, nodes, object_info)
+    seen = set()
+    while nodes[src].get("mode", 0) == BYPASSED and src not in seen:
+        seen.add(src)
+        through = [(i, e) for i, e in enumerate(nodes[src].get("inputs", []))
+                   if e.get("type") == ltype and e.get("link") is not None]
+        if not through:
+            raise WorkflowError(f"node {src} is bypassed but has no {ltype} input to pass to node {node['id']}")
+        i, e = through[0]
+        _, src, src_slot, _, _, _ = _check_link(e["link"], nodes[src], i, links, nodes, object_info)
+    return src, src_slot
 
 
 def v1_node_info(name: str, cls: Any, display_name: str = "") -> dict:

@@ -262,11 +262,14 @@ def write_random_wan21_vae(path: Path) -> None:
 def running_server(base: Path, start_timeout: float = 180, env: Optional[dict] = None) -> Iterator[Server]:
     """Start ComfyUI (CPU unless LINGBOT_COMFY_GPU=1, 127.0.0.1, free port) on a prepared base directory; stop it on exit.
 
+    ComfyUI's default preview method (none) on purpose: LingBot samplers preview anyway. LINGBOT_COMFY_ARGS adds
+    arguments, e.g. "--front-end-root /path/to/comfyui_frontend_package/static" to try another frontend.
+
     env: extra environment variables for the server process."""
     port = free_port()
     log_path = base / "server.log"
     cmd = [PYTHON, "main.py"] + ([] if GPU else ["--cpu"]) + ["--listen", "127.0.0.1", "--port", str(port), "--base-directory", str(base),
-           "--disable-auto-launch", "--preview-method", "auto"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
+           "--disable-auto-launch"] + os.environ.get("LINGBOT_COMFY_ARGS", "").split()  # e.g. "--verbose DEBUG"
     # glibc's default heap behaviour on purpose (no MALLOC_MMAP_THRESHOLD_): freed weight chunks stay in its heap
     # unless the pack trims it, so the RSS checks see what users see.
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))  # PYTHONUNBUFFERED: log lines in order, at once

@@ -7,8 +7,9 @@ Opt-in, like test_comfyui_server.py (same temp-base server, see tests/comfyui_se
   - a system Chromium at /usr/bin/chromium (Debian: `apt-get install chromium`), or LINGBOT_CHROMIUM=/path.
 Each is skipped with its reason when absent. The browser runs headless with a fresh profile and may only reach the
 local server: other hosts fail name resolution and every request to anything else is aborted (and reported).
-Set LINGBOT_FRONTEND_SCREENSHOT_DIR to keep the screenshots (one per example workflow, and the demo after its run)
-somewhere known.
+Screenshots (one per example workflow, and each demo template after its run, previews on its sampler) are kept in
+tests/artefacts/frontend-<version>/ (gitignored), or LINGBOT_FRONTEND_SCREENSHOT_DIR. Another frontend than the one
+installed in ComfyUI's venv: LINGBOT_COMFY_ARGS="--front-end-root /path/to/comfyui_frontend_package/static".
 """
 from __future__ import annotations
 
@@ -116,7 +117,27 @@ CAPTURE_MISSING = """() => {
 }"""
 
 
+MODEL_LOADERS = {"LingBotExpertLoader", "LingBotModelLoader", "LingBotFastLoader", "LingBotTextEncode",
+                 "LingBotVAELoader", "CLIPLoader", "VAELoader"}
+
+
+def _frontend(page) -> tuple[int, ...]:
+    version = page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__ ?? '0'")
+    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+
+
+def _classic_ui(page) -> bool:
+    """Frontends up to 1.3x (0.3.64's 1.27): PrimeVue dialogs, the old node search and template browser. Newer ones
+    (1.5x) show queue errors and missing models in the Workflow Overview's Issues panel instead."""
+    return _frontend(page) < (1, 40)
+
+
 def _close_dialogs(page) -> None:
+    for _ in range(3):  # newer frontends' overlays (the template browser on a fresh profile) close with Escape
+        if page.locator(".p-dialog").count() or not page.locator("[role=dialog]:visible").count():
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
     for _ in range(5):
         dialogs = page.locator(".p-dialog")
         if dialogs.count() == 0:
@@ -218,7 +239,8 @@ def test_a_missing_node_is_caught(page):
     got, warnings = _load(page, ui)
     assert got["missing"] == ["LingBotNoSuchNode"]
     assert got["unregistered"] == ["LingBotNoSuchNode"]
-    assert warnings and "LingBotNoSuchNode" in " ".join(warnings)
+    if _classic_ui(page):  # newer frontends report missing nodes in the Issues panel, not a dialog
+        assert warnings and "LingBotNoSuchNode" in " ".join(warnings)
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
@@ -232,7 +254,8 @@ def test_example_workflow_loads_in_frontend(page, path, tmp_path):
     assert got["count"] == len(ui["nodes"]), f"{path.name}: {got['count']} nodes in the graph, {len(ui['nodes'])} in the file"
     assert sorted(got["types"]) == sorted(n["type"] for n in ui["nodes"])
     assert got["links"] == len(ui["links"]), f"{path.name}: {got['links']} links in the graph, {len(ui['links'])} in the file"
-    assert got["hasErrors"] == [], f"{path.name}: nodes flagged with errors: {got['hasErrors']}"
+    # newer frontends flag a loader whose model is not installed (the test base has none of the real files)
+    assert set(got["hasErrors"]) <= MODEL_LOADERS, f"{path.name}: nodes flagged with errors: {got['hasErrors']}"
     # Drawn as intended: every node at least as big as its widgets need, no widget past the node's edge, no label or
     # value cut to "...", and no node (with its title and source badge) on top of another.
     assert got["tooSmall"] == [], f"{path.name}: nodes smaller than their widgets: {got['tooSmall']}"
@@ -244,8 +267,11 @@ def test_example_workflow_loads_in_frontend(page, path, tmp_path):
 
 
 def _screenshot(page, ui: dict, name: str, tmp_path: Path) -> Path:
-    """The workflow at its saved view, for a look by eye (LINGBOT_FRONTEND_SCREENSHOT_DIR keeps them)."""
-    out_dir = Path(os.environ.get("LINGBOT_FRONTEND_SCREENSHOT_DIR", tmp_path))
+    """The workflow at its saved view, for a look by eye: tests/artefacts/frontend-<version>/ (gitignored), or
+    LINGBOT_FRONTEND_SCREENSHOT_DIR."""
+    version = page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__ ?? 'unknown'")
+    out_dir = Path(os.environ.get("LINGBOT_FRONTEND_SCREENSHOT_DIR", comfy.REPO / "tests" / "artefacts" /
+                                  f"frontend-{version}"))
     out_dir.mkdir(parents=True, exist_ok=True)
     page.evaluate(SET_VIEW, ui.get("extra", {}).get("ds") or {"scale": 0.7, "offset": [0, 0]})
     page.wait_for_timeout(600)
@@ -370,6 +396,8 @@ def test_camera_files_upload_creates_and_selects_a_trajectory(page, server, tmp_
 
 @pytest.mark.parametrize("query", ["wan", "lingbot"])
 def test_node_search_finds_the_pack(page, server, query):
+    if not _classic_ui(page):
+        pytest.skip("the classic node search box; newer frontends also match SEARCH_ALIASES (test_node_model_check)")
     info = server.get("/object_info")
     ours = {d["display_name"] for d in info.values() if d.get("python_module") == f"custom_nodes.{comfy.PACK_DIR_NAME}"}
     page.mouse.dblclick(800, 700)  # an empty spot of the canvas opens the node search
@@ -386,6 +414,8 @@ def test_node_search_finds_the_pack(page, server, query):
 def test_templates_have_titles_and_real_thumbnails(page, server):
     from PIL import Image
 
+    if not _classic_ui(page):
+        pytest.skip("the classic template browser (PrimeVue dialog); the order is checked through the API below")
     listed = server.get("/api/workflow_templates")[comfy.PACK_DIR_NAME]
     assert sorted(listed) == sorted(p.stem for p in WORKFLOWS)
     for name in listed:
@@ -417,6 +447,8 @@ def test_templates_have_titles_and_real_thumbnails(page, server):
 def test_demo_workflow_runs_from_the_frontend(page, server, tmp_path):
     """Queue the tiny demo the way a user does; the nodes then show what they did: the text encoder's stages, the
     video size and frames, the whole-clip preview on the sampler."""
+    if not _classic_ui(page):
+        pytest.skip("reads the classic canvas's text-preview widgets; the demo runs are checked below on every frontend")
     ui = json.loads((comfy.REPO / "example_workflows" / "Tiny CPU demo (random weights).json").read_text())
     page.evaluate(LOAD_AND_INSPECT, ui)
     _close_dialogs(page)
@@ -439,9 +471,125 @@ def test_demo_workflow_runs_from_the_frontend(page, server, tmp_path):
     assert shown["LingBotImageToVideo"]["text"].startswith("112x64, 17 frames")
     assert shown["LingBotCameraPreset"]["text"].startswith("dolly_in+pan_right: 17 poses")
     assert shown["LingBotSampler"]["text"].startswith("8 steps, unipc, ")
+    # the node text wraps between words (the frontend's own style breaks anywhere)
+    breaks = page.evaluate("""() => [...document.querySelectorAll('.break-all.flex.items-center > span')]
+        .map((e) => getComputedStyle(e).wordBreak)""")
+    assert breaks and set(breaks) == {"normal"}, breaks
     sampler = str(page.evaluate("() => window.app.graph._nodes.find((n) => n.type === 'LingBotSampler').id"))
     previews = [(w, h) for node, w, h in page.evaluate("() => window.__lingbotPreviews") if node == sampler]
     steps = next(n for n in ui["nodes"] if n["type"] == "LingBotSampler")["widgets_values"][0]
     # One preview per step, each the grid of all 5 latent frames (2 x 3 cells of 14:8): squarer than one frame.
     assert len(previews) >= steps - 1 and all(0.9 < w / h < 1.25 for w, h in previews), previews
     _screenshot(page, ui, "Tiny CPU demo (random weights)_after_run.png", tmp_path)
+
+
+# ---- a first run (issue 27) ----------------------------------------------------------------------------------------
+def _dialog_texts(page) -> list[str]:
+    page.wait_for_timeout(800)
+    return page.locator(".p-dialog").all_inner_texts()
+
+
+def test_a_queued_template_without_its_models_shows_the_packs_message(page, server):
+    """Run on a template whose experts are not installed: ComfyUI's error dialog shows the pack's message (which
+    file or folder, where it goes, where to get it) and nothing runs."""
+    before = set(server.get("/history"))
+    ui = json.loads((comfy.REPO / "example_workflows" / "Image to video, camera preset.json").read_text())
+    page.evaluate("(ui) => window.app.loadGraphData(ui)", ui)
+    _close_dialogs(page)  # the Missing Models dialog
+    page.evaluate("() => window.app.queuePrompt(0)")
+    if _classic_ui(page):
+        page.wait_for_function("() => document.querySelectorAll('.p-dialog').length > 0", timeout=30_000)
+        text = " ".join(_dialog_texts(page))
+        assert "lingbot-world-base-cam-nf4/high_noise_model_bnb_nf4' was not found" in text, text[:3000]
+        assert "huggingface.co/cahlen/lingbot-world-base-cam-nf4" in text and "Value not in list" not in text
+        _screenshot(page, ui, "missing_models_message.png", Path(os.environ.get("TMPDIR", "/tmp")))
+        _close_dialogs(page)
+    else:  # the Issues panel lists each refused input (the pack's message is its detail) and the missing files
+        page.locator("[data-testid='error-overlay-see-errors']").first.click(timeout=30_000, force=True)
+        page.wait_for_timeout(1500)
+        text = page.locator("body").inner_text()
+        for entry in ("LingBot Expert Loader (Wan) - high_noise_expert", "LingBot Text Encode (Wan umT5) - text_encoder",
+                      "Missing Models", "umt5_xxl_fp16.safetensors", "model.safetensors"):  # the experts' files too
+            assert entry in text, f"{entry!r} is not in the Issues panel"
+        _screenshot(page, ui, "missing_models_message.png", Path(os.environ.get("TMPDIR", "/tmp")))
+        page.keyboard.press("Escape")
+    page.wait_for_timeout(1000)
+    assert set(server.get("/history")) == before  # not even the camera preview ran
+
+
+def test_the_missing_models_dialog_lists_every_model_file(page):
+    if not _classic_ui(page):
+        pytest.skip("newer frontends list missing models in the Issues panel (checked in the test above)")
+    ui = json.loads((comfy.REPO / "example_workflows" / "Image to video, camera preset.json").read_text())
+    page.evaluate("(ui) => window.app.loadGraphData(ui)", ui)
+    text = " ".join(_dialog_texts(page))
+    for name in ("high_noise_model_bnb_nf4/model.safetensors", "low_noise_model_bnb_nf4/model.safetensors",
+                 "high_noise_model_bnb_nf4/config.json", "umt5_xxl_fp16.safetensors", "wan_2.1_vae.safetensors"):
+        assert name in text, f"{name} is not in the Missing Models dialog: {text[:3000]}"
+    _close_dialogs(page)
+
+
+def test_the_packs_templates_come_demos_first(page, server):
+    listed = page.evaluate("async () => (await window.app.api.getWorkflowTemplates())")[comfy.PACK_DIR_NAME]
+    assert listed[:4] == sorted(n for n in listed if n.startswith("Tiny CPU demo"))
+    assert listed[4:] == sorted(listed[4:]), listed
+    assert sorted(listed) == sorted(server.get("/api/workflow_templates")[comfy.PACK_DIR_NAME])
+
+
+def test_widgets_hide_in_the_vue_node_renderer_too(page):
+    """Current frontends draw nodes with Vue ("Nodes 2.0") when Comfy.VueNodes.Enabled is on; the extension's
+    hiding must hold there as well (0.3.64's frontend has no such renderer: skipped)."""
+    settings = page.evaluate("() => window.app.extensionManager?.setting ? true : false")
+    has_vue = settings and page.evaluate("""() => { try { return window.app.extensionManager.setting.get(
+        'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
+    if not has_vue:
+        pytest.skip("this frontend has no Vue node renderer (Comfy.VueNodes.Enabled)")
+    page.evaluate("() => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true)")
+    try:
+        _fresh_graph(page)
+        i2v = page.evaluate(NEW_NODE, "LingBotImageToVideo")
+        page.wait_for_timeout(800)
+        assert not {"width", "height"} & _visible(page, i2v)
+        page.evaluate(SET_WIDGET, [i2v, "size", "custom"])
+        page.wait_for_timeout(800)
+        assert {"width", "height"} <= _visible(page, i2v)
+        page.evaluate(SET_WIDGET, [i2v, "size", "480p"])
+        page.wait_for_timeout(800)
+        assert not {"width", "height"} & _visible(page, i2v)
+        _fresh_graph(page)
+    finally:
+        page.evaluate("() => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false)")
+
+
+DEMO_TEMPLATES = ("Tiny CPU demo (random weights)", "Tiny CPU demo with native KSamplers (random weights)",
+                  "Tiny CPU demo, Fast model (random weights)", "Tiny CPU demo, Act model (random weights)")
+
+
+@pytest.mark.parametrize("name", DEMO_TEMPLATES)
+def test_each_demo_template_runs_from_the_frontend_with_previews(page, server, name, tmp_path):
+    """Press Run on each demo template; it makes a video, and the screenshot after the run shows the previews."""
+    server.post("/free", {"unload_models": True, "free_memory": True})  # no cached results: the samplers run again
+    page.wait_for_timeout(3000)
+    ui = json.loads((comfy.REPO / "example_workflows" / f"{name}.json").read_text())
+    page.evaluate("(ui) => window.app.loadGraphData(ui)", ui)
+    _close_dialogs(page)
+    page.evaluate("""() => { window.__lingbotDone = false; window.__lingbotError = null; window.__lingbotPreviews = 0;
+        const api = window.app.api;
+        api.addEventListener("executing", (e) => { if (e.detail === null) window.__lingbotDone = true; });
+        api.addEventListener("execution_error", (e) => { window.__lingbotError = e.detail; window.__lingbotDone = true; });
+        for (const kind of ["b_preview", "b_preview_with_metadata"])
+            api.addEventListener(kind, () => { window.__lingbotPreviews += 1; });
+    }""")
+    page.evaluate("() => window.app.queuePrompt(0)")
+    # the previews are on the sampler while it runs (ComfyUI drops them when the prompt ends): screenshot then
+    page.wait_for_function("() => window.__lingbotDone || window.__lingbotPreviews >= 2", timeout=900_000, polling=200)
+    sampler = any(n["type"] in ("LingBotSampler", "LingBotFastSampler") for n in ui["nodes"])
+    if not page.evaluate("() => window.__lingbotDone"):
+        _screenshot(page, ui, f"{name}_previews.png", tmp_path)
+    page.wait_for_function("() => window.__lingbotDone", timeout=900_000, polling=1000)
+    assert page.evaluate("() => window.__lingbotError") is None
+    if sampler and _classic_ui(page):  # LingBot samplers preview with ComfyUI's previews off (the server's default)
+        assert page.evaluate("() => window.__lingbotPreviews") >= 2
+    page.wait_for_timeout(1500)
+    shot = _screenshot(page, ui, f"{name}_after_run.png", tmp_path)
+    assert shot.is_file()

@@ -31,8 +31,9 @@ def test_an_unwritable_input_folder_is_reported_not_raised(tmp_path, caplog):
 
 
 def test_ui_hints():
-    assert show_if(size=["custom"]) == {SHOW_IF: {"size": ["custom"]}}
-    assert hide_if(window=[0]) == {HIDE_IF: {"window": [0]}}
+    # conditional widgets are "advanced" ones in current ComfyUI (its own way to keep them out of sight)
+    assert show_if(size=["custom"]) == {SHOW_IF: {"size": ["custom"]}, "advanced": True}
+    assert hide_if(window=[0]) == {HIDE_IF: {"window": [0]}, "advanced": True}
     assert short_labels() == {"lingbot_short_labels": True}
     assert upload("camera_npy") == {"lingbot_upload": "camera_npy"}
     with pytest.raises(ValueError):

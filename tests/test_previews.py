@@ -73,3 +73,63 @@ def test_big_clips_and_upscaling_previewers_stay_within_the_preview_size():
 def test_a_single_image_latent_is_refused():
     with pytest.raises(ValueError, match=r"\[B, C, T, h, w\]"):
         ClipPreview(latent_to_rgb(torch.randn(16, 3)))(torch.zeros(1, 16, 8, 8))
+
+
+# ---- which decoder LingBot samplers preview with (issue 27: on by default, video TAE previewers) ----------------
+class _Format:
+    latent_rgb_factors = [[0.1, 0.2, 0.3]] * 16
+    latent_rgb_factors_bias = [0.0, 0.0, 0.0]
+    taesd_decoder_name = "lighttaew2_1"
+
+
+def _fake_latent_preview(method: str):
+    """ComfyUI's latent_preview as far as the pack uses it: get_previewer answers per --preview-method."""
+    import types
+
+    class Latent2RGBPreviewer:
+        def __init__(self, factors, bias=None):
+            self.factors = torch.tensor(factors)
+
+        def decode_latent_to_preview(self, x0):
+            assert x0.dim() == 4
+            rgb = torch.einsum("bchw,cr->bhwr", x0, self.factors)[0]
+            return Image.fromarray(((rgb.clamp(-1, 1) + 1) * 127.5).byte().numpy())
+
+    class VideoTAE:  # like core's TAEHV previewer: video latents only, first frame
+        calls = []
+
+        def decode_latent_to_preview(self, x0):
+            if x0.dim() != 5:
+                raise ValueError(f"video previewer got {x0.dim()}-D")
+            VideoTAE.calls.append(tuple(x0.shape))
+            h, w = x0.shape[-2:]
+            return Image.new("RGB", (w * 8, h * 8), (200, 10, 10))
+
+    m = types.SimpleNamespace(Latent2RGBPreviewer=Latent2RGBPreviewer, VIDEO_TAES=["taehv", "lighttaew2_1"],
+                              VideoTAE=VideoTAE)
+    m.get_previewer = lambda device, fmt: {"none": None, "latent2rgb": Latent2RGBPreviewer(fmt.latent_rgb_factors),
+                                           "taesd": VideoTAE()}[method]
+    return m
+
+
+def test_previews_are_on_when_comfyui_has_them_off_and_the_switch_turns_them_off():
+    from lingbot_world.nodes.previews import preview_decoder
+
+    lp = _fake_latent_preview("none")  # ComfyUI's default: --preview-method none
+    decode = preview_decoder(lp, "cpu", _Format())
+    assert decode is not None
+    grid = ClipPreview(decode, max_side=256)(torch.randn(1, 16, 5, 6, 10))
+    assert grid.mode == "RGB" and max(grid.size) <= 256
+    assert preview_decoder(lp, "cpu", _Format(), enabled=False) is None
+
+
+def test_a_video_tae_previewer_gets_five_d_latents():
+    from lingbot_world.nodes.previews import preview_decoder
+
+    lp = _fake_latent_preview("taesd")
+    decode = preview_decoder(lp, "cpu", _Format())
+    grid = ClipPreview(decode, max_side=512)(torch.randn(1, 16, 5, 6, 10))
+    assert grid.getpixel((1, 1)) == (200, 10, 10)
+    assert all(len(s) == 5 and s[2] == 1 for s in lp.VideoTAE.calls)  # [1, C, 1, h, w]: one latent frame
+    lp2 = _fake_latent_preview("latent2rgb")  # Latent2RGB keeps its 4-D input even for a video format
+    ClipPreview(preview_decoder(lp2, "cpu", _Format()), max_side=128)(torch.randn(1, 16, 3, 4, 4))

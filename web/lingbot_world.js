@@ -4,7 +4,10 @@
 //   lingbot_hide_if: {widget: [values]}  the widget is hidden while any named widget holds one of the values
 //   lingbot_short_labels: true           a path combo shows the shortest distinct end of each path
 //   lingbot_upload: "camera_npy"          an upload button for poses.npy + intrinsics.npy (a new trajectory folder)
-// Nothing here changes what a workflow stores or what the server receives.
+// It also sorts the pack's templates (demos first) and keeps the node text from breaking words apart.
+// Nothing here changes what a workflow stores or what the server receives. Works with the classic canvas and with
+// the Vue node renderer ("Nodes 2.0"), whose widgets also follow `widget.hidden` (current ComfyUI's own extensions
+// set it); there the conditional widgets are "advanced" ones too (nodes/ui_hints.py).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -102,8 +105,9 @@ function useShortLabels(widget) {
       cacheKey = key;
       labels = shortLabels(list);
     }
-    // A value that is not installed (a shared workflow): its last part; ComfyUI's missing-models dialog has the rest.
-    return labels.get(value) ?? String(value ?? "").split(/[\\/]/).pop();
+    // A value that is not installed (a shared workflow, a template before its download): the whole path, so the
+    // folder it is missing from shows; the queued run says where to get it.
+    return labels.get(value) ?? String(value ?? "");
   };
   // The widget draws `_displayValue` (the frontend's own hook for a shown value that differs from the stored one).
   Object.defineProperty(widget, "_displayValue", {
@@ -112,6 +116,37 @@ function useShortLabels(widget) {
       return this.computedDisabled ? "" : label(this.value);
     },
   });
+}
+
+// Templates of this pack in the browser: the runnable demos first, then by title (the server lists files in
+// directory order).
+export function sortTemplateNames(names) {
+  const demo = (n) => (/^tiny cpu demo/i.test(n) ? 0 : 1);
+  return [...names].sort((a, b) => demo(a) - demo(b) || a.localeCompare(b, "en", { numeric: true }));
+}
+
+function sortOwnTemplates() {
+  const original = api.getWorkflowTemplates;
+  if (typeof original !== "function" || original.lingbotSorted) return;
+  const sorted = async function (...args) {
+    const all = await original.apply(this, args);
+    for (const [module, names] of Object.entries(all ?? {})) {
+      if (/lingbot/i.test(module) && Array.isArray(names)) all[module] = sortTemplateNames(names);
+    }
+    return all;
+  };
+  sorted.lingbotSorted = true;
+  api.getWorkflowTemplates = sorted;
+}
+
+// The frontend's node text (progress text) breaks lines anywhere ("break-all"): "LingBot" became "LingB / ot".
+// Words stay whole; a long path still wraps where it must.
+function keepWordsWhole() {
+  if (document.getElementById("lingbot-node-text")) return;
+  const style = document.createElement("style");
+  style.id = "lingbot-node-text";
+  style.textContent = ".break-all.flex.items-center > span { word-break: normal; overflow-wrap: anywhere; }";
+  document.head.append(style);
 }
 
 function toast(severity, summary, detail) {
@@ -184,6 +219,10 @@ function addUploadButton(node, comboName, kind) {
 
 app.registerExtension({
   name: "LingBotWorld.NodeUI",
+  init() {
+    sortOwnTemplates();
+    keepWordsWhole();
+  },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     const options = inputOptions(nodeData);
     const rules = {};
