@@ -50,10 +50,6 @@ NODE_CLASS_MAPPINGS = {
 }
 
 node_errors.install(NODE_CLASS_MAPPINGS.values())
-if "VALIDATE_INPUTS" not in LingBotFastLoader.__dict__:  # the Fast loader's model check, until it declares its own
-    from .model_check import fast_model as _fast_model_check
-
-    LingBotFastLoader.VALIDATE_INPUTS = classmethod(_fast_model_check)  # errors in node words, under plain type names
 
 # The frontend's node search matches the class and display names only (fuzzily, near their start): every display
 # name says "LingBot" and "Wan" (within its first 30 characters) so searching either finds the pack.

@@ -14,7 +14,7 @@ import torch
 
 from ..memory.kv_park import ParkedKVError
 from ..wan.sampling.fast_state import CHUNK_VIDEO_FRAMES, plan_next_part
-from .fast_host import FAST_STATE, camera_source, check_text, open_fast_world, run_fast_part
+from .fast_host import FAST_STATE, camera_source, check_text, condition_track, open_fast_world, run_fast_part
 from .fast_state_store import FastStateHandle, KVStore, StaleStateError, state_line, state_output_used
 from .i2v_nodes import CONTEXT_KEY
 from .payloads import CAMERA, CATEGORY, TEXT, VAE, CameraInput, TextEmbeds, VAEHandle
@@ -156,26 +156,11 @@ class LingBotFastContinue:
 
     @staticmethod
     def _condition(handle: FastStateHandle):
-        """The I2V conditioning of later frames: built once per video (one VAE encode of ~117 frames), kept."""
+        """The I2V conditioning of later frames: the state's, else built once per video and kept."""
         st = handle.state
-        if st.condition is not None:
-            return st.condition
-        i2v = handle.i2v
-        if i2v is not None and i2v.track is not None:  # ComfyUI's cached I2V output: built for an earlier video
-            st.condition = i2v.track
-            return st.condition
-        if i2v is None or i2v.vae is None or i2v.image is None:
-            raise ValueError("LingBot Fast Continue: the video's LingBot Image To Video input was not made with "
-                             "LingBot VAE Loader's VAE (a native Load VAE cannot encode the later frames' "
-                             "conditioning); connect LingBot VAE Loader to LingBot Image To Video and queue again")
-        from ..wan.i2v import ConditionTrack
-        from ..wan.vae.footprint import vae_work_bytes
-        from .i2v_nodes import load_vae_to_device
-        from ..wan.vae.reach import encoder_reach
-
-        cfg = i2v.vae.model.cfg
-        frames = cfg.temporal_factor * (encoder_reach(cfg) + 1) + 1
-        model = load_vae_to_device(i2v.vae, vae_work_bytes(cfg, i2v.height, i2v.width, frames, i2v.tiled, 256))
-        st.condition = i2v.track = ConditionTrack.build(model, i2v.image, i2v.height, i2v.width, tiled=i2v.tiled,
-                                                        have=i2v.y)
+        if st.condition is None:
+            try:
+                st.condition = condition_track(handle.i2v)
+            except ValueError as e:
+                raise ValueError(f"LingBot Fast Continue: {e}") from None
         return st.condition

@@ -26,6 +26,7 @@ from ..world.session import WorldSession
 from .expert_weights import compute_bytes_for
 from .memory import vram_comfy_can_free
 from .payloads import CameraInput, TextEmbeds, VAEHandle
+from .progress import count
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,10 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
     if so_far:
         total = so_far + frames.frames
         line = (f"{width}x{height}, {frames.frames} new frames after {so_far} ({total} frames, {total / FPS:.1f} s "
-                f"at {FPS} fps): {frames.chunks} chunks x {len(STEP_INDICES)} steps")
+                f"at {FPS} fps): {count(frames.chunks, 'chunk')} x {len(STEP_INDICES)} steps")
     else:
         line = (f"{width}x{height}, {frames.frames} frames ({frames.frames / FPS:.1f} s at {FPS} fps): "
-                f"{frames.chunks} chunks x {len(STEP_INDICES)} steps")
+                f"{count(frames.chunks, 'chunk')} x {len(STEP_INDICES)} steps")
     if est.get("vram_free") is None:
         where = f"model and K/V cache ({_gb(est['cache_bytes'])}) in RAM (CPU run)"
     elif plan.cache == "gpu":
@@ -188,7 +189,8 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     if layout.note:
         log.warning("LingBot-World Fast K/V cache: %s", layout.note)
     try:
-        plan = plan_fast_memory(h, w, cfg, layout, vram_comfy_can_free(mm, device), available_ram_bytes(),
+        plan = plan_fast_memory(h, w, cfg, layout, vram_comfy_can_free(mm, device, fast_model.patcher),
+                                available_ram_bytes(),
                                 weights=fast_model.weights, cache=fast_model.kv_cache, camera=part.camera is not None,
                                 compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra)
     except FastMemoryError as e:
@@ -203,12 +205,13 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
 
 def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],
                   preview_vae: Optional[VAEHandle], *, keep: bool, after=None,
-                  z_before: Optional[torch.Tensor] = None, label: str = "") -> torch.Tensor:
+                  z_before: Optional[torch.Tensor] = None, label: str = "", previews: bool = True) -> torch.Tensor:
     """Run `part` in `world` (begun or resumed by the caller) with progress, previews and cancel. after(world, ok)
     runs before the cache is freed (ok False when the part stopped). Returns the part's latent (normalised)."""
     import comfy.model_management as mm
 
-    progress = FastProgress(part.chunks * len(STEP_INDICES), world.device, preview_vae, z_before)
+    progress = FastProgress(part.chunks * len(STEP_INDICES), world.device, preview_vae if previews else None,
+                            z_before, previews=previews)
     world.callback = progress.step
     world.cancel_check = mm.processing_interrupted
     ok = False
@@ -236,11 +239,13 @@ class FastProgress:
     Sampler's whole-clip preview. With a VAE: each finished chunk decoded to its frames, tiled into one image (a
     continued part's decoder is first warmed up on the video before it, `z_before`, so its frames are exact)."""
 
-    def __init__(self, total: int, device, vae: Optional[VAEHandle], z_before: Optional[torch.Tensor] = None):
+    def __init__(self, total: int, device, vae: Optional[VAEHandle], z_before: Optional[torch.Tensor] = None,
+                 previews: bool = True):
         from .progress import SamplingProgress
 
         self.total = total
-        self.bar = SamplingProgress(total, device)  # ComfyUI's bar and the whole-clip latent preview
+        self.previews = previews
+        self.bar = SamplingProgress(total, device, previews=previews)  # ComfyUI's bar and the whole-clip preview
         self.pbar = self.bar.pbar
         self.decoder = None
         self.failed = False
@@ -261,7 +266,7 @@ class FastProgress:
     def step(self, info) -> None:
         self.done = info.index + 1
         preview = None
-        if self.decoder is None:
+        if self.decoder is None and self.previews:
             preview = self.bar.preview(torch.cat(self.finished + [info.x0], dim=2))
         self.pbar.update_absolute(self.done, self.total, preview)
 
@@ -316,3 +321,24 @@ def tile_images(images: list, columns: int = PREVIEW_COLUMNS):
     for i, im in enumerate(images):
         grid.paste(im.convert("RGB"), ((i % cols) * w, (i // cols) * h))
     return grid
+
+
+def condition_track(i2v):
+    """The I2V conditioning of every later frame of a video (a ConditionTrack): built once per I2V output (one VAE
+    encode of ~117 frames) and kept on it, for LingBot Fast Continue and LingBot Play."""
+    if i2v is not None and i2v.track is not None:  # ComfyUI's cached I2V output: built for an earlier video
+        return i2v.track
+    if i2v is None or i2v.vae is None or i2v.image is None:
+        raise ValueError("the video's LingBot Image To Video input was not made with LingBot VAE Loader's VAE (a "
+                         "native Load VAE cannot encode the later frames' conditioning); connect LingBot VAE Loader "
+                         "to LingBot Image To Video and queue again")
+    from ..wan.i2v import ConditionTrack
+    from ..wan.vae.footprint import vae_work_bytes
+    from ..wan.vae.reach import encoder_reach
+    from .video_setup import load_vae_to_device
+
+    cfg = i2v.vae.model.cfg
+    frames = cfg.temporal_factor * (encoder_reach(cfg) + 1) + 1
+    model = load_vae_to_device(i2v.vae, vae_work_bytes(cfg, i2v.height, i2v.width, frames, i2v.tiled, 256))
+    i2v.track = ConditionTrack.build(model, i2v.image, i2v.height, i2v.width, tiled=i2v.tiled, have=i2v.y)
+    return i2v.track

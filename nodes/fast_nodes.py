@@ -20,7 +20,7 @@ from ..memory.kv_placement import CACHE_PLACEMENTS
 from ..wan.control.camera import usable_frames
 from ..wan.sampling.fast_state import FAST_MODES, plan_first_part
 from ..world.session import FixedCondition
-from . import comfy_paths, host_memory
+from . import comfy_paths, host_memory, model_check
 from .expert_weights import ExpertWeights
 from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text, fast_settings,
                         open_fast_world, run_fast_part)
@@ -63,6 +63,11 @@ class LingBotFastLoader:
                     "keeps a 15-frame window. Without it: the exact defaults.")}),
             },
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, fast_model=None):
+        """At queue time: the model is installed and is the Fast model (the pack's message names the folder)."""
+        return model_check.expert("fast_model", fast_model, want="fast")
 
     RETURN_TYPES = (FAST_MODEL,)
     RETURN_NAMES = ("fast_model",)
@@ -133,6 +138,9 @@ class LingBotFastSampler:
                     "Optional: decode each finished chunk with this VAE and preview its frames while the next chunk "
                     "samples (needs VRAM for the VAE's streaming caches, about 5 GB at 480p). Without it the preview "
                     "uses ComfyUI's latent previewer.")}),
+                "previews": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
+                    "Show every latent frame (or, with preview_vae, each decoded chunk) on the node while it "
+                    "samples, even with ComfyUI's previews off; off saves the preview work.")}),
                 "rule": (list(FAST_MODES), {"default": "reference", "tooltip": (
                     "reference: this part is the released pipeline's run (noise for the whole part up front, the "
                     "camera normalised over the whole part); LingBot Fast Continue follows the continuable rule "
@@ -158,7 +166,8 @@ class LingBotFastSampler:
     def sample(self, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int = 42,
                noise_source: str = "cpu", max_attention: int = 0, window: int = 0, sink: int = 0,
                camera: Optional[CameraInput] = None, preview_vae: Optional[VAEHandle] = None,
-               rule: str = "reference", prompt: Optional[dict] = None, unique_id: Optional[str] = None):
+               rule: str = "reference", prompt: Optional[dict] = None, unique_id: Optional[str] = None,
+               previews: bool = True):
         import comfy.model_management as mm
 
         if noise_source not in NOISE_SOURCES:
@@ -193,7 +202,8 @@ class LingBotFastSampler:
             if ok and keep:
                 handle = FastStateHandle.first(world.state, world.park(), fast_model, i2v)
 
-        z = run_fast_part(world, part, source, i2v.frames, preview_vae, keep=keep, after=after, label=label)
+        z = run_fast_part(world, part, source, i2v.frames, preview_vae, keep=keep, after=after, label=label,
+                          previews=previews)
         if handle is not None:
             show_on_node(f"{summary}\n{state_line(handle.store.nbytes, shared=not handle.store.evicting)}")
         latent = i2v.to_raw_latent(z).to(mm.intermediate_device())

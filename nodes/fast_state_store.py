@@ -95,6 +95,18 @@ class FastStateHandle:
     def empty(cls, model, i2v) -> "FastStateHandle":
         return cls(None, model, i2v)
 
+    def _comfy_cache_tensors(self) -> list:
+        """What current ComfyUI's RAM-pressure node cache should count for this output: the parked K/V cache (the
+        chain's one copy) and the state's latents, conditioning and prompt embedding, each storage once."""
+        from .host_memory import host_tensors
+
+        if self.state is None:
+            return []
+        st = self.state
+        parked = self.store.parked if self.store is not None else None
+        return host_tensors(list(st.latents), st.context, None if st.condition is None else st.condition.y,
+                            [] if parked is None else [t for t in (*parked.k, *parked.v) if t is not None])
+
     def __repr__(self) -> str:  # ComfyUI may log outputs; never print tensors
         if self.state is None:
             return "FastStateHandle(empty)"

@@ -50,7 +50,7 @@ def expert_kind(widget: str, path: Path, want: str) -> Verdict:
 
 
 def fast_model(cls, fast_model=None) -> Verdict:
-    """VALIDATE_INPUTS for LingBot Fast Model Loader (attached in nodes/__init__.py)."""
+    """VALIDATE_INPUTS for LingBot Fast Model Loader."""
     return expert("fast_model", fast_model, want="fast")
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .fast_host import FAST_MODEL, NOISE_SOURCES, FastModel, check_text, fast_settings, open_fast_world
+from .fast_host import (FAST_MODEL, NOISE_SOURCES, FastModel, check_text, condition_track, fast_settings,
+                        open_fast_world)
 from .payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     try:
         world.vae = i2v.vae.model
         world.load()  # on ComfyUI's worker thread, with its model management; chunks then run on the player's
-        world.begin(_condition_track(i2v), text.positive, text.prompt)
+        world.begin(condition_track(i2v), text.positive, text.prompt)
     except BaseException:
         world.close()
         raise
@@ -145,22 +146,6 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     player = Player(driver, options, prefix="")
     log.info("LingBot Play: session open (%dx%d, window %s, sink %d)", i2v.width, i2v.height, window, sink)
     return _Open(key, driver, player)
-
-
-def _condition_track(i2v: I2VCondition):
-    """The conditioning of every later frame (built once per I2V output, like LingBot Fast Continue's)."""
-    if i2v.track is not None:
-        return i2v.track
-    from ..wan.i2v import ConditionTrack
-    from ..wan.vae.footprint import vae_work_bytes
-    from ..wan.vae.reach import encoder_reach
-    from .i2v_nodes import load_vae_to_device
-
-    cfg = i2v.vae.model.cfg
-    frames = cfg.temporal_factor * (encoder_reach(cfg) + 1) + 1
-    model = load_vae_to_device(i2v.vae, vae_work_bytes(cfg, i2v.height, i2v.width, frames, i2v.tiled, 256))
-    i2v.track = ConditionTrack.build(model, i2v.image, i2v.height, i2v.width, tiled=i2v.tiled, have=i2v.y)
-    return i2v.track
 
 
 def _start_frame(i2v: I2VCondition):

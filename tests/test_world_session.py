@@ -70,11 +70,11 @@ def test_a_played_video_equals_the_batch_run_of_its_keys(files, demo_ckpt, tmp_p
 
 
 def test_a_cache_without_window_grows_and_gives_the_same_latents(files, tmp_path, monkeypatch):
+    import lingbot_world.world.cache as cache_mod
     import lingbot_world.world.plan as plan_mod
-    import lingbot_world.world.session as session_mod
 
     monkeypatch.setattr(plan_mod, "GROW_LATENT_FRAMES", 3)  # grow at every chunk
-    monkeypatch.setattr(session_mod, "GROW_LATENT_FRAMES", 3)
+    monkeypatch.setattr(cache_mod, "GROW_LATENT_FRAMES", 3)
     with _open(files, tmp_path) as s:
         _play(s, KEYS[:4])
         capacities = s.cache.capacity
