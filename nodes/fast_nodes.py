@@ -138,14 +138,14 @@ class LingBotFastSampler:
                     "Optional: decode each finished chunk with this VAE and preview its frames while the next chunk "
                     "samples (needs VRAM for the VAE's streaming caches, about 5 GB at 480p). Without it the preview "
                     "uses ComfyUI's latent previewer.")}),
-                "previews": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
-                    "Show every latent frame (or, with preview_vae, each decoded chunk) on the node while it "
-                    "samples, even with ComfyUI's previews off; off saves the preview work.")}),
                 "rule": (list(FAST_MODES), {"default": "reference", "tooltip": (
                     "reference: this part is the released pipeline's run (noise for the whole part up front, the "
                     "camera normalised over the whole part); LingBot Fast Continue follows the continuable rule "
                     "after it. continuable: rules that never look ahead, so Sampler -> Continue -> Continue gives "
                     "exactly one run of the concatenated keys (README 'Continue a Fast run').")}),
+                "previews": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
+                    "Show every latent frame (or, with preview_vae, each decoded chunk) on the node while it "
+                    "samples, even with ComfyUI's previews off; off saves the preview work.")}),
             },
             "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
