@@ -71,7 +71,7 @@ def check_video_fits(args, height: int, width: int, frames: Optional[int] = None
     need = frames * height * width * per_pixel
     total = total_ram_bytes() if total_ram is None else total_ram
     if need > total:
-        raise UsageError(f"--frames {frames} at {height}x{width} needs at least {need / 2**30:.1f} GiB of RAM "
+        raise UsageError(f"--frames {frames} at {width}x{height} needs at least {need / 2**30:.1f} GiB of RAM "
                          f"({per_pixel} bytes per pixel per frame for the camera input and the latents"
                          + (" and the frames decoded at the end" if per_pixel > 7 else "")
                          + f"), more than this machine's {total / 2**30:.1f} GiB; use fewer frames or a smaller size")

@@ -121,7 +121,7 @@ def _first_part(args, session, imports, stats) -> int:
         log.warning("K/V cache: %s", layout.note)
     control = fast_parts.control_label(source)
     if session.is_main:
-        print(f"Fast model: {height}x{width}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
+        print(f"Fast model: {width}x{height}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
               f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),
               flush=True)
     split = parallel_flags.plan(session, args, cfg.num_heads, "fast", False, log)

@@ -50,7 +50,7 @@ def check_video_fits(frames: int, height: int, width: int, cfg: DiTConfig, *, to
     set the size (for the message), e.g. "--frames 161 --size 720*1280".
     """
     needs = video_memory_needs(frames, height, width, cfg, total_vram is not None, camera)
-    video = f"{frames} frames at {height}x{width}" + (f" ({what})" if what else "")
+    video = f"{frames} frames at {width}x{height}" + (f" ({what})" if what else "")
     if needs.host_bytes > total_ram:
         raise VideoTooLargeError(
             f"{video} needs at least {_gib(needs.host_bytes)} of RAM ({HOST_BYTES_PER_PIXEL_FRAME} bytes per pixel "

@@ -128,14 +128,15 @@ def plan_camera_cache(
             if choice == "auto":
                 return _host_or_off(per, n, ram_left, saving, prefix="auto: ")
             raise CameraCacheError(
-                f"--camera-cache device needs {_gb(total)} of {where} for {n} blocks at {video[1]}x{video[2]}x"
-                f"{video[0]}, {_gb(max(0, budget))} is left next to the model; use --camera-cache host or auto")
+                f"--camera-cache device needs {_gb(total)} of {where} for {n} blocks at {video[2]}x{video[1]} "
+                f"x {video[0]} frames, {_gb(max(0, budget))} is left next to the model; use --camera-cache host or auto")
         return CameraCachePlan("device", n, per, f"{'auto: ' if choice == 'auto' else ''}{n} blocks' values in "
                                                  f"{where} ({_gb(total)}); {saving}")
     if choice == "host":
         if ram_left < total:
             raise CameraCacheError(
-                f"--camera-cache host needs {_gb(total)} of RAM for {n} blocks at {video[1]}x{video[2]}x{video[0]}, "
+                f"--camera-cache host needs {_gb(total)} of RAM for {n} blocks at {video[2]}x{video[1]} x {video[0]} "
+                f"frames, "
                 f"{_gb(max(0, ram_left))} is free after the model's share and a {_gb(RAM_RESERVE)} reserve; use "
                 "--camera-cache auto (as many blocks as fit) or off")
         return _host_or_off(per, n, ram_left, saving, prefix="")

@@ -126,7 +126,7 @@ def plan_fast_memory(
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
            "headroom": 0 if cpu else VRAM_HEADROOM, "cache_tokens": layout.capacity}
-    size_txt = f"{height}x{width}, chunks of {chunk_frames_pixels()} frames"
+    size_txt = f"{width}x{height}, chunks of {chunk_frames_pixels()} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
     extra = [("preview VAE", int(extra_vram))] if extra_vram else []

@@ -269,7 +269,7 @@ def plan_memory(
         for guidance in CFG_PREFERENCE
     }
     cfg_options = CFG_PREFERENCE if cfg_mode == "auto" else (cfg_mode,)
-    size_txt = f"{height}x{width}x{frames}" + (f", 1/{seq_parallel} of the tokens" if seq_parallel > 1 else "")
+    size_txt = f"{width}x{height}, {frames} frames" + (f", 1/{seq_parallel} of the tokens" if seq_parallel > 1 else "")
     estimates = {
         "expert_bytes": sizes.total,
         "block_bytes": sizes.block,

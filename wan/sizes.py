@@ -59,7 +59,7 @@ def latent_size(h: int, w: int) -> tuple[int, int]:
     """Latent (lat_h, lat_w) of an h x w frame; both must be multiples of 16 (8 VAE x 2 patch)."""
     step = VAE_STRIDE * PATCH
     if h <= 0 or w <= 0 or h % step or w % step:
-        raise ValueError(f"frame size {h}x{w} must be positive multiples of {step}; use target_size() to pick one")
+        raise ValueError(f"frame size {w}x{h} (width x height) must be positive multiples of {step}; use target_size() to pick one")
     return h // VAE_STRIDE, w // VAE_STRIDE
 
 

@@ -398,7 +398,7 @@ def packed_plucker(
     first three channels, fast-act spec §6).
     """
     if height % VAE_STRIDE or width % VAE_STRIDE:
-        raise ValueError(f"frame size {height}x{width} must be a multiple of {VAE_STRIDE} to pack into VAE cells")
+        raise ValueError(f"frame size {width}x{height} (width x height) must be a multiple of {VAE_STRIDE} to pack into VAE cells")
     lat_h, lat_w = height // VAE_STRIDE, width // VAE_STRIDE
     cell = VAE_STRIDE * VAE_STRIDE
     rel = rel_poses.to(torch.float32)
