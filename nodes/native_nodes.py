@@ -16,7 +16,7 @@ import logging
 import torch
 
 from ..loaders.expert_format import detect_format
-from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
+from .lora_attach import patcher_with_lora
 from . import comfy_paths, host_memory, model_check
 from .expert_weights import ExpertWeights, compute_dtype_for
 from .loader_nodes import MAX_BLOCKS, _expert_combo, check_expert_pair
@@ -113,9 +113,6 @@ class LingBotModelLoader:
         return (patcher,)
 
 
-_lora_cache: dict = {}
-
-
 class LingBotLoraLoader:
     """A LoRA (Wan 2.1/2.2 14B) on a LingBot-World MODEL, any common key format, applied on the NF4 weights."""
 
@@ -145,29 +142,12 @@ class LingBotLoraLoader:
                    "LoRAs made for other models.")
 
     def load(self, model, lora_name: str, strength: float = 1.0):
-        from .lora_patches import patches_from_lora
-
         patcher = lingbot_patcher(model, "model")
         if float(strength) == 0.0:
             show_on_node("strength 0: the model is passed on unchanged")
             return (model,)
-        path = comfy_paths.resolve_lora(lora_name)
-        cfg = patcher.weights.fmt.config
-        key = (str(path), path.stat().st_mtime_ns, cfg)
-        lora = _lora_cache.get(key)
-        if lora is None:
-            try:
-                lora = load_lora(path, dit_weight_shapes(cfg))
-            except LoraFileError as e:
-                raise ValueError(str(e)) from None
-            _lora_cache.clear()  # one file at a time, like ComfyUI's LoraLoader
-            _lora_cache[key] = lora
-        log.info("LingBot-World LoRA: %s", lora.report())
+        out, lora = patcher_with_lora(patcher, lora_name, strength)
         show_on_node(lora.report())
-        out = patcher.clone()
-        added = out.add_patches(patches_from_lora(lora), float(strength))
-        if len(added) != len(lora.weights):  # every parsed weight names a key of the model
-            raise RuntimeError(f"{lora_name}: {len(lora.weights) - len(added)} LoRA weights found no model key")
         return (out,)
 
 
