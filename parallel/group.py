@@ -33,7 +33,6 @@ from .messages import ParallelError, all_gather_json, broadcast_json, broadcast_
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0
-CLOSE_MEET_S = 10.0  # how long a failing rank waits for the others before it leaves the group
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -169,30 +168,14 @@ class Session:
                 self.cfg_group = g
 
     def close(self, failed: bool = False) -> None:
-        """Leave the process group (every group and communicator is freed).
-
-        After a failure the ranks first meet on the control group (`_meet_before_leaving`): a refusal is raised on
-        every rank right after a collective, and a rank that tore its connections down while another was still
-        finishing that collective's last transfer made gloo abort the other process during its own teardown. When
-        a rank does not come (it died or hangs), nothing is destroyed: the process exit frees the group (destroying
-        a communicator whose peer died can block or abort). An NCCL group is never destroyed after a failure."""
-        if self._own_group and dist.is_initialized():
-            together = not failed or self._meet_before_leaving()
-            if together and not (failed and self.backend == "nccl"):
-                try:
-                    dist.destroy_process_group()
-                except Exception:  # noqa: BLE001 - leaving after another rank died must not hide the real error
-                    pass
+        """Leave the process group (every group and communicator is freed). After a failure an NCCL group is left to
+        the process exit instead: destroying a communicator whose peer died can block."""
+        if self._own_group and dist.is_initialized() and not (failed and self.backend == "nccl"):
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - leaving after another rank died must not hide the real error
+                pass
         self._own_group = False
-
-    def _meet_before_leaving(self) -> bool:
-        """True when every rank reached this point within CLOSE_MEET_S (gloo's monitored barrier on the control
-        group: rank 0 hears from every rank, then answers each)."""
-        try:
-            dist.monitored_barrier(group=self.control, timeout=_timeout(min(CLOSE_MEET_S, self.timeout_s)))
-            return True
-        except Exception:  # noqa: BLE001 - a rank is gone: leave the group to the process exit
-            return False
 
     # ---- who am I -----------------------------------------------------------------------------------------
     @property
