@@ -100,17 +100,18 @@ def _check_kind(spec: OutputSpec, path: Path) -> None:
     raise UsageError(f"{spec.flag} {path} is {what}, not a file; {fix}")
 
 
-def _check_folder(flag: str, path: Path) -> None:
+def check_folder(flag: str, path: Path, error: type = UsageError) -> None:
+    """The folder `path` goes in exists and can be written (a real probe file), else `error` naming the flag."""
     folder = path.parent
     if not folder.exists():
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist; create it first or choose another path")
+        raise error(f"{flag} {path}: the folder {folder} does not exist; create it first or choose another path")
     if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: {folder} is not a folder")
+        raise error(f"{flag} {path}: {folder} is not a folder")
     try:
         fd, probe = tempfile.mkstemp(prefix=".lingbot-write-probe-", dir=folder)
     except OSError as e:
-        raise UsageError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); choose a writable "
-                         "folder") from None
+        raise error(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); choose a writable "
+                    "folder") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -183,7 +184,7 @@ def check_outputs(specs: Sequence[OutputSpec], inputs: Iterable[tuple[str, PathL
     _check_collisions(targets)  # what the flags say first, then what the disk says
     _check_inputs(targets, list(inputs))
     for spec, path in targets:
-        _check_folder(spec.flag, path)
+        check_folder(spec.flag, path)
         _check_kind(spec, path)
     _check_space(targets)
     return [p for _, p in targets]

@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from ..text_encoder.encode import own_session
+from .outputs import check_folder
 from ..loaders.atomic import atomic_dir, commit, commit_new, remove_path, remove_stale_temps, temp_path
 
 log = logging.getLogger(__name__)
@@ -67,19 +67,6 @@ def find_ffmpeg() -> Optional[str]:
         return None
 
 
-def _check_writable(folder: Path, flag: str) -> None:
-    if not folder.exists():
-        raise OutputPathError(f"{flag}: folder {folder} does not exist; create it first or choose another path")
-    if not folder.is_dir():
-        raise OutputPathError(f"{flag}: {folder} is not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".lingbot-write-probe-", dir=folder)
-    except OSError as e:
-        raise OutputPathError(f"{flag}: cannot write in {folder} ({e.strerror or e}); choose a writable folder") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
 def plan_output(out: Path, ffmpeg: Optional[str] = "auto", flag: str = "--out") -> OutputTarget:
     """Check an output path before any work: a known extension (or none, for PNG frames), not a folder where a
     file is wanted, an existing, writable parent folder. ffmpeg="auto" looks for imageio-ffmpeg's binary;
@@ -95,7 +82,7 @@ def plan_output(out: Path, ffmpeg: Optional[str] = "auto", flag: str = "--out") 
             log.warning("imageio-ffmpeg is not installed (pip install 'lingbot-world-nf4[video]'): writing PNG frames "
                         "to %s instead of %s", folder, out)
             return plan_output(folder, None, flag)
-        _check_writable(out.parent, flag)
+        check_folder(flag, out, OutputPathError)
         return OutputTarget(out, suffix, exe)
     if suffix and not out.is_dir():
         raise OutputPathError(
@@ -112,7 +99,7 @@ def plan_output(out: Path, ffmpeg: Optional[str] = "auto", flag: str = "--out") 
                 f"{flag} {out} is a folder holding other files ({', '.join(sorted(others)[:3])}); PNG frames are "
                 "written to a folder of their own, which replaces any earlier frames: choose a new folder name"
             )
-    _check_writable(out.parent, flag)
+    check_folder(flag, out, OutputPathError)
     return OutputTarget(out, None, None)
 
 
