@@ -34,7 +34,7 @@ class Pieces:
     plan_reason: str
 
 
-def _size_from(size: str) -> tuple[int, int]:
+def planning_size(size: str) -> tuple[int, int]:
     """The (height, width) the memory is planned for: an "H*W" size as given, a named one as 16:9 landscape."""
     key = size.strip().lower()
     for sep in ("*", "x"):
@@ -63,7 +63,7 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
         log.warning("%s", note)
     cfg = fmt.config
     loras = read_loras(settings, cfg)
-    height, width = _size_from(settings.size)
+    height, width = planning_size(settings.size)
     probe = fast_settings(settings, fmt, device, height, width)
     layout = play_layout(probe) if play else probe.layout(3)
     plan, _ = plan_world_memory(cfg, layout, device, height, width, weights=settings.weights,

@@ -49,7 +49,6 @@ class _Part:
     source: CameraSource
     frames: Optional[int]  # the frames asked for (None: as long as the keys / camera)
     plan_keys: Optional[KeyTimeline]  # the keys the part used, padded (None for a camera or no input)
-    played_keys: Optional[KeyTimeline] = None  # keys as played (a chunk of the player), for the action string
     resumed: bool = False  # the saved video a continuation started from (its parts are not known here)
     folded: list = field(default_factory=list)  # (x, t) of each chunk's K/V-writing call with a folded context pass
 
@@ -109,14 +108,14 @@ class WorldSession:
     def open(cls, files, settings=None, *, device=None) -> "WorldSession":
         """Check `files` (a world.files.FastFiles) from their headers, plan the memory for `settings` (a
         WorldSettings) and load the VAE; the model loads with the first chunk (or `load()`)."""
-        from .opening import _size_from, fast_settings, open_pieces
+        from .opening import planning_size, fast_settings, open_pieces
         from .settings import WorldSettings
 
         settings = settings or WorldSettings()
         device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
         pieces = open_pieces(files, settings, device)
-        session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *_size_from(settings.size)),
+        session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *planning_size(settings.size)),
                       device=device, load_model=pieces.load_model, vae=pieces.vae,
                       prepare_model=_speed_preparer(settings.speed), speed=settings.speed)
         session.files, session.world_settings, session.format = files, settings, pieces.fmt
@@ -228,7 +227,7 @@ class WorldSession:
     # ---- running a part ------------------------------------------------------------------------------------------
     def run_part(self, part: PartPlan, source: CameraSource, frames: Optional[int] = None, *,
                  on_frames: Optional[Callable[[torch.Tensor], None]] = None, final_context: bool = True,
-                 release_cache_after: bool = False, keys: Optional[KeyTimeline] = None,
+                 release_cache_after: bool = False,
                  on_done: Optional[Callable[[FastState], None]] = None, label: str = "",
                  on_latent: Optional[Callable[[int, torch.Tensor], None]] = None) -> torch.Tensor:
         """Make every chunk of `part` (planned by `plan_part` from `source` and `frames`); returns its latent
@@ -275,7 +274,7 @@ class WorldSession:
                             label=label or source.label or source.kind)
         state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
         folded = [(x.detach().to("cpu"), t) for x, t in getattr(run, "folded_inputs", [])]
-        self.parts.append(_Part(state, source, frames, part.keys, keys, folded=folded))
+        self.parts.append(_Part(state, source, frames, part.keys, folded=folded))
         if not final_context:
             self._unfinished = True
         if on_done is not None:
@@ -304,7 +303,7 @@ class WorldSession:
         decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on the past)
         t0 = time.perf_counter()
         self._grow_ahead = True
-        self.run_part(part, source, frames, keys=timeline)
+        self.run_part(part, source, frames)
         t_dit = time.perf_counter() - t0
         latent = self.state.latents[-1]
         decoded = 0.0
@@ -334,7 +333,7 @@ class WorldSession:
         """Every key frame of the video so far (None when a part had a camera or no keys)."""
         out: Optional[KeyTimeline] = None
         for p in self.parts:
-            k = p.played_keys if p.played_keys is not None else p.plan_keys
+            k = p.plan_keys
             if k is None:
                 return None
             out = k if out is None else out + k
