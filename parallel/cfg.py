@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .messages import collective_failure
+from .messages import GroupRef, collective_failure
 
 
 class CFGParallel:
@@ -23,7 +23,7 @@ class CFGParallel:
     def __init__(self, cfg_rank: int, group=None):
         if cfg_rank not in (0, 1):
             raise ValueError(f"cfg_rank must be 0 (conditional pass) or 1 (unconditional), got {cfg_rank}")
-        self.cfg_rank, self.group = cfg_rank, group
+        self.cfg_rank, self.group = cfg_rank, GroupRef(group)
         self.exchanges = 0
 
     def __call__(self, model: nn.Module, x: torch.Tensor, t: torch.Tensor, ctx_pos: torch.Tensor,
@@ -35,7 +35,7 @@ class CFGParallel:
         own = model(x, t, ctx_pos if self.cfg_rank == 0 else ctx_neg, y, camera=camera).float().contiguous()
         both = [torch.empty_like(own) for _ in range(2)]
         try:
-            dist.all_gather(both, own, group=self.group)
+            dist.all_gather(both, own, group=self.group())
         except RuntimeError as e:
             raise collective_failure("exchanging the guidance passes", e) from e
         self.exchanges += 1

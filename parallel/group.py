@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import inspect
 import logging
 import os
@@ -146,8 +147,8 @@ class Session:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ParallelError(f"could not connect to the other {world - 1} process(es) within "
                                 f"{timeout_s:.0f} s ({first[:160]}); check that every process started") from e
-        s = cls(rank, world, local_rank, device, backend, timeout_s, Layout(world, 1, 1), control, None, None, True)
-        return s
+        return cls(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend,
+                   timeout_s=timeout_s, layout=Layout(world, 1, 1), control=control, _own_group=True)
 
     def set_layout(self, layout: Layout) -> None:
         """Create the layout's groups (a collective: every rank calls it with the same layout)."""
@@ -168,14 +169,25 @@ class Session:
                 self.cfg_group = g
 
     def close(self, failed: bool = False) -> None:
-        """Leave the process group (every group and communicator is freed). After a failure an NCCL group is left to
-        the process exit instead: destroying a communicator whose peer died can block."""
-        if self._own_group and dist.is_initialized() and not (failed and self.backend == "nccl"):
+        """Leave the process group: every group is destroyed and this session's references to them dropped, so
+        their gloo threads are joined here. A group still alive when the interpreter exits aborts the process
+        ("terminate called without an active exception"): its worker thread, releasing the tensors of the last
+        collective, needs the GIL that the exiting interpreter no longer gives. After a failure NCCL is left to the
+        process exit (destroying a communicator whose peer died can block); the gloo control group still goes."""
+        if not self._own_group:
+            return
+        self._own_group = False
+        if dist.is_initialized():
             try:
-                dist.destroy_process_group()
+                if failed and self.backend == "nccl":
+                    if self.control is not None:
+                        dist.destroy_process_group(self.control)
+                else:
+                    dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - leaving after another rank died must not hide the real error
                 pass
-        self._own_group = False
+        self.control = self.sp_group = self.cfg_group = None
+        gc.collect()  # a group kept by a reference cycle (an exception's frames) is freed now, not at exit
 
     # ---- who am I -----------------------------------------------------------------------------------------
     @property

@@ -8,6 +8,7 @@ died, a timeout) becomes `ParallelError` with one line that says so.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -29,6 +30,24 @@ def collective_failure(what: str, exc: BaseException) -> ParallelError:
     why = ("another rank stopped or crashed (its own error is above)" if lost else
            "another rank failed, stopped or did not answer within --parallel-timeout (see its error)")
     return ParallelError(f"{what} with the other ranks failed: {why} [{first[:120]}]")
+
+
+class GroupRef:
+    """A weak reference to a process group, for the objects that run collectives on it (the model's sequence split,
+    the CFG pair). Only the parallel session holds its groups strongly: when it closes, a group's last reference
+    goes and its gloo threads are joined then, instead of during the interpreter's exit, where a thread still
+    releasing a finished collective's tensors needs the GIL and aborts the process. `None` is the default group."""
+
+    def __init__(self, group=None):
+        self._ref = None if group is None else weakref.ref(group)
+
+    def __call__(self):
+        if self._ref is None:
+            return None
+        group = self._ref()
+        if group is None:
+            raise ParallelError("the process group was closed: this model's parallel split can no longer run")
+        return group
 
 
 def _call(what: str, fn, group=None):

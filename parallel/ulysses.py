@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .messages import collective_failure
+from .messages import GroupRef, collective_failure
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -43,7 +43,7 @@ class SequenceParallel:
             raise ValueError(f"rank {rank} outside a group of {degree}")
         if num_heads is not None and num_heads % degree:
             raise ValueError(f"{num_heads} attention heads do not split over {degree} ranks")
-        self.degree, self.rank, self.group = degree, rank, group
+        self.degree, self.rank, self.group = degree, rank, GroupRef(group)
         self.tokens: Optional[int] = None  # L of the forward in progress (set by scatter)
         self.calls = 0  # all-to-alls done (tests, benchmarks)
 
@@ -78,7 +78,7 @@ class SequenceParallel:
             raise RuntimeError("gather() without scatter(): the forward did not split its tokens")
         out = out.contiguous()
         parts = [torch.empty_like(out) for _ in range(self.degree)]
-        self._run("gathering the tokens", lambda: dist.all_gather(parts, out, group=self.group))
+        self._run("gathering the tokens", lambda: dist.all_gather(parts, out, group=self.group()))
         return torch.cat(parts, dim=1)[:, :self.tokens]
 
     # ---- attention --------------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class SequenceParallel:
 
     def _all_to_all(self, recv: torch.Tensor, send: torch.Tensor) -> None:
         self.calls += 1
-        self._run("the attention all-to-all", lambda: dist.all_to_all_single(recv, send, group=self.group))
+        self._run("the attention all-to-all", lambda: dist.all_to_all_single(recv, send, group=self.group()))
 
     def _run(self, what: str, fn) -> None:
         try:

@@ -192,3 +192,45 @@ def test_a_forward_split_over_5_or_8_ranks_equals_the_whole_forward(monkeypatch,
     outs = _on_every_rank(models, lambda m, r: run(m, r))
     for out in outs:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_split_objects_hold_their_group_weakly_so_closing_the_session_frees_it():
+    """Only the session holds a process group strongly: a group kept alive past the session's close keeps gloo threads
+    that abort the process at interpreter exit. A split used after its group is gone says so in one line."""
+    import gc
+
+    from lingbot_world.parallel.cfg import CFGParallel
+    from lingbot_world.parallel.messages import ParallelError
+    from lingbot_world.parallel.ulysses import SequenceParallel
+
+    class Group:  # stands in for a ProcessGroup (any weak-referenceable object)
+        pass
+
+    g = Group()
+    sp, cfg = SequenceParallel(2, 0, g, 4), CFGParallel(1, g)
+    assert sp.group() is g and cfg.group() is g
+    assert SequenceParallel(2, 1).group() is None  # the default group
+    del g
+    gc.collect()
+    for split in (sp, cfg):
+        with pytest.raises(ParallelError, match="process group was closed"):
+            split.group()
+
+
+def test_a_started_session_owns_its_group_and_close_releases_it(monkeypatch):
+    from lingbot_world.parallel import group as G
+
+    calls = []
+    monkeypatch.setattr(G, "_init", lambda backend, device, timeout: calls.append(("init", backend)))
+    monkeypatch.setattr(G.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(G.dist, "destroy_process_group", lambda group=None: calls.append(("destroy", group)))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    s = G.Session.start("cpu", timeout_s=5)
+    s.sp_group = s.cfg_group = object()
+    s.close()
+    assert calls == [("init", "gloo"), ("destroy", None)]
+    assert s.sp_group is None and s.cfg_group is None and s.control is None
+    s.close()  # a second close does nothing
+    assert len(calls) == 2
