@@ -42,3 +42,4 @@ class PlayerOptions:
     prompt: str = ""
     title: str = "LingBot-World player"
     restart: Optional[Callable] = None  # begin(session): the door's fixed start (no image/prompt picking)
+    timings_out: Optional[Path] = None  # the run's latency record (player/timings.py) as JSON, written at the end

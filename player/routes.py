@@ -3,8 +3,8 @@
 Mounted under a prefix: '' on the standalone server, '/lingbot_world/play' on ComfyUI's. The first WebSocket
 drives the session; while it is connected another tab gets a clear "in use" message. Messages (JSON text, page
 -> server): start {image, prompt} · step {keys} · rewind {chunks} · save {state} · render {target, run} ·
-cancel_render. Server -> page: hello, state, chunk_begin, chunk_end, rewound, saved, render, error, note (JSON)
-and frames (binary, frames.py).
+cancel_render · timing {chunk, ...} (the page's own clock: player/timings.py). Server -> page: hello, state,
+chunk_begin, chunk_end, rewound, saved, render, timings, error, note (JSON) and frames (binary, frames.py).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +25,7 @@ from .driver import SessionDriver
 from .frames import frame_message
 from .options import PlayerOptions
 from .render_job import RenderJob, printable, render_command
+from .timings import PlayTimings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
@@ -47,6 +49,7 @@ class Player:
     def __init__(self, driver: SessionDriver, options: PlayerOptions, prefix: str = ""):
         self.driver, self.options, self.prefix = driver, options, prefix.rstrip("/")
         self.render = RenderJob()
+        self.timings = PlayTimings()
         self._static = _static_files()
         self._socket: Optional[web.WebSocketResponse] = None
         self._last_render: Optional[dict] = None
@@ -157,7 +160,9 @@ class Player:
                     op = json.loads(msg.data)
                 except ValueError:
                     op = None
-                if isinstance(op, dict):
+                if isinstance(op, dict) and op.get("op") == "timing":
+                    await self._timing(ws, op)  # at once: it must not wait behind a running chunk
+                elif isinstance(op, dict):
                     ops.put_nowait(op)
                 else:
                     await self._send(ws, {"type": "error", "message": "ignored a message that is not a JSON object"})
@@ -183,6 +188,7 @@ class Player:
         kind = op.get("op")
         if kind == "start" and self.options.restart is not None:  # the door fixed the start (ComfyUI's inputs)
             await self.driver.restart(self.options.restart)
+            self.timings.forget_after(0)
             await self._send(ws, {"type": "state", "state": self.driver.snapshot})
             if self.driver.last_frame is not None:
                 await self._send(ws, frame_message(*self.driver.last_frame))
@@ -193,6 +199,7 @@ class Player:
                 raise ValueError("no prompt: write one before starting")
             await self._send(ws, {"type": "note", "message": "starting: encoding the prompt and the image..."})
             await self.driver.start(image, prompt)
+            self.timings.forget_after(0)
             await self._send(ws, {"type": "state", "state": self.driver.snapshot})
             await self._send(ws, frame_message(*self.driver.last_frame))
         elif kind == "step":
@@ -202,6 +209,7 @@ class Player:
             if not isinstance(chunks, int) or chunks < 0:
                 raise ValueError(f"rewind: 'chunks' must be a whole number >= 0, got {chunks!r}")
             state = await self.driver.rewind(chunks)
+            self.timings.forget_after(state.get("chunks", chunks))
             await self._send(ws, {"type": "rewound", "state": state})
         elif kind == "save":
             prefix = self.options.out_dir / f"play_{time.strftime('%Y%m%d_%H%M%S')}"
@@ -225,9 +233,24 @@ class Player:
                 await self._send(ws, frame_message(chunk_no, first + i, jpg))
 
         report = await self.driver.step(keys, on_frames)
+        self.timings.server(report.chunk, report.first_frame_s, report.total_s)
+        await self._send_timings(ws, report.chunk)
         await self._send(ws, {"type": "chunk_end", "chunk": report.chunk, "frames": report.frames,
                               "first_frame_s": round(report.first_frame_s, 4), "total_s": round(report.total_s, 4),
                               "seconds": report.seconds, "state": self.driver.snapshot})
+
+    async def _timing(self, ws, op: dict) -> None:
+        try:
+            row = self.timings.page(op)
+        except ValueError as e:
+            await self._send(ws, {"type": "error", "message": _one_line(e), "op": "timing"})
+            return
+        await self._send_timings(ws, row.chunk)
+
+    async def _send_timings(self, ws, chunk: int) -> None:
+        """A chunk's row as known now (the page's report may come before or after the chunk's end)."""
+        row = next(r for r in self.timings.rows if r.chunk == chunk)
+        await self._send(ws, {"type": "timings", "row": asdict(row), "summary": self.timings.summary()})
 
     def _render_info(self) -> dict:
         return {"available": self.options.render is not None, "running": self.render.running,

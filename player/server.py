@@ -89,9 +89,19 @@ def serve(driver: SessionDriver, options: PlayerOptions, sock: socket.socket, *,
             loop.run_until_complete(player.close())
             loop.run_until_complete(runner.cleanup())
             driver.close()  # a running chunk finishes first
+            _report_timings(player, options, log)
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
     return stopped_by[0] if stopped_by else 0
+
+
+def _report_timings(player: Player, options: PlayerOptions, log: Callable[[str], None]) -> None:
+    log(player.timings.line())
+    if options.timings_out is not None:
+        try:
+            log(f"timings written to {player.timings.write(options.timings_out)}")
+        except OSError as e:
+            log(f"warning: could not write the timings to {options.timings_out} ({e.strerror or e})")
 
 
 def _stop(loop, stopped_by: list, signum: int) -> None:

@@ -108,6 +108,18 @@ def test_keys_in_the_page_steer_the_session_and_the_clip_equals_the_batch_run(br
     assert page.inner_text("#s-chunk") == str(state["chunks"]) and page.evaluate(
         "document.getElementById('minimap').src").startswith("data:image/png")
 
+    # the page reported its own clock for every chunk it showed; each duration contains the server's part
+    page.wait_for_function(f"Object.values({P}.timings).filter(r => r.request_to_screen_s !== null && "
+                           f"r.server_total_s !== null).length >= {state['chunks']}")
+    rows = {int(c): r for c, r in page.evaluate(f"{P}.timings").items()}
+    assert sorted(rows) == list(range(1, state["chunks"] + 1))
+    for r in rows.values():
+        assert r["server_first_frame_s"] <= r["request_to_arrival_s"] <= r["request_to_screen_s"], r
+    steered = [r for r in rows.values() if r["key_to_screen_s"] is not None]
+    assert steered and all(r["key_to_screen_s"] > 0 for r in steered)  # W released, J pressed, A tapped
+    assert page.evaluate(f"{P}.timingSummary.chunks") == state["chunks"]
+    assert page.inner_text("#s-key-median").endswith("changes)")
+
     page.click("#save")
     page.wait_for_function(f"{P}.saved")
     video = next(p for p in page.evaluate(f"{P}.saved") if p.endswith(".mp4"))

@@ -166,6 +166,15 @@ def test_chunks_rewind_save_and_render_equal_the_batch_run(server):
             assert "13 frames of keys" in (await tab.until("error"))["message"]
             await tab.send(op="fly")
             assert "unknown operation" in (await tab.until("error"))["message"]
+            # the page's clock: kept beside the server's numbers of the same chunk; a bad report is one line
+            await tab.send(op="timing", chunk=2, request_to_arrival_s=0.5, request_to_screen_s=0.9,
+                           key_to_screen_s=1.4, fps=15.5)
+            timed = await tab.until("timings")
+            assert timed["row"]["chunk"] == 2 and timed["row"]["key_to_screen_s"] == 1.4
+            assert timed["row"]["server_first_frame_s"] <= timed["row"]["server_total_s"]
+            assert timed["summary"]["chunks"] == 3  # chunk 3 was played again after the rewind, measured once
+            await tab.send(op="timing", chunk=2, request_to_screen_s="soon")
+            assert "request_to_screen_s" in (await tab.until("error"))["message"]
             await tab.send(op="save")
             saved = (await tab.until("saved"))["files"]
             await tab.send(op="render", target="fast720", run=False)
@@ -354,4 +363,5 @@ def test_ctrl_c_mid_chunk_exits_130_after_the_chunk(server):
     children = run(go())
     assert server.stop() == 130, server.output()
     assert "interrupted" in server.output()
+    assert "player timings" in server.output()  # the run's latency record, printed however it ends
     assert not [p for p in children if support.alive(p)]

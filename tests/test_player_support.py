@@ -39,6 +39,7 @@ class PlayServer:
     def __init__(self, cache: Path, out_dir: Path, *extra: str):
         self.out_dir = out_dir
         self.lines: list[str] = []
+        self._eof = False
         self._lines: queue.Queue = queue.Queue()
         cmd = [sys.executable, "-m", "lingbot_world", "play", "--demo", "--no-browser", "--port", "0",
                "--out-dir", str(out_dir), "--cache-dir", str(cache / "text"), *extra]
@@ -72,12 +73,16 @@ class PlayServer:
         raise AssertionError("the player was not ready in time:\n" + "\n".join(self.lines))
 
     def output(self) -> str:
-        while True:
+        """What the server printed so far; once it has exited, all of it (the reader thread is waited for)."""
+        exited = self.proc.poll() is not None
+        while not self._eof:
             try:
-                line = self._lines.get_nowait()
+                line = self._lines.get(timeout=60) if exited else self._lines.get_nowait()
             except queue.Empty:
                 break
-            if line is not None:
+            if line is None:
+                self._eof = True
+            else:
                 self.lines.append(line)
         return "\n".join(self.lines)
 

@@ -15,6 +15,7 @@
     state: null, running: false, paused: true, inFlight: false, discard: false,
     need: 0, sampling: false, pending: [], awaitChunk: 0, sent: [], shown: 0, chunkEnds: [],
     notes: [], errors: [], saved: null, render: null, busy: false, connected: false,
+    timings: {}, timingSummary: null, // chunk -> its latest row (both clocks: player/timings.py)
   };
   window.lingbotPlayer = P;
   const held = new Set();
@@ -23,7 +24,8 @@
   const boundary = {}; // chunk number -> its last frame (rewind shows it)
   let decodeChain = Promise.resolve();
   let epoch = 0; // bumped on rewind/start: frames decoded for an older epoch are dropped
-  let sentAt = 0, firstSeenAt = 0, keyChangeAt = 0, lastSample = null, pendingKeyChange = 0;
+  let sentAt = 0, firstSeenAt = 0, keyChangeAt = 0, lastSample = null, pendingKeyChange = 0, lastKeyEventAt = 0,
+    lastSampleAt = 0;
   const shownTimes = [];
   let ws = null;
 
@@ -98,14 +100,23 @@
         if (f.chunk === P.awaitChunk && !P.sampling) {
           P.sampling = true; // the chunk asked for last is on screen: its keys decide the next one
           $("s-first").textContent = `${fmt((firstSeenAt - sentAt) / 1000)} (server ${fmt(P.lastServerFirst)})`;
-          if (pendingKeyChange) $("s-key").textContent = fmt((now - pendingKeyChange) / 1000);
+          const report = {
+            op: "timing", chunk: f.chunk, request_to_arrival_s: (firstSeenAt - sentAt) / 1000,
+            request_to_screen_s: (now - sentAt) / 1000, fps: shownTimes.length > 1 ? shownTimes.length / 2 : null,
+            key_to_screen_s: pendingKeyChange ? (now - pendingKeyChange) / 1000 : null,
+          };
+          if (pendingKeyChange) $("s-key").textContent = fmt(report.key_to_screen_s);
           pendingKeyChange = 0;
+          send(report); // the server keeps the page's clock beside its own (player/timings.py)
         }
       }
       if (P.sampling && P.pending.length < P.need) {
         const k = sampleKeys();
-        if (lastSample !== null && k !== lastSample && !keyChangeAt) keyChangeAt = now;
+        // a change of the held keys, timed from the key event itself (up to 1/16 s before this sample), or from
+        // the previous sample or Play when the key went down before them (a key tapped while paused)
+        if (lastSample !== null && k !== lastSample && !keyChangeAt) keyChangeAt = Math.max(lastKeyEventAt, lastSampleAt);
         lastSample = k;
+        lastSampleAt = now;
         P.pending.push(k);
         trySend();
       }
@@ -225,6 +236,13 @@
         $("render-cancel").hidden = m.status !== "running";
         break;
       }
+      case "timings": {
+        P.timings[m.row.chunk] = m.row;
+        P.timingSummary = m.summary;
+        const k = m.summary.key_to_screen_s;
+        if (k) $("s-key-median").textContent = `${fmt(k.median)} (p90 ${fmt(k.p90)}, ${k.n} changes)`;
+        break;
+      }
       case "note":
         note(m.message, false);
         break;
@@ -265,6 +283,7 @@
     if (typing(ev) || ev.ctrlKey || ev.metaKey || ev.altKey) return;
     const k = ev.key.toLowerCase();
     if (k.length === 1 && KEYS.includes(k)) {
+      if (!ev.repeat) lastKeyEventAt = performance.now();
       held.add(k); latched.add(k); ev.preventDefault(); showKeys();
     } else if (k === " ") {
       ev.preventDefault(); togglePause();
@@ -274,7 +293,7 @@
   });
   document.addEventListener("keyup", (ev) => {
     const k = ev.key.toLowerCase();
-    if (held.delete(k)) showKeys();
+    if (held.delete(k)) { lastKeyEventAt = performance.now(); showKeys(); }
   });
   window.addEventListener("blur", () => { held.clear(); showKeys(); }); // no stuck keys after alt-tab
 
@@ -282,6 +301,7 @@
   function togglePause() {
     if (!P.running) return;
     P.paused = !P.paused;
+    if (!P.paused) lastSampleAt = performance.now();
     $("pause").textContent = P.paused ? "Play" : "Pause";
     if (!P.paused) trySend();
   }
