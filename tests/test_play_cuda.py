@@ -1,0 +1,66 @@
+"""On a CUDA GPU (skipped without one): a session played through the real `lingbot-world play` server on the GPU, in
+bf16, equals the batch run of its recorded keys frame for frame, with pause-free stepping, a rewind and the speed
+presets (the player's "render this path" with Fast is that batch run: `generate --model fast --rule continuable
+--actions <recorded>` with the player's seed, noise, window, sink and preset)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+support = _load("test_player_support")
+server_tests = _load("test_player_server")  # its socket helpers (Tab, _restart); its tests are not collected here
+KEYS = ("w-8", "wj-12", "d-6,dl-6", "none-12", "i-12")
+
+
+@pytest.mark.parametrize("speed", ["exact", "auto", "draft"])
+def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, speed):
+    cache = support.shared_cache(tmp_path_factory)
+    out_dir = tmp_path_factory.mktemp(f"play_cuda_{speed}") / "out"
+    srv = support.PlayServer(cache, out_dir, "--device", "cuda", "--noise", "cuda", "--speed", speed)
+
+    async def go():
+        http, tab, _ = await server_tests._restart(srv)
+        try:
+            for keys in KEYS:
+                await tab.step(keys)
+            _, before = await tab.step("a-12")
+            await tab.send(op="rewind", chunks=len(KEYS))
+            await tab.until("rewound")
+            end, again = await tab.step("a-12")
+            assert [d for _, _, d in again] == [d for _, _, d in before]  # rewind on the GPU is exact too
+            await tab.send(op="save")
+            saved = (await tab.until("saved"))["files"]
+            await tab.send(op="render", target="fast720", run=True)
+            while (r := await tab.until("render"))["status"] == "running":
+                pass
+            assert r["status"] == "done", r
+            assert "--device cuda" in r["command"] and f"--speed {speed}" in r["command"], r["command"]
+            return end["state"], saved, r["out"]
+        finally:
+            await tab.ws.close()
+            await http.close()
+
+    try:
+        state, saved, rendered = server_tests.run(go())
+    finally:
+        assert srv.stop() in (0, 130), srv.output()
+    played = server_tests._mp4_frames(next(p for p in saved if p.endswith(".mp4")))
+    batch = server_tests._mp4_frames(rendered)
+    assert played.shape == batch.shape and played.shape[0] == state["frames"]
+    diff = int(np.abs(played.astype(np.int16) - batch.astype(np.int16)).max())
+    print(f"\nplayed vs batch on {torch.cuda.get_device_name()} ({speed}): max |diff| {diff}")
+    assert diff == 0
