@@ -49,20 +49,22 @@ def model_kind(high: Path, low: Path) -> str:
     return check_control_pair(detect_format(high), detect_format(low))
 
 
-def prepare(args, high: Path, low: Path, log: logging.Logger) -> str:
-    """Model kind, mismatch checks and the model's defaults, before any expensive work. Returns the kind."""
+def prepare(camera: Optional[str], actions: Optional[str], steps: Optional[int], high: Path, low: Path,
+            log: logging.Logger) -> tuple[str, int]:
+    """Model kind, mismatch checks and the model's defaults, before any expensive work. Returns (the kind, the
+    steps: --steps, else the kind's default)."""
     kind = model_kind(high, low)
-    if args.camera and args.actions:
+    if camera and actions:
         raise ValueError("give either --camera (a trajectory) or --actions (keys), not both")
-    if args.camera:
+    if camera:
         check_control(kind, CAMERA, ACT_FIX)
-    if args.steps is None:
-        args.steps = DEFAULT_STEPS[kind]
+    if steps is None:
+        steps = DEFAULT_STEPS[kind]
     if kind == ACT:
-        log.info("Act model (7-channel control: ray directions + WASD keys, from the weights); %d steps", args.steps)
-        if not args.actions:
+        log.info("Act model (7-channel control: ray directions + WASD keys, from the weights); %d steps", steps)
+        if not actions:
             log.warning("Act model without --actions: its control layers are skipped (plain image-to-video)")
-    return kind
+    return kind, steps
 
 
 def _write_picture(image, target: Path) -> Path:
@@ -73,20 +75,19 @@ def _write_picture(image, target: Path) -> Path:
     return target
 
 
-def picture_path(args, video: Optional[Path] = None) -> Optional[Path]:
-    """--trajectory-picture's file: the name given, or `<video>_trajectory.png` next to the video (`video`, else
-    --out)."""
-    if args.trajectory_picture is None:
+def picture_path(picture: Optional[str], video: Optional[Path] = None) -> Optional[Path]:
+    """--trajectory-picture's file (`picture`: the flag's value): the name given, or `<video>_trajectory.png` next
+    to the video (without one, a timestamped name in the current folder)."""
+    if picture is None:
         return None
-    if args.trajectory_picture != PICTURE_NEXT_TO_VIDEO:
-        return Path(args.trajectory_picture).expanduser()
-    out = video or (Path(args.out) if args.out is not None else Path(f"lingbot_{time.strftime('%Y%m%d_%H%M%S')}.mp4"))
+    if picture != PICTURE_NEXT_TO_VIDEO:
+        return Path(picture).expanduser()
+    out = video or Path(f"lingbot_{time.strftime('%Y%m%d_%H%M%S')}.mp4")
     return out.with_name(out.stem + "_trajectory.png")
 
 
-def write_trajectory_picture(args, poses, intrinsics, title: str, keys=None) -> Optional[Path]:
-    """The path picture (key timeline under it for keys) when --trajectory-picture asked for it."""
-    target = picture_path(args)
+def write_trajectory_picture(target: Optional[Path], poses, intrinsics, title: str, keys=None) -> Optional[Path]:
+    """The path picture (key timeline under it for keys) at `target` (picture_path's), or nothing without one."""
     if target is None:
         return None
     from ..wan.control.trajectory_plot import plot_trajectory
@@ -94,28 +95,27 @@ def write_trajectory_picture(args, poses, intrinsics, title: str, keys=None) -> 
     return _write_picture(plot_trajectory(poses, intrinsics, title=title, keys=keys), target)
 
 
-def control(args, kind: str, height: int, width: int, log: logging.Logger) -> tuple[int, torch.Tensor]:
-    """(frames, control tensor) for --actions: the Plücker tensor (Cam/Fast) or the Act tensor."""
+def control(spec: str, frames: Optional[int], precision: str, kind: str, height: int, width: int,
+            log: logging.Logger, *, picture: Optional[Path] = None, quiet: bool = False) -> tuple[int, torch.Tensor]:
+    """(frames, control tensor) for --actions `spec` (--frames `frames`, --camera-precision `precision`): the
+    Plücker tensor (Cam/Fast) or the Act tensor; the path picture goes to `picture` (picture_path's)."""
     from ..loaders.action_files import has_act_files, read_act_folder, read_key_source
     from ..wan.control.act_control import act_condition
     from ..wan.control.act_to_camera import keys_to_camera
     from ..wan.control.actions import keys_for_video
     from ..wan.control.camera import camera_condition
 
-    spec = args.actions
-    frames = args.frames
-    precision = args.camera_precision
     if kind == ACT and has_act_files(Path(spec).expanduser()):
         act = read_act_folder(spec)
         cond = act_condition(act.path.poses, act.path.intrinsics, act.actions, height, width,
                              frames or DEFAULT_FRAMES, precision=precision, actions_name=f"{spec}/action.npy")
         if cond.message:
             log.warning("actions: %s", cond.message)
-        _say(args, f"actions: {spec} (action.npy + poses.npy) -> {cond.frames} frames, {cond.latent_frames} latent")
+        _say(quiet, f"actions: {spec} (action.npy + poses.npy) -> {cond.frames} frames, {cond.latent_frames} latent")
         from ..wan.control.actions import KeyTimeline
 
         keys = KeyTimeline.from_arrays(wasd=act.actions[:cond.frames])  # the W/A/S/D channels as a timeline
-        write_trajectory_picture(args, cond.poses.numpy(), cond.intrinsics.numpy(), f"{act.label}: Act input "
+        write_trajectory_picture(picture, cond.poses.numpy(), cond.intrinsics.numpy(), f"{act.label}: Act input "
                                  f"(poses.npy + action.npy)", keys=keys)
         return cond.frames, cond.tensor
 
@@ -134,15 +134,15 @@ def control(args, kind: str, height: int, width: int, log: logging.Logger) -> tu
         cond = camera_condition(path.poses, path.intrinsics, height, width, frames, includes_end_pose=True,
                                 precision=precision)
         tensor = cond.plucker
-    _say(args, f"actions: {src.label} -> {src.keys.frames} frames of keys, video of {cond.frames} frames "
+    _say(quiet, f"actions: {src.label} -> {src.keys.frames} frames of keys, video of {cond.frames} frames "
                f"({cond.latent_frames} latent), {'Act control' if kind == ACT else 'camera path'}")
     title = f"{src.label}: {keys.to_string()}" if not src.from_file else f"{src.label} ({keys.frames} frames)"
-    write_trajectory_picture(args, np.asarray(path.poses), path.intrinsics, _short(title), keys=keys)
+    write_trajectory_picture(picture, np.asarray(path.poses), path.intrinsics, _short(title), keys=keys)
     return cond.frames, tensor
 
 
-def _say(args, line: str) -> None:
-    if not getattr(args, "quiet", False):
+def _say(quiet: bool, line: str) -> None:
+    if not quiet:
         print(line, flush=True)
 
 

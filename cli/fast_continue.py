@@ -10,6 +10,7 @@ anything loads. `--rule reference|continuable` (wan/sampling/fast_state.py) says
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,11 +18,12 @@ import torch
 from ..wan.sampling.fast_state import FastSettings
 from . import fast_parts, fast_request
 from .errors import UsageError
+from .generate_request import GenerateRequest
 
 log = logging.getLogger("lingbot_world.generate")
 
 
-def run(args) -> int:
+def run(request: GenerateRequest) -> int:
     """generate --model fast --continue-from PATH."""
     from ..loaders.fast_state_file import StateFile
     from ..loaders.vae_files import load_vae
@@ -35,39 +37,40 @@ def run(args) -> int:
     from .video_out import plan_output, write_video
 
     stats = RunStats()
-    if args.demo and args.device == "auto":
-        args.device = "cpu"  # the demo's default
-    fast_parts.warn_base_only_flags(args)
-    sf = StateFile(args.continue_from)  # format, version, damage: refused here, before anything loads
+    if request.demo and request.device == "auto":
+        request = replace(request, device="cpu")  # the demo's default
+    fast_parts.warn_base_only_flags(request)
+    sf = StateFile(request.continue_from)  # format, version, damage: refused here, before anything loads
     state = sf.state
     st = state.settings
-    _refuse_other_settings(args, st)
-    device = resolve_device(args.device)
+    _refuse_other_settings(request, st)
+    device = resolve_device(request.device)
     if st.noise_source == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"{sf.path} continues the reference's CUDA generator; run it on a CUDA GPU")
-    speed = speed_plan(args, device)
-    files = fast_parts.fast_files(args)
-    fmt, note = files.check(args.weights)
+    speed = speed_plan(request.speed_flags, device)
+    files = fast_parts.fast_files(request)
+    fmt, note = files.check(request.weights)
     if note:
         log.warning("%s", note)
     cfg = fmt.config
-    loras = fast_parts.read_fast_loras(args, cfg)
-    here = fast_parts.settings_for(args, fmt, device, st.height, st.width, st.seed, st.noise_source, st.mode,
+    loras = fast_parts.read_fast_loras(request.loras, cfg)
+    here = fast_parts.settings_for(request, fmt, device, st.height, st.width, st.seed, st.noise_source, st.mode,
                                    st.window, st.sink, st.max_attention, st.precision)
     st.check_continue(here, str(sf.path))
     sf.check_model(cfg.num_layers, cfg.num_heads, cfg.head_dim, getattr(torch, here.cache_dtype))
     if state.condition is None:
         raise UsageError(f"{sf.path} has no conditioning for later frames; it cannot be continued")
 
-    source = fast_parts.camera_source(args, args.frames, continuation=True)
+    source, frames = fast_parts.camera_source(request, request.frames, continuation=True)
     from ..wan.sampling.fast_state import next_layout, plan_next_part
 
-    part = plan_next_part(state, source, args.frames)
+    part = plan_next_part(state, source, frames)
     if part.note:
         log.warning("frames: %s", part.note)
     index = len(state.parts) + 1
-    target = plan_output(args.out if args.out is not None else Path(f"{sf.path.stem}_part{index}.mp4"))
-    whole_target = plan_output(args.whole_video, flag="--whole-video") if args.whole_video is not None else None
+    target = plan_output(request.out if request.out is not None else Path(f"{sf.path.stem}_part{index}.mp4"))
+    whole_target = (plan_output(request.whole_video, flag="--whole-video") if request.whole_video is not None
+                    else None)
     layout = next_layout(state, part)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
@@ -75,22 +78,23 @@ def run(args) -> int:
     control = fast_parts.control_label(source, still=state.has_camera)
     print(f"continuing {sf.path} ({sf.file_bytes / 1e9:.2f} GB): {state.frames} frames so far ({state.chunks} chunks), "
           f"+ {part.frames} frames ({part.chunks} chunks), camera: {control}", flush=True)
-    save = fast_parts.SaveState.plan(args, st, cfg, total_lat)
-    fast_request.check_targets(args, target, part.frames, st.height, st.width, save=save, whole=whole_target,
+    save = fast_parts.SaveState.plan(request, st, cfg, total_lat)
+    fast_request.check_targets(request, target, part.frames, st.height, st.width, save=save, whole=whole_target,
                                whole_frames=state.frames + part.frames, files=files)
-    fast_parts.write_picture(args, part, source, target)
-    speed = fast_compile_policy(speed, args, part.chunks)
+    fast_parts.write_picture(request, part, source, target)
+    speed = fast_compile_policy(speed, request.speed_flags, part.chunks)
     log_speed_plan(speed, log)
 
-    plan, stream_vae = fast_parts.memory_plan(args, cfg, st, total_lat, device, part.camera is not None, files)
+    plan, stream_vae = fast_parts.memory_plan(request, cfg, st, total_lat, device, part.camera is not None, files)
     log.info("memory plan: %s", plan.reason)
     stats.mark("setup")
 
     prompt, context = state.prompt, state.context
-    if args.prompt is not None and args.prompt != state.prompt:
-        prompt = args.prompt
-        context = encode_prompts(files.t5, files.tokenizer, [prompt], device=args.t5_device, cache_dir=args.cache_dir,
-                                 use_cache=not args.no_text_cache, timeout=args.t5_timeout)[0]
+    if request.prompt is not None and request.prompt != state.prompt:
+        prompt = request.prompt
+        text = request.text
+        context = encode_prompts(files.t5, files.tokenizer, [prompt], device=text.device, cache_dir=text.cache_dir,
+                                 use_cache=text.use_cache, timeout=text.timeout)[0]
         log.info("new prompt from this part on: %s", prompt)
     stats.mark("text")
 
@@ -99,7 +103,7 @@ def run(args) -> int:
         vae.to("cpu")
     z_before = state.latent()
     placement = FastPlacement(plan, device, log.info)
-    load = fast_parts.model_load(args, files, placement, device, loras=loras)
+    load = fast_parts.model_load(request.weights, files, placement, device, loras=loras)
 
     def prepare_model(model):
         from ..speed.options import apply_speed
@@ -115,8 +119,8 @@ def run(args) -> int:
         def on_done(new_state):
             save.write(new_state, placement.placement)
 
-        latent, written = fast_parts.run_part(world, part, source, args.frames, args=args, target=target,
-                                              stats=stats, stream=stream_vae,
+        latent, written = fast_parts.run_part(world, part, source, frames, fps=request.fps, quiet=request.quiet,
+                                              target=target, stats=stats, stream=stream_vae,
                                               on_done=on_done if save is not None else None,
                                               keep_cache=save is not None, label=control)
     finally:
@@ -127,15 +131,15 @@ def run(args) -> int:
         vae.to(device)
     if written is None:
         with torch.inference_mode():
-            video = decode_part(vae, z_before.to(device), latent, tiled=args.vae_tiled)[0]
-        written = write_video(video, target, args.fps)
+            video = decode_part(vae, z_before.to(device), latent, tiled=request.vae_tiled)[0]
+        written = write_video(video, target, request.fps)
         del video
         stats.mark("vae_decode")
     whole = None
     if whole_target is not None:
         with torch.inference_mode():
-            video = vae.decode(torch.cat([z_before.to(device), latent.to(device)], dim=2), tiled=args.vae_tiled)[0]
-        whole = write_video(video, whole_target, args.fps)
+            video = vae.decode(torch.cat([z_before.to(device), latent.to(device)], dim=2), tiled=request.vae_tiled)[0]
+        whole = write_video(video, whole_target, request.fps)
         del video
         stats.mark("whole video")
     del vae
@@ -150,13 +154,13 @@ def run(args) -> int:
     return 0
 
 
-def _refuse_other_settings(args, st: FastSettings) -> None:
+def _refuse_other_settings(request: GenerateRequest, st: FastSettings) -> None:
     """The cache rules a continuation takes from the state: a different value is refused."""
-    for flag, given, saved in (("--window", args.window, st.window), ("--max-attention", args.max_attention,
-                                                                       st.max_attention)):
+    for flag, given, saved in (("--window", request.window, st.window),
+                               ("--max-attention", request.max_attention, st.max_attention)):
         if given is not None and given != saved:
             raise UsageError(f"{flag} {given}: the video was started with {flag} {saved}; a continuation keeps "
                              "the cache rules it was started with (leave the flag out)")
-    if args.sink and args.sink != st.sink:
-        raise UsageError(f"--sink {args.sink}: the video was started with --sink {st.sink}; leave the flag out")
+    if request.sink and request.sink != st.sink:
+        raise UsageError(f"--sink {request.sink}: the video was started with --sink {st.sink}; leave the flag out")
     # --image, --size, --seed, --noise and --rule are refused before this (cli/flag_checks.FROM_THE_STATE)

@@ -12,6 +12,8 @@ import torch
 
 from ..wan.sampling.fast_state import CameraSource, FastSettings, PartPlan
 from .errors import UsageError
+from .generate_request import GenerateRequest
+from .lora_run import LoraFlags
 
 log = logging.getLogger("lingbot_world.generate")
 
@@ -20,39 +22,42 @@ LOAD_STEP = "the Fast model's load"
 
 
 # ---- flags -> settings -------------------------------------------------------------------------------------------
-def settings_for(args, fmt, device, height: int, width: int, seed: int, noise: str, mode: Optional[str] = None,
+def settings_for(request: GenerateRequest, fmt, device, height: int, width: int, seed: int, noise: str, mode: Optional[str] = None,
                  window=None, sink=None, max_attention=None, precision=None) -> FastSettings:
-    """The settings of a Fast video started (or continued) by these flags."""
+    """The settings of a Fast video started (or continued) by this request."""
     from ..loaders.fast_state_file import model_fingerprint, model_label
     from ..world.plan import compute_dtype
 
-    dtype = compute_dtype(args.weights, device)
-    keep = args.save_state is not None or args.continue_from is not None
+    dtype = compute_dtype(request.weights, device)
+    keep = request.save_state is not None or request.continue_from is not None
     return FastSettings(
-        height, width, int(seed), noise, mode or args.rule,
-        window=args.window if window is None else window, sink=args.sink if sink is None else sink,
-        max_attention=args.max_attention if max_attention is None else max_attention,
-        precision=precision or args.camera_precision, weights=args.weights,
+        height, width, int(seed), noise, mode or request.rule,
+        window=request.window if window is None else window, sink=request.sink if sink is None else sink,
+        max_attention=request.max_attention if max_attention is None else max_attention,
+        precision=precision or request.camera_precision, weights=request.weights,
         cache_dtype=str(dtype).replace("torch.", ""), model=model_fingerprint(fmt) if keep else "",
-        model_label=model_label(fmt), vae_tiled=bool(args.vae_tiled))
+        model_label=model_label(fmt), vae_tiled=bool(request.vae_tiled))
 
 
-def camera_source(args, frames: Optional[int], continuation: bool = False) -> CameraSource:
-    """What steers the part: --actions (keys), --camera (trajectory folder or preset) or nothing."""
+def camera_source(request: GenerateRequest, frames: Optional[int],
+                  continuation: bool = False) -> tuple[CameraSource, Optional[int]]:
+    """(what steers the part: --actions (keys), --camera (trajectory folder or preset) or nothing, the frames the
+    part asks for: `frames`, or FILE_FRAMES for key files of a first part without --frames)."""
     from ..loaders.action_files import read_key_source
     from .preflight import camera_path
 
-    if args.actions:
-        src = read_key_source(args.actions)
+    if request.actions:
+        src = read_key_source(request.actions)
         if frames is None and src.from_file and not continuation:
-            args.frames = FILE_FRAMES  # key files are cut to the video (the release reads keys[:frame_num])
-        return CameraSource(keys=src.keys, intrinsics=src.intrinsics, label=src.label, from_file=src.from_file)
-    if args.camera:
+            frames = FILE_FRAMES  # key files are cut to the video (the release reads keys[:frame_num])
+        return CameraSource(keys=src.keys, intrinsics=src.intrinsics, label=src.label, from_file=src.from_file), frames
+    if request.camera:
         want = (frames or 12) + 1 if continuation else (frames or FILE_FRAMES)
-        path, zoom = camera_path(args.camera, max(want, 2), args.camera_speed)
+        path, zoom = camera_path(request.camera, max(want, 2), request.camera_speed)
         return CameraSource(poses=path.poses, intrinsics=path.intrinsics,
-                            per_frame_intrinsics=bool(args.per_frame_intrinsics or zoom), label=str(args.camera))
-    return CameraSource()
+                            per_frame_intrinsics=bool(request.per_frame_intrinsics or zoom),
+                            label=str(request.camera)), frames
+    return CameraSource(), frames
 
 
 def control_label(source: CameraSource, still: bool = False) -> str:
@@ -64,21 +69,22 @@ def control_label(source: CameraSource, still: bool = False) -> str:
     return source.kind
 
 
-def write_picture(args, part: PartPlan, source: CameraSource, target: Path) -> Optional[Path]:
-    """--trajectory-picture: the part's camera path, with its key timeline for keys."""
+def write_picture(request: GenerateRequest, part: PartPlan, source: CameraSource, target) -> Optional[Path]:
+    """--trajectory-picture: the part's camera path, with its key timeline for keys, next to `target` (the part's
+    cli/video_out.OutputTarget) unless --out names the video."""
     from . import actions_arg
+    from .fast_request import picture_video
 
-    if args.trajectory_picture is None:
+    if request.trajectory_picture is None:
         return None
     if part.path is None:
         log.warning("--trajectory-picture: this part has no camera; no picture written")
         return None
-    if args.out is None:
-        args.out = target
     title = f"{source.label}: {part.keys.to_string()}" if part.keys is not None and not source.from_file else source.label
-    out = actions_arg.write_trajectory_picture(args, part.path, part.intrinsics, actions_arg._short(title or "camera"),
-                                               keys=part.keys)
-    if out is not None and not args.quiet:
+    picture = actions_arg.picture_path(request.trajectory_picture, picture_video(request, target))
+    out = actions_arg.write_trajectory_picture(picture, part.path, part.intrinsics,
+                                               actions_arg._short(title or "camera"), keys=part.keys)
+    if out is not None and not request.quiet:
         print(f"trajectory picture: {out}", flush=True)
     return out
 
@@ -92,12 +98,12 @@ class SaveState:
     written: Optional[Path] = None
 
     @classmethod
-    def plan(cls, args, settings: FastSettings, cfg, latent_frames: int) -> Optional["SaveState"]:
+    def plan(cls, request: GenerateRequest, settings: FastSettings, cfg, latent_frames: int) -> Optional["SaveState"]:
         from ..loaders.fast_state_file import HEADER_RESERVE_BYTES, describe_size, kv_bytes
 
-        if args.save_state is None:
+        if request.save_state is None:
             return None
-        path = Path(args.save_state).expanduser()  # checked with every other output (cli/fast_request.py)
+        path = Path(request.save_state).expanduser()  # checked with every other output (cli/fast_request.py)
         layout = settings.layout(latent_frames)
         tokens = min(layout.capacity, latent_frames * settings.frame_tokens)
         dtype = getattr(torch, settings.cache_dtype)
@@ -106,7 +112,7 @@ class SaveState:
         small = (4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
                  + HEADER_RESERVE_BYTES)
         out = cls(path, kv + small)
-        if not args.quiet:
+        if not request.quiet:
             print(f"state: {path} will hold {describe_size(out.estimate)} (the K/V cache: {tokens} tokens x "
                   f"{cfg.num_layers} layers in {settings.cache_dtype}, {describe_size(kv)})", flush=True)
         return out
@@ -127,35 +133,35 @@ class SaveState:
 
 
 # ---- files, plan, load -------------------------------------------------------------------------------------------
-def warn_base_only_flags(args) -> None:
+def warn_base_only_flags(request: GenerateRequest) -> None:
     """The base model's own flags are refused before this (cli/flag_checks.BASE_ONLY); --shift applies but warns."""
-    if args.shift != 10.0:
+    if request.shift != 10.0:
         log.warning("--shift %.3g: the Fast model was distilled at shift 10; other values change its timesteps",
-                    args.shift)
+                    request.shift)
 
 
-def fast_files(args, imports=None):
+def fast_files(request: GenerateRequest, imports=None):
     """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags."""
     from ..loaders.demo_checkpoint import demo_fast_ready
     from ..world.files import FastFiles
 
-    if args.demo:
-        if imports is not None and not demo_fast_ready(args.demo_dir):
+    if request.demo:
+        if imports is not None and not demo_fast_ready(request.demo_dir):
             imports.wait()  # building it quantizes with bitsandbytes: not beside the background import
-        files = FastFiles.demo(args.demo_dir)
-    elif args.ckpt_dir is not None:
-        files = FastFiles.find(args.ckpt_dir, args.fast_model)
+        files = FastFiles.demo(request.demo_dir)
+    elif request.ckpt_dir is not None:
+        files = FastFiles.find(request.ckpt_dir, request.fast_model)
     else:
-        missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(args, n) is None]
+        missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(request, n) is None]
         if missing:
             raise UsageError(f"give --ckpt-dir (or --demo), or {' '.join(missing)}")
-        return FastFiles(Path("."), args.fast_model, args.t5, args.vae, args.tokenizer)
-    return replace(files, **{n: getattr(args, attr) for n, attr in (("fast", "fast_model"), ("t5", "t5"),
-                                                                     ("vae", "vae"), ("tokenizer", "tokenizer"))
-                             if getattr(args, attr) is not None})
+        return FastFiles(Path("."), request.fast_model, request.t5, request.vae, request.tokenizer)
+    return replace(files, **{n: getattr(request, attr) for n, attr in (("fast", "fast_model"), ("t5", "t5"),
+                                                                        ("vae", "vae"), ("tokenizer", "tokenizer"))
+                             if getattr(request, attr) is not None})
 
 
-def memory_plan(args, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
+def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
                 seq_parallel: int = 1):
     """The memory plan of a video of `latent_frames` (the World session's layout for it) and whether the VAE
     streams chunk by chunk beside the model (--stream-decode)."""
@@ -164,9 +170,9 @@ def memory_plan(args, cfg, settings: FastSettings, latent_frames: int, device, w
 
     layout = session_layout(settings, latent_frames)
     try:
-        plan, stream = plan_world_memory(cfg, layout, device, settings.height, settings.width, weights=args.weights,
-                                         kv_cache=args.kv_cache, kv_layers_on_gpu=args.kv_layers_on_gpu,
-                                         with_camera=with_camera, stream_decode=args.stream_decode,
+        plan, stream = plan_world_memory(cfg, layout, device, settings.height, settings.width, weights=request.weights,
+                                         kv_cache=request.kv_cache, kv_layers_on_gpu=request.kv_layers_on_gpu,
+                                         with_camera=with_camera, stream_decode=request.stream_decode,
                                          vae_cfg=files.vae_config(), seq_parallel=seq_parallel)
     except FastMemoryError as e:
         raise UsageError(str(e)) from None
@@ -175,35 +181,35 @@ def memory_plan(args, cfg, settings: FastSettings, latent_frames: int, device, w
     return plan, stream
 
 
-def model_load(args, files, placement, device, imports=None, loras=()):
-    """The Fast model's load as a ModelLoad (cli/model_load.py): run in turn, or started on a thread beside the
-    image's VAE encode. It waits for the background imports first (the model needs bitsandbytes); the LoRAs go on
+def model_load(weights: str, files, placement, device, imports=None, loras=()):
+    """The Fast model's load (--weights `weights`) as a ModelLoad (cli/model_load.py): run in turn, or started on a
+    thread beside the image's VAE encode. It waits for the background imports first (the model needs bitsandbytes); the LoRAs go on
     right after it."""
     from ..world.plan import compute_dtype
     from .model_load import ModelLoad
 
     def load(progress):
-        model = placement.load_model(files.fast, args.weights, progress=progress)
+        model = placement.load_model(files.fast, weights, progress=progress)
         if loras:
             from ..loaders.lora_apply import put_loras
 
-            put_loras(model, loras, dtype=compute_dtype(args.weights, device), device=device, name=files.fast.name)
+            put_loras(model, loras, dtype=compute_dtype(weights, device), device=device, name=files.fast.name)
         return model
 
     return ModelLoad(load, device, before=imports.wait if imports is not None else None)
 
 
-def read_fast_loras(args, cfg) -> list:
+def read_fast_loras(loras: LoraFlags, cfg) -> list:
     """--lora FILE[:STRENGTH] on the Fast model (read and matched before anything loads); --lora-high/-low are
     the base model's two experts."""
     for flag in ("lora_high", "lora_low"):
-        if getattr(args, flag, None):
+        if getattr(loras, flag):
             raise UsageError(f"--{flag.replace('_', '-')}: the Fast model is one model; use --lora FILE[:STRENGTH]")
-    if not getattr(args, "lora", None):
+    if not loras.lora:
         return []
     from .lora_run import read_cli_loras
 
-    return read_cli_loras(args, cfg)["high"]
+    return read_cli_loras(loras, cfg)["high"]
 
 
 def default_name(prompt: str) -> Path:
@@ -214,17 +220,17 @@ def default_name(prompt: str) -> Path:
 
 
 # ---- running a part ----------------------------------------------------------------------------------------------
-def run_part(world, part: PartPlan, source: CameraSource, frames, *, args, target, stats, stream: bool,
-             on_done: Optional[Callable] = None, keep_cache: bool = True, label: str = "") -> tuple:
-    """A part through the World session with the CLI's progress line and (streaming) video writer; returns
+def run_part(world, part: PartPlan, source: CameraSource, frames, *, fps: int, quiet: bool, target, stats,
+             stream: bool, on_done: Optional[Callable] = None, keep_cache: bool = True, label: str = "") -> tuple:
+    """A part through the World session with the CLI's progress line and (streaming, at `fps`) video writer; returns
     (latent, written path or None when the video is decoded afterwards). Ctrl-C keeps the frames decoded so far."""
     from ..wan.sampling.fast_sampler import STEP_INDICES
     from ..wan.sampling.sampler import Cancelled
     from .progress import ProgressLine
     from .video_out import VideoWriter
 
-    writer: Optional[VideoWriter] = VideoWriter(target, args.fps) if stream else None
-    bar = ProgressLine(part.chunks * len(STEP_INDICES), enabled=not args.quiet)
+    writer: Optional[VideoWriter] = VideoWriter(target, fps) if stream else None
+    bar = ProgressLine(part.chunks * len(STEP_INDICES), enabled=not quiet)
     done = [0]  # chunks whose steps are all done
 
     def progress(info):

@@ -18,42 +18,39 @@ from dataclasses import replace
 import torch
 
 from . import fast_continue, fast_parts, fast_request, parallel_flags
-from .demo_defaults import apply_demo_defaults
 from .errors import UsageError
+from .generate_request import GenerateRequest
 
 log = logging.getLogger("lingbot_world.generate")
 
 DEMO_FAST_FRAMES = 33  # three chunks of the tiny demo
 
 
-def run(args) -> int:
+def run(request: GenerateRequest) -> int:
     """Entry point from generate.run() for --model fast (one process, or one rank of a torchrun launch)."""
-    fast_request.check_flags(args)  # no I/O: the flags' ranges and what applies to the Fast model
-    if args.continue_from is None:
-        if args.demo:  # a continuation takes its inputs from the state
-            requested_frames = args.frames
-            apply_demo_defaults(args)
-            if requested_frames is None and not args.actions:
-                args.frames = DEMO_FAST_FRAMES
-    session = parallel_flags.start(args, log)
+    fast_request.check_flags(request)  # no I/O: the flags' ranges and what applies to the Fast model
+    if request.continue_from is None and request.demo:  # a continuation takes its inputs from the state
+        request = with_fast_demo_defaults(request)
+    session = parallel_flags.start(request.parallel_flags, request.device, log)
+    request = request.on_rank(session)
     from .heavy_imports import BackgroundImports
     from .progress import RunStats
 
     # bitsandbytes (seconds) imports on a thread while this one checks, starts the text encoder and encodes the
     # image; waited for before the load (one process only: under torchrun the ranks set up collectives meanwhile).
     stats = RunStats()
-    imports = BackgroundImports(background=getattr(args, "overlap", "auto") != "off" and not session.parallel)
+    imports = BackgroundImports(background=request.overlap != "off" and not session.parallel)
     stats.mark("imports (torch._dynamo)")  # on this thread, first (cli/heavy_imports.py says why)
     failed = True
     try:
-        if args.continue_from is not None:
+        if request.continue_from is not None:
             if session.parallel:
                 raise UsageError("--continue-from runs in one process: start it without torchrun (a saved state "
                                  "holds every head of the K/V cache)")
             imports.wait()  # a continuation's checks import bitsandbytes' modules on this thread: not beside them
-            code = fast_continue.run(args)
+            code = fast_continue.run(request)
         else:
-            code = _first_part(args, session, imports, stats)
+            code = _first_part(request, session, imports, stats)
         failed = False
         return code
     except Exception as e:
@@ -63,7 +60,15 @@ def run(args) -> int:
         session.close(failed)
 
 
-def _first_part(args, session, imports, stats) -> int:
+def with_fast_demo_defaults(request: GenerateRequest) -> GenerateRequest:
+    """The demo's defaults, with the Fast demo's length (three chunks) when neither --frames nor keys set it."""
+    demo = request.with_demo_defaults()
+    if request.frames is None and not demo.actions:
+        demo = replace(demo, frames=DEMO_FAST_FRAMES)
+    return demo
+
+
+def _first_part(request: GenerateRequest, session, imports, stats) -> int:
     from ..loaders.image_files import load_image
     from ..memory.kv_placement import FastPlacement
     from ..memory.overlap import Step
@@ -74,58 +79,58 @@ def _first_part(args, session, imports, stats) -> int:
     from .speed_flags import fast_speed_plan, log_speed_plan, report_compile
     from .video_out import plan_output
 
-    if args.save_state and session.parallel:
+    if request.save_state and session.parallel:
         raise UsageError("--save-state runs in one process: start it without torchrun (a saved state holds every "
                          "head of the K/V cache)")
-    fast_parts.warn_base_only_flags(args)
-    if args.image is None or args.prompt is None:
+    fast_parts.warn_base_only_flags(request)
+    if request.image is None or request.prompt is None:
         raise UsageError("--image and --prompt are required (or use --demo)")
-    if args.camera and args.actions:
+    if request.camera and request.actions:
         raise UsageError("give either --camera (a trajectory) or --actions (keys), not both")
     session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
-    device = resolve_device(args.device)
-    noise = noise_source(args.noise, device)
-    target = plan_output(args.out if args.out is not None else fast_parts.default_name(args.prompt))
-    files = fast_parts.fast_files(args, imports)
-    fmt, note = files.check(args.weights)  # missing or mis-shaped tensors are named here, before any work
+    device = resolve_device(request.device)
+    noise = noise_source(request.noise, device)
+    target = plan_output(request.out if request.out is not None else fast_parts.default_name(request.prompt))
+    files = fast_parts.fast_files(request, imports)
+    fmt, note = files.check(request.weights)  # missing or mis-shaped tensors are named here, before any work
     if note:
         log.warning("%s", note)
     cfg = fmt.config
-    loras = fast_parts.read_fast_loras(args, cfg)
+    loras = fast_parts.read_fast_loras(request.loras, cfg)
 
-    decoded = load_image(args.image)
+    decoded = load_image(request.image)
     for image_note in decoded.notes:
-        log.info("image %s: %s", args.image, image_note)
+        log.info("image %s: %s", request.image, image_note)
     image = decoded.pixels
-    height, width = target_size(image.shape[1], image.shape[2], max_area_for(args.size))
-    fast_request.check_video_fits(args, height, width)
-    seed = args.seed if args.seed >= 0 else random.randrange(2**31)
-    settings = fast_parts.settings_for(args, fmt, device, height, width, seed, noise)
-    source = fast_parts.camera_source(args, args.frames)
+    height, width = target_size(image.shape[1], image.shape[2], max_area_for(request.size))
+    fast_request.check_video_fits(request, height, width)
+    seed = request.seed if request.seed >= 0 else random.randrange(2**31)
+    settings = fast_parts.settings_for(request, fmt, device, height, width, seed, noise)
+    source, frames = fast_parts.camera_source(request, request.frames)  # key files: 81 frames without --frames
     from ..wan.sampling.fast_state import plan_first_part
 
-    part = plan_first_part(source, args.frames, settings)
+    part = plan_first_part(source, frames, settings)
     if part.note:
         log.warning("frames: %s", part.note)
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
-    speed = fast_speed_plan(args, device, part.chunks, before_compiler_check=imports.wait)
+    speed = fast_speed_plan(request.speed_flags, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
     window = speed.fast_window(settings.window, part.latent_frames)  # a preset's window cap (draft)
     if window != settings.window:
         settings = replace(settings, window=window)
-    save = fast_parts.SaveState.plan(args, settings, cfg, part.latent_frames)
-    fast_request.check_targets(args, target, part.frames, height, width, save=save, files=files)
-    fast_parts.write_picture(args, part, source, target)
+    save = fast_parts.SaveState.plan(request, settings, cfg, part.latent_frames)
+    fast_request.check_targets(request, target, part.frames, height, width, save=save, files=files)
+    fast_parts.write_picture(request, part, source, target)
     layout = settings.layout(part.latent_frames)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)
     control = fast_parts.control_label(source)
     if session.is_main:
         print(f"Fast model: {width}x{height}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
-              f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if args.save_state else ""),
+              f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if request.save_state else ""),
               flush=True)
-    split = parallel_flags.plan(session, args, cfg.num_heads, "fast", False, log)
-    plan, stream_vae = fast_parts.memory_plan(args, cfg, settings, part.latent_frames, device, part.camera is not None,
+    split = parallel_flags.plan(session, request.parallel, cfg.num_heads, "fast", False, log)
+    plan, stream_vae = fast_parts.memory_plan(request, cfg, settings, part.latent_frames, device, part.camera is not None,
                                               files, split.ulysses)
     log.info("memory plan: %s", plan.reason)
     session.end_checks()
@@ -144,19 +149,19 @@ def _first_part(args, session, imports, stats) -> int:
     # The load may run at the same time as the encode (a thread) when the whole model is resident: block swap
     # sets up its own streams and pinned ring, kept on the main thread.
     steps = [text_stage.vae_encode_step(files.vae_config() or VAEConfig(), height, width, part.frames,
-                                        args.vae_tiled, keeps_vae=stream_vae),
+                                        request.vae_tiled, keeps_vae=stream_vae),
              Step(fast_parts.LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
                   with_previous=plan.blocks_on_gpu is None)]
     host_bytes = plan.streamed_layers * int(plan.estimates.get("cache_layer_bytes", 0)) if plan.cache == "host" else 0
-    text_plan = text_stage.plan(args, files, [args.prompt], device, steps, session, host_bytes=host_bytes,
+    text_plan = text_stage.plan(request.text, files, [request.prompt], device, steps, session, host_bytes=host_bytes,
                                 ram_free=plan.estimates.get("ram_free"))
     placement = FastPlacement(plan, device, log.info)
-    load = fast_parts.model_load(args, files, placement, device, imports, loras)
+    load = fast_parts.model_load(request.weights, files, placement, device, imports, loras)
     text = None
     world = None
     try:
         if text_plan.overlap.host_early:  # pinned host memory from now on, beside the text, encode and load
-            placement.start_host_memory(cfg, compute_dtype(args.weights, device))
+            placement.start_host_memory(cfg, compute_dtype(request.weights, device))
         text = text_plan.start(log)
         if not text.background:
             stats.mark("text")
@@ -167,9 +172,9 @@ def _first_part(args, session, imports, stats) -> int:
             vae = load_vae(files.vae, device, config=files.vae_config())
             with torch.inference_mode():
                 if save is not None:  # the conditioning of later frames too (a continuation needs them), in one encode
-                    cond = ConditionTrack.build(vae, image, height, width, tiled=args.vae_tiled).y
+                    cond = ConditionTrack.build(vae, image, height, width, tiled=request.vae_tiled).y
                 else:
-                    cond = build_i2v_condition(vae, image, height, width, part.frames, tiled=args.vae_tiled)
+                    cond = build_i2v_condition(vae, image, height, width, part.frames, tiled=request.vae_tiled)
             if not stream_vae:
                 vae.to("cpu")
             _empty_cache(device)
@@ -223,12 +228,13 @@ def _first_part(args, session, imports, stats) -> int:
             text.embeddings()
             stats.mark("waiting for the text encoder")
         pos, = text.embeddings()
-        world.begin(condition, pos, args.prompt, settings)
+        world.begin(condition, pos, request.prompt, settings)
 
         def on_done(state):
             save.write(state, placement.placement)
 
-        latent, written = fast_parts.run_part(world, part, source, args.frames, args=args, target=target, stats=stats,
+        latent, written = fast_parts.run_part(world, part, source, frames, fps=request.fps, quiet=request.quiet,
+                                              target=target, stats=stats,
                                               stream=stream_vae and vae is not None,  # rank 0 writes the video
                                               on_done=on_done if save is not None else None,
                                               keep_cache=save is not None, label=control)
@@ -250,14 +256,14 @@ def _first_part(args, session, imports, stats) -> int:
     if written is None:
         vae.to(device)
         with torch.inference_mode():
-            video = vae.decode(latent, tiled=args.vae_tiled)[0]
+            video = vae.decode(latent, tiled=request.vae_tiled)[0]
         del vae
         stats.mark("vae_decode")
         from .video_out import write_video
 
-        written = write_video(video, target, args.fps)
+        written = write_video(video, target, request.fps)
         stats.mark("write")
-    asked = args.frames if args.frames is not None else {"keys": "as long as the keys",
+    asked = frames if frames is not None else {"keys": "as long as the keys",
                                                          "camera": "as long as the camera"}.get(source.kind, "81")
     print(f"Fast model: generated {part.frames} frames (requested {asked})")
     if save is not None:

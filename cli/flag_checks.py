@@ -6,17 +6,21 @@
 - The action string itself, parsed here so its message names --actions; LoRA strengths (cli/lora_run.parse_spec).
 - Flags that do not apply to the chosen model or to a continuation, refused rather than silently ignored
   (`--save-state` without `--model fast` used to make a fresh base video and say nothing).
-`check_generate_flags(args)` runs them all; the base path calls it from cli/preflight.py, the Fast path from its
+`check_generate_flags(request)` runs them all (on the typed request, cli/generate_request.py: the tables name
+each flag by its dest, the request's field); the base path calls it from cli/preflight.py, the Fast path from its
 request (cli/fast_request.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..wan.sizes import MAX_FRAMES, VAE_TEMPORAL_STRIDE
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .generate_request import GenerateRequest
 
 SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
 FPS_MAX = 240
@@ -88,10 +92,10 @@ FAST_ONLY = (("--continue-from", None), ("--save-state", None), ("--whole-video"
              ("--kv-cache", "auto"), ("--kv-layers-on-gpu", None), ("--max-attention", None), ("--window", None),
              ("--sink", 0), ("--rule", "reference"), ("--stream-decode", "auto"))
 # Flags of the base model only: the Fast model runs 4 distilled steps per chunk without guidance.
-BASE_ONLY = (("--steps", None), ("--guide-scale", [5.0]), ("--boundary", 0.947), ("--solver", "unipc"),
+BASE_ONLY = (("--steps", None), ("--guide-scale", (5.0,)), ("--boundary", 0.947), ("--solver", "unipc"),
              ("--cfg-mode", "auto"), ("--memory-mode", "auto"), ("--negative-prompt", None), ("--camera-cache", "auto"),
              ("--blocks-on-gpu", None), ("--high", None), ("--low", None))
-LORA_FLAGS = (("--lora", []), ("--lora-high", []), ("--lora-low", []))
+LORA_FLAGS = (("--lora", ()), ("--lora-high", ()), ("--lora-low", ()))  # the request's tuples
 EXPERT_LORA_FLAGS = LORA_FLAGS[1:]  # one expert of the base model's two
 # What a continuation takes from the state it continues.
 FROM_THE_STATE = (("--image", None), ("--size", "480*832"), ("--seed", 42), ("--noise", "auto"),
@@ -102,31 +106,31 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def _given(args, table) -> list[str]:
-    """The flags of `table` whose value differs from their default (flags this parser lacks are skipped)."""
-    return [flag for flag, default in table if getattr(args, _dest(flag), default) != default]
+def _given(request: "GenerateRequest", table) -> list[str]:
+    """The flags of `table` whose value differs from their default."""
+    return [flag for flag, default in table if getattr(request, _dest(flag)) != default]
 
 
-def check_numbers(args, numbers=NUMBERS) -> None:
+def check_numbers(request: "GenerateRequest", numbers=NUMBERS) -> None:
     for rule in numbers:
-        value = getattr(args, rule.dest, None)
+        value = getattr(request, rule.dest)
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v is not None and rule.bad(v):
                 raise UsageError(f"{rule.flag} {v!r}: {rule.range_text()}")
 
 
-def check_text_flags(args) -> None:
+def check_text_flags(request: "GenerateRequest") -> None:
     """--actions / --camera given as an empty (or blank) string, and the action string's grammar."""
     from ..loaders.action_files import looks_like_path
     from ..wan.control.actions import parse_action_string
 
     for flag in ("--actions", "--camera"):
-        value = getattr(args, _dest(flag), None)
+        value = getattr(request, _dest(flag))
         if value is not None and not str(value).strip():
             raise UsageError(f"{flag} {value!r} is empty (an unset shell variable?); give keys such as 'w-8,a-4' or "
                              "a path" if flag == "--actions" else f"{flag} {value!r} is empty (an unset shell "
                              "variable?); give a trajectory folder or a preset such as dolly_in, or leave it out")
-    actions = getattr(args, "actions", None)
+    actions = request.actions
     if actions and not looks_like_path(actions):
         try:
             parse_action_string(actions)
@@ -134,44 +138,43 @@ def check_text_flags(args) -> None:
             raise UsageError(f"--actions: {e}") from None
 
 
-def check_lora_specs(args) -> None:
+def check_lora_specs(request: "GenerateRequest") -> None:
     from .lora_run import parse_spec
 
     for flag, _ in LORA_FLAGS:
-        for spec in getattr(args, _dest(flag), None) or []:
+        for spec in getattr(request, _dest(flag)):
             parse_spec(spec, flag)
 
 
-def check_model_flags(args) -> None:
+def check_model_flags(request: "GenerateRequest") -> None:
     """Flags that do not apply to the chosen model (or to a continuation) are refused with one line."""
-    model = getattr(args, "model", "base")
-    if model != "fast":
-        given = _given(args, FAST_ONLY)
+    if request.model != "fast":
+        given = _given(request, FAST_ONLY)
         if given:
             raise UsageError(f"{given[0]} is a flag of the Fast model: add --model fast, or leave {given[0]} out")
         return
-    given = _given(args, BASE_ONLY)
+    given = _given(request, BASE_ONLY)
     if given:
         raise UsageError(f"--model fast does not take {given[0]} (it runs 4 distilled steps per chunk without "
                          f"guidance, from --fast-model); leave {given[0]} out")
-    given = _given(args, EXPERT_LORA_FLAGS)
+    given = _given(request, EXPERT_LORA_FLAGS)
     if given:
         raise UsageError(f"{given[0]}: the Fast model is one model; use --lora FILE[:STRENGTH]")
-    continuing = getattr(args, "continue_from", None) is not None
-    if not continuing and getattr(args, "whole_video", None) is not None:
+    continuing = request.continue_from is not None
+    if not continuing and request.whole_video is not None:
         raise UsageError("--whole-video writes the whole video of a continuation: it needs --continue-from")
     if continuing:
-        given = _given(args, FROM_THE_STATE)
+        given = _given(request, FROM_THE_STATE)
         if given:
             raise UsageError(f"{given[0]}: a continuation takes the image, size, seed, noise and rule from the state "
                              f"it continues; leave {given[0]} out")
-    if getattr(args, "camera", None) and getattr(args, "actions", None):
+    if request.camera and request.actions:
         raise UsageError("give either --camera (a trajectory) or --actions (keys), not both")
 
 
-def check_generate_flags(args) -> None:
+def check_generate_flags(request: "GenerateRequest") -> None:
     """Every check of `generate`'s flags that needs no file (the model's flags, numbers, text, LoRA strengths)."""
-    check_model_flags(args)
-    check_numbers(args)
-    check_text_flags(args)
-    check_lora_specs(args)
+    check_model_flags(request)
+    check_numbers(request)
+    check_text_flags(request)
+    check_lora_specs(request)

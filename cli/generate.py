@@ -13,8 +13,8 @@ import torch
 
 from . import actions_arg
 from . import fast_args, fast_run
-from .demo_defaults import apply_demo_defaults
 from . import parallel_flags
+from .generate_request import GenerateRequest
 from .lora_run import add_lora_arguments, lora_loader
 from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
@@ -127,27 +127,31 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    with cli_logging(args.quiet):
-        if args.model == "fast":
-            return fast_run.run(args)
-        return _run(args)
+    """The one reader of `generate`'s namespace: everything below takes the typed request."""
+    request = GenerateRequest.from_args(args)
+    with cli_logging(request.quiet):
+        if request.model == "fast":
+            return fast_run.run(request)
+        return _run(request)
 
 
-def _run(args) -> int:
-    if args.demo:
-        apply_demo_defaults(args)
+def _run(request: GenerateRequest) -> int:
+    if request.demo:
+        request = request.with_demo_defaults()
     stats = RunStats()
-    session = parallel_flags.start(args, log)  # one process, or one rank of a torchrun launch (its device set)
+    # one process, or one rank of a torchrun launch (the request takes its device)
+    session = parallel_flags.start(request.parallel_flags, request.device, log)
+    request = request.on_rank(session)
     failed = True
     try:
-        code = _generate(args, session, stats)
+        code = _generate(request, session, stats)
         failed = False
         return code
     finally:
         session.close(failed)
 
 
-def _generate(args, session, stats: RunStats) -> int:
+def _generate(request: GenerateRequest, session, stats: RunStats) -> int:
     from ..loaders.vae_files import load_vae
     from ..wan.dit.model import pad_context
     from ..wan.i2v import build_i2v_condition
@@ -158,18 +162,18 @@ def _generate(args, session, stats: RunStats) -> int:
     # Everything that can be checked in seconds is checked before anything that takes minutes (on every rank;
     # rank 0 first, as it may build the demo checkpoint the others read).
     with session.main_first("the pre-flight"):
-        pre = prepare(args, log)
+        pre = prepare(request, log)
     device, files, frames, height, width, camera = pre.device, pre.files, pre.frames, pre.height, pre.width, pre.camera
     speed = pre.speed
-    guidance = not (args.guide_scale[0] == 1.0 and args.guide_scale[-1] == 1.0)
-    parallel_flags.set_layout(session, args, pre.num_heads, "base", guidance, log)
+    guidance = not (request.guide_scale[0] == 1.0 and request.guide_scale[-1] == 1.0)
+    parallel_flags.set_layout(session, request.parallel, pre.num_heads, "base", guidance, log)
     parallel_flags.check_same_models(session, {"high-noise expert": files.high, "low-noise expert": files.low}, log,
-                                     args)
+                                     request.loras)
     if pre.camera_note:
         log.warning("camera: %s", pre.camera_note)
     lat_h, lat_w = latent_size(height, width)
     log.info("size %dx%d, %d frames (latent %dx%d x %d), camera: %s", height, width, frames, lat_h, lat_w,
-             (frames - 1) // 4 + 1, args.camera or "none")
+             (frames - 1) // 4 + 1, request.camera or "none")
     stats.mark("checks")
 
     # Text: child process (or the cache); nothing of T5 stays in this process. Several ranks: rank 0 encodes.
@@ -177,10 +181,10 @@ def _generate(args, session, stats: RunStats) -> int:
     from ..wan.vae.model import VAEConfig
     from . import text_stage
 
-    negative = args.negative_prompt if args.negative_prompt else DEFAULT_NEGATIVE_PROMPT
-    vae_step = text_stage.vae_encode_step(pre.vae_config or VAEConfig(), height, width, frames, args.vae_tiled,
+    negative = request.negative_prompt if request.negative_prompt else DEFAULT_NEGATIVE_PROMPT
+    vae_step = text_stage.vae_encode_step(pre.vae_config or VAEConfig(), height, width, frames, request.vae_tiled,
                                           keeps_vae=False)
-    text = text_stage.start(args, files, [args.prompt, negative], device, [vae_step], session, log)
+    text = text_stage.start(request.text, files, [request.prompt, negative], device, [vae_step], session, log)
     if not text.background:
         stats.mark("text")
 
@@ -191,7 +195,7 @@ def _generate(args, session, stats: RunStats) -> int:
         nonlocal vae
         vae = load_vae(files.vae, device, config=pre.vae_config)
         with torch.inference_mode():
-            cond = build_i2v_condition(vae, pre.image, height, width, frames, tiled=args.vae_tiled)
+            cond = build_i2v_condition(vae, pre.image, height, width, frames, tiled=request.vae_tiled)
         vae.to("cpu")
         _empty_cache(device)
         return [cond]
@@ -207,23 +211,23 @@ def _generate(args, session, stats: RunStats) -> int:
         text.stop()
 
     settings = SamplingSettings(
-        steps=args.steps, shift=args.shift, boundary=args.boundary, solver=args.solver, cfg_mode=args.cfg_mode,
-        guide_low=args.guide_scale[0], guide_high=args.guide_scale[-1],
+        steps=pre.steps, shift=request.shift, boundary=request.boundary, solver=request.solver,
+        cfg_mode=request.cfg_mode, guide_low=request.guide_scale[0], guide_high=request.guide_scale[-1],
     )
-    seed = session.same_value(args.seed if args.seed >= 0 else random.randrange(2**31), "the seed")
+    seed = session.same_value(request.seed if request.seed >= 0 else random.randrange(2**31), "the seed")
     noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, pre.noise, device=device)
     velocity = parallel_flags.velocity(session)
-    cfg_mode = parallel_flags.planned_cfg_mode(args.cfg_mode, session.parallel, velocity is not None, log)
+    cfg_mode = parallel_flags.planned_cfg_mode(request.cfg_mode, session.parallel, velocity is not None, log)
     parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos, "negative text": neg,
                                                "camera": camera})
-    provider = _provider(args, files, device, frames, height, width, camera is not None, speed, session, cfg_mode,
+    provider = _provider(request, files, device, frames, height, width, camera is not None, speed, session, cfg_mode,
                          loader=lora_loader(pre.loras, {"high": files.high, "low": files.low}))
     batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
     settings.cfg_mode = parallel_flags.sampling_cfg_mode(cfg_mode, session.parallel, velocity is not None,
                                                          provider.plan.cfg_mode, batch)
-    camera_cache = _camera_cache(args, files, device, (frames, height, width), camera is not None and velocity is None,
+    camera_cache = _camera_cache(request, files, device, (frames, height, width), camera is not None and velocity is None,
                                  settings, provider.plan, session)
-    bar = ProgressLine(settings.steps, enabled=not args.quiet)
+    bar = ProgressLine(settings.steps, enabled=not request.quiet)
     try:
         with torch.inference_mode():
             latent = sample(
@@ -246,16 +250,16 @@ def _generate(args, session, stats: RunStats) -> int:
 
     vae.to(device)
     with torch.inference_mode():
-        video = vae.decode(latent, tiled=args.vae_tiled)[0]  # [3, F, H, W] in [-1, 1]
+        video = vae.decode(latent, tiled=request.vae_tiled)[0]  # [3, F, H, W] in [-1, 1]
     del vae
     stats.mark("vae_decode")
-    out = write_video(video, pre.output, args.fps)
+    out = write_video(video, pre.output, request.fps)
     stats.mark("write")
     print(stats.summary(out, seed=seed, device=device))
     return 0
 
 
-def _provider(args, files, device, frames, height, width, with_camera: bool, speed=None, session=None,
+def _provider(request: GenerateRequest, files, device, frames, height, width, with_camera: bool, speed=None, session=None,
               cfg_mode=None, loader=None):
     from ..memory.placement import make_provider
     from ..speed.options import apply_speed
@@ -267,21 +271,21 @@ def _provider(args, files, device, frames, height, width, with_camera: bool, spe
             parallel_flags.attach(session, model)  # this rank's share of the tokens (Ulysses)
 
     return make_provider(
-        args.memory_mode, files.high, files.low, device, weights=args.weights, blocks_on_gpu=args.blocks_on_gpu,
-        video=(frames, height, width), cfg_mode=cfg_mode or args.cfg_mode, camera=with_camera, log=log,
+        request.memory_mode, files.high, files.low, device, weights=request.weights,
+        blocks_on_gpu=request.blocks_on_gpu, video=(frames, height, width), cfg_mode=cfg_mode or request.cfg_mode, camera=with_camera, log=log,
         loader=loader, prepare=prepare_model, seq_parallel=1 if session is None else session.sp_degree,
     )
 
 
-def _camera_cache(args, files, device, video, with_camera: bool, settings, plan, session):
+def _camera_cache(request: GenerateRequest, files, device, video, with_camera: bool, settings, plan, session):
     """The camera FiLM cache the memory plan leaves room for (memory/camera_cache.py), logged in one line."""
     from ..memory.camera_cache import camera_cache_for_run
     from ..memory.placement import read_expert_config
     from ..quant.nf4_format import default_compute_dtype
 
-    cdt = torch.bfloat16 if args.weights == "bf16" else default_compute_dtype(device)
+    cdt = torch.bfloat16 if request.weights == "bf16" else default_compute_dtype(device)
     return camera_cache_for_run(
-        args.camera_cache, video, read_expert_config(files.high), plan, camera=with_camera, steps=settings.steps,
+        request.camera_cache, video, read_expert_config(files.high), plan, camera=with_camera, steps=settings.steps,
         cfg_mode=settings.cfg_mode, device=device, compute_bytes=torch.empty(0, dtype=cdt).element_size(),
         seq_parallel=1 if session is None else session.sp_degree, log=lambda line: log.info("camera cache: %s", line))
 

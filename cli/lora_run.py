@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -33,6 +34,15 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a LoRA on the low-noise expert only")
 
 
+@dataclass(frozen=True)
+class LoraFlags:
+    """The FILE[:STRENGTH] specs of --lora (both experts), --lora-high and --lora-low, as given."""
+
+    lora: tuple = ()
+    lora_high: tuple = ()
+    lora_low: tuple = ()
+
+
 STRENGTH_MAX = 100.0  # |strength| beyond this swamps the weights (and overflows bf16 towards inf)
 
 
@@ -53,18 +63,18 @@ def parse_spec(spec: str, flag: str = "--lora") -> tuple[Path, float]:
     return Path(path), value
 
 
-def read_cli_loras(args, config) -> dict[str, list[tuple["LoraSet", float]]]:
+def read_cli_loras(loras: LoraFlags, config) -> dict[str, list[tuple["LoraSet", float]]]:
     """{"high": [(lora, strength), ...], "low": [...]} from the flags; a UsageError (exit code 2) with one line on
     bad input."""
     out: dict[str, list] = {"high": [], "low": []}
-    if not any(getattr(args, flag, None) for flag in ("lora", "lora_high", "lora_low")):
+    if not (loras.lora or loras.lora_high or loras.lora_low):
         return out
     from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
 
     shapes = dit_weight_shapes(config)
     cache: dict[Path, "LoraSet"] = {}
     for flag, experts in (("lora", ("high", "low")), ("lora_high", ("high",)), ("lora_low", ("low",))):
-        for spec in getattr(args, flag, []) or []:
+        for spec in getattr(loras, flag):
             path, strength = parse_spec(spec, f"--{flag.replace('_', '-')}")
             if path not in cache:
                 try:

@@ -23,9 +23,12 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .generate_request import GenerateRequest
 
 PathLike = Union[str, os.PathLike]
 # Free space wanted beyond the estimates (file-system metadata, rounding): 2% and 256 kB.
@@ -197,26 +200,26 @@ def video_spec(flag: str, target, frames: int, height: int, width: int) -> Outpu
                       folder=target.container is None)
 
 
-def picture_spec(args, video_path: PathLike) -> list[OutputSpec]:
-    """--trajectory-picture's target (next to the video by default), or nothing."""
+def picture_spec(picture: Optional[str], video_path: PathLike) -> list[OutputSpec]:
+    """--trajectory-picture's target (`picture`: the flag's value; next to the video by default), or nothing."""
     from .actions_arg import picture_path
 
-    path = picture_path(args, Path(video_path))
+    path = picture_path(picture, Path(video_path))
     return [] if path is None else [OutputSpec("--trajectory-picture", path, 2 * 1024**2)]
 
 
-def generate_inputs(args, files=None) -> list[tuple[str, PathLike]]:
+def generate_inputs(request: "GenerateRequest", files=None) -> list[tuple[str, PathLike]]:
     """(flag, path) of every file `generate` reads: the image, key/trajectory files, LoRAs, a state to continue, the
     model files (`files`: the checkpoint's, when found)."""
     from .lora_run import parse_spec
 
     found = []
     for flag in ("--image", "--continue-from", "--camera", "--actions"):
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        value = getattr(request, flag.lstrip("-").replace("-", "_"))
         if value and Path(str(value)).expanduser().exists():
             found.append((flag, value))
     for flag in ("--lora", "--lora-high", "--lora-low"):
-        for spec in getattr(args, flag.lstrip("-").replace("-", "_"), None) or []:
+        for spec in getattr(request, flag.lstrip("-").replace("-", "_")):
             found.append((flag, parse_spec(spec, flag)[0]))
     for name in ("high", "low", "fast", "t5", "vae", "tokenizer"):
         value = getattr(files, name, None) if files is not None else None

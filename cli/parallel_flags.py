@@ -9,11 +9,15 @@ the summary. The other ranks log warnings only, prefixed with their rank.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from ..parallel.group import DEFAULT_TIMEOUT_S, LaunchError, Session, launched_by_torchrun
 from ..parallel.layout import MODES, Layout, plan_layout
 from .errors import USAGE_ERRORS, UsageError
+from .lora_run import LoraFlags
 
 
 def add_arguments(p) -> None:
@@ -30,6 +34,14 @@ def add_arguments(p) -> None:
                         "that crashed is noticed at once)")
 
 
+@dataclass(frozen=True)
+class ParallelFlags:
+    """--parallel and --parallel-timeout."""
+
+    mode: str = "auto"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
 class _RankPrefix(logging.Filter):
     def __init__(self, rank: int):
         super().__init__()
@@ -41,28 +53,27 @@ class _RankPrefix(logging.Filter):
         return True
 
 
-def start(args, log: logging.Logger) -> Session:
-    """The session of this process: `Session.single()` without torchrun, else joined to the others. Sets
-    args.device to this rank's device. Raises UsageError (every rank the same) for a launch that cannot work."""
+def start(flags: ParallelFlags, device: str, log: logging.Logger) -> Session:
+    """The session of this process: `Session.single()` without torchrun, else joined to the others (`device`:
+    --device, which decides the backend; the session holds this rank's device, which the caller's request takes:
+    GenerateRequest.on_rank). Raises UsageError (every rank the same) for a launch that cannot work."""
     if not launched_by_torchrun():
-        if args.parallel in ("cfg", "ulysses"):
-            plan_layout(args.parallel, 1, 1)  # raises: needs several processes
+        if flags.mode in ("cfg", "ulysses"):
+            plan_layout(flags.mode, 1, 1)  # raises: needs several processes
         return Session.single()
-    if args.parallel == "off":
+    if flags.mode == "off":
         plan_layout("off", 2, 1)  # raises with the explanation
-    kind = _device_kind(args.device)
+    kind = _device_kind(device)
     try:
-        session = Session.start(kind, args.parallel_timeout)
+        session = Session.start(kind, flags.timeout_s)
         session.usage_errors = USAGE_ERRORS
     except LaunchError as e:
         raise UsageError(str(e)) from None
-    args.device = str(session.device)
     if not session.is_main:
         root = logging.getLogger()
         root.setLevel(logging.WARNING)
         for h in root.handlers:
             h.addFilter(_RankPrefix(session.rank))
-        args.quiet = True
     log.info("parallel: %s, %s backend, %s on this rank", session.label, session.backend, session.device)
     return session
 
@@ -79,23 +90,24 @@ def _device_kind(device: str) -> str:
                      "auto (or cuda; cpu for a test run) and choose the GPUs with CUDA_VISIBLE_DEVICES")
 
 
-def plan(session: Session, args, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> Layout:
-    """The layout of this launch (no collective: the same on every rank, and so is a refusal)."""
+def plan(session: Session, mode: str, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> Layout:
+    """The layout of this launch for --parallel `mode` (no collective: the same on every rank, and so is a
+    refusal)."""
     if not session.parallel:
         return session.layout
     try:
-        layout = plan_layout(args.parallel, session.world, num_heads, model=model, guidance=guidance)
+        layout = plan_layout(mode, session.world, num_heads, model=model, guidance=guidance)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.parallel == "cfg" and not guidance:
+    if mode == "cfg" and not guidance:
         log.warning("--parallel cfg with guide scale 1: there is no unconditional pass, every rank computes the "
                     "same conditional one")
     return layout
 
 
-def set_layout(session: Session, args, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> None:
+def set_layout(session: Session, mode: str, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> None:
     """Decide the layout and create its groups (a collective: every rank calls it, after the pre-flight)."""
-    use(session, plan(session, args, num_heads, model, guidance, log), log)
+    use(session, plan(session, mode, num_heads, model, guidance, log), log)
 
 
 def use(session: Session, layout: Layout, log: logging.Logger) -> None:
@@ -104,8 +116,9 @@ def use(session: Session, layout: Layout, log: logging.Logger) -> None:
         log.info("parallel: %s", layout.describe())
 
 
-def check_same_models(session: Session, paths: dict, log: logging.Logger, args=None) -> None:
-    """Every rank must load the same model files (and the same --lora files and strengths, from `args`): compare
+def check_same_models(session: Session, paths: dict, log: logging.Logger,
+                      loras: Optional[LoraFlags] = None) -> None:
+    """Every rank must load the same model files (and the same --lora files and strengths, `loras`): compare
     their fingerprints (refused on every rank if not)."""
     if not session.parallel:
         return
@@ -113,7 +126,7 @@ def check_same_models(session: Session, paths: dict, log: logging.Logger, args=N
 
     with session.all_ranks("comparing the model files"):
         mine = {name: expert_fingerprint(p) for name, p in paths.items()}
-        mine["LoRA"] = _lora_fingerprint(args)
+        mine["LoRA"] = _lora_fingerprint(loras or LoraFlags())
     every = session.gather_json(mine, "comparing the model files")
     for name in list(paths) + ["LoRA"]:
         line = mismatch([fp[name] for fp in every], f"{name} files")
@@ -122,13 +135,12 @@ def check_same_models(session: Session, paths: dict, log: logging.Logger, args=N
     log.info("parallel: every rank loads the same model files")
 
 
-def _lora_fingerprint(args) -> dict:
+def _lora_fingerprint(loras: LoraFlags) -> dict:
     """One fingerprint of every --lora/--lora-high/--lora-low file with its strength (the same on every rank)."""
     from ..parallel.fingerprint import model_fingerprint
     from .lora_run import parse_spec
 
-    specs = [(flag, *parse_spec(spec)) for flag in ("lora", "lora_high", "lora_low")
-             for spec in (getattr(args, flag, None) or [])]
+    specs = [(flag, *parse_spec(spec)) for flag in ("lora", "lora_high", "lora_low") for spec in getattr(loras, flag)]
     names = ", ".join(f"--{flag.replace('_', '-')} {path.name}:{strength:g}" for flag, path, strength in specs)
     fp = model_fingerprint(".", {"specs": repr([(flag, strength) for flag, _, strength in specs])},
                            files=[path.expanduser() for _, path, _ in specs])

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
+from .play_request import PlayRequest
 
 log = logging.getLogger("lingbot_world.play")
 DEMO_SIZE = "64*112"
@@ -63,32 +64,34 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    """The one reader of `play`'s namespace: everything below takes the typed request."""
     from .progress import cli_logging
 
+    request = PlayRequest.from_args(args)
     with cli_logging(False):
-        return _run(args)
+        return _run(request)
 
 
-def _run(args) -> int:
+def _run(request: PlayRequest) -> int:
     from ..player.driver import SessionDriver
     from ..player.options import LOCAL_HOST, PlayerOptions
     from ..player.server import bind, serve
     from .preflight import noise_source, resolve_device
 
     # quick checks first: flags, image, out dir, port, model files (headers); the model loads last
-    if args.demo and args.ckpt_dir is not None:
+    if request.demo and request.ckpt_dir is not None:
         raise UsageError("give either --demo or --ckpt-dir, not both")
-    if not args.demo and args.ckpt_dir is None:
+    if not request.demo and request.ckpt_dir is None:
         raise UsageError("--ckpt-dir is required (the folder with the Fast model), or use --demo")
-    if args.window is not None and args.window < 1:
-        raise UsageError(f"--window {args.window}: use a positive number of latent frames")
-    if not 0 <= args.sink < (args.window or 1 << 30):
-        raise UsageError(f"--sink {args.sink}: use 0 .. --window - 1")
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port {args.port}: use 0 .. 65535")
-    image, prompt = args.image, args.prompt
-    size, device_name = args.size, args.device
-    if args.demo:
+    if request.window is not None and request.window < 1:
+        raise UsageError(f"--window {request.window}: use a positive number of latent frames")
+    if not 0 <= request.sink < (request.window or 1 << 30):
+        raise UsageError(f"--sink {request.sink}: use 0 .. --window - 1")
+    if not 0 <= request.port <= 65535:
+        raise UsageError(f"--port {request.port}: use 0 .. 65535")
+    image, prompt = request.image, request.prompt
+    size, device_name = request.size, request.device
+    if request.demo:
         from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
 
         image, prompt = image or DEMO_IMAGE, prompt or DEMO_PROMPT
@@ -97,30 +100,30 @@ def _run(args) -> int:
     size = size or "480*832"
     _check_size(size)
     device = resolve_device(device_name)
-    noise = noise_source(args.noise, device)
+    noise = noise_source(request.noise, device)
     from .speed_flags import FAST_COMPILE_MIN_CHUNKS, fast_speed_plan, log_speed_plan
 
-    speed = fast_speed_plan(args, device, FAST_COMPILE_MIN_CHUNKS)  # a played video is long: compile pays off
+    speed = fast_speed_plan(request.speed_flags, device, FAST_COMPILE_MIN_CHUNKS)  # a played video is long: compile pays off
     if image is not None:
         from ..loaders.image_files import load_image
 
         image = Path(image).expanduser().resolve()
         load_image(image)  # unreadable or not a picture: one line now
-    out_dir = _out_dir(args.out_dir)
-    if args.host != LOCAL_HOST:
-        print(f"warning: --host {args.host}: the player is reachable from other machines on that network (anyone "
+    out_dir = _out_dir(request.out_dir)
+    if request.host != LOCAL_HOST:
+        print(f"warning: --host {request.host}: the player is reachable from other machines on that network (anyone "
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
-    sock = bind(args.host, args.port)
+    sock = bind(request.host, request.port)
     try:
         from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
 
-        files = FastFiles.demo(args.demo_dir) if args.demo else FastFiles.find(args.ckpt_dir)
-        settings = WorldSettings(size=size, seed=args.seed, noise=noise, window=args.window, sink=args.sink,
-                                 kv_cache=args.kv_cache, speed=speed,
-                                 text=TextSettings(device=args.t5_device, cache_dir=args.cache_dir))
+        files = FastFiles.demo(request.demo_dir) if request.demo else FastFiles.find(request.ckpt_dir)
+        settings = WorldSettings(size=size, seed=request.seed, noise=noise, window=request.window, sink=request.sink,
+                                 kv_cache=request.kv_cache, speed=speed,
+                                 text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
-                                render=_render_source(args, size, device_name, noise))
+                                render=_render_source(request, size, device_name, noise))
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
@@ -131,7 +134,7 @@ def _run(args) -> int:
         except BaseException:
             driver.close()
             raise
-        stopped_by = serve(driver, options, sock, open_browser=not args.no_browser,
+        stopped_by = serve(driver, options, sock, open_browser=not request.no_browser,
                            log=lambda line: print(line, flush=True))
     finally:
         sock.close()
@@ -151,18 +154,18 @@ def _exit_for(signum: int) -> int:
     return 0
 
 
-def _render_source(args, size: str, device_name: str, noise: str):
+def _render_source(request: PlayRequest, size: str, device_name: str, noise: str):
     from ..player.options import RenderSource
 
-    if args.demo:
-        checkpoint = ("--demo",) + (("--demo-dir", str(Path(args.demo_dir).resolve())) if args.demo_dir else ())
+    if request.demo:
+        checkpoint = ("--demo",) + (("--demo-dir", str(Path(request.demo_dir).resolve())) if request.demo_dir else ())
     else:
-        checkpoint = ("--ckpt-dir", str(Path(args.ckpt_dir).expanduser().resolve()))
-    if args.cache_dir is not None:
-        checkpoint += ("--cache-dir", str(Path(args.cache_dir).resolve()))
-    if args.speed is not None:  # the render replays with the played preset (its window cap included)
-        checkpoint += ("--speed", args.speed)
-    return RenderSource(checkpoint, args.seed, size, args.window, args.sink, device=device_name, demo=args.demo,
+        checkpoint = ("--ckpt-dir", str(Path(request.ckpt_dir).expanduser().resolve()))
+    if request.cache_dir is not None:
+        checkpoint += ("--cache-dir", str(Path(request.cache_dir).resolve()))
+    if request.speed is not None:  # the render replays with the played preset (its window cap included)
+        checkpoint += ("--speed", request.speed)
+    return RenderSource(checkpoint, request.seed, size, request.window, request.sink, device=device_name, demo=request.demo,
                         noise=noise)
 
 

@@ -17,6 +17,7 @@ import torch
 from . import actions_arg
 from .errors import UsageError
 from .flag_checks import check_generate_flags
+from .generate_request import GenerateRequest
 from .outputs import check_outputs, generate_inputs, picture_spec, video_spec
 from .speed_flags import log_speed_plan, speed_plan
 from .video_out import OutputTarget, plan_output
@@ -24,23 +25,23 @@ from .video_out import OutputTarget, plan_output
 _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
-def check_flags(args) -> None:
+def check_flags(request: GenerateRequest) -> None:
     """Values that are wrong whatever the machine (no I/O); the flags' ranges are cli/flag_checks.py's."""
     from ..wan.sizes import check_frames, max_area_for
 
-    check_generate_flags(args)
-    if len(args.guide_scale) > 2:
-        raise UsageError(f"--guide-scale takes one value or two (LOW HIGH), got {len(args.guide_scale)}")
+    check_generate_flags(request)
+    if len(request.guide_scale) > 2:
+        raise UsageError(f"--guide-scale takes one value or two (LOW HIGH), got {len(request.guide_scale)}")
     try:
-        if args.frames is not None:  # None: 81, or as long as --actions
-            check_frames(args.frames)
-        max_area_for(args.size)
+        if request.frames is not None:  # None: 81, or as long as --actions
+            check_frames(request.frames)
+        max_area_for(request.size)
     except ValueError as e:
         flag = "--frames" if "frame" in str(e) else "--size"
         raise UsageError(f"{flag}: {e}") from None
-    if args.image is None or args.prompt is None:
+    if request.image is None or request.prompt is None:
         raise UsageError("--image and --prompt are required (or use --demo)")
-    if args.demo and args.ckpt_dir is not None:
+    if request.demo and request.ckpt_dir is not None:
         raise UsageError("--demo and --ckpt-dir exclude each other: the demo uses its own tiny checkpoint")
 
 
@@ -114,10 +115,11 @@ class Prepared:
     camera_note: Optional[str]
     speed: object  # speed.options.SpeedPlan: compile / compute / attention for this device
     loras: object  # cli.lora_run: the --lora files read and matched against the experts (or empty)
+    steps: int  # --steps, else the model kind's default (cli/actions_arg.DEFAULT_STEPS)
     num_heads: int = 40  # attention heads of the experts (how far a sequence split can go)
 
 
-def prepare(args, log) -> Prepared:
+def prepare(request: GenerateRequest, log) -> Prepared:
     """Run every check; returns what the run needs. Builds the demo checkpoint when --demo asks for it."""
     from ..loaders.checkpoint_check import check_checkpoint
     from ..loaders.demo_checkpoint import demo_vae_config
@@ -127,56 +129,58 @@ def prepare(args, log) -> Prepared:
     from .lora_run import read_cli_loras
     from ..wan.sizes import check_frames, max_area_for, target_size
 
-    check_flags(args)
-    device = resolve_device(args.device)
-    noise = noise_source(args.noise, device)
-    check_t5_device(args.t5_device)
-    speed = speed_plan(args, device)  # refuses an impossible --compile/--compute/--attention before loading
-    output = plan_output(args.out if args.out is not None else default_output_name(args.prompt))
+    check_flags(request)
+    device = resolve_device(request.device)
+    noise = noise_source(request.noise, device)
+    check_t5_device(request.t5_device)
+    speed = speed_plan(request.speed_flags, device)  # refuses an impossible --compile/--compute/--attention first
+    output = plan_output(request.out if request.out is not None else default_output_name(request.prompt))
 
-    decoded = load_image(args.image)
+    decoded = load_image(request.image)
     for note in decoded.notes:
-        log.info("image %s: %s", args.image, note)
+        log.info("image %s: %s", request.image, note)
 
-    files = _files(args)
-    kind = actions_arg.prepare(args, files.high, files.low, log)  # Cam or Act, from the weights; refuses mismatches
+    files = _files(request)
+    # Cam or Act, from the weights (refuses mismatches), and the kind's default steps
+    kind, steps = actions_arg.prepare(request.camera, request.actions, request.steps, files.high, files.low, log)
     _warn_if_not_base(files, log)
-    loras = read_cli_loras(args, read_expert_config(files.high))  # a bad LoRA stops here, before any work
+    loras = read_cli_loras(request.loras, read_expert_config(files.high))  # a bad LoRA stops here, before any work
     vae_config = demo_vae_config(files.root)
     checked = check_checkpoint(files, vae_config)
 
-    height, width = target_size(decoded.size[0], decoded.size[1], max_area_for(args.size))
-    frames = check_frames(args.frames or actions_arg.DEFAULT_FRAMES)
+    height, width = target_size(decoded.size[0], decoded.size[1], max_area_for(request.size))
+    frames = check_frames(request.frames or actions_arg.DEFAULT_FRAMES)
     check_video_fits(frames, height, width, checked.high.config, total_ram=total_ram_bytes(),
-                     total_vram=total_vram_bytes(device), camera=bool(args.camera or args.actions),
-                     what=f"--frames {frames} --size {args.size}")
-    check_outputs([video_spec("--out", output, frames, height, width), *picture_spec(args, output.path)],
-                  inputs=generate_inputs(args, files))
-    if args.trajectory_picture is not None and args.out is None:
-        args.out = output.path  # the picture goes next to the video actually written
-    camera, note, frames = _camera(args, kind, frames, height, width, log)
+                     total_vram=total_vram_bytes(device), camera=bool(request.camera or request.actions),
+                     what=f"--frames {frames} --size {request.size}")
+    check_outputs([video_spec("--out", output, frames, height, width),
+                   *picture_spec(request.trajectory_picture, output.path)], inputs=generate_inputs(request, files))
+    # the picture goes next to the video actually written (--out as given, else the planned name)
+    picture = actions_arg.picture_path(request.trajectory_picture,
+                                       Path(request.out) if request.out is not None else output.path)
+    camera, note, frames = _camera(request, kind, frames, height, width, log, picture)
     log_speed_plan(speed, log)
     return Prepared(device, noise, output, decoded.pixels, files, vae_config, height, width, frames, camera, note,
-                    speed, loras, checked.high.config.num_heads)
+                    speed, loras, steps, checked.high.config.num_heads)
 
 
-def _files(args):
+def _files(request: GenerateRequest):
     from ..loaders.checkpoint_dir import CheckpointFiles, find_checkpoint_files
     from ..loaders.demo_checkpoint import build_demo_checkpoint
 
-    if args.demo:
-        files = build_demo_checkpoint(args.demo_dir, control=args.demo)
-    elif args.ckpt_dir is not None:
-        files = find_checkpoint_files(args.ckpt_dir)
+    if request.demo:
+        files = build_demo_checkpoint(request.demo_dir, control=request.demo)
+    elif request.ckpt_dir is not None:
+        files = find_checkpoint_files(request.ckpt_dir)
     else:
-        missing = ["--" + n for n in ("high", "low", "t5", "vae") if getattr(args, n) is None]
+        missing = ["--" + n for n in ("high", "low", "t5", "vae") if getattr(request, n) is None]
         if missing:
             raise UsageError(f"give --ckpt-dir (or --demo), or all of --high --low --t5 --vae (missing: "
                              f"{' '.join(missing)})")
-        return CheckpointFiles(Path("."), args.high, args.low, args.t5, args.vae, args.tokenizer)
+        return CheckpointFiles(Path("."), request.high, request.low, request.t5, request.vae, request.tokenizer)
     for n in ("high", "low", "t5", "vae", "tokenizer"):
-        if getattr(args, n) is not None:
-            setattr(files, n, getattr(args, n))
+        if getattr(request, n) is not None:
+            setattr(files, n, getattr(request, n))
     return files
 
 
@@ -192,21 +196,25 @@ def camera_path(spec: str, frames: int, speed: float):
     return preset_camera(spec, frames=frames, speed=speed), any(PRESETS[n].zoom for n in parse_preset(spec))
 
 
-def _camera(args, kind: str, frames: int, height: int, width: int, log):
+def _camera(request: GenerateRequest, kind: str, frames: int, height: int, width: int, log,
+            picture: Optional[Path]):
     """(packed control input or None, note for the log, frames the control covers): a trajectory or preset
-    (--camera, Plücker) or keys (--actions: a camera path for Cam, the 7-channel tensor for Act)."""
+    (--camera, Plücker) or keys (--actions: a camera path for Cam, the 7-channel tensor for Act); the path's
+    picture goes to `picture` (--trajectory-picture's file, or None)."""
     from ..wan.control.camera import camera_condition
 
-    if args.actions:
-        frames, tensor = actions_arg.control(args, kind, height, width, log)
+    if request.actions:
+        frames, tensor = actions_arg.control(request.actions, request.frames, request.camera_precision, kind, height,
+                                             width, log, picture=picture, quiet=request.quiet)
         return tensor, None, frames
-    spec = args.camera
+    spec = request.camera
     if not spec:
         return None, None, frames
-    path, zoom = camera_path(spec, frames, args.camera_speed)
+    path, zoom = camera_path(spec, frames, request.camera_speed)
     cond = camera_condition(path.poses, path.intrinsics, height, width, frames,
-                            per_frame_intrinsics=args.per_frame_intrinsics or zoom, precision=args.camera_precision)
-    actions_arg.write_trajectory_picture(args, path.poses[:cond.frames], path.intrinsics, str(spec))
+                            per_frame_intrinsics=request.per_frame_intrinsics or zoom,
+                            precision=request.camera_precision)
+    actions_arg.write_trajectory_picture(picture, path.poses[:cond.frames], path.intrinsics, str(spec))
     return cond.plucker, cond.message, cond.frames
 
 

@@ -22,9 +22,9 @@ from ..speed.options import (
     SpeedPlan,
     resolve_speed,
 )
-from ..speed.presets import FLAG_NAMES, PRESET_NAMES, attach_preset, preset_options
+from ..speed.presets import PRESET_NAMES, attach_preset, preset_options
 
-EXPLICIT = "speed_explicit"  # the namespace attribute naming the speed flags the user gave
+EXPLICIT = "speed_explicit"  # the namespace attribute naming the speed flags the user gave (cli/*_request.py)
 
 
 class _Explicit(argparse.Action):
@@ -65,12 +65,11 @@ def add_speed_args(parser) -> None:
                         "the first call)")
 
 
-def speed_plan(args, device: torch.device) -> SpeedPlan:
+def speed_plan(flags: "SpeedFlags", device: torch.device) -> SpeedPlan:
     """Resolve the flags for `device`. An explicit choice the machine cannot run raises SpeedOptionError (a
     ValueError: the CLI prints its one line as a bad-input error) before anything loads. Silent: the plan is
     logged by `log_speed_plan` once every other check has passed, so a bad input stays a one-line error.
     With --speed the preset's options apply (explicit flags over them) and the plan records the preset."""
-    flags = _flags(args)
     plan = resolve_speed(SpeedOptions(flags.compile, flags.compute, flags.attention), device, weights=flags.weights)
     return attach_preset(plan, flags.speed)
 
@@ -94,13 +93,12 @@ def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:
 FAST_COMPILE_MIN_CHUNKS = 20
 
 
-def fast_speed_plan(args, device: torch.device, chunks: int, before_compiler_check=None) -> SpeedPlan:
+def fast_speed_plan(flags: "SpeedFlags", device: torch.device, chunks: int, before_compiler_check=None) -> SpeedPlan:
     """`speed_plan` + `fast_compile_policy` for a Fast video of `chunks` chunks, with --compile auto decided from the
     length first: a short video never asks whether the compiler can run, since that check imports torch._dynamo
     (seconds). Any other compile choice calls before_compiler_check() first (the CLI waits there for its
     background imports, which import torch._dynamo too: cli/heavy_imports.py)."""
     device = torch.device(device)
-    flags = _flags(args)
     if flags.compile == "auto" and chunks < FAST_COMPILE_MIN_CHUNKS and device.type == "cuda":
         plan = speed_plan(dataclasses.replace(flags, compile="off"), device)
         plan.notes.insert(0, _short_video_note(chunks))
@@ -112,24 +110,22 @@ def fast_speed_plan(args, device: torch.device, chunks: int, before_compiler_che
 
 
 @dataclasses.dataclass(frozen=True)
-class _Flags:
-    compile: str
-    compute: str
-    attention: str
-    weights: str
-    speed: Optional[str] = None
-    speed_explicit: frozenset = frozenset(FLAG_NAMES)  # the preset (if any) is folded into the three values
+class SpeedFlags:
+    """The effective --compile/--compute/--attention (a --speed preset folded in) and the weights they run on."""
 
+    compile: str = DEFAULTS["compile"]
+    compute: str = DEFAULTS["compute"]
+    attention: str = DEFAULTS["attention"]
+    weights: str = "nf4"
+    speed: Optional[str] = None  # the preset's name, recorded on the plan
 
-def _flags(args) -> _Flags:
-    """The effective compile/compute/attention: the --speed preset's, with the flags given explicitly over it (a
-    namespace without --speed, e.g. built by a caller, keeps its three values)."""
-    speed = getattr(args, "speed", None)
-    values = {name: getattr(args, name) for name in FLAG_NAMES}
-    if speed is not None:
-        given = set(getattr(args, EXPLICIT, None) or ())
-        values = dataclasses.asdict(preset_options(speed, {k: values[k] for k in given}))
-    return _Flags(values["compile"], values["compute"], values["attention"], getattr(args, "weights", "nf4"), speed)
+    @classmethod
+    def given(cls, speed: Optional[str], values: dict, explicit=(), weights: str = "nf4") -> "SpeedFlags":
+        """From the flags' values: the --speed preset's options with the flags given explicitly (`explicit`) over
+        them; without --speed the three values as they are."""
+        if speed is not None:
+            values = dataclasses.asdict(preset_options(speed, {k: values[k] for k in explicit}))
+        return cls(values["compile"], values["compute"], values["attention"], weights, speed)
 
 
 def _short_video_note(chunks: int) -> str:
@@ -138,9 +134,9 @@ def _short_video_note(chunks: int) -> str:
             "--compile blocks forces it")
 
 
-def fast_compile_policy(plan: SpeedPlan, args, chunks: int) -> SpeedPlan:
+def fast_compile_policy(plan: SpeedPlan, flags: SpeedFlags, chunks: int) -> SpeedPlan:
     """--compile auto for the Fast model: off for a video shorter than FAST_COMPILE_MIN_CHUNKS chunks (said why)."""
-    if args.compile != "auto" or plan.compile != "blocks" or chunks >= FAST_COMPILE_MIN_CHUNKS:
+    if flags.compile != "auto" or plan.compile != "blocks" or chunks >= FAST_COMPILE_MIN_CHUNKS:
         return plan
     notes = [n for n in plan.notes if not n.startswith("compile auto:")]
     notes.insert(0, _short_video_note(chunks))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -16,6 +17,18 @@ import torch
 from ..memory.overlap import OverlapPlan, Step, plan_overlap
 
 ENCODE_STEP = "the image's VAE encode"
+
+
+@dataclass(frozen=True)
+class TextFlags:
+    """The text encoder's flags: --t5-device, --cache-dir, --no-text-cache (use_cache), --t5-timeout, and whether
+    --overlap lets the encoder run beside the other start-up steps."""
+
+    device: str = "auto"
+    cache_dir: Optional[Path] = None
+    use_cache: bool = True
+    timeout: Optional[float] = None
+    overlap: bool = True
 
 
 def vae_encode_step(vae_cfg, height: int, width: int, frames: int, tiled: bool, keeps_vae: bool) -> Step:
@@ -91,24 +104,24 @@ class TextPlan:
                          job=BackgroundEncoding(lambda cancel_check: self.encode(self.t5_device, cancel_check)))
 
 
-def plan(args, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, *,
+def plan(text: TextFlags, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, *,
          host_bytes: int = 0, ram_free: Optional[int] = None) -> TextPlan:
     """Encode `prompts` (files.t5 / files.tokenizer, the CLI's --t5-* and cache flags): at once, or in the
     background when the encoder runs on this process's GPU and at least the first step fits beside it.
     host_bytes / ram_free: the K/V cache's pinned host memory, allocated meanwhile when RAM allows."""
     from ..text_encoder.encode import all_prompts_cached, encode_prompts, estimate_child_ram_bytes
 
-    def encode(t5_device: str = args.t5_device, cancel_check=None):
-        return encode_prompts(files.t5, files.tokenizer, list(prompts), device=t5_device, cache_dir=args.cache_dir,
-                              use_cache=not args.no_text_cache, timeout=args.t5_timeout, cancel_check=cancel_check)
+    def encode(t5_device: str = text.device, cancel_check=None):
+        return encode_prompts(files.t5, files.tokenizer, list(prompts), device=t5_device, cache_dir=text.cache_dir,
+                              use_cache=text.use_cache, timeout=text.timeout, cancel_check=cancel_check)
 
-    allow = getattr(args, "overlap", "auto") != "off" and not session.parallel
+    allow = text.overlap and not session.parallel
     free = _free_vram(device)
-    if session.parallel or (not args.no_text_cache and all_prompts_cached(
-            files.t5, files.tokenizer, list(prompts), cache_dir=args.cache_dir)):
+    if session.parallel or (text.use_cache and all_prompts_cached(
+            files.t5, files.tokenizer, list(prompts), cache_dir=text.cache_dir)):
         overlap = plan_overlap(free, 0, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free)
-        return TextPlan(_reason(overlap, "prompts encoded first"), "done", args.t5_device, encode, session)
-    t5_device, child_bytes = _child_device(args.t5_device, files.t5, device, free)
+        return TextPlan(_reason(overlap, "prompts encoded first"), "done", text.device, encode, session)
+    t5_device, child_bytes = _child_device(text.device, files.t5, device, free)
     child_ram = estimate_child_ram_bytes(files.t5, t5_device) if host_bytes else 0
     if child_bytes <= 0:  # an encoder in host RAM beside the models' RAM is not planned for: one after the other
         overlap = plan_overlap(free, 0, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free,
@@ -120,10 +133,10 @@ def plan(args, files, prompts: Sequence[str], device: torch.device, steps: Seque
     return TextPlan(overlap, "background" if overlap.beside else "first", t5_device, encode, session)
 
 
-def start(args, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, log,
+def start(text: TextFlags, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, log,
           **kw) -> TextStage:
     """plan(...).start(log)."""
-    return plan(args, files, prompts, device, steps, session, **kw).start(log)
+    return plan(text, files, prompts, device, steps, session, **kw).start(log)
 
 
 def _reason(overlap: OverlapPlan, first: str) -> OverlapPlan:

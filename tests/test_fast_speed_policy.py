@@ -1,7 +1,7 @@
 """--compile auto for the Fast model: a short video runs eagerly (the compile warm-up outweighs what it saves)."""
-from types import SimpleNamespace
+from dataclasses import replace
 
-from lingbot_world.cli.speed_flags import FAST_COMPILE_MIN_CHUNKS, fast_compile_policy
+from lingbot_world.cli.speed_flags import FAST_COMPILE_MIN_CHUNKS, SpeedFlags, fast_compile_policy
 from lingbot_world.speed.options import SpeedPlan
 
 
@@ -10,7 +10,7 @@ def _plan():
 
 
 def test_short_fast_videos_run_eagerly_and_say_why():
-    plan = fast_compile_policy(_plan(), SimpleNamespace(compile="auto"), 7)
+    plan = fast_compile_policy(_plan(), SpeedFlags(compile="auto"), 7)
     assert plan.compile == "off" and (plan.compute, plan.attention) == ("bf16", "sdpa")
     assert plan.notes[0].startswith("compile auto: off for a Fast video of 7 chunks")
     assert "--compile blocks forces it" in plan.notes[0] and "attention auto: sdpa" in plan.notes
@@ -18,10 +18,10 @@ def test_short_fast_videos_run_eagerly_and_say_why():
 
 
 def test_long_videos_and_explicit_choices_keep_compile():
-    assert fast_compile_policy(_plan(), SimpleNamespace(compile="auto"), FAST_COMPILE_MIN_CHUNKS).compile == "blocks"
-    assert fast_compile_policy(_plan(), SimpleNamespace(compile="blocks"), 3).compile == "blocks"
+    assert fast_compile_policy(_plan(), SpeedFlags(compile="auto"), FAST_COMPILE_MIN_CHUNKS).compile == "blocks"
+    assert fast_compile_policy(_plan(), SpeedFlags(compile="blocks"), 3).compile == "blocks"
     off = SpeedPlan("off", "bf16", "sdpa", "cpu", notes=["compile auto: off on the CPU"])
-    assert fast_compile_policy(off, SimpleNamespace(compile="auto"), 3) is off
+    assert fast_compile_policy(off, SpeedFlags(compile="auto"), 3) is off
 
 
 def test_the_compiler_check_waits_for_the_background_imports_only_when_it_runs(monkeypatch):
@@ -32,11 +32,11 @@ def test_the_compiler_check_waits_for_the_background_imports_only_when_it_runs(m
 
     waited = []
     monkeypatch.setattr(compile_mod, "unavailable_reason", lambda device: waited.append("checked") or None)
-    args = SimpleNamespace(compile="auto", compute="bf16", attention="auto", weights="nf4")
-    plan = speed_flags.fast_speed_plan(args, torch.device("cpu"), 7, before_compiler_check=lambda: waited.append(1))
+    flags = SpeedFlags(compile="auto", compute="bf16", attention="auto", weights="nf4")
+    plan = speed_flags.fast_speed_plan(flags, torch.device("cpu"), 7, before_compiler_check=lambda: waited.append(1))
     assert plan.compile == "off" and waited == []  # auto on the CPU: decided without the compiler
-    args.compile = "blocks"
-    plan = speed_flags.fast_speed_plan(args, torch.device("cpu"), 7, before_compiler_check=lambda: waited.append(1))
+    flags = replace(flags, compile="blocks")
+    plan = speed_flags.fast_speed_plan(flags, torch.device("cpu"), 7, before_compiler_check=lambda: waited.append(1))
     assert plan.compile == "blocks" and waited == [1, "checked"]  # the wait comes first
 
 
@@ -49,9 +49,9 @@ def test_a_short_video_on_a_gpu_never_asks_the_compiler(monkeypatch):
     monkeypatch.setattr(speed_flags, "speed_plan",
                         lambda flags, device: asked.append(flags.compile) or SpeedPlan(flags.compile, "bf16", "sdpa",
                                                                                         "cuda:0"))
-    args = SimpleNamespace(compile="auto", compute="bf16", attention="auto", weights="nf4")
-    plan = speed_flags.fast_speed_plan(args, torch.device("cuda", 0), 7, before_compiler_check=lambda: asked.append(1))
+    flags = SpeedFlags(compile="auto", compute="bf16", attention="auto", weights="nf4")
+    plan = speed_flags.fast_speed_plan(flags, torch.device("cuda", 0), 7, before_compiler_check=lambda: asked.append(1))
     assert asked == ["off"] and plan.compile == "off" and plan.notes[0].startswith("compile auto: off for a Fast video")
-    speed_flags.fast_speed_plan(args, torch.device("cuda", 0), FAST_COMPILE_MIN_CHUNKS,
+    speed_flags.fast_speed_plan(flags, torch.device("cuda", 0), FAST_COMPILE_MIN_CHUNKS,
                                 before_compiler_check=lambda: asked.append(1))
     assert asked == ["off", 1, "auto"]  # a long video: the check (after the wait) decides

@@ -2,7 +2,6 @@
 the CLI flag and the node's widget."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -75,22 +74,24 @@ def _parse(argv):
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    return parser.parse_args(["generate"] + argv)
+    from lingbot_world.cli.generate_request import GenerateRequest
+
+    return GenerateRequest.from_args(parser.parse_args(["generate"] + argv))
 
 
 def test_cli_speed_flag_and_explicit_overrides():
     from lingbot_world.cli import speed_flags
 
-    args = _parse(["--speed", "draft"])
-    assert args.speed == "draft"
-    plan = speed_flags.speed_plan(args, CPU)
+    request = _parse(["--speed", "draft"])
+    assert request.speed == "draft"
+    plan = speed_flags.speed_plan(request.speed_flags, CPU)
     assert plan.preset == "draft" and plan.levers.fold_context and plan.compute == "bf16"  # fp8 auto: bf16 on a CPU
-    args = _parse(["--speed", "exact", "--compile", "blocks"])
-    assert speed_flags._flags(args).compile == "blocks" and speed_flags._flags(args).attention == "sdpa"
-    args = _parse(["--compute", "bf16", "--speed", "fast"])  # the order of the flags does not matter
-    assert (speed_flags._flags(args).compute, speed_flags._flags(args).compile) == ("bf16", "auto")
-    args = _parse([])
-    assert args.speed is None and speed_flags.speed_plan(args, CPU).preset is None
+    flags = _parse(["--speed", "exact", "--compile", "blocks"]).speed_flags
+    assert flags.compile == "blocks" and flags.attention == "sdpa"
+    flags = _parse(["--compute", "bf16", "--speed", "fast"]).speed_flags  # the order of the flags does not matter
+    assert (flags.compute, flags.compile) == ("bf16", "auto")
+    request = _parse([])
+    assert request.speed is None and speed_flags.speed_plan(request.speed_flags, CPU).preset is None
     with pytest.raises(SystemExit):
         _parse(["--speed", "turbo"])
 
@@ -98,15 +99,15 @@ def test_cli_speed_flag_and_explicit_overrides():
 def test_fast_speed_plan_keeps_its_signature_and_carries_the_preset(monkeypatch):
     from lingbot_world.cli import speed_flags
 
-    args = SimpleNamespace(compile="auto", compute="bf16", attention="auto", weights="nf4", speed="draft")
-    plan = speed_flags.fast_speed_plan(args, CPU, 7, before_compiler_check=None)
+    flags = speed_flags.SpeedFlags.given("draft", {"compile": "auto", "compute": "bf16", "attention": "auto"})
+    plan = speed_flags.fast_speed_plan(flags, CPU, 7, before_compiler_check=None)
     assert plan.preset == "draft" and plan.fast_run_options()["fold_context"]
-    plain = speed_flags.fast_speed_plan(SimpleNamespace(compile="auto", compute="bf16", attention="auto"), CPU, 7)
+    plain = speed_flags.fast_speed_plan(speed_flags.SpeedFlags(compile="auto", compute="bf16", attention="auto"), CPU, 7)
     assert plain.preset is None and plain.fast_run_options() == {}
     asked = []
     monkeypatch.setattr(compile_mod, "unavailable_reason", lambda device: asked.append(1) or None)
-    gpu = speed_flags.fast_speed_plan(SimpleNamespace(compile="blocks", compute="bf16", attention="sdpa",
-                                                      speed="exact", speed_explicit={"compile"}), CPU, 7)
+    gpu = speed_flags.fast_speed_plan(speed_flags.SpeedFlags.given(
+        "exact", {"compile": "blocks", "compute": "bf16", "attention": "sdpa"}, {"compile"}), CPU, 7)
     assert gpu.compile == "blocks" and gpu.preset == "exact" and asked == [1]
 
 

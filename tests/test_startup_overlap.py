@@ -253,8 +253,8 @@ def cli_host_plan(monkeypatch):
     real_plan, real_run = fast_parts.memory_plan, WorldSession.run_part
     latents = []
 
-    def plan(args, cfg, settings, latent_frames, device, *a, **kw):
-        _, stream = real_plan(args, cfg, settings, latent_frames, device, *a, **kw)
+    def plan(request, cfg, settings, latent_frames, device, *a, **kw):
+        _, stream = real_plan(request, cfg, settings, latent_frames, device, *a, **kw)
         return plan_fast_memory(settings.height, settings.width, cfg, session_layout(settings, latent_frames),
                                 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1), stream
 

@@ -101,9 +101,10 @@ def t5_files(tmp_path_factory):
     return SimpleNamespace(t5=enc, tokenizer=d / "spiece.model")
 
 
-def _args(**kw):
-    base = dict(t5_device="cpu", cache_dir=None, no_text_cache=True, t5_timeout=None)
-    return SimpleNamespace(**{**base, **kw})
+def _text(**kw):
+    from lingbot_world.cli.text_stage import TextFlags
+
+    return TextFlags(**{**dict(device="cpu", cache_dir=None, use_cache=False, timeout=None), **kw})
 
 
 class _OneProcess:
@@ -130,7 +131,7 @@ def test_steps_run_while_the_child_works_and_the_text_is_the_same(t5_files, monk
     _force_background(monkeypatch)
     monkeypatch.setenv(TEST_DELAY_ENV, "1.5")
     steps = [Step("vae", 1, 0), Step("load", 1, 1)]
-    stage = text_stage.start(_args(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(), LOG)
+    stage = text_stage.start(_text(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(), LOG)
     try:
         assert stage.background and stage.plan.beside == ("vae", "load")
         t = time.perf_counter()
@@ -149,7 +150,7 @@ def test_a_step_that_does_not_fit_waits_and_stop_kills_the_child(t5_files, monke
     _fake_gpu(monkeypatch, 8 * GB, 12 * GB)
     monkeypatch.setenv(TEST_DELAY_ENV, "1.0")
     steps = [Step("vae", 2 * GB, 0), Step("load", 9 * GB, 9 * GB)]
-    stage = text_stage.start(_args(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(),
+    stage = text_stage.start(_text(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(),
                              LOG)
     try:
         assert stage.plan.beside == ("vae",)
@@ -161,7 +162,7 @@ def test_a_step_that_does_not_fit_waits_and_stop_kills_the_child(t5_files, monke
         stage.stop()
 
     monkeypatch.setenv(TEST_DELAY_ENV, "60")
-    stage = text_stage.start(_args(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(),
+    stage = text_stage.start(_text(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(),
                              LOG)
     deadline = time.monotonic() + 20
     while not te.live_text_encoder_pids() and time.monotonic() < deadline:

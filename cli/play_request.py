@@ -1,0 +1,58 @@
+"""`lingbot-world play`'s flags, read once right after parsing into a typed, frozen request (issue 25: the argparse
+namespace stops at the parser; cli/play.py and everything below take the request)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+from ..player.options import DEFAULT_PORT, LOCAL_HOST
+from ..speed.options import DEFAULTS as SPEED_DEFAULTS
+from .speed_flags import EXPLICIT, SpeedFlags
+
+
+@dataclass(frozen=True)
+class PlayRequest:
+    """Every `play` flag under its argparse dest name."""
+
+    # inputs
+    ckpt_dir: Optional[Path] = None
+    demo: bool = False
+    demo_dir: Optional[Path] = None
+    image: Optional[Path] = None
+    prompt: Optional[str] = None
+    # generation
+    seed: int = 42
+    size: Optional[str] = None  # None: 480*832, or the demo's size
+    window: Optional[int] = 21
+    sink: int = 3
+    kv_cache: str = "auto"
+    device: str = "auto"
+    noise: str = "auto"
+    t5_device: str = "auto"
+    cache_dir: Optional[Path] = None
+    # speed
+    speed: Optional[str] = None
+    compile: str = SPEED_DEFAULTS["compile"]
+    compute: str = SPEED_DEFAULTS["compute"]
+    attention: str = SPEED_DEFAULTS["attention"]
+    speed_explicit: frozenset = frozenset()  # the speed flags given on the command line (over a --speed preset)
+    # server
+    port: int = DEFAULT_PORT
+    host: str = LOCAL_HOST
+    no_browser: bool = False
+    out_dir: Path = Path("lingbot_play")
+
+    @classmethod
+    def from_args(cls, args) -> "PlayRequest":
+        """The one place `play`'s namespace is read (a flag the parser lacks keeps its default)."""
+        values = {}
+        for f in fields(cls):
+            value = getattr(args, EXPLICIT if f.name == "speed_explicit" else f.name, f.default)
+            values[f.name] = frozenset(value) if isinstance(value, set) else value
+        return cls(**values)
+
+    @property
+    def speed_flags(self) -> SpeedFlags:
+        return SpeedFlags.given(self.speed, {"compile": self.compile, "compute": self.compute,
+                                             "attention": self.attention}, self.speed_explicit)

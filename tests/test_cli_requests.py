@@ -1,0 +1,42 @@
+"""The typed requests the CLI reads its flags into (cli/generate_request.py, cli/play_request.py): frozen, read once,
+and changed only by making a new one."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from lingbot_world.cli import build_parser
+from lingbot_world.cli.generate_request import DEMO_FRAMES, DEMO_SIZE, GenerateRequest
+from lingbot_world.cli.play_request import PlayRequest
+
+
+def _generate(*argv) -> GenerateRequest:
+    return GenerateRequest.from_args(build_parser().parse_args(["generate", *argv]))
+
+
+def test_the_request_holds_every_flag_frozen():
+    request = _generate("--guide-scale", "4", "6", "--lora", "a.safetensors", "--lora", "b.safetensors:0.5",
+                        "--speed", "fast", "--compute", "bf16")
+    assert request.guide_scale == (4.0, 6.0) and request.lora == ("a.safetensors", "b.safetensors:0.5")
+    assert request.speed_explicit == frozenset({"compute"})
+    assert (request.speed_flags.compute, request.speed_flags.attention) == ("bf16", "sdpa")  # the preset's sdpa
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.frames = 5
+    # the parser's defaults are the request's: a request built in code means what the bare command means
+    assert _generate() == GenerateRequest()
+
+
+def test_demo_defaults_make_a_new_request():
+    request = _generate("--demo")
+    demo = request.with_demo_defaults()
+    assert (demo.size, demo.frames, demo.device, demo.out) == (DEMO_SIZE, DEMO_FRAMES, "cpu", Path("lingbot_demo.mp4"))
+    assert demo.camera and demo.image and demo.prompt
+    assert (request.size, request.frames, request.camera, request.out) == ("480*832", None, None, None)
+    given = _generate("--demo", "--actions", "w-8", "--size", "480*832", "--device", "cpu").with_demo_defaults()
+    assert given.frames is None and given.camera is None  # an action string sets its own length and steers alone
+
+
+def test_play_request():
+    request = PlayRequest.from_args(build_parser().parse_args(["play", "--demo", "--speed", "draft"]))
+    assert request.demo and request.window == 21 and request.speed_flags.speed == "draft"
+    assert PlayRequest.from_args(build_parser().parse_args(["play"])) == PlayRequest()
