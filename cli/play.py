@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Optional
 
 from .errors import UsageError
 from .play_request import PlayRequest
@@ -60,6 +61,9 @@ def add_parser(sub) -> None:
     srv.add_argument("--no-browser", action="store_true", help="only print the URL, do not open a browser")
     srv.add_argument("--out-dir", type=Path, default=Path("lingbot_play"),
                      help="where saves, uploads and renders go (nothing is written anywhere else)")
+    srv.add_argument("--timings", type=Path, default=None, metavar="FILE.json",
+                     help="at exit, write every played chunk's latency as JSON: the page's own clock (key -> "
+                          "screen, request -> screen, fps) beside the server's (first frame, chunk time)")
     p.set_defaults(func=run)
 
 
@@ -110,6 +114,7 @@ def _run(request: PlayRequest) -> int:
         image = Path(image).expanduser().resolve()
         load_image(image)  # unreadable or not a picture: one line now
     out_dir = _out_dir(request.out_dir)
+    timings = _timings_target(request.timings)
     if request.host != LOCAL_HOST:
         print(f"warning: --host {request.host}: the player is reachable from other machines on that network (anyone "
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
@@ -123,7 +128,7 @@ def _run(request: PlayRequest) -> int:
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
-                                render=_render_source(request, size, device_name, noise))
+                                render=_render_source(request, size, device_name, noise), timings_out=timings)
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
@@ -190,6 +195,19 @@ def _check_size(size: str) -> None:
         max_area_for(size)
     except ValueError as e:
         raise UsageError(f"--size {size!r}: {e}") from None
+
+
+def _timings_target(path: Optional[Path]) -> Optional[Path]:
+    """--timings: a file (new or regular) in a writable folder, checked before the model loads."""
+    if path is None:
+        return None
+    from .outputs import check_folder
+
+    target = Path(path).expanduser().resolve()
+    if target.exists() and not target.is_file():
+        raise UsageError(f"--timings {path}: not a regular file; give a .json file name")
+    check_folder("--timings", target)
+    return target
 
 
 def _out_dir(path: Path) -> Path:

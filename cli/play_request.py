@@ -42,6 +42,7 @@ class PlayRequest:
     host: str = LOCAL_HOST
     no_browser: bool = False
     out_dir: Path = Path("lingbot_play")
+    timings: Optional[Path] = None
 
     @classmethod
     def from_args(cls, args) -> "PlayRequest":

@@ -35,7 +35,8 @@ def cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(cache, tmp_path_factory):
-    srv = support.PlayServer(cache, tmp_path_factory.mktemp("player") / "out")
+    folder = tmp_path_factory.mktemp("player")
+    srv = support.PlayServer(cache, folder / "out", "--timings", str(folder / "timings.json"))
     yield srv
     srv.stop()
 
@@ -288,6 +289,11 @@ def test_port_taken_and_host_warning_are_one_line(server, tmp_path, capsys):
                "--out-dir", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 2 and err[0].startswith("warning: --host 0.0.0.0")
+    for target, why in ((tmp_path, "not a regular file"), (tmp_path / "missing" / "t.json", "does not exist")):
+        rc = main(["play", "--demo", "--no-browser", "--port", "0", "--out-dir", str(tmp_path / "o"),
+                   "--timings", str(target)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].count("--timings") == 1 and why in err[0], err
 
 
 def test_missing_or_damaged_model_files_give_generates_line(cache, tmp_path, capsys, monkeypatch):
@@ -364,4 +370,6 @@ def test_ctrl_c_mid_chunk_exits_130_after_the_chunk(server):
     assert server.stop() == 130, server.output()
     assert "interrupted" in server.output()
     assert "player timings" in server.output()  # the run's latency record, printed however it ends
+    record = json.loads((server.out_dir.parent / "timings.json").read_text())
+    assert set(record) == {"summary", "chunks"} and "timings written to" in server.output()
     assert not [p for p in children if support.alive(p)]
