@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_world.memory.kv_park import ParkedKV, ParkedKVError, copy_out, filled_bytes, park, placement_layers
+from lingbot_world.memory.kv_park import ParkedKVError, copy_out, filled_bytes, park, placement_layers
 from lingbot_world.memory.kv_placement import CachePlacement, FastMemoryPlan
 from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.wan.control.act_to_camera import keys_to_camera
@@ -20,7 +20,7 @@ from lingbot_world.wan.control.camera import camera_condition
 from lingbot_world.wan.control.camera_presets import preset_camera
 from lingbot_world.wan.control.camera_track import KEY_STEP, CameraTrack
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
-from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.wan.sampling.fast_state import (CameraSource, FastSettings, finish_part, plan_first_part,
                                                     plan_next_part, start_part)
 
