@@ -9,7 +9,8 @@ RAM then holds the cache exactly once and the device none of it: 26.8 GB for 81 
 `fill(i, k, v, move=True)` writes layer i into the tensors of a new placement (bigger, for the longer video) and,
 with move, drops the parked layer right away: restoring needs one layer more than the new cache, never two caches
 (used as the `fill` hook of `place_kv_cache`, which calls it as each layer is allocated). `move=False` copies and
-keeps the parked cache intact (a state that may be continued again). Nothing here imports ComfyUI.
+keeps the parked cache intact (a state that may be continued again). `copy_out` copies the cache out and leaves it
+in place (a video that goes on while its state is continued elsewhere). Nothing here imports ComfyUI.
 """
 from __future__ import annotations
 
@@ -118,6 +119,24 @@ def park(placement: CachePlacement, global_end: Optional[int] = None, local_end:
         ks.append(k)
         vs.append(v)
     return ParkedKV(ks, vs, ge, n)
+
+
+def copy_out(placement: CachePlacement) -> ParkedKV:
+    """A copy of the filled slots of `placement`'s cache in host memory, the placement left as it is: the state of a
+    video that goes on (LingBot Play's state output). Device layers come to the host as copies already; host layers
+    and a CPU cache come as views of the live cache, whose slots change as the video goes on, so those are cloned."""
+    cache = placement.cache
+    ks: list[Optional[torch.Tensor]] = []
+    vs: list[Optional[torch.Tensor]] = []
+    for k, v in placement_layers(placement):
+        ks.append(k.clone() if k._base is not None else k)
+        vs.append(v.clone() if v._base is not None else v)
+    return ParkedKV(ks, vs, cache.global_end, cache.local_end)
+
+
+def filled_bytes(cache: KVCache) -> int:
+    """Host bytes of the cache's filled slots: what `park` or `copy_out` hold."""
+    return 2 * cache.num_layers * cache.batch * cache.local_end * cache.heads * cache.head_dim * cache.dtype.itemsize
 
 
 def placement_layers(placement: CachePlacement, local_end: Optional[int] = None):

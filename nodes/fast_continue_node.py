@@ -45,7 +45,8 @@ class LingBotFastContinue:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "state": (FAST_STATE, {"tooltip": "From LingBot Fast Sampler or another LingBot Fast Continue"}),
+                "state": (FAST_STATE, {"tooltip": (
+                    "From LingBot Fast Sampler, another LingBot Fast Continue or LingBot Play")}),
                 "frames": ("INT", {"default": 0, "min": 0, "max": 1200, "step": CHUNK_VIDEO_FRAMES, "tooltip": (
                     "New frames, in whole chunks of 12. 0 = as long as the keys / camera (one chunk without "
                     "either). Keys longer than this are cut, shorter ones padded with frames without keys.")}),
@@ -82,12 +83,12 @@ class LingBotFastContinue:
 
         handle = state
         if not isinstance(handle, FastStateHandle):
-            raise ValueError("state must come from LingBot Fast Sampler or LingBot Fast Continue")
+            raise ValueError("state must come from LingBot Fast Sampler, LingBot Fast Continue or LingBot Play")
         if handle.state is None:
-            raise ValueError(
-                "LingBot Fast Continue: the Fast Sampler did not keep its state (nothing was connected to its state "
-                "output when it ran, so its K/V cache was freed); change any input of the Sampler (e.g. the seed) "
-                "or press 'Free model and node cache', then queue again")
+            raise ValueError("LingBot Fast Continue: " + (handle.why or (
+                "the Fast Sampler did not keep its state (nothing was connected to its state output when it ran, so "
+                "its K/V cache was freed); change any input of the Sampler (e.g. the seed) or press 'Free model and "
+                "node cache', then queue again")))
         handle.store.check(handle)
         st = handle.state
         fast_model = handle.model

@@ -90,6 +90,8 @@ def fast_settings(fast_model: FastModel, device, height: int, width: int, seed: 
     dtype = torch.bfloat16 if fast_model.weights == "bf16" else default_compute_dtype(device)
     if fast_model.speed is not None:  # a preset's window cap (draft: 15 latent frames)
         window = fast_model.speed.fast_window(window)
+    if window is None:  # a sink only exists in a window (Play's default sink 3 with window 0 was refused)
+        sink = 0
     return FastSettings(height, width, seed, noise_source, rule, window=window, sink=sink, max_attention=max_attention,
                         weights=fast_model.weights, cache_dtype=str(dtype).replace("torch.", ""),
                         model=model_fingerprint(fast_model.format) if keep else "",

@@ -77,13 +77,15 @@ class KVStore:
 @dataclass(eq=False)
 class FastStateHandle:
     """LINGBOT_FAST_STATE: a Fast video after some chunks (`state`), the model and I2V input it was made with, and
-    the store of its cache. `state` is None when the Sampler did not keep it (nothing took its state output)."""
+    the store of its cache. `state` is None when the node did not keep it (nothing took its state output, or LingBot
+    Play had played nothing); `why` then says so for Continue's refusal (empty: the Sampler's reason)."""
 
     state: Optional[FastState]
     model: Any  # FastModel
     i2v: Any  # I2VCondition (the first frame and the VAE: the conditioning of later frames)
     store: Optional[KVStore] = None
     id: int = field(default_factory=lambda: next(_ids))
+    why: str = ""
 
     @classmethod
     def first(cls, state: FastState, parked: ParkedKV, model, i2v) -> "FastStateHandle":
@@ -92,8 +94,8 @@ class FastStateHandle:
         return h
 
     @classmethod
-    def empty(cls, model, i2v) -> "FastStateHandle":
-        return cls(None, model, i2v)
+    def empty(cls, model, i2v, why: str = "") -> "FastStateHandle":
+        return cls(None, model, i2v, why=why)
 
     def _comfy_cache_tensors(self) -> list:
         """What current ComfyUI's RAM-pressure node cache should count for this output: the parked K/V cache (the

@@ -4,8 +4,11 @@ The node opens one World session per node (the model through ComfyUI's model man
 and the page of `lingbot-world play` (player/) is served on ComfyUI's own server under
 /lingbot_world/play/<node id>/ behind a per-session token; web/lingbot_play.js opens it in a panel. The keys
 played so far come back as the node's `actions` output (an action string: LingBot Actions -> LingBot Fast Sampler
-with rule "continuable" and the same seed / window / sink re-renders the played path). Queue again after playing
-to send the new keys down the graph. "Free model and node cache" (and any change of the node's inputs) closes the
+with rule "continuable" and the same seed / window / sink re-renders the played path), and the played video's
+state as its `state` output (LingBot Fast Continue goes on from it with new keys, exactly as playing on would).
+The session keeps playing after the node ran, so the state holds a copy of its K/V cache, taken between two chunks
+on the session's own thread together with the action string. Queue again after playing to send the new keys down
+the graph. "Free model and node cache" (and any change of the node's inputs) closes the
 session: it lives as long as ComfyUI keeps the node's I2V input in its cache (the session holds no reference to
 that object, so it dies with ComfyUI's node cache).
 """
@@ -18,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .fast_host import (FAST_MODEL, NOISE_SOURCES, FastModel, check_text, condition_track, fast_settings,
+from ..memory.kv_placement import RAM_MARGIN
+from ..memory.placement import _gb, available_ram_bytes
+from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track, fast_settings,
                         open_fast_world)
+from .fast_state_store import FastStateHandle, state_line, state_output_used
 from .payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
 
 log = logging.getLogger(__name__)
@@ -27,6 +33,10 @@ log = logging.getLogger(__name__)
 ROUTE = "/lingbot_world/play"
 OUT_SUBDIR = "lingbot_play"
 _serials = itertools.count(1)
+NOTHING_PLAYED = ("LingBot Play had played no chunk when it ran (its state starts after the first chunk): play in "
+                  "its panel, then queue again")
+NOT_KEPT = ("LingBot Play kept no state: nothing took its state output when it last ran. Play one more chunk, then "
+            "queue again")
 
 
 @dataclass
@@ -43,7 +53,8 @@ _open: dict[str, _Open] = {}
 
 
 class LingBotPlay:
-    """Plays the Fast model live in a panel: WASD move, IJKL look; outputs the keys played as an action string."""
+    """Plays the Fast model live in a panel: WASD move, IJKL look; outputs the keys played as an action string and
+    the played video's state for LingBot Fast Continue."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -67,29 +78,37 @@ class LingBotPlay:
                 "sink": ("INT", {"default": 3, "min": 0, "max": 10_000, "tooltip": (
                     "With a window: the first latent frames are never evicted")}),
             },
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
 
-    RETURN_TYPES = ("STRING",)
-    RETURN_NAMES = ("actions",)
-    OUTPUT_TOOLTIPS = ("The keys played so far as an action string (queue again after playing to update it); "
-                       "LingBot Actions -> LingBot Fast Sampler (rule continuable) re-renders them",)
+    RETURN_TYPES = ("STRING", FAST_STATE)
+    RETURN_NAMES = ("actions", "state")
+    OUTPUT_TOOLTIPS = (
+        "The keys played so far as an action string (queue again after playing to update it); "
+        "LingBot Actions -> LingBot Fast Sampler (rule continuable) re-renders them",
+        "The played video as it was when the node ran, for LingBot Fast Continue: new keys there go on exactly as "
+        "playing on would. Holds a copy of the K/V cache in RAM (bounded by the window; window 0 copies the whole "
+        "video's). Kept only when a node takes it as the node runs; before the first chunk there is nothing to "
+        "continue (Continue says so)",
+    )
     OUTPUT_NODE = True
     FUNCTION = "play"
     CATEGORY = CATEGORY
     DESCRIPTION = ("Opens the live player in a panel on the loaded Fast model: hold W A S D to move and I J K L to "
                    "look; the keys held while a chunk plays steer the next one. Pause, rewind and save in the panel. "
-                   "Queue again to send the played keys down the graph as an action string. Free model and node "
-                   "cache closes the session.")
+                   "Queue again to send the played keys down the graph as an action string, and the played video's "
+                   "state to LingBot Fast Continue. Free model and node cache closes the session.")
 
     @classmethod
     def IS_CHANGED(cls, unique_id=None, **_):
-        """The keys played since the last run: queueing again after playing re-runs the node with them."""
+        """The keys played since the last run: queueing again after playing re-runs the node with them (its state
+        output is taken in the same run, with the same keys)."""
         current = _open.get(str(unique_id))
         return current.driver.snapshot.get("action_string", "") if current is not None else ""
 
     def play(self, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int = 42,
-             noise_source: str = "cpu", window: int = 21, sink: int = 3, unique_id: Optional[str] = None):
+             noise_source: str = "cpu", window: int = 21, sink: int = 3, prompt: Optional[dict] = None,
+             unique_id: Optional[str] = None):
         if noise_source not in NOISE_SOURCES:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
         if window and not 0 <= sink < window:
@@ -103,11 +122,34 @@ class LingBotPlay:
             current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source, window or None, sink)
             current.serial = next(_serials)
             weakref.finalize(i2v, _dropped, node, current.serial)  # Free (or new inputs) drops it: close
-        actions = current.driver.snapshot.get("action_string") or ""
+        keep = state_output_used(prompt, unique_id)
+        actions, played = current.driver.call_now(lambda session: _played(session, keep))
+        if played is None:
+            state = FastStateHandle.empty(fast_model, i2v, NOT_KEPT if not keep else NOTHING_PLAYED)
+        else:
+            state = FastStateHandle.first(*played, fast_model, i2v)
+            log.info("LingBot Play: %s", state_line(state.store.nbytes, shared=not state.store.evicting))
         token = current.player.options.token
         return {"ui": {"lingbot_play": [{"url": f"{ROUTE}/{node}/?token={token}", "node": node,
                                          "actions": actions}]},
-                "result": (actions,)}
+                "result": (actions, state)}
+
+
+def _played(session, keep: bool):
+    """On the session's thread, between two chunks: the keys played and, when kept, the video's state with a copy of
+    its cache (the same moment, so the state is the video of exactly that action string)."""
+    actions = session.action_string()
+    if not keep or session.chunks == 0:
+        return actions, None
+    need, free = session.snapshot_bytes(), available_ram_bytes()
+    if need > free - RAM_MARGIN:
+        window = session.settings.window
+        fix = ("set window (21 with sink 3 keeps it bounded)" if window is None
+               else f"lower window ({window} latent frames kept)")
+        raise MemoryError(f"LingBot Play: its state output would copy the video's K/V cache ({_gb(need)}) into RAM but "
+                          f"{_gb(free)} is free (keeping {_gb(RAM_MARGIN)}): {fix}, which starts a new session, or "
+                          "disconnect the state output")
+    return actions, session.snapshot()
 
 
 def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int, noise_source: str,

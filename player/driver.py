@@ -144,6 +144,13 @@ class SessionDriver:
         """fn(session) on the worker (for doors: read the action string, the keys, a state...)."""
         return await self._run(fn, self._session)
 
+    def call_now(self, fn):
+        """fn(session) on the worker, waited for from a thread that is not the event loop's (ComfyUI's, running a
+        node). The worker runs one call at a time, so fn sees the session between chunks, never mid-chunk."""
+        if self._closed:
+            raise RuntimeError("the world session is closed")
+        return self._pool.submit(fn, self._session).result()
+
     def close(self) -> None:
         """Waits for a running chunk to finish, then closes the session (idempotent; any thread, once idle)."""
         if self._closed:

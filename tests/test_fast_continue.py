@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_world.memory.kv_park import ParkedKV, ParkedKVError, park
+from lingbot_world.memory.kv_park import ParkedKVError, copy_out, filled_bytes, park, placement_layers
 from lingbot_world.memory.kv_placement import CachePlacement, FastMemoryPlan
 from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.wan.control.act_to_camera import keys_to_camera
@@ -20,7 +20,7 @@ from lingbot_world.wan.control.camera import camera_condition
 from lingbot_world.wan.control.camera_presets import preset_camera
 from lingbot_world.wan.control.camera_track import KEY_STEP, CameraTrack
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
-from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.wan.sampling.fast_state import (CameraSource, FastSettings, finish_part, plan_first_part,
                                                     plan_next_part, start_part)
 
@@ -240,6 +240,41 @@ def test_parked_cache_moves_layer_by_layer_and_refuses_misuse(model):
         parked.fill(0, small.k[0][:, :10], small.v[0][:, :10])
     back = parked.truncated(24, 24)
     assert back.tokens == 24 and back.k[0].shape[1] == 24
+
+
+@pytest.mark.parametrize("host_layers", [None, 1])
+def test_a_copied_out_cache_stays_as_it_was_while_the_video_goes_on(model, host_layers):
+    """copy_out (LingBot Play's state): the cache's filled slots as park gives them, in tensors of their own, the
+    placement untouched; the third chunk evicts (the device layer shifts, the host ring turns) without changing
+    the earlier copy."""
+    st = settings(window=6, sink=3)
+    y = conditioning(9)
+    keys = KeyTimeline.from_string("w-8,a-12,d-12")
+    placement = new_cache(st.layout(9), host_layers=host_layers)
+    if placement.streamer is not None:
+        placement.streamer.install(model)
+    ctx = pad_context([CTX], CFG.text_len)
+    try:
+        state, copies = None, []
+        for part_keys, start in ((keys[:20], 0), (keys[20:], 6)):
+            src = CameraSource(keys=part_keys)
+            plan = plan_first_part(src, None, st) if state is None else plan_next_part(state, src)
+            run = start_part(model, plan, st, y[:, :, start:start + plan.latent_frames], ctx, placement.cache, state)
+            with torch.no_grad():
+                run.run()
+            state = finish_part(run, plan, st, state, context=CTX, prompt="p")
+            copy = copy_out(placement)
+            assert (copy.global_end, copy.local_end) == (state.kv_global_end, state.kv_local_end)
+            assert copy.nbytes == filled_bytes(placement.cache) == 2 * CFG.num_layers * copy.tokens * CFG.dim * 4
+            copies.append((copy, [t.clone() for layer in placement_layers(placement) for t in layer]))
+        assert placement.cache.global_end > placement.cache.local_end  # the window evicted
+        for copy, then in copies:
+            assert all(torch.equal(a, b) for a, b in zip([t for kv in zip(copy.k, copy.v) for t in kv], then))
+        parked = park(placement)
+        last = copies[-1][0]
+        assert all(torch.equal(a, b) for a, b in zip((*last.k, *last.v), (*parked.k, *parked.v)))
+    finally:
+        placement.close()
 
 
 # ---- the VAE side: conditioning of later frames, decoding a part alone --------------------------------------------

@@ -120,6 +120,73 @@ def test_play_node_plays_returns_the_keys_and_free_closes_it(server):
     assert "LingBot Play: session 50 closed" in server.log()
 
 
+def _continue_prompt(played: str = "") -> dict:
+    """LingBot Play's state -> LingBot Fast Continue with keys a-12, decoded to preview frames; with `played` (the
+    keys played so far) also the batch run of `played` + a-12 in LingBot Fast Sampler (rule continuable, the same
+    seed, window and sink), decoded likewise."""
+    prompt = _play_prompt()
+    kinds = {v["class_type"]: k for k, v in prompt.items()}
+    vae = [kinds["LingBotVAELoader"], 0]
+
+    def actions(text):
+        return {"class_type": "LingBotActions",
+                "inputs": {"key_files": "(action string)", "actions": text, "frames": 0, "path": ""}}
+
+    def preview(node, samples):
+        prompt[node] = {"class_type": "LingBotVAEDecode",
+                        "inputs": {"tiled": False, "tile_size": 32, "vae": vae, "samples": samples}}
+        prompt[node + "p"] = {"class_type": "PreviewImage", "inputs": {"images": [node, 0]}}
+
+    prompt["60"] = actions("a-12")
+    prompt["61"] = {"class_type": "LingBotFastContinue", "inputs": {"frames": 0, "state": ["50", 1],
+                                                                    "camera": ["60", 0]}}
+    preview("62", ["61", 0])
+    if played:
+        prompt["70"] = actions(played + ",a-12")
+        i2v = dict(prompt[kinds["LingBotImageToVideo"]]["inputs"], frames=81, camera=["70", 0])
+        prompt["71"] = {"class_type": "LingBotImageToVideo", "inputs": i2v}
+        prompt["72"] = {"class_type": "LingBotFastSampler", "inputs": {
+            "seed": 42, "noise_source": "cpu", "max_attention": 0, "window": 21, "sink": 3, "rule": "continuable",
+            "fast_model": [kinds["LingBotFastLoader"], 0], "text": [kinds["LingBotTextEncode"], 0],
+            "i2v": ["71", 0], "camera": ["70", 0], "previews": False}}
+        preview("73", ["72", 0])
+    return prompt
+
+
+def _frames(server, images: list) -> list:
+    import io
+    import urllib.parse
+    import urllib.request
+
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for im in images:
+        query = urllib.parse.urlencode({k: im[k] for k in ("filename", "subfolder", "type")})
+        with urllib.request.urlopen(f"{server.url}/view?{query}", timeout=60) as r:
+            out.append(np.asarray(Image.open(io.BytesIO(r.read())).convert("RGB")))
+    return out
+
+
+def test_play_state_continues_in_fast_continue_as_the_batch_run(server):
+    """Play -> LingBot Fast Continue in the graph: refused in one line before the first chunk; after playing, the
+    continued video's frames equal the Fast Sampler's batch run of the played keys and the new ones."""
+    server.post("/free", {"unload_models": True, "free_memory": True})  # the first test's session, if any
+    res = server.run(_continue_prompt(), timeout=WAIT_S * 2)
+    assert res["end"] == "error", res
+    assert "LingBot Play had played no chunk when it ran" in res["error"]["exception_message"]
+    url = res["history"]["outputs"]["50"]["lingbot_play"][0]["url"]
+    state = asyncio.run(_play(server, url, ["w-8", "jw-12"]))
+    assert state["action_string"] == "w-8,wj-12"
+    res = server.run(_continue_prompt(state["action_string"]), timeout=WAIT_S * 2)
+    assert res["end"] == "done", res["error"]
+    outputs = res["history"]["outputs"]
+    continued, batch = (_frames(server, outputs[n]["images"]) for n in ("62p", "73p"))
+    assert len(continued) == len(batch) == 33
+    assert all((a == b).all() for a, b in zip(continued, batch))
+
+
 def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_path):
     """The frontend: queueing opens the panel (web/lingbot_play.js) with the player's page in it; keys held in it
     steer the session; "Send keys to graph" re-runs the node with them; Free closes the session (the page says so)."""

@@ -1,11 +1,12 @@
 """The K/V cache of a World session: placed by the door's placement for the video so far, grown through host memory
-when a video without a window outgrows it, parked into host memory to be continued later."""
+when a video without a window outgrows it, parked into host memory to be continued later, or copied there to be
+continued elsewhere while the session goes on."""
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
 
-from ..memory.kv_park import ParkedKV, park
+from ..memory.kv_park import ParkedKV, copy_out, filled_bytes, park
 from .errors import WorldError
 from .plan import GROW_LATENT_FRAMES, play_layout, session_layout
 
@@ -56,3 +57,13 @@ class SessionCache:
         parked = park(self.placement.placement)
         self.release()
         return parked
+
+    def copy(self) -> ParkedKV:
+        """A copy of the filled slots in host memory; the cache stays as it is."""
+        if self.cache is None:
+            raise WorldError("no cache to copy")
+        return copy_out(self.placement.placement)
+
+    def filled_bytes(self) -> int:
+        """Host RAM a park or a copy takes."""
+        return 0 if self.cache is None else filled_bytes(self.cache)

@@ -512,6 +512,23 @@ class WorldSession:
         after `resume(state, parked)`."""
         return self.kv.park()
 
+    def snapshot(self):
+        """The video so far, to continue elsewhere while this session goes on: (its FastState, a copy of its cache in
+        host memory as `park` gives it). The state is shared: no FastState changes after its part. Between chunks
+        only (a player: on its driver's thread); the copy takes `snapshot_bytes()` of RAM."""
+        self._check_open()
+        if not self.parts:
+            raise WorldError("no chunk made yet: nothing to continue")
+        if self._unfinished:
+            raise WorldError("the last part skipped its final context pass; the video cannot go on")
+        state, cache = self.state, self.cache
+        if cache is None or (cache.global_end, cache.local_end) != (state.kv_global_end, state.kv_local_end):
+            raise WorldError("the cache is not at the end of the last chunk (a chunk is running?)")
+        return state, self.kv.copy()
+
+    def snapshot_bytes(self) -> int:
+        return self.kv.filled_bytes()
+
     def close(self) -> None:
         """Free the decoder, the cache and the model (idempotent)."""
         if self._closed:
