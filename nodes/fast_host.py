@@ -10,7 +10,8 @@ part ends or is cancelled (a state keeps it parked in RAM: nodes/fast_state_stor
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -46,6 +47,9 @@ class FastModel:
     weights: str
     kv_cache: str  # "auto" | "gpu" | "host"
     speed: Any = None  # speed.options.SpeedPlan from LingBot Speed Options (None: the exact defaults)
+    # one session runs the model at a time: LingBot Play's chunks (its own thread) and a Sampler / Continue on
+    # ComfyUI's worker take turns instead of running the same weights in one memory plan at once
+    lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def config(self):
@@ -202,7 +206,7 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     show(summary)
     placement = ComfyFastPlacement(fast_model, plan, device, preview_vae, extra)
     return WorldSession(placement, settings, device=device, load_model=placement.load_model,
-                        speed=fast_model.speed), summary
+                        speed=fast_model.speed, model_lock=fast_model.lock), summary
 
 
 def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],

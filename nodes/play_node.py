@@ -203,10 +203,11 @@ def _dropped(node: str, serial: int) -> None:
     """ComfyUI let go of the I2V output a session was opened on: close it (unless the node has a newer one)."""
     current = _open.get(node)
     if current is not None and current.serial == serial:
-        close_player(node)
+        # a finalizer may run on a thread that holds the model's lock (a Sampler's run): never wait here
+        close_player(node, wait=False)
 
 
-def close_player(node: str) -> None:
+def close_player(node: str, wait: bool = True) -> None:
     """Close one node's player: its page's socket and render child, then the session (after a running chunk)."""
     current = _open.pop(node, None)
     if current is None:
@@ -220,7 +221,7 @@ def close_player(node: str) -> None:
         asyncio.run_coroutine_threadsafe(current.player.close(), loop)
     except Exception:  # no server loop (tests): nothing is connected
         pass
-    current.driver.close()
+    current.driver.close(wait=wait)
     log.info("LingBot Play: session %s closed", node)
 
 

@@ -151,10 +151,15 @@ class SessionDriver:
             raise RuntimeError("the world session is closed")
         return self._pool.submit(fn, self._session).result()
 
-    def close(self) -> None:
-        """Waits for a running chunk to finish, then closes the session (idempotent; any thread, once idle)."""
+    def close(self, wait: bool = True) -> None:
+        """Closes the session after a running chunk (idempotent; any thread). wait=False returns at once: the session
+        closes on the worker after that chunk (a caller that may hold what the chunk waits for must not wait)."""
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._session.close()
+        if wait:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._session.close()
+            return
+        self._pool.submit(self._session.close)  # queued behind the running chunk (at most one runs or waits)
+        self._pool.shutdown(wait=False)

@@ -153,3 +153,16 @@ def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, play
     monkeypatch.setattr(play_node, "available_ram_bytes", lambda: need + RAM_MARGIN)
     actions, state = play(inputs, window=0)  # the session was left as it was
     assert actions == "w-8" and state.store.nbytes == need
+
+
+def test_play_and_the_fast_nodes_take_turns_on_the_model(comfy, inputs, players):
+    """Every session opened on a Fast model (Play's, a Sampler's, a Continue's: nodes/fast_host.open_fast_world) holds
+    that model's lock while it runs (tests/test_world_session.py checks every forward does): two sessions never run
+    the same weights at once. A LoRA'd copy of the model shares the lock with its base."""
+    import dataclasses
+
+    play(inputs)
+    fast_model, _ = inputs[3]["play"]
+    assert driver().call_now(lambda session: session.model_lock) is fast_model.lock
+    assert dataclasses.replace(fast_model, speed=None).lock is fast_model.lock
+    assert step("w-8").chunk == 1

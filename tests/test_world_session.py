@@ -213,3 +213,36 @@ def test_the_draft_preset_plays_like_its_batch_run_and_rewinds_exactly(files, de
         actions = s.action_string()
     batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--speed", "draft")
     assert np.array_equal(played, batch)
+
+
+class _Held:
+    """A model lock that says whether this thread holds it (an RLock whose depth is counted)."""
+
+    def __init__(self):
+        import threading
+
+        self._lock, self.depth, self.entries = threading.RLock(), 0, 0
+
+    def __enter__(self):
+        self._lock.__enter__()
+        self.depth += 1
+        self.entries += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        return self._lock.__exit__(*exc)
+
+
+def test_every_use_of_the_model_holds_the_model_lock(files, tmp_path):
+    """A door sharing one model between sessions (ComfyUI: Play beside Fast Continue) passes its lock: every forward,
+    a rewind's rebuild included, runs while the session holds it."""
+    with _open(files, tmp_path, window=4, sink=1) as s:
+        held = s.model_lock = _Held()
+        s.load()
+        outside = []
+        s.model.register_forward_pre_hook(lambda *_: outside.append(held.depth == 0))
+        _play(s, KEYS[:3])  # 3 chunks in a 4-frame window: chunk 1's tokens are evicted
+        s.rewind(2)  # evicted since: the cache is rebuilt by replaying the context passes
+        _play(s, KEYS[2:3])
+        assert outside and not any(outside) and held.depth == 0 and held.entries >= 6

@@ -17,6 +17,7 @@ passes (the only forwards whose K/V survive a chunk), which writes the same K/V 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Union
@@ -68,7 +69,7 @@ class WorldSession:
 
     def __init__(self, placement, settings: FastSettings, *, device, load_model: Callable[[], nn.Module],
                  prepare_model: Optional[Callable[[nn.Module], nn.Module]] = None, vae=None,
-                 text_len: Optional[int] = None, speed=None):
+                 text_len: Optional[int] = None, speed=None, model_lock=None):
         self.placement = placement
         self.settings = settings
         self.device = torch.device(device)
@@ -77,6 +78,9 @@ class WorldSession:
         self.vae = vae
         self.text_len = text_len
         self.speed = speed  # a speed.options.SpeedPlan: its chunk levers (steps, fold) and decode levers
+        # held while the model runs (load, a part, a chunk and its decode, a rewind's rebuild): a door that lets
+        # several sessions share one model (ComfyUI: LingBot Play beside Fast Continue) passes the model's lock
+        self.model_lock = model_lock if model_lock is not None else threading.RLock()
         self.model: Optional[nn.Module] = None
         self.kv = SessionCache(placement)
         self.decoder: Optional[StreamingDecoder] = None
@@ -125,7 +129,8 @@ class WorldSession:
     def load(self) -> None:
         """Load the model now (otherwise the first chunk does)."""
         self._check_open()
-        self._ensure_model()
+        with self.model_lock:
+            self._ensure_model()
 
     def start(self, image, prompt: str) -> None:
         """A new video from an image (a path or [3, H, W] in [-1, 1]) and a prompt (encoded in a child process,
@@ -238,84 +243,86 @@ class WorldSession:
         same) -- then the video cannot be continued. release_cache_after: free the cache when its last chunk is done
         with it (the end of a batch run). on_done(state): called after the last chunk while the cache is still
         there (saving a state file). on_latent(index, x0): each chunk's latent as it is done (previews)."""
-        self._check_open()
-        latent_start = self.state.latent_frames if self.parts else 0
-        model = self._ensure_model()
-        self._ensure_cache(latent_start + part.latent_frames)
-        y = self.condition.frames(latent_start, part.latent_frames)
-        ctx = pad_context([self.context], self._text_len(model)).to(self.device)
-        decoder = self._decoder_for(on_frames)
-        run: Optional[FastRun] = None
-        t_decode = 0.0
+        with self.model_lock:  # one user of the model at a time (a door may share it between sessions)
+            self._check_open()
+            latent_start = self.state.latent_frames if self.parts else 0
+            model = self._ensure_model()
+            self._ensure_cache(latent_start + part.latent_frames)
+            y = self.condition.frames(latent_start, part.latent_frames)
+            ctx = pad_context([self.context], self._text_len(model)).to(self.device)
+            decoder = self._decoder_for(on_frames)
+            run: Optional[FastRun] = None
+            t_decode = 0.0
 
-        def on_chunk(index: int, x0: torch.Tensor) -> None:
-            nonlocal t_decode
-            if on_latent is not None:
-                on_latent(index, x0)
-            if release_cache_after and on_done is None and index == run.chunks - 1:
-                self._release_cache()  # done with it: freed while this chunk is decoded and written
-            if decoder is not None:
-                t = time.perf_counter()
+            def on_chunk(index: int, x0: torch.Tensor) -> None:
+                nonlocal t_decode
+                if on_latent is not None:
+                    on_latent(index, x0)
+                if release_cache_after and on_done is None and index == run.chunks - 1:
+                    self._release_cache()  # done with it: freed while this chunk is decoded and written
+                if decoder is not None:
+                    t = time.perf_counter()
+                    with torch.inference_mode():
+                        on_frames(self._decode(decoder, x0))
+                    t_decode += time.perf_counter() - t
+
+            t0 = time.perf_counter()
+            run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
+                             final_context=final_context, callback=self.callback, on_chunk=on_chunk,
+                             cancel_check=self.cancel_check, **self._run_options())
+            try:
                 with torch.inference_mode():
-                    on_frames(self._decode(decoder, x0))
-                t_decode += time.perf_counter() - t
-
-        t0 = time.perf_counter()
-        run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
-                         final_context=final_context, callback=self.callback, on_chunk=on_chunk,
-                         cancel_check=self.cancel_check, **self._run_options())
-        try:
-            with torch.inference_mode():
-                latent = run.run()
-        except BaseException:
-            self._after_interrupt(run)
-            raise
-        state = finish_part(run, part, self.settings, self.state, context=self.context, prompt=self.prompt,
-                            label=label or source.label or source.kind)
-        state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
-        folded = [(x.detach().to("cpu"), t) for x, t in getattr(run, "folded_inputs", [])]
-        self.parts.append(_Part(state, source, frames, part.keys, folded=folded))
-        if not final_context:
-            self._unfinished = True
-        if on_done is not None:
-            on_done(state)
-        if release_cache_after:
-            self._release_cache()
-        total = time.perf_counter() - t0
-        self.last_times = ChunkTimes(total - t_decode, t_decode, total)
-        return latent
+                    latent = run.run()
+            except BaseException:
+                self._after_interrupt(run)
+                raise
+            state = finish_part(run, part, self.settings, self.state, context=self.context, prompt=self.prompt,
+                                label=label or source.label or source.kind)
+            state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
+            folded = [(x.detach().to("cpu"), t) for x, t in getattr(run, "folded_inputs", [])]
+            self.parts.append(_Part(state, source, frames, part.keys, folded=folded))
+            if not final_context:
+                self._unfinished = True
+            if on_done is not None:
+                on_done(state)
+            if release_cache_after:
+                self._release_cache()
+            total = time.perf_counter() - t0
+            self.last_times = ChunkTimes(total - t_decode, t_decode, total)
+            return latent
 
     def step(self, keys: Union[KeyTimeline, str, None] = None) -> Iterator[ChunkFrames]:
         """One chunk steered by `keys` (a KeyTimeline, an action string, or None: no key pressed), yielding its
         frames latent frame by latent frame as they are decoded. Keys shorter than `keys_for_next_chunk()` are
         padded with frames without keys."""
-        need = self.keys_for_next_chunk()
-        timeline = self._keys(keys, need)
-        if self.vae is None:
-            raise WorldError("this session has no VAE: step() decodes the frames as they are made")
-        if self._unfinished:
-            raise WorldError("the last part skipped its final context pass; the video cannot go on")
-        source = CameraSource(keys=timeline, label="keys")
-        frames = first_part_frames(1) if not self.parts else CHUNK_VIDEO_FRAMES
-        part = self.plan_part(source, frames)
-        start_frame = self.frames
-        chunk = self.chunks
-        decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on the past)
-        t0 = time.perf_counter()
-        self._grow_ahead = True
-        self.run_part(part, source, frames)
-        t_dit = time.perf_counter() - t0
-        latent = self.state.latents[-1]
-        decoded = 0.0
-        first = start_frame
-        for i in range(latent.shape[2]):
-            t = time.perf_counter()
-            with torch.inference_mode():
-                frames_i = to_uint8(self._decode(decoder, latent[:, :, i:i + 1].to(self.device)))
-            decoded += time.perf_counter() - t
-            self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0)
-            yield ChunkFrames(chunk, first, frames_i)
-            first += frames_i.shape[0]
+        with self.model_lock:  # held across the yields: the consumer decodes on this thread
+            need = self.keys_for_next_chunk()
+            timeline = self._keys(keys, need)
+            if self.vae is None:
+                raise WorldError("this session has no VAE: step() decodes the frames as they are made")
+            if self._unfinished:
+                raise WorldError("the last part skipped its final context pass; the video cannot go on")
+            source = CameraSource(keys=timeline, label="keys")
+            frames = first_part_frames(1) if not self.parts else CHUNK_VIDEO_FRAMES
+            part = self.plan_part(source, frames)
+            start_frame = self.frames
+            chunk = self.chunks
+            decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on it)
+            t0 = time.perf_counter()
+            self._grow_ahead = True
+            self.run_part(part, source, frames)
+            t_dit = time.perf_counter() - t0
+            latent = self.state.latents[-1]
+            decoded = 0.0
+            first = start_frame
+            for i in range(latent.shape[2]):
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    frames_i = to_uint8(self._decode(decoder, latent[:, :, i:i + 1].to(self.device)))
+                decoded += time.perf_counter() - t
+                self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0)
+                yield ChunkFrames(chunk, first, frames_i)
+                first += frames_i.shape[0]
 
     def _keys(self, keys, need: int) -> KeyTimeline:
         if keys is None:
@@ -363,6 +370,10 @@ class WorldSession:
             raise WorldError(f"rewind to {parts!r}: choose a chunk boundary from 0 to {len(self.parts)}")
         if parts == len(self.parts):
             return
+        with self.model_lock:
+            self._rewind(parts)
+
+    def _rewind(self, parts: int) -> None:
         if parts == 0:
             self.parts = []
             self._reset_cache()
