@@ -20,8 +20,8 @@ from .nf4_format import LOWP_MIN_ROWS, nf4_linear_names
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight [N, K] -> (e4m3 [N, K], float32 scale [N]) with w ~= w8 * scale[:, None] (quant/fp8.py's
-    per-row quantizer, computed in float32 from `w` as given)."""
-    w8, scale = fp8.quantize_rows(w.float())
+    per-row quantizer, correctly rounded, computed in float32 from `w` as given)."""
+    w8, scale = fp8.quantize_rows(w, exact=True)
     return w8, scale.view(-1)
 
 
