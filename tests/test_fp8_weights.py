@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -382,16 +383,27 @@ def test_memory_estimate_of_an_fp8_model(release):
     assert full["nf4"] < full["fp8"] < full["bf16"]
 
 
-def test_demo_fast_model_converts_to_fp8(copy_demo):
-    from lingbot_world.loaders.demo_checkpoint import demo_fast_ready
-    from lingbot_world.world.files import FastFiles
+def test_the_demo_plays_from_fp8_weights(copy_demo, demo_text_cache):
+    import numpy as np
+
+    from lingbot_world.loaders.demo_checkpoint import DEMO_PROMPT, demo_fast_ready
+    from lingbot_world.quant.fp8_linear import Fp8Linear
+    from lingbot_world.world import FastFiles, TextSettings, WorldSession, WorldSettings
 
     root = copy_demo()
-    files = FastFiles.demo(root, weights="fp8")
+    assert not demo_fast_ready(root, "fp8")
+    files = FastFiles.demo(root, weights="fp8")  # converted from the demo's NF4 Fast model, once
     assert files.fast.name == "lingbot_world_fast_fp8" and demo_fast_ready(root, "fp8")
     fmt, note = files.check("fp8")
     assert fmt.kind == "fp8" and fmt.quant_meta["source"] == "nf4" and note is None
-    model = load_expert(files.fast, "cpu", "fp8")
-    out = torch.isfinite(model.blocks[0].self_attn.q.dequantized_weight(torch.float32)).all()
-    assert bool(out)
     assert FastFiles.demo(root).fast.name == "lingbot_world_fast_bnb_nf4"  # the NF4 demo is unchanged
+
+    settings = WorldSettings(size="64*112", weights="fp8", text=TextSettings(device="cpu", cache_dir=demo_text_cache))
+    session = WorldSession.open(files, settings, device="cpu")
+    try:
+        session.start(Path(__file__).resolve().parents[1] / "assets/examples/00/image.jpg", DEMO_PROMPT)
+        frames = np.concatenate([b.frames for b in session.step("w-8")])
+        assert frames.dtype == np.uint8 and frames.shape[1:] == (48, 112, 3) and len(frames) == 9
+        assert sum(isinstance(m, Fp8Linear) for m in session.model.modules()) == len(LINEARS)
+    finally:
+        session.close()
