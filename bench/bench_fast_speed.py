@@ -10,6 +10,9 @@ fold,steps3,window15,fp8_gemm,fp8_attn --workdir /tmp/lwfs --fresh --budget-s 47
     python -m lingbot_world.bench.bench_fast_speed --cases exact,fast,draft --workdir /tmp/lwfs --fresh \
         --budget-s 175 --out bench/results/fast_chunk_presets_h100.json      # draft ran in a 4th call, same machine
     python -m lingbot_world.bench.bench_fast_speed --tiny --out /tmp/fast_speed_tiny.json     # CPU smoke run
+    # stored FP8 weights (--weights fp8; the FP8 copy is converted once from the random NF4 expert, ~14 GB more)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_gemm,fp8_weights --workdir /tmp/lwfs \
+        --keep --budget-s 540 --min-case-s 45 --out bench/results/fast_chunk_fp8_weights_h100.json
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
@@ -26,6 +29,10 @@ outputs (the first model call's velocity and every chunk's x0) saved in --workdi
 the `exact` case's (relative L2): `error_forward` (the very first call: same inputs in every case), `error_chunks`
 (each chunk's x0, errors carried through the cache included), `error_video` (the whole latent).
 
+`fp8_weights*` cases load the FP8 copy of the same expert (`lingbot-world convert-fp8` of the NF4 folder, made once
+in --workdir by a child process): e4m3 weights read as stored by the GEMMs, no NF4 dequantization; their errors are
+against `exact`, the NF4 model, so they measure what FP8 weights and activations change.
+
 `*_profile` cases: the 4th chunk under torch.profiler instead (device seconds by kernel category, top kernels and
 operators, and the device's busy share of the chunk's unprofiled wall time).
 """
@@ -34,6 +41,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +51,7 @@ import torch
 
 from ..wan.dit.model import DiTConfig
 from .bench_fast import TINY_VIDEO, V480, fast_inputs
-from .bench_pipeline import apply_cap, bench_config, random_experts, sync
+from .bench_pipeline import PACKAGE, apply_cap, bench_config, random_experts, sync
 from .common import (
     CaseLoop,
     add_case_arguments,
@@ -69,6 +78,7 @@ CASES: dict[str, dict] = {
     # each lever alone, on top of the auto preset
     "fp8_gemm": dict(preset="auto", compile="blocks", compute="fp8", attention="sdpa"),
     "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
+    "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
     "steps3": dict(preset="auto", compile="blocks", levers=dict(steps=3)),
     "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
     "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),
@@ -80,6 +90,7 @@ CASES: dict[str, dict] = {
     "auto_profile": dict(preset="auto", compile="blocks", profile=True),
     "exact_profile": dict(preset="exact", profile=True),
     "fast_profile": dict(preset="fast", compile="blocks", profile=True),
+    "fp8_weights_profile": dict(preset="auto", compile="blocks", weights="fp8", profile=True),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
 TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
@@ -112,7 +123,9 @@ def child_case(spec: dict) -> dict:
     preset = PRESETS[spec["preset"]]
     levers = ChunkLevers(**{**preset.levers.__dict__, **spec.get("levers", {})})
     explicit = {k: spec[k] for k in ("compile", "compute", "attention") if spec.get(k)}
-    plan_speed = attach_preset(resolve_speed(preset_options(preset.name, explicit), device), preset.name)
+    weights = spec.get("weights", "nf4")
+    plan_speed = attach_preset(resolve_speed(preset_options(preset.name, explicit), device, weights=weights),
+                               preset.name)
     plan_speed.levers = levers
     out["speed"] = plan_speed.to_json()
     vae_cfg = VAEConfig.tiny() if spec["tiny"] else VAEConfig()
@@ -131,12 +144,14 @@ def child_case(spec: dict) -> dict:
                      "window_frames": window}
     vram = free_vram_bytes(device) if cuda else 1 << 60
     extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
-    plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra)
+    plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights)
     out["plan"] = plan.to_json()
+    out["weights"] = weights
     placement = FastPlacement(plan, device, lambda s: None)
     try:
         t0 = time.perf_counter()
-        model = apply_speed(placement.load_model(spec["fast"], "nf4"), plan_speed)
+        model = apply_speed(placement.load_model(spec["fast_fp8" if weights == "fp8" else "fast"], weights),
+                            plan_speed)
         sync(device)
         out["load_s"] = round(time.perf_counter() - t0, 3)
         cache = placement.make_cache()
@@ -313,7 +328,8 @@ def summarize(res: dict, workdir: Path) -> dict:
         mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731
         # the whole video (every frame decoded) over its chunks: with an overlapped decode a chunk's own time
         # holds the decode of the chunk before, so only the video's time compares across cases
-        row = {"preset": r["speed"]["preset"], "speed": {k: r["speed"][k] for k in ("compile", "compute", "attention")},
+        row = {"preset": r["speed"]["preset"], "weights": r.get("weights", "nf4"),
+               "speed": {k: r["speed"][k] for k in ("compile", "compute", "attention")},
                "levers": r["speed"]["levers"], "mean_chunk_s": round(r["video_s"] / len(chunks), 4),
                "mean_dit_s": mean(r["dit_s"]), "mean_decode_s": mean(r["decode_s"]), "first_chunk_s": chunks[0],
                "calls_per_chunk": r["calls_per_chunk"],
@@ -350,7 +366,8 @@ def print_report(res: dict) -> None:
                   f"{json.dumps(row.get('device_split_s'))} | | | | | | | | | |")
             continue
         errs = row.get("error_chunks") or []
-        print(f"| {name} | {row['preset']} {json.dumps(row['speed'])} {json.dumps(row['levers'])} | "
+        print(f"| {name} | {row['preset']} {row.get('weights', 'nf4')} weights {json.dumps(row['speed'])} "
+              f"{json.dumps(row['levers'])} | "
               f"{row['mean_chunk_s']} | {row['mean_dit_s']} | {row['mean_decode_s']} | {row['fps']} | "
               f"{row.get('error_forward', '-')} | {errs[0] if errs else '-'} / {errs[-1] if errs else '-'} | "
               f"{row['peak_reserved_gb']} GB | {row['smi_peak_gb']} GB | {row['peak_rss_gb']} GB |")
@@ -368,23 +385,46 @@ def run(args) -> dict:
                            f"errors: relative L2 against the '{REFERENCE}' case's outputs (same seed and inputs)"])
     paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4"}
     experts = random_experts(loop, paths, {"fast": cfg}, device)
+    fp8_path = workdir / "lingbot_world_fast_fp8"
+    if any(CASES[c].get("weights") == "fp8" for c in args.cases):
+        loop.res["fp8_copy"] = fp8_copy(paths["fast"], fp8_path, device, timeout=max(60.0, loop.remaining()))
+        loop.save()
 
     def run_case(name: str, timeout: float) -> dict:
         c = CASES[name]
         video = TINY_VIDEO["fast"] if args.tiny else V480
         spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
                 "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
+                "fast_fp8": str(fp8_path),
                 "cap_gib": 24 if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
-                                                       "profile", "save_frames")}}
+                                                       "profile", "save_frames", "weights")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
                 spec["levers"] = {**spec["levers"], "decode_bf16": False}  # CPU autocast: minutes on 2 cores
         return run_case_child(spec, workdir, timeout, MODULE)
 
-    return loop.run(run_case, workdir, written=paths.values())
+    return loop.run(run_case, workdir, written=[*paths.values(), fp8_path])
+
+
+def fp8_copy(nf4: Path, out: Path, device: str, timeout: float) -> dict:
+    """The FP8 copy of the random NF4 expert (`lingbot-world convert-fp8`, in a child process so this one never
+    touches the GPU), reused while it is newer than the NF4 file."""
+    weights = out / "model.safetensors"
+    if weights.is_file() and weights.stat().st_mtime >= (nf4 / "model.safetensors").stat().st_mtime:
+        return {"path": str(out), "reused": True}
+    if out.exists():
+        shutil.rmtree(out)  # a copy of an older NF4 expert (the converter never replaces a folder)
+    print(f"[fp8] converting {nf4.name} to FP8 in {out} ...", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", PACKAGE, "convert-fp8", str(nf4), str(out), "--device", device],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"convert-fp8 failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    stats = json.loads(proc.stdout[proc.stdout.index("{"):])
+    return {"path": str(out), "made_s": round(time.perf_counter() - t0, 1), "stats": stats}
 
 
 def main(argv=None) -> int:

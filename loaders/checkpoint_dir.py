@@ -6,7 +6,8 @@ Community NF4 (`cahlen/lingbot-world-base-cam-nf4`): high_noise_model_bnb_nf4/, 
 the same T5 and VAE files, tokenizer/.
 When both expert flavours are present the NF4 folders win (they are what fits a consumer GPU).
 Fast (`robbyant/lingbot-world-fast`, placed as `lingbot_world_fast/` inside the base-cam folder, or its NF4 copy
-`lingbot_world_fast_bnb_nf4/`): one causal model; it reuses the base package's T5, tokenizer and VAE.
+`lingbot_world_fast_bnb_nf4/`, or its FP8 copy `lingbot_world_fast_fp8/` from `lingbot-world convert-fp8`, read with
+`--weights fp8`): one causal model; it reuses the base package's T5, tokenizer and VAE.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ T5_FILES = ("models_t5_umt5-xxl-enc-bf16.pth", "umt5_xxl_fp16.safetensors", "umt
 VAE_FILES = ("Wan2.1_VAE.pth", "wan_2.1_vae.safetensors")
 TOKENIZER_DIRS = ("tokenizer", "google/umt5-xxl")
 FAST_DIRS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
+FAST_FP8_DIR = "lingbot_world_fast_fp8"
+# --weights fp8: the FP8 copy, else the official float folder (quantized to FP8 while loading); never the NF4 one
+FAST_FP8_DIRS = (FAST_FP8_DIR, FAST_DIRS[1])
 
 
 @dataclass
@@ -81,17 +85,19 @@ def _shared_files(root: Path) -> tuple[Path, Path, Optional[Path]]:
     return t5, vae, tok
 
 
-def find_fast_checkpoint_files(root) -> FastCheckpointFiles:
+def find_fast_checkpoint_files(root, weights: str = "nf4") -> FastCheckpointFiles:
     """The Fast model folder and the base package's T5 / VAE / tokenizer from the same release folder.
 
-    The NF4 copy wins over the official folder when both are there. The Fast model may also sit one level up
-    (the release's own layout puts `lingbot_world_fast/` inside `lingbot-world-base-cam/`, so `root` may be either).
+    The NF4 copy wins over the official folder when both are there; weights "fp8" looks for the FP8 copy, then
+    the official folder. The Fast model may also sit one level up (the release's own layout puts
+    `lingbot_world_fast/` inside `lingbot-world-base-cam/`, so `root` may be either).
     """
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder {root} does not exist")
-    fast = next((root / d for d in FAST_DIRS if (root / d).is_dir()), None)
-    if fast is None and root.name in FAST_DIRS:  # --ckpt-dir pointed at the Fast folder itself
+    dirs = FAST_FP8_DIRS if weights == "fp8" else FAST_DIRS
+    fast = next((root / d for d in dirs if (root / d).is_dir()), None)
+    if fast is None and root.name in (*FAST_DIRS, FAST_FP8_DIR):  # --ckpt-dir pointed at the Fast folder itself
         fast, root = root, root.parent
     try:
         t5, vae, tok = _shared_files(root)
@@ -99,6 +105,11 @@ def find_fast_checkpoint_files(root) -> FastCheckpointFiles:
         if fast is None:
             raise FileNotFoundError(f"{root}: no Fast model folder ({' or '.join(FAST_DIRS)}) and {e}") from None
         raise
+    if fast is None and weights == "fp8":
+        raise FileNotFoundError(
+            f"{root}: no FP8 Fast model folder (looked for {', '.join(FAST_FP8_DIRS)}); make it with `lingbot-world "
+            f"convert-fp8 {root / FAST_DIRS[1]} {root / FAST_FP8_DIR}` (or from {FAST_DIRS[0]}/, with the NF4 "
+            "error kept), or use --weights nf4")
     if fast is None:
         raise FileNotFoundError(
             f"{root}: no Fast model folder (looked for {', '.join(FAST_DIRS)}). Download robbyant/lingbot-world-fast "

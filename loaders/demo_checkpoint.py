@@ -24,7 +24,8 @@ from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from ..wan.vae.model import VAEConfig, WanVAE
 from .atomic import atomic_dir
-from .checkpoint_dir import FAST_DIRS, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files, find_fast_checkpoint_files
+from .checkpoint_dir import (FAST_DIRS, FAST_FP8_DIR, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files,
+                             find_fast_checkpoint_files)
 
 DEMO_VERSION = 1
 MANIFEST = "lingbot_demo.json"
@@ -75,7 +76,7 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "spiece.model").write_bytes(model.getvalue())
 
 
-DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", FAST_DIRS[0],
+DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", FAST_DIRS[0], FAST_FP8_DIR,
                           "models_t5_umt5-xxl-enc-bf16.pth", "google", "Wan2.1_VAE.pth", MANIFEST})
 
 
@@ -157,14 +158,28 @@ def _write_fast_model(root: Path, seed: int) -> None:
     make_random_nf4_expert(dit_cfg, root / FAST_DIRS[0], device="cpu", seed=seed + 2)
 
 
-def demo_fast_ready(root: Optional[Path] = None) -> bool:
-    """Is the demo folder with its Fast model there already (nothing to build)?"""
+def demo_fast_ready(root: Optional[Path] = None, weights: str = "nf4") -> bool:
+    """Is the demo folder with its Fast model (in `weights`' format) there already (nothing to build)?"""
     root = Path(root).expanduser() if root is not None else default_demo_dir()
-    return (root / MANIFEST).is_file() and (root / FAST_DIRS[0] / "config.json").is_file()
+    ready = (root / MANIFEST).is_file() and (root / FAST_DIRS[0] / "config.json").is_file()
+    return ready and (weights != "fp8" or (root / FAST_FP8_DIR / "config.json").is_file())
 
 
-def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0) -> FastCheckpointFiles:
-    """The demo folder with its tiny Fast model (added to a demo folder made before the Fast model existed)."""
+def _add_fp8_fast_model(root: Path) -> None:
+    """The demo's Fast model converted to FP8 (from its NF4 weights: they are all the demo has) beside it, once."""
+    from .fp8_writer import convert_to_fp8
+
+    if (root / FAST_FP8_DIR / "config.json").is_file():
+        return
+    try:
+        convert_to_fp8(root / FAST_DIRS[0], root / FAST_FP8_DIR, device="cpu")
+    except FileExistsError:  # another process converted it first (the folder appears only when complete)
+        pass
+
+
+def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0, weights: str = "nf4") -> FastCheckpointFiles:
+    """The demo folder with its tiny Fast model (added to a demo folder made before the Fast model existed);
+    weights "fp8" adds its FP8 copy (`lingbot_world_fast_fp8/`) and returns that."""
     root = Path(build_demo_checkpoint(root, seed).root)
     if not (root / FAST_DIRS[0] / "config.json").is_file():
         tmp = root / f".fast.tmp{os.getpid()}"
@@ -176,7 +191,9 @@ def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0) -> Fa
                 os.replace(tmp / FAST_DIRS[0], root / FAST_DIRS[0])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return find_fast_checkpoint_files(root)
+    if weights == "fp8":
+        _add_fp8_fast_model(root)
+    return find_fast_checkpoint_files(root, weights)
 
 
 def demo_vae_config(root: Path) -> Optional[VAEConfig]:

@@ -1,11 +1,13 @@
 """Load one DiT expert straight onto a device: meta model -> NF4 shells -> tensors streamed in one at a time.
 
 No full-size float weight ever exists on the host, and no empty module is copied to the GPU: the model is built
-on `meta`, its linears are swapped for `NF4Linear` shells (mode "nf4"), every key of the file(s) is checked
-against the model from the headers alone, and then each tensor is read from disk to the target device and put
-in place (`module._parameters[name] = ...`). Float linear weights (official release) are quantized on the
-target device as they arrive. On any failure everything already placed is dropped and the CUDA cache emptied
-before the error propagates, so nothing half-loaded stays on the GPU.
+on `meta`, its linears are swapped for `NF4Linear` shells (mode "nf4") or `Fp8Linear` shells (mode "fp8"), every
+key of the file(s) is checked against the model from the headers alone, and then each tensor is read from disk to
+the target device and put in place (`module._parameters[name] = ...`). Float linear weights (official release)
+are quantized on the target device as they arrive; stored NF4 / FP8 linears are used as stored in their own mode
+and dequantized in "bf16" mode. An NF4 file is not loaded as FP8 nor the reverse (`check_mode` says which flag or
+converter to use). On any failure everything already placed is dropped and the CUDA cache emptied before the
+error propagates, so nothing half-loaded stays on the GPU.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import torch
 import torch.nn as nn
 
 from ..wan.dit.model import StateDictMismatch, WanDiT
-from .expert_format import ExpertFormat, detect_format, load_pt_state_dict
+from .expert_format import ExpertFormat, ExpertLoadError, detect_format, load_pt_state_dict
+from ..quant.fp8_format import SCALE_SUFFIX, WEIGHT_DTYPE as FP8_DTYPE
 from ..quant.nf4_format import (
     NF4_COMPONENT_DTYPES,
     NF4_COMPONENTS,
@@ -32,7 +35,7 @@ from ..quant.nf4_format import (
 )
 from .safetensors_stream import iter_tensors, read_header
 
-MODES = ("nf4", "bf16")
+MODES = ("nf4", "bf16", "fp8")
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -83,16 +86,33 @@ class _Plan:
     linears: dict  # linear name -> (out, in)
     packed: dict  # linear name -> set of stored components ("" = the codes)
     float_linear: set  # linear names whose weight is stored as a float tensor
+    fp8: dict  # linear name -> stored FP8 pieces ("weight", "scale")
 
 
-def _plan(model: WanDiT, nf4: bool, files: dict[str, tuple[torch.dtype, tuple]], sources: dict[str, Path]) -> _Plan:
+def _fp8_piece(key: str, dtype: Optional[torch.dtype], linears) -> tuple[Optional[str], Optional[str]]:
+    """(linear, "weight" | "scale") for a stored FP8 piece: an e4m3 linear weight or a linear's weight_scale."""
+    if key.endswith(SCALE_SUFFIX) and key[: -len(SCALE_SUFFIX)] in linears:
+        return key[: -len(SCALE_SUFFIX)], "scale"
+    if dtype == FP8_DTYPE and key.endswith(".weight") and key[:-7] in linears:
+        return key[:-7], "weight"
+    return None, None
+
+
+def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tuple]], sources: dict[str, Path]) -> _Plan:
+    """quantized: the model's linears are NF4 or FP8 shells (their weights are not plain parameters)."""
     linear_names = nf4_linear_names(model.cfg.num_layers)
     linears = {}
     for name in linear_names:
         m = model.get_submodule(name)
         linears[name] = (m.out_features, m.in_features)
-    plain = {k: tuple(p.shape) for k, p in model.named_parameters() if not (nf4 and k[:-7] in linears and k.endswith(".weight"))}
+
+    def linear_weight(k: str) -> bool:
+        return (k.endswith(".weight") and k[:-7] in linears or k.endswith(SCALE_SUFFIX)
+                and k[: -len(SCALE_SUFFIX)] in linears)
+
+    plain = {k: tuple(p.shape) for k, p in model.named_parameters() if not (quantized and linear_weight(k))}
     packed: dict[str, set] = {}
+    fp8: dict[str, set] = {}
     float_linear: set = set()
     problems: list[str] = []
     unexpected: list[str] = []
@@ -103,7 +123,16 @@ def _plan(model: WanDiT, nf4: bool, files: dict[str, tuple[torch.dtype, tuple]],
         return f"{sources[k].name}: {k}"
 
     for k, (dtype, shape) in files.items():
-        owner, comp = None, None
+        owner, comp = _fp8_piece(k, dtype, linears)
+        if owner is not None:
+            fp8.setdefault(owner, set()).add(comp)
+            out_f, in_f = linears[owner]
+            want_dtype, want_shape = (FP8_DTYPE, (out_f, in_f)) if comp == "weight" else (torch.float32, (out_f,))
+            if dtype != want_dtype:
+                problems.append(f"  {where(k)} has dtype {dtype}, FP8 stores it as {want_dtype}")
+            if shape != want_shape:
+                problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {want_shape}")
+            continue
         if k.endswith(".weight") and k[:-7] in linears:
             owner, comp = k[:-7], ""
             if k + "." + QUANT_STATE_KEY not in files:
@@ -123,7 +152,7 @@ def _plan(model: WanDiT, nf4: bool, files: dict[str, tuple[torch.dtype, tuple]],
             if comp in ("", "quant_map", "nested_quant_map") and shape != exp:
                 problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {exp} (NF4 of a {linears[owner]} weight)")
             continue
-        if k.endswith(".weight") and k[:-7] in linears and nf4:
+        if k.endswith(".weight") and k[:-7] in linears and quantized:
             float_linear.add(k[:-7])
             exp = linears[k[:-7]]
         elif k in plain:
@@ -144,11 +173,15 @@ def _plan(model: WanDiT, nf4: bool, files: dict[str, tuple[torch.dtype, tuple]],
         for c in sorted(need - comps):
             label = f"{name}.weight" + (f".{c}" if c else "")
             missing.append(f"  missing key {label} (a piece of the NF4 linear {name}; the file is incomplete)")
+    for name, comps in fp8.items():
+        for c in sorted({"weight", "scale"} - comps):
+            label = f"{name}.weight" if c == "weight" else name + SCALE_SUFFIX
+            missing.append(f"  missing key {label} (a piece of the FP8 linear {name}; the file is incomplete)")
     for name in linears:
-        if name not in packed and name not in float_linear and f"{name}.weight" not in files:
+        if name not in packed and name not in float_linear and name not in fp8 and f"{name}.weight" not in files:
             missing.append(f"  missing key {name}.weight (model expects {linears[name]})")
     for k, shape in plain.items():
-        if k not in files and not (k.endswith(".weight") and k[:-7] in packed):
+        if k not in files and not (k.endswith(".weight") and (k[:-7] in packed or k[:-7] in fp8)):
             missing.append(f"  missing key {k} (model expects shape {shape})")
     lines = problems + missing + unexpected
     if lines:
@@ -160,7 +193,7 @@ def _plan(model: WanDiT, nf4: bool, files: dict[str, tuple[torch.dtype, tuple]],
             + more
             + "\nCheck that config.json belongs to these weights and that the files are a complete LingBot-World expert."
         )
-    return _Plan(plain, linears, packed, float_linear)
+    return _Plan(plain, linears, packed, float_linear, fp8)
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -204,7 +237,8 @@ def _stream(fmt: ExpertFormat, device: torch.device, pt_sd,
 
 
 def _weight_to_host(model: nn.Module, linear: str) -> None:
-    """Move one linear's weight (NF4 codes and their QuantState, or a plain weight) to the CPU."""
+    """Move one linear's weight (NF4 codes and their QuantState, an FP8 weight and its scale, or a plain weight)
+    to the CPU."""
     from ..quant.nf4 import NF4Linear
 
     mod = model.get_submodule(linear)
@@ -212,8 +246,11 @@ def _weight_to_host(model: nn.Module, linear: str) -> None:
     if isinstance(mod, NF4Linear):
         w.quant_state.to("cpu")  # in place: absmax, code and the nested state
         w.data = w.data.cpu()
-    else:
-        mod._parameters["weight"] = nn.Parameter(w.data.cpu(), requires_grad=False)
+        return
+    for name in ("weight", "weight_scale"):
+        p = mod._parameters.get(name)
+        if p is not None:
+            mod._parameters[name] = nn.Parameter(p.data.cpu(), requires_grad=False)
 
 
 def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
@@ -225,6 +262,7 @@ def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
 def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tuple[int, int]:
     """(bytes of the weights incl. NF4 statistics, logical parameter count); with `device`, only the weights
     that are on it are counted (block swap keeps some in host memory)."""
+    from ..quant.fp8_linear import Fp8Linear
     from ..quant.nf4 import NF4Linear
 
     nbytes = count = 0
@@ -239,6 +277,8 @@ def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tup
                     parts += [qs.state2.absmax, qs.state2.code, qs.offset]
                 held = sum(t.numel() * t.element_size() for t in parts)
                 count += m.out_features * m.in_features
+            elif name == "weight_scale" and isinstance(m, Fp8Linear):
+                held = p.numel() * p.element_size()  # statistics, like NF4's absmax: bytes, no parameters
             else:
                 held = p.numel() * p.element_size()
                 count += p.numel()
@@ -249,19 +289,28 @@ def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tup
 
 def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress,
                host: Optional[Callable[[str], bool]] = None) -> tuple[WanDiT, ExpertInfo]:
-    from ..quant.nf4 import replace_linears_with_nf4
-
     t0 = time.perf_counter()
     nf4 = mode == "nf4"
     param_dtype = compute_dtype  # unquantized tensors are kept in the compute dtype
     model = WanDiT(fmt.config, device="meta", dtype=param_dtype)
     if nf4:
+        from ..quant.nf4 import replace_linears_with_nf4
+
         replace_linears_with_nf4(model, fmt.config.num_layers, compute_dtype)
+    elif mode == "fp8":
+        from ..quant.fp8_linear import replace_linears_with_fp8
+
+        replace_linears_with_fp8(model, fmt.config.num_layers, compute_dtype)
     keys, sources, pt_sd = _file_keys(fmt)
-    plan = _plan(model, nf4, keys, sources)
+    plan = _plan(model, mode != "bf16", keys, sources)
     total = sum(math.prod(s) * d.itemsize for d, s in keys.values())
     pending: dict[str, dict] = {}
+    pending_fp8: dict[str, dict] = {}
     done = tensors = 0
+
+    def fp8_owner(key: str) -> tuple[Optional[str], Optional[str]]:
+        owner, comp = _fp8_piece(key, keys[key][0], plan.linears)
+        return (owner, comp) if owner in plan.fp8 else (None, None)
 
     def packed_owner(key: str) -> tuple[Optional[str], Optional[str]]:
         if key.endswith(".weight") and key[:-7] in plan.packed:
@@ -270,9 +319,12 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
         return (head, tail) if sep and head in plan.packed else (None, None)
 
     def transformed_on_device(key: str) -> bool:
-        """Quantized (float file, nf4 mode) or dequantized (NF4 file, bf16 mode): done on the device, then moved."""
+        """Quantized (float file, nf4/fp8 mode) or dequantized (NF4/FP8 file, bf16 mode): done on the device, then
+        moved."""
         if packed_owner(key)[0] is not None:
             return not nf4
+        if fp8_owner(key)[0] is not None:
+            return mode != "fp8"
         return key.endswith(".weight") and key[:-7] in plan.float_linear
 
     to_host = host if host is not None and device.type != "cpu" else (lambda k: False)
@@ -282,7 +334,15 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
 
     for key, t, nbytes in _stream(fmt, device, pt_sd, read_on_host):
         owner, comp = packed_owner(key)
-        if owner is not None:
+        fp8_name, fp8_comp = fp8_owner(key)
+        if fp8_name is not None:
+            pieces = pending_fp8.setdefault(fp8_name, {})
+            pieces[fp8_comp] = t
+            if len(pieces) == 2:
+                _finish_fp8(model, fp8_name, pending_fp8.pop(fp8_name), mode, f"{sources[key]}: {fp8_name}")
+                if mode != "fp8" and to_host(key):
+                    _weight_to_host(model, fp8_name)
+        elif owner is not None:
             pieces = pending.setdefault(owner, {})
             pieces[comp] = t
             if len(pieces) == len(plan.packed[owner]):
@@ -302,8 +362,9 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
         if progress is not None:
             progress(done, total)
     left = [n for n, p in model.named_parameters() if p.is_meta]
-    if left or pending:
-        raise StateDictMismatch(f"{fmt.path}: not filled after reading every tensor: {(left + list(pending))[:10]}")
+    if left or pending or pending_fp8:
+        raise StateDictMismatch(f"{fmt.path}: not filled after reading every tensor: "
+                                f"{(left + list(pending) + list(pending_fp8))[:10]}")
     model.compute_dtype = compute_dtype
     model.requires_grad_(False).eval()
     if device.type == "cuda":
@@ -328,6 +389,31 @@ def _finish_packed(model: WanDiT, name: str, pieces: dict, nf4: bool, where: str
     _set_param(model, f"{name}.weight", tmp.dequantized_weight(torch.bfloat16))
 
 
+def _finish_fp8(model: WanDiT, name: str, pieces: dict, mode: str, where: str) -> None:
+    """A stored FP8 pair: kept as stored (fp8 mode) or dequantized to a plain bf16 weight (bf16 mode)."""
+    from ..quant.fp8_linear import Fp8Linear, dequantize
+
+    mod = model.get_submodule(name)
+    if isinstance(mod, Fp8Linear):
+        mod.load_stored(pieces["weight"], pieces["scale"], where)
+        return
+    Fp8Linear(mod.in_features, mod.out_features, bias=False).load_stored(pieces["weight"], pieces["scale"], where)
+    _set_param(model, f"{name}.weight", dequantize(pieces["weight"], pieces["scale"], torch.bfloat16))
+
+
+def check_mode(fmt: ExpertFormat, mode: str) -> None:
+    """Refuse loading stored NF4 weights as FP8 and the reverse, in one line naming the file and the way out."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose one of {MODES}")
+    if mode == "fp8" and fmt.weights == "nf4":
+        raise ExpertLoadError(
+            f"{fmt.path} holds NF4 weights; --weights fp8 reads an FP8 folder: make one with `lingbot-world "
+            "convert-fp8 SRC OUT` (from the official bf16 folder for the least error), or use --weights nf4")
+    if mode == "nf4" and fmt.weights == "fp8":
+        raise ExpertLoadError(f"{fmt.path} holds FP8 weights (lingbot_fp8); load it with --weights fp8 (or bf16), "
+                              "or pick the NF4 folder for --weights nf4")
+
+
 def _resolve(device, mode: str, compute_dtype: Optional[torch.dtype]) -> tuple[torch.device, torch.dtype]:
     device = torch.device(device)
     if device.type == "cuda":
@@ -337,6 +423,10 @@ def _resolve(device, mode: str, compute_dtype: Optional[torch.dtype]) -> tuple[t
             device = torch.device("cuda", torch.cuda.current_device())
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: choose one of {MODES}")
+    if mode == "fp8":
+        from ..quant.compute import check_fp8_weights
+
+        check_fp8_weights(device)
     if mode == "bf16":
         if compute_dtype not in (None, torch.bfloat16):
             raise ValueError(f"mode 'bf16' computes in bfloat16; compute_dtype={compute_dtype} is not possible")
@@ -358,6 +448,7 @@ def load_expert_with_info(
     """Like `load_expert`, also returning the load statistics."""
     device, compute_dtype = _resolve(device, mode, compute_dtype)
     fmt = path if isinstance(path, ExpertFormat) else detect_format(path)
+    check_mode(fmt, mode)
     try:
         return _load_into(fmt, device, mode, compute_dtype, progress, host)
     except BaseException as exc:
@@ -381,7 +472,9 @@ def load_expert(
     """Load an expert (any kind `detect_format` knows) onto `device`.
 
     mode "nf4": the 569 linears become bnb NF4 (pre-quantized files are used as stored; float files are
-    quantized on `device`); "bf16": plain bf16 model. compute_dtype: dtype of the GEMMs and of the
+    quantized on `device`); "fp8": the same linears become `Fp8Linear` (an FP8 folder's e4m3 weights and scales
+    as stored; float files quantized on `device`; the device must run FP8, see quant.compute.check_fp8_weights;
+    NF4 files are refused, see `check_mode`); "bf16": plain bf16 model. compute_dtype: dtype of the GEMMs and of the
     unquantized parameters (default bf16 on CUDA, float32 on CPU; "bf16" mode is always bf16).
     progress(done_bytes, total_bytes) is called after each tensor; raising from it cancels the load cleanly.
     host(key) -> True keeps that tensor in host memory instead (block swap: the streamed blocks); weights that
@@ -396,10 +489,9 @@ def load_expert(
 def check_expert_keys(fmt: ExpertFormat, mode: str = "nf4") -> None:
     """Every tensor the model needs is in the file(s) with the right shape, from the headers alone (nothing read):
     raises StateDictMismatch naming the missing or wrong tensors. Lets a caller refuse before expensive work."""
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: choose one of {MODES}")
+    check_mode(fmt, mode)
     # Plain linears on `meta` have the NF4 shells' names and (out, in) features, all the key plan reads: the check
     # needs no bitsandbytes (the CLI imports it in the background meanwhile).
     model = WanDiT(fmt.config, device="meta")
     keys, sources, _ = _file_keys(fmt)
-    _plan(model, mode == "nf4", keys, sources)
+    _plan(model, mode != "bf16", keys, sources)

@@ -165,7 +165,7 @@ def convert_official_to_nf4(
     """Official (or any plain) expert -> community NF4 folder. Tensors stream to `device` and are quantized there."""
     fmt = detect_format(src)
     if fmt.quantized:
-        raise ExpertLoadError(f"{src} is already NF4 ({fmt.kind}); nothing to convert")
+        raise ExpertLoadError(f"{src} is already quantized ({fmt.kind}); convert the official float folder")
     device = torch.device(device) if device is not None else default_quant_device()
     total = fmt.file_bytes
     prefix = fmt.key_prefix

@@ -19,8 +19,7 @@ import comfy.lora
 from comfy.weight_adapter import LoRAAdapter
 
 from ..loaders.lora_files import LoraSet
-from ..quant.lora import LinearLora, LowRank, WeightPatch, lora_scale
-from ..quant.nf4 import NF4Linear
+from ..quant.lora import QUANTIZED, LinearLora, LowRank, WeightPatch, lora_scale
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def hooks_from_patches(patches: Mapping[str, list], model: nn.Module
                        ) -> tuple[dict[str, LinearLora], dict[str, WeightPatch]]:
     """ModelPatcher.patches ({"diffusion_model.<key>": [(strength, adapter, strength_model, offset, fn), ...]})
     -> (linear hooks, plain-tensor patches) for `quant.lora.apply_lora`."""
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, (NF4Linear, nn.Linear))}
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, (*QUANTIZED, nn.Linear))}
     terms: dict[str, list[LowRank]] = {}
     weight_patches: dict[str, list[WeightPatch]] = {}
     biases: dict[str, torch.Tensor] = {}

@@ -1,4 +1,5 @@
-"""Which GEMM precision a GPU can run for the NF4 linears (bf16 / FP8 / INT8), checked with a tiny real GEMM."""
+"""Which GEMM precision a GPU can run for the NF4 linears (bf16 / FP8 / INT8), checked with a tiny real GEMM, and
+whether it runs stored FP8 weights (`--weights fp8`)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -80,3 +81,35 @@ def auto_mode(device: torch.device) -> tuple[str, str]:
         problem = unavailable_reason("int8", device)
         return ("int8", f"{arch} has no FP8 but runs INT8 at 4x bf16") if problem is None else ("bf16", problem)
     return "bf16", f"{arch}: no faster GEMM path than bf16"
+
+
+class Fp8WeightsUnsupported(ValueError):
+    """`--weights fp8` asked for on a device whose tensor cores have no FP8 (a choice the user can change)."""
+
+
+def fp8_weights_unavailable(device: torch.device) -> Optional[str]:
+    """Why stored FP8 weights (`--weights fp8`) cannot run on `device`, or None. The CPU runs the float32
+    emulation of the FP8 GEMM (tests, the demo); a GPU needs FP8 tensor cores (sm89+) and torch._scaled_mm."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    cap = _capability(device)
+    if cap is None:
+        return f"--weights fp8 runs on a CUDA GPU with FP8 tensor cores or on the CPU, not on {device.type}"
+    if cap < (8, 9):
+        return (f"--weights fp8 needs an Ada/Hopper GPU (sm89+); this card is sm{cap[0]}{cap[1]}: "
+                "use --weights nf4")
+    if not hasattr(torch, "_scaled_mm"):
+        return f"--weights fp8: this torch {torch.__version__} has no FP8 matmul (torch._scaled_mm); update torch"
+    problem = _probe("fp8", device)
+    if problem:
+        return f"--weights fp8: a test FP8 GEMM failed on {torch.cuda.get_device_name(device)} ({problem}); " \
+               "use --weights nf4"
+    return None
+
+
+def check_fp8_weights(device: torch.device) -> None:
+    """Raise Fp8WeightsUnsupported (one line) before anything loads when `--weights fp8` cannot run here."""
+    problem = fp8_weights_unavailable(device)
+    if problem:
+        raise Fp8WeightsUnsupported(problem)

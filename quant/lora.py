@@ -1,9 +1,10 @@
 """LoRA on the DiT's linears without a float copy of the expert: applied on the fly, or merged once into NF4.
 
 One hook per linear, the module attribute `lora` (a `LinearLora`), read in three places:
-- `NF4Linear.forward`: the low-rank terms are added to the output of the quantized GEMM,
-  `y = x W_nf4^T + b + sum_i s_i (x A_i^T) B_i^T` (A = down [r, in], B = up [out, r], s = strength * alpha / r);
-  weight patches (any other adapter kind) patch the dequantized weight between "dequantize" and "GEMM";
+- `NF4Linear.forward` (and `Fp8Linear.forward`, stored FP8 weights): the low-rank terms are added to the output of
+  the quantized GEMM, `y = x W_nf4^T + b + sum_i s_i (x A_i^T) B_i^T` (A = down [r, in], B = up [out, r],
+  s = strength * alpha / r); weight patches (any other adapter kind) patch the dequantized weight between
+  "dequantize" and "GEMM" (FP8: the patched weight is quantized to FP8 again for the GEMM);
 - `wan.dit.blocks.linear_fp32` (time embedding, head): the merged float32 weight `W + sum s_i B_i A_i`;
 - plain `nn.Linear` (bf16 weight mode): the same terms through a forward hook (`attach`).
 
@@ -12,8 +13,8 @@ so stacking LoRAs costs one extra pair of thin GEMMs per linear, not one per LoR
 (the term is dropped, so the output is bit-identical to no LoRA).
 
 On-the-fly vs merged: the on-the-fly output is the NF4 base plus the *exact* low-rank term; "merge" re-quantizes
-`W + dW` to NF4 once (no per-step cost, but the LoRA's contribution is rounded to NF4 too, and removing the LoRA
-means reloading the expert).
+`W + dW` to NF4 (FP8 weights: to FP8 per output channel) once (no per-step cost, but the LoRA's contribution is
+rounded too, and removing the LoRA means reloading the expert).
 """
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .fp8_linear import Fp8Linear
 from .nf4 import NF4Linear
+
+QUANTIZED = (NF4Linear, Fp8Linear)  # linears that read `lora` in their own forward (no hook)
 
 WeightPatch = Callable[[torch.Tensor], torch.Tensor]  # float32 weight -> patched float32 weight (same shape)
 
@@ -151,12 +155,12 @@ def _plain_linear_hook(module: nn.Linear, inputs, output):
 
 
 def attach(module: nn.Module, lora: LinearLora) -> None:
-    """Hang `lora` on one linear (NF4Linear reads it in forward; a plain nn.Linear gets a forward hook)."""
+    """Hang `lora` on one linear (NF4Linear / Fp8Linear read it in forward; a plain nn.Linear gets a forward hook)."""
     detach(module)
-    if not isinstance(module, (NF4Linear, nn.Linear)):
+    if not isinstance(module, (*QUANTIZED, nn.Linear)):
         raise TypeError(f"LoRA can only be attached to a linear layer, not {type(module).__name__}")
     module.lora = lora
-    if not isinstance(module, NF4Linear):
+    if not isinstance(module, QUANTIZED):
         module._lora_hook = module.register_forward_hook(_plain_linear_hook)
 
 
@@ -168,9 +172,9 @@ def detach(module: nn.Module) -> None:
 
 
 def merge(module: nn.Module, lora: LinearLora) -> None:
-    """Merge a LoRA into the linear's weight for good: NF4 is re-quantized from `W + dW` (bf16 first, like every
-    NF4 weight of the pack), a plain weight is replaced in its own dtype."""
-    if isinstance(module, NF4Linear):
+    """Merge a LoRA into the linear's weight for good: NF4 / FP8 are re-quantized from `W + dW` (bf16 first, like
+    every quantized weight of the pack), a plain weight is replaced in its own dtype."""
+    if isinstance(module, QUANTIZED):
         module.load_float_weight(lora.merged_weight(module.dequantized_weight(torch.float32)))
     elif isinstance(module, nn.Linear):
         w = module.weight
@@ -242,7 +246,7 @@ def apply_lora(
             mod_name, _, pname = key.rpartition(".")
             mod = model.get_submodule(mod_name) if mod_name else model
             old = mod._parameters.get(pname)
-            if old is None or isinstance(mod, NF4Linear) and pname == "weight":
+            if old is None or isinstance(mod, QUANTIZED) and pname in ("weight", "weight_scale"):
                 raise KeyError(f"{key} is not a plain parameter of this model")
             new = patch(old.data.to(torch.float32, copy=True)).to(old.dtype)
             if tuple(new.shape) != tuple(old.shape):

@@ -29,6 +29,7 @@ from bitsandbytes.nn import Linear4bit, Params4bit
 from . import fp8, fp16acc, int8
 from .nf4_format import (  # noqa: F401 - the format's names, re-exported for the callers of this module
     BLOCK_NF4_LINEARS,
+    LOWP_MIN_ROWS,
     NESTED_BLOCKSIZE,
     NF4_BLOCKSIZE,
     NF4_COMPONENT_DTYPES,
@@ -46,9 +47,6 @@ from .nf4_format import (  # noqa: F401 - the format's names, re-exported for th
 # compute dtype (exact), re-quantized per row to FP8 / INT8 for the low-precision tensor cores, or fp16 GEMMs with
 # fp16 accumulation (GeForce cards' 2x mode).
 COMPUTE_MODES = ("bf16", "fp8", "int8", "fp16acc")
-# Only token-wise GEMMs (the DiT's video tokens) take the low-precision path; the few-row ones (time embedding,
-# the 512 text rows) stay exact: they cost nothing and their error would reach every token.
-LOWP_MIN_ROWS = 1024
 
 
 class NF4Linear(Linear4bit):

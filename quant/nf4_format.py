@@ -13,6 +13,10 @@ import math
 import torch
 
 NF4_BLOCKSIZE = 64
+# Only token-wise GEMMs (the DiT's video tokens) take a low-precision path (NF4's --compute fp8/int8, FP8 weights);
+# the few-row ones (time embedding, the 512 text rows) stay exact: they cost nothing and their error would reach
+# every token.
+LOWP_MIN_ROWS = 1024
 NESTED_BLOCKSIZE = 256
 QUANT_STATE_KEY = "quant_state.bitsandbytes__nf4"
 # Packed components stored under "<L>.weight.<component>".

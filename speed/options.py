@@ -113,7 +113,9 @@ def _resolve_compute(choice: str, device: torch.device, weights: str, notes: lis
         return "bf16"
     if weights != "nf4":
         if choice == "auto":
-            notes.append(f"compute auto: bf16 (low-precision compute applies to NF4 weights, not {weights})")
+            notes.append("compute auto: the FP8 weights' GEMMs run in FP8 as stored (--compute picks the GEMMs of "
+                         "NF4 weights)" if weights == "fp8" else
+                         f"compute auto: bf16 (low-precision compute applies to NF4 weights, not {weights})")
             return "bf16"
         raise SpeedOptionError(f"--compute {choice} works with NF4 weights; with --weights {weights} use "
                                "--compute bf16")

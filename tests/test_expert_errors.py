@@ -147,8 +147,8 @@ def test_folder_holding_another_model(tmp_path):
 
 
 def test_bad_arguments(nf4_dir):
-    with pytest.raises(ValueError, match="mode 'fp8'"):
-        load_expert(nf4_dir, "cpu", mode="fp8")
+    with pytest.raises(ValueError, match="mode 'int4'"):  # (fp8 is a mode now: tests/test_fp8_weights.py)
+        load_expert(nf4_dir, "cpu", mode="int4")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available.*device='cpu'"):
             load_expert(nf4_dir, "cuda")

@@ -212,7 +212,7 @@ def test_bad_options_name_the_choices():
     with pytest.raises(ValueError, match="cfg mode"):
         plan(24, cfg_mode="both")
     with pytest.raises(ValueError, match="weights"):
-        plan(24, weights="fp8")
+        plan(24, weights="int4")  # (fp8 is a weight format now: tests/test_fp8_weights.py)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -20,18 +20,20 @@ class FastFiles:
     tokenizer: Optional[Path]
 
     @classmethod
-    def find(cls, ckpt_dir, fast_model: Optional[Path] = None) -> "FastFiles":
-        """The files of a release folder (the NF4 copy of the Fast model first); `fast_model` overrides it."""
+    def find(cls, ckpt_dir, fast_model: Optional[Path] = None, weights: str = "nf4") -> "FastFiles":
+        """The files of a release folder (the NF4 copy of the Fast model first; with weights "fp8" the FP8 copy,
+        else the official folder); `fast_model` overrides it."""
         root = Path(ckpt_dir).expanduser()
         if fast_model is not None:
             t5, vae, tok = _shared_files(root)
             return cls(root, Path(fast_model), t5, vae, tok)
-        return cls.of(find_fast_checkpoint_files(root))
+        return cls.of(find_fast_checkpoint_files(root, weights))
 
     @classmethod
-    def demo(cls, demo_dir: Optional[Path] = None) -> "FastFiles":
-        """The tiny random-weight demo checkpoint (built on first use)."""
-        return cls.of(build_demo_fast_checkpoint(demo_dir))
+    def demo(cls, demo_dir: Optional[Path] = None, weights: str = "nf4") -> "FastFiles":
+        """The tiny random-weight demo checkpoint (built on first use; weights "fp8": its Fast model converted to
+        FP8 too, once)."""
+        return cls.of(build_demo_fast_checkpoint(demo_dir, weights=weights))
 
     @classmethod
     def of(cls, files: FastCheckpointFiles) -> "FastFiles":

@@ -58,6 +58,10 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
     """Check, plan and prepare (the model loads when the first chunk needs it, or on `load_model()`)."""
     from ..loaders.vae_files import load_vae
 
+    if settings.weights == "fp8":  # refused in one line before anything is read or planned
+        from ..quant.compute import check_fp8_weights
+
+        check_fp8_weights(device)
     fmt, note = files.check(settings.weights)
     if note:
         log.warning("%s", note)
