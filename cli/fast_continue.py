@@ -48,7 +48,7 @@ def run(request: GenerateRequest) -> int:
     if st.noise_source == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"{sf.path} continues the reference's CUDA generator; run it on a CUDA GPU")
     speed = speed_plan(request.speed_flags, device)
-    files = fast_parts.fast_files(request)
+    files = fast_parts.fast_files(request, device)
     fmt, note = files.check(request.weights)
     if note:
         log.warning("%s", note)

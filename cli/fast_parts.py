@@ -140,17 +140,22 @@ def warn_base_only_flags(request: GenerateRequest) -> None:
                     request.shift)
 
 
-def fast_files(request: GenerateRequest, imports=None):
-    """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags."""
+def fast_files(request: GenerateRequest, device, imports=None):
+    """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags (for --weights fp8 its
+    FP8 copy, refused in one line first where the GPU has no FP8)."""
     from ..loaders.demo_checkpoint import demo_fast_ready
     from ..world.files import FastFiles
 
+    if request.weights == "fp8":
+        from ..quant.compute import check_fp8_weights
+
+        check_fp8_weights(device)
     if request.demo:
-        if imports is not None and not demo_fast_ready(request.demo_dir):
+        if imports is not None and not demo_fast_ready(request.demo_dir, weights=request.weights):
             imports.wait()  # building it quantizes with bitsandbytes: not beside the background import
-        files = FastFiles.demo(request.demo_dir)
+        files = FastFiles.demo(request.demo_dir, weights=request.weights)
     elif request.ckpt_dir is not None:
-        files = FastFiles.find(request.ckpt_dir, request.fast_model)
+        files = FastFiles.find(request.ckpt_dir, request.fast_model, weights=request.weights)
     else:
         missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(request, n) is None]
         if missing:

@@ -91,7 +91,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
     device = resolve_device(request.device)
     noise = noise_source(request.noise, device)
     target = plan_output(request.out if request.out is not None else fast_parts.default_name(request.prompt))
-    files = fast_parts.fast_files(request, imports)
+    files = fast_parts.fast_files(request, device, imports)
     fmt, note = files.check(request.weights)  # missing or mis-shaped tensors are named here, before any work
     if note:
         log.warning("%s", note)

@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
                      help="latent frames kept in the K/V cache (bounded memory for endless play)")
     gen.add_argument("--sink", type=int, default=3, metavar="LATENT_FRAMES",
                      help="first latent frames never evicted from the window")
+    gen.add_argument("--weights", choices=("nf4", "fp8"), default="nf4",
+                     help="the Fast model's weights: nf4, or its stored FP8 copy (`lingbot-world convert-fp8`; "
+                          "Ada/Hopper GPUs, emulated on the CPU)")
     gen.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="auto",
                      help="where the K/V cache lives: gpu, host (pinned RAM, streamed), auto")
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (demo: cpu)")
@@ -122,9 +125,14 @@ def _run(request: PlayRequest) -> int:
     try:
         from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
 
-        files = FastFiles.demo(request.demo_dir) if request.demo else FastFiles.find(request.ckpt_dir)
+        if request.weights == "fp8":  # one line before the demo is built or a header read
+            from ..quant.compute import check_fp8_weights
+
+            check_fp8_weights(device)
+        files = (FastFiles.demo(request.demo_dir, weights=request.weights) if request.demo
+                 else FastFiles.find(request.ckpt_dir, weights=request.weights))
         settings = WorldSettings(size=size, seed=request.seed, noise=noise, window=request.window, sink=request.sink,
-                                 kv_cache=request.kv_cache, speed=speed,
+                                 kv_cache=request.kv_cache, speed=speed, weights=request.weights,
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
@@ -170,8 +178,8 @@ def _render_source(request: PlayRequest, size: str, device_name: str, noise: str
         checkpoint += ("--cache-dir", str(Path(request.cache_dir).resolve()))
     if request.speed is not None:  # the render replays with the played preset (its window cap included)
         checkpoint += ("--speed", request.speed)
-    return RenderSource(checkpoint, request.seed, size, request.window, request.sink, device=device_name, demo=request.demo,
-                        noise=noise)
+    return RenderSource(checkpoint, request.seed, size, request.window, request.sink, device=device_name,
+                        demo=request.demo, noise=noise, fast_weights=request.weights)
 
 
 def write_frames(frames, path: Path, fps: int) -> Path:

@@ -26,6 +26,7 @@ class PlayRequest:
     size: Optional[str] = None  # None: 480*832, or the demo's size
     window: Optional[int] = 21
     sink: int = 3
+    weights: str = "nf4"
     kv_cache: str = "auto"
     device: str = "auto"
     noise: str = "auto"

@@ -43,8 +43,8 @@ class ExpertWeights:
     """
 
     def __init__(self, name: str, fmt: ExpertFormat, mode: str = "nf4", keep_in_ram: bool = False, speed=None):
-        if mode not in ("nf4", "bf16"):
-            raise ValueError(f"weight mode must be 'nf4' or 'bf16', got {mode!r}")
+        if mode not in ("nf4", "bf16") and not (mode == "fp8" and name == "fast"):
+            raise ValueError(f"weight mode must be 'nf4' or 'bf16' (or 'fp8' for the Fast model), got {mode!r}")
         self.name = name
         self.fmt = fmt
         self.mode = mode

@@ -25,7 +25,7 @@ from .expert_weights import ExpertWeights
 from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text, fast_settings,
                         open_fast_world, run_fast_part)
 from .fast_state_store import FastStateHandle, state_line, state_output_used
-from .payloads import (CAMERA, CATEGORY, I2V, SPEED, TEXT, VAE, WEIGHT_MODES, CameraInput, I2VCondition,
+from .payloads import (CAMERA, CATEGORY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput, I2VCondition,
                        TextEmbeds, VAEHandle)
 from .progress import show_on_node
 from .ui_hints import hide_if, short_labels
@@ -49,8 +49,10 @@ class LingBotFastLoader:
                     "The Fast model: lingbot_world_fast/ from huggingface.co/robbyant/lingbot-world-fast (placed in "
                     "the lingbot-world-base-cam folder; quantized to NF4 while loading) or its NF4 copy "
                     "(lingbot-world convert-expert), in models/lingbot_world or models/diffusion_models.")}),
-                "weights": (list(WEIGHT_MODES), {"default": "nf4", "tooltip": (
-                    "nf4: 4-bit weights on the GPU (about 9.6 GB). bf16: plain bf16 weights (37 GB; big GPUs).")}),
+                "weights": (list(FAST_WEIGHT_MODES), {"default": "nf4", "tooltip": (
+                    "nf4: 4-bit weights on the GPU (about 9.6 GB). bf16: plain bf16 weights (37 GB; big GPUs). fp8: "
+                    "pick the FP8 copy made by `lingbot-world convert-fp8` (lingbot_world_fast_fp8, 18.6 GB); its "
+                    "GEMMs run in FP8 on Ada / Hopper GPUs (RTX 40xx, H100).")}),
                 "kv_cache": (list(CACHE_PLACEMENTS), {"default": "auto", "tooltip": (
                     "Where the K/V cache of the video lives (26.8 GB at 480x832x81): gpu (the reference's layout), "
                     "host (pinned RAM, each layer streamed to the GPU one layer ahead; for 16-24 GB cards), auto "
@@ -82,8 +84,8 @@ class LingBotFastLoader:
 
         from .patchers import ExpertContainer, ExpertPatcher
 
-        if weights not in WEIGHT_MODES:
-            raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
+        if weights not in FAST_WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {FAST_WEIGHT_MODES}, got {weights!r}")
         if kv_cache not in CACHE_PLACEMENTS:
             raise ValueError(f"kv_cache must be one of {CACHE_PLACEMENTS}, got {kv_cache!r}")
         path = comfy_paths.resolve_expert(fast_model, "Fast model")
@@ -93,6 +95,10 @@ class LingBotFastLoader:
             log.warning("LingBot-World: %s", note)
         check_expert_keys(fmt, weights)  # a missing or mis-shaped tensor is named now, not mid-load
         device = mm.get_torch_device()
+        if weights == "fp8":
+            from ..quant.compute import check_fp8_weights
+
+            check_fp8_weights(device)  # a card without FP8: one line now, not a failed GEMM later
         if speed is not None and speed.compute != "bf16" and weights != "nf4":
             raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
                              "use weights nf4 or compute bf16")

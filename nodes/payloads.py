@@ -25,6 +25,7 @@ SPEED = "LINGBOT_SPEED"
 
 CATEGORY = "LingBot-World"
 WEIGHT_MODES = ("nf4", "bf16")
+FAST_WEIGHT_MODES = WEIGHT_MODES + ("fp8",)  # stored FP8 weights exist for the Fast model only (convert-fp8)
 MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
 
 

@@ -31,6 +31,7 @@ class RenderSource:
     demo: bool = False
     noise: str = "auto"
     python: str = field(default_factory=lambda: sys.executable)
+    fast_weights: str = "nf4"  # the Fast render's --weights (the base Cam render has its own experts)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ def render_command(src: RenderSource, target: str, actions: str, image: Path, pr
                 "--size", src.size if src.demo else FAST_RENDER_SIZE]  # the tiny demo stays tiny
         if src.window is not None:
             cmd += ["--window", str(src.window), "--sink", str(src.sink)]
+        if src.fast_weights != "nf4":
+            cmd += ["--weights", src.fast_weights]
     elif src.demo:
         cmd += ["--size", src.size]
     return cmd + ["--out", str(out)]

@@ -46,10 +46,10 @@ def graph(comfy):
     return text, cam, vae, i2v
 
 
-def fast_loader(kv_cache="auto", name="lingbot-demo/lingbot_world_fast_bnb_nf4"):
+def fast_loader(kv_cache="auto", name="lingbot-demo/lingbot_world_fast_bnb_nf4", weights="nf4"):
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
 
-    return N["LingBotFastLoader"]().load(name, "nf4", kv_cache)[0]
+    return N["LingBotFastLoader"]().load(name, weights, kv_cache)[0]
 
 
 def run_fast(model, g, **kw):
@@ -143,3 +143,30 @@ def test_loaders_refuse_the_wrong_model(comfy, demo_base):
         fast_loader(name="lingbot-demo/high_noise_model_bnb_nf4")
     with pytest.raises(ExpertLoadError, match="is the Fast \\(causal\\) model"):
         N["LingBotExpertLoader"]().load("lingbot-demo/lingbot_world_fast_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4")
+
+
+def test_fp8_weights_in_the_graph_equal_the_library_run(comfy, graph, demo_base, monkeypatch):
+    """weights fp8 on the FP8 copy (convert-fp8; the demo's own): the graph's latent equals FastRun on
+    load_expert(..., "fp8") (FP8 GEMMs emulated on the CPU); a card without FP8 is refused in one line at the loader."""
+    from lingbot_world.loaders.demo_checkpoint import FAST_FP8_DIR, _add_fp8_fast_model
+    from lingbot_world.quant import compute
+
+    root = demo_base / "models" / "lingbot_world" / "lingbot-demo"
+    _add_fp8_fast_model(root)
+    name = f"lingbot-demo/{FAST_FP8_DIR}"
+    text, cam, vae, i2v = graph
+    fm = fast_loader(name=name, weights="fp8")
+    latent = run_fast(fm, graph)
+    model = load_expert(fm.format.path, "cpu", "fp8")
+    plucker = camera_condition(cam.poses, cam.intrinsics, H, W, FRAMES, latent_frames=9).plucker
+    g = make_generator(5, "cpu")
+    noise = draw(g, (1, 16, 9, H // 8, W // 8))
+    cache = cache_layout(9, (H // 16) * (W // 16)).make(2, model.cfg.num_heads, model.cfg.head_dim, dtype=torch.float32)
+    z = FastRun(model, noise, pad_context([text.positive], 512), i2v.y, plucker, cache, g).run()
+    torch.testing.assert_close(latent, i2v.to_raw_latent(z), rtol=0, atol=0)
+
+    monkeypatch.setattr(compute, "fp8_weights_unavailable", lambda device: "this card is sm86")
+    with pytest.raises(ValueError, match="sm86"):
+        fast_loader(name=name, weights="fp8")
+    with pytest.raises(ValueError, match="weights must be one of"):
+        fast_loader(weights="int4")
