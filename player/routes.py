@@ -50,6 +50,7 @@ class Player:
         self.driver, self.options, self.prefix = driver, options, prefix.rstrip("/")
         self.render = RenderJob()
         self.timings = PlayTimings()
+        self._workers: set = set()
         self._static = _static_files()
         self._socket: Optional[web.WebSocketResponse] = None
         self._last_render: Optional[dict] = None
@@ -146,7 +147,11 @@ class Player:
             return ws
         self._socket = ws
         ops: asyncio.Queue = asyncio.Queue()
+        # the loop holds tasks weakly: a socket's operations keep running after its handler returns (a chunk
+        # always finishes), so the task is kept here until it ends
         worker = asyncio.ensure_future(self._serve_ops(ws, ops))
+        self._workers.add(worker)
+        worker.add_done_callback(self._workers.discard)
         try:
             await self._send(ws, {"type": "hello", "state": self.driver.snapshot, "render": self._render_info()})
             if self.driver.last_frame is not None:

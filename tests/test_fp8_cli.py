@@ -18,6 +18,12 @@ SIZE = "64*112"
 KEYS = ("w-8", "a-12")
 
 
+@pytest.fixture
+def demo(copy_demo) -> Path:
+    """A private copy of the demo: its FP8 copy is added to it (the session's demo stays as built)."""
+    return copy_demo()
+
+
 def _generate(demo_ckpt, tmp_path, weights: str) -> np.ndarray:
     out = tmp_path / f"batch_{weights}"
     code = main(["generate", "--demo", "--model", "fast", "--demo-dir", str(demo_ckpt), "--weights", weights,
@@ -27,7 +33,8 @@ def _generate(demo_ckpt, tmp_path, weights: str) -> np.ndarray:
     return np.stack([np.asarray(Image.open(f)) for f in sorted(out.glob("frame_*.png"))])
 
 
-def test_fp8_weights_play_as_the_batch_run_and_differ_from_nf4(demo_ckpt, tmp_path):
+def test_fp8_weights_play_as_the_batch_run_and_differ_from_nf4(demo, tmp_path):
+    demo_ckpt = demo
     batch = _generate(demo_ckpt, tmp_path, "fp8")
     settings = WorldSettings(size=SIZE, weights="fp8", text=TextSettings(device="cpu", cache_dir=tmp_path / "text"))
     with WorldSession.open(FastFiles.demo(demo_ckpt, weights="fp8"), settings, device="cpu") as s:
