@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from . import fp8
 from .fp8_format import SCALE_DTYPE, WEIGHT_DTYPE, Fp8FormatError
-from .nf4_format import LOWP_MIN_ROWS, nf4_linear_names
+from .nf4_format import LOWP_MIN_ROWS, swap_quantized_linears
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,15 +155,5 @@ class Fp8Linear(nn.Module):
 
 def replace_linears_with_fp8(model: nn.Module, num_layers: int, compute_dtype: torch.dtype) -> list[str]:
     """Swap the quantized set of linears (the NF4 set) of a meta-device DiT for empty Fp8Linear shells."""
-    names = nf4_linear_names(num_layers)
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        old = getattr(parent, child)
-        if type(old) is not nn.Linear:
-            raise TypeError(f"{name} is a {type(old).__name__}, expected nn.Linear")
-        if not old.weight.is_meta:
-            raise ValueError(f"{name} already holds weights; build the model on the 'meta' device first")
-        setattr(parent, child, Fp8Linear(old.in_features, old.out_features, bias=old.bias is not None,
-                                         compute_dtype=compute_dtype))
-    return names
+    return swap_quantized_linears(model, num_layers, lambda old: Fp8Linear(
+        old.in_features, old.out_features, bias=old.bias is not None, compute_dtype=compute_dtype))

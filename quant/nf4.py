@@ -41,6 +41,7 @@ from .nf4_format import (  # noqa: F401 - the format's names, re-exported for th
     nf4_linear_names,
     packed_shapes,
     parse_quant_state_json,
+    swap_quantized_linears,
 )
 
 # Compute paths of the NF4 linears' forward (quant/compute.py picks one per GPU): the dequantized weight in the
@@ -284,19 +285,6 @@ def serialize_nf4(prefix: str, packed: torch.Tensor, state: bnbf.QuantState) -> 
 
 
 def replace_linears_with_nf4(model: nn.Module, num_layers: int, compute_dtype: torch.dtype) -> list[str]:
-    """Swap the 569-style set of linears of a meta-device DiT for empty NF4Linear shells; returns their names.
-
-    Only the linears listed by spec §1.2 are swapped; the conv, norms and modulation stay plain.
-    """
-    names = nf4_linear_names(num_layers)
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        old = getattr(parent, child)
-        if type(old) is not nn.Linear:
-            raise TypeError(f"{name} is a {type(old).__name__}, expected nn.Linear")
-        if not old.weight.is_meta:
-            raise ValueError(f"{name} already holds weights; build the model on the 'meta' device first")
-        new = NF4Linear(old.in_features, old.out_features, bias=old.bias is not None, compute_dtype=compute_dtype)
-        setattr(parent, child, new)  # nn.Sequential children ("0", "2") keep their slot
-    return names
+    """Swap the 569-style set of linears of a meta-device DiT for empty NF4Linear shells; returns their names."""
+    return swap_quantized_linears(model, num_layers, lambda old: NF4Linear(
+        old.in_features, old.out_features, bias=old.bias is not None, compute_dtype=compute_dtype))

@@ -72,6 +72,24 @@ def nf4_linear_names(num_layers: int) -> list[str]:
     return names
 
 
+def swap_quantized_linears(model, num_layers: int, make) -> list[str]:
+    """Replace the quantized set of linears of a meta-device DiT with make(old nn.Linear) shells (NF4, FP8); returns
+    their names. Only the linears listed by spec section 1.2 are swapped; the conv, norms and modulation stay plain."""
+    import torch.nn as nn
+
+    names = nf4_linear_names(num_layers)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        if type(old) is not nn.Linear:
+            raise TypeError(f"{name} is a {type(old).__name__}, expected nn.Linear")
+        if not old.weight.is_meta:
+            raise ValueError(f"{name} already holds weights; build the model on the 'meta' device first")
+        setattr(parent, child, make(old))  # nn.Sequential children ("0", "2") keep their slot
+    return names
+
+
 def default_compute_dtype(device: torch.device | str) -> torch.dtype:
     """bf16 on GPUs (the reference's precision); float32 on CPU, where bnb dequantizes straight to fp32."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
