@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from .errors import exit_code_for
 
 
@@ -15,8 +16,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("check-expert", help="load one DiT expert (NF4 or official) and print load statistics as JSON")
     p.add_argument("path", help="expert folder (…_bnb_nf4/, high_noise_model/) or a single .safetensors file")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="where to load it (default: cuda when available)")
-    p.add_argument("--mode", choices=["nf4", "bf16", "fp8"], default="nf4",
-                   help="keep/quantize NF4, load bf16, or (the Fast model) load its FP8 copy or quantize to FP8")
+    p.add_argument("--mode", choices=["nf4", "bf16", "fp8", "int8"], default="nf4",
+                   help="keep/quantize NF4, load bf16, or (the Fast model) load its FP8 / INT8 copy or quantize to "
+                        "FP8 / INT8")
     p.set_defaults(func=run)
 
 
@@ -33,10 +35,10 @@ def check_expert(path: str, device: str | None = None, mode: str = "nf4") -> dic
         torch.empty(1, device="cuda")  # the CUDA context's own host memory is not the loader's
         reset_peak_vram()
     fmt = detect_format(path)
-    if mode == "fp8":
-        from ..quant.compute import check_fp8_weights
+    if mode in LOWP_WEIGHTS:
+        from ..quant.compute import check_lowp_weights
 
-        check_fp8_weights(torch.device(device))
+        check_lowp_weights(mode, torch.device(device))
     with PeakRSS() as rss:
         model, info = load_expert_with_info(fmt, device, mode)
     out = {"ok": True, **info.to_json(), "config": fmt.config.to_json(), "files": [str(p) for p in fmt.files],

@@ -1,4 +1,4 @@
-"""What the converters (`convert-expert`, `convert-fp8`) share: progress on stderr, one JSON result on stdout."""
+"""What the converters (`convert-expert`, `convert-fp8`, `convert-int8`) share: progress on stderr, one JSON result on stdout."""
 from __future__ import annotations
 
 import json

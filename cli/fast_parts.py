@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.sampling.fast_state import CameraSource, FastSettings, PartPlan
 from .errors import UsageError
 from .generate_request import GenerateRequest
@@ -141,15 +142,15 @@ def warn_base_only_flags(request: GenerateRequest) -> None:
 
 
 def fast_files(request: GenerateRequest, device, imports=None):
-    """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags (for --weights fp8 its
-    FP8 copy, refused in one line first where the GPU has no FP8)."""
+    """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags (for --weights fp8 /
+    int8 its FP8 / INT8 copy, refused in one line first where the GPU cannot run it)."""
     from ..loaders.demo_checkpoint import demo_fast_ready
     from ..world.files import FastFiles
 
-    if request.weights == "fp8":
-        from ..quant.compute import check_fp8_weights
+    if request.weights in LOWP_WEIGHTS:
+        from ..quant.compute import check_lowp_weights
 
-        check_fp8_weights(device)
+        check_lowp_weights(request.weights, device)
     if request.demo:
         if imports is not None and not demo_fast_ready(request.demo_dir, weights=request.weights):
             imports.wait()  # building it quantizes with bitsandbytes: not beside the background import

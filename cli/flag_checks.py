@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.sizes import MAX_FRAMES, VAE_TEMPORAL_STRIDE
 from .errors import UsageError
 
@@ -152,9 +153,9 @@ def check_model_flags(request: "GenerateRequest") -> None:
         given = _given(request, FAST_ONLY)
         if given:
             raise UsageError(f"{given[0]} is a flag of the Fast model: add --model fast, or leave {given[0]} out")
-        if request.weights == "fp8":
-            raise UsageError("--weights fp8 is for the Fast model (add --model fast); the base experts run with "
-                             "--weights nf4 or bf16")
+        if request.weights in LOWP_WEIGHTS:
+            raise UsageError(f"--weights {request.weights} is for the Fast model (add --model fast); the base "
+                             "experts run with --weights nf4 or bf16")
         return
     given = _given(request, BASE_ONLY)
     if given:

@@ -87,10 +87,11 @@ def add_parser(sub) -> None:
 
     dev = p.add_argument_group("device and memory")
     dev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (auto: cuda when available)")
-    dev.add_argument("--weights", choices=("nf4", "bf16", "fp8"), default="nf4",
-                     help="keep the experts in NF4, or dequantize them to bf16 (more memory); fp8 (--model fast "
-                          "only): the Fast model's stored e4m3 weights (made once by `lingbot-world convert-fp8`), "
-                          "its GEMMs in FP8 on Ada/Hopper GPUs (sm89+), emulated on the CPU")
+    dev.add_argument("--weights", choices=("nf4", "bf16", "fp8", "int8"), default="nf4",
+                     help="keep the experts in NF4, or dequantize them to bf16 (more memory); fp8 / int8 (--model "
+                          "fast only): the Fast model's stored e4m3 / int8 weights (made once by `lingbot-world "
+                          "convert-fp8` / `convert-int8`), its GEMMs in FP8 on Ada/Hopper GPUs (sm89+) / in INT8 "
+                          "on Ampere and newer (sm80+); on the CPU FP8 is emulated, INT8 runs torch's int8 matmul")
     dev.add_argument("--memory-mode", choices=MEMORY_MODES, default="auto",
                      help="where the experts live (README 'Memory modes'); auto picks from free VRAM/RAM")
     dev.add_argument("--blocks-on-gpu", type=int, default=None,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from .errors import UsageError
 from .play_request import PlayRequest
 
@@ -42,9 +43,10 @@ def add_parser(sub) -> None:
                      help="latent frames kept in the K/V cache (bounded memory for endless play)")
     gen.add_argument("--sink", type=int, default=3, metavar="LATENT_FRAMES",
                      help="first latent frames never evicted from the window")
-    gen.add_argument("--weights", choices=("nf4", "fp8"), default="nf4",
+    gen.add_argument("--weights", choices=("nf4", "fp8", "int8"), default="nf4",
                      help="the Fast model's weights: nf4, or its stored FP8 copy (`lingbot-world convert-fp8`; "
-                          "Ada/Hopper GPUs, emulated on the CPU)")
+                          "Ada/Hopper GPUs, emulated on the CPU) or INT8 copy (`lingbot-world convert-int8`; "
+                          "Ampere GPUs and newer, and the CPU)")
     gen.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="auto",
                      help="where the K/V cache lives: gpu, host (pinned RAM, streamed), auto")
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (demo: cpu)")
@@ -125,10 +127,10 @@ def _run(request: PlayRequest) -> int:
     try:
         from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
 
-        if request.weights == "fp8":  # one line before the demo is built or a header read
-            from ..quant.compute import check_fp8_weights
+        if request.weights in LOWP_WEIGHTS:  # one line before the demo is built or a header read
+            from ..quant.compute import check_lowp_weights
 
-            check_fp8_weights(device)
+            check_lowp_weights(request.weights, device)
         files = (FastFiles.demo(request.demo_dir, weights=request.weights) if request.demo
                  else FastFiles.find(request.ckpt_dir, weights=request.weights))
         settings = WorldSettings(size=size, seed=request.seed, noise=noise, window=request.window, sink=request.sink,

@@ -6,14 +6,16 @@ Community NF4 (`cahlen/lingbot-world-base-cam-nf4`): high_noise_model_bnb_nf4/, 
 the same T5 and VAE files, tokenizer/.
 When both expert flavours are present the NF4 folders win (they are what fits a consumer GPU).
 Fast (`robbyant/lingbot-world-fast`, placed as `lingbot_world_fast/` inside the base-cam folder, or its NF4 copy
-`lingbot_world_fast_bnb_nf4/`, or its FP8 copy `lingbot_world_fast_fp8/` from `lingbot-world convert-fp8`, read with
-`--weights fp8`): one causal model; it reuses the base package's T5, tokenizer and VAE.
+`lingbot_world_fast_bnb_nf4/`, or its FP8 / INT8 copy `lingbot_world_fast_fp8/` / `lingbot_world_fast_int8/` from
+`lingbot-world convert-fp8` / `convert-int8`, read with `--weights fp8` / `--weights int8`): one causal model; it reuses the base package's T5, tokenizer and VAE.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 
 EXPERT_DIRS = {
     "high": ("high_noise_model_bnb_nf4", "high_noise_model"),
@@ -23,9 +25,9 @@ T5_FILES = ("models_t5_umt5-xxl-enc-bf16.pth", "umt5_xxl_fp16.safetensors", "umt
 VAE_FILES = ("Wan2.1_VAE.pth", "wan_2.1_vae.safetensors")
 TOKENIZER_DIRS = ("tokenizer", "google/umt5-xxl")
 FAST_DIRS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
-FAST_FP8_DIR = "lingbot_world_fast_fp8"
-# --weights fp8: the FP8 copy, else the official float folder (quantized to FP8 while loading); never the NF4 one
-FAST_FP8_DIRS = (FAST_FP8_DIR, FAST_DIRS[1])
+# --weights fp8 / int8: that stored copy, else the official float folder (quantized while loading); never NF4
+FAST_LOWP_DIRS = {kind: f"lingbot_world_fast_{kind}" for kind in LOWP_WEIGHTS}
+FAST_FP8_DIR, FAST_INT8_DIR = FAST_LOWP_DIRS["fp8"], FAST_LOWP_DIRS["int8"]
 
 
 @dataclass
@@ -88,16 +90,17 @@ def _shared_files(root: Path) -> tuple[Path, Path, Optional[Path]]:
 def find_fast_checkpoint_files(root, weights: str = "nf4") -> FastCheckpointFiles:
     """The Fast model folder and the base package's T5 / VAE / tokenizer from the same release folder.
 
-    The NF4 copy wins over the official folder when both are there; weights "fp8" looks for the FP8 copy, then
-    the official folder. The Fast model may also sit one level up (the release's own layout puts
+    The NF4 copy wins over the official folder when both are there; weights "fp8" / "int8" look for that stored
+    copy, then the official folder. The Fast model may also sit one level up (the release's own layout puts
     `lingbot_world_fast/` inside `lingbot-world-base-cam/`, so `root` may be either).
     """
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder {root} does not exist")
-    dirs = FAST_FP8_DIRS if weights == "fp8" else FAST_DIRS
+    lowp_dir = FAST_LOWP_DIRS.get(weights)
+    dirs = (lowp_dir, FAST_DIRS[1]) if lowp_dir else FAST_DIRS
     fast = next((root / d for d in dirs if (root / d).is_dir()), None)
-    if fast is None and root.name in (*FAST_DIRS, FAST_FP8_DIR):  # --ckpt-dir pointed at the Fast folder itself
+    if fast is None and root.name in (*FAST_DIRS, *FAST_LOWP_DIRS.values()):  # --ckpt-dir pointed at the Fast folder itself
         fast, root = root, root.parent
     try:
         t5, vae, tok = _shared_files(root)
@@ -105,11 +108,11 @@ def find_fast_checkpoint_files(root, weights: str = "nf4") -> FastCheckpointFile
         if fast is None:
             raise FileNotFoundError(f"{root}: no Fast model folder ({' or '.join(FAST_DIRS)}) and {e}") from None
         raise
-    if fast is None and weights == "fp8":
+    if fast is None and lowp_dir:
         raise FileNotFoundError(
-            f"{root}: no FP8 Fast model folder (looked for {', '.join(FAST_FP8_DIRS)}); make it with `lingbot-world "
-            f"convert-fp8 {root / FAST_DIRS[1]} {root / FAST_FP8_DIR}` (or from {FAST_DIRS[0]}/, with the NF4 "
-            "error kept), or use --weights nf4")
+            f"{root}: no {weights.upper()} Fast model folder (looked for {', '.join(dirs)}); make it with "
+            f"`lingbot-world convert-{weights} {root / FAST_DIRS[1]} {root / lowp_dir}` (or from {FAST_DIRS[0]}/, "
+            "with the NF4 error kept), or use --weights nf4")
     if fast is None:
         raise FileNotFoundError(
             f"{root}: no Fast model folder (looked for {', '.join(FAST_DIRS)}). Download robbyant/lingbot-world-fast "

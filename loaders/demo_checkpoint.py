@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +25,7 @@ from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from ..wan.vae.model import VAEConfig, WanVAE
 from .atomic import atomic_dir
-from .checkpoint_dir import (FAST_DIRS, FAST_FP8_DIR, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files,
+from .checkpoint_dir import (FAST_DIRS, FAST_LOWP_DIRS, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files,
                              find_fast_checkpoint_files)
 
 DEMO_VERSION = 1
@@ -76,7 +77,7 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "spiece.model").write_bytes(model.getvalue())
 
 
-DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", FAST_DIRS[0], FAST_FP8_DIR,
+DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", FAST_DIRS[0], *FAST_LOWP_DIRS.values(),
                           "models_t5_umt5-xxl-enc-bf16.pth", "google", "Wan2.1_VAE.pth", MANIFEST})
 
 
@@ -162,24 +163,30 @@ def demo_fast_ready(root: Optional[Path] = None, weights: str = "nf4") -> bool:
     """Is the demo folder with its Fast model (in `weights`' format) there already (nothing to build)?"""
     root = Path(root).expanduser() if root is not None else default_demo_dir()
     ready = (root / MANIFEST).is_file() and (root / FAST_DIRS[0] / "config.json").is_file()
-    return ready and (weights != "fp8" or (root / FAST_FP8_DIR / "config.json").is_file())
+    lowp_dir = FAST_LOWP_DIRS.get(weights)
+    return ready and (lowp_dir is None or (root / lowp_dir / "config.json").is_file())
 
 
-def _add_fp8_fast_model(root: Path) -> None:
-    """The demo's Fast model converted to FP8 (from its NF4 weights: they are all the demo has) beside it, once."""
-    from .fp8_writer import convert_to_fp8
+def _add_lowp_fast_model(root: Path, kind: str) -> None:
+    """The demo's Fast model converted to FP8 / INT8 (from its NF4 weights: they are all the demo has) beside it,
+    once."""
+    from .lowp_writer import convert_to_lowp
 
-    if (root / FAST_FP8_DIR / "config.json").is_file():
+    out = root / FAST_LOWP_DIRS[kind]
+    if (out / "config.json").is_file():
         return
     try:
-        convert_to_fp8(root / FAST_DIRS[0], root / FAST_FP8_DIR, device="cpu")
+        convert_to_lowp(root / FAST_DIRS[0], out, kind, device="cpu")
     except FileExistsError:  # another process converted it first (the folder appears only when complete)
         pass
 
 
+_add_fp8_fast_model = partial(_add_lowp_fast_model, kind="fp8")
+
+
 def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0, weights: str = "nf4") -> FastCheckpointFiles:
     """The demo folder with its tiny Fast model (added to a demo folder made before the Fast model existed);
-    weights "fp8" adds its FP8 copy (`lingbot_world_fast_fp8/`) and returns that."""
+    weights "fp8" / "int8" adds that copy (`lingbot_world_fast_fp8/` / `lingbot_world_fast_int8/`) and returns it."""
     root = Path(build_demo_checkpoint(root, seed).root)
     if not (root / FAST_DIRS[0] / "config.json").is_file():
         tmp = root / f".fast.tmp{os.getpid()}"
@@ -191,8 +198,8 @@ def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0, weigh
                 os.replace(tmp / FAST_DIRS[0], root / FAST_DIRS[0])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if weights == "fp8":
-        _add_fp8_fast_model(root)
+    if weights in FAST_LOWP_DIRS:
+        _add_lowp_fast_model(root, weights)
     return find_fast_checkpoint_files(root, weights)
 
 

@@ -5,8 +5,9 @@ Kinds:
 - "nf4_pt":          the older `model.pt` variant (read with torch.load(weights_only=True, mmap=True) only)
 - "official_sharded": diffusers-style folder (`diffusion_pytorch_model*.safetensors` [+ index.json]), fp32/bf16
 - "single_file_nf4" / "single_file_plain": one .safetensors file (ComfyUI's diffusion_models folder)
-- "fp8" / "single_file_fp8": stored FP8 weights (quant/fp8_format.py) from `lingbot-world convert-fp8`, a folder
-                     (model.safetensors + config.json + quantization_meta.json) or one .safetensors file
+- "fp8" / "single_file_fp8", "int8" / "single_file_int8": stored FP8 or INT8 weights (quant/lowp_format.py) from
+                     `lingbot-world convert-fp8` / `convert-int8`, a folder (model.safetensors + config.json +
+                     quantization_meta.json) or one .safetensors file
 
 The config comes from config.json, else a JSON "config" entry in the safetensors `__metadata__`, else it is
 inferred from tensor shapes (heads = dim / 128 as in Wan2.2 A14B). The control width (Cam 1536 / Act 1792, the
@@ -26,13 +27,13 @@ import torch
 
 from ..wan.control.control_kind import MODEL_NAMES
 from ..wan.dit.model import DiTConfig
-from ..quant import fp8_format
+from ..quant.lowp_format import FORMATS, LowpFormatError, stored_kind
 from ..quant.nf4_format import QUANT_STATE_KEY
 from .safetensors_stream import SafetensorsHeader, read_header
 
-KINDS = ("nf4_community", "nf4_pt", "official_sharded", "single_file_nf4", "single_file_plain", "fp8",
-         "single_file_fp8")
-FP8_KINDS = ("fp8", "single_file_fp8")
+# stored low-precision kinds: folder kind (the weights mode's name) and single-file kind -> weights mode
+LOWP_KINDS = {**{k: k for k in FORMATS}, **{f"single_file_{k}": k for k in FORMATS}}
+KINDS = ("nf4_community", "nf4_pt", "official_sharded", "single_file_nf4", "single_file_plain", *LOWP_KINDS)
 OFFICIAL_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 OFFICIAL_SINGLE = "diffusion_pytorch_model.safetensors"
 KEY_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
@@ -60,12 +61,12 @@ class ExpertFormat:
 
     @property
     def quantized(self) -> bool:
-        return self.kind in ("nf4_community", "nf4_pt", "single_file_nf4") + FP8_KINDS
+        return self.kind in ("nf4_community", "nf4_pt", "single_file_nf4") or self.kind in LOWP_KINDS
 
     @property
     def weights(self) -> str:
-        """How the linears are stored: "nf4", "fp8" or "float"."""
-        return "fp8" if self.kind in FP8_KINDS else "nf4" if self.quantized else "float"
+        """How the linears are stored: "nf4", "fp8", "int8" or "float"."""
+        return LOWP_KINDS.get(self.kind) or ("nf4" if self.quantized else "float")
 
     @property
     def file_bytes(self) -> int:
@@ -276,15 +277,16 @@ def _single_safetensors(path: Path, folder_cfg: Optional[Path], community: bool)
     nf4 = is_nf4_keyset(header.entries)
     cfg, src = _resolve_config(folder_cfg, header, shapes, str(path))
     meta = None
-    if fp8_format.is_fp8_keyset({k: e.dtype for k, e in header.entries.items()}):
+    lowp = stored_kind({k: e.dtype for k, e in header.entries.items()})
+    if lowp is not None:
         if nf4:
-            raise ExpertLoadError(f"{path}: holds both NF4 and FP8 linears; a converter run was mixed up, "
-                                  "convert the expert again")
+            raise ExpertLoadError(f"{path}: holds both NF4 and {lowp.upper()} linears; a converter run was mixed "
+                                  "up, convert the expert again")
         try:
-            meta = fp8_format.parse_metadata(header.metadata, str(path))
-        except fp8_format.Fp8FormatError as e:
+            meta = FORMATS[lowp].parse_metadata(header.metadata, str(path))
+        except LowpFormatError as e:
             raise ExpertLoadError(str(e)) from None
-        kind = "fp8" if community else "single_file_fp8"
+        kind = lowp if community else f"single_file_{lowp}"
     elif community and nf4:
         qm = path.parent / "quantization_meta.json"
         if qm.is_file():

@@ -1,13 +1,14 @@
 """Load one DiT expert straight onto a device: meta model -> NF4 shells -> tensors streamed in one at a time.
 
 No full-size float weight ever exists on the host, and no empty module is copied to the GPU: the model is built
-on `meta`, its linears are swapped for `NF4Linear` shells (mode "nf4") or `Fp8Linear` shells (mode "fp8"), every
-key of the file(s) is checked against the model from the headers alone, and then each tensor is read from disk to
-the target device and put in place (`module._parameters[name] = ...`). Float linear weights (official release)
-are quantized on the target device as they arrive; stored NF4 / FP8 linears are used as stored in their own mode
-and dequantized in "bf16" mode. An NF4 file is not loaded as FP8 nor the reverse (`check_mode` says which flag or
-converter to use). On any failure everything already placed is dropped and the CUDA cache emptied before the
-error propagates, so nothing half-loaded stays on the GPU.
+on `meta`, its linears are swapped for `NF4Linear` shells (mode "nf4") or `Fp8Linear` / `Int8Linear` shells
+(modes "fp8" / "int8", quant/lowp_linear.py), every key of the file(s) is checked against the model from the
+headers alone, and then each tensor is read from disk to the target device and put in place
+(`module._parameters[name] = ...`). Float linear weights (official release) are quantized on the target device as
+they arrive; stored NF4 / FP8 / INT8 linears are used as stored in their own mode and dequantized in "bf16" mode.
+A file is not loaded in another quantized mode than its own (`check_mode` says which flag or converter to use).
+On any failure everything already placed is dropped and the CUDA cache emptied before the error propagates, so
+nothing half-loaded stays on the GPU.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch.nn as nn
 
 from ..wan.dit.model import StateDictMismatch, WanDiT
 from .expert_format import ExpertFormat, ExpertLoadError, detect_format, load_pt_state_dict
-from ..quant.fp8_format import SCALE_SUFFIX, WEIGHT_DTYPE as FP8_DTYPE
+from ..quant.lowp_format import FORMATS, KIND_OF_DTYPE, SCALE_SUFFIX
 from ..quant.nf4_format import (
     NF4_COMPONENT_DTYPES,
     NF4_COMPONENTS,
@@ -35,7 +36,7 @@ from ..quant.nf4_format import (
 )
 from .safetensors_stream import iter_tensors, read_header
 
-MODES = ("nf4", "bf16", "fp8")
+MODES = ("nf4", "bf16", *FORMATS)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -86,20 +87,21 @@ class _Plan:
     linears: dict  # linear name -> (out, in)
     packed: dict  # linear name -> set of stored components ("" = the codes)
     float_linear: set  # linear names whose weight is stored as a float tensor
-    fp8: dict  # linear name -> stored FP8 pieces ("weight", "scale")
+    lowp: dict  # linear name -> stored FP8 / INT8 pieces ("weight", "scale")
 
 
-def _fp8_piece(key: str, dtype: Optional[torch.dtype], linears) -> tuple[Optional[str], Optional[str]]:
-    """(linear, "weight" | "scale") for a stored FP8 piece: an e4m3 linear weight or a linear's weight_scale."""
+def _lowp_piece(key: str, dtype: Optional[torch.dtype], linears) -> tuple[Optional[str], Optional[str]]:
+    """(linear, "weight" | "scale") for a stored FP8 / INT8 piece: a linear weight of a stored dtype (e4m3,
+    int8) or a linear's weight_scale."""
     if key.endswith(SCALE_SUFFIX) and key[: -len(SCALE_SUFFIX)] in linears:
         return key[: -len(SCALE_SUFFIX)], "scale"
-    if dtype == FP8_DTYPE and key.endswith(".weight") and key[:-7] in linears:
+    if dtype in KIND_OF_DTYPE and key.endswith(".weight") and key[:-7] in linears:
         return key[:-7], "weight"
     return None, None
 
 
 def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tuple]], sources: dict[str, Path]) -> _Plan:
-    """quantized: the model's linears are NF4 or FP8 shells (their weights are not plain parameters)."""
+    """quantized: the model's linears are NF4, FP8 or INT8 shells (their weights are not plain parameters)."""
     linear_names = nf4_linear_names(model.cfg.num_layers)
     linears = {}
     for name in linear_names:
@@ -112,7 +114,7 @@ def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tu
 
     plain = {k: tuple(p.shape) for k, p in model.named_parameters() if not (quantized and linear_weight(k))}
     packed: dict[str, set] = {}
-    fp8: dict[str, set] = {}
+    lowp: dict[str, set] = {}
     float_linear: set = set()
     problems: list[str] = []
     unexpected: list[str] = []
@@ -123,13 +125,15 @@ def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tu
         return f"{sources[k].name}: {k}"
 
     for k, (dtype, shape) in files.items():
-        owner, comp = _fp8_piece(k, dtype, linears)
+        owner, comp = _lowp_piece(k, dtype, linears)
         if owner is not None:
-            fp8.setdefault(owner, set()).add(comp)
+            lowp.setdefault(owner, set()).add(comp)
             out_f, in_f = linears[owner]
-            want_dtype, want_shape = (FP8_DTYPE, (out_f, in_f)) if comp == "weight" else (torch.float32, (out_f,))
+            # a weight piece is one because of its stored dtype; its scale must be float32
+            want_dtype, want_shape = (dtype, (out_f, in_f)) if comp == "weight" else (torch.float32, (out_f,))
             if dtype != want_dtype:
-                problems.append(f"  {where(k)} has dtype {dtype}, FP8 stores it as {want_dtype}")
+                problems.append(f"  {where(k)} has dtype {dtype}, a stored low-precision linear keeps it as "
+                                f"{want_dtype}")
             if shape != want_shape:
                 problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {want_shape}")
             continue
@@ -173,15 +177,16 @@ def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tu
         for c in sorted(need - comps):
             label = f"{name}.weight" + (f".{c}" if c else "")
             missing.append(f"  missing key {label} (a piece of the NF4 linear {name}; the file is incomplete)")
-    for name, comps in fp8.items():
+    for name, comps in lowp.items():
         for c in sorted({"weight", "scale"} - comps):
             label = f"{name}.weight" if c == "weight" else name + SCALE_SUFFIX
-            missing.append(f"  missing key {label} (a piece of the FP8 linear {name}; the file is incomplete)")
+            missing.append(f"  missing key {label} (a piece of the stored low-precision linear {name}; the file is "
+                           "incomplete)")
     for name in linears:
-        if name not in packed and name not in float_linear and name not in fp8 and f"{name}.weight" not in files:
+        if name not in packed and name not in float_linear and name not in lowp and f"{name}.weight" not in files:
             missing.append(f"  missing key {name}.weight (model expects {linears[name]})")
     for k, shape in plain.items():
-        if k not in files and not (k.endswith(".weight") and (k[:-7] in packed or k[:-7] in fp8)):
+        if k not in files and not (k.endswith(".weight") and (k[:-7] in packed or k[:-7] in lowp)):
             missing.append(f"  missing key {k} (model expects shape {shape})")
     lines = problems + missing + unexpected
     if lines:
@@ -193,7 +198,7 @@ def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tu
             + more
             + "\nCheck that config.json belongs to these weights and that the files are a complete LingBot-World expert."
         )
-    return _Plan(plain, linears, packed, float_linear, fp8)
+    return _Plan(plain, linears, packed, float_linear, lowp)
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -262,7 +267,7 @@ def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
 def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tuple[int, int]:
     """(bytes of the weights incl. NF4 statistics, logical parameter count); with `device`, only the weights
     that are on it are counted (block swap keeps some in host memory)."""
-    from ..quant.fp8_linear import Fp8Linear
+    from ..quant.lowp_linear import StoredLowpLinear
     from ..quant.nf4 import NF4Linear
 
     nbytes = count = 0
@@ -277,7 +282,7 @@ def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tup
                     parts += [qs.state2.absmax, qs.state2.code, qs.offset]
                 held = sum(t.numel() * t.element_size() for t in parts)
                 count += m.out_features * m.in_features
-            elif name == "weight_scale" and isinstance(m, Fp8Linear):
+            elif name == "weight_scale" and isinstance(m, StoredLowpLinear):
                 held = p.numel() * p.element_size()  # statistics, like NF4's absmax: bytes, no parameters
             else:
                 held = p.numel() * p.element_size()
@@ -297,20 +302,20 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
         from ..quant.nf4 import replace_linears_with_nf4
 
         replace_linears_with_nf4(model, fmt.config.num_layers, compute_dtype)
-    elif mode == "fp8":
-        from ..quant.fp8_linear import replace_linears_with_fp8
+    elif mode in FORMATS:
+        from ..quant.lowp_linear import replace_linears_with_lowp
 
-        replace_linears_with_fp8(model, fmt.config.num_layers, compute_dtype)
+        replace_linears_with_lowp(model, fmt.config.num_layers, compute_dtype, mode)
     keys, sources, pt_sd = _file_keys(fmt)
     plan = _plan(model, mode != "bf16", keys, sources)
     total = sum(math.prod(s) * d.itemsize for d, s in keys.values())
     pending: dict[str, dict] = {}
-    pending_fp8: dict[str, dict] = {}
+    pending_lowp: dict[str, dict] = {}
     done = tensors = 0
 
-    def fp8_owner(key: str) -> tuple[Optional[str], Optional[str]]:
-        owner, comp = _fp8_piece(key, keys[key][0], plan.linears)
-        return (owner, comp) if owner in plan.fp8 else (None, None)
+    def lowp_owner(key: str) -> tuple[Optional[str], Optional[str]]:
+        owner, comp = _lowp_piece(key, keys[key][0], plan.linears)
+        return (owner, comp) if owner in plan.lowp else (None, None)
 
     def packed_owner(key: str) -> tuple[Optional[str], Optional[str]]:
         if key.endswith(".weight") and key[:-7] in plan.packed:
@@ -319,12 +324,12 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
         return (head, tail) if sep and head in plan.packed else (None, None)
 
     def transformed_on_device(key: str) -> bool:
-        """Quantized (float file, nf4/fp8 mode) or dequantized (NF4/FP8 file, bf16 mode): done on the device, then
-        moved."""
+        """Quantized (float file, nf4/fp8/int8 mode) or dequantized (NF4/FP8/INT8 file, bf16 mode): done on the
+        device, then moved."""
         if packed_owner(key)[0] is not None:
             return not nf4
-        if fp8_owner(key)[0] is not None:
-            return mode != "fp8"
+        if lowp_owner(key)[0] is not None:
+            return mode != fmt.weights
         return key.endswith(".weight") and key[:-7] in plan.float_linear
 
     to_host = host if host is not None and device.type != "cpu" else (lambda k: False)
@@ -334,14 +339,14 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
 
     for key, t, nbytes in _stream(fmt, device, pt_sd, read_on_host):
         owner, comp = packed_owner(key)
-        fp8_name, fp8_comp = fp8_owner(key)
-        if fp8_name is not None:
-            pieces = pending_fp8.setdefault(fp8_name, {})
-            pieces[fp8_comp] = t
+        lowp_name, lowp_comp = lowp_owner(key)
+        if lowp_name is not None:
+            pieces = pending_lowp.setdefault(lowp_name, {})
+            pieces[lowp_comp] = t
             if len(pieces) == 2:
-                _finish_fp8(model, fp8_name, pending_fp8.pop(fp8_name), mode, f"{sources[key]}: {fp8_name}")
-                if mode != "fp8" and to_host(key):
-                    _weight_to_host(model, fp8_name)
+                _finish_lowp(model, lowp_name, pending_lowp.pop(lowp_name), f"{sources[key]}: {lowp_name}")
+                if mode != fmt.weights and to_host(key):
+                    _weight_to_host(model, lowp_name)
         elif owner is not None:
             pieces = pending.setdefault(owner, {})
             pieces[comp] = t
@@ -362,9 +367,9 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
         if progress is not None:
             progress(done, total)
     left = [n for n, p in model.named_parameters() if p.is_meta]
-    if left or pending or pending_fp8:
+    if left or pending or pending_lowp:
         raise StateDictMismatch(f"{fmt.path}: not filled after reading every tensor: "
-                                f"{(left + list(pending) + list(pending_fp8))[:10]}")
+                                f"{(left + list(pending) + list(pending_lowp))[:10]}")
     model.compute_dtype = compute_dtype
     model.requires_grad_(False).eval()
     if device.type == "cuda":
@@ -389,29 +394,34 @@ def _finish_packed(model: WanDiT, name: str, pieces: dict, nf4: bool, where: str
     _set_param(model, f"{name}.weight", tmp.dequantized_weight(torch.bfloat16))
 
 
-def _finish_fp8(model: WanDiT, name: str, pieces: dict, mode: str, where: str) -> None:
-    """A stored FP8 pair: kept as stored (fp8 mode) or dequantized to a plain bf16 weight (bf16 mode)."""
-    from ..quant.fp8_linear import Fp8Linear, dequantize
+def _finish_lowp(model: WanDiT, name: str, pieces: dict, where: str) -> None:
+    """A stored FP8 / INT8 pair: kept as stored (its own mode; check_mode refused the other) or dequantized to a
+    plain bf16 weight (bf16 mode)."""
+    from ..quant.lowp_linear import LINEAR_CLASSES, StoredLowpLinear, dequantize
 
     mod = model.get_submodule(name)
-    if isinstance(mod, Fp8Linear):
+    if isinstance(mod, StoredLowpLinear):
         mod.load_stored(pieces["weight"], pieces["scale"], where)
         return
-    Fp8Linear(mod.in_features, mod.out_features, bias=False).load_stored(pieces["weight"], pieces["scale"], where)
+    kind = KIND_OF_DTYPE[pieces["weight"].dtype]  # checked like the stored mode would, then dequantized
+    LINEAR_CLASSES[kind](mod.in_features, mod.out_features, bias=False).load_stored(pieces["weight"], pieces["scale"],
+                                                                                     where)
     _set_param(model, f"{name}.weight", dequantize(pieces["weight"], pieces["scale"], torch.bfloat16))
 
 
 def check_mode(fmt: ExpertFormat, mode: str) -> None:
-    """Refuse loading stored NF4 weights as FP8 and the reverse, in one line naming the file and the way out."""
+    """Refuse loading stored weights in another quantized mode (NF4 as FP8 / INT8, FP8 as NF4 or INT8...), in one
+    line naming the file and the way out; float files load in every mode, and every file as bf16."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: choose one of {MODES}")
-    if mode == "fp8" and fmt.weights == "nf4":
+    if mode in FORMATS and fmt.weights not in (mode, "float"):
         raise ExpertLoadError(
-            f"{fmt.path} holds NF4 weights; --weights fp8 reads an FP8 folder: make one with `lingbot-world "
-            "convert-fp8 SRC OUT` (from the official bf16 folder for the least error), or use --weights nf4")
-    if mode == "nf4" and fmt.weights == "fp8":
-        raise ExpertLoadError(f"{fmt.path} holds FP8 weights (lingbot_fp8); load it with --weights fp8 (or bf16), "
-                              "or pick the NF4 folder for --weights nf4")
+            f"{fmt.path} holds {fmt.weights.upper()} weights; --weights {mode} reads an {mode.upper()} folder: make "
+            f"one with `lingbot-world {FORMATS[mode].converter} SRC OUT` (from the official bf16 folder for the "
+            f"least error), or use --weights {fmt.weights}")
+    if mode == "nf4" and fmt.weights in FORMATS:
+        raise ExpertLoadError(f"{fmt.path} holds {fmt.weights.upper()} weights ({FORMATS[fmt.weights].name}); load it "
+                              f"with --weights {fmt.weights} (or bf16), or pick the NF4 folder for --weights nf4")
 
 
 def _resolve(device, mode: str, compute_dtype: Optional[torch.dtype]) -> tuple[torch.device, torch.dtype]:
@@ -423,10 +433,10 @@ def _resolve(device, mode: str, compute_dtype: Optional[torch.dtype]) -> tuple[t
             device = torch.device("cuda", torch.cuda.current_device())
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: choose one of {MODES}")
-    if mode == "fp8":
-        from ..quant.compute import check_fp8_weights
+    if mode in FORMATS:
+        from ..quant.compute import check_lowp_weights
 
-        check_fp8_weights(device)
+        check_lowp_weights(mode, device)
     if mode == "bf16":
         if compute_dtype not in (None, torch.bfloat16):
             raise ValueError(f"mode 'bf16' computes in bfloat16; compute_dtype={compute_dtype} is not possible")
@@ -472,9 +482,9 @@ def load_expert(
     """Load an expert (any kind `detect_format` knows) onto `device`.
 
     mode "nf4": the 569 linears become bnb NF4 (pre-quantized files are used as stored; float files are
-    quantized on `device`); "fp8": the same linears become `Fp8Linear` (an FP8 folder's e4m3 weights and scales
-    as stored; float files quantized on `device`; the device must run FP8, see quant.compute.check_fp8_weights;
-    NF4 files are refused, see `check_mode`); "bf16": plain bf16 model. compute_dtype: dtype of the GEMMs and of the
+    quantized on `device`); "fp8" / "int8": the same linears become `Fp8Linear` / `Int8Linear` (the folder's
+    stored weights and scales as stored; float files quantized on `device`; the device must run the kind's GEMMs,
+    see quant.compute.check_lowp_weights; other quantized files are refused, see `check_mode`); "bf16": plain bf16 model. compute_dtype: dtype of the GEMMs and of the
     unquantized parameters (default bf16 on CUDA, float32 on CPU; "bf16" mode is always bf16).
     progress(done_bytes, total_bytes) is called after each tensor; raising from it cancels the load cleanly.
     host(key) -> True keeps that tensor in host memory instead (block swap: the streamed blocks); weights that

@@ -28,14 +28,14 @@ from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.model import DiTConfig, WanDiT
 from ..wan.sizes import token_count
 from .block_swap import BlockSwapper, _empty_part, streamed_block_keys
-from ..quant import fp8_format
+from ..quant.lowp_format import FORMATS
 from ..quant.nf4_format import default_compute_dtype, nf4_linear_names, packed_shapes
 from .pinned import WeightPart, clear_device_caches, dit_parts, free_device_memory, synchronize
 
 _log = logging.getLogger(__name__)
 
 MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
-WEIGHTS = ("nf4", "bf16", "fp8")
+WEIGHTS = ("nf4", "bf16", *FORMATS)
 CFG_MODES = ("auto", "batch", "layered", "sequential")
 # The CFG modes `auto` chooses from, in order of preference (speed): batch (one forward of batch 2), layered (the two
 # passes one after the other inside each block: one extra fp32 residual stream), sequential (two forwards).
@@ -76,13 +76,13 @@ def _nf4_linear_bytes(out_f: int, in_f: int) -> int:
 
 
 def expert_sizes(cfg: DiTConfig, weights: str = "nf4", compute_bytes: int = 2) -> ExpertSizes:
-    """Device bytes of one expert from its config (NF4 packed weights + statistics, or FP8 weights at 1 byte each +
-    a float32 scale per output channel; other tensors in the compute dtype; bf16 mode: everything 2 bytes)."""
+    """Device bytes of one expert from its config (NF4 packed weights + statistics, or FP8 / INT8 weights at 1 byte
+    each + a float32 scale per output channel; other tensors in the compute dtype; bf16 mode: everything 2 bytes)."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights {weights!r}: choose one of {WEIGHTS}")
     meta = WanDiT(cfg, device="meta")
     linears = set(nf4_linear_names(cfg.num_layers)) if weights != "bf16" else set()
-    linear_bytes = fp8_format.linear_bytes if weights == "fp8" else _nf4_linear_bytes
+    linear_bytes = FORMATS[weights].linear_bytes if weights in FORMATS else _nf4_linear_bytes
     base = block = 0
     for key, p in meta.named_parameters():
         if key.endswith(".weight") and key[:-7] in linears:

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ..memory.block_swap import BlockSwapper, streamed_block_keys
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..loaders.expert_format import ExpertFormat
 from ..loaders.expert_loader import load_expert
 from ..quant.nf4 import default_compute_dtype
@@ -43,8 +44,9 @@ class ExpertWeights:
     """
 
     def __init__(self, name: str, fmt: ExpertFormat, mode: str = "nf4", keep_in_ram: bool = False, speed=None):
-        if mode not in ("nf4", "bf16") and not (mode == "fp8" and name == "fast"):
-            raise ValueError(f"weight mode must be 'nf4' or 'bf16' (or 'fp8' for the Fast model), got {mode!r}")
+        if mode not in ("nf4", "bf16") and not (mode in LOWP_WEIGHTS and name == "fast"):
+            raise ValueError(f"weight mode must be 'nf4' or 'bf16' (or one of {LOWP_WEIGHTS} for the Fast model), "
+                             f"got {mode!r}")
         self.name = name
         self.fmt = fmt
         self.mode = mode

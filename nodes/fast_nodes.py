@@ -17,6 +17,7 @@ import torch
 from ..loaders.expert_format import check_model_kind, detect_format
 from ..loaders.expert_loader import check_expert_keys
 from ..memory.kv_placement import CACHE_PLACEMENTS
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.control.camera import usable_frames
 from ..wan.sampling.fast_state import FAST_MODES, plan_first_part
 from ..world.session import FixedCondition
@@ -52,7 +53,9 @@ class LingBotFastLoader:
                 "weights": (list(FAST_WEIGHT_MODES), {"default": "nf4", "tooltip": (
                     "nf4: 4-bit weights on the GPU (about 9.6 GB). bf16: plain bf16 weights (37 GB; big GPUs). fp8: "
                     "pick the FP8 copy made by `lingbot-world convert-fp8` (lingbot_world_fast_fp8, 18.6 GB); its "
-                    "GEMMs run in FP8 on Ada / Hopper GPUs (RTX 40xx, H100).")}),
+                    "GEMMs run in FP8 on Ada / Hopper GPUs (RTX 40xx, H100). int8: pick the INT8 copy made by "
+                    "`lingbot-world convert-int8` (lingbot_world_fast_int8, same size); its GEMMs run in INT8 on "
+                    "Ampere and newer (RTX 30xx).")}),
                 "kv_cache": (list(CACHE_PLACEMENTS), {"default": "auto", "tooltip": (
                     "Where the K/V cache of the video lives (26.8 GB at 480x832x81): gpu (the reference's layout), "
                     "host (pinned RAM, each layer streamed to the GPU one layer ahead; for 16-24 GB cards), auto "
@@ -95,10 +98,10 @@ class LingBotFastLoader:
             log.warning("LingBot-World: %s", note)
         check_expert_keys(fmt, weights)  # a missing or mis-shaped tensor is named now, not mid-load
         device = mm.get_torch_device()
-        if weights == "fp8":
-            from ..quant.compute import check_fp8_weights
+        if weights in LOWP_WEIGHTS:
+            from ..quant.compute import check_lowp_weights
 
-            check_fp8_weights(device)  # a card without FP8: one line now, not a failed GEMM later
+            check_lowp_weights(weights, device)  # a card without them: one line now, not a failed GEMM later
         if speed is not None and speed.compute != "bf16" and weights != "nf4":
             raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
                              "use weights nf4 or compute bf16")

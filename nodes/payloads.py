@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..loaders.expert_format import ExpertFormat
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 
 # Custom link types; native IMAGE / LATENT are used wherever they fit.
 EXPERTS = "LINGBOT_EXPERTS"
@@ -25,7 +26,8 @@ SPEED = "LINGBOT_SPEED"
 
 CATEGORY = "LingBot-World"
 WEIGHT_MODES = ("nf4", "bf16")
-FAST_WEIGHT_MODES = WEIGHT_MODES + ("fp8",)  # stored FP8 weights exist for the Fast model only (convert-fp8)
+# stored FP8 / INT8 weights exist for the Fast model only (convert-fp8 / convert-int8)
+FAST_WEIGHT_MODES = WEIGHT_MODES + LOWP_WEIGHTS
 MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
 
 

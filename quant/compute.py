@@ -1,5 +1,5 @@
 """Which GEMM precision a GPU can run for the NF4 linears (bf16 / FP8 / INT8), checked with a tiny real GEMM, and
-whether it runs stored FP8 weights (`--weights fp8`)."""
+whether it runs stored FP8 / INT8 weights (`--weights fp8`, `--weights int8`)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -83,33 +83,55 @@ def auto_mode(device: torch.device) -> tuple[str, str]:
     return "bf16", f"{arch}: no faster GEMM path than bf16"
 
 
-class Fp8WeightsUnsupported(ValueError):
-    """`--weights fp8` asked for on a device whose tensor cores have no FP8 (a choice the user can change)."""
+class LowpWeightsUnsupported(ValueError):
+    """`--weights fp8/int8` asked for on a device whose tensor cores cannot run it (a choice the user can change)."""
 
 
-def fp8_weights_unavailable(device: torch.device) -> Optional[str]:
-    """Why stored FP8 weights (`--weights fp8`) cannot run on `device`, or None. The CPU runs the float32
-    emulation of the FP8 GEMM (tests, the demo); a GPU needs FP8 tensor cores (sm89+) and torch._scaled_mm."""
+Fp8WeightsUnsupported = LowpWeightsUnsupported  # the name callers and tests knew first
+
+
+def stored_weights_unavailable(kind: str, device: torch.device) -> Optional[str]:
+    """Why stored `kind` weights (`--weights fp8` / `--weights int8`) cannot run on `device`, or None. The CPU runs
+    them (FP8's float32 emulation, torch's CPU `_int_mm`: tests, the demo); a GPU needs the kind's tensor cores
+    (quant/lowp_format.FORMATS: sm89+ / sm80+), torch's matmul for it and a test GEMM that works."""
+    from .lowp_format import FORMATS
+
+    fmt, flag = FORMATS[kind], f"--weights {kind}"
     device = torch.device(device)
     if device.type == "cpu":
         return None
     cap = _capability(device)
     if cap is None:
-        return f"--weights fp8 runs on a CUDA GPU with FP8 tensor cores or on the CPU, not on {device.type}"
-    if cap < (8, 9):
-        return (f"--weights fp8 needs an Ada/Hopper GPU (sm89+); this card is sm{cap[0]}{cap[1]}: "
-                "use --weights nf4")
-    if not hasattr(torch, "_scaled_mm"):
-        return f"--weights fp8: this torch {torch.__version__} has no FP8 matmul (torch._scaled_mm); update torch"
-    problem = _probe("fp8", device)
+        return f"{flag} runs on a CUDA GPU with {fmt.label} tensor cores or on the CPU, not on {device.type}"
+    if cap < fmt.min_capability:
+        return f"{flag} needs {fmt.arch}; this card is sm{cap[0]}{cap[1]}: use --weights nf4"
+    mm = _MATMULS[kind]
+    if not hasattr(torch, mm):
+        return f"{flag}: this torch {torch.__version__} has no {fmt.label} matmul (torch.{mm}); update torch"
+    problem = _probe(kind, device)
     if problem:
-        return f"--weights fp8: a test FP8 GEMM failed on {torch.cuda.get_device_name(device)} ({problem}); " \
+        return f"{flag}: a test {fmt.label} GEMM failed on {torch.cuda.get_device_name(device)} ({problem}); " \
                "use --weights nf4"
     return None
 
 
-def check_fp8_weights(device: torch.device) -> None:
-    """Raise Fp8WeightsUnsupported (one line) before anything loads when `--weights fp8` cannot run here."""
-    problem = fp8_weights_unavailable(device)
+_MATMULS = {"fp8": "_scaled_mm", "int8": "_int_mm"}
+
+
+def fp8_weights_unavailable(device: torch.device) -> Optional[str]:
+    return stored_weights_unavailable("fp8", device)
+
+
+def int8_weights_unavailable(device: torch.device) -> Optional[str]:
+    return stored_weights_unavailable("int8", device)
+
+
+# kind -> the name of its check in this module, looked up when called so that a test can replace one
+_UNAVAILABLE = {"fp8": "fp8_weights_unavailable", "int8": "int8_weights_unavailable"}
+
+
+def check_lowp_weights(kind: str, device: torch.device) -> None:
+    """Raise LowpWeightsUnsupported (one line) before anything loads when `--weights kind` cannot run here."""
+    problem = globals()[_UNAVAILABLE[kind]](device)
     if problem:
-        raise Fp8WeightsUnsupported(problem)
+        raise LowpWeightsUnsupported(problem)

@@ -23,7 +23,7 @@ _TINY = 1e-12  # an all-zero row keeps a finite scale
 def quantize_rows(t: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """t [R, K] -> (t8 [R, K] e4m3, scale [R, 1] float32) with t ~= t8 * scale (one amax per row).
 
-    exact: t8 = t / scale rounded once (ties to even), for weights quantized once and stored (quant/fp8_linear.py).
+    exact: t8 = t / scale rounded once (ties to even), for weights quantized once and stored (quant/lowp_linear.py).
     The per-forward path multiplies by the reciprocal (one fused pass), which can land a float32 ulp past an e4m3
     tie: bf16 weights hit those ties exactly (~0.04 % of them), and a stored weight should not depend on that."""
     amax = torch.linalg.vector_norm(t, ord=float("inf"), dim=-1, keepdim=True, dtype=torch.float32)

@@ -17,10 +17,15 @@ INT8_MAX = 127.0
 _TINY = 1e-12
 
 
-def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """t [R, K] -> (q [R, K] int8, scale [R, 1] float32), q = round(t / scale) in [-127, 127]."""
+def quantize_rows(t: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [R, K] -> (q [R, K] int8, scale [R, 1] float32), q = round(t / scale) in [-127, 127].
+
+    exact: t / scale divided and rounded once (ties to even), for weights quantized once and stored
+    (quant/lowp_linear.py); the per-token path multiplies by the reciprocal, which can land an ulp past a tie."""
     amax = torch.linalg.vector_norm(t, ord=float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
     scale = amax.clamp_min(_TINY) / INT8_MAX
+    if exact:
+        return (t.float() / scale).round_().to(torch.int8), scale
     # |t / scale| <= 127 up to one rounding, and round() of 127.00001 is 127: no clamp needed.
     q = torch.mul(t, scale.reciprocal()).round_().to(torch.int8)
     return q, scale

@@ -1,7 +1,7 @@
 """LoRA on the DiT's linears without a float copy of the expert: applied on the fly, or merged once into NF4.
 
 One hook per linear, the module attribute `lora` (a `LinearLora`), read in three places:
-- `NF4Linear.forward` (and `Fp8Linear.forward`, stored FP8 weights): the low-rank terms are added to the output of
+- `NF4Linear.forward` (and `StoredLowpLinear.forward`, stored FP8 / INT8 weights): the low-rank terms are added to the output of
   the quantized GEMM, `y = x W_nf4^T + b + sum_i s_i (x A_i^T) B_i^T` (A = down [r, in], B = up [out, r],
   s = strength * alpha / r); weight patches (any other adapter kind) patch the dequantized weight between
   "dequantize" and "GEMM" (FP8: the patched weight is quantized to FP8 again for the GEMM);
@@ -25,10 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fp8_linear import Fp8Linear
+from .lowp_linear import StoredLowpLinear
 from .nf4 import NF4Linear
 
-QUANTIZED = (NF4Linear, Fp8Linear)  # linears that read `lora` in their own forward (no hook)
+QUANTIZED = (NF4Linear, StoredLowpLinear)  # linears that read `lora` in their own forward (no hook)
 
 WeightPatch = Callable[[torch.Tensor], torch.Tensor]  # float32 weight -> patched float32 weight (same shape)
 
@@ -155,7 +155,7 @@ def _plain_linear_hook(module: nn.Linear, inputs, output):
 
 
 def attach(module: nn.Module, lora: LinearLora) -> None:
-    """Hang `lora` on one linear (NF4Linear / Fp8Linear read it in forward; a plain nn.Linear gets a forward hook)."""
+    """Hang `lora` on one linear (NF4Linear / the stored FP8 / INT8 linears read it in forward; a plain nn.Linear gets a forward hook)."""
     detach(module)
     if not isinstance(module, (*QUANTIZED, nn.Linear)):
         raise TypeError(f"LoRA can only be attached to a linear layer, not {type(module).__name__}")

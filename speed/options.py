@@ -22,6 +22,7 @@ import torch
 
 from ..quant import compute as qcompute
 from ..quant import fp8, int8, rowwise_triton
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.dit import attention as attn
 from . import compile as compile_mod
 from .levers import ChunkLevers
@@ -113,8 +114,8 @@ def _resolve_compute(choice: str, device: torch.device, weights: str, notes: lis
         return "bf16"
     if weights != "nf4":
         if choice == "auto":
-            notes.append("compute auto: the FP8 weights' GEMMs run in FP8 as stored (--compute picks the GEMMs of "
-                         "NF4 weights)" if weights == "fp8" else
+            notes.append(f"compute auto: the {weights.upper()} weights' GEMMs run in {weights.upper()} as stored "
+                         "(--compute picks the GEMMs of NF4 weights)" if weights in LOWP_WEIGHTS else
                          f"compute auto: bf16 (low-precision compute applies to NF4 weights, not {weights})")
             return "bf16"
         raise SpeedOptionError(f"--compute {choice} works with NF4 weights; with --weights {weights} use "

@@ -20,7 +20,7 @@ ENTRY_POINTS = {
     ("play.py", "run"),
     ("check_expert.py", "run"),
     ("convert_expert.py", "run"),
-    ("convert_fp8.py", "run"),
+    ("convert_lowp.py", "run"),
     ("smoke.py", "run"),
 }
 

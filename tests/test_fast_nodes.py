@@ -148,7 +148,8 @@ def test_loaders_refuse_the_wrong_model(comfy, demo_base):
 def test_fp8_weights_in_the_graph_equal_the_library_run(comfy, graph, demo_base, monkeypatch):
     """weights fp8 on the FP8 copy (convert-fp8; the demo's own): the graph's latent equals FastRun on
     load_expert(..., "fp8") (FP8 GEMMs emulated on the CPU); a card without FP8 is refused in one line at the loader."""
-    from lingbot_world.loaders.demo_checkpoint import FAST_FP8_DIR, _add_fp8_fast_model
+    from lingbot_world.loaders.checkpoint_dir import FAST_FP8_DIR
+    from lingbot_world.loaders.demo_checkpoint import _add_fp8_fast_model
     from lingbot_world.quant import compute
 
     root = demo_base / "models" / "lingbot_world" / "lingbot-demo"

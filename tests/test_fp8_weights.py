@@ -62,7 +62,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def release(tmp_path_factory):
     """The official Fast folder in bf16, its NF4 copy and the FP8 copies of both."""
     root = tmp_path_factory.mktemp("fp8release")
-    from lingbot_world.loaders.fp8_writer import convert_to_fp8
+    from lingbot_world.loaders.lowp_writer import convert_to_fp8
 
     write_official_expert(random_expert_state(CFG, seed=4, dtype=torch.bfloat16), CFG, root / "lingbot_world_fast",
                           dtype=torch.bfloat16)
@@ -131,7 +131,7 @@ def test_converter_metadata(release, source):
 
 
 def test_conversion_is_atomic(release, tmp_path, monkeypatch):
-    from lingbot_world.loaders import fp8_writer
+    from lingbot_world.loaders import lowp_writer as fp8_writer
 
     root, _ = release
     src = root / "lingbot_world_fast"
@@ -144,11 +144,11 @@ def test_conversion_is_atomic(release, tmp_path, monkeypatch):
 
     calls = []
 
-    def failing(w):
+    def failing(w, kind):
         calls.append(1)
         if len(calls) == 5:
             raise KeyboardInterrupt("killed mid-conversion")
-        return real(w)
+        return real(w, kind)
 
     real = fp8_writer.quantize_weight
     monkeypatch.setattr(fp8_writer, "quantize_weight", failing)
@@ -158,7 +158,7 @@ def test_conversion_is_atomic(release, tmp_path, monkeypatch):
 
 
 def test_convert_fp8_cli(release, tmp_path, capsys):
-    from lingbot_world.cli import convert_fp8
+    from lingbot_world.cli import convert_lowp as convert_fp8
 
     parser = argparse.ArgumentParser(prog="lingbot-world")
     convert_fp8.add_parser(parser.add_subparsers(dest="command", required=True))
@@ -178,7 +178,7 @@ def test_convert_fp8_cli(release, tmp_path, capsys):
 
 # ---- the linear --------------------------------------------------------------------------------------------------
 def test_fp8_linear_equals_the_emulated_formula():
-    from lingbot_world.quant.fp8_linear import Fp8Linear
+    from lingbot_world.quant.lowp_linear import Fp8Linear
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 32, generator=g) / 6
@@ -198,7 +198,7 @@ def test_fp8_linear_equals_the_emulated_formula():
 
 
 def test_lora_on_fp8_weights_is_a_side_path_and_weight_patches_requantize():
-    from lingbot_world.quant.fp8_linear import Fp8Linear
+    from lingbot_world.quant.lowp_linear import Fp8Linear
     from lingbot_world.quant.lora import LinearLora, LowRank, attach
 
     g = torch.Generator().manual_seed(1)
@@ -237,7 +237,7 @@ def fast_forward(model, frames: int = 3):
 
 
 def test_fast_forward_from_the_fp8_folder_equals_the_model_built_here(release):
-    from lingbot_world.quant.fp8_linear import Fp8Linear
+    from lingbot_world.quant.lowp_linear import Fp8Linear
 
     root, _ = release
     folder = root / "fp8_from_bf16"
@@ -387,7 +387,7 @@ def test_the_demo_plays_from_fp8_weights(copy_demo, demo_text_cache):
     import numpy as np
 
     from lingbot_world.loaders.demo_checkpoint import DEMO_PROMPT, demo_fast_ready
-    from lingbot_world.quant.fp8_linear import Fp8Linear
+    from lingbot_world.quant.lowp_linear import Fp8Linear
     from lingbot_world.world import FastFiles, TextSettings, WorldSession, WorldSettings
 
     root = copy_demo()

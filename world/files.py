@@ -21,8 +21,8 @@ class FastFiles:
 
     @classmethod
     def find(cls, ckpt_dir, fast_model: Optional[Path] = None, weights: str = "nf4") -> "FastFiles":
-        """The files of a release folder (the NF4 copy of the Fast model first; with weights "fp8" the FP8 copy,
-        else the official folder); `fast_model` overrides it."""
+        """The files of a release folder (the NF4 copy of the Fast model first; with weights "fp8" / "int8" that
+        stored copy, else the official folder); `fast_model` overrides it."""
         root = Path(ckpt_dir).expanduser()
         if fast_model is not None:
             t5, vae, tok = _shared_files(root)
@@ -31,8 +31,8 @@ class FastFiles:
 
     @classmethod
     def demo(cls, demo_dir: Optional[Path] = None, weights: str = "nf4") -> "FastFiles":
-        """The tiny random-weight demo checkpoint (built on first use; weights "fp8": its Fast model converted to
-        FP8 too, once)."""
+        """The tiny random-weight demo checkpoint (built on first use; weights "fp8" / "int8": its Fast model converted
+        to FP8 / INT8 too, once)."""
         return cls.of(build_demo_fast_checkpoint(demo_dir, weights=weights))
 
     @classmethod

@@ -15,6 +15,7 @@ import torch
 
 from ..loaders.fast_state_file import model_fingerprint, model_label
 from ..memory.kv_placement import FastPlacement
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.i2v import ConditionTrack
 from ..wan.sampling.fast_state import FastSettings
 from ..wan.sizes import max_area_for, target_size
@@ -58,10 +59,10 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
     """Check, plan and prepare (the model loads when the first chunk needs it, or on `load_model()`)."""
     from ..loaders.vae_files import load_vae
 
-    if settings.weights == "fp8":  # refused in one line before anything is read or planned
-        from ..quant.compute import check_fp8_weights
+    if settings.weights in LOWP_WEIGHTS:  # refused in one line before anything is read or planned
+        from ..quant.compute import check_lowp_weights
 
-        check_fp8_weights(device)
+        check_lowp_weights(settings.weights, device)
     fmt, note = files.check(settings.weights)
     if note:
         log.warning("%s", note)

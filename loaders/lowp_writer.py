@@ -1,15 +1,16 @@
-"""`convert_to_fp8(src, out)`: an expert (the official bf16 folder, or an NF4 folder) -> an FP8 folder.
+"""`convert_to_lowp(src, out, kind)`: an expert (the official bf16 folder, or an NF4 folder) -> an FP8 or INT8
+folder (`convert_to_fp8` / `convert_to_int8`).
 
-The folder (layout in quant/fp8_format.py) is `model.safetensors` + `config.json` + `quantization_meta.json`,
+The folder (layout in quant/lowp_format.py) is `model.safetensors` + `config.json` + `quantization_meta.json`,
 built under a temp name and renamed when complete (loaders/atomic.atomic_dir): an interrupted or failed
 conversion leaves nothing under `out`, and an existing `out` is never replaced. Tensors stream one at a time:
-each linear's weight is read to `device` (CUDA when there is one), quantized per output channel to e4m3 there
-and written; host memory holds one tensor at a time.
+each linear's weight is read to `device` (CUDA when there is one), quantized per output channel to the kind's dtype
+there and written; host memory holds one tensor at a time.
 
 Sources: float weights are quantized from their bf16 value (the reference's precision: one rounding, the
-least error). NF4 weights are dequantized (bitsandbytes, float32) first, so the NF4 error stays and the FP8
-rounding adds to it: the metadata and the result say so. Both report the FP8 step's relative error against the
-weights it quantized.
+least error). NF4 weights are dequantized (bitsandbytes, float32) first, so the NF4 error stays and the new
+rounding adds to it: the metadata and the result say so. Both report the quantization step's relative error
+against the weights it quantized.
 """
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ import datetime as _dt
 import importlib.metadata
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
 
-from ..quant import fp8_format
-from ..quant.fp8_linear import dequantize, quantize_weight
+from ..quant.lowp_format import FORMATS, QUANT_METADATA_KEY, SCALE_SUFFIX
+from ..quant.lowp_linear import dequantize, quantize_weight
 from ..quant.nf4_format import QUANT_STATE_KEY
 from ..wan.dit.model import WanDiT
 from .atomic import atomic_dir
@@ -64,7 +66,7 @@ def _nf4_weight(out_in: tuple, pieces: dict, where: str) -> torch.Tensor:
 
 
 class _Error:
-    """Sum of squares of the FP8 step's error and of the weights it quantized (float64, on the host)."""
+    """Sum of squares of the quantization step's error and of the weights it quantized (float64, on the host)."""
 
     def __init__(self):
         self.err = self.ref = 0.0
@@ -79,16 +81,18 @@ class _Error:
         return (self.err / self.ref) ** 0.5 if self.ref else 0.0
 
 
-def convert_to_fp8(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Path],
-                   device: Optional[Union[str, torch.device]] = None, progress: Optional[Progress] = None) -> dict:
-    """Write the FP8 copy of the expert at `src` to the new folder `out_dir`; returns its statistics (source,
-    linears, bytes, the FP8 step's relative weight error and, from NF4, the note that the errors add up).
+def convert_to_lowp(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Path], kind: str,
+                    device: Optional[Union[str, torch.device]] = None, progress: Optional[Progress] = None) -> dict:
+    """Write the `kind` ("fp8" | "int8") copy of the expert at `src` to the new folder `out_dir`; returns its
+    statistics (source, linears, bytes, the step's relative weight error and, from NF4, the note that the errors
+    add up).
 
-    Raises FileExistsError when `out_dir` exists, ExpertLoadError for an FP8 source, StateDictMismatch when a
-    tensor is missing or mis-shaped (checked from the headers before any work)."""
+    Raises FileExistsError when `out_dir` exists, ExpertLoadError for an FP8 or INT8 source, StateDictMismatch
+    when a tensor is missing or mis-shaped (checked from the headers before any work)."""
+    lowp = FORMATS[kind]
     fmt = src if isinstance(src, ExpertFormat) else detect_format(src)
-    if fmt.weights == "fp8":
-        raise ExpertLoadError(f"{fmt.path} holds FP8 weights already; nothing to convert")
+    if fmt.weights in FORMATS:
+        raise ExpertLoadError(f"{fmt.path} holds {fmt.weights.upper()} weights already; nothing to convert")
     source = "nf4" if fmt.weights == "nf4" else "bf16"
     out = Path(out_dir).expanduser()
     if out.exists() or out.is_symlink():
@@ -99,14 +103,14 @@ def convert_to_fp8(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Path
     keys, sources, pt_sd = _file_keys(fmt)
     plan = _plan(WanDiT(fmt.config, device="meta"), True, keys, sources)  # every key checked, nothing read yet
     total = sum(dtype.itemsize * math.prod(shape) for dtype, shape in keys.values())
-    recipe = fp8_format.recipe(source)
+    recipe = lowp.recipe(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out) as tmp:
         metadata = {"format": "pt", "config": json.dumps(fmt.config.to_json()),
-                    fp8_format.QUANT_METADATA_KEY: json.dumps(recipe)}
+                    QUANT_METADATA_KEY: json.dumps(recipe)}
         writer = SafetensorsWriter(tmp / WEIGHTS_FILE, metadata, header_reserve=sum(len(k) + 96 for k in keys) + 8192)
         try:
-            stats = _write(fmt, plan, keys, sources, pt_sd, writer, device, progress, total)
+            stats = _write(fmt, kind, plan, keys, sources, pt_sd, writer, device, progress, total)
             path = writer.close()
         except BaseException:
             writer.abort()
@@ -114,7 +118,7 @@ def convert_to_fp8(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Path
         (tmp / "config.json").write_text(_config_text(fmt))
         stats.update(file_bytes=path.stat().st_size, source=source)
         if source == "nf4":
-            stats["note"] = fp8_format.NF4_SOURCE_NOTE
+            stats["note"] = lowp.nf4_source_note
         meta = {"quant": recipe, "source": {"path": str(fmt.path), "kind": fmt.kind, "weights": source},
                 "model_config": fmt.config.to_json(), "files": {"weights": WEIGHTS_FILE, "config": "config.json"},
                 "stats": stats, "tool_versions": _versions(),
@@ -123,17 +127,21 @@ def convert_to_fp8(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Path
     return stats
 
 
-def _write(fmt, plan, keys, sources, pt_sd, writer: SafetensorsWriter, device, progress, total) -> dict:
+convert_to_fp8 = partial(convert_to_lowp, kind="fp8")
+convert_to_int8 = partial(convert_to_lowp, kind="int8")
+
+
+def _write(fmt, kind: str, plan, keys, sources, pt_sd, writer: SafetensorsWriter, device, progress, total) -> dict:
     pending: dict[str, dict] = {}
     error = _Error()
     done = linears = plain = 0
 
     def put_linear(name: str, w: torch.Tensor) -> None:
         nonlocal linears
-        w8, scale = quantize_weight(w)
+        w8, scale = quantize_weight(w, kind)
         error.add(w, w8, scale)
         writer.add(f"{name}.weight", w8)
-        writer.add(name + fp8_format.SCALE_SUFFIX, scale)
+        writer.add(name + SCALE_SUFFIX, scale)
         linears += 1
 
     def packed_owner(key: str) -> tuple[Optional[str], Optional[str]]:
