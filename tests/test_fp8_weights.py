@@ -236,6 +236,22 @@ def fast_forward(model, frames: int = 3):
         return model(x, torch.tensor([937]), ctx, y, camera=cam, kv_cache=cache).float()
 
 
+def model_built_here(folder, ref_linear):
+    """A float32 WanDiT of the folder's dequantized weights whose quantized linears compute
+    ref_linear(x, stored weight, scale, bias) (the formula a test writes for its kind)."""
+    stored = load_file(str(folder / "model.safetensors"))
+    ref = WanDiT(CFG).eval()
+    sd = {k: v.float() for k, v in stored.items() if not k.endswith(".weight_scale")}
+    for n in LINEARS:
+        sd[f"{n}.weight"] = stored[f"{n}.weight"].float() * stored[f"{n}.weight_scale"][:, None]
+    ref.load_state_dict(sd)
+    for n in LINEARS:
+        lin = ref.get_submodule(n)
+        w8, sw = stored[f"{n}.weight"], stored[f"{n}.weight_scale"]
+        lin.register_forward_hook(lambda mod, inp, out, w8=w8, sw=sw: ref_linear(inp[0], w8, sw, mod.bias))
+    return ref
+
+
 def test_fast_forward_from_the_fp8_folder_equals_the_model_built_here(release):
     from lingbot_world.quant.lowp_linear import Fp8Linear
 
@@ -248,19 +264,7 @@ def test_fast_forward_from_the_fp8_folder_equals_the_model_built_here(release):
         m.lowp_min_rows = 1  # every GEMM in FP8 (the tiny video has few tokens)
         assert m.in_features % 16 == 0 and m.out_features % 16 == 0  # so the formula below applies to all
     got = fast_forward(model)
-
-    stored = load_file(str(folder / "model.safetensors"))
-    ref = WanDiT(CFG).eval()
-    sd = {k: v.float() for k, v in stored.items() if not k.endswith(".weight_scale")}
-    for n in LINEARS:
-        sd[f"{n}.weight"] = stored[f"{n}.weight"].float() * stored[f"{n}.weight_scale"][:, None]
-    ref.load_state_dict(sd)
-    for n in LINEARS:
-        lin = ref.get_submodule(n)
-        w8, sw = stored[f"{n}.weight"], stored[f"{n}.weight_scale"]
-        lin.register_forward_hook(lambda mod, inp, out, w8=w8, sw=sw: ref_fp8_linear(inp[0], w8, sw, mod.bias))
-    want = fast_forward(ref)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, fast_forward(model_built_here(folder, ref_fp8_linear)), rtol=1e-5, atol=1e-5)
 
     # against the bf16 model of the original weights (relative L2 of the velocity): 0.070 measured here (FP8 weights
     # alone 0.056, the activations the rest); the NF4 model of the same weights, the pack's default, is off by 0.21
