@@ -62,19 +62,20 @@ def test_convert_int8_cli(copy_demo, tmp_path, capsys):
 def test_int8_weights_are_refused_where_they_cannot_run(demo_ckpt, tmp_path, capsys, monkeypatch):
     from lingbot_world.quant import compute
 
-    def one_line(argv):
-        assert main(argv) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1, err
-        return err[0]
-
-    base = ["generate", "--demo", "--demo-dir", str(demo_ckpt), "--out", str(tmp_path / "x.mp4"), "--weights", "int8"]
-    assert "--weights int8 is for the Fast model" in one_line(base)
-    line = "--weights int8 needs an Ampere-or-newer GPU (sm80+); this card is sm75: use --weights nf4"
-    monkeypatch.setattr(compute, "int8_weights_unavailable", lambda device: line)
-    assert line in one_line(base + ["--model", "fast"])
-    assert line in one_line(["play", "--demo", "--demo-dir", str(demo_ckpt), "--weights", "int8", "--no-browser",
-                             "--port", "0", "--out-dir", str(tmp_path / "o")])
+    no_card = "--weights int8 needs an Ampere-or-newer GPU (sm80+); this card is sm75: use --weights nf4"
+    demo = ["--demo", "--demo-dir", str(demo_ckpt), "--weights", "int8"]
+    generate = ["generate", *demo, "--out", str(tmp_path / "x.mp4")]
+    cases = [  # (argv, the one line's text, whether the card check is patched to refuse)
+        (generate, "--weights int8 is for the Fast model (add --model fast)", False),
+        (generate + ["--model", "fast"], no_card, True),
+        (["play", *demo, "--no-browser", "--port", "0", "--out-dir", str(tmp_path / "o")], no_card, True),
+    ]
+    for argv, says, patched in cases:
+        if patched:
+            monkeypatch.setattr(compute, "int8_weights_unavailable", lambda device: no_card)
+        assert main(argv) == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], (argv, lines)
     assert not (tmp_path / "x.mp4").exists()
     assert not (demo_ckpt / "lingbot_world_fast_int8").exists()  # refused before the demo's INT8 copy is made
 
