@@ -27,7 +27,6 @@ TOKENIZER_DIRS = ("tokenizer", "google/umt5-xxl")
 FAST_DIRS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
 # --weights fp8 / int8: that stored copy, else the official float folder (quantized while loading); never NF4
 FAST_LOWP_DIRS = {kind: f"lingbot_world_fast_{kind}" for kind in LOWP_WEIGHTS}
-FAST_FP8_DIR, FAST_INT8_DIR = FAST_LOWP_DIRS["fp8"], FAST_LOWP_DIRS["int8"]
 
 
 @dataclass

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -179,9 +178,6 @@ def _add_lowp_fast_model(root: Path, kind: str) -> None:
         convert_to_lowp(root / FAST_DIRS[0], out, kind, device="cpu")
     except FileExistsError:  # another process converted it first (the folder appears only when complete)
         pass
-
-
-_add_fp8_fast_model = partial(_add_lowp_fast_model, kind="fp8")
 
 
 def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0, weights: str = "nf4") -> FastCheckpointFiles:

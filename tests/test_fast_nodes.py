@@ -145,20 +145,20 @@ def test_loaders_refuse_the_wrong_model(comfy, demo_base):
         N["LingBotExpertLoader"]().load("lingbot-demo/lingbot_world_fast_bnb_nf4", "lingbot-demo/low_noise_model_bnb_nf4")
 
 
-def test_fp8_weights_in_the_graph_equal_the_library_run(comfy, graph, demo_base, monkeypatch):
-    """weights fp8 on the FP8 copy (convert-fp8; the demo's own): the graph's latent equals FastRun on
-    load_expert(..., "fp8") (FP8 GEMMs emulated on the CPU); a card without FP8 is refused in one line at the loader."""
-    from lingbot_world.loaders.checkpoint_dir import FAST_FP8_DIR
-    from lingbot_world.loaders.demo_checkpoint import _add_fp8_fast_model
+def _stored_weights_graph_equals_the_library_run(kind, comfy, graph, demo_base, monkeypatch):
+    """weights `kind` on the demo's own stored copy (convert-fp8 / convert-int8): the graph's latent equals FastRun
+    on load_expert(..., kind); a card that cannot run the kind is refused in one line at the loader."""
+    from lingbot_world.loaders.checkpoint_dir import FAST_LOWP_DIRS
+    from lingbot_world.loaders.demo_checkpoint import _add_lowp_fast_model
     from lingbot_world.quant import compute
 
     root = demo_base / "models" / "lingbot_world" / "lingbot-demo"
-    _add_fp8_fast_model(root)
-    name = f"lingbot-demo/{FAST_FP8_DIR}"
+    _add_lowp_fast_model(root, kind)
+    name = f"lingbot-demo/{FAST_LOWP_DIRS[kind]}"
     text, cam, vae, i2v = graph
-    fm = fast_loader(name=name, weights="fp8")
+    fm = fast_loader(name=name, weights=kind)
     latent = run_fast(fm, graph)
-    model = load_expert(fm.format.path, "cpu", "fp8")
+    model = load_expert(fm.format.path, "cpu", kind)
     plucker = camera_condition(cam.poses, cam.intrinsics, H, W, FRAMES, latent_frames=9).plucker
     g = make_generator(5, "cpu")
     noise = draw(g, (1, 16, 9, H // 8, W // 8))
@@ -166,8 +166,24 @@ def test_fp8_weights_in_the_graph_equal_the_library_run(comfy, graph, demo_base,
     z = FastRun(model, noise, pad_context([text.positive], 512), i2v.y, plucker, cache, g).run()
     torch.testing.assert_close(latent, i2v.to_raw_latent(z), rtol=0, atol=0)
 
-    monkeypatch.setattr(compute, "fp8_weights_unavailable", lambda device: "this card is sm86")
-    with pytest.raises(ValueError, match="sm86"):
-        fast_loader(name=name, weights="fp8")
+    monkeypatch.setattr(compute, f"{kind}_weights_unavailable", lambda device: "this card is sm75")
+    with pytest.raises(ValueError, match="sm75"):
+        fast_loader(name=name, weights=kind)
     with pytest.raises(ValueError, match="weights must be one of"):
         fast_loader(weights="int4")
+    return fm
+
+
+def test_fp8_weights_in_the_graph_equal_the_library_run(comfy, graph, demo_base, monkeypatch):
+    """FP8 GEMMs emulated on the CPU."""
+    _stored_weights_graph_equals_the_library_run("fp8", comfy, graph, demo_base, monkeypatch)
+
+
+def test_int8_weights_in_the_graph_equal_the_library_run(comfy, graph, demo_base, monkeypatch):
+    """INT8 GEMMs through torch's CPU int8 matmul; an FP8 folder is not taken as INT8."""
+    from lingbot_world.loaders.expert_format import ExpertLoadError
+
+    fm = _stored_weights_graph_equals_the_library_run("int8", comfy, graph, demo_base, monkeypatch)
+    assert fm.format.kind == "int8" and fm.weights == "int8"
+    with pytest.raises(ExpertLoadError, match="holds NF4 weights; weights int8 reads an INT8 folder"):
+        fast_loader(weights="int8")  # the NF4 demo model
