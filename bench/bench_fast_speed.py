@@ -13,6 +13,9 @@ fold,steps3,window15,fp8_gemm,fp8_attn --workdir /tmp/lwfs --fresh --budget-s 47
     # stored FP8 weights (--weights fp8; the FP8 copy is converted once from the random NF4 expert, ~14 GB more)
     python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_gemm,fp8_weights --workdir /tmp/lwfs \
         --keep --budget-s 540 --min-case-s 45 --out bench/results/fast_chunk_fp8_weights_h100.json
+    # stored INT8 weights (--weights int8, the Ampere path; its copy is converted once the same way)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,int8_weights --workdir /tmp/lwfs \
+        --keep --budget-s 540 --min-case-s 45 --out bench/results/fast_chunk_int8_weights.json
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
@@ -29,9 +32,10 @@ outputs (the first model call's velocity and every chunk's x0) saved in --workdi
 the `exact` case's (relative L2): `error_forward` (the very first call: same inputs in every case), `error_chunks`
 (each chunk's x0, errors carried through the cache included), `error_video` (the whole latent).
 
-`fp8_weights*` cases load the FP8 copy of the same expert (`lingbot-world convert-fp8` of the NF4 folder, made once
-in --workdir by a child process): e4m3 weights read as stored by the GEMMs, no NF4 dequantization; their errors are
-against `exact`, the NF4 model, so they measure what FP8 weights and activations change.
+`fp8_weights*` / `int8_weights` cases load the FP8 / INT8 copy of the same expert (`lingbot-world convert-fp8` /
+`convert-int8` of the NF4 folder, made once in --workdir by a child process): e4m3 / int8 weights read as stored by
+the GEMMs, no NF4 dequantization; their errors are against `exact`, the NF4 model, so they measure what the stored
+weights and low-precision activations change.
 
 `*_profile` cases: the 4th chunk under torch.profiler instead (device seconds by kernel category, top kernels and
 operators, and the device's busy share of the chunk's unprofiled wall time).
@@ -49,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.dit.model import DiTConfig
 from .bench_fast import TINY_VIDEO, V480, fast_inputs
 from .bench_pipeline import PACKAGE, apply_cap, bench_config, random_experts, sync
@@ -79,6 +84,7 @@ CASES: dict[str, dict] = {
     "fp8_gemm": dict(preset="auto", compile="blocks", compute="fp8", attention="sdpa"),
     "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
     "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
+    "int8_weights": dict(preset="auto", compile="blocks", weights="int8"),  # stored int8 weights, INT8 GEMMs (sm80+)
     "steps3": dict(preset="auto", compile="blocks", levers=dict(steps=3)),
     "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
     "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),
@@ -150,8 +156,7 @@ def child_case(spec: dict) -> dict:
     placement = FastPlacement(plan, device, lambda s: None)
     try:
         t0 = time.perf_counter()
-        model = apply_speed(placement.load_model(spec["fast_fp8" if weights == "fp8" else "fast"], weights),
-                            plan_speed)
+        model = apply_speed(placement.load_model(spec["fast_lowp"].get(weights, spec["fast"]), weights), plan_speed)
         sync(device)
         out["load_s"] = round(time.perf_counter() - t0, 3)
         cache = placement.make_cache()
@@ -385,9 +390,10 @@ def run(args) -> dict:
                            f"errors: relative L2 against the '{REFERENCE}' case's outputs (same seed and inputs)"])
     paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4"}
     experts = random_experts(loop, paths, {"fast": cfg}, device)
-    fp8_path = workdir / "lingbot_world_fast_fp8"
-    if any(CASES[c].get("weights") == "fp8" for c in args.cases):
-        loop.res["fp8_copy"] = fp8_copy(paths["fast"], fp8_path, device, timeout=max(60.0, loop.remaining()))
+    lowp_paths = {kind: workdir / f"lingbot_world_fast_{kind}" for kind in LOWP_WEIGHTS}
+    for kind in sorted({CASES[c].get("weights") for c in args.cases} & set(LOWP_WEIGHTS)):
+        loop.res[f"{kind}_copy"] = lowp_copy(paths["fast"], lowp_paths[kind], kind, device,
+                                             timeout=max(60.0, loop.remaining()))
         loop.save()
 
     def run_case(name: str, timeout: float) -> dict:
@@ -395,7 +401,7 @@ def run(args) -> dict:
         video = TINY_VIDEO["fast"] if args.tiny else V480
         spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
                 "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
-                "fast_fp8": str(fp8_path),
+                "fast_lowp": {kind: str(p) for kind, p in lowp_paths.items()},
                 "cap_gib": 24 if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
@@ -406,23 +412,23 @@ def run(args) -> dict:
                 spec["levers"] = {**spec["levers"], "decode_bf16": False}  # CPU autocast: minutes on 2 cores
         return run_case_child(spec, workdir, timeout, MODULE)
 
-    return loop.run(run_case, workdir, written=[*paths.values(), fp8_path])
+    return loop.run(run_case, workdir, written=[*paths.values(), *lowp_paths.values()])
 
 
-def fp8_copy(nf4: Path, out: Path, device: str, timeout: float) -> dict:
-    """The FP8 copy of the random NF4 expert (`lingbot-world convert-fp8`, in a child process so this one never
-    touches the GPU), reused while it is newer than the NF4 file."""
+def lowp_copy(nf4: Path, out: Path, kind: str, device: str, timeout: float) -> dict:
+    """The FP8 / INT8 copy of the random NF4 expert (`lingbot-world convert-<kind>`, in a child process so this
+    one never touches the GPU), reused while it is newer than the NF4 file."""
     weights = out / "model.safetensors"
     if weights.is_file() and weights.stat().st_mtime >= (nf4 / "model.safetensors").stat().st_mtime:
         return {"path": str(out), "reused": True}
     if out.exists():
         shutil.rmtree(out)  # a copy of an older NF4 expert (the converter never replaces a folder)
-    print(f"[fp8] converting {nf4.name} to FP8 in {out} ...", flush=True)
+    print(f"[{kind}] converting {nf4.name} to {kind.upper()} in {out} ...", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", PACKAGE, "convert-fp8", str(nf4), str(out), "--device", device],
+    proc = subprocess.run([sys.executable, "-m", PACKAGE, f"convert-{kind}", str(nf4), str(out), "--device", device],
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"convert-fp8 failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise RuntimeError(f"convert-{kind} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     stats = json.loads(proc.stdout[proc.stdout.index("{"):])
     return {"path": str(out), "made_s": round(time.perf_counter() - t0, 1), "stats": stats}
 
