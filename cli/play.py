@@ -84,7 +84,7 @@ def run(args) -> int:
 def _run(request: PlayRequest) -> int:
     from ..player.driver import SessionDriver
     from ..player.options import LOCAL_HOST, PlayerOptions
-    from ..player.server import bind, serve
+    from ..player.standalone import bind, serve
     from .preflight import noise_source, resolve_device
 
     # quick checks first: flags, image, out dir, port, model files (headers); the model loads last

@@ -6,5 +6,5 @@ the ComfyUI Play node (nodes/play_node.py) mounts the same routes and page on Co
 - `driver.SessionDriver`: every call of the session on one worker thread, one chunk at a time.
 - `routes.Player`: the page, its static files, uploads and the WebSocket, all behind a per-run token.
 - `render_job.RenderJob`: "render this path" as a background `lingbot-world generate` child.
-- `server.serve`: the standalone server (bound socket, browser, clean exit).
+- `standalone.serve`: the standalone server of `lingbot-world play` (bound socket, browser, clean exit).
 """
