@@ -39,7 +39,7 @@ SPACE_MARGIN_BYTES = 256 * 1024
 VIDEO_BYTES_PER_PIXEL = {".mp4": 1.0, ".webm": 1.0, ".gif": 1.5, None: 3.2}
 
 
-EXAMPLE_NAMES = {"--save-state": "video.state", "--trajectory-picture": "trajectory.png"}
+EXAMPLE_NAMES = {"--save-state": "video.state", "--trajectory-picture": "trajectory.png", "--timings": "timings.json"}
 
 
 @dataclass(frozen=True)

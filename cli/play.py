@@ -14,6 +14,8 @@ from ..quant.lowp_kinds import LOWP_WEIGHTS
 from .errors import UsageError
 from .play_request import PlayRequest
 
+TIMINGS_ESTIMATE_BYTES = 32 * 1024**2  # ~250 bytes a row, 100k rows at most (player/timings.py)
+
 log = logging.getLogger("lingbot_world.play")
 DEMO_SIZE = "64*112"
 
@@ -119,7 +121,7 @@ def _run(request: PlayRequest) -> int:
         image = Path(image).expanduser().resolve()
         load_image(image)  # unreadable or not a picture: one line now
     out_dir = _out_dir(request.out_dir)
-    timings = _timings_target(request.timings)
+    timings = _timings_target(request.timings, image)
     if request.host != LOCAL_HOST:
         print(f"warning: --host {request.host}: the player is reachable from other machines on that network (anyone "
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
@@ -207,17 +209,14 @@ def _check_size(size: str) -> None:
         raise UsageError(f"--size {size!r}: {e}") from None
 
 
-def _timings_target(path: Optional[Path]) -> Optional[Path]:
-    """--timings: a file (new or regular) in a writable folder, checked before the model loads."""
+def _timings_target(path: Optional[Path], image: Optional[Path]) -> Optional[Path]:
+    """--timings: checked like every output target (cli/outputs.py) before the model loads."""
     if path is None:
         return None
-    from .outputs import check_folder
+    from .outputs import OutputSpec, check_outputs
 
-    target = Path(path).expanduser().resolve()
-    if target.exists() and not target.is_file():
-        raise UsageError(f"--timings {path}: not a regular file; give a .json file name")
-    check_folder("--timings", target)
-    return target
+    inputs = [("--image", image)] if image is not None else []
+    return check_outputs([OutputSpec("--timings", Path(path).expanduser(), TIMINGS_ESTIMATE_BYTES)], inputs)[0]
 
 
 def _out_dir(path: Path) -> Path:

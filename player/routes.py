@@ -254,8 +254,8 @@ class Player:
 
     async def _send_timings(self, ws, chunk: int) -> None:
         """A chunk's row as known now (the page's report may come before or after the chunk's end)."""
-        row = next(r for r in self.timings.rows if r.chunk == chunk)
-        await self._send(ws, {"type": "timings", "row": asdict(row), "summary": self.timings.summary()})
+        await self._send(ws, {"type": "timings", "row": asdict(self.timings.row(chunk)),
+                              "summary": self.timings.summary()})
 
     def _render_info(self) -> dict:
         return {"available": self.options.render is not None, "running": self.render.running,

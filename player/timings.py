@@ -80,6 +80,9 @@ class PlayTimings:
         for chunk in [c for c in self._rows if c > chunks]:
             del self._rows[chunk]
 
+    def row(self, chunk: int) -> Optional[ChunkTiming]:
+        return self._rows.get(chunk)
+
     @property
     def rows(self) -> list[ChunkTiming]:
         return [self._rows[c] for c in sorted(self._rows)]

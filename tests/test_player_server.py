@@ -289,7 +289,8 @@ def test_port_taken_and_host_warning_are_one_line(server, tmp_path, capsys):
                "--out-dir", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 2 and err[0].startswith("warning: --host 0.0.0.0")
-    for target, why in ((tmp_path, "not a regular file"), (tmp_path / "missing" / "t.json", "does not exist")):
+    for target, why in ((tmp_path, "is a folder, not a file; give a file name inside it, e.g. "),
+                        (tmp_path / "missing" / "t.json", "does not exist")):
         rc = main(["play", "--demo", "--no-browser", "--port", "0", "--out-dir", str(tmp_path / "o"),
                    "--timings", str(target)])
         err = capsys.readouterr().err.strip().splitlines()
