@@ -125,12 +125,10 @@ def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frame
 
 
 # ---- children ----------------------------------------------------------------------------------------------------
-def child_fast(spec: dict) -> dict:
-    from ..memory.kv_placement import FastPlacement, plan_fast_memory
-    from ..memory.placement import available_ram_bytes, free_vram_bytes
-    from ..wan.dit.kv_cache import cache_layout
-    from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
-    from ..wan.vae.model import VAEConfig, WanVAE
+def child_start(spec: dict):
+    """What every Fast child does first: its device (capped as the spec says), the config and the video's frames.
+    Returns (device, cuda, cfg, FastFrames, h, w, out) with `out` holding the cap and the frame counts."""
+    from ..wan.sampling.fast_sampler import fast_frames
 
     device = torch.device(spec["device"])
     cuda = device.type == "cuda"
@@ -141,6 +139,17 @@ def child_fast(spec: dict) -> dict:
     frames, h, w = spec["video"]
     fr = fast_frames(frames)
     out.update(frames=fr.frames, latent_frames=fr.latent_frames, chunks=fr.chunks)
+    return device, cuda, cfg, fr, h, w, out
+
+
+def child_fast(spec: dict) -> dict:
+    from ..memory.kv_placement import FastPlacement, plan_fast_memory
+    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..wan.dit.kv_cache import cache_layout
+    from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
+    from ..wan.vae.model import VAEConfig, WanVAE
+
+    device, cuda, cfg, fr, h, w, out = child_start(spec)
     vae = None
     if spec.get("vae", True):
         with torch.device(device):

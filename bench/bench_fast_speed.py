@@ -55,8 +55,8 @@ import torch
 
 from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.dit.model import DiTConfig
-from .bench_fast import TINY_VIDEO, V480, fast_inputs
-from .bench_pipeline import PACKAGE, apply_cap, bench_config, random_experts, sync
+from .bench_fast import TINY_VIDEO, V480, child_start, fast_inputs
+from .bench_pipeline import PACKAGE, bench_config, random_experts, sync
 from .common import (
     CaseLoop,
     add_case_arguments,
@@ -113,19 +113,11 @@ def child_case(spec: dict) -> dict:
     from ..speed.options import apply_speed, resolve_speed
     from ..speed.presets import PRESETS, attach_preset, preset_options
     from ..wan.dit.kv_cache import cache_layout
-    from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+    from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
     from ..wan.vae.model import VAEConfig, WanVAE
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
 
-    device = torch.device(spec["device"])
-    cuda = device.type == "cuda"
-    out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}
-    if cuda:
-        torch.empty(1, device=device)
-    cfg = DiTConfig.from_json(spec["config"])
-    frames, h, w = spec["video"]
-    fr = fast_frames(frames)
-    out.update(frames=fr.frames, latent_frames=fr.latent_frames, chunks=fr.chunks)
+    device, cuda, cfg, fr, h, w, out = child_start(spec)
     preset = PRESETS[spec["preset"]]
     levers = ChunkLevers(**{**preset.levers.__dict__, **spec.get("levers", {})})
     explicit = {k: spec[k] for k in ("compile", "compute", "attention") if spec.get(k)}
