@@ -87,9 +87,6 @@ class LowpWeightsUnsupported(ValueError):
     """`--weights fp8/int8` asked for on a device whose tensor cores cannot run it (a choice the user can change)."""
 
 
-Fp8WeightsUnsupported = LowpWeightsUnsupported  # the name callers and tests knew first
-
-
 def stored_weights_unavailable(kind: str, device: torch.device) -> Optional[str]:
     """Why stored `kind` weights (`--weights fp8` / `--weights int8`) cannot run on `device`, or None. The CPU runs
     them (FP8's float32 emulation, torch's CPU `_int_mm`: tests, the demo); a GPU needs the kind's tensor cores
@@ -118,20 +115,8 @@ def stored_weights_unavailable(kind: str, device: torch.device) -> Optional[str]
 _MATMULS = {"fp8": "_scaled_mm", "int8": "_int_mm"}
 
 
-def fp8_weights_unavailable(device: torch.device) -> Optional[str]:
-    return stored_weights_unavailable("fp8", device)
-
-
-def int8_weights_unavailable(device: torch.device) -> Optional[str]:
-    return stored_weights_unavailable("int8", device)
-
-
-# kind -> the name of its check in this module, looked up when called so that a test can replace one
-_UNAVAILABLE = {"fp8": "fp8_weights_unavailable", "int8": "int8_weights_unavailable"}
-
-
 def check_lowp_weights(kind: str, device: torch.device) -> None:
     """Raise LowpWeightsUnsupported (one line) before anything loads when `--weights kind` cannot run here."""
-    problem = globals()[_UNAVAILABLE[kind]](device)
+    problem = stored_weights_unavailable(kind, device)
     if problem:
         raise LowpWeightsUnsupported(problem)

@@ -56,7 +56,8 @@ def test_fp8_weights_are_refused_where_they_cannot_run(demo_ckpt, tmp_path, caps
 
     base = ["generate", "--demo", "--demo-dir", str(demo_ckpt), "--out", str(tmp_path / "x.mp4"), "--weights", "fp8"]
     assert "--weights fp8 is for the Fast model" in one_line(base)
-    monkeypatch.setattr(compute, "fp8_weights_unavailable", lambda device: "this card is sm86: use --weights nf4")
+    no_fp8 = "this card is sm86: use --weights nf4"
+    monkeypatch.setattr(compute, "stored_weights_unavailable", lambda kind, device: no_fp8)
     assert "sm86" in one_line(base + ["--model", "fast"])
     assert "sm86" in one_line(["play", "--demo", "--demo-dir", str(demo_ckpt), "--weights", "fp8", "--no-browser",
                                "--port", "0", "--out-dir", str(tmp_path / "o")])

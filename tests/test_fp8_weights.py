@@ -282,12 +282,12 @@ def test_a_card_without_fp8_is_refused_in_one_line_before_anything_loads(release
     from lingbot_world.world.settings import WorldSettings
 
     monkeypatch.setattr(compute, "_capability", lambda device: (8, 6))
-    problem = compute.fp8_weights_unavailable(torch.device("cuda", 0))
+    problem = compute.stored_weights_unavailable("fp8", torch.device("cuda", 0))
     assert problem == ("--weights fp8 needs an Ada/Hopper GPU (sm89+); this card is sm86: use --weights nf4")
-    assert compute.fp8_weights_unavailable(torch.device("cpu")) is None  # the emulated GEMM
+    assert compute.stored_weights_unavailable("fp8", torch.device("cpu")) is None  # the emulated GEMM
     root, _ = release
     files = FastFiles(root, root / "fp8_from_bf16", root / "missing_t5.pth", root / "missing_vae.pth", None)
-    with pytest.raises(compute.Fp8WeightsUnsupported) as e:
+    with pytest.raises(compute.LowpWeightsUnsupported) as e:
         open_pieces(files, WorldSettings(weights="fp8"), torch.device("cuda", 0))
     assert str(e.value) == problem and "\n" not in str(e.value)
 

@@ -72,7 +72,7 @@ def test_int8_weights_are_refused_where_they_cannot_run(demo_ckpt, tmp_path, cap
     ]
     for argv, says, patched in cases:
         if patched:
-            monkeypatch.setattr(compute, "int8_weights_unavailable", lambda device: no_card)
+            monkeypatch.setattr(compute, "stored_weights_unavailable", lambda kind, device: no_card)
         assert main(argv) == 2, argv
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and says in lines[0], (argv, lines)

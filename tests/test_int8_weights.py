@@ -198,7 +198,7 @@ def test_each_stored_kind_is_refused_in_one_line_where_its_gemm_cannot_run(relea
     if kind == "int8":  # an Ampere card passes the INT8 check up to the test GEMM (no CUDA here: not run)
         monkeypatch.setattr(compute, "_capability", lambda device: (8, 6))
         monkeypatch.setattr(compute, "_probe", lambda mode, device: None)
-        assert compute.int8_weights_unavailable(cuda) is None
+        assert compute.stored_weights_unavailable("int8", cuda) is None
 
 
 def test_int8_folders_are_not_mixed_up(release):
