@@ -110,12 +110,15 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 
 
 def _ffmpeg_frames(ffmpeg: str, path: Path) -> Optional[int]:
-    """Frames in a written video, counted by ffmpeg reading it back (stream copy: nothing is decoded)."""
-    r = subprocess.run([ffmpeg, "-hide_banner", "-nostdin", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null",
-                        "-"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       **own_session())
-    found = re.findall(r"frame=\s*(\d+)", r.stderr.decode("utf-8", "replace"))
-    return int(found[-1]) if r.returncode == 0 and found else None
+    """Frames in a written video, counted by ffmpeg reading it back: one framecrc line per packet of the video
+    stream (stream copy: nothing is decoded). Not from the progress line on stderr: ffmpeg 7.0 leaves `frame=` out
+    of it for a stream copy."""
+    r = subprocess.run([ffmpeg, "-hide_banner", "-nostdin", "-loglevel", "error", "-i", str(path), "-map", "0:v:0",
+                        "-c", "copy", "-f", "framecrc", "-"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, **own_session())
+    if r.returncode != 0:
+        return None
+    return sum(1 for line in r.stdout.decode("ascii", "replace").splitlines() if line and not line.startswith("#"))
 
 
 class VideoWriter:

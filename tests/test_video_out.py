@@ -77,6 +77,19 @@ def test_short_video_is_not_saved(tmp_path):
     assert _names(tmp_path) == ["fake_ffmpeg"]
 
 
+@needs_ffmpeg
+@pytest.mark.skipif(os.name == "nt", reason="a script as the ffmpeg executable")
+def test_frames_are_counted_without_the_progress_line(tmp_path):
+    """ffmpeg 7.0 (imageio-ffmpeg 0.7.0) prints no `frame=` in its progress line for a stream copy; the count must
+    not depend on that line, or every video is refused as short."""
+    ffmpeg = _fake_ffmpeg(tmp_path, f"import re\nr = subprocess.run([{find_ffmpeg()!r}] + sys.argv[1:], stderr=subprocess.PIPE)\n"
+                                    "err = re.sub(rb'frame=\\s*\\d+', b'', r.stderr)\n"
+                                    "sys.stderr.buffer.write(err)\n"
+                                    "sys.exit(r.returncode)")
+    assert write_video(_video(), plan_output(tmp_path / "out.mp4", ffmpeg)) == tmp_path / "out.mp4"
+    assert _names(tmp_path) == ["fake_ffmpeg", "out.mp4"]
+
+
 def test_without_ffmpeg_falls_back_to_png_frames_up_front(tmp_path, caplog):
     target = plan_output(tmp_path / "clip.mp4", ffmpeg=None)
     assert target.path == tmp_path / "clip" and target.container is None
