@@ -140,7 +140,7 @@ def _run(request: PlayRequest) -> int:
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
-                                render=_render_source(request, size, device_name, noise), timings_out=timings)
+                                render=_render_source(request, size, device_name, noise, speed), timings_out=timings)
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
@@ -171,7 +171,7 @@ def _exit_for(signum: int) -> int:
     return 0
 
 
-def _render_source(request: PlayRequest, size: str, device_name: str, noise: str):
+def _render_source(request: PlayRequest, size: str, device_name: str, noise: str, speed):
     from ..player.options import RenderSource
 
     if request.demo:
@@ -183,7 +183,9 @@ def _render_source(request: PlayRequest, size: str, device_name: str, noise: str
     if request.speed is not None:  # the render replays with the played preset (its window cap included)
         checkpoint += ("--speed", request.speed)
     return RenderSource(checkpoint, request.seed, size, request.window, request.sink, device=device_name,
-                        demo=request.demo, noise=noise, fast_weights=request.weights)
+                        demo=request.demo, noise=noise, fast_weights=request.weights,
+                        fast_speed_args=("--compile", speed.compile, "--compute", speed.compute,
+                                         "--attention", speed.attention))
 
 
 def write_frames(frames, path: Path, fps: int) -> Path:

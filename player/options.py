@@ -32,6 +32,9 @@ class RenderSource:
     noise: str = "auto"
     python: str = field(default_factory=lambda: sys.executable)
     fast_weights: str = "nf4"  # the Fast render's --weights (the base Cam render has its own experts)
+    # the played speed plan as flags (--compile/--compute/--attention): `auto` may decide otherwise for a short batch
+    # video (compile off below 20 chunks), and the render must run the kernels the played chunks ran to equal them
+    fast_speed_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ def render_command(src: RenderSource, target: str, actions: str, image: Path, pr
             cmd += ["--window", str(src.window), "--sink", str(src.sink)]
         if src.fast_weights != "nf4":
             cmd += ["--weights", src.fast_weights]
+        cmd += list(src.fast_speed_args)
     elif src.demo:
         cmd += ["--size", src.size]
     return cmd + ["--out", str(out)]

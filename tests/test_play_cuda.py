@@ -49,6 +49,8 @@ def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, spee
                 pass
             assert r["status"] == "done", r
             assert "--device cuda" in r["command"] and f"--speed {speed}" in r["command"], r["command"]
+            # the played kernels, pinned: `auto` alone would not compile a 2-chunk batch video
+            assert f"--compile {'off' if speed == 'exact' else 'blocks'}" in r["command"], r["command"]
             return end["state"], saved, r["out"]
         finally:
             await tab.ws.close()
