@@ -85,6 +85,8 @@ CASES: dict[str, dict] = {
     "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
     "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
     "int8_weights": dict(preset="auto", compile="blocks", weights="int8"),  # stored int8 weights, INT8 GEMMs (sm80+)
+    "fast_fp8_weights": dict(preset="fast", compile="blocks", weights="fp8"),  # + FP8 attention
+    "draft_fp8_weights": dict(preset="draft", compile="blocks", weights="fp8"),  # + the draft chunk levers
     "steps3": dict(preset="auto", compile="blocks", levers=dict(steps=3)),
     "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
     "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),

@@ -81,21 +81,21 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     if isinstance(speed, str):  # a preset: its options and its chunk levers (steps, fold, window cap, decode)
         from ..speed.presets import resolve_preset
 
-        plan_speed = resolve_preset(speed, device)
+        plan_speed = resolve_preset(speed, device, weights=args.weights)
     else:
-        plan_speed = resolve_speed(speed, device) if speed is not None else None
+        plan_speed = resolve_speed(speed, device, weights=args.weights) if speed is not None else None
     settings = WorldSettings(size=f"{h}*{w}", seed=42, noise="cuda" if device.type == "cuda" else "cpu",
                              window=args.window, sink=args.sink, kv_cache=args.kv_cache, speed=plan_speed)
     fmt = detect_format(fast_path)
     fs = fast_settings(settings, fmt, device, h, w)
     with torch.device(device):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
-    plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights="nf4", kv_cache=args.kv_cache,
+    plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
                                 stream_decode="on", vae_cfg=vae.cfg)
     placement = FastPlacement(plan, device, lambda s: None)
-    dtype = compute_dtype("nf4", device)
+    dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,
-                           load_model=lambda: placement.load_model(fast_path, "nf4", compute_dtype=dtype))
+                           load_model=lambda: placement.load_model(fast_path, args.weights, compute_dtype=dtype))
     g = torch.Generator().manual_seed(0)
     image = torch.rand(3, h, w, generator=g) * 2 - 1
     context = torch.randn(64, cfg.text_dim, generator=g)
@@ -178,7 +178,13 @@ def run(args) -> dict:
     fast_path = Path(args.workdir) / "lingbot_world_fast_bnb_nf4"
     print(f"[model] {'tiny' if args.tiny else 'full-size'} random NF4 Fast model in {fast_path} ...", flush=True)
     res["model"] = write_random_experts({"fast": fast_path}, {"fast": cfg}, str(device), timeout=3600)
-    session, plan, load_s = build_session(args, device, fast_path, cfg)
+    if args.weights != "nf4":  # the stored FP8 / INT8 copy, converted once from the random NF4 model
+        from .bench_fast_speed import lowp_copy
+
+        lowp_path = Path(args.workdir) / f"lingbot_world_fast_{args.weights}"
+        res["lowp_copy"] = lowp_copy(fast_path, lowp_path, args.weights, str(device), timeout=3600)
+    model_path = fast_path if args.weights == "nf4" else lowp_path
+    session, plan, load_s = build_session(args, device, model_path, cfg)
     res.update(plan=plan.to_json(), load_s=round(load_s, 3))
     print(f"[plan] {plan.reason}", flush=True)
     rows = asyncio.run(play(session, args.chunks, device, args.budget_s))
@@ -190,7 +196,8 @@ def run(args) -> dict:
     if not args.keep and not args.tiny:
         import shutil
 
-        shutil.rmtree(fast_path, ignore_errors=True)
+        for path in {fast_path, model_path}:
+            shutil.rmtree(path, ignore_errors=True)
     return res
 
 
@@ -207,6 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
     p.add_argument("--speed", default=None, help="a preset (exact, auto, fast, draft) or speed options, e.g. "
                    "compile=blocks,compute=fp8,attention=sdpa")
+    p.add_argument("--weights", choices=("nf4", "fp8", "int8"), default="nf4",
+                   help="the model's stored weights (fp8 / int8: converted once from the random NF4 model)")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop playing after this many seconds")
     p.add_argument("--flat-slack-mib", type=float, default=256.0,
                    help="memory counts as flat when the last quarter's peak is within this of the first's")
