@@ -10,12 +10,10 @@ fold,steps3,window15,fp8_gemm,fp8_attn --workdir /tmp/lwfs --fresh --budget-s 47
     python -m lingbot_world.bench.bench_fast_speed --cases exact,fast,draft --workdir /tmp/lwfs --fresh \
         --budget-s 175 --out bench/results/fast_chunk_presets_h100.json      # draft ran in a 4th call, same machine
     python -m lingbot_world.bench.bench_fast_speed --tiny --out /tmp/fast_speed_tiny.json     # CPU smoke run
-    # stored FP8 weights (--weights fp8; the FP8 copy is converted once from the random NF4 expert, ~14 GB more)
-    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_gemm,fp8_weights --workdir /tmp/lwfs \
-        --keep --budget-s 540 --min-case-s 45 --out bench/results/fast_chunk_fp8_weights_h100.json
-    # stored INT8 weights (--weights int8, the Ampere path; its copy is converted once the same way)
-    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,int8_weights --workdir /tmp/lwfs \
-        --keep --budget-s 540 --min-case-s 45 --out bench/results/fast_chunk_int8_weights.json
+    # stored FP8 / INT8 weights (--weights fp8|int8; each copy is converted once from the random NF4 expert)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_weights,int8_weights,fast_fp8_weights,\
+draft_fp8_weights --workdir /tmp/lwf --keep --budget-s 560 --min-case-s 45 \
+        --out bench/results/fast_chunk_lowp_weights_h100.json
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped

@@ -1,10 +1,11 @@
 """Benchmark: the live player's World session, chunk after chunk as `lingbot-world play` drives it.
 
-    # one H100: 200 chunks at 480x832 on a 24 GB cap, K/V cache in pinned host RAM, window 21 + sink 3
-    python -m lingbot_world.bench.bench_play --workdir /tmp/lwf --keep --out bench/results/play_h100.json
-    # the same with the chunk-latency speed options
-    python -m lingbot_world.bench.bench_play --workdir /tmp/lwf --keep --speed compile=blocks,compute=fp8 \\
-        --out bench/results/play_h100_fast.json
+    # one H100: 220 chunks at 480x832 on a 24 GB cap, K/V cache in pinned host RAM, window 21 + sink 3 (draft: 15)
+    python -m lingbot_world.bench.bench_play --speed draft --chunks 220 --budget-s 480 --workdir /tmp/lwf --keep \\
+        --out bench/results/play_draft_220_h100.json
+    # a preset or speed options, and the stored FP8 / INT8 weights (converted once from the random NF4 model)
+    python -m lingbot_world.bench.bench_play --speed draft --weights fp8 --chunks 220 --budget-s 420 \\
+        --workdir /tmp/lwf --keep --out bench/results/play_draft_fp8w_220_h100.json
     python -m lingbot_world.bench.bench_play --tiny --out /tmp/play_tiny.json      # CPU smoke run (CI)
 
 A random full-size Fast model in the community NF4 layout is written once to --workdir (the same folder
