@@ -33,7 +33,8 @@ def run(request: GenerateRequest) -> int:
     from ..world.session import WorldSession
     from .preflight import resolve_device
     from .progress import RunStats
-    from .speed_flags import fast_compile_policy, log_speed_plan, report_compile, speed_plan
+    from .speed_flags import (fast_compile_policy, follow_started_compile, log_speed_plan, report_compile,
+                              speed_plan)
     from .video_out import plan_output, write_video
 
     stats = RunStats()
@@ -82,7 +83,8 @@ def run(request: GenerateRequest) -> int:
     fast_request.check_targets(request, target, part.frames, st.height, st.width, save=save, whole=whole_target,
                                whole_frames=state.frames + part.frames, files=files)
     fast_parts.write_picture(request, part, source, target)
-    speed = fast_compile_policy(speed, request.speed_flags, part.chunks)
+    speed = follow_started_compile(fast_compile_policy(speed, request.speed_flags, part.chunks), speed,
+                                   request.speed_flags, st.compile)
     log_speed_plan(speed, log)
 
     plan, stream_vae = fast_parts.memory_plan(request, cfg, st, total_lat, device, part.camera is not None, files)

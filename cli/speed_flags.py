@@ -134,6 +134,20 @@ def _short_video_note(chunks: int) -> str:
             "--compile blocks forces it")
 
 
+def follow_started_compile(plan: SpeedPlan, available: SpeedPlan, flags: SpeedFlags, started: str) -> SpeedPlan:
+    """--compile auto on a continuation: the kernels the video was started with (its state records them), so the
+    new part rounds as one run of the whole video would, whatever this part's length; `available` is the plan
+    before the length policy (compile "blocks" there: the compiler runs here)."""
+    if flags.compile != "auto" or started == plan.compile or started not in ("blocks", "off"):
+        return plan
+    if started == "blocks" and available.compile != "blocks":
+        return plan  # the compiler does not run here: the exact path it gives instead is said by the plan
+    notes = [n for n in plan.notes if not n.startswith("compile auto:")]
+    notes.insert(0, f"compile auto: {started}, as the continued video was made (the same kernels keep the "
+                    "continuation equal to one run of all its keys)")
+    return dataclasses.replace(plan, compile=started, notes=notes)
+
+
 def fast_compile_policy(plan: SpeedPlan, flags: SpeedFlags, chunks: int) -> SpeedPlan:
     """--compile auto for the Fast model: off for a video shorter than FAST_COMPILE_MIN_CHUNKS chunks (said why)."""
     if flags.compile != "auto" or plan.compile != "blocks" or chunks >= FAST_COMPILE_MIN_CHUNKS:

@@ -55,3 +55,21 @@ def test_a_short_video_on_a_gpu_never_asks_the_compiler(monkeypatch):
     speed_flags.fast_speed_plan(flags, torch.device("cuda", 0), FAST_COMPILE_MIN_CHUNKS,
                                 before_compiler_check=lambda: asked.append(1))
     assert asked == ["off", 1, "auto"]  # a long video: the check (after the wait) decides
+
+
+def test_a_continuation_follows_the_kernels_its_video_was_made_with():
+    from lingbot_world.cli.speed_flags import follow_started_compile
+
+    auto = SpeedFlags(compile="auto")
+    available = _plan()  # the compiler runs here
+    short = fast_compile_policy(available, auto, 3)  # a 3-chunk part alone would run eagerly
+    plan = follow_started_compile(short, available, auto, "blocks")  # ... but the video was compiled
+    assert plan.compile == "blocks" and plan.notes[0].startswith("compile auto: blocks, as the continued video")
+    assert sum(n.startswith("compile auto:") for n in plan.notes) == 1
+    long = fast_compile_policy(available, auto, FAST_COMPILE_MIN_CHUNKS)
+    assert follow_started_compile(long, available, auto, "off").compile == "off"  # made eagerly: stays eager
+    # an explicit choice, an older state (nothing recorded), or a machine without the compiler: as decided
+    assert follow_started_compile(short, available, SpeedFlags(compile="off"), "blocks") is short
+    assert follow_started_compile(short, available, auto, "") is short
+    no_compiler = SpeedPlan("off", "bf16", "sdpa", "cuda", notes=["compile auto: off (no Triton)"])
+    assert follow_started_compile(no_compiler, no_compiler, auto, "blocks") is no_compiler

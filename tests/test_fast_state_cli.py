@@ -49,6 +49,7 @@ def test_continuing_through_state_files_equals_one_run(chain):
     assert np.array_equal(frames(chain / "p2"), one[21:])  # the new part alone, decoded exactly
     s2 = StateFile(chain / "s2.state").state
     assert (s2.chunks, s2.frames, s2.settings.mode) == (4, 45, "continuable")
+    assert s2.settings.compile == "off"  # the kernels it was made with (a continuation under auto follows them)
     assert [p["chunks"] for p in s2.parts] == [2, 2]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
@@ -194,6 +194,12 @@ class WorldSession:
         self.parts = [_Part(state, CameraSource(), None, None, resumed=True)]
         self._restore = restore
 
+    def _made_with(self) -> FastSettings:
+        """The settings a state records: these ones, with the kernels this run uses (a continuation under
+        `--compile auto` follows them, so it rounds as one run would)."""
+        compile_ = getattr(self.speed, "compile", None)
+        return replace(self.settings, compile=compile_) if compile_ else self.settings
+
     @property
     def state(self) -> Optional[FastState]:
         """The video after its last part (None before the first)."""
@@ -276,7 +282,7 @@ class WorldSession:
             except BaseException:
                 self._after_interrupt(run)
                 raise
-            state = finish_part(run, part, self.settings, self.state, context=self.context, prompt=self.prompt,
+            state = finish_part(run, part, self._made_with(), self.state, context=self.context, prompt=self.prompt,
                                 label=label or source.label or source.kind)
             state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
             folded = [(x.detach().to("cpu"), t) for x, t in getattr(run, "folded_inputs", [])]

@@ -58,6 +58,7 @@ class FastSettings:
     model: str = ""  # fingerprint of the Fast model's files (loaders/fast_state.py)
     model_label: str = ""  # what to call the model in messages
     vae_tiled: bool = False
+    compile: str = ""  # the DiT kernels the video was made with: "blocks" / "off" ("" = not recorded)
 
     def __post_init__(self):
         if self.mode not in FAST_MODES:
