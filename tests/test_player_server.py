@@ -181,6 +181,8 @@ def test_chunks_rewind_save_and_render_equal_the_batch_run(server):
             await tab.send(op="render", target="fast720", run=False)
             shown = await tab.until("render")
             assert shown["status"] == "command" and "--rule continuable" in shown["command"]
+            # the played kernels, pinned (on a GPU `auto` would not compile a short batch video)
+            assert "--compile off --compute bf16 --attention" in shown["command"], shown["command"]
             await tab.send(op="render", target="fast720", run=True)
             while (r := await tab.until("render"))["status"] == "running":
                 pass
