@@ -7,7 +7,7 @@ request (`dataclasses.replace`), never a mutation, so what a check saw is what t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -16,7 +16,7 @@ from ..speed.options import DEFAULTS as SPEED_DEFAULTS
 from ..wan.control.camera import DEFAULT_POSE_PRECISION
 from .lora_run import LoraFlags
 from .parallel_flags import ParallelFlags
-from .speed_flags import EXPLICIT, SpeedFlags
+from .request_base import FlagRequest
 
 if TYPE_CHECKING:
     from .text_stage import TextFlags
@@ -28,7 +28,7 @@ DEMO_OUT = Path("lingbot_demo.mp4")
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
+class GenerateRequest(FlagRequest):
     """Every `generate` flag under its argparse dest name (the flag tables of cli/flag_checks.py look them up by
     that name); lists become tuples so the request cannot change under a check."""
 
@@ -105,12 +105,6 @@ class GenerateRequest:
     whole_video: Optional[Path] = None
     stream_decode: str = "auto"
 
-    @classmethod
-    def from_args(cls, args) -> "GenerateRequest":
-        """The one place `generate`'s namespace is read (a flag the parser lacks keeps its default)."""
-        return cls(**{f.name: _frozen(getattr(args, EXPLICIT if f.name == "speed_explicit" else f.name, f.default))
-                      for f in fields(cls)})
-
     # ---- typed pieces for the shared helpers ------------------------------------------------------------------
     @property
     def text(self) -> "TextFlags":
@@ -118,11 +112,6 @@ class GenerateRequest:
 
         return TextFlags(device=self.t5_device, cache_dir=self.cache_dir, use_cache=not self.no_text_cache,
                          timeout=self.t5_timeout, overlap=self.overlap != "off")
-
-    @property
-    def speed_flags(self) -> SpeedFlags:
-        return SpeedFlags.given(self.speed, {"compile": self.compile, "compute": self.compute,
-                                             "attention": self.attention}, self.speed_explicit, self.weights)
 
     @property
     def parallel_flags(self) -> ParallelFlags:
@@ -156,12 +145,3 @@ class GenerateRequest:
         if not session.parallel:
             return self
         return replace(self, device=str(session.device), quiet=self.quiet or not session.is_main)
-
-
-def _frozen(value):
-    """Lists (nargs, append) as tuples, sets (the explicit speed flags) as frozensets."""
-    if isinstance(value, list):
-        return tuple(value)
-    if isinstance(value, set):
-        return frozenset(value)
-    return value

@@ -2,17 +2,17 @@
 namespace stops at the parser; cli/play.py and everything below take the request)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..player.options import DEFAULT_PORT, LOCAL_HOST
 from ..speed.options import DEFAULTS as SPEED_DEFAULTS
-from .speed_flags import EXPLICIT, SpeedFlags
+from .request_base import FlagRequest
 
 
 @dataclass(frozen=True)
-class PlayRequest:
+class PlayRequest(FlagRequest):
     """Every `play` flag under its argparse dest name."""
 
     # inputs
@@ -44,17 +44,3 @@ class PlayRequest:
     no_browser: bool = False
     out_dir: Path = Path("lingbot_play")
     timings: Optional[Path] = None
-
-    @classmethod
-    def from_args(cls, args) -> "PlayRequest":
-        """The one place `play`'s namespace is read (a flag the parser lacks keeps its default)."""
-        values = {}
-        for f in fields(cls):
-            value = getattr(args, EXPLICIT if f.name == "speed_explicit" else f.name, f.default)
-            values[f.name] = frozenset(value) if isinstance(value, set) else value
-        return cls(**values)
-
-    @property
-    def speed_flags(self) -> SpeedFlags:
-        return SpeedFlags.given(self.speed, {"compile": self.compile, "compute": self.compute,
-                                             "attention": self.attention}, self.speed_explicit)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 CLI = Path(__file__).resolve().parent.parent / "cli"
 
-# Modules whose job is reading a namespace into a typed request.
-REQUEST_MODULES = {"generate_request.py", "play_request.py"}
+# The module whose job is reading a namespace into a typed request.
+REQUEST_MODULES = {"request_base.py"}  # FlagRequest.from_args: the requests of generate and play
 # Functions that receive the namespace from argparse and turn it into a request (or, for the one-call commands,
 # read their few flags) at once.
 ENTRY_POINTS = {

@@ -40,3 +40,11 @@ def test_play_request():
     request = PlayRequest.from_args(build_parser().parse_args(["play", "--demo", "--speed", "draft"]))
     assert request.demo and request.window == 21 and request.speed_flags.speed == "draft"
     assert PlayRequest.from_args(build_parser().parse_args(["play"])) == PlayRequest()
+
+
+def test_the_speed_flags_carry_the_weights_for_every_command():
+    """The speed plan is resolved for the weights that run: stored FP8 weights run their GEMMs as stored, so a
+    plan resolved as if for NF4 would pick FP8 activations the weights cannot take."""
+    play = PlayRequest.from_args(build_parser().parse_args(["play", "--weights", "fp8", "--speed", "fast"]))
+    assert play.speed_flags.weights == "fp8" and play.speed_flags.speed == "fast"
+    assert _generate("--model", "fast", "--weights", "fp8").speed_flags.weights == "fp8"
