@@ -61,19 +61,25 @@ def run_fast(model, g, **kw):
     return N["LingBotFastSampler"]().sample(model, text, i2v, **args)[0]["samples"]
 
 
-def test_fast_graph_equals_the_library_run(comfy, graph):
+def assert_equals_direct_run(latent, fm, graph, weights="nf4"):
+    """The sampler node's latent equals FastRun on the same model file, noise, text, I2V and camera, bit for bit."""
     text, cam, vae, i2v = graph
-    fm = fast_loader()
-    latent = run_fast(fm, graph)
-    assert latent.shape == (1, 16, 9, H // 8, W // 8)
-
-    model = load_expert(fm.format.path, "cpu")
+    model = load_expert(fm.format.path, "cpu", weights)
     plucker = camera_condition(cam.poses, cam.intrinsics, H, W, FRAMES, latent_frames=9).plucker
     g = make_generator(5, "cpu")
     noise = draw(g, (1, 16, 9, H // 8, W // 8))
     cache = cache_layout(9, (H // 16) * (W // 16)).make(2, model.cfg.num_heads, model.cfg.head_dim, dtype=torch.float32)
     z = FastRun(model, noise, pad_context([text.positive], 512), i2v.y, plucker, cache, g).run()
     torch.testing.assert_close(latent, i2v.to_raw_latent(z), rtol=0, atol=0)
+
+
+def test_fast_graph_equals_the_library_run(comfy, graph):
+    text, cam, vae, i2v = graph
+    fm = fast_loader()
+    latent = run_fast(fm, graph)
+    assert latent.shape == (1, 16, 9, H // 8, W // 8)
+
+    assert_equals_direct_run(latent, fm, graph)
 
     # the cache streamed from host memory (kv_cache "host"; a CPU "device" here) gives the same latent
     torch.testing.assert_close(run_fast(fast_loader("host"), graph), latent, rtol=0, atol=0)
@@ -158,13 +164,7 @@ def _stored_weights_graph_equals_the_library_run(kind, comfy, graph, demo_base, 
     text, cam, vae, i2v = graph
     fm = fast_loader(name=name, weights=kind)
     latent = run_fast(fm, graph)
-    model = load_expert(fm.format.path, "cpu", kind)
-    plucker = camera_condition(cam.poses, cam.intrinsics, H, W, FRAMES, latent_frames=9).plucker
-    g = make_generator(5, "cpu")
-    noise = draw(g, (1, 16, 9, H // 8, W // 8))
-    cache = cache_layout(9, (H // 16) * (W // 16)).make(2, model.cfg.num_heads, model.cfg.head_dim, dtype=torch.float32)
-    z = FastRun(model, noise, pad_context([text.positive], 512), i2v.y, plucker, cache, g).run()
-    torch.testing.assert_close(latent, i2v.to_raw_latent(z), rtol=0, atol=0)
+    assert_equals_direct_run(latent, fm, graph, kind)
 
     monkeypatch.setattr(compute, "stored_weights_unavailable", lambda k, device: "this card is sm75")
     with pytest.raises(ValueError, match="sm75"):
