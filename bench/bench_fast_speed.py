@@ -97,6 +97,13 @@ CASES: dict[str, dict] = {
     "exact_profile": dict(preset="exact", profile=True),
     "fast_profile": dict(preset="fast", compile="blocks", profile=True),
     "fp8_weights_profile": dict(preset="auto", compile="blocks", weights="fp8", profile=True),
+    "fast_fp8_weights_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True),
+    "draft_profile": dict(preset="draft", compile="blocks", profile=True),
+    "draft_fp8_weights_profile": dict(preset="draft", compile="blocks", weights="fp8", profile=True),
+    # the whole card (the cache on the GPU, nothing streamed): are a capped chunk's idle gaps K/V waits or the host?
+    "draft_whole_card_profile": dict(preset="draft", compile="blocks", profile=True, cap_gib=None),
+    "fast_fp8_weights_whole_card_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True,
+                                                cap_gib=None),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
 TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
@@ -319,7 +326,8 @@ def summarize(res: dict, workdir: Path) -> dict:
             kernels = round(pr["split"]["kernel_seconds"] - copies, 4)
             wall = pr["wall_s_around"]
             s[name] = {"device_s": kernels, "copies_s": round(copies, 4), "wall_s_around": wall,
-                       "device_busy_share": round(kernels / wall, 3) if wall else None, "device_split_s": split}
+                       "device_busy_share": round(kernels / wall, 3) if wall else None, "device_split_s": split,
+                       "compute_stream": pr["split"].get("compute_stream")}
             continue
         chunks = r["chunk_s"]
         mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731
@@ -394,7 +402,7 @@ def run(args) -> dict:
         spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
                 "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
                 "fast_lowp": {kind: str(p) for kind, p in lowp_paths.items()},
-                "cap_gib": 24 if device == "cuda" else None, "context_gib": args.context_gib,
+                "cap_gib": c.get("cap_gib", 24) if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights")}}

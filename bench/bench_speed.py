@@ -230,7 +230,41 @@ def profile_split(run, device: torch.device, top_ops: int = 0) -> dict:
         out["top_ops_columns"] = ["op", "calls", "self_cpu_s", "cpu_s", "device_s"]
         out["top_ops_by_device"] = [row(ev) for ev in sorted(ops, key=lambda e: -device_total(e))[:top_ops]]
         out["top_ops_by_cpu"] = [row(ev) for ev in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top_ops]]
+    if device.type == "cuda":
+        out["compute_stream"] = compute_stream_gaps(prof.events())
     return out
+
+
+GAP_BINS_US = (10.0, 50.0, 500.0)  # idle gaps on the compute stream: launch-sized, short waits, long waits
+
+
+def compute_stream_gaps(events) -> dict:
+    """Idle time of the busiest kernel stream (the compute stream) between its first and last kernel, by gap size.
+
+    What CUDA graphs can give back is bounded by the short gaps (the GPU waiting for the next launch); long gaps
+    are waits on another stream (K/V uploads) or on the host, which graphs do not remove."""
+    by_stream: dict = {}
+    for ev in events:
+        if not str(getattr(ev, "device_type", "")).endswith("CUDA") or ev.key.startswith("Memcpy") \
+                or ev.key.startswith("Memset"):
+            continue
+        by_stream.setdefault(ev.device_resource_id, []).append((ev.time_range.start, ev.time_range.end))
+    if not by_stream:
+        return {}
+    stream, spans = max(by_stream.items(), key=lambda kv: sum(e - s for s, e in kv[1]))
+    spans.sort()
+    busy, gaps, end = 0.0, [], spans[0][0]
+    for s, e in spans:
+        if s > end:
+            gaps.append(s - end)
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    edges = (0.0, *GAP_BINS_US, float("inf"))
+    bins = {f"{lo:g}-{hi:g}us": round(sum(g for g in gaps if lo <= g < hi) / 1e6, 6)
+            for lo, hi in zip(edges, edges[1:])}
+    return {"stream": int(stream), "kernels": len(spans), "span_s": round((end - spans[0][0]) / 1e6, 6),
+            "busy_s": round(busy / 1e6, 6), "idle_s": round(sum(gaps) / 1e6, 6), "idle_by_gap": bins,
+            "gaps": len(gaps)}
 
 
 def project(split_seconds: dict, compute: str, card: dict, measured: dict) -> Optional[float]:

@@ -38,9 +38,9 @@ log = logging.getLogger(__name__)
 CACHE_PLACEMENTS = ("auto", "gpu", "host")
 # Host RAM that must stay free beside the pinned cache (page-locked memory cannot be swapped out).
 RAM_MARGIN = 2 * 1024**3
-# Device memory left unused when cache layers fill the card: a streamed layer costs only PCIe traffic that overlaps
-# the compute, so the last layers are not worth the desktop's or ComfyUI's previews' memory (keeps a 24 GB card
-# at <= 22.5 GB).
+# Device memory left unused when streamed parts (cache layers, or model blocks with larger weights) would fill the
+# card: a streamed layer or block costs only PCIe traffic that overlaps the compute, so the last ones are not worth
+# the desktop's or ComfyUI's previews' memory (keeps a 24 GB card at <= 22.5 GB in nvidia-smi).
 CACHE_VRAM_SPARE = int(2.5 * 1024**3)
 
 
@@ -155,15 +155,16 @@ def plan_fast_memory(
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit.
     ring = 2 * layer
     model_bytes, blocks = sizes.total, blocks_on_gpu
-    if blocks is None and sizes.total + ring + acts + VRAM_HEADROOM > vram:
-        spare = vram - VRAM_HEADROOM - acts - ring - sizes.base - 2 * sizes.block
+    if blocks is None and sizes.total + ring + acts + VRAM_HEADROOM + CACHE_VRAM_SPARE > vram:
+        # the weights are streamed by the same rule as the cache layers: the card's last CACHE_VRAM_SPARE stays free
+        spare = vram - VRAM_HEADROOM - acts - ring - sizes.base - 2 * sizes.block - CACHE_VRAM_SPARE
         blocks = max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else 0))
     if blocks is not None and blocks >= sizes.num_blocks:
         blocks = None
     if blocks is not None:
         model_bytes = sizes.base + (blocks + 2) * sizes.block
     fixed = model_bytes + ring + acts + VRAM_HEADROOM
-    cache_text = fixed + text <= vram
+    cache_text = fixed + text + CACHE_VRAM_SPARE <= vram
     spare = vram - fixed - (text if cache_text else 0) - CACHE_VRAM_SPARE
     planned = max(0, min(n_layers, spare // layer if layer else n_layers))
     n = planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
@@ -172,7 +173,7 @@ def plan_fast_memory(
     host_cache = (n_layers - n) * layer
     host_weights = (sizes.num_blocks - blocks) * sizes.block if blocks is not None else 0
     host_need = host_cache + host_weights
-    est.update(host_bytes=host_need, cache_layers_on_gpu=n)
+    est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device)
     model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
     parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
     if cache_text:

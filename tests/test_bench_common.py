@@ -283,3 +283,22 @@ def test_drivers_keep_their_flags_and_defaults(monkeypatch):
     assert {"fast_chunks", "comm_iters", "collective_timeout"} <= set(par)
     assert {"layers", "blocks_on_gpu", "cfg_mode", "token_chunk", "vae_tiled", "vae_encode_s"} <= set(pipe)
     assert {"cap_gib", "no_profile", "no_small_run", "token_chunk"} <= set(speed)
+
+
+def test_compute_stream_gaps_bins_the_idle_time_of_the_busiest_stream():
+    def kernel(stream, start, end, key="k"):
+        return SimpleNamespace(device_type="DeviceType.CUDA", key=key, device_resource_id=stream,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    events = [kernel(7, 0, 100), kernel(7, 105, 200), kernel(7, 230, 300), kernel(7, 1300, 1400),
+              kernel(7, 1350, 1380),  # overlaps the one before: no gap, no double-counted busy time
+              kernel(9, 0, 50), kernel(9, 0, 2000, key="Memcpy HtoD (Pinned -> Device)"),
+              SimpleNamespace(device_type="DeviceType.CPU", key="aten::mm", device_resource_id=1,
+                              time_range=SimpleNamespace(start=0, end=5000))]
+    g = bench_speed.compute_stream_gaps(events)
+    assert g["stream"] == 7 and g["kernels"] == 5 and g["gaps"] == 3
+    assert g["span_s"] == pytest.approx(1400e-6) and g["busy_s"] == pytest.approx(365e-6)
+    assert g["idle_s"] == pytest.approx(1035e-6)
+    assert g["idle_by_gap"] == {"0-10us": pytest.approx(5e-6), "10-50us": pytest.approx(30e-6),
+                                "50-500us": 0.0, "500-infus": pytest.approx(1000e-6)}
+    assert bench_speed.compute_stream_gaps([]) == {}

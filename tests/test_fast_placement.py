@@ -57,7 +57,23 @@ def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
 def test_small_cards_block_swap_the_model_too():
     p = plan_fast_memory(480, 832, FULL, layout480(), int(11.5 * GiB), 64 * GiB)
     assert p.cache == "host" and p.cache_layers_on_gpu == 0 and p.blocks_on_gpu is not None and p.blocks_on_gpu < 40
-    assert not p.cache_text and "text K/V recomputed" in p.reason and "model block swap" in p.reason
+    assert "model block swap" in p.reason
+    assert p.estimates["device_bytes"] <= int(11.5 * GiB) - CACHE_VRAM_SPARE
+    tight = plan_fast_memory(480, 832, FULL, layout480(), int(7.5 * GiB), 64 * GiB)
+    assert not tight.cache_text and "text K/V recomputed" in tight.reason
+
+
+@pytest.mark.parametrize("weights", ["nf4", "fp8", "int8"])
+@pytest.mark.parametrize("card_gib", [12, 16, 24, 32, 48])
+def test_streamed_blocks_and_cache_layers_leave_the_same_spare(weights, card_gib):
+    """Larger stored weights (FP8/INT8, ~2x NF4) are streamed by the cache's rule: whatever streams, the card's last
+    CACHE_VRAM_SPARE stays free (a 24 GB card at <= 22.5 GB with a 5.5 GB decoder beside the model)."""
+    vram, decoder = int((card_gib - 0.5) * GiB), int(5.5e9)
+    p = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, weights=weights, extra_vram=decoder)
+    if p.cache == "host" and p.blocks_on_gpu != 0:  # (no resident block at all is the smallest layout there is)
+        assert p.estimates["device_bytes"] + decoder <= vram - CACHE_VRAM_SPARE
+    if weights != "nf4" and card_gib == 24:
+        assert p.blocks_on_gpu is not None and "model block swap" in p.reason
 
 
 def test_refuses_when_the_cache_does_not_fit_in_host_ram_either():
