@@ -38,6 +38,7 @@ quantization error next to it. Each case is time-boxed and isolated; the JSON is
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -235,28 +236,40 @@ def profile_split(run, device: torch.device, top_ops: int = 0) -> dict:
     return out
 
 
-GAP_BINS_US = (10.0, 50.0, 500.0)  # idle gaps on the compute stream: launch-sized, short waits, long waits
+GAP_BINS_US = (10.0, 50.0, 500.0)
+COPY_WAIT_SLACK_US = 30.0  # a kernel starting this soon after a copy ended is taken as having waited for it  # idle gaps on the compute stream: launch-sized, short waits, long waits
 
 
 def compute_stream_gaps(events) -> dict:
     """Idle time of the busiest kernel stream (the compute stream) between its first and last kernel, by gap size.
 
     What CUDA graphs can give back is bounded by the short gaps (the GPU waiting for the next launch); long gaps
-    are waits on another stream (K/V uploads) or on the host, which graphs do not remove."""
+    are waits on another stream (K/V uploads) or on the host, which graphs do not remove. A gap that ends within
+    COPY_WAIT_SLACK_US of a copy's end is counted as a wait on that copy."""
     by_stream: dict = {}
+    copy_ends: list = []
     for ev in events:
-        if not str(getattr(ev, "device_type", "")).endswith("CUDA") or ev.key.startswith("Memcpy") \
-                or ev.key.startswith("Memset"):
+        if not str(getattr(ev, "device_type", "")).endswith("CUDA"):
+            continue
+        if ev.key.startswith("Memcpy"):
+            copy_ends.append(ev.time_range.end)
+            continue
+        if ev.key.startswith("Memset"):
             continue
         by_stream.setdefault(ev.device_resource_id, []).append((ev.time_range.start, ev.time_range.end))
     if not by_stream:
         return {}
     stream, spans = max(by_stream.items(), key=lambda kv: sum(e - s for s, e in kv[1]))
     spans.sort()
-    busy, gaps, end = 0.0, [], spans[0][0]
+    copy_ends.sort()
+    busy, gaps, end, on_copy = 0.0, [], spans[0][0], 0.0
     for s, e in spans:
         if s > end:
             gaps.append(s - end)
+            # the next kernel started right after a copy ended: the stream was waiting for that copy (an event)
+            i = bisect.bisect_right(copy_ends, s)
+            if i and s - COPY_WAIT_SLACK_US <= copy_ends[i - 1] and copy_ends[i - 1] >= end:
+                on_copy += s - end
         busy += max(0.0, e - max(s, end))
         end = max(end, e)
     edges = (0.0, *GAP_BINS_US, float("inf"))
@@ -264,6 +277,7 @@ def compute_stream_gaps(events) -> dict:
             for lo, hi in zip(edges, edges[1:])}
     return {"stream": int(stream), "kernels": len(spans), "span_s": round((end - spans[0][0]) / 1e6, 6),
             "busy_s": round(busy / 1e6, 6), "idle_s": round(sum(gaps) / 1e6, 6), "idle_by_gap": bins,
+            "idle_ending_with_a_copy_s": round(on_copy / 1e6, 6),
             "gaps": len(gaps)}
 
 

@@ -292,7 +292,7 @@ def test_compute_stream_gaps_bins_the_idle_time_of_the_busiest_stream():
 
     events = [kernel(7, 0, 100), kernel(7, 105, 200), kernel(7, 230, 300), kernel(7, 1300, 1400),
               kernel(7, 1350, 1380),  # overlaps the one before: no gap, no double-counted busy time
-              kernel(9, 0, 50), kernel(9, 0, 2000, key="Memcpy HtoD (Pinned -> Device)"),
+              kernel(9, 0, 50), kernel(9, 400, 1290, key="Memcpy HtoD (Pinned -> Device)"),
               SimpleNamespace(device_type="DeviceType.CPU", key="aten::mm", device_resource_id=1,
                               time_range=SimpleNamespace(start=0, end=5000))]
     g = bench_speed.compute_stream_gaps(events)
@@ -301,4 +301,5 @@ def test_compute_stream_gaps_bins_the_idle_time_of_the_busiest_stream():
     assert g["idle_s"] == pytest.approx(1035e-6)
     assert g["idle_by_gap"] == {"0-10us": pytest.approx(5e-6), "10-50us": pytest.approx(30e-6),
                                 "50-500us": 0.0, "500-infus": pytest.approx(1000e-6)}
+    assert g["idle_ending_with_a_copy_s"] == pytest.approx(1000e-6)  # the 1000 us gap ends 10 us after the copy
     assert bench_speed.compute_stream_gaps([]) == {}
