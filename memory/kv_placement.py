@@ -30,8 +30,8 @@ from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
 from .kv_stream import HostLayers, KVStreamer
 from .pinned import free_device_memory
-from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, VRAM_HEADROOM, WEIGHTS, _drop_model, _fits_line, _gb,
-                        estimate_activation_bytes, expert_sizes)
+from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _drop_model, _fits_line, _gb,
+                        estimate_activation_bytes, expert_sizes, vram_headroom)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ def plan_fast_memory(
                                          compute_bytes=compute_bytes, token_chunk=token_chunk,
                                          seq_parallel=seq_parallel) * ACTIVATION_SAFETY)
     heads = cfg.num_heads // max(1, int(seq_parallel))
+    headroom = vram_headroom(seq_parallel)
     cache_heads = heads if heads != cfg.num_heads else None
     layer = layout.layer_bytes(heads, cfg.head_dim, compute_bytes)
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
@@ -127,7 +128,7 @@ def plan_fast_memory(
     est = {"num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
-           "headroom": 0 if cpu else VRAM_HEADROOM, "cache_tokens": layout.capacity}
+           "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity}
     size_txt = f"{width}x{height}, chunks of {chunk_frames_pixels()} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
@@ -145,9 +146,10 @@ def plan_fast_memory(
     vram = int(vram_free) - int(extra_vram)
 
     gpu_parts = [("model", sizes.total), ("K/V cache", whole_cache), ("text K/V", text), (acts_label, acts),
-                 ("headroom", VRAM_HEADROOM)] + extra
+                 ("headroom", headroom)] + extra
     gpu_need = sum(n for _, n in gpu_parts)
-    if cache == "gpu" or (cache == "auto" and gpu_need <= vram_free):
+    # auto keeps the spare here too: a cache that would fill the card's last CACHE_VRAM_SPARE streams a few layers
+    if cache == "gpu" or (cache == "auto" and gpu_need + CACHE_VRAM_SPARE <= vram_free):
         ok = gpu_need <= vram_free
         why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
@@ -157,15 +159,15 @@ def plan_fast_memory(
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit.
     ring = 2 * layer
     model_bytes, blocks = sizes.total, blocks_on_gpu
-    if blocks is None and sizes.total + ring + acts + VRAM_HEADROOM + CACHE_VRAM_SPARE > vram:
+    if blocks is None and sizes.total + ring + acts + headroom + CACHE_VRAM_SPARE > vram:
         # the weights are streamed by the same rule as the cache layers: the card's last CACHE_VRAM_SPARE stays free
-        spare = vram - VRAM_HEADROOM - acts - ring - sizes.base - 2 * sizes.block - CACHE_VRAM_SPARE
+        spare = vram - headroom - acts - ring - sizes.base - 2 * sizes.block - CACHE_VRAM_SPARE
         blocks = max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else 0))
     if blocks is not None and blocks >= sizes.num_blocks:
         blocks = None
     if blocks is not None:
         model_bytes = sizes.base + (blocks + 2) * sizes.block
-    fixed = model_bytes + ring + acts + VRAM_HEADROOM
+    fixed = model_bytes + ring + acts + headroom
     cache_text = fixed + text + CACHE_VRAM_SPARE <= vram
     spare = vram - fixed - (text if cache_text else 0) - CACHE_VRAM_SPARE
     planned = max(0, min(n_layers, spare // layer if layer else n_layers))
@@ -180,7 +182,7 @@ def plan_fast_memory(
     parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
     if cache_text:
         parts.append(("text K/V", text))
-    parts += [(acts_label, acts), ("headroom", VRAM_HEADROOM)] + extra
+    parts += [(acts_label, acts), ("headroom", headroom)] + extra
     why = _fits_line(parts, vram_free, "free VRAM")
     if host_need > ram_free - RAM_MARGIN:
         raise FastMemoryError(

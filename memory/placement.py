@@ -46,6 +46,10 @@ GiB = 1024**3
 # Device memory kept free beyond weights + activations: CUDA/cuBLAS workspaces, the largest dequantized NF4
 # weight (time_projection, 315 MB in bf16), allocator fragmentation.
 VRAM_HEADROOM = int(1.0 * GiB)
+# Device memory a Ulysses rank loses outside torch's allocator to NCCL (communicators, the all-to-alls' buffers) and
+# the process group: measured 1.2-1.8 GB per rank on 2 x H100 (nvidia-smi minus torch's reserved memory, beyond one
+# process's 0.85 GB), unseen by the free-memory reading a plan starts from.
+SEQ_PARALLEL_VRAM = int(2.0 * GiB)
 # Host RAM left to everything else (OS, T5 on the CPU, ComfyUI) before the released expert may be pinned.
 RAM_RESERVE = int(8 * GiB)
 # Safety factor on the analytic activation estimate (see estimate_activation_bytes; checked by the benchmark).
@@ -225,6 +229,11 @@ def _fits_line(parts: Sequence[tuple[str, int]], budget: Optional[int], what: st
     return f"{terms} = {_gb(total)} {sign} {_gb(budget)} {what}"
 
 
+def vram_headroom(seq_parallel: int = 1) -> int:
+    """Device bytes a plan keeps free beyond weights, caches and activations (a Ulysses rank: NCCL's too)."""
+    return VRAM_HEADROOM + (SEQ_PARALLEL_VRAM if int(seq_parallel) > 1 else 0)
+
+
 def plan_memory(
     video: tuple[int, int, int],
     cfg: DiTConfig,
@@ -261,7 +270,7 @@ def plan_memory(
         mode, keep_in_ram = "swap", True
     frames, height, width = video
     sizes = expert_sizes(cfg, weights, compute_bytes)
-    headroom = 0 if vram_free is None else VRAM_HEADROOM  # CUDA workspaces etc.; nothing of the kind on the CPU
+    headroom = 0 if vram_free is None else vram_headroom(seq_parallel)  # CUDA workspaces, NCCL; none on the CPU
     acts = {
         guidance: int(
             estimate_activation_bytes(frames, height, width, cfg, guidance == "batch", camera=camera,

@@ -15,6 +15,7 @@ import torch
 from lingbot_world.memory.kv_placement import (
     CACHE_VRAM_SPARE, FastMemoryError, FastPlacement, place_kv_cache, plan_fast_memory)
 from lingbot_world.memory.kv_stream import KVStreamer
+from lingbot_world.memory.placement import VRAM_HEADROOM
 from lingbot_world.memory.pinned import clear_device_caches
 from lingbot_world.wan.dit.kv_cache import KVCache, cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
@@ -61,6 +62,33 @@ def test_small_cards_block_swap_the_model_too():
     assert p.estimates["device_bytes"] <= int(11.5 * GiB) - CACHE_VRAM_SPARE
     tight = plan_fast_memory(480, 832, FULL, layout480(), int(7.5 * GiB), 64 * GiB)
     assert not tight.cache_text and "text K/V recomputed" in tight.reason
+
+
+def test_a_cache_that_would_fill_the_cards_spare_streams_its_last_layers():
+    """A Ulysses rank's half cache (or a short video's) that fits the card only by eating the spare: before, the
+    whole cache went on the GPU (24.9 GB planned for 25.2 GB free; 25.1 GB in nvidia-smi on a 24 GiB cap)."""
+    layout = layout480()
+    whole = plan_fast_memory(480, 832, FULL, layout, 80 * GiB, 64 * GiB, seq_parallel=2)
+    need = whole.estimates["model_bytes"] + whole.estimates["cache_bytes"] + whole.estimates["text_kv_bytes"] \
+        + whole.estimates["activation_bytes"] + whole.estimates["headroom"]
+    tight = plan_fast_memory(480, 832, FULL, layout, need + GiB, 64 * GiB, seq_parallel=2)
+    assert tight.cache == "host" and 0 < tight.cache_layers_on_gpu < 40
+    assert tight.estimates["device_bytes"] <= need + GiB - CACHE_VRAM_SPARE
+    roomy = plan_fast_memory(480, 832, FULL, layout, need + CACHE_VRAM_SPARE, 64 * GiB, seq_parallel=2)
+    assert roomy.cache == "gpu" and roomy.cache_layers_on_gpu == 40
+
+
+def test_a_ulysses_rank_keeps_room_for_nccl():
+    """NCCL's buffers live outside torch's allocator: a rank's plan leaves SEQ_PARALLEL_VRAM for them (on 2 x H100
+    capped at 24 GB, rank 0 reached 24.7 GB in nvidia-smi with 22.0 GB reserved by torch)."""
+    from lingbot_world.memory.placement import SEQ_PARALLEL_VRAM
+
+    vram, decoder = int(23.5 * GiB), int(5.5e9)
+    one = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder)
+    two = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, seq_parallel=2)
+    assert two.estimates["headroom"] == one.estimates["headroom"] + SEQ_PARALLEL_VRAM
+    assert two.estimates["device_bytes"] <= vram - decoder - CACHE_VRAM_SPARE  # NCCL's share is inside the plan
+    assert f"headroom {(VRAM_HEADROOM + SEQ_PARALLEL_VRAM) / 1e9:.1f} GB" in two.reason
 
 
 @pytest.mark.parametrize("weights", ["nf4", "fp8", "int8"])

@@ -375,3 +375,13 @@ def test_block_swap_warns_when_ram_cannot_hold_the_streamed_blocks():
     assert "RAM free; the streamed blocks need about" in plan.reason and "close other programs" in plan.reason
     roomy = plan_memory((81, 464, 832), cfg, vram_free=6 << 30, ram_free=64 << 30, mode="block_swap")
     assert "RAM free;" not in roomy.reason
+
+
+def test_a_ulysses_rank_plans_room_for_nccl():
+    """Every planner keeps the same room for NCCL on a sequence-parallel rank (memory.placement.vram_headroom)."""
+    from lingbot_world.memory.placement import SEQ_PARALLEL_VRAM, vram_headroom
+
+    one, two = plan(24), plan(24, seq_parallel=2)
+    assert one.estimates["headroom"] == VRAM_HEADROOM == vram_headroom(1)
+    assert two.estimates["headroom"] == VRAM_HEADROOM + SEQ_PARALLEL_VRAM == vram_headroom(2)
+    assert plan_memory(V480, FULL, None, 64 * GiB, seq_parallel=2).estimates["headroom"] == 0  # CPU: no device
