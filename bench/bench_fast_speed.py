@@ -14,6 +14,14 @@ fold,steps3,window15,fp8_gemm,fp8_attn --workdir /tmp/lwfs --fresh --budget-s 47
     python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_weights,int8_weights,fast_fp8_weights,\
 draft_fp8_weights --workdir /tmp/lwf --keep --budget-s 560 --min-case-s 45 \
         --out bench/results/fast_chunk_lowp_weights_h100.json
+    # today's 24 GB table and where a chunk's time goes (profiles split by the compute stream's idle gaps)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_weights,draft_fp8_weights,draft,draft_profile,\
+fast_fp8_weights_profile --workdir /tmp/lwf --keep --budget-s 900 --min-case-s 40 \
+        --out bench/results/fast_chunk_spare3_h100.json
+    # (its whole-card profiles; its capped rows ran with a 2.5 GiB spare, before today's 3 GiB)
+    python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_weights,fast_fp8_weights,draft_fp8_weights,\
+draft_whole_card_profile,fast_fp8_weights_whole_card_profile --workdir /tmp/lwf --keep --budget-s 900 \
+        --min-case-s 40 --out bench/results/fast_chunk_fp8_plan_h100.json
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
@@ -36,7 +44,9 @@ the GEMMs, no NF4 dequantization; their errors are against `exact`, the NF4 mode
 weights and low-precision activations change.
 
 `*_profile` cases: the 4th chunk under torch.profiler instead (device seconds by kernel category, top kernels and
-operators, and the device's busy share of the chunk's unprofiled wall time).
+operators, the device's busy share of the chunk's unprofiled wall time, and the compute stream's idle gaps by size,
+those ending with a host->device copy counted as waits on it: what CUDA graphs could give back at most).
+`*_whole_card*` cases run without the 24 GB cap (the cache on the GPU, nothing streamed).
 """
 from __future__ import annotations
 

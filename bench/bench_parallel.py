@@ -5,6 +5,9 @@
         --workdir /tmp/lwp --keep --fresh --budget-s 420 --out /tmp/lwp/parallel_h200x2.json
     python -m lingbot_world.bench.bench_parallel --cases fast1_81,fast2_81,fast1_961,fast2_961 \
         --workdir /tmp/lwp --budget-s 420 --out /tmp/lwp/parallel_h200x2.json
+    # 2 x H100 (nvidia-h100-x2): issue 26's conditions (24 GB per GPU, window 21 + sink 3, compiled, rank 0 decoding)
+    python -m lingbot_world.bench.bench_parallel --cases fast1_issue,fast2_issue --workdir /tmp/lwp --keep \
+        --budget-s 560 --out bench/results/parallel_fast_issue_h100x2_today.json
     python -m lingbot_world.bench.bench_parallel --tiny --out /tmp/parallel_tiny.json     # CPU smoke run (gloo)
 
 Two random full-size NF4 experts are written once in the community layout (made and quantized on the GPU, 9.6 GB
