@@ -246,28 +246,24 @@ def profile_chunk(run, device: torch.device) -> dict:
 
     mid = run.chunks // 2
     walls: dict = {}
-    host: dict = {}
     with torch.inference_mode():
         while run.chunk < mid:
-            _timed_chunk(run, device, walls, host)
+            _timed_chunk(run, device, walls)
         profiled = profile_split(run.next_chunk, device, top_ops=PROFILE_TOP_OPS)
         if not run.done:
-            _timed_chunk(run, device, walls, host)
+            _timed_chunk(run, device, walls)
     around = [walls[c] for c in (mid - 1, mid + 1) if c in walls]
     wall = sum(around) / len(around) if around else None
     return {"chunk": mid, "chunks": run.chunks, "calls": run.schedule.steps + 1, "chunk_wall_s": walls,
-            "chunk_host_busy_s": host, "wall_s_around": round(wall, 3) if wall else None, "split": profiled,
+            "wall_s_around": round(wall, 3) if wall else None, "split": profiled,
             "device_busy_share": round(profiled["kernel_seconds"] / wall, 3) if wall else None}
 
 
-def _timed_chunk(run, device: torch.device, walls: dict, host: dict) -> None:
-    """One chunk's wall time, and the CPU time the Python thread spent issuing it before the final sync (close to
-    the wall time: the host is the bottleneck; well below: the GPU is)."""
+def _timed_chunk(run, device: torch.device, walls: dict) -> None:
     sync(device)
-    t, cpu = time.perf_counter(), time.thread_time()
+    t = time.perf_counter()
     index = run.chunk
     run.next_chunk()
-    host[index] = round(time.thread_time() - cpu, 3)
     sync(device)
     walls[index] = round(time.perf_counter() - t, 3)
 

@@ -259,6 +259,7 @@ def child_fast(spec: dict) -> dict:
     from ..parallel.layout import plan_layout
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+    from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
     from .bench_fast import fast_inputs
 
     session = _session(spec)
@@ -279,8 +280,8 @@ def child_fast(spec: dict) -> dict:
         fsl = (h // 16) * (w // 16)
         layout = cache_layout(fr.latent_frames, fsl, window_frames=spec.get("window"), sink_frames=spec.get("sink", 0))
         vram = free_vram_bytes(device) if cuda else 1 << 60
-        decoder = _issue_decoder(spec, session, device) if issue else None
-        extra = decoder[1] if decoder else 0
+        vae = _issue_vae(spec, session, device) if issue else None
+        extra = streaming_decode_bytes(vae.cfg, h, w) if vae is not None and cuda else 0
         plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), seq_parallel=session.sp_degree,
                                 extra_vram=extra)
         placement = FastPlacement(plan, device, lambda s: None)
@@ -299,18 +300,19 @@ def child_fast(spec: dict) -> dict:
                 noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
                 return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device)
 
+            decoder = None
             if issue:  # compile, attention plans and the decoder's first frames, on slots the timed run rewrites
-                warm = new_run(7)
+                warm, decoder = new_run(7), StreamingDecoder(vae) if vae is not None else None
                 with torch.inference_mode():
                     for _ in range(min(ISSUE_WARM_CHUNKS, warm.chunks)):
                         x0 = warm.next_chunk()
                         if decoder:
-                            decoder[0].decode(x0)
+                            decoder.decode(x0)
                 sync(device)
                 cache.global_end = cache.local_end = 0
-                if decoder:  # the video starts again: a new decoder (causal caches) on the same VAE
-                    decoder[0].close()
-                    decoder = (type(decoder[0])(decoder[0].vae), decoder[1])
+                if decoder:  # the video starts again: a new decoder (its causal caches) on the same VAE
+                    decoder.close()
+                    decoder = StreamingDecoder(vae)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             run = new_run(42)
@@ -320,7 +322,7 @@ def child_fast(spec: dict) -> dict:
                 for _ in range(limit):
                     x0 = run.next_chunk()
                     if decoder:
-                        decoder[0].decode(x0)
+                        decoder.decode(x0)
                     sync(device)
                     ends.append(time.perf_counter())
             finite = bool(torch.isfinite(x0).all())
@@ -366,20 +368,15 @@ def child_fast(spec: dict) -> dict:
         session.close()
 
 
-def _issue_decoder(spec: dict, session, device: torch.device):
-    """Rank 0's streaming VAE decoder of every chunk (full-size fp32 VAE, random weights) and the device bytes it
-    needs, or None on the other ranks."""
+def _issue_vae(spec: dict, session, device: torch.device):
+    """The VAE rank 0 decodes every chunk with (full-size fp32, random weights); None on the other ranks."""
     from ..wan.vae.model import VAEConfig, WanVAE
-    from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
 
     if not session.is_main:
         return None
-    cfg = VAEConfig.tiny() if spec["tiny"] else VAEConfig()
     torch.manual_seed(0)
     with torch.device(device):
-        vae = WanVAE(cfg).eval().requires_grad_(False)
-    _, h, w = spec["video"]
-    return StreamingDecoder(vae), streaming_decode_bytes(cfg, h, w) if device.type == "cuda" else 0
+        return WanVAE(VAEConfig.tiny() if spec["tiny"] else VAEConfig()).eval().requires_grad_(False)
 
 
 CHILDREN = {"base": child_base, "fast": child_fast}

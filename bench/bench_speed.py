@@ -236,8 +236,8 @@ def profile_split(run, device: torch.device, top_ops: int = 0) -> dict:
     return out
 
 
-GAP_BINS_US = (10.0, 50.0, 500.0)
-COPY_WAIT_SLACK_US = 30.0  # a kernel starting this soon after a copy ended is taken as having waited for it  # idle gaps on the compute stream: launch-sized, short waits, long waits
+GAP_BINS_US = (10.0, 50.0, 500.0)  # idle gaps on the compute stream: launch-sized, short waits, long waits
+COPY_WAIT_SLACK_US = 30.0  # a kernel starting this soon after a copy ended is taken as having waited for it
 
 
 def compute_stream_gaps(events) -> dict:

@@ -156,20 +156,21 @@ def plan_fast_memory(
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}",
                               ok, token_chunk, est, cache_heads)
 
-    # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit.
+    # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
+    # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
+    room = vram - CACHE_VRAM_SPARE
     ring = 2 * layer
     model_bytes, blocks = sizes.total, blocks_on_gpu
-    if blocks is None and sizes.total + ring + acts + headroom + CACHE_VRAM_SPARE > vram:
-        # the weights are streamed by the same rule as the cache layers: the card's last CACHE_VRAM_SPARE stays free
-        spare = vram - headroom - acts - ring - sizes.base - 2 * sizes.block - CACHE_VRAM_SPARE
+    if blocks is None and sizes.total + ring + acts + headroom > room:
+        spare = room - headroom - acts - ring - sizes.base - 2 * sizes.block
         blocks = max(0, min(sizes.num_blocks, spare // sizes.block if sizes.block else 0))
     if blocks is not None and blocks >= sizes.num_blocks:
         blocks = None
     if blocks is not None:
         model_bytes = sizes.base + (blocks + 2) * sizes.block
     fixed = model_bytes + ring + acts + headroom
-    cache_text = fixed + text + CACHE_VRAM_SPARE <= vram
-    spare = vram - fixed - (text if cache_text else 0) - CACHE_VRAM_SPARE
+    cache_text = fixed + text <= room
+    spare = room - fixed - (text if cache_text else 0)
     planned = max(0, min(n_layers, spare // layer if layer else n_layers))
     n = planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
     on_device = fixed + n * layer + (text if cache_text else 0)
