@@ -238,7 +238,7 @@ def child_fast(spec: dict) -> dict:
     return out
 
 
-def profile_chunk(run, device: torch.device) -> dict:
+def profile_chunk(run, device: torch.device, host_gaps: bool = False) -> dict:
     """Profile the middle chunk of `run` (its 4 steps and the context pass: one `next_chunk()`), after the chunks
     before it, and time the chunks on either side without the profiler: the chunk's wall time where the profiler's
     own CPU cost is absent. Device time well below that wall means the GPU waits for the CPU (launch-bound)."""
@@ -249,7 +249,7 @@ def profile_chunk(run, device: torch.device) -> dict:
     with torch.inference_mode():
         while run.chunk < mid:
             _timed_chunk(run, device, walls)
-        profiled = profile_split(run.next_chunk, device, top_ops=PROFILE_TOP_OPS)
+        profiled = profile_split(run.next_chunk, device, top_ops=PROFILE_TOP_OPS, host_gaps=host_gaps)
         if not run.done:
             _timed_chunk(run, device, walls)
     around = [walls[c] for c in (mid - 1, mid + 1) if c in walls]

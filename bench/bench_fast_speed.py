@@ -110,6 +110,9 @@ CASES: dict[str, dict] = {
     "fast_fp8_weights_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True),
     "draft_profile": dict(preset="draft", compile="blocks", profile=True),
     "draft_fp8_weights_profile": dict(preset="draft", compile="blocks", weights="fp8", profile=True),
+    # the same chunk with Python stacks: each host-bound idle gap charged to the code the host was in
+    "draft_host_gaps": dict(preset="draft", compile="blocks", profile=True, host_gaps=True),
+    "auto_host_gaps": dict(preset="auto", compile="blocks", profile=True, host_gaps=True),
     # the whole card (the cache on the GPU, nothing streamed): are a capped chunk's idle gaps K/V waits or the host?
     "draft_whole_card_profile": dict(preset="draft", compile="blocks", profile=True, cap_gib=None),
     "fast_fp8_weights_whole_card_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True,
@@ -191,7 +194,7 @@ def child_case(spec: dict) -> dict:
         if spec.get("profile"):
             from .bench_fast import profile_chunk
 
-            out["profile"] = profile_chunk(new_run(), device)
+            out["profile"] = profile_chunk(new_run(), device, host_gaps=spec.get("host_gaps", False))
             return out
 
         first_call: list = []
@@ -337,7 +340,7 @@ def summarize(res: dict, workdir: Path) -> dict:
             wall = pr["wall_s_around"]
             s[name] = {"device_s": kernels, "copies_s": round(copies, 4), "wall_s_around": wall,
                        "device_busy_share": round(kernels / wall, 3) if wall else None, "device_split_s": split,
-                       "compute_stream": pr["split"].get("compute_stream")}
+                       "compute_stream": pr["split"].get("compute_stream"), "host_gaps": pr["split"].get("host_gaps")}
             continue
         chunks = r["chunk_s"]
         mean = lambda xs: round(sum(xs) / len(xs), 4)  # noqa: E731
@@ -415,7 +418,7 @@ def run(args) -> dict:
                 "cap_gib": c.get("cap_gib", 24) if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
-                                                       "profile", "save_frames", "weights")}}
+                                                       "profile", "save_frames", "weights", "host_gaps")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

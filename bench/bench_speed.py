@@ -173,16 +173,19 @@ def kernel_category(name: str) -> str:
     return "elementwise"
 
 
-def profile_split(run, device: torch.device, top_ops: int = 0) -> dict:
+def profile_split(run, device: torch.device, top_ops: int = 0, host_gaps: bool = False) -> dict:
     """Seconds per kernel category for one call of `run` (device kernels on CUDA, self CPU time on a CPU).
     top_ops > 0 adds the top operators (torch ops, as called from Python) by device time and by CPU time:
-    name, calls, self CPU s, CPU s (with children), device s (their kernels)."""
+    name, calls, self CPU s, CPU s (with children), device s (their kernels). host_gaps (CUDA): the run also
+    records Python stacks, and the compute stream's idle gaps are charged to the code the host was in
+    (trace_gaps.host_gap_sources; the stacks slow the host, so its wall time is not the unprofiled one)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    host_gaps = host_gaps and device.type == "cuda"
     sync(device)
     t0 = time.perf_counter()
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, with_stack=host_gaps) as prof:
         run()
         sync(device)
     wall = time.perf_counter() - t0
@@ -233,7 +236,20 @@ def profile_split(run, device: torch.device, top_ops: int = 0) -> dict:
         out["top_ops_by_cpu"] = [row(ev) for ev in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top_ops]]
     if device.type == "cuda":
         out["compute_stream"] = compute_stream_gaps(prof.events())
+    if host_gaps:
+        out["host_gaps"] = _host_gaps(prof)
     return out
+
+
+def _host_gaps(prof) -> dict:
+    import tempfile
+
+    from .trace_gaps import host_gap_sources
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return host_gap_sources(json.loads(path.read_text()))
 
 
 GAP_BINS_US = (10.0, 50.0, 500.0)  # idle gaps on the compute stream: launch-sized, short waits, long waits

@@ -303,3 +303,47 @@ def test_compute_stream_gaps_bins_the_idle_time_of_the_busiest_stream():
                                 "50-500us": 0.0, "500-infus": pytest.approx(1000e-6)}
     assert g["idle_ending_with_a_copy_s"] == pytest.approx(1000e-6)  # the 1000 us gap ends 10 us after the copy
     assert bench_speed.compute_stream_gaps([]) == {}
+
+
+def test_host_gap_sources_charges_host_bound_gaps_to_the_package_frames_the_host_was_in():
+    from lingbot_world.bench.trace_gaps import host_gap_sources
+
+    pkg = "/x/site/lingbot_world/"
+
+    def kernel(stream, ts, dur, corr):
+        return {"ph": "X", "cat": "kernel", "ts": ts, "dur": dur, "args": {"stream": stream, "correlation": corr}}
+
+    def launch(ts, corr, tid=1):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 3, "tid": tid,
+                "args": {"correlation": corr}}
+
+    def py(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [
+        kernel(7, 0, 100, 1), launch(0, 1),
+        # 400 us idle, next kernel launched at 450 (after the stream went idle at 100): host-bound, the host was
+        # in session.run_part > sampler.next_chunk > model.rope at 100
+        kernel(7, 500, 100, 2), launch(450, 2),
+        # 300 us idle, next kernel launched at 550 (while the stream still ran): a queued wait on another stream
+        kernel(7, 900, 100, 3), launch(550, 3),
+        # 20 us idle (below the threshold): ignored
+        kernel(7, 1020, 100, 4), launch(1015, 4),
+        # 200 us idle, host-bound, the host in session.run_part > sampler.next_chunk only
+        kernel(7, 1320, 10, 5), launch(1300, 5),
+        kernel(9, 0, 50, 6), launch(0, 6, tid=2),  # another stream, lighter: not the compute stream
+        py(pkg + "world/session.py(250): run_part", 0, 2000),
+        py(pkg + "wan/sampling/fast_sampler.py(90): next_chunk", 10, 1900),
+        py(pkg + "wan/dit/rope.py(40): rope_table", 60, 380),
+        py("torch/nn/modules/module.py(1700): _call_impl", 70, 100),  # not the package: left out of the chain
+        py(pkg + "wan/dit/rope.py(40): rope_table", 5000, 10, tid=2),  # another thread
+    ]
+    g = host_gap_sources({"traceEvents": events})
+    assert g["gaps"] == 2
+    assert g["host_bound_s"] == pytest.approx(600e-6) and g["queued_wait_s"] == pytest.approx(300e-6)
+    assert g["by_frames"] == [
+        {"frames": "world/session.py(250): run_part > wan/sampling/fast_sampler.py(90): next_chunk > "
+                   "wan/dit/rope.py(40): rope_table", "gaps": 1, "seconds": pytest.approx(400e-6)},
+        {"frames": "world/session.py(250): run_part > wan/sampling/fast_sampler.py(90): next_chunk", "gaps": 1,
+         "seconds": pytest.approx(200e-6)}]
+    assert host_gap_sources({"traceEvents": []}) == {}
