@@ -313,8 +313,11 @@ def test_a_part_decodes_alone_to_its_frames_of_the_whole_video(vae):
 
     z = torch.randn(1, 16, 35, 1, 1, generator=torch.Generator().manual_seed(4))
     whole = vae.decode(z)
-    assert context_latents(vae.cfg, 33) == 31
+    # the reach plus one (31 here), then back to a latent frame that is a multiple of 3 (the decoder's rings)
+    assert [context_latents(vae.cfg, n) for n in (33, 40, 41, 42, 5)] == [33, 31, 32, 33, 5]
     part = decode_part(vae, z[:, :, :33], z[:, :, 33:])
     torch.testing.assert_close(part, whole[:, :, 1 + 4 * 32:], rtol=0, atol=0)
+    late = decode_part(vae, z[:, :, :34], z[:, :, 34:])  # its decode starts at latent frame 34 - 31 = 3
+    torch.testing.assert_close(late, whole[:, :, 1 + 4 * 33:], rtol=0, atol=0)
     short = decode_part(vae, z[:, :, :6], z[:, :, 6:9])  # fewer latents before than the reach: all of them
     torch.testing.assert_close(short, vae.decode(z[:, :, :9])[:, :, 1 + 4 * 5:], rtol=0, atol=0)

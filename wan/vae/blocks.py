@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 CACHE_FRAMES = 2  # a 3-tap causal kernel needs the two frames before the chunk
-FeatureCache = dict  # module -> cached frames (or FIRST_CHUNK for the temporal upsamplers)
+FeatureCache = dict  # module -> cached frames, a FrameRing (one-frame steps) or FIRST_CHUNK (temporal upsamplers)
 
 
 class _FirstChunk:
@@ -60,6 +60,40 @@ class CausalConv3d(nn.Conv3d):
             return y.unsqueeze(2)
         return self._conv_forward(x, self.weight, self.bias)
 
+    def ring(self, cache: FeatureCache, like: torch.Tensor) -> FrameRing:
+        """This conv's ring in `cache` (made on the first step, zeros for the causal padding)."""
+        ring = cache.get(self)
+        if ring is None:
+            ring = cache[self] = FrameRing(like, ring_dtype(like))
+        elif not isinstance(ring, FrameRing):
+            raise RuntimeError("a causal conv stepped one frame at a time was given multi-frame history")
+        return ring
+
+    def conv_ring(self, ring: FrameRing) -> torch.Tensor:
+        """The conv of the ring's three frames (the newest just written) -> [N, out, 1, H, W] (channels last)."""
+        ring.advance()
+        dtype = ring.buf.dtype
+        autocast = torch.is_autocast_enabled(ring.buf.device.type) if ring.buf.device.type in ("cuda", "cpu") else False
+        bias = self.bias if autocast or self.bias is None else self.bias.to(dtype)
+        y = F.conv2d(ring.stacked(), self._ring_weight(ring.taps(), dtype), bias, self.stride[1:],
+                     self.padding[1:], self.dilation[1:])
+        return y.unsqueeze(2)
+
+    def _ring_weight(self, taps: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [out, 3*in, kh, kw] for slots holding time taps `taps`, channels last (three per dtype,
+        made once; made again if the weight tensor is replaced or changed in place)."""
+        w = self.weight
+        stamp = (w.data_ptr(), w._version, w.device)
+        cached = self.__dict__.get("_ring_weights")
+        if cached is None or cached[0] != stamp:
+            cached = self.__dict__["_ring_weights"] = (stamp, {})
+        key = (taps, dtype)
+        got = cached[1].get(key)
+        if got is None:
+            got = torch.stack([w[:, :, t] for t in taps], dim=1).flatten(1, 2).to(dtype)
+            got = cached[1][key] = got.contiguous(memory_format=torch.channels_last)
+        return got
+
     def forward(self, x: torch.Tensor, cache: Optional[FeatureCache] = None) -> torch.Tensor:
         if cache is None or self.time_pad == 0:
             return self.conv_after(x)
@@ -73,6 +107,60 @@ class CausalConv3d(nn.Conv3d):
         out = self.conv_after(x, prev)
         cache[self] = keep
         return out
+
+
+class FrameRing:
+    """The inputs of a causal 3-tap conv stepped one frame at a time: the new frame and the two before it, in a
+    ring of three slots stored [N, H, W, 3, C] (channels last, the slots side by side per pixel).
+
+    Why: the step's input is written straight into its slot (by the norm and SiLU before the conv), and the conv
+    reads all three slots as one [N, 3C, H, W] channels-last image (a 2D conv with the time taps stacked as
+    channels, the weight's taps put in slot order). No frames are concatenated or copied between steps, and
+    cuDNN gets the NHWC layout its tensor-core kernels use without converting. Starts as zeros: the causal
+    padding of a video's first frame."""
+
+    __slots__ = ("buf", "newest")
+
+    def __init__(self, like: torch.Tensor, dtype: torch.dtype):
+        n, c, _, h, w = like.shape
+        self.buf = torch.zeros(n, h, w, 3, c, dtype=dtype, device=like.device)
+        self.newest = 2  # the first frame goes into slot 0
+
+    def next_slot(self) -> torch.Tensor:
+        """The slot the next frame goes into (the oldest), as a [N, C, 1, H, W] view."""
+        return self.buf[:, :, :, (self.newest + 1) % 3].permute(0, 3, 1, 2).unsqueeze(2)
+
+    def advance(self) -> None:
+        self.newest = (self.newest + 1) % 3
+
+    def stacked(self) -> torch.Tensor:
+        """The three slots as one [N, 3C, H, W] channels-last image (slot-major channels)."""
+        n, h, w, t, c = self.buf.shape
+        return self.buf.view(n, h, w, t * c).permute(0, 3, 1, 2)
+
+    def taps(self) -> tuple:
+        """The time tap (0 = the oldest input, 2 = the newest) each slot holds."""
+        return tuple(2 - (self.newest - s) % 3 for s in range(3))
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.numel() * self.buf.element_size()
+
+
+def ring_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a ring stores: what the conv computes in (autocast's dtype where autocast is on)."""
+    kind = x.device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
+def norm_silu_into(norm: "RMSNorm", x: torch.Tensor, out: torch.Tensor) -> None:
+    """out = SiLU(norm(x)), written into `out` (a ring slot): the ops of F.normalize(x) * scale * gamma."""
+    denom = x.norm(2, dim=1, keepdim=True).clamp_min_(1e-12)
+    torch.div(x, denom, out=out)
+    out.mul_(norm.scale).mul_(norm.gamma)
+    F.silu(out, inplace=True)
 
 
 def _triple(v) -> tuple:
@@ -118,6 +206,17 @@ class ResidualBlock(nn.Module):
         h = F.silu(norm2(h), inplace=True)
         h = conv2(dropout(h), cache)
         return h.add_(self.shortcut(x))
+
+    def step(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+        """forward() for one frame [N, C, 1, H, W] at a time, through FrameRings (the same sums; a block must be
+        stepped this way for the whole video, its cache holds rings). Dropout is off (eval: p = 0 in the release)."""
+        norm1, _, conv1, norm2, _, _, conv2 = self.residual
+        ring = conv1.ring(cache, x)
+        norm_silu_into(norm1, x, ring.next_slot())
+        h = conv1.conv_ring(ring)
+        ring = conv2.ring(cache, h)
+        norm_silu_into(norm2, h, ring.next_slot())
+        return conv2.conv_ring(ring).add_(self.shortcut(x))
 
 
 class AttentionBlock(nn.Module):
@@ -172,6 +271,8 @@ class Resample(nn.Module):
     def _spatial(self, x: torch.Tensor) -> torch.Tensor:
         # frame by frame into one output: the x2-upsampled input never exists for all frames at once
         b, _, t, h, w = x.shape
+        if t == 1:  # one frame: its result as it comes (no copy; channels last stays channels last)
+            return self.resample(x[:, :, 0]).unsqueeze(2)
         out = None
         for i in range(t):
             y = self.resample(x[:, :, i])

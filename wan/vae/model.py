@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import AttentionBlock, CausalConv3d, FeatureCache, Resample, ResidualBlock, RMSNorm
+from .blocks import AttentionBlock, CausalConv3d, FeatureCache, Resample, ResidualBlock, RMSNorm, norm_silu_into
 
 LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -132,9 +132,13 @@ class Decoder(nn.Module):
         self._tail_start = temporal[-1] + 1 if temporal else 0
 
     def _tail(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+        # one frame at a time: the residual blocks and the head step through FrameRings (blocks.py)
         for layer in self.upsamples[self._tail_start:]:
-            x = layer(x, cache)
-        return self.head[2](F.silu(self.head[0](x), inplace=True), cache)
+            x = layer.step(x, cache) if isinstance(layer, ResidualBlock) else layer(x, cache)
+        conv = self.head[2]
+        ring = conv.ring(cache, x)
+        norm_silu_into(self.head[0], x, ring.next_slot())
+        return conv.conv_ring(ring)
 
     def forward(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
         x = self.conv1(x, cache)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .blocks import FeatureCache
+from .blocks import FeatureCache, FrameRing
 from .model import DEFAULT_OVERLAP, DEFAULT_TILE, TileArg, VAEConfig, WanVAE, _pair, tile_spans
 
 
@@ -86,8 +86,10 @@ def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float]:
     mu = torch.empty(1, cfg.z_dim, 2, side, side, device="meta")
     out = torch.empty(1, 3, 1 + cfg.temporal_factor, side * cfg.spatial_factor, side * cfg.spatial_factor,
                       device="meta")
-    vae._decode_into(out, mu, cache)
-    held = sum(v.numel() * v.element_size() for v in cache.values() if isinstance(v, torch.Tensor))
+    with torch.inference_mode():
+        vae._decode_into(out, mu, cache)
+    held = sum(v.nbytes if isinstance(v, FrameRing) else v.numel() * v.element_size()
+               for v in cache.values() if isinstance(v, (torch.Tensor, FrameRing)))
     return sum(p.numel() for p in vae.parameters()), held / (side * side)
 
 
@@ -104,10 +106,15 @@ def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool 
 
 def context_latents(cfg: VAEConfig, before: int) -> int:
     """Latent frames before a part that a decode of the part alone starts from to give exactly the frames of one
-    whole-video decode (the decoder's temporal reach plus one, `reach.py`), at most the `before` there are."""
+    whole-video decode: the decoder's temporal reach plus one (`reach.py`), at most the `before` there are, and
+    up to two more so that the decode starts at a latent frame that is a multiple of 3. (The decoder's
+    full-resolution convs keep their last three inputs in a ring, blocks.FrameRing; a decode that starts there
+    turns its rings in step with the whole video's, so every conv sums its taps in the same order.)"""
     from .reach import decoder_reach
 
-    return min(int(before), decoder_reach(cfg) + 1)
+    before = int(before)
+    start = max(0, before - (decoder_reach(cfg) + 1))
+    return before - (start - start % 3)
 
 
 def warm_up(decoder: StreamingDecoder, z_before: torch.Tensor) -> None:

@@ -1,0 +1,65 @@
+"""The VAE decoder's one-frame steps through FrameRings (wan/vae/blocks.py) against the concatenating path."""
+import torch
+
+from lingbot_world.wan.vae.blocks import CausalConv3d, FrameRing, ResidualBlock
+
+
+def _randomize(module: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if name.endswith("gamma")
+                    else torch.randn(p.shape, generator=g) / max(1, p[0].numel()) ** 0.5)
+
+
+def test_ring_slots_hold_the_taps_in_turn():
+    ring = FrameRing(torch.zeros(1, 2, 1, 3, 4), torch.float32)
+    seen = []
+    for _ in range(4):
+        slot = ring.next_slot()
+        assert slot.shape == (1, 2, 1, 3, 4)
+        slot.fill_(len(seen) + 1.0)
+        ring.advance()
+        seen.append(ring.taps())
+        newest = ring.taps().index(2)
+        assert ring.buf[:, :, :, newest].eq(len(seen)).all()  # the slot with tap 2 holds the frame just written
+    assert seen == [(2, 0, 1), (1, 2, 0), (0, 1, 2), (2, 0, 1)]
+    assert ring.stacked().shape == (1, 6, 3, 4) and ring.stacked().is_contiguous(memory_format=torch.channels_last)
+    assert ring.nbytes == 1 * 3 * 4 * 3 * 2 * 4
+
+
+def test_residual_block_steps_equal_its_forward_one_frame_at_a_time():
+    torch.manual_seed(0)
+    for cin, cout in ((6, 6), (4, 6)):  # identity and 1x1x1 shortcut
+        block = ResidualBlock(cin, cout).eval()
+        _randomize(block, cin + cout)
+        frames = torch.randn(1, cin, 5, 6, 7)
+        with torch.inference_mode():
+            ref_cache, ring_cache = {}, {}
+            ref = [block(frames[:, :, i:i + 1], ref_cache) for i in range(5)]
+            got = [block.step(frames[:, :, i:i + 1], ring_cache) for i in range(5)]
+        assert all(isinstance(ring_cache[m], FrameRing) for m in (block.residual[2], block.residual[6]))
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the same sums, taps in another order
+        # the whole clip through the 3-tap conv at once: the reference's chunked semantics
+        with torch.inference_mode():
+            whole = block(frames, {})
+        torch.testing.assert_close(torch.cat(got, dim=2), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_ring_weights_follow_an_in_place_change_of_the_weight():
+    conv = CausalConv3d(3, 4, 3, padding=1).eval()
+    x = torch.randn(1, 3, 1, 5, 5)
+    with torch.inference_mode():
+        cache = {}
+        ring = conv.ring(cache, x)
+        ring.next_slot().copy_(x)
+        before = conv.conv_ring(ring)
+        conv.weight.mul_(2.0)
+        conv.bias.zero_()
+        ring.next_slot().copy_(x)
+        after = conv.conv_ring(ring)
+        # the reference: the concatenating path on the same two frames with the doubled weight
+        ref = conv.conv_after(torch.cat([x, x], dim=2))[:, :, -1:]
+    torch.testing.assert_close(after, ref, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(before, after)
