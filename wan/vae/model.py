@@ -337,7 +337,6 @@ class WanVAE(nn.Module):
         cache: continue a decode whose earlier latent frames went through it (streaming decode); `out` then
         receives only this part's frames (4 per latent frame, plus 1 for the video's first)."""
         cache = {} if cache is None else cache
-        step = self.cfg.temporal_factor
         t0 = 0
         for i in range(mu.shape[2]):
             # conv2 (1x1x1) per latent frame, so a streaming decode computes exactly the same sums
