@@ -22,6 +22,15 @@ fast_fp8_weights_profile --workdir /tmp/lwf --keep --budget-s 900 --min-case-s 4
     python -m lingbot_world.bench.bench_fast_speed --cases exact,auto,fp8_weights,fast_fp8_weights,draft_fp8_weights,\
 draft_whole_card_profile,fast_fp8_weights_whole_card_profile --workdir /tmp/lwf --keep --budget-s 900 \
         --min-case-s 40 --out bench/results/fast_chunk_fp8_plan_h100.json
+    # with the VAE decoder's FrameRings: the 24 GB table, its FP8-weight rows, and the host's share of the idle time
+    python -m lingbot_world.bench.bench_fast_speed --cases draft,auto,fast,exact --workdir /tmp/lwf --keep --fresh \
+        --budget-s 420 --min-case-s 40 --out bench/results/fast_chunk_ring_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases fp8_weights,draft_fp8_weights --workdir /tmp/lwf --keep \
+        --fresh --budget-s 330 --min-case-s 40 --out bench/results/fast_chunk_ring_fp8w_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases draft_host_gaps,auto_host_gaps,fast --workdir /tmp/lwf \
+        --keep --fresh --budget-s 400 --min-case-s 40 --out bench/results/fast_chunk_host_gaps_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases decode --workdir /tmp/lwo --budget-s 100 \
+        --out bench/results/decode_ring_h100.json        # the chunk decode alone (decode_old_h100.json: before)
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
@@ -46,6 +55,8 @@ weights and low-precision activations change.
 `*_profile` cases: the 4th chunk under torch.profiler instead (device seconds by kernel category, top kernels and
 operators, the device's busy share of the chunk's unprofiled wall time, and the compute stream's idle gaps by size,
 those ending with a host->device copy counted as waits on it: what CUDA graphs could give back at most).
+`*_host_gaps` cases: the same with Python stacks, each host-bound gap charged to the code the host was in
+(trace_gaps.host_gap_sources).
 `*_whole_card*` cases run without the 24 GB cap (the cache on the GPU, nothing streamed).
 """
 from __future__ import annotations

@@ -11,8 +11,10 @@ reference computation.
 
 Memory: the full-resolution layers (before the first temporal downsample, after the last temporal upsample)
 run one frame at a time through the same causal cache, which gives the same sums as the reference's 4-frame
-chunks; what remains is mostly the cache itself (two frames per causal conv). Measured on an H100 at
-464x832x81: decode 2.8 s / 6.7 GB peak untiled, 3.1 s / 4.3 GB tiled (64-cell tiles); see bench/bench_vae.py.
+chunks; what remains is mostly the cache itself (two frames per causal conv, three in the decoder's
+full-resolution rings, blocks.FrameRing). Measured on an H100 at 464x832x81 before the rings: decode 2.8 s / 6.7 GB
+peak untiled, 3.1 s / 4.3 GB tiled (64-cell tiles; bench/bench_vae.py); the rings took a 12-frame chunk's decode
+from 0.42 to 0.31 s and its peak from 6.9 to 7.4 GB (BENCHMARKS).
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ class StreamingDecoder:
         return out
 
     def close(self) -> None:
-        """Drop the feature caches (they hold two frames per causal conv at every resolution)."""
+        """Drop the feature caches (two frames per causal conv, three per full-resolution ring)."""
         self.caches.clear()
 
 
@@ -95,8 +95,9 @@ def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float]:
 
 def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool = False) -> int:
     """Device bytes a StreamingDecoder needs while it lives: weights, the causal feature caches (kept between
-    chunks: about 3.7 GB at 464x832) and one frame's full-resolution activations. Tiling does not shrink the
-    caches here (every tile keeps its own until the video ends)."""
+    chunks: about 5.1 GB at 464x832, the full-resolution rings holding three frames each) and one frame's
+    full-resolution activations. Tiling does not shrink the caches here (every tile keeps its own until the video
+    ends)."""
     s = cfg.spatial_factor
     cells = (height // s) * (width // s)
     params, per_cell = _decoder_footprint(cfg)
