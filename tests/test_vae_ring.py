@@ -63,3 +63,16 @@ def test_ring_weights_follow_an_in_place_change_of_the_weight():
         ref = conv.conv_after(torch.cat([x, x], dim=2))[:, :, -1:]
     torch.testing.assert_close(after, ref, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(before, after)
+
+
+def test_rings_store_and_compute_in_autocast_dtype():
+    block = ResidualBlock(6, 6).eval()
+    _randomize(block, 3)
+    frames = torch.randn(1, 6, 3, 6, 7)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = {}
+        got = torch.cat([block.step(frames[:, :, i:i + 1], cache) for i in range(3)], dim=2)
+    with torch.inference_mode():
+        ref = block(frames, {})
+    assert cache[block.residual[2]].buf.dtype == torch.bfloat16 and got.dtype == torch.bfloat16
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 2e-2  # bf16 rounding of the same sums

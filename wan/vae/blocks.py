@@ -42,6 +42,7 @@ class CausalConv3d(nn.Conv3d):
         p = _triple(padding)
         super().__init__(in_ch, out_ch, k, stride=stride, padding=(0, p[1], p[2]))
         self.time_pad = 2 * p[0]
+        self._ring_weights = None  # (the weight's stamp, {(taps, dtype): the ring's 2D weight})
 
     def conv_after(self, x: torch.Tensor, history: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Convolve `x` preceded by `history` frames; zero frames fill what history does not cover."""
@@ -73,20 +74,20 @@ class CausalConv3d(nn.Conv3d):
         """The conv of the ring's three frames (the newest just written) -> [N, out, 1, H, W] (channels last)."""
         ring.advance()
         dtype = ring.buf.dtype
-        autocast = torch.is_autocast_enabled(ring.buf.device.type) if ring.buf.device.type in ("cuda", "cpu") else False
-        bias = self.bias if autocast or self.bias is None else self.bias.to(dtype)
+        bias = self.bias if self.bias is None or _autocast_on(ring.buf) else self.bias.to(dtype)
         y = F.conv2d(ring.stacked(), self._ring_weight(ring.taps(), dtype), bias, self.stride[1:],
                      self.padding[1:], self.dilation[1:])
         return y.unsqueeze(2)
 
     def _ring_weight(self, taps: tuple, dtype: torch.dtype) -> torch.Tensor:
-        """The weight [out, 3*in, kh, kw] for slots holding time taps `taps`, channels last (three per dtype,
-        made once; made again if the weight tensor is replaced or changed in place)."""
+        """The weight [out, 3*in, kh, kw] for slots holding time taps `taps`, channels last: three per dtype, kept
+        on the module (about 0.1 GB in float32 for the Wan decoder's tail), made again if the weight tensor is
+        replaced, moved or changed in place."""
         w = self.weight
         stamp = (w.data_ptr(), w._version, w.device)
-        cached = self.__dict__.get("_ring_weights")
+        cached = self._ring_weights
         if cached is None or cached[0] != stamp:
-            cached = self.__dict__["_ring_weights"] = (stamp, {})
+            cached = self._ring_weights = (stamp, {})
         key = (taps, dtype)
         got = cached[1].get(key)
         if got is None:
@@ -147,12 +148,14 @@ class FrameRing:
         return self.buf.numel() * self.buf.element_size()
 
 
+def _autocast_on(x: torch.Tensor) -> bool:
+    kind = x.device.type
+    return kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind)
+
+
 def ring_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a ring stores: what the conv computes in (autocast's dtype where autocast is on)."""
-    kind = x.device.type
-    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return x.dtype
+    return torch.get_autocast_dtype(x.device.type) if _autocast_on(x) else x.dtype
 
 
 def norm_silu_into(norm: "RMSNorm", x: torch.Tensor, out: torch.Tensor) -> None:
