@@ -14,8 +14,8 @@ K/V copies by the link, and the worst of compute and copies is taken (the copies
   CPU gaps                            the H100's wall minus its kernels, unchanged
 
 Inputs: `auto_profile` (the 4th of 7 chunks, compiled, bf16; its split is taken as the video's mean chunk, since
-attention grows linearly with the chunk index), the `auto`, `fast` and `draft` rows (DiT seconds, decode seconds,
-uploaded bytes per chunk).
+attention grows linearly with the chunk index), the `auto`, `fast` and `draft` rows (DiT seconds, uploaded bytes per
+chunk), and the decode seconds of the same rows with today's decoder (`fast_chunk_ring_h100.json`).
 """
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def run() -> dict:
     auto = first["summary"]["auto"]
     fast = presets["summary"]["fast"]
     drow = draft["summary"]["draft"]
+    decode = {k: v["mean_decode_s"] for k, v in _load("fast_chunk_ring_h100.json")["summary"].items()}
     upl_full = levers["summary"]["exact"]["uploaded_gb_per_chunk"]
     # FP8's GEMM seconds as a share of bf16's on the H100: what fast saved, all of it put on the GEMMs
     fp8_share = max(0.1, (split["gemm"] - (auto["mean_dit_s"] - fast["mean_dit_s"])) / split["gemm"])
@@ -83,9 +84,9 @@ def run() -> dict:
         low = "fp8" if card["fp8"] else "int8"
         share = fp8_share  # INT8's share of the bf16 GEMM seconds taken as FP8's (INT8 not measured on Ampere)
         out["rows"][name] = {
-            "auto (exact, compiled)": project(split, wall, auto["mean_decode_s"], upl_full, card, None, 1.0),
-            f"fast ({low} GEMMs)": project(split, wall, fast["mean_decode_s"], upl_full, card, low, share),
-            f"draft ({low} GEMMs + levers)": project(split, wall, drow["mean_decode_s"],
+            "auto (exact, compiled)": project(split, wall, decode["auto"], upl_full, card, None, 1.0),
+            f"fast ({low} GEMMs)": project(split, wall, decode["fast"], upl_full, card, low, share),
+            f"draft ({low} GEMMs + levers)": project(split, wall, decode["draft"],
                                                      drow["uploaded_gb_per_chunk"], card, low, share,
                                                      calls_scale=draft_scale),
         }
