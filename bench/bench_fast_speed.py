@@ -146,6 +146,7 @@ def child_case(spec: dict) -> dict:
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
     from ..wan.vae.model import VAEConfig, WanVAE
+    from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
 
     device, cuda, cfg, fr, h, w, out = child_start(spec)
@@ -193,7 +194,8 @@ def child_case(spec: dict) -> dict:
 
         # warm-up: compile, attention plans and the decoder, on chunks the timed run writes again
         t0 = time.perf_counter()
-        warm, warm_decoder = new_run(seed=7), StreamingDecoder(vae)
+        norm_silu = decoder_norm_silu(device)  # the decoder's kernels as every door builds them
+        warm, warm_decoder = new_run(seed=7), StreamingDecoder(vae, norm_silu=norm_silu)
         with torch.inference_mode():
             for _ in range(min(WARM_CHUNKS, warm.chunks)):
                 warm_decoder.decode(warm.next_chunk())
@@ -211,8 +213,8 @@ def child_case(spec: dict) -> dict:
         first_call: list = []
         hook = model.register_forward_hook(
             lambda mod, args, result: first_call.append(result.float().cpu()) if not first_call else None)
-        decoder = ChunkDecoder(StreamingDecoder(vae).decode, device, overlap=levers.decode_overlap,
-                               bf16=levers.decode_bf16)
+        decoder = ChunkDecoder(StreamingDecoder(vae, norm_silu=norm_silu).decode, device,
+                               overlap=levers.decode_overlap, bf16=levers.decode_bf16)
         marks: list[tuple] = []
         latents: list[torch.Tensor] = []
         pending: list = []
@@ -266,10 +268,12 @@ def child_case(spec: dict) -> dict:
 
 
 def child_decode(spec: dict) -> dict:
-    """The streaming decode of a 21-latent-frame video chunk by chunk, alone: float32 (the default), bf16 under
-    autocast, each also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one
-    warm-up video, and each variant's frames against float32's (relative L2)."""
+    """The streaming decode of a 21-latent-frame video chunk by chunk, alone: float32 and bf16 under autocast, each
+    with the eager norm + SiLU and with the fused kernel every door uses on a CUDA GPU (speed/vae_norm.py), and
+    bf16 also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one warm-up video,
+    and each variant's frames against eager float32's (relative L2)."""
     from ..speed.decode import ChunkDecoder
+    from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.model import VAEConfig, WanVAE
     from ..wan.vae.streaming import StreamingDecoder
 
@@ -283,12 +287,14 @@ def child_decode(spec: dict) -> dict:
     z = torch.randn(1, 16, lat, h // 8, w // 8, generator=torch.Generator().manual_seed(1)).to(device)
     out: dict = {"latent_frames": lat}
     ref = None
-    for name, bf16, bench in (("fp32", False, False), ("bf16", True, False), ("fp32_cudnn_benchmark", False, True),
-                              ("bf16_cudnn_benchmark", True, True)):
+    fused = decoder_norm_silu(device)
+    for name, bf16, bench, norm_silu in (("fp32", False, False, None), ("bf16", True, False, None),
+                                         ("fp32_fused", False, False, fused), ("bf16_fused", True, False, fused),
+                                         ("bf16_fused_cudnn_benchmark", True, True, fused)):
         torch.backends.cudnn.benchmark = bench
         times = []
         for rep in range(2):  # the first video warms up (and lets the autotuner choose)
-            dec = ChunkDecoder(StreamingDecoder(vae).decode, device, bf16=bf16)
+            dec = ChunkDecoder(StreamingDecoder(vae, norm_silu=norm_silu).decode, device, bf16=bf16)
             got = []
             for c in range(0, lat, 3):
                 sync(device)

@@ -29,6 +29,7 @@ def run(request: GenerateRequest) -> int:
     from ..loaders.vae_files import load_vae
     from ..memory.kv_placement import FastPlacement
     from ..text_encoder.encode import encode_prompts
+    from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import decode_part
     from ..world.session import WorldSession
     from .preflight import resolve_device
@@ -131,16 +132,18 @@ def run(request: GenerateRequest) -> int:
     report_compile(speed, log)
     if written is None or whole_target is not None:
         vae.to(device)
+    norm_silu = decoder_norm_silu(device)  # the decoder's kernels as the session's streaming decode runs them
     if written is None:
         with torch.inference_mode():
-            video = decode_part(vae, z_before.to(device), latent, tiled=request.vae_tiled)[0]
+            video = decode_part(vae, z_before.to(device), latent, tiled=request.vae_tiled, norm_silu=norm_silu)[0]
         written = write_video(video, target, request.fps)
         del video
         stats.mark("vae_decode")
     whole = None
     if whole_target is not None:
         with torch.inference_mode():
-            video = vae.decode(torch.cat([z_before.to(device), latent.to(device)], dim=2), tiled=request.vae_tiled)[0]
+            video = vae.decode(torch.cat([z_before.to(device), latent.to(device)], dim=2), tiled=request.vae_tiled,
+                               norm_silu=norm_silu)[0]
         whole = write_video(video, whole_target, request.fps)
         del video
         stats.mark("whole video")

@@ -255,8 +255,10 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
         return 0  # rank 0 decodes and writes the video
     if written is None:
         vae.to(device)
-        with torch.inference_mode():
-            video = vae.decode(latent, tiled=request.vae_tiled)[0]
+        from ..speed.vae_norm import decoder_norm_silu
+
+        with torch.inference_mode():  # the decoder's kernels as the session's streaming decode runs them
+            video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
         del vae
         stats.mark("vae_decode")
         from .video_out import write_video

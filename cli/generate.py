@@ -251,9 +251,11 @@ def _generate(request: GenerateRequest, session, stats: RunStats) -> int:
     if not session.is_main:
         return 0  # rank 0 decodes and writes the video
 
+    from ..speed.vae_norm import decoder_norm_silu
+
     vae.to(device)
-    with torch.inference_mode():
-        video = vae.decode(latent, tiled=request.vae_tiled)[0]  # [3, F, H, W] in [-1, 1]
+    with torch.inference_mode():  # [3, F, H, W] in [-1, 1]
+        video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
     del vae
     stats.mark("vae_decode")
     out = write_video(video, pre.output, request.fps)

@@ -257,9 +257,10 @@ class FastProgress:
         self.failed = False
         self.finished: list[torch.Tensor] = []  # x0 of the finished chunks (FastRun keeps them anyway)
         if vae is not None:
+            from ..speed.vae_norm import decoder_norm_silu
             from ..wan.vae.streaming import StreamingDecoder, warm_up
 
-            self.decoder = StreamingDecoder(vae.model)
+            self.decoder = StreamingDecoder(vae.model, norm_silu=decoder_norm_silu(vae.model.device))
             if z_before is not None:  # a continued video: its chunks decode as in the whole video
                 try:
                     with torch.inference_mode():

@@ -138,9 +138,13 @@ class LingBotVAEDecode:
         overlap = min(DEFAULT_OVERLAP, max(int(tile_size) // 4, 1))
         work = vae_work_bytes(cfg, mu.shape[3] * s, mu.shape[4] * s, frames, tiled, int(tile_size) * s)
         model = load_vae_to_device(vae, work)
+        from ..speed.vae_norm import decoder_norm_silu
+
+        norm_silu = decoder_norm_silu(model.device)  # as the pack's other decodes on this device (fused on CUDA)
         out = []
         for b in range(mu.shape[0]):
-            video = model.decode_raw(mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap)  # [1,3,F,H,W]
+            video = model.decode_raw(mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap,
+                                     norm_silu=norm_silu)  # [1,3,F,H,W]
             if context:
                 video = video[:, :, 1 + t * (context - 1):]
             out.append(((video[0].permute(1, 2, 3, 0) + 1.0) * 0.5).to(mm.intermediate_device(), torch.float32))

@@ -251,3 +251,43 @@ def test_triton_row_quantizer_is_faster_than_the_compiled_one():
     assert (mine[1] != theirs[1]).sum().item() <= x.shape[0] // 100, "inductor's scales: at most a last-bit rounding apart"
     assert torch.allclose(mine[1], theirs[1], rtol=1e-6, atol=0)
     assert t_triton < t_compiled * 1.05
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_vae_norm_silu_matches_the_eager_ops(dtype):
+    from lingbot_world.speed.vae_norm import decoder_norm_silu, fused_norm_silu
+    from lingbot_world.wan.vae.blocks import FrameRing, RMSNorm, norm_silu_into
+
+    if decoder_norm_silu(CUDA) is None:
+        pytest.skip("Triton is not importable here")
+    g = torch.Generator(device=CUDA).manual_seed(3)
+    norm = RMSNorm(96).to(CUDA)
+    with torch.no_grad():
+        norm.gamma.copy_(1 + 0.2 * torch.randn(norm.gamma.shape, generator=g, device=CUDA))
+    for x in (torch.randn(1, 96, 1, 40, 52, generator=g, device=CUDA),  # NCDHW, as the tail's first input
+              torch.randn(1, 40, 52, 96, generator=g, device=CUDA).permute(0, 3, 1, 2).unsqueeze(2)):  # channels last
+        x = x.to(dtype)
+        want, got = FrameRing(x, dtype), FrameRing(x, dtype)
+        with torch.inference_mode():
+            norm_silu_into(norm, x, want.next_slot())
+            fused_norm_silu(norm, x, got.next_slot())
+        assert got.buf.abs().sum() > 0 and got.buf[:, :, :, 1:].abs().sum() == 0  # only the slot was written
+        assert rel_err(got.buf, want.buf) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_fused_vae_decode_streams_to_the_whole_decode_bit_for_bit():
+    from lingbot_world.speed.vae_norm import decoder_norm_silu
+    from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+    from lingbot_world.wan.vae.streaming import StreamingDecoder
+
+    fused = decoder_norm_silu(CUDA)
+    if fused is None:
+        pytest.skip("Triton is not importable here")
+    torch.manual_seed(0)
+    vae = WanVAE(VAEConfig.tiny()).to(CUDA).eval().requires_grad_(False)
+    z = torch.randn(1, 16, 6, 8, 12, device=CUDA)
+    whole = vae.decode(z, norm_silu=fused)
+    dec = StreamingDecoder(vae, norm_silu=fused)
+    parts = torch.cat([dec.decode(z[:, :, :3]), dec.decode(z[:, :, 3:])], dim=2)
+    assert torch.equal(parts, whole)
+    assert rel_err(whole, vae.decode(z)) < 1e-5  # against the eager ops: float32 rounding

@@ -76,3 +76,28 @@ def test_rings_store_and_compute_in_autocast_dtype():
         ref = block(frames, {})
     assert cache[block.residual[2]].buf.dtype == torch.bfloat16 and got.dtype == torch.bfloat16
     assert ((got.float() - ref).norm() / ref.norm()).item() < 2e-2  # bf16 rounding of the same sums
+
+
+def test_a_decoder_runs_the_norm_silu_it_is_given_and_the_cpu_gets_the_eager_ops():
+    from lingbot_world.speed.vae_norm import decoder_norm_silu, fused_norm_silu
+    from lingbot_world.wan.vae.blocks import norm_silu_into
+    from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+    from lingbot_world.wan.vae.streaming import StreamingDecoder
+
+    assert decoder_norm_silu("cpu") is None
+    torch.manual_seed(0)
+    vae = WanVAE(VAEConfig.tiny()).eval()
+    z = torch.randn(1, 16, 3, 4, 6)
+    calls = []
+
+    def counting(norm, x, out):
+        calls.append(x.shape)
+        norm_silu_into(norm, x, out)
+
+    base = vae.decode(z)
+    assert torch.equal(vae.decode(z, norm_silu=counting), base)
+    n_tail = len(calls)
+    assert n_tail > 0 and all(s[2] == 1 for s in calls)  # one frame at a time, every tail norm
+    assert torch.equal(StreamingDecoder(vae, norm_silu=counting).decode(z), base) and len(calls) == 2 * n_tail
+    # the fused op on CPU tensors falls back to the eager ops: the same bits
+    assert torch.equal(vae.decode(z, norm_silu=fused_norm_silu), base)

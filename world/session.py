@@ -444,7 +444,7 @@ class WorldSession:
         if self.vae is None:
             raise WorldError("this session has no VAE to decode with")
         z = self.latent()
-        decoder = StreamingDecoder(self.vae, tiled=self.settings.vae_tiled)
+        decoder = self._new_decoder()
         try:
             for i in range(z.shape[2]):
                 with torch.inference_mode():
@@ -456,13 +456,19 @@ class WorldSession:
         if on_frames is None or self.vae is None:
             return None
         if self.decoder is None:
-            self.decoder = StreamingDecoder(self.vae, tiled=self.settings.vae_tiled)
+            self.decoder = self._new_decoder()
             if self.parts:  # start from the frames before (decoded as they were: maybe in bf16)
                 z = self.latent()
                 n = context_latents(self.vae.cfg, z.shape[2])
                 with torch.inference_mode():
                     self._decode(self.decoder, z[:, :, z.shape[2] - n:].to(self.device))
         return self.decoder
+
+    def _new_decoder(self) -> StreamingDecoder:
+        """A decoder with the device's norm + SiLU (speed/vae_norm.py: fused on a CUDA GPU with Triton)."""
+        from ..speed.vae_norm import decoder_norm_silu
+
+        return StreamingDecoder(self.vae, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.vae.device))
 
     def _decode(self, decoder: StreamingDecoder, z: torch.Tensor) -> torch.Tensor:
         """The frames of latent frames `z`, in bf16 when the speed plan's decode lever says so."""

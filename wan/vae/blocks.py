@@ -9,7 +9,7 @@ so chunked processing reproduces the reference's feature cache (spec §8.2) with
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -28,6 +28,7 @@ class _FirstChunk:
 
 
 FIRST_CHUNK = _FirstChunk()
+NormSilu = Callable[["RMSNorm", torch.Tensor, torch.Tensor], None]  # (norm, x, out slot): out = SiLU(norm(x))
 
 
 class CausalConv3d(nn.Conv3d):
@@ -210,15 +211,17 @@ class ResidualBlock(nn.Module):
         h = conv2(dropout(h), cache)
         return h.add_(self.shortcut(x))
 
-    def step(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+    def step(self, x: torch.Tensor, cache: FeatureCache, norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
         """forward() for one frame [N, C, 1, H, W] at a time, through FrameRings (the same sums; a block must be
-        stepped this way for the whole video, its cache holds rings). Dropout is off (eval: p = 0 in the release)."""
+        stepped this way for the whole video, its cache holds rings). Dropout is off (eval: p = 0 in the release).
+        norm_silu: what writes SiLU(norm(x)) into a slot (default norm_silu_into; speed/vae_norm.py fuses it)."""
+        norm_silu = norm_silu or norm_silu_into
         norm1, _, conv1, norm2, _, _, conv2 = self.residual
         ring = conv1.ring(cache, x)
-        norm_silu_into(norm1, x, ring.next_slot())
+        norm_silu(norm1, x, ring.next_slot())
         h = conv1.conv_ring(ring)
         ring = conv2.ring(cache, h)
-        norm_silu_into(norm2, h, ring.next_slot())
+        norm_silu(norm2, h, ring.next_slot())
         return conv2.conv_ring(ring).add_(self.shortcut(x))
 
 

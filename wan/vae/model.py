@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import AttentionBlock, CausalConv3d, FeatureCache, Resample, ResidualBlock, RMSNorm, norm_silu_into
+from .blocks import (AttentionBlock, CausalConv3d, FeatureCache, NormSilu, Resample, ResidualBlock, RMSNorm,
+                     norm_silu_into)
 
 LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -133,20 +134,21 @@ class Decoder(nn.Module):
         temporal = [i for i, m in enumerate(self.upsamples) if _is_temporal(m)]
         self._tail_start = temporal[-1] + 1 if temporal else 0
 
-    def _tail(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+    def _tail(self, x: torch.Tensor, cache: FeatureCache, norm_silu: Optional[NormSilu]) -> torch.Tensor:
         # one frame at a time: the residual blocks and the head step through FrameRings (blocks.py)
         for layer in self.upsamples[self._tail_start:]:
-            x = layer.step(x, cache) if isinstance(layer, ResidualBlock) else layer(x, cache)
+            x = layer.step(x, cache, norm_silu) if isinstance(layer, ResidualBlock) else layer(x, cache)
         conv = self.head[2]
         ring = conv.ring(cache, x)
-        norm_silu_into(self.head[0], x, ring.next_slot())
+        (norm_silu or norm_silu_into)(self.head[0], x, ring.next_slot())
         return conv.conv_ring(ring)
 
-    def forward(self, x: torch.Tensor, cache: FeatureCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: FeatureCache, norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
+        """norm_silu: the tail's norm + SiLU into a ring slot (None: blocks.norm_silu_into)."""
         x = self.conv1(x, cache)
         for layer in (*self.middle, *self.upsamples[:self._tail_start]):
             x = layer(x, cache)
-        return framewise(lambda f: self._tail(f, cache), x)
+        return framewise(lambda f: self._tail(f, cache, norm_silu), x)
 
 
 def _is_temporal(m: nn.Module) -> bool:
@@ -305,12 +307,13 @@ class WanVAE(nn.Module):
     # ---- decode
 
     def decode(self, z: torch.Tensor, *, tiled: bool = False, tile: TileArg = DEFAULT_TILE,
-               overlap: int = DEFAULT_OVERLAP) -> torch.Tensor:
-        """Normalised z `[B,16,F_lat,h,w]` -> video `[B,3,1+4(F_lat-1),8h,8w]` float32 clamped to [-1,1]."""
-        return self.decode_raw(self.denormalize(z), tiled=tiled, tile=tile, overlap=overlap)
+               overlap: int = DEFAULT_OVERLAP, norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
+        """Normalised z `[B,16,F_lat,h,w]` -> video `[B,3,1+4(F_lat-1),8h,8w]` float32 clamped to [-1,1].
+        norm_silu: the decoder tail's norm + SiLU (None: the eager ops; speed/vae_norm.py fuses them)."""
+        return self.decode_raw(self.denormalize(z), tiled=tiled, tile=tile, overlap=overlap, norm_silu=norm_silu)
 
     def decode_raw(self, mu: torch.Tensor, *, tiled: bool = False, tile: TileArg = DEFAULT_TILE,
-                   overlap: int = DEFAULT_OVERLAP) -> torch.Tensor:
+                   overlap: int = DEFAULT_OVERLAP, norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
         """Like `decode` but from raw latents mu."""
         self._check_latent(mu)
         b, _, t, h, w = mu.shape
@@ -318,22 +321,24 @@ class WanVAE(nn.Module):
         out = torch.empty(b, 3, 1 + self.cfg.temporal_factor * (t - 1), h * s, w * s, device=self.device)
         with torch.inference_mode():
             if not tiled:
-                self._decode_into(out, mu)
+                self._decode_into(out, mu, None, norm_silu)
             else:
                 th, tw = _pair(tile)
-                self._blend_tiles(out, lambda ys, xs: self._decode_tile(mu, ys, xs),
+                self._blend_tiles(out, lambda ys, xs: self._decode_tile(mu, ys, xs, norm_silu),
                                   tile_spans(h, th, overlap), tile_spans(w, tw, overlap), s)
         return out.clamp_(-1.0, 1.0)
 
-    def _decode_tile(self, mu: torch.Tensor, ys: Tuple[int, int], xs: Tuple[int, int]) -> torch.Tensor:
+    def _decode_tile(self, mu: torch.Tensor, ys: Tuple[int, int], xs: Tuple[int, int],
+                     norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
         part = mu[:, :, :, ys[0]:ys[1], xs[0]:xs[1]]
         s = self.cfg.spatial_factor
         out = torch.empty(part.shape[0], 3, 1 + self.cfg.temporal_factor * (part.shape[2] - 1),
                           part.shape[3] * s, part.shape[4] * s, device=self.device)
-        self._decode_into(out, part)
+        self._decode_into(out, part, None, norm_silu)
         return out
 
-    def _decode_into(self, out: torch.Tensor, mu: torch.Tensor, cache: Optional[FeatureCache] = None) -> None:
+    def _decode_into(self, out: torch.Tensor, mu: torch.Tensor, cache: Optional[FeatureCache] = None,
+                     norm_silu: Optional[NormSilu] = None) -> None:
         """One latent frame at a time through the decoder, sharing one causal cache (unclamped).
 
         cache: continue a decode whose earlier latent frames went through it (streaming decode); `out` then
@@ -342,7 +347,7 @@ class WanVAE(nn.Module):
         t0 = 0
         for i in range(mu.shape[2]):
             # conv2 (1x1x1) per latent frame, so a streaming decode computes exactly the same sums
-            frames = self.decoder(self.conv2(mu[:, :, i:i + 1].to(self.device, torch.float32)), cache)
+            frames = self.decoder(self.conv2(mu[:, :, i:i + 1].to(self.device, torch.float32)), cache, norm_silu)
             out[:, :, t0:t0 + frames.shape[2]] = frames
             t0 += frames.shape[2]
             del frames

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .blocks import FeatureCache, FrameRing
+from .blocks import FeatureCache, FrameRing, NormSilu
 from .model import DEFAULT_OVERLAP, DEFAULT_TILE, TileArg, VAEConfig, WanVAE, _pair, tile_spans
 
 
@@ -20,8 +20,9 @@ class StreamingDecoder:
     """`decode(z_chunk)` / `decode_raw(mu_chunk)` -> this chunk's frames [B, 3, T, 8h, 8w] in [-1, 1] (float32)."""
 
     def __init__(self, vae: WanVAE, *, tiled: bool = False, tile: TileArg = DEFAULT_TILE,
-                 overlap: int = DEFAULT_OVERLAP):
+                 overlap: int = DEFAULT_OVERLAP, norm_silu: Optional[NormSilu] = None):
         self.vae = vae
+        self.norm_silu = norm_silu  # the tail's norm + SiLU (None: the eager ops; speed/vae_norm.py fuses them)
         self.tiled = tiled
         self.tile = _pair(tile)
         self.overlap = overlap
@@ -54,7 +55,7 @@ class StreamingDecoder:
         out = torch.empty(b, 3, count, h * s, w * s, device=vae.device)
         with torch.inference_mode():
             if not self.tiled:
-                vae._decode_into(out, mu, self.caches.setdefault((None, None), {}))
+                vae._decode_into(out, mu, self.caches.setdefault((None, None), {}), self.norm_silu)
             else:
                 vae._blend_tiles(out, lambda ys, xs: self._tile(mu, ys, xs, first),
                                  tile_spans(h, self.tile[0], self.overlap), tile_spans(w, self.tile[1], self.overlap), s)
@@ -68,7 +69,7 @@ class StreamingDecoder:
         count = t * part.shape[2] - (t - 1 if first else 0)
         out = torch.empty(part.shape[0], 3, count, part.shape[3] * s, part.shape[4] * s, device=vae.device)
         cache: FeatureCache = self.caches.setdefault((ys, xs), {})
-        vae._decode_into(out, part, cache)
+        vae._decode_into(out, part, cache, self.norm_silu)
         return out
 
     def close(self) -> None:
@@ -127,9 +128,9 @@ def warm_up(decoder: StreamingDecoder, z_before: torch.Tensor) -> None:
 
 
 def decode_part(vae: WanVAE, z_before: Optional[torch.Tensor], z_part: torch.Tensor, *, tiled: bool = False,
-                **tile_kw) -> torch.Tensor:
+                norm_silu: Optional[NormSilu] = None, **tile_kw) -> torch.Tensor:
     """The frames of a continued video's new part `z_part` (normalised latent), as one whole decode gives them."""
-    decoder = StreamingDecoder(vae, tiled=tiled, **tile_kw)
+    decoder = StreamingDecoder(vae, tiled=tiled, norm_silu=norm_silu, **tile_kw)
     try:
         if z_before is not None and z_before.shape[2]:
             warm_up(decoder, z_before)
