@@ -290,4 +290,7 @@ def test_fused_vae_decode_streams_to_the_whole_decode_bit_for_bit():
     dec = StreamingDecoder(vae, norm_silu=fused)
     parts = torch.cat([dec.decode(z[:, :, :3]), dec.decode(z[:, :, 3:])], dim=2)
     assert torch.equal(parts, whole)
-    assert rel_err(whole, vae.decode(z)) < 1e-5  # against the eager ops: float32 rounding
+    # against the eager ops: the norm differs by float32 rounding, but cuDNN's TF32 convs round their inputs to 10
+    # mantissa bits, so a one-ulp change shows at ~1e-4..1e-3 in the frames (5.1e-4 measured on an H100); the kernel
+    # itself is checked to 1e-6 above
+    assert rel_err(whole, vae.decode(z)) < 2e-3
