@@ -101,3 +101,17 @@ def test_a_decoder_runs_the_norm_silu_it_is_given_and_the_cpu_gets_the_eager_ops
     assert torch.equal(StreamingDecoder(vae, norm_silu=counting).decode(z), base) and len(calls) == 2 * n_tail
     # the fused op on CPU tensors falls back to the eager ops: the same bits
     assert torch.equal(vae.decode(z, norm_silu=fused_norm_silu), base)
+
+
+def test_rings_run_on_weights_made_under_inference_mode():
+    from lingbot_world.wan.vae.model import VAEConfig, WanVAE
+
+    torch.manual_seed(0)
+    vae = WanVAE(VAEConfig.tiny()).eval()
+    z = torch.randn(1, 16, 2, 4, 6)
+    want = vae.decode(z)
+    with torch.inference_mode():  # as ComfyUI loads models: the weights become inference tensors
+        frozen = WanVAE(VAEConfig.tiny()).eval()
+        frozen.load_state_dict(vae.state_dict())
+    assert frozen.decoder.head[2].weight.is_inference()
+    assert torch.equal(frozen.decode(z), want)

@@ -85,7 +85,8 @@ class CausalConv3d(nn.Conv3d):
         on the module (about 0.1 GB in float32 for the Wan decoder's tail), made again if the weight tensor is
         replaced, moved or changed in place."""
         w = self.weight
-        stamp = (w.data_ptr(), w._version, w.device)
+        # an inference tensor (weights loaded under inference_mode, as ComfyUI does) has no version counter
+        stamp = (w.data_ptr(), None if w.is_inference() else w._version, w.device)
         cached = self._ring_weights
         if cached is None or cached[0] != stamp:
             cached = self._ring_weights = (stamp, {})
