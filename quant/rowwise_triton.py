@@ -11,14 +11,12 @@ versions. (Triton's CPU interpreter cannot check it: it lacks libdevice and mis-
 """
 from __future__ import annotations
 
-import functools
-import logging
 import os
 from typing import Callable, Optional
 
 import torch
 
-log = logging.getLogger(__name__)
+from .lazy_triton import TritonKernel
 
 MAX_COLUMNS = 16384  # one row per program, held in registers
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -27,24 +25,19 @@ _QMAX = {"fp8": 448.0, "int8": 127.0}
 _OUT = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
 
 
-_failed: Optional[str] = None  # why the kernel could not be built here (then the torch quantizers run)
+def _load():
+    from .rowwise_kernel import quantize_rows_kernel
+
+    return quantize_rows_kernel
+
+
+KERNEL = TritonKernel(_load, "Triton row quantizer")
+_kernel = KERNEL.get
 
 
 def enabled() -> bool:
     """LINGBOT_TRITON_QUANT=0 turns the kernel off (the torch quantizers run)."""
-    return os.environ.get("LINGBOT_TRITON_QUANT", "1") != "0" and _failed is None
-
-
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    """(triton, the kernel), or None where Triton cannot be imported."""
-    try:
-        import triton
-
-        from .rowwise_kernel import quantize_rows_kernel
-    except Exception:  # noqa: BLE001 - no Triton (CPU wheels, some Windows installs): the torch path serves
-        return None
-    return triton, quantize_rows_kernel
+    return os.environ.get("LINGBOT_TRITON_QUANT", "1") != "0" and KERNEL.failed is None
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -76,7 +69,7 @@ def _kernel_or_none(t: torch.Tensor, kind: str) -> Optional[tuple[torch.Tensor, 
     try:
         return quantize_rows(t, kind)
     except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the torch path serves
-        _give_up(e)
+        KERNEL.give_up(e)
         return None
 
 
@@ -102,16 +95,11 @@ def preferring_kernel_weight(kind: str, fallback: Callable) -> Callable:
     return quantize
 
 
-def _give_up(error: Exception) -> None:
-    global _failed
-    _failed = f"{type(error).__name__}: {str(error).partition(chr(10))[0][:200]}"
-    log.warning("the Triton row quantizer failed (%s); using torch's quantizers for the rest of this session", _failed)
-
 
 def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     """Why the kernel will not run (for the speed plan's notes), or None."""
-    if _failed is not None:
-        return f"the kernel failed here ({_failed})"
+    if KERNEL.failed is not None:
+        return f"the kernel failed here ({KERNEL.failed})"
     if not enabled():
         return "LINGBOT_TRITON_QUANT=0"
     if device is not None and torch.device(device).type != "cuda":

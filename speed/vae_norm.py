@@ -13,35 +13,29 @@ latents give the same frames everywhere on that machine.
 """
 from __future__ import annotations
 
-import functools
-import logging
 from typing import Callable, Optional
 
 import torch
 
+from ..quant.lazy_triton import TritonKernel
 from ..wan.vae.blocks import RMSNorm, norm_silu_into
-
-log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 1024  # one program holds a pixel's channels in registers
 _EPS = 1e-12  # F.normalize's
-_failed: Optional[str] = None  # why the kernel could not run here (then the eager ops serve)
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    try:
-        import triton
+def _load():
+    from .vae_norm_kernel import norm_silu_kernel
 
-        from .vae_norm_kernel import norm_silu_kernel
-    except Exception:  # noqa: BLE001 - no Triton (CPU wheels, some Windows installs): the eager ops serve
-        return None
-    return triton, norm_silu_kernel
+    return norm_silu_kernel
+
+
+KERNEL = TritonKernel(_load, "VAE's fused norm kernel")
 
 
 def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
-    return (_failed is None and x.is_cuda and out.is_cuda and x.dim() == 5 and x.shape[2] == 1
-            and out.shape == x.shape and 0 < x.shape[1] <= MAX_CHANNELS and _kernel() is not None)
+    return (KERNEL.failed is None and x.is_cuda and out.is_cuda and x.dim() == 5 and x.shape[2] == 1
+            and out.shape == x.shape and 0 < x.shape[1] <= MAX_CHANNELS and KERNEL.get() is not None)
 
 
 def fused_norm_silu(norm: RMSNorm, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -51,12 +45,12 @@ def fused_norm_silu(norm: RMSNorm, x: torch.Tensor, out: torch.Tensor) -> None:
     try:
         _launch(norm, x, out)
     except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the eager ops, for good
-        _give_up(e)
+        KERNEL.give_up(e)
         norm_silu_into(norm, x, out)
 
 
 def _launch(norm: RMSNorm, x: torch.Tensor, out: torch.Tensor) -> None:
-    triton, kernel = _kernel()
+    triton, kernel = KERNEL.get()
     n, c, _, h, w = x.shape
     block_c = triton.next_power_of_2(c)
     block_p = max(1, 4096 // block_c)
@@ -71,12 +65,6 @@ def _launch(norm: RMSNorm, x: torch.Tensor, out: torch.Tensor) -> None:
 def decoder_norm_silu(device) -> Optional[Callable]:
     """The decoder's norm + SiLU on `device`: fused on a CUDA GPU where Triton imports, None (the eager ops)
     elsewhere."""
-    if torch.device(device).type != "cuda" or _kernel() is None:
+    if torch.device(device).type != "cuda" or KERNEL.get() is None:
         return None
     return fused_norm_silu
-
-
-def _give_up(error: Exception) -> None:
-    global _failed
-    _failed = f"{type(error).__name__}: {str(error).partition(chr(10))[0][:200]}"
-    log.warning("the VAE's fused norm kernel failed (%s); using torch's ops for the rest of this session", _failed)

@@ -45,7 +45,7 @@ def test_every_low_precision_linear_of_a_model_shares_one_set_of_quantizers():
 def test_a_kernel_that_fails_to_build_hands_over_to_torch_for_the_session(monkeypatch, caplog):
     x = torch.randn(6, 32)
     monkeypatch.setattr(rowwise_triton, "usable", lambda t: True)
-    monkeypatch.setattr(rowwise_triton, "_failed", None)
+    monkeypatch.setattr(rowwise_triton.KERNEL, "failed", None)
 
     def broken(t, kind):
         raise RuntimeError("PTX assembly failed\ndetails")
@@ -55,3 +55,19 @@ def test_a_kernel_that_fails_to_build_hands_over_to_torch_for_the_session(monkey
     assert torch.equal(q, int8.quantize_rows(x)[0]) and "PTX assembly failed" in caplog.text
     assert rowwise_triton.unavailable_reason() == "the kernel failed here (RuntimeError: PTX assembly failed)"
     assert not rowwise_triton.enabled()
+
+
+def test_a_lazy_triton_kernel_that_cannot_load_is_none_and_a_failure_is_kept(caplog):
+    from lingbot_world.quant.lazy_triton import TritonKernel
+
+    calls = []
+
+    def load():
+        calls.append(1)
+        raise ImportError("no kernel module")
+
+    k = TritonKernel(load, "test kernel")
+    assert k.get() is None and k.get() is None and len(calls) <= 1  # tried once (not at all without Triton)
+    assert k.failed is None
+    k.give_up(RuntimeError("launch failed\nmore"))
+    assert k.failed == "RuntimeError: launch failed" and "the test kernel failed" in caplog.text
