@@ -259,6 +259,7 @@ def child_fast(spec: dict) -> dict:
     from ..parallel.layout import plan_layout
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
+    from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
     from .bench_fast import fast_inputs
 
@@ -300,9 +301,10 @@ def child_fast(spec: dict) -> dict:
                 noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
                 return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device)
 
+            norm_silu = decoder_norm_silu(device)  # the decoder's kernels as every door builds them
             decoder = None
             if issue:  # compile, attention plans and the decoder's first frames, on slots the timed run rewrites
-                warm, decoder = new_run(7), StreamingDecoder(vae) if vae is not None else None
+                warm, decoder = new_run(7), StreamingDecoder(vae, norm_silu=norm_silu) if vae is not None else None
                 with torch.inference_mode():
                     for _ in range(min(ISSUE_WARM_CHUNKS, warm.chunks)):
                         x0 = warm.next_chunk()
@@ -312,7 +314,7 @@ def child_fast(spec: dict) -> dict:
                 cache.global_end = cache.local_end = 0
                 if decoder:  # the video starts again: a new decoder (its causal caches) on the same VAE
                     decoder.close()
-                    decoder = StreamingDecoder(vae)
+                    decoder = StreamingDecoder(vae, norm_silu=norm_silu)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             run = new_run(42)

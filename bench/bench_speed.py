@@ -61,6 +61,7 @@ from .bench_pipeline import (
     sync,
 )
 from .common import CaseLoop, add_case_arguments, child_main, parse_cases, run_case_child
+from .trace_gaps import compute_stream, host_gap_sources, idle_gaps
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 SMALL_VIDEO = (17, 240, 416)  # the 4-step error run
@@ -244,8 +245,6 @@ def profile_split(run, device: torch.device, top_ops: int = 0, host_gaps: bool =
 def _host_gaps(prof) -> dict:
     import tempfile
 
-    from .trace_gaps import host_gap_sources
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -275,19 +274,16 @@ def compute_stream_gaps(events) -> dict:
         by_stream.setdefault(ev.device_resource_id, []).append((ev.time_range.start, ev.time_range.end))
     if not by_stream:
         return {}
-    stream, spans = max(by_stream.items(), key=lambda kv: sum(e - s for s, e in kv[1]))
-    spans.sort()
+    stream, spans = compute_stream(by_stream)
     copy_ends.sort()
-    busy, gaps, end, on_copy = 0.0, [], spans[0][0], 0.0
-    for s, e in spans:
-        if s > end:
-            gaps.append(s - end)
-            # the next kernel started right after a copy ended: the stream was waiting for that copy (an event)
-            i = bisect.bisect_right(copy_ends, s)
-            if i and s - COPY_WAIT_SLACK_US <= copy_ends[i - 1] and copy_ends[i - 1] >= end:
-                on_copy += s - end
-        busy += max(0.0, e - max(s, end))
-        end = max(end, e)
+    busy, end, idle = idle_gaps(spans)
+    gaps, on_copy = [gap for _, gap, _ in idle], 0.0
+    for idle_from, gap, _ in idle:
+        # the next kernel started right after a copy ended: the stream was waiting for that copy (an event)
+        s = idle_from + gap
+        i = bisect.bisect_right(copy_ends, s)
+        if i and s - COPY_WAIT_SLACK_US <= copy_ends[i - 1] and copy_ends[i - 1] >= idle_from:
+            on_copy += gap
     edges = (0.0, *GAP_BINS_US, float("inf"))
     bins = {f"{lo:g}-{hi:g}us": round(sum(g for g in gaps if lo <= g < hi) / 1e6, 6)
             for lo, hi in zip(edges, edges[1:])}

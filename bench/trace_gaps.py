@@ -8,6 +8,9 @@ of `torch.profiler` run with `with_stack=True`:
   went idle (the innermost frames say which code kept the host busy);
 - a gap whose next kernel was already launched is a **wait** on another stream (an event: a K/V or weight upload).
 
+`compute_stream` and `idle_gaps` find the busiest stream and walk its kernels' gaps; bench_speed.compute_stream_gaps
+(gaps by size, from the profiler's events) uses them too.
+
     trace = json.load(open("chunk.trace.json"))
     host_gap_sources(trace, package="lingbot_world")  # {"host_bound_s", "queued_wait_s", "by_frames": [...]}
 """
@@ -19,12 +22,21 @@ LAUNCH_SLACK_US = 5.0  # a launch this close before the stream went idle still l
 FRAMES_KEPT = 3  # innermost package frames that name a gap's source
 
 
-def _compute_stream(kernels: list) -> list:
-    by_stream: dict = {}
-    for k in kernels:
-        by_stream.setdefault(k["args"].get("stream"), []).append(k)
-    busiest = max(by_stream.values(), key=lambda ks: sum(k.get("dur", 0.0) for k in ks))
-    return sorted(busiest, key=lambda k: k["ts"])
+def compute_stream(spans_by_stream: dict) -> tuple:
+    """(stream, its spans sorted by start) of the busiest stream; spans are (start, end, ...) tuples."""
+    stream, spans = max(spans_by_stream.items(), key=lambda kv: sum(sp[1] - sp[0] for sp in kv[1]))
+    return stream, sorted(spans, key=lambda sp: sp[0])
+
+
+def idle_gaps(spans: list) -> tuple:
+    """(busy time, end, [(idle from, gap length, index of the span that ends the gap)]) of start-sorted spans."""
+    busy, gaps, end = 0.0, [], spans[0][0]
+    for i, (s, e, *_) in enumerate(spans):
+        if s > end:
+            gaps.append((end, s - end, i))
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    return busy, end, gaps
 
 
 def _frames_at(py_events: list, queries: list[tuple[float, int]]) -> dict:
@@ -60,31 +72,29 @@ def host_gap_sources(trace: dict, *, package: str = "lingbot_world", min_gap_us:
     """Compute-stream gaps of at least `min_gap_us`, split into host-bound and queued waits; host-bound seconds
     summed by the innermost FRAMES_KEPT frames of `package` active on the launching thread as the GPU went idle."""
     events: Iterable[dict] = trace.get("traceEvents", [])
-    kernels, launches, py = [], {}, []
+    kernels, launches, py = {}, {}, []
     for ev in events:
         if ev.get("ph") != "X":
             continue
         cat = ev.get("cat", "")
         if cat == "kernel":
-            kernels.append(ev)
+            kernels.setdefault(ev["args"].get("stream"), []).append((ev["ts"], ev["ts"] + ev.get("dur", 0.0), ev))
         elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in ev.get("args", {}):
             launches[ev["args"]["correlation"]] = ev
         elif cat == "python_function":
             py.append(ev)
     if not kernels:
         return {}
-    stream = _compute_stream(kernels)
+    _, spans = compute_stream(kernels)
     host_gaps, queued = [], 0.0
-    end = stream[0]["ts"] + stream[0].get("dur", 0.0)
-    for k in stream[1:]:
-        gap = k["ts"] - end
-        launch = launches.get(k["args"].get("correlation"))
-        if gap >= min_gap_us:
-            if launch is not None and launch["ts"] >= end - LAUNCH_SLACK_US:
-                host_gaps.append((gap, end, launch["tid"]))
-            else:
-                queued += gap
-        end = max(end, k["ts"] + k.get("dur", 0.0))
+    for idle_from, gap, i in idle_gaps(spans)[2]:
+        if gap < min_gap_us:
+            continue
+        launch = launches.get(spans[i][2]["args"].get("correlation"))
+        if launch is not None and launch["ts"] >= idle_from - LAUNCH_SLACK_US:
+            host_gaps.append((gap, idle_from, launch["tid"]))
+        else:
+            queued += gap
     frames = _frames_at(py, [(t, tid) for _, t, tid in host_gaps])
     by: dict = {}
     for i, (gap, _, _) in enumerate(host_gaps):

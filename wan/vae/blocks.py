@@ -80,6 +80,14 @@ class CausalConv3d(nn.Conv3d):
                      self.padding[1:], self.dilation[1:])
         return y.unsqueeze(2)
 
+    def step(self, norm: "RMSNorm", x: torch.Tensor, cache: FeatureCache,
+             norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
+        """This conv of SiLU(norm(x)) for one frame [N, C, 1, H, W], through its ring: the norm and SiLU are written
+        into the ring's next slot (by `norm_silu`, default norm_silu_into; speed/vae_norm.py fuses them)."""
+        ring = self.ring(cache, x)
+        (norm_silu or norm_silu_into)(norm, x, ring.next_slot())
+        return self.conv_ring(ring)
+
     def _ring_weight(self, taps: tuple, dtype: torch.dtype) -> torch.Tensor:
         """The weight [out, 3*in, kh, kw] for slots holding time taps `taps`, channels last: three per dtype, kept
         on the module (about 0.1 GB in float32 for the Wan decoder's tail), made again if the weight tensor is
@@ -215,15 +223,10 @@ class ResidualBlock(nn.Module):
     def step(self, x: torch.Tensor, cache: FeatureCache, norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
         """forward() for one frame [N, C, 1, H, W] at a time, through FrameRings (the same sums; a block must be
         stepped this way for the whole video, its cache holds rings). Dropout is off (eval: p = 0 in the release).
-        norm_silu: what writes SiLU(norm(x)) into a slot (default norm_silu_into; speed/vae_norm.py fuses it)."""
-        norm_silu = norm_silu or norm_silu_into
+        norm_silu: what writes SiLU(norm(x)) into a slot (CausalConv3d.step)."""
         norm1, _, conv1, norm2, _, _, conv2 = self.residual
-        ring = conv1.ring(cache, x)
-        norm_silu(norm1, x, ring.next_slot())
-        h = conv1.conv_ring(ring)
-        ring = conv2.ring(cache, h)
-        norm_silu(norm2, h, ring.next_slot())
-        return conv2.conv_ring(ring).add_(self.shortcut(x))
+        h = conv1.step(norm1, x, cache, norm_silu)
+        return conv2.step(norm2, h, cache, norm_silu).add_(self.shortcut(x))
 
 
 class AttentionBlock(nn.Module):

@@ -26,8 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import (AttentionBlock, CausalConv3d, FeatureCache, NormSilu, Resample, ResidualBlock, RMSNorm,
-                     norm_silu_into)
+from .blocks import AttentionBlock, CausalConv3d, FeatureCache, NormSilu, Resample, ResidualBlock, RMSNorm
 
 LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -138,10 +137,7 @@ class Decoder(nn.Module):
         # one frame at a time: the residual blocks and the head step through FrameRings (blocks.py)
         for layer in self.upsamples[self._tail_start:]:
             x = layer.step(x, cache, norm_silu) if isinstance(layer, ResidualBlock) else layer(x, cache)
-        conv = self.head[2]
-        ring = conv.ring(cache, x)
-        (norm_silu or norm_silu_into)(self.head[0], x, ring.next_slot())
-        return conv.conv_ring(ring)
+        return self.head[2].step(self.head[0], x, cache, norm_silu)
 
     def forward(self, x: torch.Tensor, cache: FeatureCache, norm_silu: Optional[NormSilu] = None) -> torch.Tensor:
         """norm_silu: the tail's norm + SiLU into a ring slot (None: blocks.norm_silu_into)."""
