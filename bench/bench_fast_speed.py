@@ -128,6 +128,14 @@ CASES: dict[str, dict] = {
     "draft_whole_card_profile": dict(preset="draft", compile="blocks", profile=True, cap_gib=None),
     "fast_fp8_weights_whole_card_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True,
                                                 cap_gib=None),
+    # a 16-chunk video: the window rolls from chunk 7 (auto, 21 frames) / chunk 5 (draft, 15); *_graphs replay the
+    # blocks from CUDA graphs from then on (speed/block_graphs.py, LINGBOT_CUDA_GRAPHS=1), the others launch every
+    # kernel (errors against the same preset without graphs: 0 is a replay that gives the eager run's bits)
+    "auto_rolling": dict(preset="auto", compile="blocks", chunks=16),
+    "auto_rolling_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True, reference="auto_rolling"),
+    "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),
+    "draft_rolling_graphs": dict(preset="draft", compile="blocks", chunks=16, graphs=True,
+                                 reference="draft_rolling"),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
 TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
@@ -141,7 +149,7 @@ def child_case(spec: dict) -> dict:
     from ..memory.placement import available_ram_bytes, free_vram_bytes
     from ..speed.decode import ChunkDecoder
     from ..speed.levers import ChunkLevers
-    from ..speed.options import apply_speed, resolve_speed
+    from ..speed.options import GRAPHS_ENV, apply_speed, graphs_enabled, resolve_speed
     from ..speed.presets import PRESETS, attach_preset, preset_options
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
@@ -149,6 +157,8 @@ def child_case(spec: dict) -> dict:
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
 
+    if spec.get("graphs"):
+        os.environ[GRAPHS_ENV] = "1"
     device, cuda, cfg, fr, h, w, out = child_start(spec)
     preset = PRESETS[spec["preset"]]
     levers = ChunkLevers(**{**preset.levers.__dict__, **spec.get("levers", {})})
@@ -172,9 +182,13 @@ def child_case(spec: dict) -> dict:
                           sink_frames=spec["sink"] if window is not None and window < fr.latent_frames else 0)
     out["layout"] = {"capacity": layout.capacity, "sink_tokens": layout.sink_tokens, "evict": layout.evict,
                      "window_frames": window}
+    # the first chunk that ends past the window: from it on every chunk writes and reads the same slots
+    out["rolled_from_chunk"] = next((c for c in range(fr.chunks) if window is not None and layout.evict
+                                     and 3 * (c + 1) > window), None)
     vram = free_vram_bytes(device) if cuda else 1 << 60
     extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
-    plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights)
+    plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
+                            graphs=graphs_enabled(device))
     out["plan"] = plan.to_json()
     out["weights"] = weights
     placement = FastPlacement(plan, device, lambda s: None)
@@ -263,6 +277,8 @@ def child_case(spec: dict) -> dict:
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
         out["stream"] = placement.placement.stats() if placement.placement else None
+        runner = getattr(model, "block_runner", None)
+        out["graphs"] = runner.stats() if runner is not None else None
         out["uploaded_bytes_timed"] = (out["stream"] or {}).get("uploaded_bytes", 0) - uploaded_before
         out["peak_rss_sampling"] = peak_rss_bytes()
     finally:
@@ -324,15 +340,19 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def errors_against_reference(workdir: Path, name: str) -> dict:
-    """Relative L2 of the case's saved outputs against the reference case's: first call, each chunk, the video."""
+    """Relative L2 of the case's saved outputs against its reference case's (`exact` unless the case names
+    another): first call, each chunk, the video."""
     from safetensors.torch import load_file
 
-    mine, ref = workdir / f"outputs_{name}.safetensors", workdir / f"outputs_{REFERENCE}.safetensors"
-    if name == REFERENCE or not mine.is_file() or not ref.is_file():
+    reference = CASES.get(name, {}).get("reference", REFERENCE)
+    mine, ref = workdir / f"outputs_{name}.safetensors", workdir / f"outputs_{reference}.safetensors"
+    if name == reference or not mine.is_file() or not ref.is_file():
         return {}
     a, b = load_file(str(mine)), load_file(str(ref))
     la, lb = a["latent"], b["latent"]
-    out = {"error_forward": round(rel_l2(a["first_call"], b["first_call"]), 6),
+    if la.shape != lb.shape:  # another video length: nothing to compare
+        return {}
+    out = {"error_reference": reference, "error_forward": round(rel_l2(a["first_call"], b["first_call"]), 6),
            "error_chunks": [round(rel_l2(la[:, :, i:i + 3], lb[:, :, i:i + 3]), 6) for i in range(0, lb.shape[2], 3)],
            "error_video": round(rel_l2(la, lb), 6)}
     mine, ref = workdir / f"frames_{name}.safetensors", workdir / f"frames_{FRAMES_REFERENCE}.safetensors"
@@ -377,6 +397,11 @@ def summarize(res: dict, workdir: Path) -> dict:
                "cache_layers_on_gpu": r["plan"].get("cache_layers_on_gpu"), "warm_up_s": r.get("warm_up_s"),
                "full_window_chunk_s": chunks[-1],
                "uploaded_gb_per_chunk": round(r.get("uploaded_bytes_timed", 0) / 1e9 / len(chunks), 2)}
+        rolled = r.get("rolled_from_chunk")
+        if rolled is not None and rolled + 1 < len(chunks):  # the rolled chunks after the one that captures
+            row.update(rolling_chunk_s=mean(chunks[rolled + 1:]), rolling_dit_s=mean(r["dit_s"][rolled + 1:]),
+                       rolling_decode_s=mean(r["decode_s"][rolled + 1:]), capture_chunk_s=chunks[rolled],
+                       rolling_chunks=len(chunks) - rolled - 1, graphs=r.get("graphs"))
         row.update(errors_against_reference(workdir, name))
         target = TARGETS_S.get(name)
         if target is not None:
@@ -432,13 +457,16 @@ def run(args) -> dict:
     def run_case(name: str, timeout: float) -> dict:
         c = CASES[name]
         video = TINY_VIDEO["fast"] if args.tiny else V480
+        if c.get("chunks"):  # a longer video of the same size: 3 latent frames per chunk, 4 frames per latent
+            video = (4 * (3 * c["chunks"] - 1) + 1, *video[1:])
         spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
                 "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
                 "fast_lowp": {kind: str(p) for kind, p in lowp_paths.items()},
                 "cap_gib": c.get("cap_gib", 24) if device == "cuda" else None, "context_gib": args.context_gib,
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
-                                                       "profile", "save_frames", "weights", "host_gaps")}}
+                                                       "profile", "save_frames", "weights", "host_gaps",
+                                                       "graphs")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -109,7 +109,9 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     return session, plan, load_s
 
 
-async def play(session, chunks: int, device: torch.device, budget_s: float) -> list[dict]:
+async def play(session, chunks: int, device: torch.device, budget_s: float, info: dict | None = None) -> list[dict]:
+    """Chunks with changing keys through the player's worker; `info` gets the CUDA graphs' counts (replays mean
+    the steady state launched each block in one call)."""
     from ..player.driver import SessionDriver
 
     driver = SessionDriver(session)
@@ -145,6 +147,9 @@ async def play(session, chunks: int, device: torch.device, budget_s: float) -> l
                   + (f", peak {row['peak_allocated'] / GiB:.2f} GiB" if cuda else "")
                   + f", RSS {row['rss'] / GiB:.2f} GiB", flush=True)
     finally:
+        runner = getattr(session.model, "block_runner", None)
+        if info is not None:
+            info["graphs"] = runner.stats() if runner is not None else None
         driver.close()  # closes the session: every GPU and pinned buffer freed
     return rows
 
@@ -188,7 +193,7 @@ def run(args) -> dict:
     session, plan, load_s = build_session(args, device, model_path, cfg)
     res.update(plan=plan.to_json(), load_s=round(load_s, 3))
     print(f"[plan] {plan.reason}", flush=True)
-    rows = asyncio.run(play(session, args.chunks, device, args.budget_s))
+    rows = asyncio.run(play(session, args.chunks, device, args.budget_s, res))
     res["per_chunk"] = rows
     res["summary"] = summarize(rows, args.warmup, args.flat_slack_mib)
     if device.type == "cuda":

@@ -19,6 +19,7 @@ import torch
 from ..loaders.expert_format import ExpertFormat
 from ..memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
 from ..memory.placement import _gb, available_ram_bytes
+from ..speed.options import graphs_enabled
 from ..wan.sampling.fast_sampler import STEP_INDICES
 from ..wan.sampling.fast_state import CameraSource, FastSettings
 from ..wan.sampling.sampler import Cancelled
@@ -198,7 +199,8 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
         plan = plan_fast_memory(h, w, cfg, layout, vram_comfy_can_free(mm, device, fast_model.patcher),
                                 available_ram_bytes(),
                                 weights=fast_model.weights, cache=fast_model.kv_cache, camera=part.camera is not None,
-                                compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra)
+                                compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra,
+                                graphs=graphs_enabled(device))
     except FastMemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
     log.info("LingBot-World Fast memory plan: %s", plan.reason)

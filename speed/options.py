@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,6 +26,7 @@ from ..quant import fp8, int8, rowwise_triton
 from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.dit import attention as attn
 from . import compile as compile_mod
+from .block_graphs import BlockGraphs
 from .levers import ChunkLevers
 
 log = logging.getLogger(__name__)
@@ -196,9 +198,20 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
     return plan
 
 
+GRAPHS_ENV = "LINGBOT_CUDA_GRAPHS"  # "1": replay the Fast model's blocks from CUDA graphs once its window rolls
+
+
+def graphs_enabled(device) -> bool:
+    """Whether the Fast model's blocks replay CUDA graphs once its K/V window rolls (speed/block_graphs.py): opt in
+    with LINGBOT_CUDA_GRAPHS=1, on a CUDA GPU. Off by default: on an H100 they gave the same bits and 2-3 % of a
+    played `draft` chunk for 0.9 GB more VRAM (BENCHMARKS, "CUDA graphs"); a slower host may gain more."""
+    return torch.device(device).type == "cuda" and os.environ.get(GRAPHS_ENV, "").strip() == "1"
+
+
 def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
     """Set the plan on a loaded DiT: attention kernel (process-wide), compiled or eager per-token phases on every
-    block and the head, compute mode on every NF4 linear. Cheap; call it after each load."""
+    block and the head, compute mode on every NF4 linear, CUDA graphs for a rolling K/V window's blocks where opted
+    in. Cheap; call it after each load (a new plan drops the graphs of the old one)."""
     attn.set_backend(plan.attention, torch.device(plan.device), plan.sdpa_order)
     if plan.compile == "blocks":
         compile_mod.configure_cache()
@@ -216,6 +229,8 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
     ops = EAGER if plan.compile == "off" else compiled_token_ops(plan.strict_compile)
     if hasattr(model, "set_token_ops"):
         model.set_token_ops(ops)
+    if hasattr(model, "block_runner"):
+        model.block_runner = BlockGraphs(torch.device(plan.device)) if graphs_enabled(plan.device) else None
     lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else eager_quantizers()
     for module in model.modules():
         if hasattr(module, "set_compute"):

@@ -55,6 +55,21 @@ def test_summary_takes_the_whole_video_over_its_chunks(tmp_path):
     assert s["auto"]["s_per_call"] == round(2.4 / 5, 4) and s["auto"]["fps"] == round(12 / 2.5, 2)
 
 
+def test_rolling_cases_sum_the_chunks_after_the_capture_and_compare_with_their_named_reference(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    latent, first = torch.randn(1, 16, 12, 4, 4, generator=g), torch.randn(1, 16, 3, 4, 4, generator=g)
+    _outputs(tmp_path / "outputs_exact.safetensors", latent[:, :, :6], first)  # another length: not compared
+    _outputs(tmp_path / "outputs_draft_rolling.safetensors", latent, first)
+    _outputs(tmp_path / "outputs_draft_rolling_graphs.safetensors", latent.clone(), first.clone())
+    case = {**_case([3.0, 1.0, 1.0, 2.5, 1.2, 1.4], 10.1), "rolled_from_chunk": 3,
+            "graphs": {"captures": 40, "replays": 400, "graphed_forwards": 10, "disabled": None}}
+    s = bfs.summarize({"cases": {"draft_rolling_graphs": case}}, tmp_path)["draft_rolling_graphs"]
+    assert s["capture_chunk_s"] == 2.5 and s["rolling_chunks"] == 2 and s["rolling_chunk_s"] == 1.3
+    assert s["graphs"]["captures"] == 40
+    assert s["error_reference"] == "draft_rolling" and s["error_video"] == 0 and s["error_forward"] == 0
+    assert bfs.errors_against_reference(tmp_path, "draft_rolling") == {}  # exact's video is shorter
+
+
 def test_projection_of_the_committed_results_is_slower_on_the_rtx_cards():
     res = fast_projection.run()
     h100 = res["h100_measured"]

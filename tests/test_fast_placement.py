@@ -55,6 +55,24 @@ def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
         assert on_device <= 22.5 * GB
 
 
+def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
+    from lingbot_world.memory.kv_placement import GRAPH_POOL_FACTOR
+
+    vram = int(23.5 * GiB)
+    rolling = layout480(window_frames=15, sink_frames=3)
+    without = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB)
+    graphed = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, graphs=True)
+    pool = graphed.estimates["graph_pool_bytes"]
+    assert pool == int(without.estimates["activation_bytes"] * GRAPH_POOL_FACTOR)
+    layer = without.estimates["cache_layer_bytes"]  # 0.48 GB: the pool (1.05 GB) takes 2-3 layers' room
+    assert without.cache_layers_on_gpu - 3 <= graphed.cache_layers_on_gpu <= without.cache_layers_on_gpu - 2
+    assert graphed.estimates["device_bytes"] + pool <= without.estimates["device_bytes"] + layer
+    assert "CUDA graphs" in graphed.reason
+    whole = layout480()  # the cache holds the whole video: it never rolls, no graph is ever captured
+    assert plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB, graphs=True).reason == \
+        plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB).reason
+
+
 def test_small_cards_block_swap_the_model_too():
     p = plan_fast_memory(480, 832, FULL, layout480(), int(11.5 * GiB), 64 * GiB)
     assert p.cache == "host" and p.cache_layers_on_gpu == 0 and p.blocks_on_gpu is not None and p.blocks_on_gpu < 40

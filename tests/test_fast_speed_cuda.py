@@ -132,3 +132,48 @@ def test_side_stream_decode_gives_the_same_frames_beside_other_work():
             a = torch.tanh(a @ a * 1e-3)
     for p, w in zip(pending, want):
         assert torch.equal(p.result(), w)
+
+
+@pytest.mark.parametrize("preset", ["auto", "fast"])
+def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
+    """Once the window rolls, every block replays a captured CUDA graph (speed/block_graphs.py): the latents equal
+    the same run's with every kernel launched eagerly, bit for bit (NF4 dequantization, compiled per-token work,
+    the GPU's SDPA kernel and, for `fast`, the FP8 quantizers and GEMMs inside the graphs)."""
+    from lingbot_world.speed import compile as compile_mod
+    from lingbot_world.speed.options import GRAPHS_ENV, apply_speed
+    from lingbot_world.speed.presets import resolve_preset
+    from lingbot_world.wan.dit.kv_cache import cache_layout
+    from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+
+    if compile_mod.unavailable_reason(CUDA):
+        pytest.skip(compile_mod.unavailable_reason(CUDA))
+    cfg, model = _causal_nf4_model(2)
+    for m in model.modules():
+        if hasattr(m, "lowp_min_rows"):
+            m.lowp_min_rows = 64  # the tiny chunk's 72 tokens take the low-precision path under `fast`
+    plan = resolve_preset(preset, CUDA, explicit={"compile": "blocks"})
+    frames = 18
+    g = torch.Generator(device=CUDA).manual_seed(5)
+    y = torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g, device=CUDA)
+    cam = torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g, device=CUDA).bfloat16()
+    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g, device=CUDA).bfloat16()
+    layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=6, sink_frames=1)
+
+    def run():
+        apply_speed(model, plan)
+        cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
+        gen = make_generator(11, "cuda")
+        noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
+        with torch.inference_mode():
+            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **plan.fast_run_options()).run()
+        return latent, model.block_runner
+
+    monkeypatch.delenv(GRAPHS_ENV, raising=False)
+    eager, none = run()
+    assert none is None
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+    graphed, runner = run()
+    assert runner is not None and runner.disabled is None, runner and runner.disabled
+    # 6 chunks of 5 calls; chunks 2..5 roll the window: one warm-up call, one capture, 18 replayed forwards
+    assert runner.captures == cfg.num_layers and runner.graphed_forwards == 19
+    assert torch.equal(graphed, eager), f"max |diff| {(graphed - eager).abs().max().item():.3g}"

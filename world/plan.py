@@ -14,6 +14,7 @@ import torch
 from ..memory.kv_placement import FastMemoryPlan, plan_fast_memory
 from ..memory.placement import available_ram_bytes, free_vram_bytes
 from ..quant.nf4_format import default_compute_dtype
+from ..speed.options import graphs_enabled
 from ..wan.vae.model import VAEConfig
 from ..wan.vae.streaming import streaming_decode_bytes
 
@@ -42,7 +43,7 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     ram = available_ram_bytes() if ram is None else ram
     kw = dict(weights=weights, cache=kv_cache, cache_layers_on_gpu=kv_layers_on_gpu, camera=with_camera,
               compute_bytes=torch.empty(0, dtype=compute_dtype(weights, device)).element_size(),
-              seq_parallel=seq_parallel)
+              seq_parallel=seq_parallel, graphs=graphs_enabled(device))
     plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"
     if cuda and stream_decode != "off":

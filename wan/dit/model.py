@@ -207,6 +207,10 @@ class WanDiT(nn.Module):
         self.after_block: Optional[Callable[[int], None]] = None
         # Sequence parallelism (parallel/ulysses.py): this process's share of the tokens; None = all of them.
         self.seq_parallel = None
+        # Optional block runner (speed/block_graphs.py, CUDA graphs): `begin(model, kv_cache, hs, e0s, ctxs, cam,
+        # rope, film, dtype)` once the cache has planned the chunk returns None (run the blocks here) or an object
+        # whose `run(i, block, kv_layer)` runs block i and returns the residual streams.
+        self.block_runner = None
 
     # ---- helpers -------------------------------------------------------------------------------------
     def dtype_for_compute(self) -> torch.dtype:
@@ -375,13 +379,18 @@ class WanDiT(nn.Module):
             hs, cam, rope = [p[0] for p in split], split[0][1], split[0][2]
             del split
 
+        runner = self.block_runner
+        graphed = None if runner is None else runner.begin(self, kv_cache, hs, e0s, ctxs, cam, rope, film, dtype)
         try:
             for i, block in enumerate(self.blocks):
                 if self.before_block is not None:
                     self.before_block(i)
-                hs = block.forward_layered(hs, e0s, ctxs, cam, rope, dtype, inplace=True,
-                                           kv=None if kv_cache is None else kv_cache.layer(i),
-                                           film=None if film is None else film.layer(i))
+                if graphed is not None:
+                    hs = graphed.run(i, block, kv_cache.layer(i))
+                else:
+                    hs = block.forward_layered(hs, e0s, ctxs, cam, rope, dtype, inplace=True,
+                                               kv=None if kv_cache is None else kv_cache.layer(i),
+                                               film=None if film is None else film.layer(i))
                 if self.after_block is not None:
                     self.after_block(i)
         except BaseException:

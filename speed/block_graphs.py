@@ -1,0 +1,276 @@
+"""CUDA graphs for the Fast model's blocks once its K/V window is full (issue 26, `--cuda-graphs`).
+
+Why: a `draft` chunk keeps the GPU busy for about 1.0 s, but the host issues some 12,000 kernels per chunk one
+Python call at a time, and the GPU waits on it for 0.15-0.3 s of the chunk. A captured block replays its few
+hundred kernels in one call.
+
+When: a causal forward whose window has rolled (the video is past the cache's capacity, which ends the chunk's
+slots). From then on every chunk,
+every step and the context pass read and write the same cache slots with the same shapes, so one capture per
+block serves the rest of the video (the player's steady state, a long windowed render). Earlier forwards (the
+window filling up, a video its window covers) change shape every chunk and run eagerly: a capture costs about one
+eager forward, which a shape seen for one chunk would not repay.
+
+How:
+- The first forward of a new shape runs eagerly (it builds the cuDNN plans, compiled code and cuBLAS handles a
+  capture must not build); the next one captures each block on a side stream and replays it; later ones replay.
+- What changes between forwards (block 0's tokens, the time modulation, the camera tokens, the RoPE tables) is
+  copied into static tensors the graphs read. Block 0 writes the float32 residual stream, which the later blocks
+  update in place, as eager does.
+- Each block's graph is keyed by the address of everything it reads outside those statics: its input, weights
+  (a block streamed through the block-swap ring sits in one of two buffers), its cache layer's K/V (a streamed
+  cache layer sits in a ring buffer) and text K/V. A new address set captures another graph of that block (up to
+  four are kept: with an odd number of streamed cache layers a layer alternates between the ring's two buffers
+  from one forward to the next): a replay reads whatever its addresses hold now, which is right only while they
+  are the same tensors.
+- A replay launches the kernels the eager run launched, on the same inputs: the output is the same bit for bit.
+- The graphs share one memory pool: they replay one after another on one stream, so one block's scratch memory
+  is free again before the next block's starts.
+- A capture that fails logs one line and turns the graphs off for this model; that block and the rest run eagerly.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+VARIANTS_PER_BLOCK = 4
+
+
+class CudaCapture:
+    """Captures a function's kernels into a torch.cuda.CUDAGraph (a side stream, one memory pool for all)."""
+
+    executes = False  # a capture only records the kernels: the caller replays to compute
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)  # the pool's memory is handed out in stream order
+        with torch.cuda.stream(self.stream):
+            # thread_local: the player's and ComfyUI's other threads may use CUDA while this thread captures.
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                out = fn()
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except Exception:  # the capture is already invalid; the first error is the one to report
+                    pass
+                raise
+            graph.capture_end()
+        current.wait_stream(self.stream)
+        return graph.replay, out
+
+
+@dataclass
+class _Captured:
+    fingerprint: tuple
+    replay: Callable[[], None]
+    out: torch.Tensor
+
+
+class _Statics:
+    """The static copies of a forward's per-call inputs that every block's graph reads."""
+
+    def __init__(self, x: torch.Tensor, e0: torch.Tensor, cam: Optional[torch.Tensor], rope: tuple):
+        self.x = torch.empty_like(x)
+        self.e0 = torch.empty_like(e0)
+        self.cam = None if cam is None else torch.empty_like(cam)
+        self.rope = (torch.empty_like(rope[0]), torch.empty_like(rope[1]))
+
+    def load(self, x: torch.Tensor, e0: torch.Tensor, cam: Optional[torch.Tensor], rope: tuple) -> None:
+        self.x.copy_(x)
+        self.e0.copy_(e0)
+        if cam is not None:
+            self.cam.copy_(cam)
+        self.rope[0].copy_(rope[0])
+        self.rope[1].copy_(rope[1])
+
+
+def _signature(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    return None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+
+
+def _quant_tensors(module: torch.nn.Module) -> list:
+    """bitsandbytes' quantization statistics a 4-bit weight carries outside the module's parameters."""
+    state = getattr(getattr(module, "weight", None), "quant_state", None)
+    if state is None:
+        return []
+    out = [state.absmax, getattr(state, "code", None)]
+    nested = getattr(state, "state2", None)
+    if nested is not None:
+        out += [nested.absmax, getattr(nested, "code", None), getattr(state, "offset", None)]
+    return out
+
+
+def block_fingerprint(block: torch.nn.Module) -> Optional[tuple]:
+    """Addresses of every tensor the block's forward reads from the block itself, or None when the block cannot be
+    replayed (a LoRA hangs on one of its linears: its terms are not part of the block's tensors)."""
+    ptrs = []
+    for module in block.modules():
+        if getattr(module, "lora", None) is not None:
+            return None
+        ptrs.extend(t.data_ptr() for t in module.parameters(recurse=False))
+        ptrs.extend(t.data_ptr() for t in module.buffers(recurse=False))
+        ptrs.extend(t.data_ptr() for t in _quant_tensors(module) if isinstance(t, torch.Tensor))
+        mode = getattr(module, "compute_mode", None)
+        if mode is not None:
+            ptrs.append(mode)
+    return (getattr(block, "token_chunk", None), id(getattr(block, "ops", None)), *ptrs)
+
+
+class BlockGraphs:
+    """Replays a causal model's blocks from CUDA graphs once its K/V window is full (see the module docstring).
+
+    Installed on a model by apply_speed (`model.block_runner`); the model's forward calls `begin` once the cache
+    has planned the chunk, and runs each block through the returned object (None: run the blocks eagerly).
+    capture: the capturing backend (CudaCapture on a GPU; tests give a stand-in that runs on the CPU).
+    """
+
+    def __init__(self, device, capture=None):
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self._capture = capture
+        self.shape_key: Optional[tuple] = None  # the forward shape the graphs serve
+        self._warmed: Optional[tuple] = None  # a shape that ran eagerly once
+        self.statics: Optional[_Statics] = None
+        # block index -> its graphs by fingerprint, oldest first: a streamed cache layer alternates between the two
+        # ring buffers when an odd number of layers streams, so a block may need one graph per buffer
+        self.graphs: dict[int, dict[tuple, _Captured]] = {}
+        self.disabled: Optional[str] = None
+        self.captures = 0
+        self.replays = 0  # block replays
+        self.graphed_forwards = 0
+
+    @property
+    def backend(self):
+        if self._capture is None:
+            self._capture = CudaCapture(self.device)
+        return self._capture
+
+    def stats(self) -> dict:
+        return {"graphed_forwards": self.graphed_forwards, "captures": self.captures, "replays": self.replays,
+                "disabled": self.disabled}
+
+    def reset(self) -> None:
+        """Drop every graph and static (their pool memory goes back to the allocator once unreferenced)."""
+        self.graphs.clear()
+        self.statics = None
+        self.shape_key = None
+
+    # ---- one forward --------------------------------------------------------------------------------------------
+    def begin(self, model, kv_cache, hs: list, e0s: list, ctxs: list, cam, rope: tuple, film,
+              dtype: torch.dtype) -> Optional["GraphedForward"]:
+        if self.disabled is not None:
+            return None
+        key = self._shape_key(model, kv_cache, hs, e0s, ctxs, cam, rope, film, dtype)
+        if key is None:
+            return None
+        if key != self.shape_key:
+            if self._warmed != key:  # first sight of this shape: run eagerly, so every kernel is built
+                self._warmed = key
+                return None
+            self.reset()
+            self.shape_key = key
+            self.statics = _Statics(hs[0], e0s[0], cam, rope)
+        self.statics.load(hs[0], e0s[0], cam, rope)
+        self.graphed_forwards += 1
+        return GraphedForward(self, kv_cache, dtype)
+
+    def _shape_key(self, model, kv_cache, hs, e0s, ctxs, cam, rope, film, dtype) -> Optional[tuple]:
+        """The forward's shape when its blocks may replay graphs, else None."""
+        if (kv_cache is None or len(hs) != 1 or film is not None or getattr(model, "seq_parallel", None) is not None
+                or torch.is_grad_enabled() or hs[0].device != self.device or ctxs[0] is not None
+                or not kv_cache.text_ready):
+            return None
+        plan = kv_cache.plan
+        if (plan is None or not kv_cache.evict or plan.write_end != kv_cache.capacity
+                or plan.start + plan.tokens <= kv_cache.capacity):
+            return None  # the window has not rolled yet: the next chunk has other slots
+        if any(getattr(m, "lora", None) is not None for m in model.blocks.modules()):
+            return None
+        return (id(model), plan.write_start, plan.write_end, plan.attend_start, plan.tokens, dtype,
+                torch.is_inference_mode_enabled(), _signature(hs[0]), _signature(e0s[0]), _signature(cam),
+                _signature(rope[0]), _signature(rope[1]))
+
+    def disable(self, reason: str) -> None:
+        self.disabled = reason
+        self.reset()
+        log.warning("CUDA graphs off for this model (the blocks run eagerly, same results): %s", reason)
+
+
+class GraphedForward:
+    """One forward's walk through the blocks: replay each block's graph, capturing it first when needed."""
+
+    def __init__(self, graphs: BlockGraphs, kv_cache, dtype: torch.dtype):
+        self.graphs, self.kv_cache, self.dtype = graphs, kv_cache, dtype
+        self.statics = graphs.statics  # kept for this forward even if a failed capture drops the graphs'
+        self.x = self.statics.x
+
+    def run(self, i: int, block: torch.nn.Module, kv) -> list:
+        g = self.graphs
+        if g.disabled is None:
+            fp = self._fingerprint(i, block)
+            entry = g.graphs.get(i, {}).get(fp)
+            if entry is not None:
+                entry.replay()
+                g.replays += 1
+                self.x = entry.out
+                return [self.x]
+            if fp is not None:
+                entry = self._capture(i, block, kv, fp)
+                if entry is not None:
+                    self.x = entry.out
+                    return [self.x]
+            elif i == 0:
+                g.disable(f"block {i} cannot be replayed (a LoRA is attached)")
+        self.x = self._eager(block, kv, self.x)
+        return [self.x]
+
+    def _eager(self, block, kv, x: torch.Tensor) -> torch.Tensor:
+        s = self.statics
+        return block.forward_layered([x], [s.e0], [None], s.cam, s.rope, self.dtype, inplace=True, kv=kv,
+                                     film=None)[0]
+
+    def _fingerprint(self, i: int, block) -> Optional[tuple]:
+        own = block_fingerprint(block)
+        if own is None:
+            return None
+        c = self.kv_cache
+        text = c.text_kv[i]
+        return (self.x.data_ptr(), c.k[i].data_ptr(), c.v[i].data_ptr(), text[0].data_ptr(), text[1].data_ptr(),
+                *own)
+
+    def _capture(self, i: int, block, kv, fp: tuple) -> Optional[_Captured]:
+        g = self.graphs
+        backend = g.backend
+        x = self.x  # the graph reads this address on every replay: block 0's static input, then the residual
+        try:
+            replay, out = backend.capture(lambda: self._eager(block, kv, x))
+        except Exception as e:  # noqa: BLE001 - any capture failure falls back to the same maths, eagerly
+            g.disable(f"capturing block {i} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+        if i > 0 and out.data_ptr() != self.x.data_ptr():  # the in-place residual is what chains the graphs
+            g.disable(f"block {i} did not update the residual stream in place")
+            return None
+        entry = _Captured(fp, replay, out)
+        variants = g.graphs.setdefault(i, {})
+        variants[fp] = entry
+        while len(variants) > VARIANTS_PER_BLOCK:  # a block that moved for good: its oldest graphs go
+            variants.pop(next(iter(variants)))
+        g.captures += 1
+        if not backend.executes:
+            replay()
+            g.replays += 1
+        return entry
