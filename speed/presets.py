@@ -15,8 +15,9 @@
   15-frame window, and the VAE decode in bf16. Changes the video visibly more than fast; for previews and
   real-time play.
 
-The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: it saved 0.08 s per chunk on an H100 but
-took nvidia-smi from 22.3 to 23.7 GB on the 24 GB cap (the side stream's memory is not shared with the DiT's).
+The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: with today's decoder it saved 0.06 s of
+`auto`'s 2.47 s chunk and nothing of `draft`'s on an H100, and took nvidia-smi from 21.0 to 22.1-22.2 GB on the
+24 GB cap (the side stream's memory is not shared with the DiT's; bench/results/fast_chunk_overlap_h100.json).
 
 A flag given explicitly (--compile, --compute, --attention) wins over the preset's value for it.
 """
