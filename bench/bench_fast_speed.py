@@ -32,6 +32,9 @@ draft_whole_card_profile,fast_fp8_weights_whole_card_profile --workdir /tmp/lwf 
     python -m lingbot_world.bench.bench_fast_speed --cases decode --workdir /tmp/lwo --budget-s 100 \
         --out bench/results/decode_ring_h100.json        # the chunk decode alone (decode_old_h100.json: before)
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json  # RTX projections
+    # CUDA graphs once the window rolls (16-chunk videos; *_graphs set LINGBOT_CUDA_GRAPHS=1 in their child)
+    python -m lingbot_world.bench.bench_fast_speed --cases draft_rolling,draft_rolling_graphs --workdir /tmp/lwf --keep \
+        --fresh --budget-s 260 --min-case-s 40 --out bench/results/fast_rolling_draft_h100.json
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
 with set_per_process_memory_fraction, memory planned by `plan_fast_memory` as the CLI does, the VAE's streaming

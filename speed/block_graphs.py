@@ -1,15 +1,15 @@
-"""CUDA graphs for the Fast model's blocks once its K/V window is full (issue 26, `--cuda-graphs`).
+"""CUDA graphs for the Fast model's blocks once its K/V window has rolled (issue 26; opt in: LINGBOT_CUDA_GRAPHS=1).
 
-Why: a `draft` chunk keeps the GPU busy for about 1.0 s, but the host issues some 12,000 kernels per chunk one
-Python call at a time, and the GPU waits on it for 0.15-0.3 s of the chunk. A captured block replays its few
-hundred kernels in one call.
+Why: the host issues some 12,000 kernels per `draft` chunk, one Python call at a time; a captured block replays
+its few hundred kernels in one call. Measured on an H100 (BENCHMARKS, "CUDA graphs"): the same bits, 0.00-0.03 s
+of a chunk for 0.9 GB of VRAM, since the GPU rarely waits for the host there. So they are off unless asked for;
+a machine with a slower CPU may gain more.
 
-When: a causal forward whose window has rolled (the video is past the cache's capacity, which ends the chunk's
-slots). From then on every chunk,
-every step and the context pass read and write the same cache slots with the same shapes, so one capture per
-block serves the rest of the video (the player's steady state, a long windowed render). Earlier forwards (the
-window filling up, a video its window covers) change shape every chunk and run eagerly: a capture costs about one
-eager forward, which a shape seen for one chunk would not repay.
+When: a causal forward whose window has rolled (the video is past the cache's capacity, and the chunk's slots end
+it). From then on every chunk, every step and the context pass read and write the same cache slots with the same
+shapes, so one capture per block serves the rest of the video (the player's steady state, a long windowed render).
+Earlier forwards (the window filling up, a video its window covers) change shape every chunk and run eagerly: a
+capture costs about one eager forward, which a shape seen for one chunk would not repay.
 
 How:
 - The first forward of a new shape runs eagerly (it builds the cuDNN plans, compiled code and cuBLAS handles a
