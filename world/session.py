@@ -6,7 +6,7 @@ object, so a played video and a batch run are the same calls and give the same f
 What it owns: the model (loaded through the door's placement: the CLI's `FastPlacement`, ComfyUI's model
 management), the K/V cache (placed by the memory plan; grown, rewound or rebuilt here), the conditioning track,
 the prompt embedding, the video's state after every part (`FastState`: generator, camera track, latents), the keys
-played, and a streaming VAE decoder. What it does not know: argparse, ComfyUI, HTTP, where the frames go.
+played, and a streaming VAE decoder. What it does not know: command-line flags, ComfyUI, HTTP, where the frames go.
 
 Exactness. `step(keys)` makes one chunk by the continuable rule (no look-ahead), so chunk after chunk it makes
 exactly the video of one batch run of the concatenated keys with `--rule continuable`. `rewind(n)` goes back to

@@ -1,4 +1,4 @@
-"""What a door asks of a World session, as typed values (no argparse namespace or ComfyUI object below a door)."""
+"""What a door asks of a World session, as typed values: the doors parse flags, nodes and requests into these."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
