@@ -73,7 +73,6 @@ class CudaCapture:
 
 @dataclass
 class _Captured:
-    fingerprint: tuple
     replay: Callable[[], None]
     out: torch.Tensor
 
@@ -112,13 +111,11 @@ def _quant_tensors(module: torch.nn.Module) -> list:
     return out
 
 
-def block_fingerprint(block: torch.nn.Module) -> Optional[tuple]:
-    """Addresses of every tensor the block's forward reads from the block itself, or None when the block cannot be
-    replayed (a LoRA hangs on one of its linears: its terms are not part of the block's tensors)."""
+def block_fingerprint(block: torch.nn.Module) -> tuple:
+    """Addresses of every tensor the block's forward reads from the block itself (a model with a LoRA never gets
+    here: its terms are not the block's tensors, and `BlockGraphs.begin` runs such a model eagerly)."""
     ptrs = []
     for module in block.modules():
-        if getattr(module, "lora", None) is not None:
-            return None
         ptrs.extend(t.data_ptr() for t in module.parameters(recurse=False))
         ptrs.extend(t.data_ptr() for t in module.buffers(recurse=False))
         ptrs.extend(t.data_ptr() for t in _quant_tensors(module) if isinstance(t, torch.Tensor))
@@ -226,15 +223,11 @@ class GraphedForward:
             if entry is not None:
                 entry.replay()
                 g.replays += 1
+            else:
+                entry = self._capture(i, block, kv, fp)
+            if entry is not None:
                 self.x = entry.out
                 return [self.x]
-            if fp is not None:
-                entry = self._capture(i, block, kv, fp)
-                if entry is not None:
-                    self.x = entry.out
-                    return [self.x]
-            elif i == 0:
-                g.disable(f"block {i} cannot be replayed (a LoRA is attached)")
         self.x = self._eager(block, kv, self.x)
         return [self.x]
 
@@ -243,14 +236,11 @@ class GraphedForward:
         return block.forward_layered([x], [s.e0], [None], s.cam, s.rope, self.dtype, inplace=True, kv=kv,
                                      film=None)[0]
 
-    def _fingerprint(self, i: int, block) -> Optional[tuple]:
-        own = block_fingerprint(block)
-        if own is None:
-            return None
+    def _fingerprint(self, i: int, block) -> tuple:
         c = self.kv_cache
         text = c.text_kv[i]
         return (self.x.data_ptr(), c.k[i].data_ptr(), c.v[i].data_ptr(), text[0].data_ptr(), text[1].data_ptr(),
-                *own)
+                *block_fingerprint(block))
 
     def _capture(self, i: int, block, kv, fp: tuple) -> Optional[_Captured]:
         g = self.graphs
@@ -264,7 +254,7 @@ class GraphedForward:
         if i > 0 and out.data_ptr() != self.x.data_ptr():  # the in-place residual is what chains the graphs
             g.disable(f"block {i} did not update the residual stream in place")
             return None
-        entry = _Captured(fp, replay, out)
+        entry = _Captured(replay, out)
         variants = g.graphs.setdefault(i, {})
         variants[fp] = entry
         while len(variants) > VARIANTS_PER_BLOCK:  # a block that moved for good: its oldest graphs go
