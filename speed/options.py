@@ -199,13 +199,14 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
 
 
 GRAPHS_ENV = "LINGBOT_CUDA_GRAPHS"  # "1": replay the Fast model's blocks from CUDA graphs once its window rolls
+GRAPHS_ON = ("1", "true", "yes", "on")
 
 
 def graphs_enabled(device) -> bool:
     """Whether the Fast model's blocks replay CUDA graphs once its K/V window rolls (speed/block_graphs.py): opt in
     with LINGBOT_CUDA_GRAPHS=1, on a CUDA GPU. Off by default: on an H100 they gave the same bits and 2-3 % of a
     played `draft` chunk for 0.9 GB more VRAM (BENCHMARKS, "CUDA graphs"); a slower host may gain more."""
-    return torch.device(device).type == "cuda" and os.environ.get(GRAPHS_ENV, "").strip() == "1"
+    return torch.device(device).type == "cuda" and os.environ.get(GRAPHS_ENV, "").strip().lower() in GRAPHS_ON
 
 
 def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
@@ -231,6 +232,9 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
         model.set_token_ops(ops)
     if hasattr(model, "block_runner"):
         model.block_runner = BlockGraphs(torch.device(plan.device)) if graphs_enabled(plan.device) else None
+        if model.block_runner is not None:
+            log.info("speed: CUDA graphs on (%s): once a K/V window rolls, the blocks replay captured graphs",
+                     GRAPHS_ENV)
     lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else eager_quantizers()
     for module in model.modules():
         if hasattr(module, "set_compute"):

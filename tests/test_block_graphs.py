@@ -185,5 +185,7 @@ def test_graphs_are_opted_into_on_a_gpu(monkeypatch):
     assert not graphs_enabled("cuda:0")  # off by default: 2-3 % on an H100 for 0.9 GB of VRAM
     monkeypatch.setenv(GRAPHS_ENV, "1")
     assert graphs_enabled("cuda:0") and not graphs_enabled("cpu")
+    monkeypatch.setenv(GRAPHS_ENV, " True ")  # what people write for a switch
+    assert graphs_enabled("cuda:0")
     monkeypatch.setenv(GRAPHS_ENV, "0")
     assert not graphs_enabled(torch.device("cuda", 0))
