@@ -8,6 +8,12 @@ The cache of the released pipeline holds the whole video: 40 layers x K and V x 
                 many as fit; host RAM holds exactly the other layers (nothing else is copied);
 - the model itself is resident, or block-swapped (memory/block_swap.py) on cards too small for it.
 Each layer's text K/V (0.4 GB for all layers) are kept when they fit, else recomputed every call (same values).
+The camera FiLM of a chunk (wan/dit/film_cache.py: each block's (1 + scale, shift), 96 MB per block at 480x832) is
+the same in all of the chunk's model calls; the blocks it fits for keep it on the device for the chunk, so 4 of
+their 10 GEMMs on the video tokens run once per chunk instead of once per call (the same bits). It takes only the
+room the model and the cache layers leave. A cache layer given up for it would buy about 8 blocks' FiLM, 1-3 % of
+a 24 GB card's chunk, and pin 0.5-0.8 GB more RAM (measured on an H100, bench/results/fast_*film*_h100.json),
+and RAM is what a 32 GB machine runs short of first.
 
 `plan_fast_memory` decides from free VRAM / RAM, the video size and the cache layout (window, max attention),
 with the expert planner's helpers and margins (memory/placement.py), and logs why in one line; it refuses with the
@@ -24,9 +30,10 @@ import torch
 import torch.nn as nn
 
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
+from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.kv_cache import CacheLayout, KVCache
 from ..wan.dit.model import DiTConfig
-from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
+from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size, token_count
 from .block_swap import BlockSwapper, streamed_block_keys
 from .kv_stream import HostLayers, KVStreamer
 from .pinned import free_device_memory
@@ -65,10 +72,15 @@ class FastMemoryPlan:
     token_chunk: Optional[int] = DEFAULT_TOKEN_CHUNK
     estimates: dict = field(default_factory=dict)
     cache_heads: Optional[int] = None  # heads this process caches (a Ulysses rank holds H/N); None = all
+    film_blocks: int = 0  # blocks (the first ones) whose camera FiLM a chunk's first call keeps for its later calls
 
     @property
     def num_layers(self) -> int:
         return int(self.estimates.get("num_layers", 0))
+
+    def make_film(self) -> Optional[FilmCache]:
+        """The camera FiLM cache of this plan (None: every call computes it); the run closes it."""
+        return FilmCache(device_blocks=range(self.film_blocks)) if self.film_blocks else None
 
     @property
     def streamed_layers(self) -> int:
@@ -103,6 +115,7 @@ def plan_fast_memory(
     extra_vram: int = 0,
     seq_parallel: int = 1,
     graphs: bool = False,
+    camera_film: bool = True,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
@@ -110,8 +123,9 @@ def plan_fast_memory(
     vram_free=None means the CPU computes: the model and the whole cache live in host RAM (no device budget; the
     plan says so, like the experts' planner). seq_parallel N (parallel/ulysses.py): this rank caches H/N heads and
     computes 1/N of each chunk's tokens. graphs: the blocks replay CUDA graphs once a window rolls (their pool is
-    counted when the layout has a rolling window). Raises FastMemoryError when the streamed layers do not fit in
-    host RAM either.
+    counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks; the
+    CUDA graphs replay blocks without one, so graphs turn it off too). Raises FastMemoryError when the streamed
+    layers do not fit in host RAM either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
@@ -130,7 +144,9 @@ def plan_fast_memory(
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
     whole_cache = n_layers * layer
     cpu = vram_free is None
-    est = {"num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
+    film_on = camera and camera_film and not graphs
+    film = film_chunk_bytes(height, width, cfg, compute_bytes, seq_parallel) if film_on else 0
+    est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
            "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity}
@@ -147,10 +163,11 @@ def plan_fast_memory(
         parts = [("model", sizes.total), ("K/V cache", whole_cache), ("text K/V", text), (acts_label, acts)] + extra
         need = sum(n for _, n in parts)
         ok = need <= ram_free - RAM_MARGIN
+        films = _film_blocks(ram_free - RAM_MARGIN - need, film, n_layers) if ok else 0
         note = "" if ok else f"; WARNING: only {_gb(ram_free)} RAM available: use fewer frames, a smaller size or a window"
         return FastMemoryPlan("gpu", n_layers, True, None, layout,
-                              f"the model and the K/V cache in RAM: {_fits_line(parts, None, '')}{note}",
-                              ok, token_chunk, est, cache_heads)
+                              f"the model and the K/V cache in RAM: {_fits_line(parts, None, '')}{note}"
+                              f"{_film_note(films, film, n_layers)}", ok, token_chunk, est, cache_heads, films)
 
     vram = int(vram_free) - int(extra_vram) - pool
 
@@ -162,8 +179,9 @@ def plan_fast_memory(
         ok = gpu_need <= vram_free
         why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
-        return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}",
-                              ok, token_chunk, est, cache_heads)
+        films = _film_blocks(vram_free - gpu_need - CACHE_VRAM_SPARE, film, n_layers) if ok else 0
+        return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}"
+                              f"{_film_note(films, film, n_layers)}", ok, token_chunk, est, cache_heads, films)
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
     # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
@@ -182,7 +200,8 @@ def plan_fast_memory(
     spare = room - fixed - (text if cache_text else 0)
     planned = max(0, min(n_layers, spare // layer if layer else n_layers))
     n = planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
-    on_device = fixed + n * layer + (text if cache_text else 0)
+    films = _film_blocks(spare - n * layer, film, n_layers)  # the room the cache layers leave
+    on_device = fixed + n * layer + (text if cache_text else 0) + films * film
     ok = on_device <= vram
     host_cache = (n_layers - n) * layer
     host_weights = (sizes.num_blocks - blocks) * sizes.block if blocks is not None else 0
@@ -192,6 +211,8 @@ def plan_fast_memory(
     parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
     if cache_text:
         parts.append(("text K/V", text))
+    if films:
+        parts.append((f"camera FiLM of {films}/{n_layers} blocks", films * film))
     parts += [(acts_label, acts), ("headroom", headroom)] + extra
     why = _fits_line(parts, vram_free, "free VRAM")
     if host_need > ram_free - RAM_MARGIN:
@@ -213,7 +234,27 @@ def plan_fast_memory(
     if host_need > ram_free - RAM_RESERVE:
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
-    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason, ok, token_chunk, est, cache_heads)
+    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers), ok,
+                          token_chunk, est, cache_heads, films)
+
+
+def film_chunk_bytes(height: int, width: int, cfg: DiTConfig, compute_bytes: int = 2, seq_parallel: int = 1) -> int:
+    """One block's camera FiLM, (1 + scale, shift), for this rank's tokens of a chunk: 2 x L x dim values."""
+    local = -(-token_count(chunk_frames_pixels(), height, width) // max(1, int(seq_parallel)))
+    return 2 * local * cfg.dim * compute_bytes
+
+
+def _film_blocks(room: int, per_block: int, n_layers: int) -> int:
+    return max(0, min(n_layers, room // per_block)) if per_block > 0 else 0
+
+
+def _film_note(films: int, per_block: int, n_layers: int) -> str:
+    if not per_block:
+        return ""
+    if not films:
+        return "; the camera FiLM is computed at every call (no room to keep it)"
+    return (f"; the camera FiLM of {films}/{n_layers} blocks ({_gb(films * per_block)}) is kept for each chunk's "
+            "later calls")
 
 
 # ---- carrying a plan out ---------------------------------------------------------------------------------------

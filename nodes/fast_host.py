@@ -77,6 +77,8 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
                  f"layers on the GPU")
     if plan.blocks_on_gpu is not None:
         where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
+    if plan.film_blocks:
+        where += f", camera FiLM kept per chunk for {plan.film_blocks}/{est['num_layers']} blocks"
     return "\n".join([line, f"memory: {where}"] + [n for n in notes if n])
 
 
@@ -143,7 +145,8 @@ class ComfyFastPlacement:
         est = plan.estimates
         beside = (plan.cache_layers_on_gpu * est["cache_layer_bytes"] + est["activation_bytes"]
                   + (est["text_kv_bytes"] if plan.cache_text else 0)
-                  + (2 * est["cache_layer_bytes"] if plan.cache == "host" else 0))
+                  + (2 * est["cache_layer_bytes"] if plan.cache == "host" else 0)
+                  + plan.film_blocks * est.get("film_block_bytes", 0))
         models = [patcher] + ([self.preview_vae.patcher] if self.preview_vae is not None else [])
         weights.progress = load_progress()("fast")
         try:

@@ -46,9 +46,11 @@ def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
     assert p.cache == "host" and p.blocks_on_gpu is None and p.fits
     est = p.estimates
     on_device = (est["model_bytes"] + (p.cache_layers_on_gpu + 2) * est["cache_layer_bytes"] + est["text_kv_bytes"]
-                 + est["activation_bytes"] + est["headroom"])
+                 + est["activation_bytes"] + est["headroom"] + p.film_blocks * est["film_block_bytes"])
+    assert on_device == est["device_bytes"]
     assert on_device <= vram - CACHE_VRAM_SPARE  # the planned bytes leave the spare free
     assert on_device + est["cache_layer_bytes"] > vram - CACHE_VRAM_SPARE  # ... and no more layer would fit
+    assert p.film_blocks == 40 or on_device + est["film_block_bytes"] > vram - CACHE_VRAM_SPARE  # nor more FiLM
     assert est["host_bytes"] == (40 - p.cache_layers_on_gpu) * est["cache_layer_bytes"]
     assert f"{p.cache_layers_on_gpu}/40 layers on the GPU" in p.reason and "stream from pinned RAM" in p.reason
     if card_gib == 24:
@@ -60,7 +62,7 @@ def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
 
     vram = int(23.5 * GiB)
     rolling = layout480(window_frames=15, sink_frames=3)
-    without = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB)
+    without = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, camera_film=False)
     graphed = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, graphs=True)
     pool = graphed.estimates["graph_pool_bytes"]
     assert pool == int(without.estimates["activation_bytes"] * GRAPH_POOL_FACTOR)
@@ -70,7 +72,52 @@ def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
     assert "CUDA graphs" in graphed.reason
     whole = layout480()  # the cache holds the whole video: it never rolls, no graph is ever captured
     assert plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB, graphs=True).reason == \
-        plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB).reason
+        plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB, camera_film=False).reason
+
+
+def test_the_camera_film_takes_only_the_room_the_model_and_cache_layers_leave():
+    """The chunk's camera FiLM (2 x tokens x dim per block) saves compute in every call but the first. On a 24 GB
+    card a chunk with a full window waits on the streamed K/V, so a cache layer given up for the FiLM costs what it
+    saves (and pins more RAM): the FiLM gets what the model, its blocks and the cache layers leave."""
+    vram, decoder = int(23.5 * GiB), int(7.0e9)
+    per = 2 * 3 * 30 * 52 * FULL.dim * 2  # 3 latent frames of 30 x 52 tokens, (1 + scale, shift) in bf16
+    kept = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder)
+    computed = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, camera_film=False)
+    assert kept.estimates["film_block_bytes"] == per and computed.film_blocks == 0
+    assert kept.film_blocks > 0 and kept.cache_layers_on_gpu == computed.cache_layers_on_gpu
+    assert kept.estimates["host_bytes"] == computed.estimates["host_bytes"]  # no more pinned RAM
+    left = vram - decoder - CACHE_VRAM_SPARE - computed.estimates["device_bytes"]
+    assert kept.film_blocks == left // per < computed.estimates["cache_layer_bytes"] // per
+    assert kept.estimates["device_bytes"] == computed.estimates["device_bytes"] + kept.film_blocks * per
+    assert f"camera FiLM of {kept.film_blocks}/40 blocks" in kept.reason and "later calls" in kept.reason
+    assert "camera FiLM" not in computed.reason
+    # the whole card: every block's FiLM beside the whole cache
+    whole = plan_fast_memory(480, 832, FULL, layout480(), 79 * GiB, 64 * GiB, extra_vram=decoder)
+    assert whole.cache == "gpu" and whole.film_blocks == 40
+    # FP8 weights on 24 GB stream model blocks: nor does the FiLM take a block's room
+    fp8 = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, weights="fp8", extra_vram=decoder)
+    fp8_off = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, weights="fp8", extra_vram=decoder,
+                               camera_film=False)
+    assert fp8.blocks_on_gpu == fp8_off.blocks_on_gpu is not None
+    assert fp8.cache_layers_on_gpu == fp8_off.cache_layers_on_gpu
+    # layers asked for keep their room; the FiLM gets what they leave
+    asked = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, cache="host",
+                             cache_layers_on_gpu=computed.cache_layers_on_gpu)
+    assert asked.cache_layers_on_gpu == computed.cache_layers_on_gpu and asked.film_blocks == kept.film_blocks
+    fewer = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, cache="host",
+                             cache_layers_on_gpu=0)
+    assert fewer.film_blocks > kept.film_blocks
+    # a Ulysses rank keeps the FiLM of its half of the tokens
+    half = plan_fast_memory(480, 832, FULL, layout480(), 79 * GiB, 64 * GiB, seq_parallel=2)
+    assert half.estimates["film_block_bytes"] == per // 2
+    # nothing to keep: no camera, or CUDA graphs (they replay blocks that compute it)
+    assert plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, camera=False).film_blocks == 0
+    rolling = layout480(window_frames=15, sink_frames=3)
+    assert plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, graphs=True).film_blocks == 0
+    # a CPU run keeps it in RAM when RAM allows
+    assert plan_fast_memory(480, 832, FULL, layout480(), None, 100 * GiB).film_blocks == 40
+    assert 0 < plan_fast_memory(480, 832, FULL, layout480(), None, 40 * GiB).film_blocks < 40
+    assert plan_fast_memory(480, 832, FULL, layout480(), None, 36 * GiB).film_blocks == 0
 
 
 def test_small_cards_block_swap_the_model_too():

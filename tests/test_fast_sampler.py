@@ -205,3 +205,36 @@ def test_run_checks_its_inputs(model):
         FastRun(model, torch.zeros(1, 16, 6, LAT_H, LAT_W), ctx, y, cam[:, :, :3], cache_for(6), g)
     with pytest.raises(ValueError, match="noise source"):
         make_generator(0, "mps")
+
+
+# ---- the camera FiLM kept per chunk -------------------------------------------------------------------------------
+@pytest.mark.parametrize("blocks,fold", [(2, False), (1, False), (2, True)])
+def test_camera_film_kept_per_chunk_gives_the_same_bits(model, blocks, fold):
+    """A chunk's calls share its camera slice: its first call keeps the FiLM, the others read it (a later chunk's
+    slice starts over). The latents and the K/V cache equal the run that computes the FiLM at every call."""
+    from lingbot_world.wan.dit.film_cache import FilmCache
+
+    y, cam, ctx = problem(9, seed=4)
+    plain = run(model, y, cam, ctx, 5, fold_context=fold)
+    film = FilmCache(device_blocks=range(blocks))
+    kept = run(model, y, cam, ctx, 5, fold_context=fold, film=film)
+    a, b = plain.run(), kept.run()
+    assert torch.equal(a, b)
+    for layer in range(CFG.num_layers):
+        assert torch.equal(plain.cache.k[layer], kept.cache.k[layer])
+        assert torch.equal(plain.cache.v[layer], kept.cache.v[layer])
+    calls = kept.model_calls // kept.chunks  # 4 steps + the context pass; 4 with it folded
+    # every chunk's first call fills the cached blocks, its other calls read them; each new chunk restarts it
+    assert film.stats["filled"] == blocks * kept.chunks
+    assert film.stats["read"] == blocks * kept.chunks * (calls - 1)
+    assert film.stats["restarts"] == kept.chunks - 1
+    film.close()
+
+
+def test_camera_film_is_ignored_without_a_camera(model):
+    from lingbot_world.wan.dit.film_cache import FilmCache
+
+    y, _, ctx = problem(6, seed=6)
+    film = FilmCache(device_blocks=range(2))
+    assert torch.equal(run(model, y, None, ctx, 2).run(), run(model, y, None, ctx, 2, film=film).run())
+    assert film.stats["forwards"] == 0

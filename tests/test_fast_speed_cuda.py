@@ -45,7 +45,7 @@ def _causal_nf4_model(seed=0):
     return cfg, model.eval().requires_grad_(False)
 
 
-def _chunks(model, cfg, plan, latent_frames=6):
+def _chunks(model, cfg, plan, latent_frames=6, film=None):
     """Every chunk's x0 and the first call's output of a FastRun under `plan` (same seed and inputs each time)."""
     from lingbot_world.speed.options import apply_speed
     from lingbot_world.wan.dit.kv_cache import cache_layout
@@ -66,7 +66,7 @@ def _chunks(model, cfg, plan, latent_frames=6):
     hook = model.register_forward_hook(lambda m, a, out: first.append(out.float()) if not first else None)
     try:
         with torch.inference_mode():
-            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **plan.fast_run_options()).run()
+            latent = FastRun(model, noise, ctx, y, cam, cache, gen, film=film, **plan.fast_run_options()).run()
     finally:
         hook.remove()
     return first[0], latent
@@ -177,3 +177,26 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
     # 6 chunks of 5 calls; chunks 2..5 roll the window: one warm-up call, one capture, 18 replayed forwards
     assert runner.captures == cfg.num_layers and runner.graphed_forwards == 19
     assert torch.equal(graphed, eager), f"max |diff| {(graphed - eager).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("preset", ["exact", "auto", "fast", "draft"])
+def test_camera_film_kept_per_chunk_gives_the_same_bits_on_the_gpu(preset):
+    """The camera FiLM a chunk's first call keeps for its other calls (the memory plan's film_blocks): the latents
+    equal the run that computes it at every call, bit for bit, under every preset (eager, compiled per-token work,
+    FP8 GEMMs, the draft levers)."""
+    from lingbot_world.speed import compile as compile_mod
+    from lingbot_world.speed.presets import resolve_preset
+    from lingbot_world.wan.dit.film_cache import FilmCache
+
+    explicit = {} if preset == "exact" else {"compile": "off" if compile_mod.unavailable_reason(CUDA) else "blocks"}
+    cfg, model = _causal_nf4_model(3)
+    for m in model.modules():
+        if hasattr(m, "lowp_min_rows"):
+            m.lowp_min_rows = 64  # the tiny chunk's 72 tokens take the low-precision path under fast / draft
+    plan = resolve_preset(preset, CUDA, explicit=explicit)
+    _, computed = _chunks(model, cfg, plan, latent_frames=9)
+    film = FilmCache(device_blocks=range(cfg.num_layers - 1))  # one block computes its own, as on a full card
+    _, kept = _chunks(model, cfg, plan, latent_frames=9, film=film)
+    calls = 3 if preset == "draft" else 5
+    assert film.stats["read"] == (cfg.num_layers - 1) * 3 * (calls - 1)
+    assert torch.equal(kept, computed), f"max |diff| {(kept - computed).abs().max().item():.3g}"

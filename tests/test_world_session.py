@@ -246,3 +246,31 @@ def test_every_use_of_the_model_holds_the_model_lock(files, tmp_path):
         s.rewind(2)  # evicted since: the cache is rebuilt by replaying the context passes
         _play(s, KEYS[2:3])
         assert outside and not any(outside) and held.depth == 0 and held.entries >= 6
+
+
+def test_the_camera_film_kept_per_chunk_changes_no_bit(files, tmp_path, monkeypatch):
+    """The memory plan's film_blocks: each chunk's first call keeps the camera FiLM for its other calls. A played
+    video with it equals one whose plan keeps none, bit for bit (and the cache was read, not only filled)."""
+    from dataclasses import replace
+
+    from lingbot_world.memory.kv_placement import FastMemoryPlan
+
+    made = []
+    make_film = FastMemoryPlan.make_film
+
+    def recording(plan):
+        film = make_film(plan)
+        made.append(film)
+        return film
+
+    monkeypatch.setattr(FastMemoryPlan, "make_film", recording)
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        assert s.placement.plan.film_blocks == s.placement.plan.num_layers  # a CPU run: all of them, in RAM
+        kept = _play(s, KEYS[:3])
+        kept_latent = s.latent()
+    assert made and all(f is not None and f.stats["read"] > 0 for f in made)
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        s.placement.plan = replace(s.placement.plan, film_blocks=0)
+        computed = _play(s, KEYS[:3])
+        assert torch.equal(s.latent(), kept_latent)
+    assert np.array_equal(kept, computed)

@@ -273,15 +273,19 @@ class WorldSession:
                     t_decode += time.perf_counter() - t
 
             t0 = time.perf_counter()
+            film = self.placement.plan.make_film() if part.camera is not None else None
             run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
                              final_context=final_context, callback=self.callback, on_chunk=on_chunk,
-                             cancel_check=self.cancel_check, **self._run_options())
+                             cancel_check=self.cancel_check, film=film, **self._run_options())
             try:
                 with torch.inference_mode():
                     latent = run.run()
             except BaseException:
                 self._after_interrupt(run)
                 raise
+            finally:
+                if film is not None:
+                    film.close()
             state = finish_part(run, part, self._made_with(), self.state, context=self.context, prompt=self.prompt,
                                 label=label or source.label or source.kind)
             state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None

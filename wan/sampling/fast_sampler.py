@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from ..dit.film_cache import FilmCache
 from ..dit.kv_cache import KVCache
 from ..sizes import VAE_TEMPORAL_STRIDE
 from .sampler import Cancelled, StepInfo
@@ -183,6 +184,9 @@ class FastRun:
     fold_context (a draft lever, speed/levers.py; off by default): no context pass; the last denoising call writes
     the final K/V instead (those of the chunk at the last step's timestep, not of the clean chunk at t = 0). One
     model call fewer per chunk; later chunks differ.
+    film: a camera FiLM cache (wan/dit/film_cache.py; the caller makes and closes it) handed to every model call: a
+    chunk's calls share its camera slice, so its first call keeps the cached blocks' FiLM and the others read it
+    (the same bits; the next chunk's slice starts the cache over).
     """
 
     def __init__(
@@ -204,6 +208,7 @@ class FastRun:
         start_chunk: int = 0,
         final_context: bool = True,
         fold_context: bool = False,
+        film: Optional[FilmCache] = None,
     ):
         if noise is not None and (noise.dim() != 5 or noise.shape[0] != 1):
             raise ValueError(f"noise must be [1, 16, F_lat, h, w], got {tuple(noise.shape)}")
@@ -236,6 +241,7 @@ class FastRun:
         self.start_chunk = start_chunk
         self.final_context = final_context
         self.fold_context = bool(fold_context)
+        self.film = film if camera is not None else None
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
@@ -263,6 +269,9 @@ class FastRun:
     def _cancel(self) -> None:
         if self.cancel_check is not None and self.cancel_check():
             raise Cancelled("sampling cancelled")
+
+    def _film(self, cam: Optional[torch.Tensor]) -> dict:
+        return {} if self.film is None or cam is None else {"film": self.film}
 
     def _slice(self, t: Optional[torch.Tensor], start: int) -> Optional[torch.Tensor]:
         if t is None:
@@ -292,7 +301,8 @@ class FastRun:
                 final = self.fold_context and writes_context and i + 1 == s.steps
                 if self.fold_context and i + 1 == s.steps:
                     folded = (x, t_int)
-                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=final)
+                v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=final,
+                               **self._film(cam))
                 x0 = velocity_to_x0(x, v.float(), s.sigma_x0[i])
                 del v
                 if i + 1 < s.steps:
@@ -305,7 +315,7 @@ class FastRun:
                                                s.steps))
             if writes_context and not self.fold_context:
                 self._cancel()
-                context_pass(self.model, x0, ctx, y, cam, self.cache, start)
+                context_pass(self.model, x0, ctx, y, cam, self.cache, start, film=self._film(cam).get("film"))
         self.latents.append(x0)
         if self.fold_context:
             self.folded_inputs.append(folded)
@@ -328,12 +338,15 @@ class FastRun:
 
 
 def context_pass(model: nn.Module, x0: torch.Tensor, context: torch.Tensor, y: torch.Tensor,
-                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int, timestep: int = 0) -> None:
+                 camera: Optional[torch.Tensor], cache: KVCache, start_frame: int, timestep: int = 0,
+                 film: Optional[FilmCache] = None) -> None:
     """The clean chunk x0 at t = 0 through the model: it writes the K/V later chunks attend to (its output is
     unused). The only forward of a chunk whose K/V survive it, so replaying these rebuilds a cache exactly.
-    A run with fold_context wrote them from its last step instead: replay `FastRun.folded_inputs` (x, timestep)."""
+    A run with fold_context wrote them from its last step instead: replay `FastRun.folded_inputs` (x, timestep).
+    film: the chunk's camera FiLM cache, filled by its denoising calls over the same `camera` tensor."""
     t0 = torch.full((1,), int(timestep), device=x0.device, dtype=torch.long)
-    model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True)
+    extra = {} if film is None or camera is None else {"film": film}
+    model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True, **extra)
 
 
 def sample_fast(
