@@ -139,6 +139,27 @@ CASES: dict[str, dict] = {
     "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),
     "draft_rolling_graphs": dict(preset="draft", compile="blocks", chunks=16, graphs=True,
                                  reference="draft_rolling"),
+    # the camera FiLM kept per chunk (the plan's film_blocks: the room the model and the cache layers leave)
+    # against computed at every call: the same latents (error 0 against the case with it), the time it saves; on
+    # the 24 GB cap (little room there) and the whole card (every block's)
+    "exact_no_film": dict(preset="exact", film=False, reference="exact"),
+    "auto_no_film": dict(preset="auto", compile="blocks", film=False, reference="auto"),
+    "draft_no_film": dict(preset="draft", compile="blocks", film=False, reference="draft"),
+    "auto_whole_card": dict(preset="auto", compile="blocks", cap_gib=None),
+    "auto_whole_card_no_film": dict(preset="auto", compile="blocks", cap_gib=None, film=False,
+                                    reference="auto_whole_card"),
+    "draft_whole_card": dict(preset="draft", compile="blocks", cap_gib=None),
+    "auto_rolling_no_film": dict(preset="auto", compile="blocks", chunks=16, film=False, reference="auto_rolling"),
+    "draft_rolling_no_film": dict(preset="draft", compile="blocks", chunks=16, film=False,
+                                  reference="draft_rolling"),
+    # the same videos on the whole card (the cache on the GPU, nothing streamed): what the 24 GB rows wait on the
+    # K/V streamed from RAM once the window is full
+    "auto_rolling_whole_card": dict(preset="auto", compile="blocks", chunks=16, cap_gib=None),
+    "auto_rolling_whole_card_no_film": dict(preset="auto", compile="blocks", chunks=16, cap_gib=None, film=False,
+                                            reference="auto_rolling_whole_card"),
+    "draft_rolling_whole_card": dict(preset="draft", compile="blocks", chunks=16, cap_gib=None),
+    "draft_whole_card_no_film": dict(preset="draft", compile="blocks", cap_gib=None, film=False,
+                                     reference="draft_whole_card"),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
 TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
@@ -191,10 +212,11 @@ def child_case(spec: dict) -> dict:
     vram = free_vram_bytes(device) if cuda else 1 << 60
     extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
-                            graphs=graphs_enabled(device))
+                            graphs=graphs_enabled(device), camera_film=spec.get("film", True))
     out["plan"] = plan.to_json()
     out["weights"] = weights
     placement = FastPlacement(plan, device, lambda s: None)
+    film = plan.make_film()  # every run of the case shares it (each chunk's camera slice starts it over)
     try:
         t0 = time.perf_counter()
         model = apply_speed(placement.load_model(spec["fast_lowp"].get(weights, spec["fast"]), weights), plan_speed)
@@ -207,7 +229,7 @@ def child_case(spec: dict) -> dict:
             gen = make_generator(seed, "cuda" if cuda else "cpu")
             noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
             return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen,
-                           on_chunk=on_chunk, **options)
+                           on_chunk=on_chunk, film=film, **options)
 
         # warm-up: compile, attention plans and the decoder, on chunks the timed run writes again
         t0 = time.perf_counter()
@@ -282,9 +304,12 @@ def child_case(spec: dict) -> dict:
         out["stream"] = placement.placement.stats() if placement.placement else None
         runner = getattr(model, "block_runner", None)
         out["graphs"] = runner.stats() if runner is not None else None
+        out["film"] = film.to_json() if film is not None else None
         out["uploaded_bytes_timed"] = (out["stream"] or {}).get("uploaded_bytes", 0) - uploaded_before
         out["peak_rss_sampling"] = peak_rss_bytes()
     finally:
+        if film is not None:
+            film.close()
         placement.close()
     return out
 
@@ -469,7 +494,7 @@ def run(args) -> dict:
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
-                                                       "graphs")}}
+                                                       "graphs", "film")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -286,6 +286,7 @@ def child_fast(spec: dict) -> dict:
         plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), seq_parallel=session.sp_degree,
                                 extra_vram=extra)
         placement = FastPlacement(plan, device, lambda s: None)
+        film = plan.make_film()  # the camera FiLM kept per chunk, as the session does
         ends: list[float] = []
         try:
             t0 = time.perf_counter()
@@ -299,7 +300,8 @@ def child_fast(spec: dict) -> dict:
             def new_run(seed: int):
                 gen = make_generator(seed, "cuda" if cuda else "cpu")
                 noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
-                return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device)
+                return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
+                               film=film)
 
             norm_silu = decoder_norm_silu(device)  # the decoder's kernels as every door builds them
             decoder = None
