@@ -13,9 +13,12 @@ K/V copies by the link, and the worst of compute and copies is taken (the copies
   host -> GPU K/V copies              bytes per chunk (measured) / the card's link (PCIe 4.0 x16, ~25 GB/s in practice)
   CPU gaps                            the H100's wall minus its kernels, unchanged
 
-Inputs: `auto_profile` (the 4th of 7 chunks, compiled, bf16; its split is taken as the video's mean chunk, since
-attention grows linearly with the chunk index), the `auto`, `fast` and `draft` rows (DiT seconds, uploaded bytes per
-chunk), and the decode seconds of the same rows with today's decoder (`fast_chunk_ring_h100.json`).
+Inputs, all from today's code on one H100 with the 24 GB cap: the kernel split of a mid-video chunk
+(`fast_chunk_profiles_h100.json`: `auto_profile`, compiled bf16; `draft_profile`, FP8 GEMMs and the draft levers),
+the unprofiled rows' DiT seconds, decode seconds and uploaded bytes per chunk (`fast_chunk_fused_h100.json` for
+`auto`, `fast_chunk_today_h100.json` for `fast` and `draft`). The host's share is the unprofiled DiT seconds minus
+the profiled kernels (the profiler's own gaps are left out). `fast` has no NF4 profile: its FP8 GEMM seconds are
+the `auto` split's GEMM seconds minus what `fast` saved on the H100.
 """
 from __future__ import annotations
 
@@ -37,60 +40,57 @@ def _load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
-def project(split: dict, wall: float, decode_s: float, uploaded_gb: float, card: dict, lowp: str | None,
-            lowp_gemm_share: float, calls_scale: float = 1.0, decode_scale: float = 1.0) -> dict:
-    """One chunk on `card` from the H100's split (seconds). lowp: "fp8"/"int8" GEMMs at that rate (None: bf16);
-    lowp_gemm_share: the share of the H100's bf16 GEMM seconds the low-precision GEMMs took there (measured)."""
+def project(split: dict, host_s: float, decode_s: float, uploaded_gb: float, card: dict, *,
+            gemm_h100: str = "bf16", gemm_card: str = "bf16", gemm_share: float = 1.0) -> dict:
+    """One chunk on `card` from the H100's kernel split (seconds). The H100's GEMM seconds (times gemm_share) ran
+    at its `gemm_h100` rate and run at the card's `gemm_card` rate; attention in bf16."""
     h100 = CARDS["H100 SXM"]
+    if card[gemm_card] is None:
+        return {"note": f"no {gemm_card} tensor cores"}
     tc = h100["bf16"] / card["bf16"]
     bw = h100["bandwidth"] / card["bandwidth"]
-    gemm = split["gemm"] * tc
-    if lowp:
-        rate = card[lowp]
-        if rate is None:
-            return {"note": f"no {lowp} tensor cores"}
-        # the H100's low-precision GEMM seconds, scaled by that precision's rate ratio
-        gemm = split["gemm"] * lowp_gemm_share * (CARDS["H100 SXM"][lowp] / rate)
-    compute = (gemm + split["attention"] * tc + (split["dequant"] + split["elementwise"]) * bw) * calls_scale
-    gaps = max(0.0, wall - sum(split.values())) * calls_scale
+    gemm = split["gemm"] * gemm_share * h100[gemm_h100] / card[gemm_card]
+    compute = gemm + split["attention"] * tc + (split["dequant"] + split["elementwise"]) * bw + max(0.0, host_s)
     copies = uploaded_gb / card["link"]
-    dit = max(compute + gaps, copies)
-    dec = decode_s * decode_scale
-    return {"dit_s": round(dit, 2), "compute_s": round(compute + gaps, 2), "copies_s": round(copies, 2),
-            "decode_s": [round(dec * bw, 2), round(dec * tc, 2)],
-            "chunk_s": [round(dit + dec * bw, 2), round(dit + dec * tc, 2)]}
+    dit = max(compute, copies)
+    return {"dit_s": round(dit, 2), "compute_s": round(compute, 2), "copies_s": round(copies, 2),
+            "decode_s": [round(decode_s * bw, 2), round(decode_s * tc, 2)],
+            "chunk_s": [round(dit + decode_s * bw, 2), round(dit + decode_s * tc, 2)]}
+
+
+def _kernels(split: dict) -> float:
+    return sum(split.values())
 
 
 def run() -> dict:
-    first = _load("fast_chunk_h100.json")
-    levers = _load("fast_chunk_levers_h100.json")
-    presets = _load("fast_chunk_presets_h100.json")
-    draft = _load("fast_chunk_draft_h100.json")
-    prof = first["summary"]["auto_profile"]
-    split, wall = prof["device_split_s"], prof["wall_s_around"]
-    auto = first["summary"]["auto"]
-    fast = presets["summary"]["fast"]
-    drow = draft["summary"]["draft"]
-    decode = {k: v["mean_decode_s"] for k, v in _load("fast_chunk_ring_h100.json")["summary"].items()}
-    upl_full = levers["summary"]["exact"]["uploaded_gb_per_chunk"]
+    profiles = _load("fast_chunk_profiles_h100.json")["summary"]
+    auto = _load("fast_chunk_fused_h100.json")["summary"]["auto"]
+    today = _load("fast_chunk_today_h100.json")["summary"]
+    fast, draft = today["fast"], today["draft"]
+    a_split = profiles["auto_profile"]["device_split_s"]
+    d_split = profiles["draft_profile"]["device_split_s"]
     # FP8's GEMM seconds as a share of bf16's on the H100: what fast saved, all of it put on the GEMMs
-    fp8_share = max(0.1, (split["gemm"] - (auto["mean_dit_s"] - fast["mean_dit_s"])) / split["gemm"])
-    out = {"method": __doc__.strip().splitlines()[0], "cards": CARDS, "h100_split_s": split, "h100_wall_s": wall,
-           "fp8_gemm_share_of_bf16_h100": round(fp8_share, 3), "rows": {}}
-    draft_scale = drow["mean_dit_s"] / fast["mean_dit_s"]  # draft's levers on the DiT, measured on the H100
+    fp8_share = max(0.1, (a_split["gemm"] - (auto["mean_dit_s"] - fast["mean_dit_s"])) / a_split["gemm"])
+    out = {"method": __doc__.strip().splitlines()[0], "cards": CARDS, "h100_split_s": {"auto": a_split,
+           "draft": d_split}, "fp8_gemm_share_of_bf16_h100": round(fp8_share, 3), "rows": {}}
+    host = {"auto": auto["mean_dit_s"] - _kernels(a_split), "draft": draft["mean_dit_s"] - _kernels(d_split)}
+    out["h100_host_s"] = {k: round(v, 3) for k, v in host.items()}
     for name, card in CARDS.items():
         if name == "H100 SXM":
             continue
-        low = "fp8" if card["fp8"] else "int8"
-        share = fp8_share  # INT8's share of the bf16 GEMM seconds taken as FP8's (INT8 not measured on Ampere)
+        low = "fp8" if card["fp8"] else "int8"  # INT8 taken to reach FP8's share of its peak (not measured)
         out["rows"][name] = {
-            "auto (exact, compiled)": project(split, wall, decode["auto"], upl_full, card, None, 1.0),
-            f"fast ({low} GEMMs)": project(split, wall, decode["fast"], upl_full, card, low, share),
-            f"draft ({low} GEMMs + levers)": project(split, wall, decode["draft"],
-                                                     drow["uploaded_gb_per_chunk"], card, low, share,
-                                                     calls_scale=draft_scale),
+            "auto (exact, compiled)": project(a_split, host["auto"], auto["mean_decode_s"],
+                                              auto["uploaded_gb_per_chunk"], card),
+            f"fast ({low} GEMMs)": project(a_split, host["auto"], fast["mean_decode_s"],
+                                           fast["uploaded_gb_per_chunk"], card, gemm_h100="fp8", gemm_card=low,
+                                           gemm_share=fp8_share),
+            f"draft ({low} GEMMs + levers)": project(d_split, host["draft"], draft["mean_decode_s"],
+                                                     draft["uploaded_gb_per_chunk"], card, gemm_h100="fp8",
+                                                     gemm_card=low),
         }
-    out["h100_measured"] = {"auto": auto["mean_chunk_s"], "fast": fast["mean_chunk_s"], "draft": drow["mean_chunk_s"]}
+    out["h100_measured"] = {"auto": auto["mean_chunk_s"], "fast": fast["mean_chunk_s"],
+                            "draft": draft["mean_chunk_s"]}
     return out
 
 
