@@ -73,8 +73,11 @@ def sampling(high: WanDiT, low: WanDiT, cfg_mode: str, velocity=None) -> torch.T
                       velocity=velocity)
 
 
-def fast_run(m: WanDiT, heads: int, **layout_kw) -> torch.Tensor:
-    """The Fast chunk loop over 3 chunks with a K/V cache of `heads` heads (the whole video, or a window)."""
+def fast_run(m: WanDiT, heads: int, camera_film: bool = False, **layout_kw) -> torch.Tensor:
+    """The Fast chunk loop over 3 chunks with a K/V cache of `heads` heads (the whole video, or a window);
+    camera_film: each chunk's camera FiLM kept for its later calls (a rank keeps its share of the tokens)."""
+    from lingbot_world.wan.dit.film_cache import FilmCache
+
     device = _device(m)
     i = inputs(FAST, FAST_LAT, seed=2, device=device)
     fsl = (FAST_LAT[1] // 2) * (FAST_LAT[2] // 2)
@@ -83,11 +86,12 @@ def fast_run(m: WanDiT, heads: int, **layout_kw) -> torch.Tensor:
     gen = make_generator(5, "cpu")
     noise = draw(gen, (1, 16, *FAST_LAT), device)
     with torch.no_grad():
-        return FastRun(m, noise, i["ctx"], i["y"], i["camera"], cache, gen, device=device).run()
+        film = FilmCache.on_device(FAST.num_layers) if camera_film else None
+        return FastRun(m, noise, i["ctx"], i["y"], i["camera"], cache, gen, device=device, film=film).run()
 
 
 FAST_LAYOUTS = {"fast": {}, "fast_window": {"window_frames": 6, "sink_frames": 1}, "fast_max_attention": {
-    "max_attention": 20}}
+    "max_attention": 20}, "fast_window_film": {"window_frames": 6, "sink_frames": 1, "camera_film": True}}
 
 
 def run_layout(session, layout_mode: str) -> dict[str, torch.Tensor]:

@@ -101,10 +101,13 @@ def test_ulysses_base_model_equals_one_process(world, two, four, reference):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ulysses_fast_chunk_loop_with_a_head_split_cache(world, two, four, reference):
     results, _ = two if world == 2 else four
-    for name in ("fast", "fast_window", "fast_max_attention"):
+    for name in ("fast", "fast_window", "fast_max_attention", "fast_window_film"):
         got, ref = results[f"ulysses/{name}"], reference[name]
         assert got.shape == ref.shape and torch.isfinite(got).all()
         assert _rel(got, ref) <= 1e-6, (name, _rel(got, ref))  # measured: <= 1.1e-7
+    # each rank keeps the camera FiLM of its share of a chunk's tokens: the same bits as computing it every call
+    assert torch.equal(results["ulysses/fast_window_film"], results["ulysses/fast_window"])
+    assert torch.equal(reference["fast_window_film"], reference["fast_window"])
     # the window and max_attention runs really differ from the whole-video cache (the evictions happened)
     assert _rel(reference["fast_window"], reference["fast"]) > 1e-3
     assert _rel(reference["fast_max_attention"], reference["fast"]) > 1e-3
