@@ -33,8 +33,9 @@ from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.kv_cache import CacheLayout, KVCache
 from ..wan.dit.model import DiTConfig
-from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size, token_count
+from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
+from .camera_cache import film_block_bytes
 from .kv_stream import HostLayers, KVStreamer
 from .pinned import free_device_memory
 from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _drop_model, _fits_line, _gb,
@@ -145,7 +146,8 @@ def plan_fast_memory(
     whole_cache = n_layers * layer
     cpu = vram_free is None
     film_on = camera and camera_film and not graphs
-    film = film_chunk_bytes(height, width, cfg, compute_bytes, seq_parallel) if film_on else 0
+    # one block's FiLM for this rank's tokens of a chunk
+    film = film_block_bytes((chunk_frames_pixels(), height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
@@ -236,12 +238,6 @@ def plan_fast_memory(
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
     return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers), ok,
                           token_chunk, est, cache_heads, films)
-
-
-def film_chunk_bytes(height: int, width: int, cfg: DiTConfig, compute_bytes: int = 2, seq_parallel: int = 1) -> int:
-    """One block's camera FiLM, (1 + scale, shift), for this rank's tokens of a chunk: 2 x L x dim values."""
-    local = -(-token_count(chunk_frames_pixels(), height, width) // max(1, int(seq_parallel)))
-    return 2 * local * cfg.dim * compute_bytes
 
 
 def _film_blocks(room: int, per_block: int, n_layers: int) -> int:

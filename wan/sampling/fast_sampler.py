@@ -241,7 +241,7 @@ class FastRun:
         self.start_chunk = start_chunk
         self.final_context = final_context
         self.fold_context = bool(fold_context)
-        self.film = film if camera is not None else None
+        self.film = film
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
         self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
@@ -269,9 +269,6 @@ class FastRun:
     def _cancel(self) -> None:
         if self.cancel_check is not None and self.cancel_check():
             raise Cancelled("sampling cancelled")
-
-    def _film(self, cam: Optional[torch.Tensor]) -> dict:
-        return {} if self.film is None or cam is None else {"film": self.film}
 
     def _slice(self, t: Optional[torch.Tensor], start: int) -> Optional[torch.Tensor]:
         if t is None:
@@ -302,7 +299,7 @@ class FastRun:
                 if self.fold_context and i + 1 == s.steps:
                     folded = (x, t_int)
                 v = self.model(x, t, ctx, y, camera=cam, kv_cache=self.cache, start_frame=start, cache_final=final,
-                               **self._film(cam))
+                               **_film_kw(self.film, cam))
                 x0 = velocity_to_x0(x, v.float(), s.sigma_x0[i])
                 del v
                 if i + 1 < s.steps:
@@ -315,7 +312,7 @@ class FastRun:
                                                s.steps))
             if writes_context and not self.fold_context:
                 self._cancel()
-                context_pass(self.model, x0, ctx, y, cam, self.cache, start, film=self._film(cam).get("film"))
+                context_pass(self.model, x0, ctx, y, cam, self.cache, start, film=self.film)
         self.latents.append(x0)
         if self.fold_context:
             self.folded_inputs.append(folded)
@@ -345,8 +342,13 @@ def context_pass(model: nn.Module, x0: torch.Tensor, context: torch.Tensor, y: t
     A run with fold_context wrote them from its last step instead: replay `FastRun.folded_inputs` (x, timestep).
     film: the chunk's camera FiLM cache, filled by its denoising calls over the same `camera` tensor."""
     t0 = torch.full((1,), int(timestep), device=x0.device, dtype=torch.long)
-    extra = {} if film is None or camera is None else {"film": film}
-    model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True, **extra)
+    model(x0, t0, context, y, camera=camera, kv_cache=cache, start_frame=start_frame, cache_final=True,
+          **_film_kw(film, camera))
+
+
+def _film_kw(film: Optional[FilmCache], camera: Optional[torch.Tensor]) -> dict:
+    """The model call's film argument: only with a camera (no camera, no camera layers to keep)."""
+    return {} if film is None or camera is None else {"film": film}
 
 
 def sample_fast(
