@@ -152,8 +152,8 @@ CASES: dict[str, dict] = {
     "auto_rolling_no_film": dict(preset="auto", compile="blocks", chunks=16, film=False, reference="auto_rolling"),
     "draft_rolling_no_film": dict(preset="draft", compile="blocks", chunks=16, film=False,
                                   reference="draft_rolling"),
-    # the same videos on the whole card (the cache on the GPU, nothing streamed): what the 24 GB rows wait on the
-    # K/V streamed from RAM once the window is full
+    # the same videos on the whole card (the cache on the GPU, nothing streamed): do the 24 GB rows wait on the
+    # K/V streamed from RAM once the window is full? (measured on an H100: no, 2.949 against 2.936 s)
     "auto_rolling_whole_card": dict(preset="auto", compile="blocks", chunks=16, cap_gib=None),
     "auto_rolling_whole_card_no_film": dict(preset="auto", compile="blocks", chunks=16, cap_gib=None, film=False,
                                             reference="auto_rolling_whole_card"),
