@@ -7,10 +7,14 @@ applied: the copy of the next block is queued on a side stream as soon as the cu
 queued, and runs under the rest of that block and the next block's self-attention. The first forward of a model
 writes the values (device -> host on the compute stream, right after the block computes them).
 
-Device memory: one block's values (0.65 GB at 480p), allocated at the first forward that reads, while that
-forward skips the camera tokens (0.32 GB) and the FiLM's temporaries. Host memory: the cached blocks' values,
+Device memory: one block's values (0.65 GB at 480p; `slots` of them), allocated at the first forward that reads,
+while that forward skips the camera tokens (0.32 GB) and the FiLM's temporaries. Host memory: the cached blocks' values,
 page-locked by a few worker threads (like the K/V cache's host layers, memory/kv_stream.py). On a CPU "device"
 the same schedule runs with synchronous copies (the CI tests check the bookkeeping and outputs that way).
+
+The writes go on the side stream too (the Fast model writes its chunk's values at every chunk, and a device-to-host
+copy on the compute stream would hold the block up). A store can outlive one FilmCache: `release()` frees the
+device buffer and keeps the pinned host buffers for the next cache of the same shape.
 """
 from __future__ import annotations
 
@@ -34,19 +38,28 @@ class FilmHostMemoryError(RuntimeError):
 class HostFilmStore:
     """Cached FiLM values of some blocks in (pinned) host memory; see the module docstring."""
 
-    def __init__(self, device, pin: bool = True):
+    def __init__(self, device, pin: bool = True, slots: int = 1, keep_buffers: bool = False):
+        """slots: device buffers the blocks stream through, in turn. One: a block's copy starts once the block
+        before has applied its values. Two: once the block two before has, so the copy has a whole block's compute
+        more to hide under. keep_buffers: the device buffers stay from their first use until close(), instead of
+        going at every restart and release (the Fast model's plan counts them as its own memory, for the whole
+        video)."""
+        if slots < 1:
+            raise ValueError(f"a FiLM store needs at least one device buffer, got {slots}")
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pin = pin
         self.host: dict[int, HostBuffer] = {}
         self.views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._spec: Optional[tuple] = None
-        self.staging: Optional[torch.Tensor] = None  # the device buffer of the block being applied
-        self._staged: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self.holds: Optional[int] = None  # block whose values are (being) copied into the staging buffer
+        self.buffers: list[Optional[torch.Tensor]] = [None] * slots  # the device buffers, allocated when read
+        self._staged: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * slots
+        self.holds: list[Optional[int]] = [None] * slots  # the block each buffer holds (or is being copied)
         self.order: list[int] = []  # blocks the current forward reads, in order
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.ready = torch.cuda.Event() if self.cuda else None  # the staged copy is done
+        # one per buffer: its copy is done
+        self.ready = [torch.cuda.Event() for _ in range(slots)] if self.cuda else None
+        self.keep_buffers = keep_buffers
         self.uploads = 0
         self.uploaded_bytes = 0
         self.written_bytes = 0
@@ -57,9 +70,10 @@ class HostFilmStore:
         self._sync()
         self.order = []
         # The staging buffer goes until a forward reads again: the filling forward has the camera tokens instead
-        self._drop_staging()
+        self._drop_staging(keep=self.keep_buffers)
         if spec == self._spec and set(self.host) == set(blocks):
             return  # same sizes (the other expert of the run): the host buffers are reused, their values rewritten
+        self._drop_staging()  # other sizes: kept device buffers too
         self._free_host()
         self._spec = spec
         nbytes = 2 * self.block_bytes(shape, dtype)
@@ -84,25 +98,46 @@ class HostFilmStore:
     def write(self, i: int, sl: slice, scale1: torch.Tensor, shift: torch.Tensor) -> None:
         host_scale, host_shift = self.views[i]
         pinned = self.host[i].pinned
-        host_scale[:, sl].copy_(scale1, non_blocking=pinned)
-        host_shift[:, sl].copy_(shift, non_blocking=pinned)
+        if self.cuda and pinned:
+            # On the side stream, after the kernels that computed the values: the compute stream goes on with the
+            # block while the values go to RAM (the Fast model fills the store at every chunk). The stream's later
+            # uploads queue behind these writes, so a block is never read before it is written.
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                host_scale[:, sl].copy_(scale1, non_blocking=True)
+                host_shift[:, sl].copy_(shift, non_blocking=True)
+            scale1.record_stream(self.stream)  # their memory is not reused before the copies have read it
+            shift.record_stream(self.stream)
+        else:
+            host_scale[:, sl].copy_(scale1, non_blocking=pinned)
+            host_shift[:, sl].copy_(shift, non_blocking=pinned)
         self.written_bytes += 2 * scale1.numel() * scale1.element_size()
 
     def begin(self, ready: Sequence[int]) -> None:
         self.order = list(ready)
-        if self.order:
-            self._load(self.order[0])
+        for pos in range(min(len(self.buffers), len(self.order))):
+            self._load(self.order[pos], pos)
 
     def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self._load(i)  # normally queued already
+        slot = self._slot(i)
+        self._load(i, slot)  # normally queued already
         if self.cuda:
-            torch.cuda.current_stream(self.device).wait_event(self.ready)
-        return self._staged
+            torch.cuda.current_stream(self.device).wait_event(self.ready[slot])
+        return self._staged[slot]
 
     def done(self, i: int) -> None:
-        nxt = self.order.index(i) + 1 if i in self.order else len(self.order)
+        """Block i has queued its last read of its buffer: the block `slots` places later goes there next."""
+        if i not in self.order:
+            return
+        nxt = self.order.index(i) + len(self.buffers)
         if nxt < len(self.order):
-            self._load(self.order[nxt])
+            self._load(self.order[nxt], self._slot(i))
+
+    def release(self) -> None:
+        """Free the device buffers (unless kept), keep the host buffers (and their sizes) for a later cache of the
+        same shape: the Fast model's World session keeps one store for every chunk instead of pinning RAM again."""
+        self._sync()
+        self._drop_staging(keep=self.keep_buffers)
 
     def close(self) -> None:
         self._sync()
@@ -115,14 +150,27 @@ class HostFilmStore:
     def host_bytes(self) -> int:
         return sum(b.nbytes for b in self.host.values())
 
-    def _load(self, i: int) -> None:
-        if self.holds == i:
+    @property
+    def staging(self) -> Optional[torch.Tensor]:
+        """The first device buffer (None until a forward reads, and after release)."""
+        return self.buffers[0]
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(b.numel() for b in self.buffers if b is not None)
+
+    def _slot(self, i: int) -> int:
+        return (self.order.index(i) if i in self.order else 0) % len(self.buffers)
+
+    def _load(self, i: int, slot: int) -> None:
+        if self.holds[slot] == i:
             return
         shape, dtype = self._spec
-        if self.staging is None:
-            self.staging = torch.empty(2 * self.block_bytes(shape, dtype), dtype=torch.uint8, device=self.device)
-            self._staged = pair_views(self.staging, shape, dtype)
-        self.holds = i
+        if self.buffers[slot] is None:
+            self.buffers[slot] = torch.empty(2 * self.block_bytes(shape, dtype), dtype=torch.uint8,
+                                             device=self.device)
+            self._staged[slot] = pair_views(self.buffers[slot], shape, dtype)
+        self.holds[slot] = i
         src = self.views[i]
         if self.cuda:
             stream = self.stream
@@ -130,11 +178,11 @@ class HostFilmStore:
             # right after them) and the copies that wrote the host values (the filling forward).
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                for dst, s in zip(self._staged, src):
+                for dst, s in zip(self._staged[slot], src):
                     dst.copy_(s, non_blocking=self.host[i].pinned)
-            self.ready.record(stream)
+            self.ready[slot].record(stream)
         else:
-            for dst, s in zip(self._staged, src):
+            for dst, s in zip(self._staged[slot], src):
                 dst.copy_(s)
         self.uploads += 1
         self.uploaded_bytes += 2 * src[0].numel() * src[0].element_size()
@@ -144,8 +192,12 @@ class HostFilmStore:
             self.stream.synchronize()
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _drop_staging(self) -> None:
-        self.staging, self._staged, self.holds = None, None, None
+    def _drop_staging(self, keep: bool = False) -> None:
+        """Forget what the buffers hold (the host values are rewritten); free them unless `keep`."""
+        n = len(self.buffers)
+        self.holds = [None] * n
+        if not keep:
+            self.buffers, self._staged = [None] * n, [None] * n
 
     def _free_host(self) -> None:
         for buf in self.host.values():

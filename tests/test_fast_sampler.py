@@ -208,6 +208,14 @@ def test_run_checks_its_inputs(model):
 
 
 # ---- the camera FiLM kept per chunk -------------------------------------------------------------------------------
+def _assert_same_run(plain, kept) -> None:
+    """Both runs' latents and every layer of their K/V caches, bit for bit."""
+    assert torch.equal(plain.run(), kept.run())
+    for layer in range(CFG.num_layers):
+        assert torch.equal(plain.cache.k[layer], kept.cache.k[layer])
+        assert torch.equal(plain.cache.v[layer], kept.cache.v[layer])
+
+
 @pytest.mark.parametrize("blocks,fold", [(2, False), (1, False), (2, True)])
 def test_camera_film_kept_per_chunk_gives_the_same_bits(model, blocks, fold):
     """A chunk's calls share its camera slice: its first call keeps the FiLM, the others read it (a later chunk's
@@ -218,17 +226,42 @@ def test_camera_film_kept_per_chunk_gives_the_same_bits(model, blocks, fold):
     plain = run(model, y, cam, ctx, 5, fold_context=fold)
     film = FilmCache(device_blocks=range(blocks))
     kept = run(model, y, cam, ctx, 5, fold_context=fold, film=film)
-    a, b = plain.run(), kept.run()
-    assert torch.equal(a, b)
-    for layer in range(CFG.num_layers):
-        assert torch.equal(plain.cache.k[layer], kept.cache.k[layer])
-        assert torch.equal(plain.cache.v[layer], kept.cache.v[layer])
+    _assert_same_run(plain, kept)
     calls = kept.model_calls // kept.chunks  # 4 steps + the context pass; 4 with it folded
     # every chunk's first call fills the cached blocks, its other calls read them; each new chunk restarts it
     assert film.stats["filled"] == blocks * kept.chunks
     assert film.stats["read"] == blocks * kept.chunks * (calls - 1)
     assert film.stats["restarts"] == kept.chunks - 1
     film.close()
+
+
+@pytest.mark.parametrize("device_blocks,slots,fold", [([0], 1, False), ([], 1, False), ([], 1, True), ([], 2, False)])
+def test_camera_film_kept_in_host_ram_gives_the_same_bits(model, device_blocks, slots, fold):
+    """Blocks whose FiLM the card has no room for keep it in (pinned) host RAM: written in each chunk's first call,
+    streamed back ahead of each block in the others. One store serves every chunk and outlives the cache: its host
+    buffers are allocated once, and closing the cache frees only its device buffers (not even those when kept)."""
+    from lingbot_world.memory.film_stream import HostFilmStore
+    from lingbot_world.wan.dit.film_cache import FilmCache
+
+    y, cam, ctx = problem(9, seed=4)
+    plain = run(model, y, cam, ctx, 5, fold_context=fold)
+    store = HostFilmStore("cpu", slots=slots, keep_buffers=slots > 1)
+    host_blocks = [i for i in range(CFG.num_layers) if i not in device_blocks]
+    film = FilmCache(device_blocks=device_blocks, host_blocks=host_blocks, host_store=store, own_host_store=False)
+    kept = run(model, y, cam, ctx, 5, fold_context=fold, film=film)
+    _assert_same_run(plain, kept)
+    calls = kept.model_calls // kept.chunks
+    # every call of a chunk but its first streams each host block in; as many as there are buffers stay there
+    per_chunk = len(host_blocks) if len(host_blocks) <= slots else len(host_blocks) * (calls - 1)
+    assert store.uploads == kept.chunks * per_chunk
+    assert store.written_bytes == kept.chunks * store.host_bytes  # written once per chunk
+    buffers = dict(store.host)
+    film.close()
+    assert store.host == buffers and store.host_bytes > 0  # kept for the next cache
+    # its device buffers too when it keeps them (the Fast plan's store: planned as the plan's own)
+    assert store.staging_bytes == (slots * store.host_bytes // len(host_blocks) if slots > 1 else 0)
+    store.close()
+    assert store.host_bytes == 0
 
 
 def test_camera_film_is_ignored_without_a_camera(model):

@@ -179,11 +179,14 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
     assert torch.equal(graphed, eager), f"max |diff| {(graphed - eager).abs().max().item():.3g}"
 
 
+@pytest.mark.parametrize("where", ["device", "host"])
 @pytest.mark.parametrize("preset", ["exact", "auto", "fast", "draft"])
-def test_camera_film_kept_per_chunk_gives_the_same_bits_on_the_gpu(preset):
-    """The camera FiLM a chunk's first call keeps for its other calls (the memory plan's film_blocks): the latents
-    equal the run that computes it at every call, bit for bit, under every preset (eager, compiled per-token work,
-    FP8 GEMMs, the draft levers)."""
+def test_camera_film_kept_per_chunk_gives_the_same_bits_on_the_gpu(preset, where):
+    """The camera FiLM a chunk's first call keeps for its other calls (the memory plan's film_blocks, and with
+    "host" its film_host_blocks: written to pinned RAM on a side stream, streamed back ahead of the blocks): the
+    latents equal the run that computes it at every call, bit for bit, under every preset (eager, compiled
+    per-token work, FP8 GEMMs, the draft levers)."""
+    from lingbot_world.memory.film_stream import HostFilmStore
     from lingbot_world.speed import compile as compile_mod
     from lingbot_world.speed.presets import resolve_preset
     from lingbot_world.wan.dit.film_cache import FilmCache
@@ -195,8 +198,16 @@ def test_camera_film_kept_per_chunk_gives_the_same_bits_on_the_gpu(preset):
             m.lowp_min_rows = 64  # the tiny chunk's 72 tokens take the low-precision path under fast / draft
     plan = resolve_preset(preset, CUDA, explicit=explicit)
     _, computed = _chunks(model, cfg, plan, latent_frames=9)
-    film = FilmCache(device_blocks=range(cfg.num_layers - 1))  # one block computes its own, as on a full card
+    if where == "device":
+        film = FilmCache(device_blocks=range(cfg.num_layers - 1))  # one block computes its own, as on a full card
+    else:  # every block's from pinned RAM, through the Fast plan's two device buffers in turn
+        store = HostFilmStore(CUDA, slots=2)
+        film = FilmCache(host_blocks=range(cfg.num_layers), host_store=store, own_host_store=False)
     _, kept = _chunks(model, cfg, plan, latent_frames=9, film=film)
     calls = 3 if preset == "draft" else 5
-    assert film.stats["read"] == (cfg.num_layers - 1) * 3 * (calls - 1)
+    assert film.stats["read"] == len(film.blocks) * 3 * (calls - 1)
     assert torch.equal(kept, computed), f"max |diff| {(kept - computed).abs().max().item():.3g}"
+    if where == "host":
+        assert store.written_bytes == 3 * store.host_bytes and all(b.pinned for b in store.host.values())
+        film.close()
+        store.close()

@@ -40,6 +40,10 @@ class FilmStore(Protocol):
     def close(self) -> None:
         """Free everything."""
 
+    def release(self) -> None:
+        """Free the device memory, keep what a later cache of the same shape can reuse (a store that outlives one
+        cache; see FilmCache(own_host_store=False))."""
+
 
 class DeviceFilmStore:
     """The values in tensors on the compute device: the fastest store, 2 x B x L x dim x 2 bytes per block."""
@@ -75,6 +79,8 @@ class DeviceFilmStore:
 
     def close(self) -> None:
         self.values = {}
+
+    release = close  # nothing to keep: the values are device memory
 
 
 class FilmLayer:
@@ -115,7 +121,7 @@ class FilmCache:
     """
 
     def __init__(self, device_blocks: Sequence[int] = (), host_blocks: Sequence[int] = (),
-                 host_store: Optional[FilmStore] = None):
+                 host_store: Optional[FilmStore] = None, own_host_store: bool = True):
         overlap = set(device_blocks) & set(host_blocks)
         if overlap:
             raise ValueError(f"blocks {sorted(overlap)[:5]} are given both a device and a host place")
@@ -124,6 +130,7 @@ class FilmCache:
         self.device_blocks = tuple(sorted(set(device_blocks)))
         self.host_blocks = tuple(sorted(set(host_blocks)))
         self.stores: dict[str, FilmStore] = {}
+        self._own_host_store = own_host_store
         if self.device_blocks:
             self.stores["device"] = DeviceFilmStore()
         if self.host_blocks:
@@ -172,8 +179,13 @@ class FilmCache:
         return FilmLayer(self, i) if i in self._place else None
 
     def close(self) -> None:
-        for store in self.stores.values():
-            store.close()
+        """Free the values. A host store given with own_host_store=False (one that outlives this cache) is only
+        released: it frees its device buffer and keeps its host buffers for the next cache."""
+        for place, store in self.stores.items():
+            if place == "host" and not self._own_host_store:
+                store.release()
+            else:
+                store.close()
         self.valid = set()
         self._model = self._camera = None
 
