@@ -13,7 +13,9 @@ the same in all of the chunk's model calls; the blocks it fits for keep it on th
 their 10 GEMMs on the video tokens run once per chunk instead of once per call (the same bits). It takes only the
 room the model and the cache layers leave. A cache layer given up for it would buy about 8 blocks' FiLM, 1-3 % of
 a 24 GB card's chunk, and pin 0.5-0.8 GB more RAM (measured on an H100, bench/results/fast_*film*_h100.json),
-and RAM is what a 32 GB machine runs short of first.
+and RAM is what a 32 GB machine runs short of first. The blocks the device has no room for keep theirs in pinned
+RAM (memory/film_stream.py) when RAM has room beside the pinned cache and RAM_RESERVE: written once per chunk,
+streamed back ahead of the blocks in its later calls, through two blocks' device buffers.
 
 `plan_fast_memory` decides from free VRAM / RAM, the video size and the cache layout (window, max attention),
 with the expert planner's helpers and margins (memory/placement.py), and logs why in one line; it refuses with the
@@ -36,6 +38,7 @@ from ..wan.dit.model import DiTConfig
 from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
 from .camera_cache import film_block_bytes
+from .film_stream import HostFilmStore
 from .kv_stream import HostLayers, KVStreamer
 from .pinned import free_device_memory
 from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _drop_model, _fits_line, _gb,
@@ -55,6 +58,16 @@ CACHE_VRAM_SPARE = int(3 * 1024**3)
 # The CUDA graphs' memory pool (speed/block_graphs.py, opted in) keeps one block's scratch memory beside the
 # allocator's: measured +0.92 GB reserved at 480x832 on an H100 against an activation estimate of 0.84 GB.
 GRAPH_POOL_FACTOR = 1.25
+# Device buffers the camera FiLM kept in pinned RAM streams through. Two: a block's copy starts a whole block before
+# its values are read, so it hides under the compute beside the K/V stream. With one, a played `draft` chunk's DiT
+# switched between 1.14 and 1.40 s from one stretch of chunks to the next (1.22 s with the device's blocks alone);
+# with two, on another H100, it stayed at 1.13-1.32 s (24 GB cap, bench/results/play_draft_film_host*_h100.json).
+FILM_HOST_SLOTS = 2
+# Device memory the allocator reserves beyond the plan when the FiLM streams from RAM: a played video reserved
+# 0.41 (`draft`) to 0.55 GB (`auto`) more than with the device's blocks alone for the same planned bytes (H100,
+# 24 GB cap; likely the values written to RAM, freed only once their copy is done, and the calls' other order of
+# allocations). The plan sets it aside from the cache layers' and the device blocks' room (not yet measured so).
+FILM_HOST_SLACK = int(0.55e9)
 
 
 class FastMemoryError(MemoryError):
@@ -74,14 +87,34 @@ class FastMemoryPlan:
     estimates: dict = field(default_factory=dict)
     cache_heads: Optional[int] = None  # heads this process caches (a Ulysses rank holds H/N); None = all
     film_blocks: int = 0  # blocks (the first ones) whose camera FiLM a chunk's first call keeps for its later calls
+    film_host_blocks: int = 0  # the next blocks: their FiLM kept in pinned RAM, streamed back ahead of the block
 
     @property
     def num_layers(self) -> int:
         return int(self.estimates.get("num_layers", 0))
 
-    def make_film(self) -> Optional[FilmCache]:
-        """The camera FiLM cache of this plan (None: every call computes it); the run closes it."""
-        return FilmCache(device_blocks=range(self.film_blocks)) if self.film_blocks else None
+    def make_film(self, device=None, host_store: Optional[HostFilmStore] = None) -> Optional[FilmCache]:
+        """The camera FiLM cache of this plan (None: every call computes it); the run closes it. Blocks kept in
+        pinned RAM go to `host_store` when given (a store that outlives the cache: its host buffers are pinned
+        once for every chunk), else to a store of their own on `device`."""
+        if not self.film_blocks and not self.film_host_blocks:
+            return None
+        device_blocks = range(self.film_blocks)
+        if not self.film_host_blocks:
+            return FilmCache(device_blocks=device_blocks)
+        if host_store is None and device is None:
+            raise ValueError("this plan keeps camera FiLM in host RAM: make_film needs the device or a host store")
+        host_blocks = range(self.film_blocks, self.film_blocks + self.film_host_blocks)
+        return FilmCache(device_blocks=device_blocks, host_blocks=host_blocks,
+                         host_store=host_store or self.make_film_store(device), own_host_store=host_store is None)
+
+    def make_film_store(self, device) -> Optional[HostFilmStore]:
+        """The pinned store of the host-kept FiLM blocks (None: the plan keeps none there), for a caller that keeps
+        one store for many caches (the World session: every chunk of a video)."""
+        if not self.film_host_blocks:
+            return None
+        slots = int(self.estimates.get("film_buffer_slots", 1))
+        return HostFilmStore(device, slots=max(1, slots), keep_buffers=True)  # planned as the plan's own
 
     @property
     def streamed_layers(self) -> int:
@@ -117,6 +150,7 @@ def plan_fast_memory(
     seq_parallel: int = 1,
     graphs: bool = False,
     camera_film: bool = True,
+    film_host: bool = True,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
@@ -125,8 +159,10 @@ def plan_fast_memory(
     plan says so, like the experts' planner). seq_parallel N (parallel/ulysses.py): this rank caches H/N heads and
     computes 1/N of each chunk's tokens. graphs: the blocks replay CUDA graphs once a window rolls (their pool is
     counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks; the
-    CUDA graphs replay blocks without one, so graphs turn it off too). Raises FastMemoryError when the streamed
-    layers do not fit in host RAM either.
+    CUDA graphs replay blocks without one, so graphs turn it off too). film_host=False: only the blocks whose FiLM
+    fits on the device keep it (A/B benchmarks); else the others keep theirs in pinned RAM when it has room beside
+    everything else pinned and RAM_RESERVE. Raises FastMemoryError when the streamed layers do not fit in host RAM
+    either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
@@ -181,9 +217,13 @@ def plan_fast_memory(
         ok = gpu_need <= vram_free
         why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
-        films = _film_blocks(vram_free - gpu_need - CACHE_VRAM_SPARE, film, n_layers) if ok else 0
+        films, hosted, slots = _film_places(vram_free - gpu_need - CACHE_VRAM_SPARE if ok else 0, film, n_layers,
+                                            ram_free - RAM_RESERVE if film_host else 0)
+        est.update(film_host_bytes=hosted * film, film_buffer_slots=slots,
+                   film_buffer_bytes=slots * film + (FILM_HOST_SLACK if hosted else 0))
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}"
-                              f"{_film_note(films, film, n_layers)}", ok, token_chunk, est, cache_heads, films)
+                              f"{_film_note(films, film, n_layers, hosted)}", ok, token_chunk, est, cache_heads,
+                              films, hosted)
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
     # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
@@ -200,21 +240,39 @@ def plan_fast_memory(
     fixed = model_bytes + ring + acts + headroom
     cache_text = fixed + text <= room
     spare = room - fixed - (text if cache_text else 0)
-    planned = max(0, min(n_layers, spare // layer if layer else n_layers))
-    n = planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
-    films = _film_blocks(spare - n * layer, film, n_layers)  # the room the cache layers leave
-    on_device = fixed + n * layer + (text if cache_text else 0) + films * film
-    ok = on_device <= vram
-    host_cache = (n_layers - n) * layer
     host_weights = (sizes.num_blocks - blocks) * sizes.block if blocks is not None else 0
+
+    def film_ram(layers_on_gpu: int) -> int:  # the RAM beside everything pinned and the reserve
+        return ram_free - RAM_RESERVE - (n_layers - layers_on_gpu) * layer - host_weights if film_host else 0
+
+    def layers(room_left: int) -> int:
+        planned = max(0, min(n_layers, room_left // layer if layer else n_layers))
+        return planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
+
+    # The buffers the host-kept FiLM streams through and their slack come before the cache layers: 0.74 GB at
+    # 480x832 keeps every block's FiLM where a cache layer (0.67 GB) only saves link traffic. Device FiLM blocks
+    # take what the layers leave.
+    n = layers(spare)
+    buffers = FILM_HOST_SLOTS * film + FILM_HOST_SLACK
+    if film and film_ram(n) > FILM_HOST_SLOTS * film and _film_blocks(spare - n * layer, film, n_layers) < n_layers:
+        n = layers(spare - buffers)
+    host_cache = (n_layers - n) * layer
     host_need = host_cache + host_weights
-    est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device)
+    films, hosted, slots = _film_places(spare - n * layer, film, n_layers, film_ram(n))
+    # the device buffers the host-kept blocks stream through, and the allocator's slack beside them
+    staging = slots * film + (FILM_HOST_SLACK if hosted else 0)
+    on_device = fixed + n * layer + (text if cache_text else 0) + films * film + staging
+    ok = on_device <= vram
+    est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device, film_host_bytes=hosted * film,
+               film_buffer_bytes=staging, film_buffer_slots=slots)
     model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
     parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
     if cache_text:
         parts.append(("text K/V", text))
     if films:
         parts.append((f"camera FiLM of {films}/{n_layers} blocks", films * film))
+    if hosted:
+        parts.append((f"{slots} camera FiLM buffer{'s' if slots > 1 else ''} and its stream's slack", staging))
     parts += [(acts_label, acts), ("headroom", headroom)] + extra
     why = _fits_line(parts, vram_free, "free VRAM")
     if host_need > ram_free - RAM_MARGIN:
@@ -236,21 +294,40 @@ def plan_fast_memory(
     if host_need > ram_free - RAM_RESERVE:
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
-    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers), ok,
-                          token_chunk, est, cache_heads, films)
+    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers, hosted),
+                          ok, token_chunk, est, cache_heads, films, hosted)
 
 
 def _film_blocks(room: int, per_block: int, n_layers: int) -> int:
     return max(0, min(n_layers, room // per_block)) if per_block > 0 else 0
 
 
-def _film_note(films: int, per_block: int, n_layers: int) -> str:
+def _film_places(room: int, per_block: int, n_layers: int, ram_room: int,
+                 slots: int = FILM_HOST_SLOTS, slack: int = FILM_HOST_SLACK) -> tuple[int, int, int]:
+    """(blocks whose camera FiLM stays on the device, the next blocks whose FiLM is kept in pinned RAM, the device
+    buffers these stream through): the device takes what fits in `room`; when that is not every block, `slack`
+    is set aside and up to `slots` blocks' room becomes the buffers, for as many blocks as `ram_room` holds (more
+    than the buffers, or they would buy nothing)."""
+    fit = _film_blocks(room, per_block, n_layers)
+    if fit >= n_layers:
+        return fit, 0, 0
+    usable = _film_blocks(room - slack, per_block, n_layers)
+    slots = min(slots, usable)
+    if slots < 1:
+        return fit, 0, 0
+    hosted = _film_blocks(ram_room, per_block, n_layers - (usable - slots))
+    return (usable - slots, hosted, slots) if hosted > slots else (fit, 0, 0)
+
+
+def _film_note(films: int, per_block: int, n_layers: int, hosted: int = 0) -> str:
     if not per_block:
         return ""
-    if not films:
+    if not films and not hosted:
         return "; the camera FiLM is computed at every call (no room to keep it)"
-    return (f"; the camera FiLM of {films}/{n_layers} blocks ({_gb(films * per_block)}) is kept for each chunk's "
-            "later calls")
+    where = [f"{films}/{n_layers} blocks on the GPU ({_gb(films * per_block)})"] if films else []
+    if hosted:
+        where.append(f"{hosted} blocks in pinned RAM ({_gb(hosted * per_block)}, streamed back ahead of each block)")
+    return f"; the camera FiLM of {' and '.join(where)} is kept for each chunk's later calls"
 
 
 # ---- carrying a plan out ---------------------------------------------------------------------------------------

@@ -77,8 +77,11 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
                  f"layers on the GPU")
     if plan.blocks_on_gpu is not None:
         where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
-    if plan.film_blocks:
-        where += f", camera FiLM kept per chunk for {plan.film_blocks}/{est['num_layers']} blocks"
+    if plan.film_blocks or plan.film_host_blocks:
+        kept = [f"{plan.film_blocks}/{est['num_layers']} blocks on the GPU"] if plan.film_blocks else []
+        if plan.film_host_blocks:
+            kept.append(f"{plan.film_host_blocks} in pinned RAM")
+        where += f", camera FiLM kept per chunk for {' and '.join(kept)}"
     return "\n".join([line, f"memory: {where}"] + [n for n in notes if n])
 
 
@@ -146,7 +149,7 @@ class ComfyFastPlacement:
         beside = (plan.cache_layers_on_gpu * est["cache_layer_bytes"] + est["activation_bytes"]
                   + (est["text_kv_bytes"] if plan.cache_text else 0)
                   + (2 * est["cache_layer_bytes"] if plan.cache == "host" else 0)
-                  + plan.film_blocks * est.get("film_block_bytes", 0))
+                  + plan.film_blocks * est.get("film_block_bytes", 0) + est.get("film_buffer_bytes", 0))
         models = [patcher] + ([self.preview_vae.patcher] if self.preview_vae is not None else [])
         weights.progress = load_progress()("fast")
         try:

@@ -46,11 +46,16 @@ def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
     assert p.cache == "host" and p.blocks_on_gpu is None and p.fits
     est = p.estimates
     on_device = (est["model_bytes"] + (p.cache_layers_on_gpu + 2) * est["cache_layer_bytes"] + est["text_kv_bytes"]
-                 + est["activation_bytes"] + est["headroom"] + p.film_blocks * est["film_block_bytes"])
+                 + est["activation_bytes"] + est["headroom"]
+                 + p.film_blocks * est["film_block_bytes"] + est["film_buffer_bytes"])
     assert on_device == est["device_bytes"]
     assert on_device <= vram - CACHE_VRAM_SPARE  # the planned bytes leave the spare free
     assert on_device + est["cache_layer_bytes"] > vram - CACHE_VRAM_SPARE  # ... and no more layer would fit
     assert p.film_blocks == 40 or on_device + est["film_block_bytes"] > vram - CACHE_VRAM_SPARE  # nor more FiLM
+    if card_gib == 24:  # 64 GiB of RAM keeps the others' FiLM; a 16 GB card has no room for the buffers
+        assert p.film_blocks + p.film_host_blocks == 40
+    else:
+        assert p.film_host_blocks == 0
     assert est["host_bytes"] == (40 - p.cache_layers_on_gpu) * est["cache_layer_bytes"]
     assert f"{p.cache_layers_on_gpu}/40 layers on the GPU" in p.reason and "stream from pinned RAM" in p.reason
     if card_gib == 24:
@@ -81,8 +86,9 @@ def test_the_camera_film_takes_only_the_room_the_model_and_cache_layers_leave():
     layer in RAM instead: the FiLM gets what the model, its blocks and the cache layers leave."""
     vram, decoder = int(23.5 * GiB), int(7.0e9)
     per = 2 * 3 * 30 * 52 * FULL.dim * 2  # 3 latent frames of 30 x 52 tokens, (1 + scale, shift) in bf16
-    kept = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder)
+    kept = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, film_host=False)
     computed = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, camera_film=False)
+    assert kept.film_host_blocks == computed.film_host_blocks == 0
     assert kept.estimates["film_block_bytes"] == per and computed.film_blocks == 0
     assert kept.film_blocks > 0 and kept.cache_layers_on_gpu == computed.cache_layers_on_gpu
     assert kept.estimates["host_bytes"] == computed.estimates["host_bytes"]  # no more pinned RAM
@@ -102,10 +108,10 @@ def test_the_camera_film_takes_only_the_room_the_model_and_cache_layers_leave():
     assert fp8.cache_layers_on_gpu == fp8_off.cache_layers_on_gpu
     # layers asked for keep their room; the FiLM gets what they leave
     asked = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, cache="host",
-                             cache_layers_on_gpu=computed.cache_layers_on_gpu)
+                             cache_layers_on_gpu=computed.cache_layers_on_gpu, film_host=False)
     assert asked.cache_layers_on_gpu == computed.cache_layers_on_gpu and asked.film_blocks == kept.film_blocks
     fewer = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, cache="host",
-                             cache_layers_on_gpu=0)
+                             cache_layers_on_gpu=0, film_host=False)
     assert fewer.film_blocks > kept.film_blocks
     # a Ulysses rank keeps the FiLM of its half of the tokens
     half = plan_fast_memory(480, 832, FULL, layout480(), 79 * GiB, 64 * GiB, seq_parallel=2)
@@ -118,6 +124,75 @@ def test_the_camera_film_takes_only_the_room_the_model_and_cache_layers_leave():
     assert plan_fast_memory(480, 832, FULL, layout480(), None, 100 * GiB).film_blocks == 40
     assert 0 < plan_fast_memory(480, 832, FULL, layout480(), None, 40 * GiB).film_blocks < 40
     assert plan_fast_memory(480, 832, FULL, layout480(), None, 36 * GiB).film_blocks == 0
+    assert plan_fast_memory(480, 832, FULL, layout480(), None, 40 * GiB).film_host_blocks == 0  # RAM is the device
+
+
+def test_the_blocks_the_card_has_no_room_for_keep_their_film_in_pinned_ram():
+    """The FiLM of the blocks the device has no room for is written to pinned RAM once per chunk and streamed back
+    in the chunk's later calls through FILM_HOST_SLOTS device buffers, for as many blocks as RAM holds beside the
+    pinned cache and the RAM reserve. The buffers and the allocator's slack beside them (FILM_HOST_SLACK, measured)
+    come before the cache layers and the device-kept blocks, and the plan still leaves the card's spare free."""
+    from lingbot_world.memory.kv_placement import FILM_HOST_SLACK, FILM_HOST_SLOTS, _film_places
+    from lingbot_world.memory.placement import RAM_RESERVE
+
+    vram, decoder = int(23.5 * GiB), int(7.0e9)
+    per = 2 * 3 * 30 * 52 * FULL.dim * 2
+    device_only = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder, film_host=False)
+    both = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder)
+    est = both.estimates
+    assert device_only.film_blocks >= 2 and device_only.film_host_blocks == 0
+    assert both.film_blocks + both.film_host_blocks == 40
+    assert est["film_buffer_slots"] == FILM_HOST_SLOTS
+    assert est["film_buffer_bytes"] == FILM_HOST_SLOTS * per + FILM_HOST_SLACK
+    assert est["film_host_bytes"] == both.film_host_blocks * per
+    assert est["device_bytes"] <= vram - decoder - CACHE_VRAM_SPARE  # the spare stays free
+    # the buffers and the slack (0.74 GB) take at most two cache layers (0.67 GB each) and the device-kept blocks
+    assert device_only.cache_layers_on_gpu - 2 <= both.cache_layers_on_gpu <= device_only.cache_layers_on_gpu
+    assert both.film_blocks <= device_only.film_blocks
+    assert f"{both.film_host_blocks} blocks in pinned RAM" in both.reason and "2 camera FiLM buffers" in both.reason
+    # RAM: only what the pinned cache and the reserve leave; too little for more than the buffers: none there
+    for blocks_room in (5.5, 12.5):
+        ram = RAM_RESERVE + est["host_bytes"] + int(blocks_room * per)
+        p = plan_fast_memory(480, 832, FULL, layout480(), vram, ram, extra_vram=decoder)
+        assert p.cache_layers_on_gpu == both.cache_layers_on_gpu and p.film_host_blocks == int(blocks_room)
+    short = plan_fast_memory(480, 832, FULL, layout480(), vram, RAM_RESERVE + device_only.estimates["host_bytes"]
+                             + int(1.5 * per), extra_vram=decoder)
+    assert short.film_host_blocks == 0 and short.film_blocks == device_only.film_blocks
+    assert short.cache_layers_on_gpu == device_only.cache_layers_on_gpu
+    # where the cache layers would fill the room, the host FiLM still gets its buffers
+    full = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB)
+    full_off = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, film_host=False)
+    assert full_off.film_blocks == 0 and full.film_blocks + full.film_host_blocks == 40
+    assert full_off.cache_layers_on_gpu - 2 <= full.cache_layers_on_gpu <= full_off.cache_layers_on_gpu
+    # the whole card keeps every block's on the device
+    whole = plan_fast_memory(480, 832, FULL, layout480(), 79 * GiB, 64 * GiB, extra_vram=decoder)
+    assert (whole.film_blocks, whole.film_host_blocks) == (40, 0)
+    # the rule alone: (device blocks, host blocks, buffers)
+    assert _film_places(per - 1, per, 40, 100 * per, slots=2, slack=0) == (0, 0, 0)  # no room for a buffer
+    assert _film_places(per, per, 40, 100 * per, slots=2, slack=0) == (0, 40, 1)  # room for one: one
+    assert _film_places(2 * per, per, 40, 100 * per, slots=2, slack=0) == (0, 40, 2)
+    assert _film_places(5 * per, per, 40, 10 * per, slots=2, slack=0) == (3, 10, 2)
+    assert _film_places(5 * per, per, 40, 2 * per, slots=2, slack=0) == (5, 0, 0)  # RAM for no more than 2
+    assert _film_places(3 * per, per, 40, 10 * per, slots=1, slack=0) == (2, 10, 1)
+    assert _film_places(5 * per, per, 40, 100 * per, slots=2, slack=2 * per) == (1, 39, 2)  # the slack first
+    assert _film_places(2 * per, per, 40, 100 * per, slots=2, slack=2 * per) == (2, 0, 0)  # no room after it
+    assert _film_places(40 * per, per, 40, 100 * per) == (40, 0, 0)
+    # the cache of such a plan: the device blocks first, then the host ones, in a store the caller may keep
+    from lingbot_world.memory.film_stream import HostFilmStore
+
+    film = both.make_film("cpu")
+    store = film.stores["host"]
+    assert store.buffers == [None] * FILM_HOST_SLOTS and store.keep_buffers
+    assert film.device_blocks == tuple(range(both.film_blocks))
+    assert film.host_blocks == tuple(range(both.film_blocks, 40))
+    film.close()
+    store = HostFilmStore("cpu")
+    film = both.make_film(host_store=store)
+    assert film.stores["host"] is store
+    with pytest.raises(ValueError, match="needs the device or a host store"):
+        both.make_film()
+    assert device_only.make_film().host_blocks == ()
+    assert device_only.make_film_store("cpu") is None
 
 
 def test_small_cards_block_swap_the_model_too():

@@ -116,15 +116,17 @@ def test_fast_sampler_node_text_says_what_it_generates_and_where_the_cache_lives
     cfg, layout = DiTConfig(causal=True), cache_layout(21, 30 * 52)
     frames = fast_frames(85)
     host = plan_fast_memory(480, 832, cfg, layout, int(23.5 * GiB), 64 * GiB)
+    assert host.film_blocks and host.film_host_blocks  # 64 GiB of RAM: the FiLM the card has no room for is there
     assert fast_summary(frames, 832, 480, host, [frames.note, None]).split("\n") == [
         "832x480, 81 frames (5.1 s at 16 fps): 7 chunks x 4 steps",
         f"memory: K/V cache (26.8 GB) in pinned RAM, {host.cache_layers_on_gpu}/40 layers on the GPU"
-        + (f", camera FiLM kept per chunk for {host.film_blocks}/40 blocks" if host.film_blocks else ""),
+        + f", camera FiLM kept per chunk for {host.film_blocks}/40 blocks on the GPU and {host.film_host_blocks} in "
+        "pinned RAM",
         "The Fast model works in chunks of 3 latent frames (12 video frames), so it generates 81 frames instead of "
         "the requested 85."]
     gpu = plan_fast_memory(480, 832, cfg, layout, 80 * GiB, 64 * GiB)
     assert fast_summary(fast_frames(81), 832, 480, gpu, []).endswith(
-        "memory: K/V cache (26.8 GB) on the GPU, camera FiLM kept per chunk for 40/40 blocks")
+        "memory: K/V cache (26.8 GB) on the GPU, camera FiLM kept per chunk for 40/40 blocks on the GPU")
     cpu = plan_fast_memory(480, 832, cfg, layout, None, 36 * GiB)
     assert fast_summary(fast_frames(81), 832, 480, cpu, []).endswith(
         "memory: model and K/V cache (26.8 GB) in RAM (CPU run)")

@@ -258,8 +258,8 @@ def test_the_camera_film_kept_per_chunk_changes_no_bit(files, tmp_path, monkeypa
     made = []
     make_film = FastMemoryPlan.make_film
 
-    def recording(plan):
-        film = make_film(plan)
+    def recording(plan, device=None, host_store=None):
+        film = make_film(plan, device, host_store)
         made.append(film)
         return film
 
@@ -273,4 +273,29 @@ def test_the_camera_film_kept_per_chunk_changes_no_bit(files, tmp_path, monkeypa
         s.placement.plan = replace(s.placement.plan, film_blocks=0)
         computed = _play(s, KEYS[:3])
         assert torch.equal(s.latent(), kept_latent)
+    assert np.array_equal(kept, computed)
+
+
+def test_the_camera_film_kept_in_host_ram_changes_no_bit(files, tmp_path):
+    """A plan whose FiLM lives partly in (pinned) host RAM, as on a 24 GB card: the session keeps one store for every
+    chunk (allocated once, not per played chunk), closes it with the video, and the frames equal the run that
+    computes the FiLM at every call."""
+    from dataclasses import replace
+
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        n = s.placement.plan.num_layers
+        s.placement.plan = replace(s.placement.plan, film_blocks=0)
+        computed = _play(s, KEYS[:3])
+        computed_latent = s.latent()
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        s.placement.plan = replace(s.placement.plan, film_blocks=1, film_host_blocks=n - 1)
+        kept = _play(s, KEYS[:2])
+        store = s._film_store
+        assert store is not None and store.uploads > 0 and store.host_bytes > 0
+        buffers = dict(store.host)
+        kept = np.concatenate([kept, _play(s, KEYS[2:3])])
+        assert s._film_store is store and store.host == buffers  # pinned once for every chunk
+        assert torch.equal(s.latent(), computed_latent)
+        s.rewind(0)  # a new video: its store goes with the cache
+        assert s._film_store is None and store.host_bytes == 0
     assert np.array_equal(kept, computed)

@@ -32,9 +32,10 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
                       kv_cache: str = "auto", kv_layers_on_gpu: Optional[int] = None, with_camera: bool = True,
                       stream_decode: str = "auto", vae_cfg: Optional[VAEConfig] = None, seq_parallel: int = 1,
                       vram: Optional[int] = -1, ram: Optional[int] = None,
-                      camera_film: bool = True) -> tuple[FastMemoryPlan, bool]:
+                      camera_film: bool = True, film_host: bool = True) -> tuple[FastMemoryPlan, bool]:
     """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
-    memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk (benchmarks' A/B). Raises
+    memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device
+    (benchmarks' A/B). Raises
     memory.kv_placement.FastMemoryError when nothing fits (the message has the numbers)."""
     if stream_decode not in STREAM_DECODE:
         raise ValueError(f"stream decode {stream_decode!r}: choose one of {', '.join(STREAM_DECODE)}")
@@ -44,7 +45,8 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     ram = available_ram_bytes() if ram is None else ram
     kw = dict(weights=weights, cache=kv_cache, cache_layers_on_gpu=kv_layers_on_gpu, camera=with_camera,
               compute_bytes=torch.empty(0, dtype=compute_dtype(weights, device)).element_size(),
-              seq_parallel=seq_parallel, graphs=graphs_enabled(device), camera_film=camera_film)
+              seq_parallel=seq_parallel, graphs=graphs_enabled(device), camera_film=camera_film,
+              film_host=film_host)
     plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"
     if cuda and stream_decode != "off":

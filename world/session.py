@@ -84,6 +84,8 @@ class WorldSession:
         self.model: Optional[nn.Module] = None
         self.kv = SessionCache(placement)
         self.decoder: Optional[StreamingDecoder] = None
+        # the camera FiLM's pinned host buffers (a plan with film_host_blocks): pinned once, kept with the cache
+        self._film_store = None  # a memory.film_stream.HostFilmStore
         self.condition = None
         self.context: Optional[torch.Tensor] = None  # [L, dim] float32, CPU (trimmed)
         self.prompt = ""
@@ -273,7 +275,7 @@ class WorldSession:
                     t_decode += time.perf_counter() - t
 
             t0 = time.perf_counter()
-            film = self.placement.plan.make_film() if part.camera is not None else None
+            film = self._film() if part.camera is not None else None
             run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
                              final_context=final_context, callback=self.callback, on_chunk=on_chunk,
                              cancel_check=self.cancel_check, film=film, **self._run_options())
@@ -297,6 +299,7 @@ class WorldSession:
                 on_done(state)
             if release_cache_after:
                 self._release_cache()
+                self._close_film_store()
             total = time.perf_counter() - t0
             self.last_times = ChunkTimes(total - t_decode, t_decode, total)
             return latent
@@ -512,11 +515,25 @@ class WorldSession:
     def _release_cache(self) -> None:
         self.kv.release()
 
+    def _close_film_store(self) -> None:
+        if self._film_store is not None:
+            self._film_store.close()
+            self._film_store = None
+
+    def _film(self):
+        """A camera FiLM cache for one part (None: every call computes the FiLM); its blocks kept in host RAM use
+        the session's store, whose pinned buffers serve every part until the cache is released."""
+        plan = self.placement.plan
+        if plan.film_host_blocks and self._film_store is None:
+            self._film_store = plan.make_film_store(self.device)
+        return plan.make_film(host_store=self._film_store)
+
     def _reset_cache(self) -> None:
         """An empty cache for a new video: the placed one with its counters at zero, or none yet."""
         self._restore = None
         self._unfinished = False
         self._release_cache()  # a new video may have another prompt (text K/V) and a ring may have rotated
+        self._close_film_store()
 
     def _after_interrupt(self, run: Optional[FastRun]) -> None:
         """A part stopped mid-way: the video stays at its last complete part (the cache goes back there)."""
@@ -563,6 +580,7 @@ class WorldSession:
         self._closed = True
         self._reset_decoder()
         self.kv.cache = None
+        self._close_film_store()
         self.model = None
         self.placement.close()
 
