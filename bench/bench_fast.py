@@ -198,7 +198,7 @@ def child_fast(spec: dict) -> dict:
         noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
         # as `generate --model fast` runs it without --save-state: no context pass after the last chunk
         run = FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
-                      on_chunk=on_chunk, final_context=False, film=plan.make_film())
+                      on_chunk=on_chunk, final_context=False, film=plan.make_film(device))
         if spec.get("profile"):
             out["profile"] = profile_chunk(run, device)
             out["stream"] = placement.placement.stats() if placement.placement else None

@@ -117,6 +117,7 @@ CASES: dict[str, dict] = {
     "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
     "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
     "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
+    "link": dict(kind="link"),  # pinned RAM <-> device copies alone: GB/s one way, the other, both at once
     "auto_profile": dict(preset="auto", compile="blocks", profile=True),
     "exact_profile": dict(preset="exact", profile=True),
     "fast_profile": dict(preset="fast", compile="blocks", profile=True),
@@ -160,6 +161,14 @@ CASES: dict[str, dict] = {
     "draft_rolling_whole_card": dict(preset="draft", compile="blocks", chunks=16, cap_gib=None),
     "draft_whole_card_no_film": dict(preset="draft", compile="blocks", cap_gib=None, film=False,
                                      reference="draft_whole_card"),
+    # the FiLM of the blocks the 24 GB card has no room for kept in pinned RAM and streamed back (the plan's
+    # film_host_blocks, the default) against the device's few blocks alone: the same latents, the time it saves
+    "auto_film_device": dict(preset="auto", compile="blocks", film_host=False, reference="auto"),
+    "draft_film_device": dict(preset="draft", compile="blocks", film_host=False, reference="draft"),
+    "auto_rolling_film_device": dict(preset="auto", compile="blocks", chunks=16, film_host=False,
+                                     reference="auto_rolling"),
+    "draft_rolling_film_device": dict(preset="draft", compile="blocks", chunks=16, film_host=False,
+                                      reference="draft_rolling"),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
 TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
@@ -212,11 +221,12 @@ def child_case(spec: dict) -> dict:
     vram = free_vram_bytes(device) if cuda else 1 << 60
     extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
-                            graphs=graphs_enabled(device), camera_film=spec.get("film", True))
+                            graphs=graphs_enabled(device), camera_film=spec.get("film", True),
+                            film_host=spec.get("film_host", True))
     out["plan"] = plan.to_json()
     out["weights"] = weights
     placement = FastPlacement(plan, device, lambda s: None)
-    film = plan.make_film()  # every run of the case shares it (each chunk's camera slice starts it over)
+    film = plan.make_film(device)  # every run of the case shares it (each chunk's camera slice starts it over)
     try:
         t0 = time.perf_counter()
         model = apply_speed(placement.load_model(spec["fast_lowp"].get(weights, spec["fast"]), weights), plan_speed)
@@ -305,6 +315,8 @@ def child_case(spec: dict) -> dict:
         runner = getattr(model, "block_runner", None)
         out["graphs"] = runner.stats() if runner is not None else None
         out["film"] = film.to_json() if film is not None else None
+        if film is not None and "host" in film.stores:
+            out["film"]["host_store"] = film.stores["host"].stats()
         out["uploaded_bytes_timed"] = (out["stream"] or {}).get("uploaded_bytes", 0) - uploaded_before
         out["peak_rss_sampling"] = peak_rss_bytes()
     finally:
@@ -359,7 +371,42 @@ def child_decode(spec: dict) -> dict:
     return out
 
 
-CHILDREN = {"fast_speed": child_case, "decode": child_decode}
+def child_link(spec: dict) -> dict:
+    """The host link alone: GB/s of copies between pinned RAM and the device, one way, the other, and both at once
+    (two streams): how much room the K/V stream leaves for the camera FiLM streamed from RAM."""
+    device = torch.device(spec["device"])
+    nbytes = (64 if spec["tiny"] else 1024) * 1024**2
+    host_a = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    host_b = torch.empty_like(host_a, pin_memory=device.type == "cuda")
+    dev_a, dev_b = torch.ones(nbytes, dtype=torch.uint8, device=device), torch.empty(nbytes, dtype=torch.uint8,
+                                                                                      device=device)
+    cuda = device.type == "cuda"
+    streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)] if cuda else [None, None]
+
+    def timed(copies) -> float:
+        best = float("inf")
+        for _ in range(5):
+            sync(device)
+            t0 = time.perf_counter()
+            for stream, dst, src in copies:
+                if cuda:
+                    with torch.cuda.stream(stream):
+                        dst.copy_(src, non_blocking=True)
+                else:
+                    dst.copy_(src)
+            sync(device)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    out = {"bytes": nbytes}
+    for name, copies in (("h2d", [(streams[0], dev_b, host_a)]), ("d2h", [(streams[1], host_b, dev_a)]),
+                         ("both", [(streams[0], dev_b, host_a), (streams[1], host_b, dev_a)])):
+        t = timed(copies)
+        out[name] = {"seconds": round(t, 5), "gb_per_s_each_way": round(nbytes / t / 1e9, 2)}
+    return out
+
+
+CHILDREN = {"fast_speed": child_case, "decode": child_decode, "link": child_link}
 
 
 # ---- the parent --------------------------------------------------------------------------------------------------
@@ -397,6 +444,9 @@ def summarize(res: dict, workdir: Path) -> dict:
         if CASES.get(name, {}).get("kind") == "decode":
             s[name] = {k: v for k, v in r.items() if isinstance(v, dict) and "s_per_chunk" in v}
             continue
+        if CASES.get(name, {}).get("kind") == "link":
+            s[name] = {k: v["gb_per_s_each_way"] for k, v in r.items() if isinstance(v, dict)}
+            continue
         if r.get("profile"):
             pr = r["profile"]
             split = dict(pr["split"]["seconds"])
@@ -424,7 +474,8 @@ def summarize(res: dict, workdir: Path) -> dict:
                "smi_peak_gb": mib_in_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": in_gb(r.get("peak_rss")),
                "cache_layers_on_gpu": r["plan"].get("cache_layers_on_gpu"), "warm_up_s": r.get("warm_up_s"),
                "full_window_chunk_s": chunks[-1],
-               "uploaded_gb_per_chunk": round(r.get("uploaded_bytes_timed", 0) / 1e9 / len(chunks), 2)}
+               "uploaded_gb_per_chunk": round(r.get("uploaded_bytes_timed", 0) / 1e9 / len(chunks), 2),
+               "film_blocks": [r["plan"].get("film_blocks", 0), r["plan"].get("film_host_blocks", 0)]}
         rolled = r.get("rolled_from_chunk")
         if rolled is not None and rolled + 1 < len(chunks):  # the rolled chunks after the one that captures
             row.update(rolling_chunk_s=mean(chunks[rolled + 1:]), rolling_dit_s=mean(r["dit_s"][rolled + 1:]),
@@ -448,8 +499,8 @@ def print_report(res: dict) -> None:
             print(f"| {name} | ERROR: {r['error'][:160]} | | | | | | | | | |")
             continue
         row = res.get("summary", {}).get(name, {})
-        if CASES.get(name, {}).get("kind") == "decode":
-            print(f"| {name} | VAE chunk decode alone: {json.dumps(row)} | | | | | | | | | |")
+        if CASES.get(name, {}).get("kind") in ("decode", "link"):
+            print(f"| {name} | {CASES[name]['kind']} alone: {json.dumps(row)} | | | | | | | | | |")
             continue
         if r.get("profile"):
             print(f"| {name} | profiled chunk: kernels {row.get('device_s')} s of ~{row.get('wall_s_around')} s "
@@ -494,7 +545,7 @@ def run(args) -> dict:
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
-                                                       "graphs", "film")}}
+                                                       "graphs", "film", "film_host")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -286,7 +286,7 @@ def child_fast(spec: dict) -> dict:
         plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), seq_parallel=session.sp_degree,
                                 extra_vram=extra)
         placement = FastPlacement(plan, device, lambda s: None)
-        film = plan.make_film()  # the camera FiLM kept per chunk, as the session does
+        film = plan.make_film(device)  # the camera FiLM kept per chunk, as the session does
         ends: list[float] = []
         try:
             t0 = time.perf_counter()

@@ -92,7 +92,8 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     with torch.device(device):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
     plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
-                                stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film)
+                                stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film,
+                                film_host=not args.film_device_only)
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,
@@ -224,6 +225,8 @@ def main(argv=None) -> int:
                    help="the model's stored weights (fp8 / int8: converted once from the random NF4 model)")
     p.add_argument("--no-camera-film", action="store_true",
                    help="compute the camera FiLM at every call instead of keeping it per chunk (A/B)")
+    p.add_argument("--film-device-only", action="store_true",
+                   help="keep the camera FiLM only of the blocks the card has room for, none in pinned RAM (A/B)")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop playing after this many seconds")
     p.add_argument("--flat-slack-mib", type=float, default=256.0,
                    help="memory counts as flat when the last quarter's peak is within this of the first's")

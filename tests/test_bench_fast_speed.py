@@ -78,3 +78,10 @@ def test_projection_of_the_committed_results_is_slower_on_the_rtx_cards():
         assert auto["chunk_s"][0] > h100["auto"] and auto["chunk_s"][0] <= auto["chunk_s"][1]
         draft = next(v for k, v in rows.items() if k.startswith("draft"))
         assert draft["chunk_s"][0] < auto["chunk_s"][0]
+        # the camera FiLM kept in RAM: fewer GEMM seconds, more bytes over the link, still compute-bound there
+        film = rows["auto (exact, compiled), FiLM in RAM"]
+        assert film["compute_s"] < auto["compute_s"] and film["copies_s"] > auto["copies_s"]
+        expected = 1 - fast_projection.FILM_GEMM_SHARE * 4 / 5  # kept in 4 of the chunk's 5 calls
+        gemm_card = res["h100_split_s"]["auto"]["gemm"] * res["cards"]["H100 SXM"]["bf16"] / res["cards"][card]["bf16"]
+        assert auto["compute_s"] - film["compute_s"] == pytest.approx(gemm_card * (1 - expected), abs=0.02)
+        assert film["dit_s"] == film["compute_s"]
