@@ -298,4 +298,8 @@ def test_the_camera_film_kept_in_host_ram_changes_no_bit(files, tmp_path):
         assert torch.equal(s.latent(), computed_latent)
         s.rewind(0)  # a new video: its store goes with the cache
         assert s._film_store is None and store.host_bytes == 0
+        _play(s, KEYS[:1])
+        store = s._film_store
+        assert store is not None and store.host_bytes > 0
+    assert store.host_bytes == 0  # and with the session
     assert np.array_equal(kept, computed)
