@@ -220,7 +220,7 @@ def plan_fast_memory(
         films, hosted, slots = _film_places(vram_free - gpu_need - CACHE_VRAM_SPARE if ok else 0, film, n_layers,
                                             ram_free - RAM_RESERVE if film_host else 0)
         est.update(film_host_bytes=hosted * film, film_buffer_slots=slots,
-                   film_buffer_bytes=slots * film + (FILM_HOST_SLACK if hosted else 0))
+                   film_buffer_bytes=_film_buffer_bytes(slots, film))
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}"
                               f"{_film_note(films, film, n_layers, hosted)}", ok, token_chunk, est, cache_heads,
                               films, hosted)
@@ -253,14 +253,12 @@ def plan_fast_memory(
     # 480x832 keeps every block's FiLM where a cache layer (0.67 GB) only saves link traffic. Device FiLM blocks
     # take what the layers leave.
     n = layers(spare)
-    buffers = FILM_HOST_SLOTS * film + FILM_HOST_SLACK
     if film and film_ram(n) > FILM_HOST_SLOTS * film and _film_blocks(spare - n * layer, film, n_layers) < n_layers:
-        n = layers(spare - buffers)
+        n = layers(spare - _film_buffer_bytes(FILM_HOST_SLOTS, film))
     host_cache = (n_layers - n) * layer
     host_need = host_cache + host_weights
     films, hosted, slots = _film_places(spare - n * layer, film, n_layers, film_ram(n))
-    # the device buffers the host-kept blocks stream through, and the allocator's slack beside them
-    staging = slots * film + (FILM_HOST_SLACK if hosted else 0)
+    staging = _film_buffer_bytes(slots, film)
     on_device = fixed + n * layer + (text if cache_text else 0) + films * film + staging
     ok = on_device <= vram
     est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device, film_host_bytes=hosted * film,
@@ -317,6 +315,12 @@ def _film_places(room: int, per_block: int, n_layers: int, ram_room: int,
         return fit, 0, 0
     hosted = _film_blocks(ram_room, per_block, n_layers - (usable - slots))
     return (usable - slots, hosted, slots) if hosted > slots else (fit, 0, 0)
+
+
+def _film_buffer_bytes(slots: int, per_block: int) -> int:
+    """Device bytes of the buffers the host-kept FiLM streams through, and the allocator's slack beside them (none
+    without buffers: `_film_places` gives buffers only with blocks in RAM)."""
+    return slots * per_block + (FILM_HOST_SLACK if slots else 0)
 
 
 def _film_note(films: int, per_block: int, n_layers: int, hosted: int = 0) -> str:

@@ -35,8 +35,8 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
                       camera_film: bool = True, film_host: bool = True) -> tuple[FastMemoryPlan, bool]:
     """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
     memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device
-    (benchmarks' A/B). Raises
-    memory.kv_placement.FastMemoryError when nothing fits (the message has the numbers)."""
+    (benchmarks' A/B). Raises memory.kv_placement.FastMemoryError when nothing fits (the message has the numbers).
+    """
     if stream_decode not in STREAM_DECODE:
         raise ValueError(f"stream decode {stream_decode!r}: choose one of {', '.join(STREAM_DECODE)}")
     cuda = device.type == "cuda"
