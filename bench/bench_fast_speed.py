@@ -105,6 +105,7 @@ CASES: dict[str, dict] = {
     # each lever alone, on top of the auto preset
     "fp8_gemm": dict(preset="auto", compile="blocks", compute="fp8", attention="sdpa"),
     "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
+    "draft_fp8_attn": dict(preset="draft", compile="blocks", attention="fp8"),  # draft + cuDNN's FP8 attention
     "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
     "int8_weights": dict(preset="auto", compile="blocks", weights="int8"),  # stored int8 weights, INT8 GEMMs (sm80+)
     "fast_fp8_weights": dict(preset="fast", compile="blocks", weights="fp8"),  # + FP8 attention

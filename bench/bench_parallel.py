@@ -333,6 +333,8 @@ def child_fast(spec: dict) -> dict:
             _save_output(spec, session, x0)
             peaks = _peaks(device)
         finally:
+            if film is not None:
+                film.close()  # frees its pinned FiLM store (the FiLM of blocks without GPU room)
             placement.close()
         chunk_s = [b - a for a, b in zip([t_start] + ends[:-1], ends)]
         mine = {"rank": session.rank, "device": str(device), "load_s": round(load_s, 2), "weights_allocated": weights,
