@@ -170,14 +170,6 @@ CASES: dict[str, dict] = {
                                      reference="auto_rolling"),
     "draft_rolling_film_device": dict(preset="draft", compile="blocks", chunks=16, film_host=False,
                                       reference="draft_rolling"),
-    # the FiLM kept outside the VAE decode's memory (the plan before it shared: the decode runs between chunks, when
-    # FastRun has freed the chunk's FiLM) against the default: the same latents, the time sharing gives
-    "auto_film_unshared": dict(preset="auto", compile="blocks", film_shared=False, reference="auto"),
-    "draft_film_unshared": dict(preset="draft", compile="blocks", film_shared=False, reference="draft"),
-    "auto_rolling_film_unshared": dict(preset="auto", compile="blocks", chunks=16, film_shared=False,
-                                       reference="auto_rolling"),
-    "draft_rolling_film_unshared": dict(preset="draft", compile="blocks", chunks=16, film_shared=False,
-                                        reference="draft_rolling"),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
 TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
@@ -231,8 +223,7 @@ def child_case(spec: dict) -> dict:
     extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
                             graphs=graphs_enabled(device), camera_film=spec.get("film", True),
-                            film_host=spec.get("film_host", True),
-                            film_shared_vram=extra if spec.get("film_shared", True) and not levers.decode_overlap else 0)
+                            film_host=spec.get("film_host", True))
     out["plan"] = plan.to_json()
     out["weights"] = weights
     placement = FastPlacement(plan, device, lambda s: None)
@@ -555,7 +546,7 @@ def run(args) -> dict:
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
-                                                       "graphs", "film", "film_host", "film_shared")}}
+                                                       "graphs", "film", "film_host")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -284,7 +284,7 @@ def child_fast(spec: dict) -> dict:
         vae = _issue_vae(spec, session, device) if issue else None
         extra = streaming_decode_bytes(vae.cfg, h, w) if vae is not None and cuda else 0
         plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), seq_parallel=session.sp_degree,
-                                extra_vram=extra, film_shared_vram=extra)  # rank 0 decodes between chunks
+                                extra_vram=extra)
         placement = FastPlacement(plan, device, lambda s: None)
         film = plan.make_film(device)  # the camera FiLM kept per chunk, as the session does
         ends: list[float] = []

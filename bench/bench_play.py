@@ -93,7 +93,7 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
     plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
                                 stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film,
-                                film_host=not args.film_device_only, film_shared=not args.film_unshared)
+                                film_host=not args.film_device_only)
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,
@@ -227,8 +227,6 @@ def main(argv=None) -> int:
                    help="compute the camera FiLM at every call instead of keeping it per chunk (A/B)")
     p.add_argument("--film-device-only", action="store_true",
                    help="keep the camera FiLM only of the blocks the card has room for, none in pinned RAM (A/B)")
-    p.add_argument("--film-unshared", action="store_true",
-                   help="keep the camera FiLM outside the VAE decode's memory (the plan before it shared; A/B)")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop playing after this many seconds")
     p.add_argument("--flat-slack-mib", type=float, default=256.0,
                    help="memory counts as flat when the last quarter's peak is within this of the first's")

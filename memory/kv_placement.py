@@ -151,7 +151,6 @@ def plan_fast_memory(
     graphs: bool = False,
     camera_film: bool = True,
     film_host: bool = True,
-    film_shared_vram: int = 0,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
@@ -162,9 +161,7 @@ def plan_fast_memory(
     counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks; the
     CUDA graphs replay blocks without one, so graphs turn it off too). film_host=False: only the blocks whose FiLM
     fits on the device keep it (A/B benchmarks); else the others keep theirs in pinned RAM when it has room beside
-    everything else pinned and RAM_RESERVE. film_shared_vram: bytes of extra_vram that nothing holds while the model
-    runs (a streaming VAE decode between chunks, on the compute stream): the FiLM kept on the device is freed at
-    each chunk's end (FastRun), so its blocks may take those bytes too. Raises FastMemoryError when the streamed layers do not fit in host RAM
+    everything else pinned and RAM_RESERVE. Raises FastMemoryError when the streamed layers do not fit in host RAM
     either.
     """
     if cache not in CACHE_PLACEMENTS:
@@ -187,7 +184,6 @@ def plan_fast_memory(
     film_on = camera and camera_film and not graphs
     # one block's FiLM for this rank's tokens of a chunk
     film = film_block_bytes((chunk_frames_pixels(), height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
-    shared = max(0, min(int(film_shared_vram), int(extra_vram))) if film_on and vram_free is not None else 0
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
@@ -221,13 +217,13 @@ def plan_fast_memory(
         ok = gpu_need <= vram_free
         why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
-        films, hosted, slots = _film_places((vram_free - gpu_need - CACHE_VRAM_SPARE if ok else 0) + shared, film,
-                                            n_layers, ram_free - RAM_RESERVE if film_host else 0)
+        films, hosted, slots = _film_places(vram_free - gpu_need - CACHE_VRAM_SPARE if ok else 0, film, n_layers,
+                                            ram_free - RAM_RESERVE if film_host else 0)
         est.update(film_host_bytes=hosted * film, film_buffer_slots=slots,
-                   film_buffer_bytes=_film_buffer_bytes(slots, film), film_shared_bytes=min(films * film, shared))
+                   film_buffer_bytes=_film_buffer_bytes(slots, film))
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}"
-                              f"{_film_note(films, film, n_layers, hosted, shared)}", ok, token_chunk, est,
-                              cache_heads, films, hosted)
+                              f"{_film_note(films, film, n_layers, hosted)}", ok, token_chunk, est, cache_heads,
+                              films, hosted)
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
     # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
@@ -255,27 +251,24 @@ def plan_fast_memory(
 
     # The buffers the host-kept FiLM streams through and their slack come before the cache layers: 0.74 GB at
     # 480x832 keeps every block's FiLM where a cache layer (0.67 GB) only saves link traffic. Device FiLM blocks
-    # take what the layers leave, and the decode's bytes between chunks (`shared`).
+    # take what the layers leave.
     n = layers(spare)
-    if (film and film_ram(n) > FILM_HOST_SLOTS * film
-            and _film_blocks(spare - n * layer + shared, film, n_layers) < n_layers):
+    if film and film_ram(n) > FILM_HOST_SLOTS * film and _film_blocks(spare - n * layer, film, n_layers) < n_layers:
         n = layers(spare - _film_buffer_bytes(FILM_HOST_SLOTS, film))
     host_cache = (n_layers - n) * layer
     host_need = host_cache + host_weights
-    films, hosted, slots = _film_places(spare - n * layer + shared, film, n_layers, film_ram(n))
+    films, hosted, slots = _film_places(spare - n * layer, film, n_layers, film_ram(n))
     staging = _film_buffer_bytes(slots, film)
-    film_own = max(0, films * film - shared)  # the FiLM beyond the decode's bytes
-    on_device = fixed + n * layer + (text if cache_text else 0) + film_own + staging
+    on_device = fixed + n * layer + (text if cache_text else 0) + films * film + staging
     ok = on_device <= vram
     est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device, film_host_bytes=hosted * film,
-               film_buffer_bytes=staging, film_buffer_slots=slots, film_shared_bytes=films * film - film_own)
+               film_buffer_bytes=staging, film_buffer_slots=slots)
     model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
     parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
     if cache_text:
         parts.append(("text K/V", text))
-    if film_own:
-        parts.append((f"camera FiLM of {films}/{n_layers} blocks" + (" beyond the VAE's bytes" if shared else ""),
-                      film_own))
+    if films:
+        parts.append((f"camera FiLM of {films}/{n_layers} blocks", films * film))
     if hosted:
         parts.append((f"{slots} camera FiLM buffer{'s' if slots > 1 else ''} and its stream's slack", staging))
     parts += [(acts_label, acts), ("headroom", headroom)] + extra
@@ -299,9 +292,8 @@ def plan_fast_memory(
     if host_need > ram_free - RAM_RESERVE:
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
-    return FastMemoryPlan("host", n, cache_text, blocks, layout,
-                          reason + _film_note(films, film, n_layers, hosted, shared), ok, token_chunk, est,
-                          cache_heads, films, hosted)
+    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers, hosted),
+                          ok, token_chunk, est, cache_heads, films, hosted)
 
 
 def _film_blocks(room: int, per_block: int, n_layers: int) -> int:
@@ -331,15 +323,12 @@ def _film_buffer_bytes(slots: int, per_block: int) -> int:
     return slots * per_block + (FILM_HOST_SLACK if slots else 0)
 
 
-def _film_note(films: int, per_block: int, n_layers: int, hosted: int = 0, shared: int = 0) -> str:
+def _film_note(films: int, per_block: int, n_layers: int, hosted: int = 0) -> str:
     if not per_block:
         return ""
     if not films and not hosted:
         return "; the camera FiLM is computed at every call (no room to keep it)"
-    in_vae = min(films * per_block, shared)
-    beside = "" if not in_vae else (", in the VAE decode's memory: freed at each chunk's end" if in_vae == films * per_block
-                                    else f", {_gb(in_vae)} of it in the VAE decode's memory: freed at each chunk's end")
-    where = [f"{films}/{n_layers} blocks on the GPU ({_gb(films * per_block)}{beside})"] if films else []
+    where = [f"{films}/{n_layers} blocks on the GPU ({_gb(films * per_block)})"] if films else []
     if hosted:
         where.append(f"{hosted} blocks in pinned RAM ({_gb(hosted * per_block)}, streamed back ahead of each block)")
     return f"; the camera FiLM of {' and '.join(where)} is kept for each chunk's later calls"

@@ -195,45 +195,6 @@ def test_the_blocks_the_card_has_no_room_for_keep_their_film_in_pinned_ram():
     assert device_only.make_film_store("cpu") is None
 
 
-def test_the_film_may_take_the_decoders_bytes_between_chunks():
-    """The streaming decode runs between chunks, when FastRun has freed the chunk's FiLM: with film_shared_vram the
-    device FiLM may take the decoder's bytes. On a 24 GB card at 480x832 every block's FiLM then fits on the GPU
-    (3.8 GB in the decoder's 7.0 GB): no FiLM in pinned RAM, no buffers or slack, and the cache layers those took
-    come back. The planned device bytes do not grow, and never more than the decoder's bytes are shared."""
-    vram, decoder = int(23.5 * GiB), int(7.0e9)
-    per = 2 * 3 * 30 * 52 * FULL.dim * 2
-    before = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder)
-    shared = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder,
-                              film_shared_vram=decoder)
-    assert before.film_host_blocks > 0
-    assert (shared.film_blocks, shared.film_host_blocks) == (40, 0)
-    est = shared.estimates
-    assert est["film_buffer_bytes"] == 0 and est["film_shared_bytes"] == 40 * per
-    assert shared.cache_layers_on_gpu >= before.cache_layers_on_gpu + 1  # the buffers' and slack's layer back
-    assert est["device_bytes"] <= vram - decoder - CACHE_VRAM_SPARE  # the spare stays free
-    assert "in the VAE decode's memory" in shared.reason and "pinned RAM (" not in shared.reason.split("FiLM")[-1]
-    # never more than the decoder's bytes: a claim beyond extra_vram is cut to it
-    assert plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder,
-                            film_shared_vram=10 * decoder).estimates == est
-    # a small decoder share: its bytes first, the rest as before (the device's room, then pinned RAM)
-    small = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder,
-                             film_shared_vram=int(10.5 * per))
-    assert small.estimates["film_shared_bytes"] == int(10.5 * per)  # all of it, and the device's room beside
-    assert small.film_blocks >= before.film_blocks + 10
-    assert small.film_blocks + small.film_host_blocks == 40
-    # nothing to share without a decoder, on the CPU, or without the FiLM
-    assert plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB,
-                            film_shared_vram=decoder).film_host_blocks > 0
-    assert plan_fast_memory(480, 832, FULL, layout480(), None, 64 * GiB, extra_vram=decoder,
-                            film_shared_vram=decoder).estimates.get("film_shared_bytes", 0) == 0
-    assert plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder,
-                            film_shared_vram=decoder, camera_film=False).film_blocks == 0
-    # a Ulysses rank that decodes: its half-token FiLM (1.9 GB) fits in the decoder's bytes as well
-    rank0 = plan_fast_memory(480, 832, FULL, layout480(), int(23.5 * GiB), 64 * GiB, extra_vram=decoder,
-                             film_shared_vram=decoder, seq_parallel=2)
-    assert (rank0.film_blocks, rank0.film_host_blocks) == (40, 0)
-
-
 def test_small_cards_block_swap_the_model_too():
     p = plan_fast_memory(480, 832, FULL, layout480(), int(11.5 * GiB), 64 * GiB)
     assert p.cache == "host" and p.cache_layers_on_gpu == 0 and p.blocks_on_gpu is not None and p.blocks_on_gpu < 40

@@ -32,12 +32,10 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
                       kv_cache: str = "auto", kv_layers_on_gpu: Optional[int] = None, with_camera: bool = True,
                       stream_decode: str = "auto", vae_cfg: Optional[VAEConfig] = None, seq_parallel: int = 1,
                       vram: Optional[int] = -1, ram: Optional[int] = None,
-                      camera_film: bool = True, film_host: bool = True,
-                      film_shared: bool = True) -> tuple[FastMemoryPlan, bool]:
+                      camera_film: bool = True, film_host: bool = True) -> tuple[FastMemoryPlan, bool]:
     """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
-    memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device,
-    film_shared=False: not in the streaming decode's memory (benchmarks' A/B; the session decodes between chunks on
-    the compute stream, so the FiLM it frees at each chunk's end can share the decoder's bytes). Raises memory.kv_placement.FastMemoryError when nothing fits (the message has the numbers).
+    memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device
+    (benchmarks' A/B). Raises memory.kv_placement.FastMemoryError when nothing fits (the message has the numbers).
     """
     if stream_decode not in STREAM_DECODE:
         raise ValueError(f"stream decode {stream_decode!r}: choose one of {', '.join(STREAM_DECODE)}")
@@ -53,8 +51,7 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"
     if cuda and stream_decode != "off":
         extra = streaming_decode_bytes(vae_cfg or VAEConfig(), height, width)
-        with_vae = plan_fast_memory(height, width, cfg, layout, vram, ram, extra_vram=extra,
-                                    film_shared_vram=extra if film_shared else 0, **kw)
+        with_vae = plan_fast_memory(height, width, cfg, layout, vram, ram, extra_vram=extra, **kw)
         if stream_decode == "on" or (with_vae.fits and with_vae.blocks_on_gpu is None):
             plan, stream = with_vae, True
         else:

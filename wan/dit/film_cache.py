@@ -141,7 +141,7 @@ class FilmCache:
         self._model: Optional[weakref.ref] = None
         self._camera: Optional[weakref.ref] = None
         self._shape: Optional[tuple] = None
-        self.stats = {"forwards": 0, "filled": 0, "read": 0, "restarts": 0, "forgotten": 0}
+        self.stats = {"forwards": 0, "filled": 0, "read": 0, "restarts": 0}
 
     @classmethod
     def on_device(cls, num_layers: int) -> "FilmCache":
@@ -177,16 +177,6 @@ class FilmCache:
 
     def layer(self, i: int) -> Optional[FilmLayer]:
         return FilmLayer(self, i) if i in self._place else None
-
-    def forget(self) -> None:
-        """The camera of these values is done (a Fast chunk's last call): free the values kept on the device now,
-        so what runs before the next camera (the chunk's VAE decode) can use their memory; the next forward
-        computes them again. A host store keeps its buffers (the next camera rewrites them)."""
-        if "device" in self.stores:
-            self.stores["device"].close()
-        self.valid = set()
-        self._model = self._camera = None
-        self.stats["forgotten"] += 1
 
     def close(self) -> None:
         """Free the values. A host store given with own_host_store=False (one that outlives this cache) is only

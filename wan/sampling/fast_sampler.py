@@ -313,8 +313,6 @@ class FastRun:
             if writes_context and not self.fold_context:
                 self._cancel()
                 context_pass(self.model, x0, ctx, y, cam, self.cache, start, film=self.film)
-        if self.film is not None:
-            self.film.forget()  # the next chunk has its own camera: the decode between them may use this memory
         self.latents.append(x0)
         if self.fold_context:
             self.folded_inputs.append(folded)
