@@ -376,12 +376,12 @@ def child_link(spec: dict) -> dict:
     """The host link alone: GB/s of copies between pinned RAM and the device, one way, the other, and both at once
     (two streams): how much room the K/V stream leaves for the camera FiLM streamed from RAM."""
     device = torch.device(spec["device"])
-    nbytes = (64 if spec["tiny"] else 1024) * 1024**2
-    host_a = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    host_b = torch.empty_like(host_a, pin_memory=device.type == "cuda")
-    dev_a, dev_b = torch.ones(nbytes, dtype=torch.uint8, device=device), torch.empty(nbytes, dtype=torch.uint8,
-                                                                                      device=device)
     cuda = device.type == "cuda"
+    nbytes = (64 if spec["tiny"] else 1024) * 1024**2
+    host_a = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    host_b = torch.empty_like(host_a, pin_memory=cuda)
+    dev_a = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dev_b = torch.empty(nbytes, dtype=torch.uint8, device=device)
     streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)] if cuda else [None, None]
 
     def timed(copies) -> float:
