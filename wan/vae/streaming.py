@@ -78,8 +78,9 @@ class StreamingDecoder:
 
 
 @functools.lru_cache(maxsize=8)
-def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float]:
-    """(parameter count, feature-cache bytes per latent cell) of a streaming decode, from a dry run on `meta`."""
+def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float, float]:
+    """(parameter count, ring bytes per latent cell, other feature-cache bytes per latent cell) of a float32
+    streaming decode, from a dry run on `meta`."""
     with torch.device("meta"):
         vae = WanVAE(cfg)
     cache: FeatureCache = {}
@@ -89,21 +90,27 @@ def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float]:
                       device="meta")
     with torch.inference_mode():
         vae._decode_into(out, mu, cache)
-    held = sum(v.nbytes if isinstance(v, FrameRing) else v.numel() * v.element_size()
-               for v in cache.values() if isinstance(v, (torch.Tensor, FrameRing)))
-    return sum(p.numel() for p in vae.parameters()), held / (side * side)
+    rings = sum(v.nbytes for v in cache.values() if isinstance(v, FrameRing))
+    kept = sum(v.numel() * v.element_size() for v in cache.values() if isinstance(v, torch.Tensor))
+    return sum(p.numel() for p in vae.parameters()), rings / (side * side), kept / (side * side)
 
 
-def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool = False) -> int:
+def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool = False, bf16: bool = False) -> int:
     """Device bytes a StreamingDecoder needs while it lives: weights, the causal feature caches (kept between
-    chunks: about 5.1 GB at 464x832, the full-resolution rings holding three frames each) and one frame's
-    full-resolution activations. Tiling does not shrink the caches here (every tile keeps its own until the video
-    ends)."""
+    chunks: about 5.3 GB at 480x832 in float32, most of it the full-resolution rings holding three frames each)
+    and one frame's full-resolution activations. Tiling does not shrink the caches here (every tile keeps its own
+    until the video ends).
+
+    bf16: the decode runs under bf16 autocast (the `draft` preset's decode lever). Its rings are stored in bf16
+    (blocks.ring_dtype), half the bytes; the other caches and the activations are still counted in float32 (on
+    CUDA autocast keeps the norms' outputs in float32)."""
     s = cfg.spatial_factor
     cells = (height // s) * (width // s)
-    params, per_cell = _decoder_footprint(cfg)
+    params, ring_per_cell, kept_per_cell = _decoder_footprint(cfg)
+    if bf16:
+        ring_per_cell /= 2
     activations = 8 * cfg.dim * height * width * 4  # a few full-resolution tensors of the last stage
-    return int(4 * params + per_cell * cells + activations)
+    return int(4 * params + (ring_per_cell + kept_per_cell) * cells + activations)
 
 
 def context_latents(cfg: VAEConfig, before: int) -> int:
