@@ -106,6 +106,15 @@ CASES: dict[str, dict] = {
     "fp8_gemm": dict(preset="auto", compile="blocks", compute="fp8", attention="sdpa"),
     "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
     "draft_fp8_attn": dict(preset="draft", compile="blocks", attention="fp8"),  # draft + cuDNN's FP8 attention
+    # the FP8 K/V cache (draft's kv_fp8 lever): alone on auto (its error), and draft without it; *_before: draft as
+    # planned before the bf16 decode was counted (the decoder's share planned in float32) and without the FP8 cache
+    "kv_fp8": dict(preset="auto", compile="blocks", levers=dict(kv_fp8=True)),
+    "draft_kv_bf16": dict(preset="draft", compile="blocks", levers=dict(kv_fp8=False)),
+    "draft_before": dict(preset="draft", compile="blocks", levers=dict(kv_fp8=False), vae_plan_f32=True),
+    "draft_rolling_kv_bf16": dict(preset="draft", compile="blocks", chunks=16, levers=dict(kv_fp8=False),
+                                  reference="draft_rolling"),
+    "draft_rolling_before": dict(preset="draft", compile="blocks", chunks=16, levers=dict(kv_fp8=False),
+                                 vae_plan_f32=True, reference="draft_rolling"),
     "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
     "int8_weights": dict(preset="auto", compile="blocks", weights="int8"),  # stored int8 weights, INT8 GEMMs (sm80+)
     "fast_fp8_weights": dict(preset="fast", compile="blocks", weights="fp8"),  # + FP8 attention
@@ -220,10 +229,11 @@ def child_case(spec: dict) -> dict:
     out["rolled_from_chunk"] = next((c for c in range(fr.chunks) if window is not None and layout.evict
                                      and 3 * (c + 1) > window), None)
     vram = free_vram_bytes(device) if cuda else 1 << 60
-    extra = streaming_decode_bytes(vae_cfg, h, w) if cuda else 0
+    bf16_decode_planned = levers.decode_bf16 and not spec.get("vae_plan_f32")
+    extra = streaming_decode_bytes(vae_cfg, h, w, bf16=bf16_decode_planned) if cuda else 0
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
                             graphs=graphs_enabled(device), camera_film=spec.get("film", True),
-                            film_host=spec.get("film_host", True))
+                            film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8)
     out["plan"] = plan.to_json()
     out["weights"] = weights
     placement = FastPlacement(plan, device, lambda s: None)

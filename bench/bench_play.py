@@ -39,6 +39,7 @@ import torch
 
 from .bench_pipeline import apply_cap, bench_config, sync, write_random_experts
 from .common import machine_info, rss_bytes, write_json
+from ..speed.levers import plan_levers
 
 GiB = 1024**3
 KEY_PATTERN = ("w-12", "wj-12", "w-6,wl-6", "d-12", "none-4,s-8", "i-6,k-6", "a-12", "wl-12")
@@ -93,7 +94,7 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
     plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
                                 stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film,
-                                film_host=not args.film_device_only)
+                                film_host=not args.film_device_only, **plan_levers(plan_speed))
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,

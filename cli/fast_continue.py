@@ -88,7 +88,8 @@ def run(request: GenerateRequest) -> int:
                                    request.speed_flags, st.compile)
     log_speed_plan(speed, log)
 
-    plan, stream_vae = fast_parts.memory_plan(request, cfg, st, total_lat, device, part.camera is not None, files)
+    plan, stream_vae = fast_parts.memory_plan(request, cfg, st, total_lat, device, part.camera is not None, files,
+                                              speed=speed)
     log.info("memory plan: %s", plan.reason)
     stats.mark("setup")
 

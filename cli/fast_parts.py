@@ -168,10 +168,11 @@ def fast_files(request: GenerateRequest, device, imports=None):
 
 
 def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
-                seq_parallel: int = 1):
+                seq_parallel: int = 1, speed=None):
     """The memory plan of a video of `latent_frames` (the World session's layout for it) and whether the VAE
-    streams chunk by chunk beside the model (--stream-decode)."""
+    streams chunk by chunk beside the model (--stream-decode). speed: the run's SpeedPlan (its decode lever)."""
     from ..memory.kv_placement import FastMemoryError
+    from ..speed.levers import plan_levers
     from ..world.plan import plan_world_memory, session_layout
 
     layout = session_layout(settings, latent_frames)
@@ -179,7 +180,8 @@ def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_fr
         plan, stream = plan_world_memory(cfg, layout, device, settings.height, settings.width, weights=request.weights,
                                          kv_cache=request.kv_cache, kv_layers_on_gpu=request.kv_layers_on_gpu,
                                          with_camera=with_camera, stream_decode=request.stream_decode,
-                                         vae_cfg=files.vae_config(), seq_parallel=seq_parallel)
+                                         vae_cfg=files.vae_config(), seq_parallel=seq_parallel,
+                                         **plan_levers(speed))
     except FastMemoryError as e:
         raise UsageError(str(e)) from None
     if not plan.fits:

@@ -131,7 +131,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
               flush=True)
     split = parallel_flags.plan(session, request.parallel, cfg.num_heads, "fast", False, log)
     plan, stream_vae = fast_parts.memory_plan(request, cfg, settings, part.latent_frames, device, part.camera is not None,
-                                              files, split.ulysses)
+                                              files, split.ulysses, speed=speed)
     log.info("memory plan: %s", plan.reason)
     session.end_checks()
     parallel_flags.use(session, split, log)

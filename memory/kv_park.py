@@ -149,18 +149,12 @@ def placement_layers(placement: CachePlacement, local_end: Optional[int] = None)
 
 def layer_on_host(placement: CachePlacement, i: int, n: int, drop: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer i's slots [0, n) as host tensors `[B, n, heads, head_dim]` in slot order. Layers kept in host buffers
-    come as views when their ring was never rotated; device layers are copied (and, with drop, released)."""
+    come as views when their ring was never rotated (an FP8 cache's: decoded copies); device layers are copied (and,
+    with drop, released)."""
     cache, streamer = placement.cache, placement.streamer
     host = streamer.host.get(i) if streamer is not None else None
     if host is not None:
-        if streamer.slots.offset == 0:
-            return host.k[:, :n], host.v[:, :n]  # views keep the host buffer's memory alive
-        k = torch.empty((host.k.shape[0], n, *host.k.shape[2:]), dtype=host.k.dtype)
-        v = torch.empty_like(k)
-        for slot, pos, count in streamer.slots.pieces(0, n):  # a rotated ring: the slots back in order
-            k[:, slot:slot + count] = host.k[:, pos:pos + count]
-            v[:, slot:slot + count] = host.v[:, pos:pos + count]
-        return k, v
+        return host.read(streamer.slots.pieces(0, n), n)
     k, v = _to_host(cache.k[i][:, :n]), _to_host(cache.v[i][:, :n])
     if drop:
         cache.k[i] = cache.v[i] = torch.empty(0)  # the device copy goes now, not at close()

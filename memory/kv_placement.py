@@ -34,6 +34,7 @@ import torch.nn as nn
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.kv_cache import CacheLayout, KVCache
+from ..wan.dit.kv_fp8 import round_fp8
 from ..wan.dit.model import DiTConfig
 from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
@@ -90,6 +91,7 @@ class FastMemoryPlan:
     cache_heads: Optional[int] = None  # heads this process caches (a Ulysses rank holds H/N); None = all
     film_blocks: int = 0  # blocks (the first ones) whose camera FiLM a chunk's first call keeps for its later calls
     film_host_blocks: int = 0  # the next blocks: their FiLM kept in pinned RAM, streamed back ahead of the block
+    kv_fp8: bool = False  # the K/V cache rounded to FP8 (wan/dit/kv_fp8.py), its host layers stored as codes
 
     @property
     def num_layers(self) -> int:
@@ -153,6 +155,7 @@ def plan_fast_memory(
     graphs: bool = False,
     camera_film: bool = True,
     film_host: bool = True,
+    kv_fp8: bool = False,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
@@ -163,8 +166,10 @@ def plan_fast_memory(
     counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks; the
     CUDA graphs replay blocks without one, so graphs turn it off too). film_host=False: only the blocks whose FiLM
     fits on the device keep it (A/B benchmarks); else the others keep theirs in pinned RAM when it has room beside
-    everything else pinned and RAM_RESERVE. Raises FastMemoryError when the streamed layers do not fit in host RAM
-    either.
+    everything else pinned and RAM_RESERVE. kv_fp8 (the `draft` preset's lever): the cache holds FP8-rounded K/V;
+    its layers in RAM take half the bytes (codes and one exponent per token and head) and stream through one more
+    device buffer of that size, where they are decoded. Raises FastMemoryError when the streamed layers do not fit
+    in host RAM either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
@@ -180,6 +185,7 @@ def plan_fast_memory(
     headroom = vram_headroom(seq_parallel)
     cache_heads = heads if heads != cfg.num_heads else None
     layer = layout.layer_bytes(heads, cfg.head_dim, compute_bytes)
+    host_layer = layout.fp8_layer_bytes(heads, cfg.head_dim) if kv_fp8 else layer  # one streamed layer in RAM
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
     whole_cache = n_layers * layer
     cpu = vram_free is None
@@ -189,7 +195,7 @@ def plan_fast_memory(
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
-           "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity}
+           "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity, "host_layer_bytes": host_layer}
     size_txt = f"{width}x{height}, chunks of {chunk_frames_pixels()} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
@@ -207,7 +213,8 @@ def plan_fast_memory(
         note = "" if ok else f"; WARNING: only {_gb(ram_free)} RAM available: use fewer frames, a smaller size or a window"
         return FastMemoryPlan("gpu", n_layers, True, None, layout,
                               f"the model and the K/V cache in RAM: {_fits_line(parts, None, '')}{note}"
-                              f"{_film_note(films, film, n_layers)}", ok, token_chunk, est, cache_heads, films)
+                              f"{_film_note(films, film, n_layers)}", ok, token_chunk, est, cache_heads, films,
+                              kv_fp8=kv_fp8)
 
     vram = int(vram_free) - int(extra_vram) - pool
 
@@ -225,12 +232,12 @@ def plan_fast_memory(
                    film_buffer_bytes=_film_buffer_bytes(slots, film))
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}"
                               f"{_film_note(films, film, n_layers, hosted)}", ok, token_chunk, est, cache_heads,
-                              films, hosted)
+                              films, hosted, kv_fp8)
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
     # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
     room = vram - CACHE_VRAM_SPARE
-    ring = 2 * layer
+    ring = 2 * layer + (host_layer if kv_fp8 else 0)  # + the FP8 codes' staging buffer
     model_bytes, blocks = sizes.total, blocks_on_gpu
     if blocks is None and sizes.total + ring + acts + headroom > room:
         spare = room - headroom - acts - ring - sizes.base - 2 * sizes.block
@@ -245,7 +252,7 @@ def plan_fast_memory(
     host_weights = (sizes.num_blocks - blocks) * sizes.block if blocks is not None else 0
 
     def film_ram(layers_on_gpu: int) -> int:  # the RAM beside everything pinned and the reserve
-        return ram_free - RAM_RESERVE - (n_layers - layers_on_gpu) * layer - host_weights if film_host else 0
+        return ram_free - RAM_RESERVE - (n_layers - layers_on_gpu) * host_layer - host_weights if film_host else 0
 
     def layers(room_left: int) -> int:
         planned = max(0, min(n_layers, room_left // layer if layer else n_layers))
@@ -257,7 +264,7 @@ def plan_fast_memory(
     n = layers(spare)
     if film and film_ram(n) > FILM_HOST_SLOTS * film and _film_blocks(spare - n * layer, film, n_layers) < n_layers:
         n = layers(spare - _film_buffer_bytes(FILM_HOST_SLOTS, film))
-    host_cache = (n_layers - n) * layer
+    host_cache = (n_layers - n) * host_layer
     host_need = host_cache + host_weights
     films, hosted, slots = _film_places(spare - n * layer, film, n_layers, film_ram(n))
     staging = _film_buffer_bytes(slots, film)
@@ -266,7 +273,8 @@ def plan_fast_memory(
     est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device, film_host_bytes=hosted * film,
                film_buffer_bytes=staging, film_buffer_slots=slots)
     model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
-    parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer), ("2 layer buffers", ring)]
+    parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer),
+             ("2 layer buffers" + (" + FP8 staging" if kv_fp8 else ""), ring)]
     if cache_text:
         parts.append(("text K/V", text))
     if films:
@@ -280,9 +288,10 @@ def plan_fast_memory(
             f"the K/V cache does not fit: {n_layers - n} of {n_layers} layers ({_gb(host_cache)}"
             + (f", plus {_gb(host_weights)} of streamed model blocks" if host_weights else "")
             + f") would live in pinned host RAM but only {_gb(ram_free)} is available (keeping {_gb(RAM_MARGIN)} free); "
-            f"the whole video's cache is {_gb(whole_cache)} ({layout.capacity} tokens x {n_layers} layers). "
+            f"the whole video's cache is {_gb(n_layers * host_layer)} ({layout.capacity} tokens x {n_layers} layers). "
             "Use fewer frames or a smaller size, --max-attention / a window (bounded cache), or close other programs.")
-    notes = [f"{n_layers - n} layers ({_gb(host_cache)}) stream from pinned RAM one layer ahead"]
+    notes = [f"{n_layers - n} layers ({_gb(host_cache)}{' in FP8' if kv_fp8 else ''}) stream from pinned RAM one "
+             "layer ahead"]
     if cache == "auto":
         notes.insert(0, f"the whole cache on the GPU would need {_gb(gpu_need)}")
     if not cache_text:
@@ -295,7 +304,7 @@ def plan_fast_memory(
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
     return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers, hosted),
-                          ok, token_chunk, est, cache_heads, films, hosted)
+                          ok, token_chunk, est, cache_heads, films, hosted, kv_fp8)
 
 
 def _film_blocks(room: int, per_block: int, n_layers: int) -> int:
@@ -368,12 +377,13 @@ def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.
     heads = plan.cache_heads or cfg.num_heads
     if plan.cache == "gpu" or plan.cache_layers_on_gpu >= cfg.num_layers:
         cache = plan.layout.make(cfg.num_layers, heads, cfg.head_dim, batch=batch, dtype=dtype,
-                                 device=device, cache_text=plan.cache_text, fill=fill)
+                                 device=device, cache_text=plan.cache_text, fill=fill,
+                                 round_kv=round_fp8 if plan.kv_fp8 else None)
         return CachePlacement(cache)
     pin = (device.type == "cuda") if pin is None else pin
     streamer = KVStreamer.build(plan.layout, cfg.num_layers, heads, cfg.head_dim, device=device,
                                 layers_on_device=plan.cache_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
-                                cache_text=plan.cache_text, fill=fill, host_layers=host_layers)
+                                cache_text=plan.cache_text, fill=fill, host_layers=host_layers, fp8=plan.kv_fp8)
     streamer.install(model)
     return CachePlacement(streamer.cache, streamer)
 
@@ -388,7 +398,7 @@ def host_layers_for(plan: FastMemoryPlan, cfg: DiTConfig, device, dtype: torch.d
     heads = plan.cache_heads or cfg.num_heads
     pin = (device.type == "cuda") if pin is None else pin
     return HostLayers(KVStreamer.host_shape(plan.layout, heads, cfg.head_dim, batch), dtype,
-                      range(plan.cache_layers_on_gpu, cfg.num_layers), pin)
+                      range(plan.cache_layers_on_gpu, cfg.num_layers), pin, plan.kv_fp8)
 
 
 class FastPlacement:

@@ -15,6 +15,11 @@ are a ring after the sink: an eviction only advances the ring's offset (no bytes
 copies map cache slots to ring positions (at most three pieces per copy), so the device buffer holds the slots in
 the cache's order and attention sees exactly the keys of an all-resident cache. On a CPU "device" the same
 schedule runs with synchronous copies (the CI tests use that to check the bookkeeping and the outputs).
+
+With an FP8 cache (`fp8=True`, the `draft` preset's kv_fp8 lever) a host layer holds e4m3 codes and one exponent
+byte per token and head (wan/dit/kv_fp8.py): an upload moves those into a device staging buffer and decodes them
+into the layer's bf16 buffer on the copy stream; a write-back encodes the chunk's slots there first. The cache
+writes FP8-rounded K/V into every layer, so the decoded values are the bits a device layer holds.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from ..wan.dit import kv_fp8
 from ..wan.dit.kv_cache import ForwardPlan, KVCache
 from .block_swap import _Ring
 from .pinned import HostBuffer, pair_views, tensor_bytes
@@ -100,9 +106,103 @@ class _HostLayer:
             self.k[:, pos:pos + n].copy_(k[:, slot:slot + n], non_blocking=self.buffer.pinned)
             self.v[:, pos:pos + n].copy_(v[:, slot:slot + n], non_blocking=self.buffer.pinned)
 
+    def read(self, pieces: list[tuple[int, int, int]], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots [0, n) as host tensors in slot order (pieces: _SlotMap.pieces(0, n)); views when not rotated."""
+        if all(slot == pos for slot, pos, _ in pieces):  # the ring never turned
+            return self.k[:, :n], self.v[:, :n]  # views keep the host buffer's memory alive
+        k = torch.empty((self.k.shape[0], n, *self.k.shape[2:]), dtype=self.k.dtype)
+        v = torch.empty_like(k)
+        for slot, pos, count in pieces:
+            k[:, slot:slot + count] = self.k[:, pos:pos + count]
+            v[:, slot:slot + count] = self.v[:, pos:pos + count]
+        return k, v
+
     def close(self, discard_pages: bool = False) -> None:
         self.k = self.v = None
         self.buffer.close(discard_pages)
+
+
+class _FP8HostLayer(_HostLayer):
+    """A streamed layer of an FP8 cache: K and V as e4m3 codes [B, capacity, H, D] and int8 exponents
+    [B, capacity, H, 1], in one (pinned) host buffer. `k` / `v` are bf16 placeholders on `meta` (the cache's view
+    of a layer that is not on the device: reading them fails loudly); the streamer sets `staging`, the device
+    buffer the codes are uploaded to."""
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
+        self.cache, self.slots, self.staging = None, None, None
+        self.capacity = shape[1]
+        self.dtype = dtype
+        self.code_shape, self.exp_shape = tuple(shape), (*shape[:-1], 1)
+        self.half = fp8_pair_bytes(shape) // 2
+        self.buffer = HostBuffer(2 * self.half, pin)
+        self.kc, self.ke, self.vc, self.ve = fp8_views(self.buffer.tensor, shape)
+        self.k = torch.empty(shape, dtype=dtype, device="meta")
+        self.v = torch.empty(shape, dtype=dtype, device="meta")
+
+    def fill(self, flat: torch.Tensor, stream=None) -> None:
+        """Upload the codes of the past this forward attends to and decode them into the bf16 buffer `flat`."""
+        a, b = self.cache.plan.past
+        if b <= a:
+            return
+        k, v = _kv_views(flat, self.code_shape, self.dtype)
+        kc, ke, vc, ve = fp8_views(self.staging, self.code_shape)
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        pinned = self.buffer.pinned
+        with ctx:
+            for slot, pos, n in self.slots.pieces(a, b):
+                for dst, src in ((kc, self.kc), (ke, self.ke), (vc, self.vc), (ve, self.ve)):
+                    dst[:, slot:slot + n].copy_(src[:, pos:pos + n], non_blocking=pinned)
+            kv_fp8.decode(kc[:, a:b], ke[:, a:b], out=k[:, a:b])
+            kv_fp8.decode(vc[:, a:b], ve[:, a:b], out=v[:, a:b])
+
+    def write_back(self, k: torch.Tensor, v: torch.Tensor, a: int, b: int) -> None:
+        """Device slots [a, b) (FP8-rounded values) -> codes at their host positions (on the current stream: the
+        codes are made in temporaries of that stream, which it frees only after the copies)."""
+        pinned = self.buffer.pinned
+        for src, codes, exps in ((k, self.kc, self.ke), (v, self.vc, self.ve)):
+            c, e = kv_fp8.encode(src[:, a:b])
+            for slot, pos, n in self.slots.pieces(a, b):
+                codes[:, pos:pos + n].copy_(c[:, slot - a:slot - a + n], non_blocking=pinned)
+                exps[:, pos:pos + n].copy_(e[:, slot - a:slot - a + n], non_blocking=pinned)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Every slot from host tensors in slot order (a restored layer; the ring is not rotated yet)."""
+        kv_fp8.encode(k, self.kc, self.ke)
+        kv_fp8.encode(v, self.vc, self.ve)
+
+    def read(self, pieces: list[tuple[int, int, int]], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots [0, n) decoded to host tensors (the cache's dtype) in slot order."""
+        k = torch.empty((self.code_shape[0], n, *self.code_shape[2:]), dtype=self.dtype)
+        v = torch.empty_like(k)
+        for out, codes, exps in ((k, self.kc, self.ke), (v, self.vc, self.ve)):
+            for slot, pos, count in pieces:
+                kv_fp8.decode(codes[:, pos:pos + count], exps[:, pos:pos + count], out=out[:, slot:slot + count])
+        return k, v
+
+    def close(self, discard_pages: bool = False) -> None:
+        self.kc = self.ke = self.vc = self.ve = self.k = self.v = None
+        self.buffer.close(discard_pages)
+
+
+def fp8_pair_bytes(shape: tuple) -> int:
+    """Bytes of a layer's K and V as codes plus exponents."""
+    b, n, h, d = shape
+    return 2 * b * n * h * (d + 1)
+
+
+def fp8_views(flat: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, ...]:
+    """(K codes, K exponents, V codes, V exponents) laid one after the other in a flat uint8 buffer."""
+    b, n, h, d = shape
+    codes, exps = b * n * h * d, b * n * h
+    out, at = [], 0
+    for size, dtype, view in ((codes, kv_fp8.CODE, shape), (exps, torch.int8, (b, n, h, 1))) * 2:
+        out.append(flat[at:at + size].view(dtype).view(view))
+        at += size
+    return tuple(out)
+
+
+def host_layer(shape: tuple, dtype: torch.dtype, pin: bool, fp8: bool = False) -> _HostLayer:
+    return _FP8HostLayer(shape, dtype, pin) if fp8 else _HostLayer(shape, dtype, pin)
 
 
 _kv_views = pair_views  # a layer's K and V in one flat buffer
@@ -122,8 +222,8 @@ class HostLayers:
     was allocated: nothing stays allocated or page-locked and no worker keeps running.
     """
 
-    def __init__(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int], pin: bool):
-        self.shape, self.dtype, self.layers, self.pin = tuple(shape), dtype, tuple(layers), pin
+    def __init__(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int], pin: bool, fp8: bool = False):
+        self.shape, self.dtype, self.layers, self.pin, self.fp8 = tuple(shape), dtype, tuple(layers), pin, fp8
         self._stop = threading.Event()
         self._t0 = self._t_last = time.perf_counter()
         self._pool = ThreadPoolExecutor(max(1, min(HOST_ALLOC_THREADS, len(self.layers))),
@@ -134,7 +234,7 @@ class HostLayers:
     def _one(self) -> Optional[_HostLayer]:
         if self._stop.is_set():
             return None
-        layer = _HostLayer(self.shape, self.dtype, self.pin)
+        layer = host_layer(self.shape, self.dtype, self.pin, self.fp8)
         self._t_last = max(self._t_last, time.perf_counter())
         return layer
 
@@ -145,10 +245,11 @@ class HostLayers:
 
     @property
     def nbytes(self) -> int:
-        return len(self.layers) * 2 * tensor_bytes(self.shape, self.dtype)
+        per = fp8_pair_bytes(self.shape) if self.fp8 else 2 * tensor_bytes(self.shape, self.dtype)
+        return len(self.layers) * per
 
-    def matches(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int]) -> bool:
-        return (self.shape, self.dtype, self.layers) == (tuple(shape), dtype, tuple(layers))
+    def matches(self, shape: tuple, dtype: torch.dtype, layers: Sequence[int], fp8: bool = False) -> bool:
+        return (self.shape, self.dtype, self.layers, self.fp8) == (tuple(shape), dtype, tuple(layers), fp8)
 
     def take(self) -> dict[int, _HostLayer]:
         """Wait for every layer and hand them over (the caller frees them from then on). On a failure every layer
@@ -219,10 +320,16 @@ class KVStreamer:
         cache.self_evicting = set(host)
         self.ring: Optional[_Ring] = None
         self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.staging: Optional[torch.Tensor] = None  # an FP8 cache's codes, uploaded here and decoded to the ring
         if host:
             layer = next(iter(host.values()))
-            self.ring = _Ring(2 * layer.half, self.device)
-            self._views = [_kv_views(buf, tuple(layer.k.shape), cache.dtype) for buf in self.ring.buffers]
+            shape = tuple(layer.k.shape)
+            self.ring = _Ring(2 * tensor_bytes(shape, cache.dtype), self.device)
+            self._views = [_kv_views(buf, shape, cache.dtype) for buf in self.ring.buffers]
+            if isinstance(layer, _FP8HostLayer):
+                self.staging = torch.empty(fp8_pair_bytes(shape), dtype=torch.uint8, device=self.device)
+                for h in host.values():
+                    h.staging = self.staging
         self._current: Optional[int] = None
         self._model: Optional[nn.Module] = None
         self._prev: Optional[tuple[Optional[Callable], Optional[Callable]]] = None
@@ -239,21 +346,22 @@ class KVStreamer:
     def build(cls, layout, num_layers: int, heads: int, head_dim: int, *, device, layers_on_device: int,
               dtype: torch.dtype = torch.bfloat16, batch: int = 1, pin: bool = True,
               cache_text: bool = True, fill: Optional[Callable] = None,
-              host_layers: Optional[HostLayers] = None) -> "KVStreamer":
+              host_layers: Optional[HostLayers] = None, fp8: bool = False) -> "KVStreamer":
         """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`.
         fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate). host_layers: the streamed
-        layers' host buffers, allocation already started (HostLayers of this shape, dtype and layers); taken here."""
+        layers' host buffers, allocation already started (HostLayers of this shape, dtype and layers); taken here.
+        fp8: an FP8 cache (wan/dit/kv_fp8.py): every layer holds FP8-rounded K/V, the host layers their codes."""
         if isinstance(layers_on_device, bool) or not isinstance(layers_on_device, int) \
                 or not 0 <= layers_on_device <= num_layers:
             raise ValueError(f"layers_on_device must be an integer in 0..{num_layers}, got {layers_on_device!r}")
         shape = cls.host_shape(layout, heads, head_dim, batch)
         streamed = range(layers_on_device, num_layers)
-        if host_layers is not None and (fill is not None or not host_layers.matches(shape, dtype, streamed)):
+        if host_layers is not None and (fill is not None or not host_layers.matches(shape, dtype, streamed, fp8)):
             raise ValueError("host_layers were allocated for another cache (shape, dtype or layers differ)")
         host: dict[int, _HostLayer] = {}
         try:
             if fill is None:
-                source = host_layers if host_layers is not None else HostLayers(shape, dtype, streamed, pin)
+                source = host_layers if host_layers is not None else HostLayers(shape, dtype, streamed, pin, fp8)
                 host.update(source.take())
             # With fill (restoring a parked cache, memory/kv_park.py) each host layer is allocated only once the one
             # before was restored and dropped: one layer more than the new cache in RAM, never both whole caches
@@ -262,16 +370,22 @@ class KVStreamer:
             for i in range(num_layers):
                 if i >= layers_on_device:
                     if i not in host:
-                        host[i] = _HostLayer(shape, dtype, pin)
+                        host[i] = host_layer(shape, dtype, pin, fp8)
                     k.append(host[i].k)
                     v.append(host[i].v)
                 else:
                     k.append(torch.empty(shape, dtype=dtype, device=device))
                     v.append(torch.empty(shape, dtype=dtype, device=device))
-                if fill is not None:
+                if fill is not None and isinstance(host.get(i), _FP8HostLayer):
+                    tk, tv = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+                    fill(i, tk, tv)
+                    host[i].store(tk, tv)
+                    del tk, tv
+                elif fill is not None:
                     fill(i, k[-1], v[-1])
             cache = KVCache(k, v, sink_tokens=layout.sink_tokens, evict=layout.evict,
-                            max_attention=layout.max_attention, cache_text=cache_text)
+                            max_attention=layout.max_attention, cache_text=cache_text,
+                            round_kv=kv_fp8.round_fp8 if fp8 else None)
             return cls(cache, host, device)
         except BaseException:
             for h in host.values():
@@ -379,6 +493,7 @@ class KVStreamer:
             self.ring.close()
             self.ring = None
         self._views = []
+        self.staging = None
         self.cache.release()  # the device layers and the text K/V too
         host, self.host = list(self.host.values()), {}
         if background and host:

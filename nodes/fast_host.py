@@ -19,6 +19,7 @@ import torch
 from ..loaders.expert_format import ExpertFormat
 from ..memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
 from ..memory.placement import _gb, available_ram_bytes
+from ..speed.levers import plan_levers
 from ..speed.options import graphs_enabled
 from ..wan.sampling.fast_sampler import STEP_INDICES
 from ..wan.sampling.fast_state import CameraSource, FastSettings
@@ -193,11 +194,12 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     cfg = fast_model.config
     device = mm.get_torch_device()
     h, w = settings.height, settings.width
+    levers = plan_levers(fast_model.speed)
     extra = 0
     if preview_vae is not None:
         from ..wan.vae.streaming import streaming_decode_bytes
 
-        extra = streaming_decode_bytes(preview_vae.model.cfg, h, w)
+        extra = streaming_decode_bytes(preview_vae.model.cfg, h, w, bf16=levers["decode_bf16"])
     layout = session_layout(settings, latent_frames)
     if layout.note:
         log.warning("LingBot-World Fast K/V cache: %s", layout.note)
@@ -206,7 +208,7 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
                                 available_ram_bytes(),
                                 weights=fast_model.weights, cache=fast_model.kv_cache, camera=part.camera is not None,
                                 compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra,
-                                graphs=graphs_enabled(device))
+                                graphs=graphs_enabled(device), kv_fp8=levers["kv_fp8"])
     except FastMemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
     log.info("LingBot-World Fast memory plan: %s", plan.reason)

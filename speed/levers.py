@@ -9,6 +9,9 @@ them at the release's schedule. Each is measured on its own in BENCHMARKS ("Fast
   chunk at t = 825, not the clean chunk at t = 0). One model call fewer per chunk.
 - window_frames: cap on the K/V window (latent frames): later chunks attend to at most this many frames (the
   sink included), so attention reads fewer keys. None keeps the run's own window.
+- kv_fp8: the K/V cache in FP8 (wan/dit/kv_fp8.py: e4m3 codes, a power-of-two scale per token and head). A layer
+  streamed from RAM moves half the bytes per call: on a 24 GB card the link, not the GPU, bounds a rolled `draft`
+  chunk (about 60 GB of K/V and FiLM per chunk at 46-55 GB/s).
 
 And the door's VAE decode of each chunk (speed/decode.py ChunkDecoder; the latents do not change):
 - decode_overlap: the chunk's decode on a side stream beside the next chunk's DiT (the same frames, later).
@@ -32,6 +35,7 @@ class ChunkLevers:
     window_frames: Optional[int] = None
     decode_overlap: bool = False
     decode_bf16: bool = False
+    kv_fp8: bool = False
 
     def __post_init__(self):
         if self.steps not in STEP_CHOICES:
@@ -43,7 +47,8 @@ class ChunkLevers:
     @property
     def exact(self) -> bool:
         """True when nothing changes the latents or the frames (overlapping the decode alone changes only when)."""
-        return self.steps == 4 and not self.fold_context and self.window_frames is None and not self.decode_bf16
+        return (self.steps == 4 and not self.fold_context and self.window_frames is None and not self.decode_bf16
+                and not self.kv_fp8)
 
     def fast_run_options(self) -> dict:
         """FastRun keyword options for these levers; empty for the release's schedule (FastRun's defaults)."""
@@ -76,4 +81,13 @@ class ChunkLevers:
             out.append("each chunk's VAE decode on a side stream beside the next chunk's DiT (same frames)")
         if self.decode_bf16:
             out.append("the VAE decode in bf16 (approximate frames)")
+        if self.kv_fp8:
+            out.append("the K/V cache in FP8 (e4m3, a power-of-two scale per token and head)")
         return out
+
+
+def plan_levers(speed_plan) -> dict:
+    """The levers of a SpeedPlan (speed/options.py; None: the defaults) that the memory plan counts, as
+    plan_world_memory's keywords: a bf16 decode (the decoder's rings take half the bytes) and an FP8 K/V cache."""
+    levers = getattr(speed_plan, "levers", None) or ChunkLevers()
+    return {"decode_bf16": bool(levers.decode_bf16), "kv_fp8": bool(levers.kv_fp8)}

@@ -31,7 +31,7 @@ from .levers import ChunkLevers
 from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
 
 PRESET_NAMES = ("exact", "fast", "draft", "auto")
-DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True)
+DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True, kv_fp8=True)
 
 
 @dataclass(frozen=True)

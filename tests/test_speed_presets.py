@@ -29,7 +29,8 @@ def test_the_presets_and_what_they_turn_on():
     for name in ("exact", "auto", "fast"):
         assert PRESETS[name].levers == ChunkLevers()
     assert PRESETS["fast"].options.attention == "sdpa"  # FP8 attention measured slower for chunk shapes
-    assert PRESETS["draft"].levers == ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True)
+    assert PRESETS["draft"].levers == ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True,
+                                                  kv_fp8=True)
     assert not any(p.levers.decode_overlap for p in PRESETS.values())  # over the 22.5 GB budget on a 24 GB card
     assert PRESETS["draft"].options == PRESETS["fast"].options
 
@@ -49,7 +50,7 @@ def test_on_the_cpu_every_preset_resolves_to_the_exact_kernels_with_its_levers()
     assert resolve_preset("exact", CPU).fast_run_options() == {}
     assert resolve_preset("exact", CPU).to_json()["levers"] == {"steps": 4, "fold_context": False,
                                                                 "window_frames": None, "decode_overlap": False,
-                                                                "decode_bf16": False}
+                                                                "decode_bf16": False, "kv_fp8": False}
 
 
 def test_auto_compiles_where_the_compiler_runs(monkeypatch):

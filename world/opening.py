@@ -16,6 +16,7 @@ import torch
 from ..loaders.fast_state_file import model_fingerprint, model_label
 from ..memory.kv_placement import FastPlacement
 from ..quant.lowp_kinds import LOWP_WEIGHTS
+from ..speed.levers import plan_levers
 from ..wan.i2v import ConditionTrack
 from ..wan.sampling.fast_state import FastSettings
 from ..wan.sizes import max_area_for, target_size
@@ -73,7 +74,8 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
     layout = play_layout(probe) if play else probe.layout(3)
     plan, _ = plan_world_memory(cfg, layout, device, height, width, weights=settings.weights,
                                 kv_cache=settings.kv_cache, kv_layers_on_gpu=settings.kv_layers_on_gpu,
-                                stream_decode="on", vae_cfg=files.vae_config())
+                                stream_decode="on", vae_cfg=files.vae_config(),
+                                **plan_levers(settings.speed))
     log.info("memory plan: %s", plan.reason)
     placement = FastPlacement(plan, device, log.info)
     dtype = compute_dtype(settings.weights, device)

@@ -32,10 +32,14 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
                       kv_cache: str = "auto", kv_layers_on_gpu: Optional[int] = None, with_camera: bool = True,
                       stream_decode: str = "auto", vae_cfg: Optional[VAEConfig] = None, seq_parallel: int = 1,
                       vram: Optional[int] = -1, ram: Optional[int] = None,
-                      camera_film: bool = True, film_host: bool = True) -> tuple[FastMemoryPlan, bool]:
+                      camera_film: bool = True, film_host: bool = True,
+                      decode_bf16: bool = False, kv_fp8: bool = False) -> tuple[FastMemoryPlan, bool]:
     """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
     memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device
-    (benchmarks' A/B). Raises memory.kv_placement.FastMemoryError when nothing fits (the message has the numbers).
+    (benchmarks' A/B). decode_bf16 / kv_fp8: the speed levers the plan counts
+    (speed.levers.plan_levers): a bf16 decode leaves the K/V cache about 2.3 GB more at 480x832, and an FP8 cache
+    takes half the RAM and half the link. Raises memory.kv_placement.FastMemoryError when nothing fits (the
+    message has the numbers).
     """
     if stream_decode not in STREAM_DECODE:
         raise ValueError(f"stream decode {stream_decode!r}: choose one of {', '.join(STREAM_DECODE)}")
@@ -46,11 +50,11 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     kw = dict(weights=weights, cache=kv_cache, cache_layers_on_gpu=kv_layers_on_gpu, camera=with_camera,
               compute_bytes=torch.empty(0, dtype=compute_dtype(weights, device)).element_size(),
               seq_parallel=seq_parallel, graphs=graphs_enabled(device), camera_film=camera_film,
-              film_host=film_host)
+              film_host=film_host, kv_fp8=kv_fp8)
     plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"
     if cuda and stream_decode != "off":
-        extra = streaming_decode_bytes(vae_cfg or VAEConfig(), height, width)
+        extra = streaming_decode_bytes(vae_cfg or VAEConfig(), height, width, bf16=decode_bf16)
         with_vae = plan_fast_memory(height, width, cfg, layout, vram, ram, extra_vram=extra, **kw)
         if stream_decode == "on" or (with_vae.fits and with_vae.blocks_on_gpu is None):
             plan, stream = with_vae, True

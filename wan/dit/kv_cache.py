@@ -65,6 +65,8 @@ class KVCache:
     max_attention: attend to at most this many of the latest tokens (the reference's `max_attention_size`);
     None = everything cached.
     cache_text: keep each layer's text K/V after the first forward (they depend only on the prompt).
+    round_kv: applied to each chunk's K and V before they are written (wan/dit/kv_fp8.round_fp8 for an FP8 cache:
+    every layer then holds values its FP8 host copy represents exactly); None writes them as they are.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class KVCache:
         evict: bool = False,
         max_attention: Optional[int] = None,
         cache_text: bool = True,
+        round_kv: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     ):
         if len(k) != len(v) or not k:
             raise ValueError(f"need one K and one V tensor per layer, got {len(k)} and {len(v)}")
@@ -96,6 +99,7 @@ class KVCache:
         self.evict = bool(evict)
         self.max_attention = None if max_attention is None else int(max_attention)
         self.cache_text = cache_text
+        self.round_kv = round_kv
         self.text_kv: list[Optional[TextKV]] = [None] * len(self.k)
         self.global_end = 0
         self.local_end = 0
@@ -180,6 +184,8 @@ class KVCache:
             raise KVCacheError("attend() outside a forward: call begin() first")
         if k.shape[1] != p.tokens:
             raise KVCacheError(f"layer {layer}: {k.shape[1]} keys for a chunk planned with {p.tokens} tokens")
+        if self.round_kv is not None:
+            k, v = self.round_kv(k), self.round_kv(v)
         kc, vc = self.k[layer], self.v[layer]
         kc[:, p.write_start:p.write_end] = k
         vc[:, p.write_start:p.write_end] = v
@@ -266,14 +272,18 @@ class CacheLayout:
     note: Optional[str] = None
 
     def make(self, num_layers: int, heads: int, head_dim: int, *, batch: int = 1, dtype=torch.bfloat16,
-             device=None, cache_text: bool = True, fill=None) -> KVCache:
+             device=None, cache_text: bool = True, fill=None, round_kv=None) -> KVCache:
         """An all-on-one-device cache with this layout (placements build theirs in memory/kv_placement.py)."""
         return KVCache.allocate(num_layers, self.capacity, heads, head_dim, batch=batch, dtype=dtype, device=device,
                                 sink_tokens=self.sink_tokens, evict=self.evict, max_attention=self.max_attention,
-                                cache_text=cache_text, fill=fill)
+                                cache_text=cache_text, fill=fill, round_kv=round_kv)
 
     def layer_bytes(self, heads: int, head_dim: int, dtype_bytes: int = 2, batch: int = 1) -> int:
         return 2 * batch * self.capacity * heads * head_dim * dtype_bytes
+
+    def fp8_layer_bytes(self, heads: int, head_dim: int, batch: int = 1) -> int:
+        """One layer's K and V as FP8 codes plus one exponent byte per token and head (wan/dit/kv_fp8.py)."""
+        return 2 * batch * self.capacity * heads * (head_dim + 1)
 
 
 def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *,

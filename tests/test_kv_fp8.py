@@ -1,0 +1,239 @@
+"""The FP8 K/V cache (the `draft` preset's kv_fp8 lever; wan/dit/kv_fp8.py, memory/kv_stream.py).
+
+- The rounding against an independent one: every e4m3 value enumerated from its bits, the nearest (ties to an even
+  code) taken for each value over a power-of-two scale found by a float64 loop.
+- What makes the video independent of the memory plan: a rounded value encodes and decodes to itself bit for bit,
+  so a layer streamed from RAM as codes gives the bits a layer kept on the device holds. Checked end to end: the
+  latents of FP8 caches with 0, 1 or 3 layers on the device are equal, with windows whose host ring wraps.
+- Half the bytes: what a streamed layer holds in RAM and uploads per call; the plan counts it.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lingbot_world.memory.kv_park import ParkedKV, park
+from lingbot_world.memory.kv_placement import place_kv_cache, plan_fast_memory
+from lingbot_world.memory.kv_stream import KVStreamer
+from lingbot_world.speed.levers import ChunkLevers, plan_levers
+from lingbot_world.speed.presets import PRESETS
+from lingbot_world.wan.dit import kv_fp8
+from lingbot_world.wan.dit.kv_cache import cache_layout
+from lingbot_world.wan.dit.model import DiTConfig, WanDiT
+from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+
+TINY = DiTConfig.tiny(num_layers=3, text_dim=16, text_len=8, causal=True)
+LH, LW, FSL = 4, 6, 6
+
+
+# ---- the rounding -----------------------------------------------------------------------------------------------
+def _e4m3_values() -> list[float]:
+    """Every finite non-negative e4m3fn value from its bit fields (bias 7; exponent 15 with mantissa 7 is NaN)."""
+    out = []
+    for e in range(16):
+        for m in range(8):
+            if e == 15 and m == 7:
+                continue
+            out.append(m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return sorted(set(out))
+
+
+def _round_row(row: list[float]) -> list[float]:
+    """The reference rounding of one row: scale 2^e, e the smallest integer with max|x| <= 448 * 2^e."""
+    grid = _e4m3_values()
+    amax = max(abs(x) for x in row)
+    e = 0
+    if amax > 0:
+        e = -200
+        while amax > 448 * 2.0 ** e:
+            e += 1
+    e = max(-120, min(120, e))
+    out = []
+    for x in row:
+        y = abs(x) / 2.0 ** e
+        i = min(range(len(grid)), key=lambda j: (abs(grid[j] - y), j % 2))  # ties: the even code
+        out.append(math.copysign(grid[i] * 2.0 ** e, x))
+    return out
+
+
+def test_the_rounding_matches_a_reference_written_from_the_format():
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(24, 16, generator=g, dtype=torch.float64) * torch.logspace(-20, 20, 24, dtype=torch.float64)[:, None]
+    rows[0] = 0
+    rows[1, 0] = 448.0  # exactly the top of scale 2^0
+    rows[2, :] = 1.0
+    rows[3, 0] = 448.0 * 2 ** 5 * (1 + 2 ** -20)  # just above a power of two: the next exponent
+    x = rows.to(torch.float32)
+    got = kv_fp8.round_fp8(x)
+    want = torch.tensor([_round_row(r) for r in x.double().tolist()], dtype=torch.float64)
+    assert torch.equal(got.double(), want)
+    assert kv_fp8.exponents(x[1:4]).flatten().tolist() == [0, -8, 6]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_rounded_value_encodes_to_itself_and_errs_at_most_a_sixteenth_of_its_row(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(2, 40, 4, 128, generator=g) * torch.logspace(-30, 30, 40)[None, :, None, None]).to(dtype)
+    r = kv_fp8.round_fp8(x)
+    codes, exps = kv_fp8.encode(r)
+    assert codes.dtype == torch.float8_e4m3fn and exps.dtype == torch.int8 and exps.shape == (2, 40, 4, 1)
+    assert torch.equal(kv_fp8.decode(codes, exps, dtype=dtype), r)
+    assert torch.equal(kv_fp8.round_fp8(r), r)
+    amax = x.float().abs().amax(-1, keepdim=True)
+    assert ((r.float() - x.float()).abs() <= amax / 16).all()
+    assert not torch.equal(r, x)
+
+
+# ---- the cache --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model():
+    m = WanDiT(TINY).eval()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() < 2 else 1 / p[0].numel() ** 0.5))
+    return m
+
+
+def _latents(model, cache, frames, device="cpu"):
+    g = torch.Generator().manual_seed(50)
+    y = torch.randn(1, 20, frames, LH, LW, generator=g).to(device)
+    cam = torch.randn(1, 384, frames, LH, LW, generator=g).to(device)
+    ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g).to(device)
+    gen = make_generator(3, torch.device(device).type)
+    noise = draw(gen, (1, 16, frames, LH, LW), device)
+    return FastRun(model, noise, ctx, y, cam, cache, gen, device=device).run()
+
+
+def _streamer(model, layout, on_device, fp8=True, dtype=torch.bfloat16):
+    s = KVStreamer.build(layout, TINY.num_layers, TINY.num_heads, TINY.head_dim, device="cpu",
+                         layers_on_device=on_device, dtype=dtype, pin=False, fp8=fp8)
+    return s.install(model)
+
+
+@pytest.mark.parametrize("layout_kw,frames", [
+    ({}, 9),
+    ({"window_frames": 7, "sink_frames": 2}, 15),  # a ring of 5 frames turned by 3: copies wrap around its end
+])
+def test_the_video_does_not_depend_on_which_layers_stream(model, layout_kw, frames):
+    layout = cache_layout(frames, FSL, **layout_kw)
+    resident = layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16, round_kv=kv_fp8.round_fp8)
+    want = _latents(model, resident, frames)
+    exact = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16), frames)
+    assert not torch.equal(want, exact)  # the lever does something ...
+    assert (want - exact).norm() < 0.1 * exact.norm()  # ... and stays close
+    for on_device in (0, 1):
+        s = _streamer(model, layout, on_device)
+        try:
+            got = _latents(model, s.cache, frames)
+            stats = s.stats()
+        finally:
+            s.close()
+        assert torch.equal(got, want)
+        assert stats["streamed_layers"] == 3 - on_device and stats["written_back_bytes"] > 0
+    assert model.before_block is None and model.after_block is None
+
+
+def test_a_streamed_fp8_layer_holds_and_moves_about_half_the_bytes(model):
+    layout = cache_layout(9, FSL)
+    moved = {}
+    for fp8 in (False, True):
+        s = _streamer(model, layout, 1, fp8=fp8)
+        try:
+            _latents(model, s.cache, 9)
+            moved[fp8] = (s.host_bytes, s.uploaded_bytes, s.written_back_bytes)
+        finally:
+            s.close()
+    d = TINY.head_dim
+    for bf16, fp8 in zip(moved[False], moved[True]):
+        assert fp8 * 2 * d == bf16 * (d + 1)  # 128 codes + 1 exponent byte for 256 bytes of bf16
+
+
+def test_parked_fp8_layers_come_back_decoded_and_restore_the_same_video(model):
+    """A state taken from a streamed FP8 cache after two chunks holds what a resident one holds; put back into a
+    cache with another split, the third chunk comes out as in one uninterrupted run."""
+    frames = 9
+    layout = cache_layout(frames, FSL)
+    whole = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16,
+                                        round_kv=kv_fp8.round_fp8), frames)
+    plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1, kv_fp8=True)
+    placement = place_kv_cache(plan, model, "cpu", torch.bfloat16)
+    g = torch.Generator().manual_seed(50)
+    y = torch.randn(1, 20, frames, LH, LW, generator=g)
+    cam = torch.randn(1, 384, frames, LH, LW, generator=g)
+    ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g)
+    gen = make_generator(3, "cpu")
+    noise = draw(gen, (1, 16, frames, LH, LW), "cpu")
+    run = FastRun(model, noise, ctx, y, cam, placement.cache, gen, device="cpu")
+    run.next_chunk()
+    run.next_chunk()
+    parked = park(placement)
+    placement.close()
+    assert isinstance(parked, ParkedKV) and all(k.dtype == torch.bfloat16 for k in parked.k)
+    assert all(torch.equal(kv_fp8.round_fp8(k), k) for k in parked.k + parked.v)  # FP8 values, decoded
+    plan2 = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=2,
+                             kv_fp8=True)
+    placement2 = place_kv_cache(plan2, model, "cpu", torch.bfloat16, fill=parked.fill)
+    try:
+        parked.restore_counters(placement2.cache)
+        run.cache = placement2.cache
+        third = run.next_chunk()
+    finally:
+        placement2.close()
+    assert torch.equal(third, whole[:, :, 6:9])
+
+
+# ---- the plan and the preset ------------------------------------------------------------------------------------
+def test_the_plan_keeps_fp8_layers_in_half_the_ram_and_stages_their_codes():
+    full = DiTConfig(causal=True)
+    layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
+    vram, ram = int(23.5 * 1024**3), 64 * 1024**3
+    bf16 = plan_fast_memory(480, 832, full, layout, vram, ram)
+    fp8 = plan_fast_memory(480, 832, full, layout, vram, ram, kv_fp8=True)
+    assert fp8.kv_fp8 and not bf16.kv_fp8 and fp8.cache == bf16.cache == "host"
+    per = fp8.estimates["host_layer_bytes"]
+    assert per * 2 * 128 == fp8.estimates["cache_layer_bytes"] * 129
+    assert fp8.estimates["host_bytes"] == fp8.streamed_layers * per
+    est = fp8.estimates  # the device bytes count the codes' staging buffer beside the two layer buffers
+    assert est["device_bytes"] == (est["model_bytes"] + (fp8.cache_layers_on_gpu + 2) * est["cache_layer_bytes"]
+                                   + per + est["text_kv_bytes"] + est["activation_bytes"] + est["headroom"]
+                                   + fp8.film_blocks * est["film_block_bytes"] + est["film_buffer_bytes"])
+    assert est["device_bytes"] <= bf16.estimates["device_bytes"] + per
+    assert "in FP8" in fp8.reason and "FP8 staging" in fp8.reason
+
+
+def test_draft_turns_the_fp8_cache_on_and_says_so():
+    draft = PRESETS["draft"].levers
+    assert draft.kv_fp8 and not draft.exact
+    assert any("FP8" in d for d in draft.describe())
+    assert not any(PRESETS[n].levers.kv_fp8 for n in ("exact", "auto", "fast"))
+    assert ChunkLevers(kv_fp8=True).exact is False
+    assert plan_levers(None) == {"decode_bf16": False, "kv_fp8": False}
+
+
+# ---- CUDA -------------------------------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_streamed_fp8_layers_give_the_resident_fp8_video(model):
+    """On the GPU the codes go through the copy stream's staging buffer and are decoded there; the video equals the
+    all-resident FP8 cache's bit for bit, and every byte comes back."""
+    dev = torch.device("cuda")
+    m = WanDiT(TINY, device=dev, dtype=torch.bfloat16).eval()
+    m.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    layout = cache_layout(15, FSL, window_frames=7, sink_frames=2)
+    resident = layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16, device=dev,
+                           round_kv=kv_fp8.round_fp8)
+    want = _latents(m, resident, 15, device=dev)
+    del resident
+    torch.cuda.synchronize()
+    for on_device in (0, 2):
+        s = KVStreamer.build(layout, 3, TINY.num_heads, TINY.head_dim, device=dev, layers_on_device=on_device,
+                             dtype=torch.bfloat16, pin=True, fp8=True).install(m)
+        try:
+            assert all(h.buffer.pinned for h in s.host.values()) and s.staging.is_cuda
+            got = _latents(m, s.cache, 15, device=dev)
+        finally:
+            s.close()
+        assert torch.equal(got, want)
