@@ -556,7 +556,7 @@ def run(args) -> dict:
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
-                                                       "graphs", "film", "film_host")}}
+                                                       "graphs", "film", "film_host", "vae_plan_f32")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -34,7 +34,7 @@ import torch.nn as nn
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.kv_cache import CacheLayout, KVCache
-from ..wan.dit.kv_fp8 import round_fp8
+from ..speed.kv_fp8_fused import kv_fp8_ops
 from ..wan.dit.model import DiTConfig
 from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
@@ -378,7 +378,7 @@ def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.
     if plan.cache == "gpu" or plan.cache_layers_on_gpu >= cfg.num_layers:
         cache = plan.layout.make(cfg.num_layers, heads, cfg.head_dim, batch=batch, dtype=dtype,
                                  device=device, cache_text=plan.cache_text, fill=fill,
-                                 round_kv=round_fp8 if plan.kv_fp8 else None)
+                                 round_kv=kv_fp8_ops(device).round if plan.kv_fp8 else None)
         return CachePlacement(cache)
     pin = (device.type == "cuda") if pin is None else pin
     streamer = KVStreamer.build(plan.layout, cfg.num_layers, heads, cfg.head_dim, device=device,

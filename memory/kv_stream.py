@@ -33,6 +33,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from ..speed.kv_fp8_fused import EAGER, Fp8Ops, kv_fp8_ops
 from ..wan.dit import kv_fp8
 from ..wan.dit.kv_cache import ForwardPlan, KVCache
 from .block_swap import _Ring
@@ -126,10 +127,11 @@ class _FP8HostLayer(_HostLayer):
     """A streamed layer of an FP8 cache: K and V as e4m3 codes [B, capacity, H, D] and int8 exponents
     [B, capacity, H, 1], in one (pinned) host buffer. `k` / `v` are bf16 placeholders on `meta` (the cache's view
     of a layer that is not on the device: reading them fails loudly); the streamer sets `staging`, the device
-    buffer the codes are uploaded to."""
+    buffer the codes are uploaded to, and `ops`, the device's encode / decode (speed/kv_fp8_fused.py)."""
 
     def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
         self.cache, self.slots, self.staging = None, None, None
+        self.ops: Fp8Ops = EAGER
         self.capacity = shape[1]
         self.dtype = dtype
         self.code_shape, self.exp_shape = tuple(shape), (*shape[:-1], 1)
@@ -152,15 +154,15 @@ class _FP8HostLayer(_HostLayer):
             for slot, pos, n in self.slots.pieces(a, b):
                 for dst, src in ((kc, self.kc), (ke, self.ke), (vc, self.vc), (ve, self.ve)):
                     dst[:, slot:slot + n].copy_(src[:, pos:pos + n], non_blocking=pinned)
-            kv_fp8.decode(kc[:, a:b], ke[:, a:b], out=k[:, a:b])
-            kv_fp8.decode(vc[:, a:b], ve[:, a:b], out=v[:, a:b])
+            self.ops.decode(kc[:, a:b], ke[:, a:b], out=k[:, a:b])
+            self.ops.decode(vc[:, a:b], ve[:, a:b], out=v[:, a:b])
 
     def write_back(self, k: torch.Tensor, v: torch.Tensor, a: int, b: int) -> None:
         """Device slots [a, b) (FP8-rounded values) -> codes at their host positions (on the current stream: the
         codes are made in temporaries of that stream, which it frees only after the copies)."""
         pinned = self.buffer.pinned
         for src, codes, exps in ((k, self.kc, self.ke), (v, self.vc, self.ve)):
-            c, e = kv_fp8.encode(src[:, a:b])
+            c, e = self.ops.encode(src[:, a:b])
             for slot, pos, n in self.slots.pieces(a, b):
                 codes[:, pos:pos + n].copy_(c[:, slot - a:slot - a + n], non_blocking=pinned)
                 exps[:, pos:pos + n].copy_(e[:, slot - a:slot - a + n], non_blocking=pinned)
@@ -309,7 +311,7 @@ class KVStreamer:
     eviction hook.
     """
 
-    def __init__(self, cache: KVCache, host: dict, device):
+    def __init__(self, cache: KVCache, host: dict, device, fp8_ops: Fp8Ops = EAGER):
         self.cache = cache
         self.device = torch.device(device)
         self.host: dict[int, _HostLayer] = host
@@ -329,7 +331,7 @@ class KVStreamer:
             if isinstance(layer, _FP8HostLayer):
                 self.staging = torch.empty(fp8_pair_bytes(shape), dtype=torch.uint8, device=self.device)
                 for h in host.values():
-                    h.staging = self.staging
+                    h.staging, h.ops = self.staging, fp8_ops
         self._current: Optional[int] = None
         self._model: Optional[nn.Module] = None
         self._prev: Optional[tuple[Optional[Callable], Optional[Callable]]] = None
@@ -350,7 +352,9 @@ class KVStreamer:
         """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`.
         fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate). host_layers: the streamed
         layers' host buffers, allocation already started (HostLayers of this shape, dtype and layers); taken here.
-        fp8: an FP8 cache (wan/dit/kv_fp8.py): every layer holds FP8-rounded K/V, the host layers their codes."""
+        fp8: an FP8 cache (wan/dit/kv_fp8.py): every layer holds FP8-rounded K/V, the host layers their codes
+        (rounded, encoded and decoded on the device by speed/kv_fp8_fused.py)."""
+        ops = kv_fp8_ops(device) if fp8 else EAGER
         if isinstance(layers_on_device, bool) or not isinstance(layers_on_device, int) \
                 or not 0 <= layers_on_device <= num_layers:
             raise ValueError(f"layers_on_device must be an integer in 0..{num_layers}, got {layers_on_device!r}")
@@ -385,8 +389,8 @@ class KVStreamer:
                     fill(i, k[-1], v[-1])
             cache = KVCache(k, v, sink_tokens=layout.sink_tokens, evict=layout.evict,
                             max_attention=layout.max_attention, cache_text=cache_text,
-                            round_kv=kv_fp8.round_fp8 if fp8 else None)
-            return cls(cache, host, device)
+                            round_kv=ops.round if fp8 else None)
+            return cls(cache, host, device, ops)
         except BaseException:
             for h in host.values():
                 h.close()

@@ -237,3 +237,28 @@ def test_cuda_streamed_fp8_layers_give_the_resident_fp8_video(model):
         finally:
             s.close()
         assert torch.equal(got, want)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_the_fused_kernels_give_the_torch_ops_bits(dtype):
+    from lingbot_world.speed.kv_fp8_fused import FUSED, KERNELS, kv_fp8_ops
+
+    if KERNELS.get() is None:
+        pytest.skip("no Triton here")
+    assert kv_fp8_ops("cuda") is FUSED
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(1, 300, 8, 128, generator=g, device="cuda") * torch.logspace(-35, 35, 300, device="cuda")[:, None, None]
+    x[0, 0] = 0
+    x[0, 1, 0, 0] = 448.0 * 2 ** 5 * (1 + 2 ** -20)
+    x[0, 2, :, :] = 1e-39  # float32 subnormals (zero in bf16)
+    x = x.to(dtype)
+    r = FUSED.round(x)
+    assert torch.equal(r, kv_fp8.round_fp8(x))
+    codes, exps = FUSED.encode(r)
+    want_codes, want_exps = kv_fp8.encode(r)
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(exps, want_exps)
+    out = torch.empty_like(x)
+    assert FUSED.decode(codes, exps, out) is out and torch.equal(out, r)
+    assert KERNELS.failed is None

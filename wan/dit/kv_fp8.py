@@ -8,7 +8,8 @@ bf16 or in RAM as codes, and encoding a rounded value again gives it back bit fo
 depend on which layers the memory plan keeps on the GPU (a played video equals the batch run of the same keys).
 
 The scale of a row (the head_dim values of one token and head) is the smallest 2^e with max|x| <= 448 * 2^e, found
-with frexp (exact, no logarithm). Relative error of a value: at most 2^-4 of its row's largest (e4m3 keeps 3
+with frexp (exact, no logarithm), within 2^(+-120) (a zero row takes 2^-120). These are the eager ops, the
+definition; speed/kv_fp8_fused.py runs the same arithmetic in one Triton kernel per call on a GPU. Relative error of a value: at most 2^-4 of its row's largest (e4m3 keeps 3
 mantissa bits; subnormal codes below 2^-6 * 2^e).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ def exponents(x: torch.Tensor) -> torch.Tensor:
     amax = x.abs().amax(dim=-1, keepdim=True).float()
     mant, p = torch.frexp(amax)  # amax = mant * 2^p, mant in [0.5, 1) (0 for a zero row)
     e = torch.where(mant <= 0.875, p - 9, p - 8)
+    e = torch.where(amax > 0, e, -EXP_LIMIT)  # a zero row: the lowest exponent (any would decode to zeros)
     return e.clamp_(-EXP_LIMIT, EXP_LIMIT).to(torch.int8)
 
 

@@ -1,0 +1,125 @@
+"""The FP8 K/V cache's rounding, encoding and decoding in one Triton kernel each (CUDA, Triton imported lazily).
+
+As torch ops (wan/dit/kv_fp8.py) each is about a dozen passes over float32 temporaries: measured on an H100 they
+made a rolled `draft` chunk 0.19 s slower (24 GB cap; bench/results/fast_rolling_kvfp8_h100.json), more than the
+link time the FP8 cache saves there. A kernel reads each value once and writes it once. The arithmetic is the
+same and exact but for the one rounding to e4m3 (to nearest, ties to even, in both), so the bits equal the torch
+ops' (tests/test_kv_fp8.py, on the GPU). Like vae_norm.py, a property of the device: every FP8 cache on a CUDA
+GPU with Triton uses it.
+
+    ops = kv_fp8_ops(device)   # Fp8Ops: round(x), encode(x, codes, exps), decode(codes, exps, out)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..quant.lazy_triton import TritonKernel
+from ..wan.dit import kv_fp8
+
+MAX_ROW = 256  # one program holds BLOCK_R rows of up to this many values in registers
+_BLOCK_VALUES = 4096
+
+
+def _load():
+    from . import kv_fp8_kernel
+
+    return kv_fp8_kernel
+
+
+KERNELS = TritonKernel(_load, "FP8 K/V cache kernels")
+
+
+@dataclass(frozen=True)
+class Fp8Ops:
+    """The FP8 cache's three operations on one device (the eager ones of wan/dit/kv_fp8.py by default)."""
+
+    round: Callable[[torch.Tensor], torch.Tensor] = kv_fp8.round_fp8
+    encode: Callable = kv_fp8.encode
+    decode: Callable = kv_fp8.decode
+    fused: bool = False
+
+
+EAGER = Fp8Ops()
+
+
+def _rows(x: torch.Tensor, *others: torch.Tensor) -> Optional[tuple[int, int]]:
+    """(rows, row length) when every tensor is a contiguous CUDA tensor the kernels take, else None."""
+    d = x.shape[-1] if x.dim() else 0
+    if KERNELS.failed is not None or not x.is_cuda or not 0 < d <= MAX_ROW or not x.is_contiguous():
+        return None
+    if any(not t.is_cuda or not t.is_contiguous() for t in others):
+        return None
+    return x.numel() // d, d
+
+
+def _grid(triton, rows: int, d: int) -> tuple[int, int, tuple]:
+    block_d = triton.next_power_of_2(d)
+    block_r = max(1, _BLOCK_VALUES // block_d)
+    return block_r, block_d, (triton.cdiv(rows, block_r),)
+
+
+def fused_round(x: torch.Tensor) -> torch.Tensor:
+    shape = _rows(x)
+    if shape is None or KERNELS.get() is None:
+        return kv_fp8.round_fp8(x)
+    try:
+        triton, k = KERNELS.get()
+        out = torch.empty_like(x)
+        block_r, block_d, grid = _grid(triton, *shape)
+        k.encode_kernel[grid](x, out, out, out, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d,
+                              WRITE_OUT=True, WRITE_CODES=False, num_warps=4)
+        return out
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the torch ops, for good
+        KERNELS.give_up(e)
+        return kv_fp8.round_fp8(x)
+
+
+def fused_encode(x: torch.Tensor, codes: Optional[torch.Tensor] = None,
+                 exps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if codes is None:
+        codes = torch.empty(x.shape, dtype=kv_fp8.CODE, device=x.device)
+    if exps is None:
+        exps = torch.empty((*x.shape[:-1], 1), dtype=torch.int8, device=x.device)
+    shape = _rows(x, codes, exps)
+    if shape is None or KERNELS.get() is None:
+        return kv_fp8.encode(x, codes, exps)
+    try:
+        triton, k = KERNELS.get()
+        block_r, block_d, grid = _grid(triton, *shape)
+        k.encode_kernel[grid](x, x, codes, exps, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d,
+                              WRITE_OUT=False, WRITE_CODES=True, num_warps=4)
+        return codes, exps
+    except Exception as e:  # noqa: BLE001
+        KERNELS.give_up(e)
+        return kv_fp8.encode(x, codes, exps)
+
+
+def fused_decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Tensor] = None,
+                 dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    if out is None:
+        out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    shape = _rows(codes, exps, out)
+    if shape is None or KERNELS.get() is None:
+        return kv_fp8.decode(codes, exps, out)
+    try:
+        triton, k = KERNELS.get()
+        block_r, block_d, grid = _grid(triton, *shape)
+        k.decode_kernel[grid](codes, exps, out, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+        return out
+    except Exception as e:  # noqa: BLE001
+        KERNELS.give_up(e)
+        return kv_fp8.decode(codes, exps, out)
+
+
+FUSED = Fp8Ops(fused_round, fused_encode, fused_decode, True)
+
+
+def kv_fp8_ops(device) -> Fp8Ops:
+    """The FP8 cache's operations on `device`: one kernel each on a CUDA GPU where Triton imports, the torch ops
+    elsewhere (the same bits)."""
+    if torch.device(device).type != "cuda" or KERNELS.get() is None:
+        return EAGER
+    return FUSED
