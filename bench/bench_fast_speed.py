@@ -134,6 +134,7 @@ CASES: dict[str, dict] = {
     "fp8_weights_profile": dict(preset="auto", compile="blocks", weights="fp8", profile=True),
     "fast_fp8_weights_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True),
     "draft_profile": dict(preset="draft", compile="blocks", profile=True),
+    "draft_kv_bf16_profile": dict(preset="draft", compile="blocks", profile=True, levers=dict(kv_fp8=False)),
     "draft_fp8_weights_profile": dict(preset="draft", compile="blocks", weights="fp8", profile=True),
     # the same chunk with Python stacks: each host-bound idle gap charged to the code the host was in
     "draft_host_gaps": dict(preset="draft", compile="blocks", profile=True, host_gaps=True),
