@@ -117,9 +117,13 @@ def fused_decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Te
 FUSED = Fp8Ops(fused_round, fused_encode, fused_decode, True)
 
 
+MIN_CAPABILITY = (8, 9)  # Triton converts to e4m3 in hardware from Ada / Hopper on
+
+
 def kv_fp8_ops(device) -> Fp8Ops:
-    """The FP8 cache's operations on `device`: one kernel each on a CUDA GPU where Triton imports, the torch ops
-    elsewhere (the same bits)."""
-    if torch.device(device).type != "cuda" or KERNELS.get() is None:
+    """The FP8 cache's operations on `device`: one kernel each on an Ada / Hopper or newer GPU where Triton
+    imports, the torch ops elsewhere (the same bits; on an RTX 30xx the cache is storage only, converted by torch)."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < MIN_CAPABILITY or KERNELS.get() is None:
         return EAGER
     return FUSED
