@@ -55,26 +55,28 @@ def _rows(x: torch.Tensor, *others: torch.Tensor) -> Optional[tuple[int, int]]:
     return x.numel() // d, d
 
 
-def _grid(triton, rows: int, d: int) -> tuple[int, int, tuple]:
-    block_d = triton.next_power_of_2(d)
+def _launch(shape: Optional[tuple[int, int]], kernel: str, args: tuple, eager: Callable, **constants):
+    """Run `kernel` over `shape`'s rows, or `eager()` where the kernels cannot serve (then for good if they fail)."""
+    found = None if shape is None else KERNELS.get()
+    if found is None:
+        return eager()
+    triton, kernels = found
+    block_d = triton.next_power_of_2(shape[1])
     block_r = max(1, _BLOCK_VALUES // block_d)
-    return block_r, block_d, (triton.cdiv(rows, block_r),)
+    try:
+        getattr(kernels, kernel)[(triton.cdiv(shape[0], block_r),)](
+            *args, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4, **constants)
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the torch ops, for good
+        KERNELS.give_up(e)
+        return eager()
+    return None
 
 
 def fused_round(x: torch.Tensor) -> torch.Tensor:
-    shape = _rows(x)
-    if shape is None or KERNELS.get() is None:
-        return kv_fp8.round_fp8(x)
-    try:
-        triton, k = KERNELS.get()
-        out = torch.empty_like(x)
-        block_r, block_d, grid = _grid(triton, *shape)
-        k.encode_kernel[grid](x, out, out, out, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d,
-                              WRITE_OUT=True, WRITE_CODES=False, num_warps=4)
-        return out
-    except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the torch ops, for good
-        KERNELS.give_up(e)
-        return kv_fp8.round_fp8(x)
+    out = torch.empty_like(x)
+    done = _launch(_rows(x), "encode_kernel", (x, out, out, out), lambda: kv_fp8.round_fp8(x),
+                   WRITE_OUT=True, WRITE_CODES=False)
+    return out if done is None else done
 
 
 def fused_encode(x: torch.Tensor, codes: Optional[torch.Tensor] = None,
@@ -83,35 +85,18 @@ def fused_encode(x: torch.Tensor, codes: Optional[torch.Tensor] = None,
         codes = torch.empty(x.shape, dtype=kv_fp8.CODE, device=x.device)
     if exps is None:
         exps = torch.empty((*x.shape[:-1], 1), dtype=torch.int8, device=x.device)
-    shape = _rows(x, codes, exps)
-    if shape is None or KERNELS.get() is None:
-        return kv_fp8.encode(x, codes, exps)
-    try:
-        triton, k = KERNELS.get()
-        block_r, block_d, grid = _grid(triton, *shape)
-        k.encode_kernel[grid](x, x, codes, exps, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d,
-                              WRITE_OUT=False, WRITE_CODES=True, num_warps=4)
-        return codes, exps
-    except Exception as e:  # noqa: BLE001
-        KERNELS.give_up(e)
-        return kv_fp8.encode(x, codes, exps)
+    done = _launch(_rows(x, codes, exps), "encode_kernel", (x, x, codes, exps), lambda: kv_fp8.encode(x, codes, exps),
+                   WRITE_OUT=False, WRITE_CODES=True)
+    return (codes, exps) if done is None else done
 
 
 def fused_decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Tensor] = None,
                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     if out is None:
         out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    shape = _rows(codes, exps, out)
-    if shape is None or KERNELS.get() is None:
-        return kv_fp8.decode(codes, exps, out)
-    try:
-        triton, k = KERNELS.get()
-        block_r, block_d, grid = _grid(triton, *shape)
-        k.decode_kernel[grid](codes, exps, out, shape[0], shape[1], BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
-        return out
-    except Exception as e:  # noqa: BLE001
-        KERNELS.give_up(e)
-        return kv_fp8.decode(codes, exps, out)
+    done = _launch(_rows(codes, exps, out), "decode_kernel", (codes, exps, out),
+                   lambda: kv_fp8.decode(codes, exps, out))
+    return out if done is None else done
 
 
 FUSED = Fp8Ops(fused_round, fused_encode, fused_decode, True)

@@ -7,7 +7,9 @@ in host memory) is checked against the all-resident cache bit for bit. The CUDA 
 from __future__ import annotations
 
 import gc
+import importlib.util
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,6 @@ from lingbot_world.memory.placement import VRAM_HEADROOM
 from lingbot_world.memory.pinned import clear_device_caches
 from lingbot_world.wan.dit.kv_cache import KVCache, cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
-from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.wan.sampling.sampler import Cancelled
 
 GB = 10**9
@@ -289,28 +290,20 @@ def test_cache_layouts():
 
 
 # ---- identical latents in every placement -------------------------------------------------------------------
-TINY = DiTConfig.tiny(num_layers=3, text_dim=16, text_len=8, causal=True)
-LH, LW, FSL = 4, 6, 6
+def _load_fast_tiny():
+    spec = importlib.util.spec_from_file_location("fast_tiny", Path(__file__).with_name("fast_tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_tiny = _load_fast_tiny()
+TINY, LH, LW, FSL, fast_latents = _tiny.TINY, _tiny.LH, _tiny.LW, _tiny.FSL, _tiny.fast_latents
 
 
 @pytest.fixture(scope="module")
 def model():
-    m = WanDiT(TINY).eval()
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() < 2 else 1 / p[0].numel() ** 0.5))
-    return m
-
-
-def fast_latents(model, cache, frames=9, seed=3, device="cpu", **kw):
-    g = torch.Generator().manual_seed(50)
-    y = torch.randn(1, 20, frames, LH, LW, generator=g).to(device)
-    cam = torch.randn(1, 384, frames, LH, LW, generator=g).to(device)
-    ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g).to(device)
-    gen = make_generator(seed, "cuda" if torch.device(device).type == "cuda" else "cpu")
-    noise = draw(gen, (1, 16, frames, LH, LW), device)
-    return FastRun(model, noise, ctx, y, cam, cache, gen, device=device, **kw).run()
+    return _tiny.make_model()
 
 
 def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32):

@@ -9,7 +9,9 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +24,16 @@ from lingbot_world.speed.presets import PRESETS
 from lingbot_world.wan.dit import kv_fp8
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
-from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 
-TINY = DiTConfig.tiny(num_layers=3, text_dim=16, text_len=8, causal=True)
-LH, LW, FSL = 4, 6, 6
+def _load_fast_tiny():
+    spec = importlib.util.spec_from_file_location("fast_tiny", Path(__file__).with_name("fast_tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_tiny = _load_fast_tiny()
+TINY, LH, LW, FSL = _tiny.TINY, _tiny.LH, _tiny.LW, _tiny.FSL
 
 
 # ---- the rounding -----------------------------------------------------------------------------------------------
@@ -60,7 +68,8 @@ def _round_row(row: list[float]) -> list[float]:
 
 def test_the_rounding_matches_a_reference_written_from_the_format():
     g = torch.Generator().manual_seed(0)
-    rows = torch.randn(24, 16, generator=g, dtype=torch.float64) * torch.logspace(-20, 20, 24, dtype=torch.float64)[:, None]
+    scales = torch.logspace(-20, 20, 24, dtype=torch.float64)[:, None]
+    rows = torch.randn(24, 16, generator=g, dtype=torch.float64) * scales
     rows[0] = 0
     rows[1, 0] = 448.0  # exactly the top of scale 2^0
     rows[2, :] = 1.0
@@ -89,22 +98,11 @@ def test_a_rounded_value_encodes_to_itself_and_errs_at_most_a_sixteenth_of_its_r
 # ---- the cache --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model():
-    m = WanDiT(TINY).eval()
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() < 2 else 1 / p[0].numel() ** 0.5))
-    return m
+    return _tiny.make_model()
 
 
 def _latents(model, cache, frames, device="cpu"):
-    g = torch.Generator().manual_seed(50)
-    y = torch.randn(1, 20, frames, LH, LW, generator=g).to(device)
-    cam = torch.randn(1, 384, frames, LH, LW, generator=g).to(device)
-    ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g).to(device)
-    gen = make_generator(3, torch.device(device).type)
-    noise = draw(gen, (1, 16, frames, LH, LW), device)
-    return FastRun(model, noise, ctx, y, cam, cache, gen, device=device).run()
+    return _tiny.fast_latents(model, cache, frames, device=device)
 
 
 def _streamer(model, layout, on_device, fp8=True, dtype=torch.bfloat16):
@@ -160,13 +158,7 @@ def test_parked_fp8_layers_come_back_decoded_and_restore_the_same_video(model):
                                         round_kv=kv_fp8.round_fp8), frames)
     plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1, kv_fp8=True)
     placement = place_kv_cache(plan, model, "cpu", torch.bfloat16)
-    g = torch.Generator().manual_seed(50)
-    y = torch.randn(1, 20, frames, LH, LW, generator=g)
-    cam = torch.randn(1, 384, frames, LH, LW, generator=g)
-    ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g)
-    gen = make_generator(3, "cpu")
-    noise = draw(gen, (1, 16, frames, LH, LW), "cpu")
-    run = FastRun(model, noise, ctx, y, cam, placement.cache, gen, device="cpu")
+    run = _tiny.fast_run(model, placement.cache, frames)
     run.next_chunk()
     run.next_chunk()
     parked = park(placement)
@@ -249,7 +241,8 @@ def test_cuda_the_fused_kernels_give_the_torch_ops_bits(dtype):
         pytest.skip("no Triton here")
     assert kv_fp8_ops("cuda") is FUSED
     g = torch.Generator(device="cuda").manual_seed(5)
-    x = torch.randn(1, 300, 8, 128, generator=g, device="cuda") * torch.logspace(-35, 35, 300, device="cuda")[:, None, None]
+    scales = torch.logspace(-35, 35, 300, device="cuda")[:, None, None]
+    x = torch.randn(1, 300, 8, 128, generator=g, device="cuda") * scales
     x[0, 0] = 0
     x[0, 1, 0, 0] = 448.0 * 2 ** 5 * (1 + 2 ** -20)
     x[0, 2, :, :] = 1e-39  # float32 subnormals (zero in bf16)

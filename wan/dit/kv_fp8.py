@@ -8,9 +8,9 @@ bf16 or in RAM as codes, and encoding a rounded value again gives it back bit fo
 depend on which layers the memory plan keeps on the GPU (a played video equals the batch run of the same keys).
 
 The scale of a row (the head_dim values of one token and head) is the smallest 2^e with max|x| <= 448 * 2^e, found
-with frexp (exact, no logarithm), within 2^(+-120) (a zero row takes 2^-120). These are the eager ops, the
-definition; speed/kv_fp8_fused.py runs the same arithmetic in one Triton kernel per call on a GPU. Relative error of a value: at most 2^-4 of its row's largest (e4m3 keeps 3
-mantissa bits; subnormal codes below 2^-6 * 2^e).
+with frexp (exact, no logarithm), within 2^(+-120) (a zero row takes 2^-120). Relative error of a value: at most
+2^-4 of its row's largest (e4m3 keeps 3 mantissa bits; subnormal codes below 2^-6 * 2^e). These torch ops are the
+definition; speed/kv_fp8_fused.py runs the same arithmetic in one Triton kernel per call on a GPU.
 """
 from __future__ import annotations
 
