@@ -12,7 +12,8 @@
   attention (FP8 attention gained nothing measurable beside FP8 GEMMs for chunk queries over a long cache: H100,
   2.36 s per chunk with it, 2.29 and 2.35 without, three machines); the release's schedule. Approximate.
 - draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
-  15-frame window, and the VAE decode in bf16. Changes the video visibly more than fast; for previews and
+  15-frame window, the K/V cache in FP8 (half the RAM and link bytes; a rolled chunk as fast or 6 % faster on an
+  H100, bench/results/fast_*kvfp8*_h100.json), and the VAE decode in bf16. Changes the video visibly more than fast; for previews and
   real-time play. Its attention stays exact: FP8 attention made its chunk slower (H100, 24 GB cap: 1.72 s
   against 1.35 s; bench/results/fast_chunk_final_h100.json).
 
@@ -52,7 +53,7 @@ PRESETS = {
                         "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs where they run, exact attention; approximate"),
     "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), DRAFT_LEVERS, False,
                          "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window, "
-                         "the VAE decode in bf16"),
+                         "the K/V cache in FP8, the VAE decode in bf16"),
 }
 FLAG_NAMES = ("compile", "compute", "attention")
 
