@@ -134,7 +134,7 @@ class _FP8HostLayer(_HostLayer):
         self.ops: Fp8Ops = EAGER
         self.capacity = shape[1]
         self.dtype = dtype
-        self.code_shape, self.exp_shape = tuple(shape), (*shape[:-1], 1)
+        self.code_shape = tuple(shape)
         self.half = fp8_pair_bytes(shape) // 2
         self.buffer = HostBuffer(2 * self.half, pin)
         self.kc, self.ke, self.vc, self.ve = fp8_views(self.buffer.tensor, shape)
