@@ -37,9 +37,9 @@ from typing import Optional
 
 import torch
 
+from ..speed.levers import plan_levers
 from .bench_pipeline import apply_cap, bench_config, sync, write_random_experts
 from .common import machine_info, rss_bytes, write_json
-from ..speed.levers import plan_levers
 
 GiB = 1024**3
 KEY_PATTERN = ("w-12", "wj-12", "w-6,wl-6", "d-12", "none-4,s-8", "i-6,k-6", "a-12", "wl-12")

@@ -170,7 +170,8 @@ def fast_files(request: GenerateRequest, device, imports=None):
 def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
                 seq_parallel: int = 1, speed=None):
     """The memory plan of a video of `latent_frames` (the World session's layout for it) and whether the VAE
-    streams chunk by chunk beside the model (--stream-decode). speed: the run's SpeedPlan (its decode lever)."""
+    streams chunk by chunk beside the model (--stream-decode). speed: the run's SpeedPlan (the levers the plan counts:
+    speed.levers.plan_levers)."""
     from ..memory.kv_placement import FastMemoryError
     from ..speed.levers import plan_levers
     from ..world.plan import plan_world_memory, session_layout

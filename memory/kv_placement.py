@@ -31,10 +31,10 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
+from ..speed.kv_fp8_fused import kv_fp8_ops
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.kv_cache import CacheLayout, KVCache
-from ..speed.kv_fp8_fused import kv_fp8_ops
 from ..wan.dit.model import DiTConfig
 from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys

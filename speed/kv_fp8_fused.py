@@ -39,7 +39,6 @@ class Fp8Ops:
     round: Callable[[torch.Tensor], torch.Tensor] = kv_fp8.round_fp8
     encode: Callable = kv_fp8.encode
     decode: Callable = kv_fp8.decode
-    fused: bool = False
 
 
 EAGER = Fp8Ops()
@@ -99,7 +98,7 @@ def fused_decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Te
     return out if done is None else done
 
 
-FUSED = Fp8Ops(fused_round, fused_encode, fused_decode, True)
+FUSED = Fp8Ops(fused_round, fused_encode, fused_decode)
 
 
 MIN_CAPABILITY = (8, 9)  # Triton converts to e4m3 in hardware from Ada / Hopper on
