@@ -5,13 +5,15 @@ made a rolled `draft` chunk 0.19 s slower (24 GB cap; bench/results/fast_rolling
 link time the FP8 cache saves there. A kernel reads each value once and writes it once. The arithmetic is the
 same and exact but for the one rounding to e4m3 (to nearest, ties to even, in both), so the bits equal the torch
 ops' (tests/test_kv_fp8.py, on the GPU). Like vae_norm.py, a property of the device: every FP8 cache on a CUDA
-GPU with Triton uses it.
+GPU with Triton uses it. Ada / Hopper convert to e4m3 in hardware; an Ampere card (RTX 30xx) has no FP8 conversion,
+so there the kernels build the same code bits from integer ops (FUSED_BITS).
 
     ops = kv_fp8_ops(device)   # Fp8Ops: round(x), encode(x, codes, exps), decode(codes, exps, out)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import torch
@@ -39,6 +41,7 @@ class Fp8Ops:
     round: Callable[[torch.Tensor], torch.Tensor] = kv_fp8.round_fp8
     encode: Callable = kv_fp8.encode
     decode: Callable = kv_fp8.decode
+    name: str = "torch ops"
 
 
 EAGER = Fp8Ops()
@@ -71,43 +74,54 @@ def _launch(shape: Optional[tuple[int, int]], kernel: str, args: tuple, eager: C
     return None
 
 
-def fused_round(x: torch.Tensor) -> torch.Tensor:
+def _round(x: torch.Tensor, hw: bool) -> torch.Tensor:
     out = torch.empty_like(x)
     done = _launch(_rows(x), "encode_kernel", (x, out, out, out), lambda: kv_fp8.round_fp8(x),
-                   WRITE_OUT=True, WRITE_CODES=False)
+                   WRITE_OUT=True, WRITE_CODES=False, HW_FP8=hw)
     return out if done is None else done
 
 
-def fused_encode(x: torch.Tensor, codes: Optional[torch.Tensor] = None,
-                 exps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode(x: torch.Tensor, codes: Optional[torch.Tensor] = None, exps: Optional[torch.Tensor] = None, *,
+            hw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if codes is None:
         codes = torch.empty(x.shape, dtype=kv_fp8.CODE, device=x.device)
     if exps is None:
         exps = torch.empty((*x.shape[:-1], 1), dtype=torch.int8, device=x.device)
-    done = _launch(_rows(x, codes, exps), "encode_kernel", (x, x, codes, exps), lambda: kv_fp8.encode(x, codes, exps),
-                   WRITE_OUT=False, WRITE_CODES=True)
+    target = codes if hw else codes.view(torch.uint8)
+    done = _launch(_rows(x, codes, exps), "encode_kernel", (x, x, target, exps),
+                   lambda: kv_fp8.encode(x, codes, exps), WRITE_OUT=False, WRITE_CODES=True, HW_FP8=hw)
     return (codes, exps) if done is None else done
 
 
-def fused_decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Tensor] = None,
-                 dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def _decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Tensor] = None,
+            dtype: torch.dtype = torch.bfloat16, *, hw: bool) -> torch.Tensor:
     if out is None:
         out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    done = _launch(_rows(codes, exps, out), "decode_kernel", (codes, exps, out),
-                   lambda: kv_fp8.decode(codes, exps, out))
+    source = codes if hw else codes.view(torch.uint8)
+    done = _launch(_rows(codes, exps, out), "decode_kernel", (source, exps, out),
+                   lambda: kv_fp8.decode(codes, exps, out), HW_FP8=hw)
     return out if done is None else done
 
 
-FUSED = Fp8Ops(fused_round, fused_encode, fused_decode)
+def _ops(hw: bool) -> Fp8Ops:
+    return Fp8Ops(partial(_round, hw=hw), partial(_encode, hw=hw), partial(_decode, hw=hw),
+                  "Triton, hardware e4m3" if hw else "Triton, integer e4m3")
 
 
-MIN_CAPABILITY = (8, 9)  # Triton converts to e4m3 in hardware from Ada / Hopper on
+FUSED = _ops(hw=True)  # e4m3 conversions in hardware: Ada / Hopper and newer
+FUSED_BITS = _ops(hw=False)  # the same bits from integer ops: any GPU Triton runs on (an RTX 30xx)
+
+HW_FP8_CAPABILITY = (8, 9)  # Triton converts to e4m3 in hardware from Ada / Hopper on
+MIN_CAPABILITY = (8, 0)  # the integer kernels: Ampere and newer
 
 
 def kv_fp8_ops(device) -> Fp8Ops:
-    """The FP8 cache's operations on `device`: one kernel each on an Ada / Hopper or newer GPU where Triton
-    imports, the torch ops elsewhere (the same bits; on an RTX 30xx the cache is storage only, converted by torch)."""
+    """The FP8 cache's operations on `device`: one kernel each on an Ampere or newer GPU where Triton imports
+    (converting in hardware from Ada / Hopper on, in integer ops before), the torch ops elsewhere: the same bits."""
     device = torch.device(device)
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < MIN_CAPABILITY or KERNELS.get() is None:
+    if device.type != "cuda" or KERNELS.get() is None:
         return EAGER
-    return FUSED
+    capability = torch.cuda.get_device_capability(device)
+    if capability >= HW_FP8_CAPABILITY:
+        return FUSED
+    return FUSED_BITS if capability >= MIN_CAPABILITY else EAGER

@@ -231,27 +231,61 @@ def test_cuda_streamed_fp8_layers_give_the_resident_fp8_video(model):
         assert torch.equal(got, want)
 
 
+def _kernels(variant):
+    from lingbot_world.speed import kv_fp8_fused
+
+    if kv_fp8_fused.KERNELS.get() is None:
+        pytest.skip("no Triton here")
+    if variant == "hw" and torch.cuda.get_device_capability() < kv_fp8_fused.HW_FP8_CAPABILITY:
+        pytest.skip("no hardware e4m3 conversion below Ada")
+    return kv_fp8_fused, getattr(kv_fp8_fused, {"hw": "FUSED", "bits": "FUSED_BITS"}[variant])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", ["hw", "bits"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_the_fused_kernels_give_the_torch_ops_bits(dtype):
-    from lingbot_world.speed.kv_fp8_fused import FUSED, KERNELS, kv_fp8_ops
-
-    if KERNELS.get() is None:
-        pytest.skip("no Triton here")
-    assert kv_fp8_ops("cuda") is FUSED
+def test_cuda_the_fused_kernels_give_the_torch_ops_bits(dtype, variant):
+    """Both kernels (hardware e4m3 conversion, and the integer ops an RTX 30xx runs) against the torch ops."""
+    mod, ops = _kernels(variant)
+    want_ops = mod.FUSED if torch.cuda.get_device_capability() >= mod.HW_FP8_CAPABILITY else mod.FUSED_BITS
+    assert mod.kv_fp8_ops("cuda") is want_ops
     g = torch.Generator(device="cuda").manual_seed(5)
     scales = torch.logspace(-35, 35, 300, device="cuda")[:, None, None]
     x = torch.randn(1, 300, 8, 128, generator=g, device="cuda") * scales
     x[0, 0] = 0
     x[0, 1, 0, 0] = 448.0 * 2 ** 5 * (1 + 2 ** -20)
     x[0, 2, :, :] = 1e-39  # float32 subnormals (zero in bf16)
+    x[0, 3, :, ::2] *= -1e-6  # negative values that round to -0
     x = x.to(dtype)
-    r = FUSED.round(x)
-    assert torch.equal(r, kv_fp8.round_fp8(x))
-    codes, exps = FUSED.encode(r)
+    r = ops.round(x)
+    assert torch.equal(r, kv_fp8.round_fp8(x)) and torch.equal(r.signbit(), kv_fp8.round_fp8(x).signbit())
+    codes, exps = ops.encode(r)
     want_codes, want_exps = kv_fp8.encode(r)
     assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(exps, want_exps)
     out = torch.empty_like(x)
-    assert FUSED.decode(codes, exps, out) is out and torch.equal(out, r)
-    assert KERNELS.failed is None
+    assert ops.decode(codes, exps, out) is out and torch.equal(out, r)
+    assert mod.KERNELS.failed is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", ["hw", "bits"])
+def test_cuda_every_code_and_every_tie_round_as_torch_does(variant):
+    """Every finite e4m3 value, the midpoints between neighbours (ties: to even) and a hair either side of them,
+    both signs, in rows whose largest value is 448 (scale 2^0): the codes torch's cast gives, and back."""
+    mod, ops = _kernels(variant)
+    values = torch.arange(256, dtype=torch.uint8).view(kv_fp8.CODE).float()
+    values = values[values.isfinite() & (values >= 0)].sort().values
+    mids = (values[1:] + values[:-1]) / 2
+    ulp = 2.0 ** -12 * mids
+    probe = torch.cat([values, mids, mids - ulp, mids + ulp])
+    probe = torch.cat([probe, -probe]).cuda()
+    rows = probe.numel() // 127 + 1
+    x = torch.zeros(rows * 127, device="cuda")
+    x[:probe.numel()] = probe
+    x = torch.cat([x.view(rows, 127), torch.full((rows, 1), 448.0, device="cuda")], dim=1).contiguous()
+    codes, exps = ops.encode(x)
+    assert torch.equal(exps, torch.zeros_like(exps))
+    assert torch.equal(codes.view(torch.uint8), x.to(kv_fp8.CODE).view(torch.uint8))
+    assert torch.equal(ops.decode(codes, exps, dtype=torch.float32), x.to(kv_fp8.CODE).float())
