@@ -115,6 +115,16 @@ CASES: dict[str, dict] = {
                                   reference="draft_rolling"),
     "draft_rolling_before": dict(preset="draft", compile="blocks", chunks=16, levers=dict(kv_fp8=False),
                                  vae_plan_f32=True, reference="draft_rolling"),
+    # the FP8 cache under `fast` (link-bound on a 24 GB card: it halves the K/V bytes streamed per chunk), and
+    # `draft` with the integer-op kernels an RTX 30xx runs (no hardware e4m3 there; the same bits: error 0)
+    "fast_kv_fp8": dict(preset="fast", compile="blocks", levers=dict(kv_fp8=True)),
+    "fast_kv_bf16": dict(preset="fast", compile="blocks", levers=dict(kv_fp8=False)),
+    "draft_kv_bits": dict(preset="draft", compile="blocks", fp8_kernel="bits", reference="draft"),
+    "draft_again": dict(preset="draft", compile="blocks", reference="draft"),  # the same case twice: error 0
+    # 2 steps per chunk ([999, 825]) instead of draft's 3: a third fewer model calls
+    "draft_steps2": dict(preset="draft", compile="blocks", levers=dict(steps=2)),
+    "draft_rolling_steps2": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
+                                 reference="draft_rolling"),
     "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
     "int8_weights": dict(preset="auto", compile="blocks", weights="int8"),  # stored int8 weights, INT8 GEMMs (sm80+)
     "fast_fp8_weights": dict(preset="fast", compile="blocks", weights="fp8"),  # + FP8 attention
@@ -134,6 +144,7 @@ CASES: dict[str, dict] = {
     "fp8_weights_profile": dict(preset="auto", compile="blocks", weights="fp8", profile=True),
     "fast_fp8_weights_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True),
     "draft_profile": dict(preset="draft", compile="blocks", profile=True),
+    "draft_steps2_profile": dict(preset="draft", compile="blocks", profile=True, levers=dict(steps=2)),
     "draft_kv_bf16_profile": dict(preset="draft", compile="blocks", profile=True, levers=dict(kv_fp8=False)),
     "draft_fp8_weights_profile": dict(preset="draft", compile="blocks", weights="fp8", profile=True),
     # the same chunk with Python stacks: each host-bound idle gap charged to the code the host was in
@@ -203,6 +214,10 @@ def child_case(spec: dict) -> dict:
 
     if spec.get("graphs"):
         os.environ[GRAPHS_ENV] = "1"
+    if spec.get("fp8_kernel") == "bits":  # as on an RTX 30xx: no hardware e4m3 conversion
+        from ..speed import kv_fp8_fused
+
+        kv_fp8_fused.HW_FP8_CAPABILITY = (99, 0)
     device, cuda, cfg, fr, h, w, out = child_start(spec)
     preset = PRESETS[spec["preset"]]
     levers = ChunkLevers(**{**preset.levers.__dict__, **spec.get("levers", {})})
@@ -237,6 +252,10 @@ def child_case(spec: dict) -> dict:
                             film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8)
     out["plan"] = plan.to_json()
     out["weights"] = weights
+    if levers.kv_fp8:
+        from ..speed.kv_fp8_fused import kv_fp8_ops
+
+        out["kv_fp8_ops"] = kv_fp8_ops(device).name
     placement = FastPlacement(plan, device, lambda s: None)
     film = plan.make_film(device)  # every run of the case shares it (each chunk's camera slice starts it over)
     try:
@@ -557,7 +576,7 @@ def run(args) -> dict:
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
-                                                       "graphs", "film", "film_host", "vae_plan_f32")}}
+                                                       "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
