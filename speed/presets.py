@@ -10,7 +10,10 @@
   the release's schedule. This is also what the speed flags give when no preset is named.
 - fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere), compiled; exact
   attention (FP8 attention gained nothing measurable beside FP8 GEMMs for chunk queries over a long cache: H100,
-  2.36 s per chunk with it, 2.29 and 2.35 without, three machines); the release's schedule. Approximate.
+  2.36 s per chunk with it, 2.29 and 2.35 without, three machines); the K/V cache in FP8 (the same speed within
+  the noise on an H100, 2.27 / 2.05 s against 2.31 / 2.04 s, and 13 GB less RAM: RSS 19.6 GB instead of 32.5 GB
+  at 480x832 on a 24 GB card, bench/results/fast_chunk_fast_kv_ab*_h100.json); the release's schedule.
+  Approximate.
 - draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
   15-frame window, the K/V cache in FP8 (half the RAM and link bytes; an 81-frame video's chunk 6 % faster on one
   H100, a rolled chunk as fast within the noise on another: bench/results/fast_*kvfp8*_h100.json), and the VAE
@@ -22,17 +25,21 @@ The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: with t
 `auto`'s 2.47 s chunk and nothing of `draft`'s on an H100, and took nvidia-smi from 21.0 to 22.1-22.2 GB on the
 24 GB cap (the side stream's memory is not shared with the DiT's; bench/results/fast_chunk_overlap_h100.json).
 
-A flag given explicitly (--compile, --compute, --attention) wins over the preset's value for it.
+A flag given explicitly (--compile, --compute, --attention) wins over the preset's value for it, and
+--chunk-steps (2, 3 or 4 denoising calls per Fast chunk) over the preset's step count: `draft` in 2 steps took
+0.91 s per chunk against 1.16 s in 3 on one H100 (a rolled chunk 0.98 against 1.28 s;
+bench/results/fast_chunk_steps2_h100.json).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from .levers import ChunkLevers
+from .levers import STEP_CHOICES, ChunkLevers
 from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
 
 PRESET_NAMES = ("exact", "fast", "draft", "auto")
+CHUNK_STEP_CHOICES = tuple(sorted(STEP_CHOICES, reverse=True))  # --chunk-steps: 4 (the release's), 3, 2
 DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True, kv_fp8=True)
 
 
@@ -50,8 +57,10 @@ PRESETS = {
                          "reference numerics: eager, bf16 GEMMs, exact attention"),
     "auto": SpeedPreset("auto", SpeedOptions(compile="auto", compute="bf16", attention="auto"), ChunkLevers(), True,
                         "the fastest exact path for this card (compiled per-token work where the compiler runs)"),
-    "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), ChunkLevers(), False,
-                        "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs where they run, exact attention; approximate"),
+    "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="sdpa"),
+                        ChunkLevers(kv_fp8=True), False,
+                        "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs where they run, exact attention, the K/V cache in "
+                        "FP8; approximate"),
     "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), DRAFT_LEVERS, False,
                          "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window, "
                          "the K/V cache in FP8, the VAE decode in bf16"),
@@ -66,18 +75,34 @@ def preset_options(name: str, explicit: dict | None = None) -> SpeedOptions:
     return dataclasses.replace(preset.options, **given)
 
 
-def attach_preset(plan: SpeedPlan, name: str | None) -> SpeedPlan:
-    """The plan with the preset's name and chunk levers recorded (levers only for the Fast model's chunk loop)."""
-    if name is None:
+def attach_preset(plan: SpeedPlan, name: str | None, chunk_steps: int | None = None) -> SpeedPlan:
+    """The plan with the preset's name and chunk levers recorded (levers only for the Fast model's chunk loop);
+    chunk_steps (--chunk-steps) replaces the preset's denoising calls per chunk (None: the preset's)."""
+    if name is None and chunk_steps is None:
         return plan
-    preset = _get(name)
-    notes = [f"speed preset {name}: {preset.summary}"] + [f"speed preset {name}: {d}" for d in preset.levers.describe()]
-    return dataclasses.replace(plan, preset=name, levers=preset.levers, notes=notes + list(plan.notes))
+    if chunk_steps is not None and chunk_steps not in CHUNK_STEP_CHOICES:
+        raise SpeedOptionError(f"chunk steps {chunk_steps!r}: the Fast model's schedule has "
+                               f"{', '.join(map(str, CHUNK_STEP_CHOICES))} steps per chunk")
+    notes = []
+    levers = ChunkLevers()
+    if name is not None:
+        preset = _get(name)
+        levers = preset.levers
+        notes.append(f"speed preset {name}: {preset.summary}")
+    if chunk_steps is not None and chunk_steps != levers.steps:
+        whose = f"preset {name}'s" if name else "release's"
+        notes.append(f"chunk steps {chunk_steps}: {chunk_steps} denoising calls per Fast chunk instead of the {whose} "
+                     f"{levers.steps}")
+        levers = dataclasses.replace(levers, steps=chunk_steps)
+    notes += [f"speed preset {name}: {d}" if name else f"speed: {d}" for d in levers.describe()]
+    return dataclasses.replace(plan, preset=name, levers=levers, notes=notes + list(plan.notes))
 
 
-def resolve_preset(name: str, device, weights: str = "nf4", explicit: dict | None = None) -> SpeedPlan:
-    """resolve_speed of the preset's options (explicit flags over them), with the preset recorded on the plan."""
-    return attach_preset(resolve_speed(preset_options(name, explicit), device, weights=weights), name)
+def resolve_preset(name: str, device, weights: str = "nf4", explicit: dict | None = None,
+                   chunk_steps: int | None = None) -> SpeedPlan:
+    """resolve_speed of the preset's options (explicit flags over them), with the preset (and chunk_steps over its
+    step count) recorded on the plan."""
+    return attach_preset(resolve_speed(preset_options(name, explicit), device, weights=weights), name, chunk_steps)
 
 
 def _get(name: str) -> SpeedPreset:

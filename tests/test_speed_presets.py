@@ -26,8 +26,9 @@ def test_the_presets_and_what_they_turn_on():
     assert PRESETS["exact"].options == SpeedOptions("off", "bf16", "sdpa") and PRESETS["exact"].exact
     assert PRESETS["auto"].options == SpeedOptions("auto", "bf16", "auto") and PRESETS["auto"].exact
     assert PRESETS["fast"].options.compute == "auto" and not PRESETS["fast"].exact
-    for name in ("exact", "auto", "fast"):
+    for name in ("exact", "auto"):
         assert PRESETS[name].levers == ChunkLevers()
+    assert PRESETS["fast"].levers == ChunkLevers(kv_fp8=True)  # the release's schedule; its K/V cache in FP8
     assert PRESETS["fast"].options.attention == "sdpa"  # FP8 attention measured slower for chunk shapes
     assert PRESETS["draft"].levers == ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True,
                                                   kv_fp8=True)
@@ -119,9 +120,9 @@ def test_speed_node_offers_the_presets(monkeypatch):
     assert opt[0] == ["custom", "exact", "fast", "draft", "auto"] and opt[1]["default"] == "custom"
     seen = []
 
-    def plan_speed(options, weights="nf4", preset=None):
+    def plan_speed(options, weights="nf4", preset=None, chunk_steps=None):
         seen.append((options, preset))
-        return resolve_preset(preset or "auto", CPU)
+        return resolve_preset(preset or "auto", CPU, chunk_steps=chunk_steps)
 
     monkeypatch.setattr(speed_node, "plan_speed", plan_speed)
     monkeypatch.setattr(speed_node, "show_on_node", lambda text: None)
@@ -131,3 +132,84 @@ def test_speed_node_offers_the_presets(monkeypatch):
     assert seen[-1] == (SpeedOptions("blocks", "fp8", "fp8"), None)  # custom: the widgets decide
     with pytest.raises(ValueError, match="speed='turbo' is not a preset"):
         speed_node.LingBotSpeedOptions().choose(speed="turbo")
+
+
+def test_chunk_steps_replace_the_presets_step_count_and_say_so():
+    draft2 = resolve_preset("draft", CPU, chunk_steps=2)
+    assert draft2.levers == PRESETS["draft"].levers.__class__(**{**PRESETS["draft"].levers.__dict__, "steps": 2})
+    assert draft2.fast_run_options()["schedule"].timesteps == (999, 825) and draft2.fast_run_options()["fold_context"]
+    assert any(n.startswith("chunk steps 2: 2 denoising calls per Fast chunk instead of the preset draft's 3")
+               for n in draft2.notes)
+    assert resolve_preset("draft", CPU, chunk_steps=3).levers == PRESETS["draft"].levers  # the preset's own: no note
+    assert not any(n.startswith("chunk steps") for n in resolve_preset("draft", CPU, chunk_steps=3).notes)
+    from lingbot_world.speed.options import resolve_speed
+    from lingbot_world.speed.presets import attach_preset
+
+    plain = attach_preset(resolve_speed(SpeedOptions(), CPU), None, 3)  # no preset: over the release's schedule
+    assert plain.preset is None and plain.levers == ChunkLevers(steps=3)
+    assert plain.fast_run_options()["schedule"].timesteps == (999, 947, 825)
+    assert any("instead of the release's 4" in n for n in plain.notes)
+    with pytest.raises(SpeedOptionError, match="chunk steps 5: the Fast model's schedule has 4, 3, 2 steps"):
+        resolve_preset("draft", CPU, chunk_steps=5)
+
+
+def test_cli_chunk_steps_reach_the_plan_and_are_a_fast_model_flag():
+    from lingbot_world.cli import speed_flags
+    from lingbot_world.cli.errors import UsageError
+    from lingbot_world.cli.flag_checks import check_model_flags
+
+    request = _parse(["--model", "fast", "--speed", "draft", "--chunk-steps", "2"])
+    assert request.chunk_steps == 2 and request.speed_flags.chunk_steps == 2
+    plan = speed_flags.fast_speed_plan(request.speed_flags, CPU, 7)
+    assert plan.levers.steps == 2 and plan.preset == "draft" and plan.levers.window_frames == 15
+    check_model_flags(request)
+    assert _parse(["--model", "fast"]).speed_flags.chunk_steps is None
+    with pytest.raises(SystemExit):
+        _parse(["--model", "fast", "--chunk-steps", "1"])
+    with pytest.raises(UsageError, match="--chunk-steps is a flag of the Fast model: add --model fast"):
+        check_model_flags(_parse(["--chunk-steps", "2"]))
+    with pytest.raises(UsageError, match="leave --steps out; --chunk-steps 2|3|4 sets its steps per chunk"):
+        check_model_flags(_parse(["--model", "fast", "--steps", "2"]))
+
+
+def test_speed_node_chunk_steps_widget(monkeypatch):
+    from lingbot_world.nodes import speed_node
+
+    opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["chunk_steps"]
+    assert opt[0] == ["from preset", "4", "3", "2"] and opt[1]["default"] == "from preset"
+    seen = []
+
+    def plan_speed(options, weights="nf4", preset=None, chunk_steps=None):
+        seen.append((preset, chunk_steps))
+        return resolve_preset(preset or "auto", CPU, chunk_steps=chunk_steps)
+
+    monkeypatch.setattr(speed_node, "plan_speed", plan_speed)
+    monkeypatch.setattr(speed_node, "show_on_node", lambda text: None)
+    (plan,) = speed_node.LingBotSpeedOptions().choose(speed="draft", chunk_steps="2")
+    assert seen[-1] == ("draft", 2) and plan.levers.steps == 2
+    speed_node.LingBotSpeedOptions().choose(speed="draft")
+    assert seen[-1] == ("draft", None)
+    speed_node.LingBotSpeedOptions().choose(chunk_steps="3")
+    assert seen[-1] == (None, 3)
+    with pytest.raises(ValueError, match="chunk_steps='7'; choose one of from preset, 4, 3, 2"):
+        speed_node.LingBotSpeedOptions().choose(chunk_steps="7")
+
+
+def test_the_players_fast_render_replays_the_played_chunk_steps(tmp_path):
+    """"Render this path" at 720p must run the played schedule: --chunk-steps goes to the Fast render only (the
+    base Cam render refuses Fast flags)."""
+    from pathlib import Path
+
+    from lingbot_world.cli.play import _render_source
+    from lingbot_world.cli.play_request import PlayRequest
+    from lingbot_world.player.render_job import render_command
+
+    speed = resolve_preset("draft", CPU, chunk_steps=2)
+    for steps, want in ((2, ["--chunk-steps", "2"]), (None, [])):
+        request = PlayRequest(demo=True, speed="draft", chunk_steps=steps)
+        src = _render_source(request, "64*112", "cpu", "cpu", speed)
+        fast = render_command(src, "fast720", "w-8", Path("i.png"), "p", tmp_path / "o.mp4")
+        cam = render_command(src, "cam", "w-8", Path("i.png"), "p", tmp_path / "o.mp4")
+        got = fast[fast.index("--chunk-steps"):fast.index("--chunk-steps") + 2] if "--chunk-steps" in fast else []
+        assert got == want and "--chunk-steps" not in cam
+        assert fast[fast.index("--speed") + 1] == "draft"
