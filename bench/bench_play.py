@@ -83,9 +83,15 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     if isinstance(speed, str):  # a preset: its options and its chunk levers (steps, fold, window cap, decode)
         from ..speed.presets import resolve_preset
 
-        plan_speed = resolve_preset(speed, device, weights=args.weights)
+        plan_speed = resolve_preset(speed, device, weights=args.weights, chunk_steps=args.chunk_steps)
     else:
         plan_speed = resolve_speed(speed, device, weights=args.weights) if speed is not None else None
+        if args.chunk_steps is not None:
+            from ..speed.options import SpeedOptions
+            from ..speed.presets import attach_preset
+
+            plan_speed = attach_preset(plan_speed or resolve_speed(SpeedOptions(), device, weights=args.weights),
+                                       None, args.chunk_steps)
     settings = WorldSettings(size=f"{h}*{w}", seed=42, noise="cuda" if device.type == "cuda" else "cpu",
                              window=args.window, sink=args.sink, kv_cache=args.kv_cache, speed=plan_speed)
     fmt = detect_format(fast_path)
@@ -222,6 +228,8 @@ def main(argv=None) -> int:
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
     p.add_argument("--speed", default=None, help="a preset (exact, auto, fast, draft) or speed options, e.g. "
                    "compile=blocks,compute=fp8,attention=sdpa")
+    p.add_argument("--chunk-steps", type=int, choices=(2, 3, 4), default=None,
+                   help="denoising calls per chunk over the preset's (as `play --chunk-steps`)")
     p.add_argument("--weights", choices=("nf4", "fp8", "int8"), default="nf4",
                    help="the model's stored weights (fp8 / int8: converted once from the random NF4 model)")
     p.add_argument("--no-camera-film", action="store_true",

@@ -91,7 +91,7 @@ NUMBERS = (
 # Flags of the Fast model only, with their defaults: any other value without --model fast is refused.
 FAST_ONLY = (("--continue-from", None), ("--save-state", None), ("--whole-video", None), ("--fast-model", None),
              ("--kv-cache", "auto"), ("--kv-layers-on-gpu", None), ("--max-attention", None), ("--window", None),
-             ("--sink", 0), ("--rule", "reference"), ("--stream-decode", "auto"))
+             ("--sink", 0), ("--rule", "reference"), ("--stream-decode", "auto"), ("--chunk-steps", None))
 # Flags of the base model only: the Fast model runs 4 distilled steps per chunk without guidance.
 BASE_ONLY = (("--steps", None), ("--guide-scale", (5.0,)), ("--boundary", 0.947), ("--solver", "unipc"),
              ("--cfg-mode", "auto"), ("--memory-mode", "auto"), ("--negative-prompt", None), ("--camera-cache", "auto"),
@@ -159,8 +159,9 @@ def check_model_flags(request: "GenerateRequest") -> None:
         return
     given = _given(request, BASE_ONLY)
     if given:
+        hint = "; --chunk-steps 2|3|4 sets its steps per chunk" if given[0] == "--steps" else ""
         raise UsageError(f"--model fast does not take {given[0]} (it runs 4 distilled steps per chunk without "
-                         f"guidance, from --fast-model); leave {given[0]} out")
+                         f"guidance, from --fast-model); leave {given[0]} out{hint}")
     given = _given(request, EXPERT_LORA_FLAGS)
     if given:
         raise UsageError(f"{given[0]}: the Fast model is one model; use --lora FILE[:STRENGTH]")

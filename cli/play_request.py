@@ -37,6 +37,7 @@ class PlayRequest(FlagRequest):
     compile: str = SPEED_DEFAULTS["compile"]
     compute: str = SPEED_DEFAULTS["compute"]
     attention: str = SPEED_DEFAULTS["attention"]
+    chunk_steps: Optional[int] = None  # --chunk-steps: the Fast model's calls per chunk (None: the preset's)
     speed_explicit: frozenset = frozenset()  # the speed flags given on the command line (over a --speed preset)
     # server
     port: int = DEFAULT_PORT

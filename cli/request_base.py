@@ -8,7 +8,7 @@ from .speed_flags import EXPLICIT, SpeedFlags
 
 class FlagRequest:
     """Base of a frozen dataclass holding every flag of one command under its argparse dest name. Subclasses have
-    the fields speed, compile, compute, attention, speed_explicit and weights."""
+    the fields speed, compile, compute, attention, chunk_steps, speed_explicit and weights."""
 
     @classmethod
     def from_args(cls, args):
@@ -20,7 +20,8 @@ class FlagRequest:
     def speed_flags(self) -> SpeedFlags:
         """The effective speed flags: the --speed preset with the explicit flags over it, for these weights."""
         return SpeedFlags.given(self.speed, {"compile": self.compile, "compute": self.compute,
-                                             "attention": self.attention}, self.speed_explicit, self.weights)
+                                             "attention": self.attention}, self.speed_explicit, self.weights,
+                                self.chunk_steps)
 
 
 def _frozen(value):

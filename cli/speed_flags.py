@@ -3,6 +3,7 @@ against the device before anything loads (speed/options.py and speed/presets.py 
 
 --speed names a preset (exact / fast / draft / auto); a flag given explicitly wins over the preset's value for it.
 Without --speed the three flags alone decide, as before (their defaults are the `auto` preset's options).
+--chunk-steps (Fast model) replaces the preset's denoising calls per chunk (draft: 3, the others: 4).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ..speed.options import (
     SpeedPlan,
     resolve_speed,
 )
-from ..speed.presets import PRESET_NAMES, attach_preset, preset_options
+from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, attach_preset, preset_options
 
 EXPLICIT = "speed_explicit"  # the namespace attribute naming the speed flags the user gave (cli/*_request.py)
 
@@ -42,10 +43,15 @@ def add_speed_args(parser) -> None:
     g.add_argument("--speed", choices=PRESET_NAMES, default=None,
                    help="speed preset: exact (eager, bf16, exact attention: the reference numerics), auto (the "
                         "fastest exact path for the card: compiled per-token work, bf16, exact attention), fast (FP8 "
-                        "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, exact attention; approximate), draft (fast + 3 "
-                        "steps per chunk, the context pass folded into the last step, a 15-frame K/V window and a "
-                        "bf16 VAE decode for the Fast model; for previews and real-time play). --compile/--compute/"
-                        "--attention given explicitly override the preset")
+                        "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, exact attention, the Fast model's K/V cache in "
+                        "FP8; approximate), draft (fast + 3 steps per chunk, the context pass folded into the last "
+                        "step, a 15-frame K/V window and a bf16 VAE decode for the Fast model; for previews and "
+                        "real-time play). --compile/--compute/--attention/--chunk-steps given explicitly override the "
+                        "preset")
+    g.add_argument("--chunk-steps", type=int, choices=CHUNK_STEP_CHOICES, default=None,
+                   help="Fast model: denoising calls per 12-frame chunk: 4 (the release's), 3 (the draft preset's) "
+                        "or 2 (about a quarter faster than 3 with draft, visibly rougher; for play on slower "
+                        "cards); default: the --speed preset's")
     g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"], action=_Explicit,
                    help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "
                         "Triton; same results to bf16 rounding; the first run compiles, later runs use the cache in "
@@ -71,7 +77,7 @@ def speed_plan(flags: "SpeedFlags", device: torch.device) -> SpeedPlan:
     logged by `log_speed_plan` once every other check has passed, so a bad input stays a one-line error.
     With --speed the preset's options apply (explicit flags over them) and the plan records the preset."""
     plan = resolve_speed(SpeedOptions(flags.compile, flags.compute, flags.attention), device, weights=flags.weights)
-    return attach_preset(plan, flags.speed)
+    return attach_preset(plan, flags.speed, flags.chunk_steps)
 
 
 def log_speed_plan(plan: SpeedPlan, log: logging.Logger) -> None:
@@ -118,14 +124,16 @@ class SpeedFlags:
     attention: str = DEFAULTS["attention"]
     weights: str = "nf4"
     speed: Optional[str] = None  # the preset's name, recorded on the plan
+    chunk_steps: Optional[int] = None  # --chunk-steps over the preset's (None: the preset's, or 4)
 
     @classmethod
-    def given(cls, speed: Optional[str], values: dict, explicit=(), weights: str = "nf4") -> "SpeedFlags":
+    def given(cls, speed: Optional[str], values: dict, explicit=(), weights: str = "nf4",
+              chunk_steps: Optional[int] = None) -> "SpeedFlags":
         """From the flags' values: the --speed preset's options with the flags given explicitly (`explicit`) over
         them; without --speed the three values as they are."""
         if speed is not None:
             values = dataclasses.asdict(preset_options(speed, {k: values[k] for k in explicit}))
-        return cls(values["compile"], values["compute"], values["attention"], weights, speed)
+        return cls(values["compile"], values["compute"], values["attention"], weights, speed, chunk_steps)
 
 
 def _short_video_note(chunks: int) -> str:

@@ -26,11 +26,12 @@ server_tests = _load("test_player_server")  # its socket helpers (Tab, _restart)
 KEYS = ("w-8", "wj-12", "d-6,dl-6", "none-12", "i-12")
 
 
-@pytest.mark.parametrize("speed", ["exact", "auto", "draft"])
-def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, speed):
+@pytest.mark.parametrize("speed,chunk_steps", [("exact", None), ("auto", None), ("draft", None), ("draft", 2)])
+def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, speed, chunk_steps):
     cache = support.shared_cache(tmp_path_factory)
-    out_dir = tmp_path_factory.mktemp(f"play_cuda_{speed}") / "out"
-    srv = support.PlayServer(cache, out_dir, "--device", "cuda", "--noise", "cuda", "--speed", speed)
+    out_dir = tmp_path_factory.mktemp(f"play_cuda_{speed}_{chunk_steps}") / "out"
+    steps_args = ("--chunk-steps", str(chunk_steps)) if chunk_steps else ()
+    srv = support.PlayServer(cache, out_dir, "--device", "cuda", "--noise", "cuda", "--speed", speed, *steps_args)
 
     async def go():
         http, tab, _ = await server_tests._restart(srv)
@@ -49,6 +50,7 @@ def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, spee
                 pass
             assert r["status"] == "done", r
             assert "--device cuda" in r["command"] and f"--speed {speed}" in r["command"], r["command"]
+            assert (f"--chunk-steps {chunk_steps}" in r["command"]) == bool(chunk_steps), r["command"]
             # the played kernels, pinned: `auto` alone would not compile a 2-chunk batch video
             assert f"--compile {'off' if speed == 'exact' else 'blocks'}" in r["command"], r["command"]
             return end["state"], saved, r["out"]
@@ -64,5 +66,6 @@ def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, spee
     batch = server_tests._mp4_frames(rendered)
     assert played.shape == batch.shape and played.shape[0] == state["frames"]
     diff = int(np.abs(played.astype(np.int16) - batch.astype(np.int16)).max())
-    print(f"\nplayed vs batch on {torch.cuda.get_device_name()} ({speed}): max |diff| {diff}")
+    steps = f", --chunk-steps {chunk_steps}" if chunk_steps else ""
+    print(f"\nplayed vs batch on {torch.cuda.get_device_name()} ({speed}{steps}): max |diff| {diff}")
     assert diff == 0

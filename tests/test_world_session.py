@@ -198,12 +198,15 @@ def test_lora_high_or_low_on_the_fast_model_is_refused(demo_ckpt, tmp_path, caps
     assert "--lora-high: the Fast model is one model; use --lora" in capsys.readouterr().err
 
 
-def test_the_draft_preset_plays_like_its_batch_run_and_rewinds_exactly(files, demo_ckpt, tmp_path):
+@pytest.mark.parametrize("chunk_steps", [None, 2])
+def test_the_draft_preset_plays_like_its_batch_run_and_rewinds_exactly(files, demo_ckpt, tmp_path, chunk_steps):
+    """draft as it is, and in 2 steps per chunk (--chunk-steps 2, on the batch run's command line too)."""
     import torch as _torch
 
     from lingbot_world.speed.presets import resolve_preset
 
-    speed = resolve_preset("draft", _torch.device("cpu"))
+    speed = resolve_preset("draft", _torch.device("cpu"), chunk_steps=chunk_steps)
+    steps_args = ("--chunk-steps", str(chunk_steps)) if chunk_steps else ()
     with _open(files, tmp_path, window=6, sink=3, speed=speed) as s:
         assert s.settings.window == 6  # the preset's cap (15) leaves a smaller window alone
         played = _play(s, KEYS[:4])
@@ -211,7 +214,7 @@ def test_the_draft_preset_plays_like_its_batch_run_and_rewinds_exactly(files, de
         s.rewind(2)
         assert np.array_equal(_play(s, KEYS[2:4]), played[21:])
         actions = s.action_string()
-    batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--speed", "draft")
+    batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--speed", "draft", *steps_args)
     assert np.array_equal(played, batch)
 
 
