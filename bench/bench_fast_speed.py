@@ -35,6 +35,14 @@ draft_whole_card_profile,fast_fp8_weights_whole_card_profile --workdir /tmp/lwf 
     # CUDA graphs once the window rolls (16-chunk videos; *_graphs set LINGBOT_CUDA_GRAPHS=1 in their child)
     python -m lingbot_world.bench.bench_fast_speed --cases draft_rolling,draft_rolling_graphs --workdir /tmp/lwf --keep \
         --fresh --budget-s 260 --min-case-s 40 --out bench/results/fast_rolling_draft_h100.json
+    # draft in 2 steps, fast with the FP8 cache, the FP8 cache's integer kernels (BENCHMARKS "draft in 2 steps")
+    python -m lingbot_world.bench.bench_fast_speed --cases draft,draft_again,draft_kv_bits,draft_profile,\
+draft_steps2_profile --workdir /tmp/lwf --keep --fresh --budget-s 520 --min-case-s 40 \
+        --out bench/results/fast_chunk_kv_bits_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases draft_steps2,draft_rolling,draft_rolling_steps2 \
+        --workdir /tmp/lwf --keep --budget-s 400 --min-case-s 40 --out bench/results/fast_chunk_steps2_h100.json
+    python -m lingbot_world.bench.bench_fast_speed --cases fast_kv_bf16,fast_kv_fp8 --workdir /tmp/lwf --keep \
+        --budget-s 200 --min-case-s 40 --out bench/results/fast_chunk_fast_kv_ab1_h100.json
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
 with set_per_process_memory_fraction, memory planned by `plan_fast_memory` as the CLI does, the VAE's streaming

@@ -22,7 +22,9 @@ Inputs, all from today's code on one H100 with the 24 GB cap: the kernel split o
 the unprofiled rows' DiT seconds, decode seconds and uploaded bytes per chunk (`fast_chunk_fused_h100.json` for
 `auto`, `fast_chunk_today_h100.json` for `fast` and `draft`). The host's share is the unprofiled DiT seconds minus
 the profiled kernels (the profiler's own gaps are left out). `fast` has no NF4 profile: its FP8 GEMM seconds are
-the `auto` split's GEMM seconds minus what `fast` saved on the H100.
+the `auto` split's GEMM seconds minus what `fast` saved on the H100. `draft` in 3 and in 2 steps (`--chunk-steps
+2`) also come from a later session's profiles (`fast_chunk_kv_bits_h100.json`, `fast_chunk_steps2_h100.json`),
+made with the camera FiLM kept in pinned RAM and the FP8 K/V cache.
 """
 from __future__ import annotations
 
@@ -101,8 +103,23 @@ def run() -> dict:
                                                                  draft["uploaded_gb_per_chunk"], card,
                                                                  gemm_h100="fp8", gemm_card=low,
                                                                  film_calls=calls_draft)
+    # draft in 3 and 2 steps from one later H100 session, profiled with the plan of today (the camera FiLM kept in
+    # pinned RAM, the FP8 K/V cache): those profiles include the FiLM already (film_calls 0), right-hand columns only
+    later = _load("fast_chunk_kv_bits_h100.json")["summary"]
+    steps2 = _load("fast_chunk_steps2_h100.json")["summary"]["draft_steps2"]
+    for tag, profile, row in (("draft, profiled with today's plan", later["draft_profile"], later["draft"]),
+                              ("draft --chunk-steps 2", later["draft_steps2_profile"], steps2)):
+        split = profile["device_split_s"]
+        for name, card in CARDS.items():
+            if name == "H100 SXM":
+                continue
+            low = "fp8" if card["fp8"] else "int8"
+            out["rows"][name][f"{tag} ({low} GEMMs), FiLM in RAM"] = project(
+                split, row["mean_dit_s"] - _kernels(split), row["mean_decode_s"], row["uploaded_gb_per_chunk"], card,
+                gemm_h100="fp8", gemm_card=low)
     out["h100_measured"] = {"auto": auto["mean_chunk_s"], "fast": fast["mean_chunk_s"],
-                            "draft": draft["mean_chunk_s"]}
+                            "draft": draft["mean_chunk_s"], "draft (later session)": later["draft"]["mean_chunk_s"],
+                            "draft --chunk-steps 2": steps2["mean_chunk_s"]}
     return out
 
 
