@@ -26,7 +26,8 @@ server_tests = _load("test_player_server")  # its socket helpers (Tab, _restart)
 KEYS = ("w-8", "wj-12", "d-6,dl-6", "none-12", "i-12")
 
 
-@pytest.mark.parametrize("speed,chunk_steps", [("exact", None), ("auto", None), ("draft", None), ("draft", 2)])
+@pytest.mark.parametrize("speed,chunk_steps", [("exact", None), ("auto", None), ("fast", None), ("draft", None),
+                                               ("draft", 2)])
 def test_a_session_played_on_the_gpu_equals_the_batch_run(tmp_path_factory, speed, chunk_steps):
     cache = support.shared_cache(tmp_path_factory)
     out_dir = tmp_path_factory.mktemp(f"play_cuda_{speed}_{chunk_steps}") / "out"
