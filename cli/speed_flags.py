@@ -50,7 +50,7 @@ def add_speed_args(parser) -> None:
                         "preset")
     g.add_argument("--chunk-steps", type=int, choices=CHUNK_STEP_CHOICES, default=None,
                    help="Fast model: denoising calls per 12-frame chunk: 4 (the release's), 3 (the draft preset's) "
-                        "or 2 (about a quarter faster than 3 with draft, visibly rougher; for play on slower "
+                        "or 2 (about a quarter faster than 3 with draft, rougher; for play on slower "
                         "cards); default: the --speed preset's")
     g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"], action=_Explicit,
                    help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "

@@ -74,7 +74,7 @@ class LingBotSpeedOptions:
                     + " The draft levers apply to the Fast model's chunks.")}),
                 "chunk_steps": (list(CHUNK_STEP_WIDGET), {"default": FROM_PRESET, "tooltip": (
                     "Fast model only: denoising calls per 12-frame chunk. from preset: 3 with draft, else 4 (the "
-                    "release's). 2: about a quarter faster than draft's 3 on an H100, visibly rougher; for play on "
+                    "release's). 2: about a quarter faster than draft's 3 on an H100, rougher; for play on "
                     "slower cards.")}),
             },
         }
