@@ -113,23 +113,30 @@ def test_fast_speed_plan_keeps_its_signature_and_carries_the_preset(monkeypatch)
     assert gpu.compile == "blocks" and gpu.preset == "exact" and asked == [1]
 
 
+def _planned_by_the_node(monkeypatch, speed_node) -> list:
+    """The node's plan_speed calls, (options, preset, chunk_steps) each, resolved on the CPU instead of ComfyUI's
+    device."""
+    seen = []
+
+    def plan_speed(options, weights="nf4", preset=None, chunk_steps=None):
+        seen.append((options, preset, chunk_steps))
+        return resolve_preset(preset or "auto", CPU, chunk_steps=chunk_steps)
+
+    monkeypatch.setattr(speed_node, "plan_speed", plan_speed)
+    monkeypatch.setattr(speed_node, "show_on_node", lambda text: None)
+    return seen
+
+
 def test_speed_node_offers_the_presets(monkeypatch):
     from lingbot_world.nodes import speed_node
 
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["speed"]
     assert opt[0] == ["custom", "exact", "fast", "draft", "auto"] and opt[1]["default"] == "custom"
-    seen = []
-
-    def plan_speed(options, weights="nf4", preset=None, chunk_steps=None):
-        seen.append((options, preset))
-        return resolve_preset(preset or "auto", CPU, chunk_steps=chunk_steps)
-
-    monkeypatch.setattr(speed_node, "plan_speed", plan_speed)
-    monkeypatch.setattr(speed_node, "show_on_node", lambda text: None)
+    seen = _planned_by_the_node(monkeypatch, speed_node)
     speed_node.LingBotSpeedOptions().choose("blocks", "fp8", "fp8", speed="draft")
-    assert seen[-1] == (PRESETS["draft"].options, "draft")  # the preset replaces the three widgets
+    assert seen[-1][:2] == (PRESETS["draft"].options, "draft")  # the preset replaces the three widgets
     speed_node.LingBotSpeedOptions().choose("blocks", "fp8", "fp8")
-    assert seen[-1] == (SpeedOptions("blocks", "fp8", "fp8"), None)  # custom: the widgets decide
+    assert seen[-1][:2] == (SpeedOptions("blocks", "fp8", "fp8"), None)  # custom: the widgets decide
     with pytest.raises(ValueError, match="speed='turbo' is not a preset"):
         speed_node.LingBotSpeedOptions().choose(speed="turbo")
 
@@ -177,20 +184,13 @@ def test_speed_node_chunk_steps_widget(monkeypatch):
 
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["chunk_steps"]
     assert opt[0] == ["from preset", "4", "3", "2"] and opt[1]["default"] == "from preset"
-    seen = []
-
-    def plan_speed(options, weights="nf4", preset=None, chunk_steps=None):
-        seen.append((preset, chunk_steps))
-        return resolve_preset(preset or "auto", CPU, chunk_steps=chunk_steps)
-
-    monkeypatch.setattr(speed_node, "plan_speed", plan_speed)
-    monkeypatch.setattr(speed_node, "show_on_node", lambda text: None)
+    seen = _planned_by_the_node(monkeypatch, speed_node)
     (plan,) = speed_node.LingBotSpeedOptions().choose(speed="draft", chunk_steps="2")
-    assert seen[-1] == ("draft", 2) and plan.levers.steps == 2
+    assert seen[-1][1:] == ("draft", 2) and plan.levers.steps == 2
     speed_node.LingBotSpeedOptions().choose(speed="draft")
-    assert seen[-1] == ("draft", None)
+    assert seen[-1][1:] == ("draft", None)
     speed_node.LingBotSpeedOptions().choose(chunk_steps="3")
-    assert seen[-1] == (None, 3)
+    assert seen[-1][1:] == (None, 3)
     with pytest.raises(ValueError, match="chunk_steps='7'; choose one of from preset, 4, 3, 2"):
         speed_node.LingBotSpeedOptions().choose(chunk_steps="7")
 
