@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,13 +30,14 @@ def run(request: GenerateRequest) -> int:
     from ..loaders.vae_files import load_vae
     from ..memory.kv_placement import FastPlacement
     from ..text_encoder.encode import encode_prompts
+    from ..speed.decode import decode_precision, plan_decodes_in_bf16
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import decode_part
     from ..world.session import WorldSession
     from .preflight import resolve_device
     from .progress import RunStats
-    from .speed_flags import (fast_compile_policy, follow_started_compile, log_speed_plan, report_compile,
-                              speed_plan)
+    from .speed_flags import (fast_compile_policy, follow_started_compile, follow_started_speed, log_speed_plan,
+                              report_compile, speed_plan)
     from .video_out import plan_output, write_video
 
     stats = RunStats()
@@ -49,6 +51,10 @@ def run(request: GenerateRequest) -> int:
     device = resolve_device(request.device)
     if st.noise_source == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"{sf.path} continues the reference's CUDA generator; run it on a CUDA GPU")
+    followed = follow_started_speed(request.speed, request.chunk_steps, st.speed, st.chunk_steps)
+    request = replace(request, speed=followed.speed, chunk_steps=followed.chunk_steps)
+    if followed.note:
+        (log.warning if followed.differs else log.info)("speed: %s", followed.note)
     speed = speed_plan(request.speed_flags, device)
     files = fast_parts.fast_files(request, device)
     fmt, note = files.check(request.weights)
@@ -133,16 +139,18 @@ def run(request: GenerateRequest) -> int:
     report_compile(speed, log)
     if written is None or whole_target is not None:
         vae.to(device)
-    norm_silu = decoder_norm_silu(device)  # the decoder's kernels as the session's streaming decode runs them
+    norm_silu = decoder_norm_silu(device)  # the decoder's kernels and precision as the session's decode runs them
+    precision = partial(decode_precision, device, plan_decodes_in_bf16(speed))
     if written is None:
-        with torch.inference_mode():
-            video = decode_part(vae, z_before.to(device), latent, tiled=request.vae_tiled, norm_silu=norm_silu)[0]
+        with torch.inference_mode(), precision():
+            video = decode_part(vae, z_before.to(device), latent, tiled=request.vae_tiled,
+                                norm_silu=norm_silu)[0]
         written = write_video(video, target, request.fps)
         del video
         stats.mark("vae_decode")
     whole = None
     if whole_target is not None:
-        with torch.inference_mode():
+        with torch.inference_mode(), precision():
             video = vae.decode(torch.cat([z_before.to(device), latent.to(device)], dim=2), tiled=request.vae_tiled,
                                norm_silu=norm_silu)[0]
         whole = write_video(video, whole_target, request.fps)

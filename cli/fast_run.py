@@ -255,9 +255,11 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
         return 0  # rank 0 decodes and writes the video
     if written is None:
         vae.to(device)
+        from ..speed.decode import decode_precision, plan_decodes_in_bf16
         from ..speed.vae_norm import decoder_norm_silu
 
-        with torch.inference_mode():  # the decoder's kernels as the session's streaming decode runs them
+        # the decoder's kernels and precision as the session's streaming decode runs them
+        with torch.inference_mode(), decode_precision(device, plan_decodes_in_bf16(speed)):
             video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
         del vae
         stats.mark("vae_decode")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -23,7 +23,8 @@ from ..speed.options import (
     SpeedPlan,
     resolve_speed,
 )
-from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, attach_preset, preset_options
+from ..speed.levers import ChunkLevers
+from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS, attach_preset, preset_options
 
 EXPLICIT = "speed_explicit"  # the namespace attribute naming the speed flags the user gave (cli/*_request.py)
 
@@ -140,6 +141,43 @@ def _short_video_note(chunks: int) -> str:
     return (f"compile auto: off for a Fast video of {chunks} chunks (building or loading the kernels takes longer "
             f"than they save below {FAST_COMPILE_MIN_CHUNKS} chunks, ~{4 * FAST_COMPILE_MIN_CHUNKS * 3} frames); "
             "--compile blocks forces it")
+
+
+class FollowedSpeed(NamedTuple):
+    speed: Optional[str]  # the continuation's --speed
+    chunk_steps: Optional[int]  # and --chunk-steps
+    note: Optional[str]  # what was followed, or how the choice differs from the video's; None: nothing to say
+    differs: bool  # the choice differs from what the video was made with (the note is a warning)
+
+
+def follow_started_speed(speed: Optional[str], chunk_steps: Optional[int], started_speed: str,
+                         started_steps: int) -> FollowedSpeed:
+    """A continuation's --speed and --chunk-steps: those given, else the preset and steps per chunk the video was
+    made with (what its state records; "" / 0: not recorded), so the whole video is what one run of all its keys
+    makes. The steps follow only with the preset: another --speed brings its own. A choice that differs from the
+    video's runs as given, with a warning."""
+    if not started_steps:
+        return FollowedSpeed(speed, chunk_steps, None, False)  # a state from before these were recorded
+    followed = []
+    if speed is None and started_speed:
+        speed = started_speed
+        followed.append(f"--speed {started_speed}")
+    preset_steps = PRESETS[speed].levers.steps if speed else ChunkLevers().steps
+    if chunk_steps is None and (speed or "") == started_speed and started_steps != preset_steps:
+        chunk_steps = started_steps
+        followed.append(f"--chunk-steps {started_steps}")
+    steps = chunk_steps or preset_steps
+    if ((speed or ""), steps) != (started_speed, started_steps):
+        made = " ".join(([f"--speed {started_speed}"] if started_speed else ["no --speed"])
+                        + [f"--chunk-steps {started_steps}"])
+        runs = " ".join(([f"--speed {speed}"] if speed else ["no --speed"]) + [f"--chunk-steps {steps}"])
+        return FollowedSpeed(speed, chunk_steps, f"the continued video was made with {made}; this part runs {runs}, "
+                             "so the whole video will not be what one run of all its keys makes", True)
+    if followed:
+        return FollowedSpeed(speed, chunk_steps, f"{' '.join(followed)}, as the continued video was made (the whole "
+                             "video is then what one run of all its keys makes; give --speed / --chunk-steps to "
+                             "choose otherwise)", False)
+    return FollowedSpeed(speed, chunk_steps, None, False)
 
 
 def follow_started_compile(plan: SpeedPlan, available: SpeedPlan, flags: SpeedFlags, started: str) -> SpeedPlan:

@@ -20,6 +20,20 @@ from typing import Callable, Optional
 import torch
 
 
+def decode_precision(device, bf16: bool):
+    """The context a decode runs in: autocast to bf16 for the bf16 lever, else nothing (float32). Every decode of a
+    run (streamed per chunk, afterwards, or the whole video of a continuation) uses it, so they give the same frames."""
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def plan_decodes_in_bf16(speed_plan) -> bool:
+    """Whether a SpeedPlan (None: no plan) decodes in bf16 (its decode_bf16 lever)."""
+    levers = getattr(speed_plan, "levers", None)
+    return bool(levers is not None and levers.decode_bf16)
+
+
 class PendingFrames:
     """A chunk's frames, maybe still being decoded on the side stream."""
 
@@ -52,9 +66,7 @@ class ChunkDecoder:
         return self.stream is not None
 
     def _precision(self):
-        if not self.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return decode_precision(self.device, self.bf16)
 
     def submit(self, x0: torch.Tensor) -> PendingFrames:
         if self.stream is None:

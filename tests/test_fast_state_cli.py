@@ -131,3 +131,47 @@ def test_another_model_file_is_refused(chain, tmp_path, capsys):
     rc = main(["generate", "--demo", "--model", "fast", "--demo-dir", str(ckpt), "--quiet", "--continue-from",
                str(chain / "s1.state"), "--out", str(tmp_path / "z")])
     assert rc == 2 and "made with another Fast model" in capsys.readouterr().err
+
+
+def test_a_continuation_follows_the_speed_preset_and_steps_the_video_was_made_with(demo, capsys):
+    """A draft video in 2 steps per chunk, continued without --speed / --chunk-steps, is one run of all its keys
+    (every decode of it in draft's bf16: streamed, afterwards, the whole video); a continuation that asks for other
+    steps runs them and says the whole video is then another one."""
+    fast = ("--speed", "draft", "--chunk-steps", "2", "--rule", "continuable", "--window", "6", "--sink", "3")
+    assert gen(demo, "--actions", "w-10,l-10,a-12,iw-12", *fast, "--out", str(demo / "d_one")) == 0
+    assert gen(demo, "--actions", "w-10,l-10", *fast, "--out", str(demo / "d_p1"),
+               "--save-state", str(demo / "d1.state")) == 0
+    st = StateFile(demo / "d1.state").state.settings
+    assert (st.speed, st.chunk_steps) == ("draft", 2)
+    capsys.readouterr()
+    assert main(["generate", "--demo", "--model", "fast", "--demo-dir", str(demo / "ckpt"),  # not --quiet: the note
+                 "--cache-dir", str(demo / "text_cache"), "--continue-from", str(demo / "d1.state"), "--actions",
+                 "a-12,iw-12", "--out", str(demo / "d_p2"), "--whole-video", str(demo / "d_whole")]) == 0
+    out = capsys.readouterr()
+    assert "--speed draft --chunk-steps 2, as the continued video was made" in out.out + out.err
+    assert np.array_equal(frames(demo / "d_whole"), frames(demo / "d_one"))  # the whole video decoded in bf16 too
+    assert gen(demo, "--actions", "w-10,l-10,a-12,iw-12", *fast, "--stream-decode", "off",
+               "--out", str(demo / "d_after")) == 0  # decoded after sampling, not chunk by chunk: the same frames
+    assert np.array_equal(frames(demo / "d_after"), frames(demo / "d_one"))
+    assert gen(demo, "--continue-from", str(demo / "d1.state"), "--actions", "a-12,iw-12", "--out", str(demo / "d_p3"),
+               "--chunk-steps", "3") == 0
+    err = capsys.readouterr().err  # a warning: shown even with --quiet
+    assert ("the continued video was made with --speed draft --chunk-steps 2; this part runs --speed draft "
+            "--chunk-steps 3, so the whole video will not be what one run of all its keys makes") in err
+    assert not np.array_equal(frames(demo / "d_p3"), frames(demo / "d_p2"))
+
+
+def test_follow_started_speed_rules():
+    from lingbot_world.cli.speed_flags import follow_started_speed
+
+    assert follow_started_speed(None, None, "", 0) == (None, None, None, False)  # an older state: as given
+    assert follow_started_speed("fast", 2, "", 0)[:2] == ("fast", 2)
+    followed = follow_started_speed(None, None, "draft", 3)
+    assert followed[:2] == ("draft", None) and not followed.differs and "--speed draft, as" in followed.note
+    assert follow_started_speed("draft", None, "draft", 3) == ("draft", None, None, False)  # as made: nothing to say
+    assert follow_started_speed(None, None, "", 4) == (None, None, None, False)  # made without a preset
+    assert follow_started_speed(None, None, "", 2)[:2] == (None, 2)  # --chunk-steps 2 without a preset
+    differs = follow_started_speed("auto", None, "draft", 3)  # another preset brings its own steps
+    assert differs.differs and differs[:2] == ("auto", None)
+    assert "made with --speed draft --chunk-steps 3; this part runs --speed auto --chunk-steps 4" in differs.note
+    assert follow_started_speed("draft", None, "", 4).differs  # a preset given to a video made without one

@@ -197,10 +197,14 @@ class WorldSession:
         self._restore = restore
 
     def _made_with(self) -> FastSettings:
-        """The settings a state records: these ones, with the kernels this run uses (a continuation under
-        `--compile auto` follows them, so it rounds as one run would)."""
-        compile_ = getattr(self.speed, "compile", None)
-        return replace(self.settings, compile=compile_) if compile_ else self.settings
+        """The settings a state records: these ones, with the kernels, speed preset and steps per chunk this run
+        uses (a continuation given none of them follows them, so it makes what one run of all its keys would)."""
+        if self.speed is None:
+            return self.settings
+        levers = getattr(self.speed, "levers", None)
+        return replace(self.settings, compile=getattr(self.speed, "compile", None) or self.settings.compile,
+                       speed=getattr(self.speed, "preset", None) or "",
+                       chunk_steps=levers.steps if levers is not None else self.settings.chunk_steps)
 
     @property
     def state(self) -> Optional[FastState]:

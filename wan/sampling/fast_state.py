@@ -59,6 +59,8 @@ class FastSettings:
     model_label: str = ""  # what to call the model in messages
     vae_tiled: bool = False
     compile: str = ""  # the DiT kernels the video was made with: "blocks" / "off" ("" = not recorded)
+    speed: str = ""  # the speed preset it was made with ("" = none, or not recorded)
+    chunk_steps: int = 0  # denoising calls per chunk it was made with (0 = not recorded)
 
     def __post_init__(self):
         if self.mode not in FAST_MODES:
