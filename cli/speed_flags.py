@@ -48,11 +48,11 @@ def add_speed_args(parser) -> None:
                         "FP8; approximate), draft (fast + 3 steps per chunk, the context pass folded into the last "
                         "step, a 15-frame K/V window and a bf16 VAE decode for the Fast model; for previews and "
                         "real-time play). --compile/--compute/--attention/--chunk-steps given explicitly override the "
-                        "preset")
+                        "preset; a continuation without --speed runs the preset its video was made with")
     g.add_argument("--chunk-steps", type=int, choices=CHUNK_STEP_CHOICES, default=None,
                    help="Fast model: denoising calls per 12-frame chunk: 4 (the release's), 3 (the draft preset's) "
                         "or 2 (about a quarter faster than 3 with draft, rougher; for play on slower "
-                        "cards); default: the --speed preset's")
+                        "cards); default: the --speed preset's, or on a continuation the continued video's")
     g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"], action=_Explicit,
                    help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "
                         "Triton; same results to bf16 rounding; the first run compiles, later runs use the cache in "
