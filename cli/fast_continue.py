@@ -30,7 +30,8 @@ def run(request: GenerateRequest) -> int:
     from ..loaders.vae_files import load_vae
     from ..memory.kv_placement import FastPlacement
     from ..text_encoder.encode import encode_prompts
-    from ..speed.decode import decode_precision, plan_decodes_in_bf16
+    from ..speed.decode import decode_precision
+    from ..speed.levers import plan_levers
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import decode_part
     from ..world.session import WorldSession
@@ -140,7 +141,7 @@ def run(request: GenerateRequest) -> int:
     if written is None or whole_target is not None:
         vae.to(device)
     norm_silu = decoder_norm_silu(device)  # the decoder's kernels and precision as the session's decode runs them
-    precision = partial(decode_precision, device, plan_decodes_in_bf16(speed))
+    precision = partial(decode_precision, device, plan_levers(speed)["decode_bf16"])
     if written is None:
         with torch.inference_mode(), precision():
             video = decode_part(vae, z_before.to(device), latent, tiled=request.vae_tiled,

@@ -255,11 +255,12 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
         return 0  # rank 0 decodes and writes the video
     if written is None:
         vae.to(device)
-        from ..speed.decode import decode_precision, plan_decodes_in_bf16
+        from ..speed.decode import decode_precision
+        from ..speed.levers import plan_levers
         from ..speed.vae_norm import decoder_norm_silu
 
         # the decoder's kernels and precision as the session's streaming decode runs them
-        with torch.inference_mode(), decode_precision(device, plan_decodes_in_bf16(speed)):
+        with torch.inference_mode(), decode_precision(device, plan_levers(speed)["decode_bf16"]):
             video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
         del vae
         stats.mark("vae_decode")

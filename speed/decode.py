@@ -28,12 +28,6 @@ def decode_precision(device, bf16: bool):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def plan_decodes_in_bf16(speed_plan) -> bool:
-    """Whether a SpeedPlan (None: no plan) decodes in bf16 (its decode_bf16 lever)."""
-    levers = getattr(speed_plan, "levers", None)
-    return bool(levers is not None and levers.decode_bf16)
-
-
 class PendingFrames:
     """A chunk's frames, maybe still being decoded on the side stream."""
 

@@ -483,12 +483,11 @@ class WorldSession:
 
     def _decode(self, decoder: StreamingDecoder, z: torch.Tensor) -> torch.Tensor:
         """The frames of latent frames `z`, in bf16 when the speed plan's decode lever says so."""
-        levers = getattr(self.speed, "levers", None)
-        if levers is None or not levers.decode_bf16:
-            return decoder.decode(z)
-        from ..speed.decode import ChunkDecoder
+        from ..speed.decode import decode_precision
+        from ..speed.levers import plan_levers
 
-        return ChunkDecoder(decoder.decode, self.device, bf16=True).submit(z).result()
+        with decode_precision(self.device, plan_levers(self.speed)["decode_bf16"]):
+            return decoder.decode(z)
 
     def _run_options(self) -> dict:
         return self.speed.fast_run_options() if self.speed is not None else {}
