@@ -16,10 +16,10 @@ copies map cache slots to ring positions (at most three pieces per copy), so the
 the cache's order and attention sees exactly the keys of an all-resident cache. On a CPU "device" the same
 schedule runs with synchronous copies (the CI tests use that to check the bookkeeping and the outputs).
 
-With an FP8 cache (`fp8=True`, the `draft` preset's kv_fp8 lever) a host layer holds e4m3 codes and one exponent
-byte per token and head (wan/dit/kv_fp8.py): an upload moves those into a device staging buffer and decodes them
-into the layer's bf16 buffer on the copy stream; a write-back encodes the chunk's slots there first. The cache
-writes FP8-rounded K/V into every layer, so the decoded values are the bits a device layer holds.
+With an FP8 cache (`fp8=True`, the `fast` and `draft` presets' kv_fp8 lever) a host layer holds e4m3 codes and one
+exponent byte per token and head (wan/dit/kv_fp8.py): an upload moves those into a device staging buffer and
+decodes them into the layer's bf16 buffer on the copy stream; a write-back encodes the chunk's slots there first.
+The cache writes FP8-rounded K/V into every layer, so the decoded values are the bits a device layer holds.
 """
 from __future__ import annotations
 
@@ -187,9 +187,8 @@ class _FP8HostLayer(_HostLayer):
 
 
 def fp8_pair_bytes(shape: tuple) -> int:
-    """Bytes of a layer's K and V as codes plus exponents."""
-    b, n, h, d = shape
-    return 2 * b * n * h * (d + 1)
+    """Bytes of a layer's K and V [B, tokens, H, D] as codes plus exponents."""
+    return kv_fp8.pair_bytes(*shape)
 
 
 def fp8_views(flat: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, ...]:

@@ -28,6 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from . import kv_fp8
 from .attention import self_attention
 
 TextKV = tuple[torch.Tensor, torch.Tensor]
@@ -283,7 +284,7 @@ class CacheLayout:
 
     def fp8_layer_bytes(self, heads: int, head_dim: int, batch: int = 1) -> int:
         """One layer's K and V as FP8 codes plus one exponent byte per token and head (wan/dit/kv_fp8.py)."""
-        return 2 * batch * self.capacity * heads * (head_dim + 1)
+        return kv_fp8.pair_bytes(batch, self.capacity, heads, head_dim)
 
 
 def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *,

@@ -1,5 +1,5 @@
-"""The Fast model's K/V cache in FP8 (the `draft` preset's `kv_fp8` lever): e4m3 codes with one power-of-two scale
-per token and head.
+"""The Fast model's K/V cache in FP8 (the `kv_fp8` lever of the `fast` and `draft` presets): e4m3 codes with one
+power-of-two scale per token and head.
 
 A streamed cache layer moves from pinned RAM to the GPU at every model call; in FP8 it moves half the bytes (128
 one-byte codes and one exponent byte per token and head instead of 256 bytes). Why power-of-two scales: a code
@@ -58,6 +58,11 @@ def decode(codes: torch.Tensor, exps: torch.Tensor, out: Optional[torch.Tensor] 
     if out is None:
         return x.to(dtype)
     return out.copy_(x)
+
+
+def pair_bytes(batch: int, tokens: int, heads: int, head_dim: int) -> int:
+    """Bytes of one layer's K and V in FP8: a code per value and an exponent per token and head, each."""
+    return 2 * batch * tokens * heads * (head_dim + 1)
 
 
 def round_fp8(x: torch.Tensor) -> torch.Tensor:
