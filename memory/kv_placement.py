@@ -166,10 +166,10 @@ def plan_fast_memory(
     counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks; the
     CUDA graphs replay blocks without one, so graphs turn it off too). film_host=False: only the blocks whose FiLM
     fits on the device keep it (A/B benchmarks); else the others keep theirs in pinned RAM when it has room beside
-    everything else pinned and RAM_RESERVE. kv_fp8 (the `draft` preset's lever): the cache holds FP8-rounded K/V;
-    its layers in RAM take half the bytes (codes and one exponent per token and head) and stream through one more
-    device buffer of that size, where they are decoded. Raises FastMemoryError when the streamed layers do not fit
-    in host RAM either.
+    everything else pinned and RAM_RESERVE. kv_fp8 (the `fast` and `draft` presets' lever): the cache holds
+    FP8-rounded K/V; its layers in RAM take half the bytes (codes and one exponent per token and head) and stream
+    through one more device buffer of that size, where they are decoded. Raises FastMemoryError when the streamed
+    layers do not fit in host RAM either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")

@@ -64,9 +64,9 @@ class LingBotFastLoader:
             "optional": {
                 "speed": (SPEED, {"tooltip": (
                     "From LingBot Speed Options: a speed preset (exact, auto, fast, draft) or compile / GEMM precision "
-                    "/ attention. draft also runs 3 steps per chunk, folds the context pass into the last step, "
-                    "keeps a 15-frame window and its K/V cache in FP8 (half the RAM). Without it: the exact "
-                    "defaults.")}),
+                    "/ attention. fast and draft keep the K/V cache in FP8 (half the RAM); draft also runs 3 steps "
+                    "per chunk, folds the context pass into the last step and keeps a 15-frame window. Without it: "
+                    "the exact defaults.")}),
             },
         }
 

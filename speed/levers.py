@@ -10,8 +10,9 @@ them at the release's schedule. Each is measured on its own in BENCHMARKS ("Fast
 - window_frames: cap on the K/V window (latent frames): later chunks attend to at most this many frames (the
   sink included), so attention reads fewer keys. None keeps the run's own window.
 - kv_fp8: the K/V cache in FP8 (wan/dit/kv_fp8.py: e4m3 codes, a power-of-two scale per token and head). A layer
-  streamed from RAM takes half the RAM and moves half the bytes per call: a `draft` run's RSS drops by about 8 GB,
-  and its chunk gains where the host's copies bound it (6 % on one H100, nothing measurable on another).
+  streamed from RAM takes half the RAM and moves half the bytes per call: a `draft` run's RSS drops by about 8 GB
+  and a `fast` one's by 13 GB, and a chunk gains where the host's copies bound it (6 % for `draft` on one H100,
+  nothing measurable on another, nor for `fast`).
 
 And the door's VAE decode of each chunk (speed/decode.py ChunkDecoder; the latents do not change):
 - decode_overlap: the chunk's decode on a side stream beside the next chunk's DiT (the same frames, later).
