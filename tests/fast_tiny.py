@@ -1,9 +1,10 @@
-"""The tiny causal DiT and the fixed inputs the Fast cache tests run (test_fast_placement.py, test_kv_fp8.py load it
-with importlib): 3 layers, 4 x 6 latent tokens per frame."""
+"""The tiny causal DiT, the fixed inputs and the streamed caches the Fast cache tests run (test_fast_placement.py,
+test_kv_fp8.py load it with importlib): 3 layers, 4 x 6 latent tokens per frame."""
 from __future__ import annotations
 
 import torch
 
+from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 
@@ -35,3 +36,20 @@ def fast_run(model, cache, frames=9, seed=3, device="cpu", **kw) -> FastRun:
 def fast_latents(model, cache, frames=9, seed=3, device="cpu", **kw):
     """The latents of that video, whole."""
     return fast_run(model, cache, frames, seed, device, **kw).run()
+
+
+def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32, fp8=False) -> KVStreamer:
+    """A cache of `layout` with its first `layers_on_device` layers on `device`, the rest streamed from (unpinned)
+    host RAM, installed on `model`; close it after."""
+    s = KVStreamer.build(layout, TINY.num_layers, TINY.num_heads, TINY.head_dim, device=device,
+                         layers_on_device=layers_on_device, dtype=dtype, pin=False, fp8=fp8)
+    return s.install(model)
+
+
+def streamed_latents(model, layout, frames, layers_on_device, **kw) -> tuple[torch.Tensor, dict]:
+    """(the video's latents through such a streamed cache, the streamer's stats); the streamer is closed."""
+    s = streamed(model, layout, layers_on_device, **kw)
+    try:
+        return fast_latents(model, s.cache, frames), s.stats()
+    finally:
+        s.close()

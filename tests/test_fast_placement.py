@@ -306,12 +306,6 @@ def model():
     return _tiny.make_model()
 
 
-def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32):
-    s = KVStreamer.build(layout, TINY.num_layers, TINY.num_heads, TINY.head_dim, device=device,
-                         layers_on_device=layers_on_device, dtype=dtype, pin=False)
-    return s.install(model)
-
-
 @pytest.mark.parametrize("layout_kw,frames", [
     ({}, 9), ({"max_attention": 2 * FSL + 1}, 9),
     ({"window_frames": 6, "sink_frames": 3}, 12),  # evicts one chunk per chunk: the host ring turns by its length
@@ -321,12 +315,7 @@ def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw, frames
     layout = cache_layout(frames, FSL, **layout_kw)
     resident = fast_latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.float32), frames)
     for on_device in (0, 1):
-        s = streamed(model, layout, on_device)
-        try:
-            got = fast_latents(model, s.cache, frames)
-            stats = s.stats()
-        finally:
-            s.close()
+        got, stats = _tiny.streamed_latents(model, layout, frames, on_device)
         torch.testing.assert_close(got, resident, rtol=0, atol=0)
         assert stats["streamed_layers"] == 3 - on_device and stats["written_back_bytes"] > 0
         assert model.before_block is None and model.after_block is None  # unhooked
@@ -349,7 +338,7 @@ def test_host_ring_maps_slots_like_the_shifted_cache():
 
 def test_only_the_context_pass_is_written_back(model):
     layout = cache_layout(9, FSL)
-    s = streamed(model, layout, 1)
+    s = _tiny.streamed(model, layout, 1)
     try:
         fast_latents(model, s.cache)
         per_chunk = 2 * 3 * FSL * TINY.num_heads * TINY.head_dim * 4  # K and V of one chunk, float32

@@ -106,9 +106,7 @@ def _latents(model, cache, frames, device="cpu"):
 
 
 def _streamer(model, layout, on_device, fp8=True, dtype=torch.bfloat16):
-    s = KVStreamer.build(layout, TINY.num_layers, TINY.num_heads, TINY.head_dim, device="cpu",
-                         layers_on_device=on_device, dtype=dtype, pin=False, fp8=fp8)
-    return s.install(model)
+    return _tiny.streamed(model, layout, on_device, dtype=dtype, fp8=fp8)
 
 
 @pytest.mark.parametrize("layout_kw,frames", [
@@ -123,12 +121,7 @@ def test_the_video_does_not_depend_on_which_layers_stream(model, layout_kw, fram
     assert not torch.equal(want, exact)  # the lever does something ...
     assert (want - exact).norm() < 0.1 * exact.norm()  # ... and stays close
     for on_device in (0, 1):
-        s = _streamer(model, layout, on_device)
-        try:
-            got = _latents(model, s.cache, frames)
-            stats = s.stats()
-        finally:
-            s.close()
+        got, stats = _tiny.streamed_latents(model, layout, frames, on_device, dtype=torch.bfloat16, fp8=True)
         assert torch.equal(got, want)
         assert stats["streamed_layers"] == 3 - on_device and stats["written_back_bytes"] > 0
     assert model.before_block is None and model.after_block is None
