@@ -59,7 +59,8 @@ def child_device(choice: str, cpu_mode: bool) -> str:
 
 
 def free_memory_requested() -> bool:
-    """True while a /free request (Unload models / Free memory buttons) waits for the current prompt."""
+    """True while a /free request (Unload models / Free memory buttons) waits for the current prompt to end (ComfyUI
+    handles it after the prompt: one made while idle waits for the next prompt)."""
     try:
         import server
 
@@ -143,8 +144,15 @@ class LingBotTextEncode:
             slot = TextEncoderSlot(_child_vram_bytes(encoder), mm.get_torch_device(), torch.device("cpu"))
             mm.load_models_gpu([slot], force_full_load=True)
 
+        # A /free posted while ComfyUI was idle waits for the next prompt to end: it is not a request to stop this
+        # one. Only a /free that arrives while the child runs stops it.
+        freed_before = free_memory_requested()
+
+        def free_requested_now() -> bool:
+            return not freed_before and free_memory_requested()
+
         def cancel() -> bool:
-            return mm.processing_interrupted() or free_memory_requested()
+            return mm.processing_interrupted() or free_requested_now()
 
         progress = TextEncodeProgress(len(set(texts)))
         stats: dict = {}
@@ -154,7 +162,7 @@ class LingBotTextEncode:
                                                         stats=stats, progress=progress)
         except TextEncoderStopped:
             mm.throw_exception_if_processing_interrupted()  # a cancel: ComfyUI reports it as interrupted
-            if free_memory_requested():
+            if free_requested_now():
                 raise FreeMemoryRequested(
                     "text encoding was stopped because ComfyUI was asked to free memory; queue the prompt again"
                 ) from None

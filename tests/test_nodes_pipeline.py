@@ -437,16 +437,25 @@ def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeyp
         node.encode(*args)
     assert live_text_encoder_pids() == []
 
-    flags = {"free_memory": True}
-    queue = types.SimpleNamespace(get_flags=lambda reset=True: dict(flags))
+    flags, reads = {}, []
+
+    def get_flags(reset=True):  # the /free arrives once the encode has started (its first read saw none)
+        reads.append(1)
+        return dict(flags) if len(reads) == 1 else {**flags, "free_memory": True}
+
+    queue = types.SimpleNamespace(get_flags=get_flags)
     server = types.ModuleType("server")
     server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(prompt_queue=queue))
     monkeypatch.setitem(sys.modules, "server", server)
     with pytest.raises(FreeMemoryRequested, match="free memory"):
         node.encode(*args)
     assert live_text_encoder_pids() == []
-    flags.clear()
+    queue.get_flags = lambda reset=True: dict(flags)
     assert node.encode(*args)[0].positive.shape[1] == 32  # and it works again
+    # a /free posted while ComfyUI was idle waits for the prompt to end: it does not stop this prompt's encode
+    flags["free_memory"] = True
+    assert node.encode(*args)[0].positive.shape[1] == 32
+    assert live_text_encoder_pids() == []
 
 
 def test_cfg_parallel_on_a_second_device_gives_the_same_latent(comfy, graph, monkeypatch):
