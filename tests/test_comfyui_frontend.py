@@ -587,7 +587,8 @@ def test_each_demo_template_runs_from_the_frontend_with_previews(page, server, n
     if not page.evaluate("() => window.__lingbotDone"):
         _screenshot(page, ui, f"{name}_previews.png", tmp_path)
     page.wait_for_function("() => window.__lingbotDone", timeout=900_000, polling=1000)
-    assert page.evaluate("() => window.__lingbotError") is None
+    error = page.evaluate("() => window.__lingbotError")
+    assert error is None, (error or {}).get("exception_message")
     if sampler and _classic_ui(page):  # LingBot samplers preview with ComfyUI's previews off (the server's default)
         assert page.evaluate("() => window.__lingbotPreviews") >= 2
     page.wait_for_timeout(1500)
