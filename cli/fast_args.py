@@ -41,6 +41,11 @@ def add_arguments(p) -> None:
     g.add_argument("--stream-decode", choices=STREAM_DECODE, default="auto",
                    help="decode each chunk as soon as it is done and append it to the output (partial output when "
                         "interrupted): on, off (decode at the end), auto (on when the VAE fits beside the model)")
+    g.add_argument("--tiny-vae", type=Path, default=None, metavar="PATH",
+                   help="decode with a tiny decoder instead of the VAE: TAEHV's taew2_1.safetensors or lightx2v's "
+                        "lighttaew2_1.safetensors (ComfyUI's models/vae_approx). Preview quality, a fraction of the "
+                        "VAE's decode time and about 1 GB instead of 6-7 GB of VRAM (more of the K/V cache stays on "
+                        "the card); always decodes chunk by chunk")
 
 
 def _add_continuation_arguments(g) -> None:

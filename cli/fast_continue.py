@@ -34,6 +34,7 @@ def run(request: GenerateRequest) -> int:
     from ..speed.levers import plan_levers
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import decode_part
+    from ..wan.vae.tiny import TinyStreamingDecoder
     from ..world.session import WorldSession
     from .preflight import resolve_device
     from .progress import RunStats
@@ -63,6 +64,7 @@ def run(request: GenerateRequest) -> int:
         log.warning("%s", note)
     cfg = fmt.config
     loras = fast_parts.read_fast_loras(request.loras, cfg)
+    tiny = fast_parts.tiny_decoder(request, device)
     here = fast_parts.settings_for(request, fmt, device, st.height, st.width, st.seed, st.noise_source, st.mode,
                                    st.window, st.sink, st.max_attention, st.precision)
     st.check_continue(here, str(sf.path))
@@ -96,7 +98,7 @@ def run(request: GenerateRequest) -> int:
     log_speed_plan(speed, log)
 
     plan, stream_vae = fast_parts.memory_plan(request, cfg, st, total_lat, device, part.camera is not None, files,
-                                              speed=speed)
+                                              speed=speed, tiny=tiny)
     log.info("memory plan: %s", plan.reason)
     stats.mark("setup")
 
@@ -109,8 +111,9 @@ def run(request: GenerateRequest) -> int:
         log.info("new prompt from this part on: %s", prompt)
     stats.mark("text")
 
-    vae = load_vae(files.vae, device, config=files.vae_config())
-    if not stream_vae:
+    # a tiny decoder decodes everything here: the VAE (only a decoder in a continuation) is not loaded
+    vae = load_vae(files.vae, device, config=files.vae_config()) if tiny is None else None
+    if vae is not None and not stream_vae:
         vae.to("cpu")
     z_before = state.latent()
     placement = FastPlacement(plan, device, log.info)
@@ -122,7 +125,7 @@ def run(request: GenerateRequest) -> int:
         return apply_speed(model, speed)
 
     world = WorldSession(placement, st, device=device, load_model=load.result, prepare_model=prepare_model,
-                         vae=vae if stream_vae else None, speed=speed)
+                         vae=vae if stream_vae else None, speed=speed, tiny_decoder=tiny)
     try:
         world.resume(state, sf)
         world.context, world.prompt = context.detach().to("cpu", torch.float32), prompt
@@ -138,7 +141,7 @@ def run(request: GenerateRequest) -> int:
         load.close()
         world.close()
     report_compile(speed, log)
-    if written is None or whole_target is not None:
+    if vae is not None and (written is None or whole_target is not None):
         vae.to(device)
     norm_silu = decoder_norm_silu(device)  # the decoder's kernels and precision as the session's decode runs them
     precision = partial(decode_precision, device, plan_levers(speed)["decode_bf16"])
@@ -151,9 +154,13 @@ def run(request: GenerateRequest) -> int:
         stats.mark("vae_decode")
     whole = None
     if whole_target is not None:
+        z_whole = torch.cat([z_before.to(device), latent.to(device)], dim=2)
         with torch.inference_mode(), precision():
-            video = vae.decode(torch.cat([z_before.to(device), latent.to(device)], dim=2), tiled=request.vae_tiled,
-                               norm_silu=norm_silu)[0]
+            if tiny is not None:
+                video = TinyStreamingDecoder(tiny).decode(z_whole)[0]
+            else:
+                video = vae.decode(z_whole, tiled=request.vae_tiled, norm_silu=norm_silu)[0]
+        del z_whole
         whole = write_video(video, whole_target, request.fps)
         del video
         stats.mark("whole video")

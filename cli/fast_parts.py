@@ -168,26 +168,52 @@ def fast_files(request: GenerateRequest, device, imports=None):
 
 
 def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
-                seq_parallel: int = 1, speed=None):
+                seq_parallel: int = 1, speed=None, tiny=None):
     """The memory plan of a video of `latent_frames` (the World session's layout for it) and whether the VAE
     streams chunk by chunk beside the model (--stream-decode). speed: the run's SpeedPlan (the levers the plan counts:
-    speed.levers.plan_levers)."""
+    speed.levers.plan_levers). tiny: the --tiny-vae decoder (it always streams, at its own size)."""
     from ..memory.kv_placement import FastMemoryError
     from ..speed.levers import plan_levers
+    from ..world.opening import tiny_bytes
     from ..world.plan import plan_world_memory, session_layout
 
     layout = session_layout(settings, latent_frames)
     try:
         plan, stream = plan_world_memory(cfg, layout, device, settings.height, settings.width, weights=request.weights,
                                          kv_cache=request.kv_cache, kv_layers_on_gpu=request.kv_layers_on_gpu,
-                                         with_camera=with_camera, stream_decode=request.stream_decode,
+                                         with_camera=with_camera,
+                                         stream_decode="on" if tiny is not None else request.stream_decode,
                                          vae_cfg=files.vae_config(), seq_parallel=seq_parallel,
+                                         decode_bytes=tiny_bytes(tiny, device, settings.height, settings.width),
                                          **plan_levers(speed))
     except FastMemoryError as e:
         raise UsageError(str(e)) from None
     if not plan.fits:
         log.warning("the plan may not fit in VRAM: %s", plan.reason)
     return plan, stream
+
+
+def tiny_decoder(request: GenerateRequest, device):
+    """The --tiny-vae decoder on the device (None without the flag); a bad file is refused in one line."""
+    if request.tiny_vae is None:
+        return None
+    from ..loaders.tiny_vae_files import TinyVAEFileError
+    from ..world.opening import load_tiny
+
+    try:
+        return load_tiny(request.tiny_vae, device)
+    except (TinyVAEFileError, FileNotFoundError) as e:
+        raise UsageError(f"--tiny-vae: {e}") from None
+
+
+def check_tiny_vae(path) -> None:
+    """--tiny-vae's file read and checked (a few MB) without building the decoder; one line naming the flag."""
+    from ..loaders.tiny_vae_files import TinyVAEFileError, read_decoder_tensors, tiny_config
+
+    try:
+        tiny_config({k: tuple(v.shape) for k, v in read_decoder_tensors(path).items()}, path)
+    except (TinyVAEFileError, FileNotFoundError) as e:
+        raise UsageError(f"--tiny-vae: {e}") from None
 
 
 def model_load(weights: str, files, placement, device, imports=None, loras=()):

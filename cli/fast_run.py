@@ -97,6 +97,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
         log.warning("%s", note)
     cfg = fmt.config
     loras = fast_parts.read_fast_loras(request.loras, cfg)
+    tiny = fast_parts.tiny_decoder(request, device)
 
     decoded = load_image(request.image)
     for image_note in decoded.notes:
@@ -131,7 +132,8 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
               flush=True)
     split = parallel_flags.plan(session, request.parallel, cfg.num_heads, "fast", False, log)
     plan, stream_vae = fast_parts.memory_plan(request, cfg, settings, part.latent_frames, device, part.camera is not None,
-                                              files, split.ulysses, speed=speed)
+                                              files, split.ulysses, speed=speed, tiny=tiny)
+    keep_vae = stream_vae and tiny is None  # the VAE's decoder streams (a tiny decoder needs the VAE to encode only)
     log.info("memory plan: %s", plan.reason)
     session.end_checks()
     parallel_flags.use(session, split, log)
@@ -149,7 +151,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
     # The load may run at the same time as the encode (a thread) when the whole model is resident: block swap
     # sets up its own streams and pinned ring, kept on the main thread.
     steps = [text_stage.vae_encode_step(files.vae_config() or VAEConfig(), height, width, part.frames,
-                                        request.vae_tiled, keeps_vae=stream_vae),
+                                        request.vae_tiled, keeps_vae=keep_vae),
              Step(fast_parts.LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
                   with_previous=plan.blocks_on_gpu is None)]
     host_bytes = plan.streamed_layers * int(plan.estimates.get("cache_layer_bytes", 0)) if plan.cache == "host" else 0
@@ -175,7 +177,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
                     cond = ConditionTrack.build(vae, image, height, width, tiled=request.vae_tiled).y
                 else:
                     cond = build_i2v_condition(vae, image, height, width, part.frames, tiled=request.vae_tiled)
-            if not stream_vae:
+            if not keep_vae:
                 vae.to("cpu")
             _empty_cache(device)
             return [cond]
@@ -222,7 +224,8 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
             return model
 
         world = WorldSession(placement, settings, device=device, load_model=load_model, prepare_model=prepare_model,
-                             vae=vae if stream_vae and vae is not None else None, speed=speed)
+                             vae=vae if keep_vae and vae is not None else None, speed=speed,
+                             tiny_decoder=tiny if session.is_main else None)
         world.load()
         if text.background:  # before the cache takes the VRAM the encoder holds
             text.embeddings()
@@ -235,7 +238,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
 
         latent, written = fast_parts.run_part(world, part, source, frames, fps=request.fps, quiet=request.quiet,
                                               target=target, stats=stats,
-                                              stream=stream_vae and vae is not None,  # rank 0 writes the video
+                                              stream=stream_vae and session.is_main,  # rank 0 writes the video
                                               on_done=on_done if save is not None else None,
                                               keep_cache=save is not None, label=control)
         if placement.host_memory_s is not None:

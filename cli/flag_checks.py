@@ -91,7 +91,8 @@ NUMBERS = (
 # Flags of the Fast model only, with their defaults: any other value without --model fast is refused.
 FAST_ONLY = (("--continue-from", None), ("--save-state", None), ("--whole-video", None), ("--fast-model", None),
              ("--kv-cache", "auto"), ("--kv-layers-on-gpu", None), ("--max-attention", None), ("--window", None),
-             ("--sink", 0), ("--rule", "reference"), ("--stream-decode", "auto"), ("--chunk-steps", None))
+             ("--sink", 0), ("--rule", "reference"), ("--stream-decode", "auto"), ("--chunk-steps", None),
+             ("--tiny-vae", None))
 # Flags of the base model only: the Fast model runs 4 distilled steps per chunk without guidance.
 BASE_ONLY = (("--steps", None), ("--guide-scale", (5.0,)), ("--boundary", 0.947), ("--solver", "unipc"),
              ("--cfg-mode", "auto"), ("--memory-mode", "auto"), ("--negative-prompt", None), ("--camera-cache", "auto"),
@@ -165,6 +166,9 @@ def check_model_flags(request: "GenerateRequest") -> None:
     given = _given(request, EXPERT_LORA_FLAGS)
     if given:
         raise UsageError(f"{given[0]}: the Fast model is one model; use --lora FILE[:STRENGTH]")
+    if request.tiny_vae is not None and request.stream_decode == "off":
+        raise UsageError("--tiny-vae decodes each chunk as it is made (it needs about 1 GB beside the model); leave "
+                         "--stream-decode off out")
     continuing = request.continue_from is not None
     if not continuing and request.whole_video is not None:
         raise UsageError("--whole-video writes the whole video of a continuation: it needs --continue-from")

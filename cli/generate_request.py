@@ -105,6 +105,7 @@ class GenerateRequest(FlagRequest):
     continue_from: Optional[Path] = None
     whole_video: Optional[Path] = None
     stream_decode: str = "auto"
+    tiny_vae: Optional[Path] = None  # --tiny-vae: a tiny decoder for every decode of the Fast model's frames
 
     # ---- typed pieces for the shared helpers ------------------------------------------------------------------
     @property

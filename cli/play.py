@@ -58,6 +58,10 @@ def add_parser(sub) -> None:
                      help="where the text encoder child runs")
     gen.add_argument("--cache-dir", type=Path, default=None,
                      help="prompt-embedding cache folder (default: ~/.cache/lingbot-world/text)")
+    gen.add_argument("--tiny-vae", type=Path, default=None, metavar="PATH",
+                     help="play with a tiny decoder (taew2_1.safetensors or lighttaew2_1.safetensors, as in ComfyUI's "
+                          "models/vae_approx): preview quality, a fraction of the VAE's decode time and memory. The "
+                          "page's render of the path still decodes with the VAE")
     from .speed_flags import add_speed_args
 
     add_speed_args(p)  # --speed draft: the preset made for real-time play (3 steps, window 15, bf16 decode);
@@ -112,6 +116,10 @@ def _run(request: PlayRequest) -> int:
     size = size or "480*832"
     _check_size(size)
     device = resolve_device(device_name)
+    if request.tiny_vae is not None:
+        from .fast_parts import check_tiny_vae
+
+        check_tiny_vae(request.tiny_vae)
     noise = noise_source(request.noise, device)
     from .speed_flags import FAST_COMPILE_MIN_CHUNKS, fast_speed_plan, log_speed_plan
 
@@ -138,6 +146,7 @@ def _run(request: PlayRequest) -> int:
                  else FastFiles.find(request.ckpt_dir, weights=request.weights))
         settings = WorldSettings(size=size, seed=request.seed, noise=noise, window=request.window, sink=request.sink,
                                  kv_cache=request.kv_cache, speed=speed, weights=request.weights,
+                                 tiny_vae=request.tiny_vae,
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",

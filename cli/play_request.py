@@ -32,6 +32,7 @@ class PlayRequest(FlagRequest):
     noise: str = "auto"
     t5_device: str = "auto"
     cache_dir: Optional[Path] = None
+    tiny_vae: Optional[Path] = None  # --tiny-vae: play with a tiny decoder (the render uses the VAE)
     # speed
     speed: Optional[str] = None
     compile: str = SPEED_DEFAULTS["compile"]

@@ -206,3 +206,30 @@ def demo_vae_config(root: Path) -> Optional[VAEConfig]:
         return None
     v = json.loads(m.read_text())["vae"]
     return VAEConfig.tiny(dim=v["dim"], dim_mult=tuple(v["dim_mult"]), num_res_blocks=v["num_res_blocks"])
+
+
+DEMO_TINY_WIDTHS = (8, 6, 5, 4)
+
+
+def write_random_tiny_vae(path: Path, widths: tuple = DEMO_TINY_WIDTHS, seed: int = 0,
+                          dtype: torch.dtype = torch.float16) -> Path:
+    """A tiny decoder file in taew2_1's format (`decoder.<index>.…` keys, fp16 as released) with random weights
+    scaled so activations stay in range: the demo's and the benchmarks' stand-in (widths (256, 128, 64, 64) for the
+    real size). Written atomically."""
+    from safetensors.torch import save_file
+
+    from ..wan.vae.tiny import TinyConfig, TinyDecoder
+    from .atomic import atomic_path
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in TinyDecoder(TinyConfig(widths=tuple(widths))).state_dict().items()}
+    tensors = {}
+    for k, s in shapes.items():
+        fan_in = s[1] * s[2] * s[3] if len(s) == 4 else 1
+        scale = (1.0 / fan_in) ** 0.5 if len(s) == 4 else 0.05
+        tensors[k] = (torch.randn(s, generator=g) * scale).to(dtype).contiguous()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp))
+    return path

@@ -306,3 +306,55 @@ def test_the_camera_film_kept_in_host_ram_changes_no_bit(files, tmp_path):
         assert store is not None and store.host_bytes > 0
     assert store.host_bytes == 0  # and with the session
     assert np.array_equal(kept, computed)
+
+
+@pytest.fixture(scope="module")
+def tiny_vae(tmp_path_factory):
+    from lingbot_world.loaders.demo_checkpoint import write_random_tiny_vae
+
+    return write_random_tiny_vae(tmp_path_factory.mktemp("tiny_vae") / "taew2_1.safetensors")
+
+
+def test_a_tiny_decoder_plays_like_its_batch_run_and_rewinds_exactly(files, demo_ckpt, tmp_path, tiny_vae):
+    with _open(files, tmp_path, window=6, sink=3, tiny_vae=tiny_vae) as s:
+        assert s.tiny_decoder is not None
+        played = _play(s, KEYS)
+        s.rewind(4)  # 12 latent frames: the new decoder starts mid-video from its reach's frames
+        assert np.array_equal(_play(s, KEYS[4:]), played[45:])
+        s.rewind(2)
+        assert np.array_equal(_play(s, KEYS[2:]), played[21:])
+        assert np.array_equal(np.concatenate(list(s.video_frames())), played)
+        actions = s.action_string()
+    window = ("--window", "6", "--sink", "3")
+    assert np.array_equal(played, _batch(demo_ckpt, tmp_path, actions, *window, "--tiny-vae", str(tiny_vae)))
+    assert not np.array_equal(played, _batch(demo_ckpt, tmp_path, actions, *window))  # the VAE decodes otherwise
+
+
+def test_a_continuation_with_a_tiny_decoder_writes_the_whole_video_of_one_run(files, demo_ckpt, tmp_path, tiny_vae):
+    with _open(files, tmp_path, window=6, sink=3, tiny_vae=tiny_vae) as s:
+        _play(s, KEYS[:3])
+        saved = s.save(tmp_path / "walk", write_video=lambda frames, path, fps: path, state=True)
+        _play(s, KEYS[3:])
+        whole = np.concatenate(list(s.video_frames()))
+    out, everything = tmp_path / "part2", tmp_path / "whole"
+    assert main(["generate", "--demo", "--model", "fast", "--demo-dir", str(demo_ckpt), "--continue-from",
+                 str(saved.state), "--actions", "a-12,i-3,l-9", "--quiet", "--out", str(out),
+                 "--whole-video", str(everything), "--tiny-vae", str(tiny_vae)]) == 0
+    assert np.array_equal(_png_frames(out), whole[33:])
+    assert np.array_equal(_png_frames(everything), whole)
+
+
+def test_tiny_vae_flags_are_refused_in_one_line(demo_ckpt, tmp_path, tiny_vae, capsys):
+    base = ["generate", "--demo", "--demo-dir", str(demo_ckpt), "--out", str(tmp_path / "x.mp4")]
+    assert main(base + ["--tiny-vae", str(tiny_vae)]) == 2
+    assert "--tiny-vae is a flag of the Fast model: add --model fast" in capsys.readouterr().err
+    assert main(base + ["--model", "fast", "--tiny-vae", str(tiny_vae), "--stream-decode", "off"]) == 2
+    assert "leave --stream-decode off out" in capsys.readouterr().err
+    bad = tmp_path / "taew2_2.safetensors"
+    save_file({"decoder.1.weight": torch.zeros(8, 48, 3, 3)}, str(bad))
+    assert main(base + ["--model", "fast", "--tiny-vae", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tiny-vae: {bad}: a tiny decoder for 48-channel latents" in err and not (tmp_path / "x.mp4").exists()
+    assert main(["play", "--demo", "--demo-dir", str(demo_ckpt), "--no-browser",
+                 "--tiny-vae", str(tmp_path / "missing.safetensors")]) == 2
+    assert "--tiny-vae: tiny VAE file" in capsys.readouterr().err

@@ -34,6 +34,7 @@ class Pieces:
     vae: object
     fmt: object
     plan_reason: str
+    tiny_decoder: object = None  # a wan.vae.tiny.TinyDecoder when the settings ask for one
 
 
 def planning_size(size: str) -> tuple[int, int]:
@@ -69,13 +70,14 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
         log.warning("%s", note)
     cfg = fmt.config
     loras = read_loras(settings, cfg)
+    tiny = load_tiny(settings.tiny_vae, device)  # a bad file is refused before the plan and the VAE
     height, width = planning_size(settings.size)
     probe = fast_settings(settings, fmt, device, height, width)
     layout = play_layout(probe) if play else probe.layout(3)
     plan, _ = plan_world_memory(cfg, layout, device, height, width, weights=settings.weights,
                                 kv_cache=settings.kv_cache, kv_layers_on_gpu=settings.kv_layers_on_gpu,
                                 stream_decode="on", vae_cfg=files.vae_config(),
-                                **plan_levers(settings.speed))
+                                decode_bytes=tiny_bytes(tiny, device, height, width), **plan_levers(settings.speed))
     log.info("memory plan: %s", plan.reason)
     placement = FastPlacement(plan, device, log.info)
     dtype = compute_dtype(settings.weights, device)
@@ -89,7 +91,25 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
         return model
 
     vae = load_vae(files.vae, device, config=files.vae_config())
-    return Pieces(placement, load_model, vae, fmt, plan.reason)
+    return Pieces(placement, load_model, vae, fmt, plan.reason, tiny)
+
+
+def load_tiny(path, device: torch.device):
+    """The tiny decoder of `path` (None: none asked for): bf16 on a GPU, float32 on the CPU."""
+    if path is None:
+        return None
+    from ..loaders.tiny_vae_files import load_tiny_decoder
+
+    return load_tiny_decoder(path, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def tiny_bytes(tiny, device: torch.device, height: int, width: int):
+    """What the memory plan counts for the tiny decoder (None: the VAE decodes)."""
+    if tiny is None:
+        return None
+    from ..wan.vae.tiny import tiny_decode_bytes
+
+    return tiny_decode_bytes(tiny.cfg, height, width, torch.empty(0, dtype=tiny.dtype).element_size())
 
 
 def fast_settings(settings: WorldSettings, fmt, device: torch.device, height: int, width: int) -> FastSettings:

@@ -33,6 +33,7 @@ from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, Pa
                                        first_part_frames, plan_first_part, plan_next_part, start_part)
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from ..wan.vae.streaming import StreamingDecoder, context_latents
+from ..wan.vae.tiny import TinyStreamingDecoder, tiny_context_latents
 from .cache import SessionCache
 from .errors import WorldError
 from .frames import ChunkFrames, ChunkTimes, FixedCondition, to_uint8
@@ -63,19 +64,22 @@ class WorldSession:
     load_model(): the model, loaded as the plan says (called once, when the first part needs it).
     prepare_model(model) -> model: speed options, a parallel layout (called once after the load).
     vae: a WanVAE on the device for streaming decode (None: the door decodes the latents itself).
+    tiny_decoder: a wan.vae.tiny.TinyDecoder on the device: every decode of this session uses it instead of the
+    VAE (preview quality, a fraction of the VAE's time and memory); the VAE, if given, still encodes a start image.
     speed: the run's SpeedPlan (speed/options.py): its chunk levers go to every chunk (a preset's 3 steps, the
     folded context pass) and its decode levers to the streaming decode (bf16); None: the release's schedule.
     """
 
     def __init__(self, placement, settings: FastSettings, *, device, load_model: Callable[[], nn.Module],
                  prepare_model: Optional[Callable[[nn.Module], nn.Module]] = None, vae=None,
-                 text_len: Optional[int] = None, speed=None, model_lock=None):
+                 text_len: Optional[int] = None, speed=None, model_lock=None, tiny_decoder=None):
         self.placement = placement
         self.settings = settings
         self.device = torch.device(device)
         self._load_model = load_model
         self._prepare_model = prepare_model
         self.vae = vae
+        self.tiny_decoder = tiny_decoder
         self.text_len = text_len
         self.speed = speed  # a speed.options.SpeedPlan: its chunk levers (steps, fold) and decode levers
         # held while the model runs (load, a part, a chunk and its decode, a rewind's rebuild): a door that lets
@@ -83,7 +87,7 @@ class WorldSession:
         self.model_lock = model_lock if model_lock is not None else threading.RLock()
         self.model: Optional[nn.Module] = None
         self.kv = SessionCache(placement)
-        self.decoder: Optional[StreamingDecoder] = None
+        self.decoder = None  # a StreamingDecoder (the VAE's) or a TinyStreamingDecoder
         # the camera FiLM's pinned host buffers (a plan with film_host_blocks): pinned once, kept with the cache
         self._film_store = None  # a memory.film_stream.HostFilmStore
         self.condition = None
@@ -123,7 +127,8 @@ class WorldSession:
         pieces = open_pieces(files, settings, device)
         session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *planning_size(settings.size)),
                       device=device, load_model=pieces.load_model, vae=pieces.vae,
-                      prepare_model=_speed_preparer(settings.speed), speed=settings.speed)
+                      prepare_model=_speed_preparer(settings.speed), speed=settings.speed,
+                      tiny_decoder=pieces.tiny_decoder)
         session.files, session.world_settings, session.format = files, settings, pieces.fmt
         session.plan_reason = pieces.plan_reason
         return session
@@ -315,7 +320,7 @@ class WorldSession:
         with self.model_lock:  # held across the yields: the consumer decodes on this thread
             need = self.keys_for_next_chunk()
             timeline = self._keys(keys, need)
-            if self.vae is None:
+            if not self.decodes:
                 raise WorldError("this session has no VAE: step() decodes the frames as they are made")
             if self._unfinished:
                 raise WorldError("the last part skipped its final context pass; the video cannot go on")
@@ -452,7 +457,7 @@ class WorldSession:
     def video_frames(self) -> Iterator[np.ndarray]:
         """The whole video so far, decoded again from its latents (uint8 [n, H, W, 3] per latent frame): what a
         batch run writes."""
-        if self.vae is None:
+        if not self.decodes:
             raise WorldError("this session has no VAE to decode with")
         z = self.latent()
         decoder = self._new_decoder()
@@ -463,25 +468,36 @@ class WorldSession:
         finally:
             decoder.close()
 
-    def _decoder_for(self, on_frames) -> Optional[StreamingDecoder]:
-        if on_frames is None or self.vae is None:
+    @property
+    def decodes(self) -> bool:
+        """Whether this session decodes frames (it has a VAE or a tiny decoder)."""
+        return self.vae is not None or self.tiny_decoder is not None
+
+    def _decoder_for(self, on_frames):
+        if on_frames is None or not self.decodes:
             return None
         if self.decoder is None:
             self.decoder = self._new_decoder()
             if self.parts:  # start from the frames before (decoded as they were: maybe in bf16)
                 z = self.latent()
-                n = context_latents(self.vae.cfg, z.shape[2])
+                if self.tiny_decoder is not None:
+                    n = tiny_context_latents(self.tiny_decoder.cfg, z.shape[2])
+                else:
+                    n = context_latents(self.vae.cfg, z.shape[2])
                 with torch.inference_mode():
                     self._decode(self.decoder, z[:, :, z.shape[2] - n:].to(self.device))
         return self.decoder
 
-    def _new_decoder(self) -> StreamingDecoder:
-        """A decoder with the device's norm + SiLU (speed/vae_norm.py: fused on a CUDA GPU with Triton)."""
+    def _new_decoder(self):
+        """The tiny decoder's streaming decoder, or the VAE's with the device's norm + SiLU (speed/vae_norm.py:
+        fused on a CUDA GPU with Triton)."""
+        if self.tiny_decoder is not None:
+            return TinyStreamingDecoder(self.tiny_decoder)
         from ..speed.vae_norm import decoder_norm_silu
 
         return StreamingDecoder(self.vae, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.vae.device))
 
-    def _decode(self, decoder: StreamingDecoder, z: torch.Tensor) -> torch.Tensor:
+    def _decode(self, decoder, z: torch.Tensor) -> torch.Tensor:
         """The frames of latent frames `z`, in bf16 when the speed plan's decode lever says so."""
         from ..speed.decode import decode_precision
         from ..speed.levers import plan_levers
@@ -585,6 +601,7 @@ class WorldSession:
         self.kv.cache = None
         self._close_film_store()
         self.model = None
+        self.tiny_decoder = None
         self.placement.close()
 
     def _check_open(self) -> None:

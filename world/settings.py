@@ -34,6 +34,7 @@ class WorldSettings:
     kv_cache: str = "auto"  # "auto" | "gpu" | "host"
     kv_layers_on_gpu: Optional[int] = None
     vae_tiled: bool = False
+    tiny_vae: Optional[Path] = None  # a tiny decoder (taew2_1 / lighttaew2_1) for every decode instead of the VAE
     loras: tuple = ()  # ((path, strength), ...)
     text: TextSettings = field(default_factory=TextSettings)
     speed: object = None  # a speed.options plan (None: the exact defaults)

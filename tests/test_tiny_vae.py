@@ -1,0 +1,169 @@
+"""The tiny Wan2.1 decoder (wan/vae/tiny.py, loaders/tiny_vae_files.py) against the format's formulas written out
+here independently: the whole video at once, every block over all its frames with the memory shifted in time."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from lingbot_world.loaders.tiny_vae_files import TinyVAEFileError, load_tiny_decoder, tiny_config
+from lingbot_world.wan.vae.tiny import (TinyConfig, TinyDecoder, TinyStreamingDecoder, tiny_context_latents,
+                                        tiny_decode_bytes, tiny_decoder_reach)
+
+CFG = TinyConfig(widths=(8, 6, 5, 4))
+
+
+def random_state(cfg: TinyConfig = CFG, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in TinyDecoder(cfg).state_dict().items()}
+    return {k: torch.randn(s, generator=g) * (0.5 / max(1, (s[1] * s[2] * s[3]) ** 0.5) if len(s) == 4 else 0.1)
+            for k, s in shapes.items()}
+
+
+def reference_decode(sd: dict, z: torch.Tensor) -> torch.Tensor:
+    """z [1, 16, T, h, w] -> frames [1, 3, 1 + 4(T-1), 8h, 8w] in [-1, 1]: the format's layers, whole video."""
+    x = z[0].transpose(0, 1)  # [T, 16, h, w]
+    x = torch.tanh(x / 3) * 3
+    x = F.relu(F.conv2d(x, sd["decoder.1.weight"], sd["decoder.1.bias"], padding=1))
+    for blocks, grow, proj, s in (((3, 4, 5), 7, 8, 1), ((9, 10, 11), 13, 14, 2), ((15, 16, 17), 19, 20, 2)):
+        for i in blocks:
+            past = torch.cat([torch.zeros_like(x[:1]), x[:-1]])  # frame t sees frame t-1's input (none at t=0)
+            h = torch.cat([x, past], 1)
+            for j in (0, 2, 4):
+                h = F.conv2d(h, sd[f"decoder.{i}.conv.{j}.weight"], sd[f"decoder.{i}.conv.{j}.bias"], padding=1)
+                if j < 4:
+                    h = F.relu(h)
+            x = F.relu(h + x)
+        x = F.interpolate(x, scale_factor=2, mode="nearest")
+        x = F.conv2d(x, sd[f"decoder.{grow}.conv.weight"])
+        t, c = x.shape[0], x.shape[1] // s
+        x = x.reshape(t * s, c, *x.shape[2:])  # frame t's channel group j is output frame t*s + j
+        x = F.conv2d(x, sd[f"decoder.{proj}.weight"], padding=1)
+    x = F.conv2d(F.relu(x), sd["decoder.22.weight"], sd["decoder.22.bias"], padding=1).clamp(0, 1)
+    return (x[3:] * 2 - 1).transpose(0, 1).unsqueeze(0)
+
+
+def model_of(sd: dict, cfg: TinyConfig = CFG) -> TinyDecoder:
+    m = TinyDecoder(cfg)
+    m.load_state_dict(sd)
+    return m.eval()
+
+
+def latent(frames: int = 7, seed: int = 1) -> torch.Tensor:
+    return torch.randn(1, 16, frames, 3, 5, generator=torch.Generator().manual_seed(seed))
+
+
+def test_streamed_decode_matches_the_formulas():
+    sd = random_state()
+    z = latent(7)
+    ref = reference_decode(sd, z)
+    out = TinyStreamingDecoder(model_of(sd)).decode(z)
+    assert out.shape == (1, 3, 1 + 4 * 6, 24, 40) == ref.shape
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out.min() >= -1 and out.max() <= 1 and out.std() > 0.01  # not a constant picture
+
+
+def test_chunked_and_frame_by_frame_decodes_are_the_whole_decode_bit_for_bit():
+    sd = random_state()
+    z = latent(9)
+    m = model_of(sd)
+    whole = TinyStreamingDecoder(m).decode(z)
+    for sizes in ((3, 3, 3), (1,) * 9, (2, 4, 3)):
+        d = TinyStreamingDecoder(m)
+        parts, at = [], 0
+        for n in sizes:
+            parts.append(d.decode(z[:, :, at:at + n]))
+            at += n
+        assert [p.shape[2] for p in parts][0] == 1 + 4 * (sizes[0] - 1)
+        assert torch.equal(torch.cat(parts, 2), whole)
+        assert d.frames == whole.shape[2]
+
+
+def test_a_decoder_started_mid_video_with_its_context_continues_exactly():
+    reach = tiny_decoder_reach(CFG)
+    assert reach == tiny_decoder_reach(TinyConfig())  # the time structure alone decides it
+    assert 3 <= reach <= 12
+    sd = random_state(seed=3)
+    m = model_of(sd)
+    z = latent(18, seed=4)
+    whole = TinyStreamingDecoder(m).decode(z)
+    start = 15  # decode latent frames 15.. after warming up on the frames before
+    n = tiny_context_latents(CFG, start)
+    assert n == reach
+    d = TinyStreamingDecoder(m)
+    d.decode(z[:, :, start - n:start])
+    tail = d.decode(z[:, :, start:])
+    first = 1 + 4 * (start - 1)
+    assert torch.equal(tail, whole[:, :, first:])
+    # one frame less of context is not enough: the reach is not overstated
+    short = TinyStreamingDecoder(m)
+    short.decode(z[:, :, start - reach + 1:start])
+    assert not torch.equal(short.decode(z[:, :, start:]), whole[:, :, first:])
+    assert tiny_context_latents(CFG, 2) == 2
+
+
+def test_a_chunk_that_does_not_continue_the_video_is_refused():
+    d = TinyStreamingDecoder(model_of(random_state()))
+    d.decode(latent(3))
+    with pytest.raises(ValueError, match="does not continue"):
+        d.decode(torch.randn(1, 16, 3, 4, 5))
+    with pytest.raises(ValueError, match="16, T, h, w"):
+        d.decode(torch.randn(1, 48, 3, 3, 5))
+
+
+def _write(tmp_path, sd: dict, name: str = "taew2_1.safetensors") -> str:
+    path = tmp_path / name
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    return str(path)
+
+
+def test_files_in_the_real_format_load_with_their_widths(tmp_path):
+    full = TinyConfig()
+    sd = random_state(full, seed=5)
+    encoder = {"encoder.0.weight": torch.randn(64, 3, 3, 3)}  # a file may hold the encoder too: ignored
+    wide = dict(sd)
+    wide["decoder.7.conv.weight"] = torch.cat([torch.randn(256, 256, 1, 1), sd["decoder.7.conv.weight"]])
+    for name, tensors in (("taew2_1.safetensors", {**sd, **encoder}),
+                          ("lighttaew2_1.safetensors", {"taehv_" + k: v for k, v in sd.items()}),
+                          ("wide.safetensors", wide)):
+        m = load_tiny_decoder(_write(tmp_path, tensors, name))
+        assert m.cfg == full
+        for k, v in sd.items():  # a wider grow layer keeps its last frames' channels
+            assert torch.equal(m.state_dict()[k], v), (name, k)
+    torch.save(sd, tmp_path / "taew2_1.pth")
+    assert load_tiny_decoder(tmp_path / "taew2_1.pth", dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_bad_files_are_refused_in_one_line_naming_the_file(tmp_path):
+    sd = random_state()
+    with pytest.raises(FileNotFoundError, match="taew2_1.safetensors"):
+        load_tiny_decoder(tmp_path / "nope.safetensors")
+    other = dict(sd, **{"decoder.1.weight": torch.randn(8, 48, 3, 3)})
+    with pytest.raises(TinyVAEFileError, match="48-channel latents.*taew2_1"):
+        load_tiny_decoder(_write(tmp_path, other, "taew2_2.safetensors"))
+    with pytest.raises(TinyVAEFileError, match="full Wan VAE"):
+        load_tiny_decoder(_write(tmp_path, {"decoder.middle.0.residual.0.gamma": torch.ones(3)}, "vae.safetensors"))
+    broken = {k: v for k, v in sd.items() if k != "decoder.16.conv.2.weight"}
+    with pytest.raises(TinyVAEFileError, match="missing decoder.16.conv.2.weight") as e:
+        load_tiny_decoder(_write(tmp_path, broken, "broken.safetensors"))
+    assert "broken.safetensors" in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a file")
+    with pytest.raises(TinyVAEFileError, match="not a readable safetensors"):
+        load_tiny_decoder(tmp_path / "junk.safetensors")
+    torch.save({"decoder.1.weight": object()}, tmp_path / "pickled.pth")
+    with pytest.raises(TinyVAEFileError, match="weights_only=True"):
+        load_tiny_decoder(tmp_path / "pickled.pth")
+    with pytest.raises(TinyVAEFileError, match="expected .safetensors or .pth"):
+        load_tiny_decoder(_write(tmp_path, sd, "taew2_1.bin"))
+
+
+def test_config_from_shapes_and_bytes():
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in TinyDecoder(TinyConfig()).state_dict().items()}
+    assert tiny_config(shapes) == TinyConfig()
+    small = tiny_decode_bytes(TinyConfig(), 480, 832)
+    assert 0.3e9 < small < 1.5e9  # against ~6.4 GB for the Wan VAE's streaming decode in bf16
+    assert tiny_decode_bytes(TinyConfig(), 720, 1280) > small
