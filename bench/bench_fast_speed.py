@@ -145,6 +145,21 @@ CASES: dict[str, dict] = {
     "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
     "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
     "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
+    # the tiny decoder (--tiny-vae; a random taew2_1-format file in --workdir) instead of the VAE: decode and plan
+    "draft_tiny_vae": dict(preset="draft", compile="blocks", tiny_vae=True),
+    "draft_steps2_tiny_vae": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True),
+    "draft_rolling_steps2_tiny_vae": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
+                                          tiny_vae=True),
+    "draft_steps2_tiny_vae_vae_plan": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                           tiny_plan_as_vae=True),
+    "fast_tiny_vae": dict(preset="fast", compile="blocks", tiny_vae=True),
+    "draft_rolling_steps2_tiny_vae_graphs": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
+                                                 tiny_vae=True, graphs=True, reference="draft_rolling_steps2_tiny_vae"),
+    "draft_steps2_fp8_weights_tiny_vae": dict(preset="draft", compile="blocks", weights="fp8", levers=dict(steps=2),
+                                              tiny_vae=True),
+    "auto_tiny_vae": dict(preset="auto", compile="blocks", tiny_vae=True, save_frames=True),
+    "draft_steps2_tiny_vae_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                          profile=True),
     "link": dict(kind="link"),  # pinned RAM <-> device copies alone: GB/s one way, the other, both at once
     "auto_profile": dict(preset="auto", compile="blocks", profile=True),
     "exact_profile": dict(preset="exact", profile=True),
@@ -219,6 +234,7 @@ def child_case(spec: dict) -> dict:
     from ..wan.vae.model import VAEConfig, WanVAE
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
+    from ..wan.vae.tiny import TinyStreamingDecoder
 
     if spec.get("graphs"):
         os.environ[GRAPHS_ENV] = "1"
@@ -255,6 +271,17 @@ def child_case(spec: dict) -> dict:
     vram = free_vram_bytes(device) if cuda else 1 << 60
     bf16_decode_planned = levers.decode_bf16 and not spec.get("vae_plan_f32")
     extra = streaming_decode_bytes(vae_cfg, h, w, bf16=bf16_decode_planned) if cuda else 0
+    tiny = None
+    if spec.get("tiny_vae"):  # the file in taew2_1's format, loaded as the doors load it
+        from ..loaders.demo_checkpoint import DEMO_TINY_WIDTHS, write_random_tiny_vae
+        from ..world.opening import load_tiny, tiny_bytes
+
+        path = write_random_tiny_vae(Path(spec["workdir"]) / f"taew2_1_{spec['case']}.safetensors",
+                                     widths=DEMO_TINY_WIDTHS if spec["tiny"] else (256, 128, 64, 64))
+        tiny = load_tiny(path, device)
+        if not spec.get("tiny_plan_as_vae"):  # else the cache plan of the VAE's case: the decoder alone changes
+            extra = tiny_bytes(tiny, device, h, w) if cuda else 0
+    out["decode_bytes_planned"] = extra
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
                             graphs=graphs_enabled(device), camera_film=spec.get("film", True),
                             film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8)
@@ -283,7 +310,10 @@ def child_case(spec: dict) -> dict:
         # warm-up: compile, attention plans and the decoder, on chunks the timed run writes again
         t0 = time.perf_counter()
         norm_silu = decoder_norm_silu(device)  # the decoder's kernels as every door builds them
-        warm, warm_decoder = new_run(seed=7), StreamingDecoder(vae, norm_silu=norm_silu)
+        def new_decoder():
+            return TinyStreamingDecoder(tiny) if tiny is not None else StreamingDecoder(vae, norm_silu=norm_silu)
+
+        warm, warm_decoder = new_run(seed=7), new_decoder()
         # in the timed run's precision: a bf16 decode builds its own Triton kernels (0.76 s on an H100 when the
         # warm-up decoded in float32 only; fast_chunk_fused_h100.json)
         warm_decode = ChunkDecoder(warm_decoder.decode, device, bf16=levers.decode_bf16)
@@ -304,7 +334,7 @@ def child_case(spec: dict) -> dict:
         first_call: list = []
         hook = model.register_forward_hook(
             lambda mod, args, result: first_call.append(result.float().cpu()) if not first_call else None)
-        decoder = ChunkDecoder(StreamingDecoder(vae, norm_silu=norm_silu).decode, device,
+        decoder = ChunkDecoder(new_decoder().decode, device,
                                overlap=levers.decode_overlap, bf16=levers.decode_bf16)
         marks: list[tuple] = []
         latents: list[torch.Tensor] = []
@@ -350,6 +380,7 @@ def child_case(spec: dict) -> dict:
         if cuda:
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
+            out["alloc_retries"] = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
         out["stream"] = placement.placement.stats() if placement.placement else None
         runner = getattr(model, "block_runner", None)
         out["graphs"] = runner.stats() if runner is not None else None
@@ -584,7 +615,8 @@ def run(args) -> dict:
                 "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
-                                                       "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel")}}
+                                                       "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel",
+                                                       "tiny_vae", "tiny_plan_as_vae")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -98,12 +98,22 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     fs = fast_settings(settings, fmt, device, h, w)
     with torch.device(device):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
+    from ..world.opening import load_tiny, tiny_bytes
+
+    tiny = None
+    if args.tiny_vae:  # a random decoder in taew2_1's format, loaded as the player loads --tiny-vae
+        from ..loaders.demo_checkpoint import DEMO_TINY_WIDTHS, write_random_tiny_vae
+
+        tiny = load_tiny(write_random_tiny_vae(Path(args.workdir) / "taew2_1_bench.safetensors",
+                                               widths=DEMO_TINY_WIDTHS if args.tiny else (256, 128, 64, 64)), device)
     plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
                                 stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film,
-                                film_host=not args.film_device_only, **plan_levers(plan_speed))
+                                film_host=not args.film_device_only, **plan_levers(plan_speed),
+                                decode_bytes=tiny_bytes(tiny, device, h, w))
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,
+                           tiny_decoder=tiny,
                            load_model=lambda: placement.load_model(fast_path, args.weights, compute_dtype=dtype))
     g = torch.Generator().manual_seed(0)
     image = torch.rand(3, h, w, generator=g) * 2 - 1
@@ -230,6 +240,8 @@ def main(argv=None) -> int:
                    "compile=blocks,compute=fp8,attention=sdpa")
     p.add_argument("--chunk-steps", type=int, choices=(2, 3, 4), default=None,
                    help="denoising calls per chunk over the preset's (as `play --chunk-steps`)")
+    p.add_argument("--tiny-vae", action="store_true",
+                   help="decode with a random tiny decoder in taew2_1's format (--tiny-vae of `play`)")
     p.add_argument("--weights", choices=("nf4", "fp8", "int8"), default="nf4",
                    help="the model's stored weights (fp8 / int8: converted once from the random NF4 model)")
     p.add_argument("--no-camera-film", action="store_true",

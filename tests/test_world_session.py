@@ -358,3 +358,17 @@ def test_tiny_vae_flags_are_refused_in_one_line(demo_ckpt, tmp_path, tiny_vae, c
     assert main(["play", "--demo", "--demo-dir", str(demo_ckpt), "--no-browser",
                  "--tiny-vae", str(tmp_path / "missing.safetensors")]) == 2
     assert "--tiny-vae: tiny VAE file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_tiny_decoder_played_on_the_gpu_equals_its_batch_run(files, demo_ckpt, tmp_path, tiny_vae):
+    settings = _settings(tmp_path.parent / "world_text_cache", window=6, sink=3, tiny_vae=tiny_vae)
+    with WorldSession.open(files, settings, device="cuda") as s:
+        s.start(IMAGE, PROMPT)
+        played = _play(s, KEYS)
+        s.rewind(4)
+        assert np.array_equal(_play(s, KEYS[4:]), played[45:])
+        actions = s.action_string()
+    batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--tiny-vae", str(tiny_vae),
+                   "--device", "cuda", "--noise", "cpu")
+    assert np.array_equal(played, batch)
