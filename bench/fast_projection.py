@@ -107,8 +107,11 @@ def run() -> dict:
     # pinned RAM, the FP8 K/V cache): those profiles include the FiLM already (film_calls 0), right-hand columns only
     later = _load("fast_chunk_kv_bits_h100.json")["summary"]
     steps2 = _load("fast_chunk_steps2_h100.json")["summary"]["draft_steps2"]
+    tiny = _load("fast_chunk_tiny_vae_ab_h100.json")["summary"]  # the tiny decoder instead of the VAE (--tiny-vae)
     for tag, profile, row in (("draft, profiled with today's plan", later["draft_profile"], later["draft"]),
-                              ("draft --chunk-steps 2", later["draft_steps2_profile"], steps2)):
+                              ("draft --chunk-steps 2", later["draft_steps2_profile"], steps2),
+                              ("draft --chunk-steps 2 --tiny-vae", tiny["draft_steps2_tiny_vae_profile"],
+                               tiny["draft_steps2_tiny_vae"])):
         split = profile["device_split_s"]
         for name, card in CARDS.items():
             if name == "H100 SXM":
@@ -119,7 +122,8 @@ def run() -> dict:
                 gemm_h100="fp8", gemm_card=low)
     out["h100_measured"] = {"auto": auto["mean_chunk_s"], "fast": fast["mean_chunk_s"],
                             "draft": draft["mean_chunk_s"], "draft (later session)": later["draft"]["mean_chunk_s"],
-                            "draft --chunk-steps 2": steps2["mean_chunk_s"]}
+                            "draft --chunk-steps 2": steps2["mean_chunk_s"],
+                            "draft --chunk-steps 2 --tiny-vae": tiny["draft_steps2_tiny_vae"]["mean_chunk_s"]}
     return out
 
 
