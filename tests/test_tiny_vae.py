@@ -196,3 +196,29 @@ def test_on_the_gpu_the_full_size_decoder_in_bf16_is_chunk_exact_and_close_to_fl
     print(f"\ntiny decoder on {torch.cuda.get_device_name()}: {per_chunk * 1e3:.1f} ms per 12-frame chunk at 480x832 "
           f"(bf16); bf16 vs float32 relative L2 {err:.2e}")
     assert err < 2e-2
+
+
+def test_the_memory_plan_counts_the_tiny_decoder_instead_of_the_vae():
+    """24 GB card, 480x832, draft's window: the VAE's streaming decode (~4.7 GB in bf16) against the tiny decoder's
+    ~1 GB (plus the VAE's weights where it stays on the device to encode new start images)."""
+    from lingbot_world.wan.dit.kv_cache import cache_layout
+    from lingbot_world.wan.dit.model import DiTConfig
+    from lingbot_world.wan.vae.footprint import vae_weight_bytes
+    from lingbot_world.wan.vae.model import VAEConfig
+    from lingbot_world.world.opening import tiny_bytes
+    from lingbot_world.world.plan import plan_world_memory
+
+    with torch.device("meta"):
+        tiny = TinyDecoder(TinyConfig()).to(torch.bfloat16)
+    cpu = torch.device("cpu")
+    alone = tiny_bytes(tiny, cpu, 480, 832)
+    assert alone == tiny_decode_bytes(TinyConfig(), 480, 832, 2)
+    assert tiny_bytes(tiny, cpu, 480, 832, beside_vae=None) - alone == vae_weight_bytes(VAEConfig())
+    assert tiny_bytes(None, cpu, 480, 832) is None
+    layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
+    kw = dict(vram=24 * 2**30, ram=64 * 2**30, kv_fp8=True, decode_bf16=True)
+    with_vae, stream = plan_world_memory(DiTConfig(), layout, torch.device("cuda"), 480, 832, **kw)
+    with_tiny, stream_tiny = plan_world_memory(DiTConfig(), layout, torch.device("cuda"), 480, 832,
+                                               decode_bytes=tiny_bytes(tiny, cpu, 480, 832, beside_vae=None), **kw)
+    assert stream and stream_tiny
+    assert with_tiny.cache_layers_on_gpu >= with_vae.cache_layers_on_gpu + 5  # ~3.2 GB more for the cache
