@@ -6,6 +6,7 @@ Layout (all keys can be extended from `extra_model_paths.yaml`):
   `Wan2.1_VAE.pth`, `tokenizer/`;
 - `diffusion_models`: expert folders or single-file LingBot experts also work from there;
 - `text_encoders` / `vae`: ComfyUI's own umt5 / Wan VAE files (Comfy-Org repackaged).
+- `vae_approx`: ComfyUI's preview decoders; LingBot Play's `tiny_vae` lists them (taew2_1, lighttaew2_1).
 
 INPUT_TYPES calls the list_* functions on every UI refresh: they never raise (a broken folder logs and
 yields an empty list) and only list directories and read small headers.
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 FOLDER_KEY = "lingbot_world"
 AUTO_TOKENIZER = "auto"
+TINY_VAE_FOLDER = "vae_approx"  # ComfyUI's folder of TAESD / TAEHV preview decoders
+TINY_VAE_SUFFIXES = (".safetensors", ".pth", ".pt")
+NO_TINY_VAE = "none"
 NF4_REPO = "huggingface.co/cahlen/lingbot-world-base-cam-nf4"
 EXPERT_FILES = ("an expert is a FOLDER, not one file: the NF4 one holds config.json, model.safetensors and "
                 "quantization_meta.json; the release's holds config.json and diffusion_pytorch_model-*.safetensors")
@@ -116,6 +120,28 @@ def resolve_lora(name: str) -> Path:
     if full is None:
         raise _not_found("LoRA", name, _paths("loras"), "Put the LoRA (.safetensors) in ComfyUI/models/loras/ and "
                          "refresh the page (press R), or bypass this LoRA loader (Ctrl+B).")
+    return Path(full)
+
+
+def list_tiny_vaes() -> list[str]:
+    """"none", then the files of ComfyUI's vae_approx folder a tiny decoder can be read from (taew2_1,
+    lighttaew2_1; the folder's other TAESD files are listed too and refused by the loader when chosen)."""
+    def scan() -> list[str]:
+        try:
+            names = _fp().get_filename_list(TINY_VAE_FOLDER)
+        except KeyError:  # a ComfyUI without the folder
+            return []
+        return [n for n in names if n.lower().endswith(TINY_VAE_SUFFIXES)]
+
+    return [NO_TINY_VAE] + _safe(scan, "tiny VAEs")
+
+
+def resolve_tiny_vae(name: str) -> Path:
+    full = _fp().get_full_path(TINY_VAE_FOLDER, name)
+    if full is None:
+        raise _not_found("tiny VAE", name, _paths(TINY_VAE_FOLDER),
+                         "Put taew2_1.safetensors (TAEHV) or lighttaew2_1.safetensors (lightx2v) in "
+                         "ComfyUI/models/vae_approx/ and refresh the page (press R), or choose none.")
     return Path(full)
 
 

@@ -186,9 +186,12 @@ class ComfyFastPlacement:
 
 
 def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames: int, part, preview_vae, *,
-                    so_far: int = 0, show: Callable[[str], None] = lambda s: None) -> tuple[WorldSession, str]:
+                    so_far: int = 0, show: Callable[[str], None] = lambda s: None,
+                    tiny_decoder=None) -> tuple[WorldSession, str]:
     """A World session for a video of `latent_frames` (so far + this part), its memory planned for what ComfyUI
-    can free; the plan is shown on the node (returned too)."""
+    can free; the plan is shown on the node (returned too). tiny_decoder (a wan.vae.tiny.TinyDecoder on ComfyUI's
+    device, LingBot Play's tiny_vae): the session decodes with it, the plan counts its memory instead of the
+    VAE's streaming decode, and the VAE is not loaded beside the model."""
     import comfy.model_management as mm
 
     cfg = fast_model.config
@@ -196,7 +199,12 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     h, w = settings.height, settings.width
     levers = plan_levers(fast_model.speed)
     extra = 0
-    if preview_vae is not None:
+    if tiny_decoder is not None:
+        from ..world.opening import tiny_bytes
+
+        extra = tiny_bytes(tiny_decoder, device, h, w)
+        preview_vae = None  # the tiny decoder makes every frame: the VAE's weights stay off the card
+    elif preview_vae is not None:
         from ..wan.vae.streaming import streaming_decode_bytes
 
         extra = streaming_decode_bytes(preview_vae.model.cfg, h, w, bf16=levers["decode_bf16"])
@@ -216,7 +224,7 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     show(summary)
     placement = ComfyFastPlacement(fast_model, plan, device, preview_vae, extra)
     return WorldSession(placement, settings, device=device, load_model=placement.load_model,
-                        speed=fast_model.speed, model_lock=fast_model.lock), summary
+                        speed=fast_model.speed, model_lock=fast_model.lock, tiny_decoder=tiny_decoder), summary
 
 
 def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],

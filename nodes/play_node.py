@@ -8,9 +8,10 @@ with rule "continuable" and the same seed / window / sink re-renders the played 
 state as its `state` output (LingBot Fast Continue goes on from it with new keys, exactly as playing on would).
 The session keeps playing after the node ran, so the state holds a copy of its K/V cache, taken between two chunks
 on the session's own thread together with the action string. Queue again after playing to send the new keys down
-the graph. "Free model and node cache" (and any change of the node's inputs) closes the
-session: it lives as long as ComfyUI keeps the node's I2V input in its cache (the session holds no reference to
-that object, so it dies with ComfyUI's node cache).
+the graph. With `tiny_vae`, a tiny decoder from ComfyUI's vae_approx folder (TAEHV taew2_1 / lighttaew2_1)
+decodes the played frames instead of the VAE (wan/vae/tiny.py). "Free model and node cache" (and any change of
+the node's inputs) closes the session: it lives as long as ComfyUI keeps the node's I2V input in its cache (the
+session holds no reference to that object, so it dies with ComfyUI's node cache).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Optional
 
 from ..memory.kv_placement import RAM_MARGIN
 from ..memory.placement import _gb, available_ram_bytes
+from .comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
 from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track, fast_settings,
                         open_fast_world)
 from .fast_state_store import FastStateHandle, state_line, state_output_used
@@ -64,7 +66,8 @@ class LingBotPlay:
                 "text": (TEXT, {"tooltip": "From LingBot Text Encode (the prompt of the played world)"}),
                 "i2v": (I2V, {"tooltip": (
                     "From LingBot Image To Video with LingBot VAE Loader's VAE: its image starts the world and its "
-                    "VAE decodes the frames as they are made (its frame count does not matter: play is endless)")}),
+                    "VAE decodes the frames as they are made, unless tiny_vae is chosen (its frame count does not "
+                    "matter: play is endless)")}),
                 # no control_after_generate: a new seed on every queue would start a new world instead of
                 # sending the played keys down the graph
                 "seed": ("INT", {"default": 42, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": False,
@@ -77,6 +80,14 @@ class LingBotPlay:
                     "memory flat however long you play")}),
                 "sink": ("INT", {"default": 3, "min": 0, "max": 10_000, "tooltip": (
                     "With a window: the first latent frames are never evicted")}),
+            },
+            "optional": {
+                "tiny_vae": (list_tiny_vaes(), {"default": NO_TINY_VAE, "tooltip": (
+                    "A tiny decoder from ComfyUI/models/vae_approx (taew2_1 or lighttaew2_1) decodes the played "
+                    "frames instead of the VAE: preview quality, a fraction of the VAE's decode time and about 1 GB "
+                    "of VRAM instead of 4.7 GB at 480x832, so more of the K/V cache stays on the card. The played "
+                    "keys re-rendered through LingBot Fast Sampler + VAE Decode use the full VAE. none: the VAE "
+                    "decodes")}),
             },
             "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
@@ -107,19 +118,20 @@ class LingBotPlay:
         return current.driver.snapshot.get("action_string", "") if current is not None else ""
 
     def play(self, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int = 42,
-             noise_source: str = "cpu", window: int = 21, sink: int = 3, prompt: Optional[dict] = None,
-             unique_id: Optional[str] = None):
+             noise_source: str = "cpu", window: int = 21, sink: int = 3, tiny_vae: str = NO_TINY_VAE,
+             prompt: Optional[dict] = None, unique_id: Optional[str] = None):
         if noise_source not in NOISE_SOURCES:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
         if window and not 0 <= sink < window:
             raise ValueError(f"sink {sink}: use 0 .. window - 1 ({window - 1})")
         check_text(text, fast_model.config)
         node = str(unique_id)
-        key = (id(fast_model), id(text), id(i2v), int(seed), noise_source, int(window), int(sink))
+        key = (id(fast_model), id(text), id(i2v), int(seed), noise_source, int(window), int(sink), tiny_vae)
         current = _open.get(node)
         if current is None or current.key != key or current.driver.closed:
             close_player(node)
-            current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source, window or None, sink)
+            current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source, window or None, sink,
+                                           tiny_vae)
             current.serial = next(_serials)
             weakref.finalize(i2v, _dropped, node, current.serial)  # Free (or new inputs) drops it: close
         keep = state_output_used(prompt, unique_id)
@@ -153,7 +165,7 @@ def _played(session, keep: bool):
 
 
 def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int, noise_source: str,
-           window: Optional[int], sink: int) -> _Open:
+           window: Optional[int], sink: int, tiny_vae: str = NO_TINY_VAE) -> _Open:
     import comfy.model_management as mm
     import folder_paths
 
@@ -168,12 +180,15 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
         raise ValueError("LingBot Play: connect LingBot VAE Loader's VAE to LingBot Image To Video (the player "
                          "decodes each chunk with it and encodes the conditioning of later frames)")
     device = mm.get_torch_device()
+    tiny = _load_tiny(tiny_vae, device)
     settings = fast_settings(fast_model, device, i2v.height, i2v.width, seed, noise_source, "continuable", window,
                              sink, None, keep=False, tiled=i2v.tiled)
     first = plan_first_part(CameraSource(keys=KeyTimeline.none(8)), first_part_frames(1), settings)
-    world, _ = open_fast_world(fast_model, settings, first.latent_frames, first, i2v.vae, show=show_on_node)
+    world, _ = open_fast_world(fast_model, settings, first.latent_frames, first, i2v.vae, show=show_on_node,
+                               tiny_decoder=tiny)
     try:
-        world.vae = i2v.vae.model
+        if tiny is None:
+            world.vae = i2v.vae.model
         world.load()  # on ComfyUI's worker thread, with its model management; chunks then run on the player's
         world.begin(condition_track(i2v), text.positive, text.prompt)
     except BaseException:
@@ -186,8 +201,22 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     options = PlayerOptions(out_dir=out_dir, prompt=text.prompt, title="LingBot Play",
                             restart=lambda session: session.begin(condition, context, prompt))
     player = Player(driver, options, prefix="")
-    log.info("LingBot Play: session open (%dx%d, window %s, sink %d)", i2v.width, i2v.height, window, sink)
+    log.info("LingBot Play: session open (%dx%d, window %s, sink %d, frames decoded by %s)", i2v.width, i2v.height,
+             window, sink, "the VAE" if tiny is None else f"the tiny decoder {tiny_vae}")
     return _Open(key, driver, player)
+
+
+def _load_tiny(name: str, device):
+    """The tiny decoder chosen as tiny_vae, on `device` (None for none); a missing or wrong file is one line naming
+    the input, said before the session opens."""
+    if name == NO_TINY_VAE:
+        return None
+    from ..world.opening import load_tiny
+
+    try:
+        return load_tiny(resolve_tiny_vae(name), device)
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"LingBot Play: tiny_vae {name}: {e}") from None
 
 
 def _start_frame(i2v: I2VCondition):

@@ -1,8 +1,11 @@
 """LingBot Play in-process on the tiny demo (ComfyUI's modules stood in by test_nodes_pipeline.py, no server): the
 node's state output continues the played world in LingBot Fast Continue exactly as the batch run of the concatenated
 keys and as playing on, it is a snapshot (playing on or rewinding after the node ran leaves it as it was), it is taken
-between chunks, and it is refused (one line naming `window`) when its copy does not fit in RAM. Chunks are played
-through the driver's own API, each awaited to its end: no sleeps racing the session's thread."""
+between chunks, and it is refused (one line naming `window`) when its copy does not fit in RAM. Its `tiny_vae` input
+lists ComfyUI's vae_approx folder, decodes the played frames with the chosen tiny decoder (the plan counting its
+memory, the VAE left off the card), refuses a bad file in one line before the session opens, and a new choice starts
+a new session. Chunks are played through the driver's own API, each awaited to its end: no sleeps racing the
+session's thread."""
 from __future__ import annotations
 
 import asyncio
@@ -39,17 +42,22 @@ def players(comfy):
         close_player(node)
 
 
-def play(inputs, window=21, sink=3, used=True):
-    """One run of the node (the same model, text and I2V objects each time, as ComfyUI's cache gives them)."""
+def made(inputs):
+    """The Fast model and the I2V output the node plays on (built once, reused like ComfyUI's cache)."""
     text, vae, image, made = inputs
     if "play" not in made:
         made["play"] = (C.F.fast_loader(), N("LingBotImageToVideo").encode(vae, image, "custom", C.W, C.H, 9)[0])
-    fast_model, i2v = made["play"]
+    return made["play"]
+
+
+def play(inputs, window=21, sink=3, used=True, **kw):
+    """One run of the node (the same model, text and I2V objects each time, as ComfyUI's cache gives them)."""
+    fast_model, i2v = made(inputs)
     prompt = {NODE: {"inputs": {}}}
     if used:
         prompt["51"] = {"inputs": {"state": [NODE, 1]}}
-    return N("LingBotPlay").play(fast_model, text, i2v, seed=5, noise_source="cpu", window=window, sink=sink,
-                                 prompt=prompt, unique_id=NODE)["result"]
+    return N("LingBotPlay").play(fast_model, inputs[0], i2v, seed=5, noise_source="cpu", window=window, sink=sink,
+                                 prompt=prompt, unique_id=NODE, **kw)["result"]
 
 
 def driver():
@@ -166,3 +174,111 @@ def test_play_and_the_fast_nodes_take_turns_on_the_model(comfy, inputs, players)
     assert driver().call_now(lambda session: session.model_lock) is fast_model.lock
     assert dataclasses.replace(fast_model, speed=None).lock is fast_model.lock
     assert step("w-8").chunk == 1
+
+
+TINY = "taew2_1.safetensors"
+
+
+@pytest.fixture
+def vae_approx(comfy, tmp_path):
+    """ComfyUI's vae_approx folder (as ComfyUI registers it) holding a random tiny decoder in taew2_1's format."""
+    import sys
+
+    from lingbot_world.loaders.demo_checkpoint import write_random_tiny_vae
+
+    folder = tmp_path / "vae_approx"
+    folder.mkdir()
+    sys.modules["folder_paths"].add_model_folder_path("vae_approx", str(folder))
+    write_random_tiny_vae(folder / TINY)
+    return folder
+
+
+def played_frames(keys):
+    """One chunk on the session's thread: its decoded frames, uint8 [n, H, W, 3]."""
+    import numpy as np
+
+    return driver().call_now(lambda session: np.concatenate([b.frames for b in session.step(keys)]))
+
+
+def tiny_vae_choices():
+    return N("LingBotPlay").INPUT_TYPES()["optional"]["tiny_vae"]
+
+
+def test_tiny_vae_lists_the_vae_approx_folder(comfy, tmp_path):
+    import sys
+
+    choices, opts = tiny_vae_choices()
+    assert choices == ["none"] and opts["default"] == "none"  # a ComfyUI without the folder: nothing to list
+    folder = tmp_path / "vae_approx"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("taew2_1.safetensors", "taesd_decoder.pth", "sub/lighttaew2_1.pt", "readme.txt", "taew2_1.json"):
+        (folder / name).write_bytes(b"")
+    sys.modules["folder_paths"].add_model_folder_path("vae_approx", str(folder))
+    choices, opts = tiny_vae_choices()
+    assert choices == ["none", "sub/lighttaew2_1.pt", "taesd_decoder.pth", "taew2_1.safetensors"]
+    assert opts["default"] == "none"
+    assert "vae_approx" in opts["tooltip"] and "full VAE" in opts["tooltip"]
+
+
+def test_a_tiny_vae_decodes_the_played_frames_and_a_new_choice_starts_a_new_session(comfy, inputs, players,
+                                                                                      vae_approx):
+    import numpy as np
+
+    from lingbot_world.wan.vae.streaming import streaming_decode_bytes
+    from lingbot_world.wan.vae.tiny import TinyStreamingDecoder
+    from lingbot_world.world.frames import to_uint8
+    from lingbot_world.world.opening import load_tiny, tiny_bytes
+
+    cpu = torch.device("cpu")
+    vae = inputs[1]
+    assert TINY in tiny_vae_choices()[0]
+    play(inputs)  # none: the VAE decodes and is loaded beside the model
+    by_vae = driver()
+    assert by_vae.call_now(lambda s: (s.tiny_decoder, s.vae is vae.model)) == (None, True)
+    assert by_vae.call_now(lambda s: s.placement.extra_vram) == streaming_decode_bytes(vae.model.cfg, C.H, C.W,
+                                                                                       bf16=False)
+    vae_frames = played_frames("w-8")
+    z = played_latent()
+
+    comfy.calls.clear()
+    actions, state = play(inputs, tiny_vae=TINY)
+    assert driver() is not by_vae and by_vae.closed  # a new session, from the start image
+    assert actions == "" and state.state is None
+    loads = [c[1] for c in comfy.calls if c[0] == "load_models_gpu"]
+    assert loads and all(names == ["ExpertContainer"] for names in loads)  # the VAE stays off the card
+    tiny = load_tiny(vae_approx / TINY, cpu)
+    assert driver().call_now(lambda s: (s.tiny_decoder is not None, s.vae, s.placement.extra_vram)) == (
+        True, None, tiny_bytes(tiny, cpu, C.H, C.W))
+    tiny_frames = played_frames("w-8")
+    assert torch.equal(played_latent(), z)  # the decoder changes the frames only
+    assert np.array_equal(tiny_frames, to_uint8(TinyStreamingDecoder(tiny).decode(z)))
+    assert tiny_frames.shape == vae_frames.shape and not np.array_equal(tiny_frames, vae_frames)
+
+    by_tiny = driver()
+    play(inputs)  # back to none
+    assert driver() is not by_tiny and by_tiny.closed
+    assert driver().call_now(lambda s: s.tiny_decoder) is None
+    assert np.array_equal(played_frames("w-8"), vae_frames)
+
+
+def test_a_bad_tiny_vae_is_one_line_naming_the_input_before_the_session_opens(comfy, inputs, players, vae_approx):
+    from safetensors.torch import save_file
+
+    from lingbot_world.nodes.play_node import _open
+
+    save_file({"decoder.1.weight": torch.zeros(8, 48, 3, 3)}, str(vae_approx / "taew2_2.safetensors"))
+    made(inputs)
+    comfy.calls.clear()
+    with pytest.raises(ValueError) as err:
+        play(inputs, tiny_vae="taew2_2.safetensors")
+    line = str(err.value)
+    assert line.startswith("LingBot Play: tiny_vae taew2_2.safetensors: ") and "\n" not in line
+    assert "a tiny decoder for 48-channel latents" in line
+    with pytest.raises(ValueError) as err:  # gone since the page listed it
+        play(inputs, tiny_vae="gone.safetensors")
+    line = str(err.value)
+    assert line.startswith("LingBot Play: tiny_vae gone.safetensors: tiny VAE 'gone.safetensors' was not found in: "
+                           f"{vae_approx}") and line.endswith("or choose none.") and "\n" not in line
+    assert NODE not in _open and not comfy.calls  # nothing planned, loaded or opened
+    play(inputs, tiny_vae=TINY)
+    assert driver().call_now(lambda s: s.tiny_decoder) is not None
