@@ -56,7 +56,7 @@ def tiny_config(shapes: Dict[str, tuple], path: PathLike = "<state dict>") -> Ti
     """The widths of the decoder these tensor shapes describe; TinyVAEFileError if it is not a Wan2.1 one."""
     first = shapes.get(f"decoder.{IN_CONV}.weight")
     if first is None:
-        hint = (" (this looks like the full Wan VAE: pass it as --vae)" if any(k.startswith("decoder.middle")
+        hint = (" (this looks like the full Wan VAE, not a tiny decoder)" if any(k.startswith("decoder.middle")
                                                                              for k in shapes) else "")
         raise TinyVAEFileError(f"{path}: no tiny decoder in this file (no 'decoder.{IN_CONV}.weight'){hint}; use "
                                f"taew2_1.safetensors or lighttaew2_1.safetensors")
