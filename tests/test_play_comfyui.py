@@ -31,8 +31,14 @@ WAIT_S = 300.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    from lingbot_world.loaders.demo_checkpoint import write_random_tiny_vae
+
     base = tmp_path_factory.mktemp("comfy_play")
     comfy.prepare_base(base)
+    approx = base / "models" / "vae_approx"
+    approx.mkdir(parents=True, exist_ok=True)
+    write_random_tiny_vae(approx / "taew2_1.safetensors")  # ComfyUI's preview-decoder folder
+    (approx / "broken.safetensors").write_bytes(b"not a tiny decoder")
     with comfy.running_server(base) as srv:
         yield srv
 
@@ -257,3 +263,23 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             assert "disconnected" in frame.inner_text("#note")
         finally:
             context.close()
+
+
+def test_play_with_a_tiny_decoder_from_vae_approx(server):
+    """tiny_vae lists ComfyUI's vae_approx files; a chosen one plays (its frames from the tiny decoder); a file that
+    is not a tiny decoder stops the node in one line naming the input, and ComfyUI keeps running."""
+    info = server.get("/object_info/LingBotPlay")["LingBotPlay"]["input"]["optional"]["tiny_vae"]
+    assert info[0][0] == "none" and {"taew2_1.safetensors", "broken.safetensors"} <= set(info[0])
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    prompt = _play_prompt()
+    prompt["50"]["inputs"]["tiny_vae"] = "broken.safetensors"
+    res = server.run(prompt, timeout=WAIT_S * 2)
+    assert res["end"] == "error", res
+    message = res["error"]["exception_message"]
+    assert "tiny_vae broken.safetensors" in message and "\n" not in message.strip()
+    prompt["50"]["inputs"]["tiny_vae"] = "taew2_1.safetensors"
+    played = _played(server, prompt)
+    state = asyncio.run(_play(server, played["url"], ["w-8", "jw-12"]))
+    assert state["chunks"] == 2 and state["action_string"] == "w-8,wj-12"
+    assert "frames decoded by the tiny decoder taew2_1.safetensors" in server.log()
+    assert server.proc.poll() is None
