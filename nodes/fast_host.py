@@ -17,16 +17,14 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..loaders.expert_format import ExpertFormat
-from ..memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
-from ..memory.placement import _gb, available_ram_bytes
+from ..memory.kv_placement import FastMemoryError, place_kv_cache
+from ..memory.placement import _gb
 from ..speed.levers import plan_levers
-from ..speed.options import graphs_enabled
 from ..wan.sampling.fast_sampler import STEP_INDICES
 from ..wan.sampling.fast_state import CameraSource, FastSettings
 from ..wan.sampling.sampler import Cancelled
-from ..world.plan import session_layout
+from ..world.plan import plan_world_memory, session_layout
 from ..world.session import WorldSession
-from .expert_weights import compute_bytes_for
 from .memory import vram_comfy_can_free
 from .payloads import CameraInput, TextEmbeds, VAEHandle
 from .progress import count
@@ -211,12 +209,11 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     layout = session_layout(settings, latent_frames)
     if layout.note:
         log.warning("LingBot-World Fast K/V cache: %s", layout.note)
-    try:
-        plan = plan_fast_memory(h, w, cfg, layout, vram_comfy_can_free(mm, device, fast_model.patcher),
-                                available_ram_bytes(),
-                                weights=fast_model.weights, cache=fast_model.kv_cache, camera=part.camera is not None,
-                                compute_bytes=compute_bytes_for(device, fast_model.weights), extra_vram=extra,
-                                graphs=graphs_enabled(device), kv_fp8=levers["kv_fp8"])
+    try:  # the World session's planner (world/plan.py), with what ComfyUI can free and the decoder's bytes above
+        plan, _ = plan_world_memory(cfg, layout, device, h, w, weights=fast_model.weights,
+                                    kv_cache=fast_model.kv_cache, with_camera=part.camera is not None,
+                                    stream_decode="on" if extra else "off", decode_bytes=extra or None,
+                                    vram=vram_comfy_can_free(mm, device, fast_model.patcher), **levers)
     except FastMemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
     log.info("LingBot-World Fast memory plan: %s", plan.reason)
