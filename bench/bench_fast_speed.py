@@ -280,7 +280,7 @@ def child_case(spec: dict) -> dict:
                                      widths=DEMO_TINY_WIDTHS if spec["tiny"] else (256, 128, 64, 64))
         tiny = load_tiny(path, device)
         if not spec.get("tiny_plan_as_vae"):  # else the cache plan of the VAE's case: the decoder alone changes
-            extra = tiny_bytes(tiny, device, h, w) if cuda else 0
+            extra = tiny_bytes(tiny, h, w) if cuda else 0
     out["decode_bytes_planned"] = extra
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
                             graphs=graphs_enabled(device), camera_film=spec.get("film", True),

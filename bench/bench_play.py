@@ -109,7 +109,7 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
                                 stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film,
                                 film_host=not args.film_device_only, **plan_levers(plan_speed),
-                                decode_bytes=tiny_bytes(tiny, device, h, w, beside_vae=vae.cfg))
+                                decode_bytes=tiny_bytes(tiny, h, w, beside_vae=vae.cfg))
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=_speed_preparer(plan_speed), speed=plan_speed,

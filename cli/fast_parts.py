@@ -184,7 +184,7 @@ def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_fr
                                          with_camera=with_camera,
                                          stream_decode="on" if tiny is not None else request.stream_decode,
                                          vae_cfg=files.vae_config(), seq_parallel=seq_parallel,
-                                         decode_bytes=tiny_bytes(tiny, device, settings.height, settings.width),
+                                         decode_bytes=tiny_bytes(tiny, settings.height, settings.width),
                                          **plan_levers(speed))
     except FastMemoryError as e:
         raise UsageError(str(e)) from None
@@ -208,10 +208,10 @@ def tiny_decoder(request: GenerateRequest, device):
 
 def check_tiny_vae(path) -> None:
     """--tiny-vae's file read and checked (a few MB) without building the decoder; one line naming the flag."""
-    from ..loaders.tiny_vae_files import TinyVAEFileError, read_decoder_tensors, tiny_config
+    from ..loaders.tiny_vae_files import TinyVAEFileError, check_tiny_decoder_file
 
     try:
-        tiny_config({k: tuple(v.shape) for k, v in read_decoder_tensors(path).items()}, path)
+        check_tiny_decoder_file(path)
     except (TinyVAEFileError, FileNotFoundError) as e:
         raise UsageError(f"--tiny-vae: {e}") from None
 

@@ -83,11 +83,16 @@ def tiny_config(shapes: Dict[str, tuple], path: PathLike = "<state dict>") -> Ti
     return cfg
 
 
+def check_tiny_decoder_file(path: PathLike) -> TinyConfig:
+    """Everything load_tiny_decoder checks (readable, a Wan2.1 tiny decoder's tensors and shapes) without building
+    the decoder; its widths."""
+    return _checked(path)[1]
+
+
 def load_tiny_decoder(path: PathLike, device: Union[str, torch.device] = "cpu",
                       dtype: torch.dtype = torch.float32) -> TinyDecoder:
     """The checked decoder on `device` in `dtype` (bf16 on a GPU: it is a preview decoder; float32 on the CPU)."""
-    sd = read_decoder_tensors(path)
-    cfg = tiny_config({k: tuple(v.shape) for k, v in sd.items()}, Path(path))
+    sd, cfg = _checked(path)
     with torch.device("meta"):
         model = TinyDecoder(cfg)
     expected = model.state_dict()
@@ -99,6 +104,11 @@ def load_tiny_decoder(path: PathLike, device: Union[str, torch.device] = "cpu",
         weights[k] = v.to(device=device, dtype=dtype)
     model.load_state_dict(weights, strict=True, assign=True)
     return model.eval().requires_grad_(False)
+
+
+def _checked(path: PathLike) -> tuple[Dict[str, torch.Tensor], TinyConfig]:
+    sd = read_decoder_tensors(path)
+    return sd, tiny_config({k: tuple(v.shape) for k, v in sd.items()}, Path(path))
 
 
 def _decoder_key(key: str) -> bool:

@@ -200,7 +200,7 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     if tiny_decoder is not None:
         from ..world.opening import tiny_bytes
 
-        extra = tiny_bytes(tiny_decoder, device, h, w)
+        extra = tiny_bytes(tiny_decoder, h, w)
         preview_vae = None  # the tiny decoder makes every frame: the VAE's weights stay off the card
     elif preview_vae is not None:
         from ..wan.vae.streaming import streaming_decode_bytes

@@ -248,7 +248,7 @@ def test_a_tiny_vae_decodes_the_played_frames_and_a_new_choice_starts_a_new_sess
     assert loads and all(names == ["ExpertContainer"] for names in loads)  # the VAE stays off the card
     tiny = load_tiny(vae_approx / TINY, cpu)
     assert driver().call_now(lambda s: (s.tiny_decoder is not None, s.vae, s.placement.extra_vram)) == (
-        True, None, tiny_bytes(tiny, cpu, C.H, C.W))
+        True, None, tiny_bytes(tiny, C.H, C.W))
     tiny_frames = played_frames("w-8")
     assert torch.equal(played_latent(), z)  # the decoder changes the frames only
     assert np.array_equal(tiny_frames, to_uint8(TinyStreamingDecoder(tiny).decode(z)))

@@ -210,15 +210,14 @@ def test_the_memory_plan_counts_the_tiny_decoder_instead_of_the_vae():
 
     with torch.device("meta"):
         tiny = TinyDecoder(TinyConfig()).to(torch.bfloat16)
-    cpu = torch.device("cpu")
-    alone = tiny_bytes(tiny, cpu, 480, 832)
+    alone = tiny_bytes(tiny, 480, 832)
     assert alone == tiny_decode_bytes(TinyConfig(), 480, 832, 2)
-    assert tiny_bytes(tiny, cpu, 480, 832, beside_vae=None) - alone == vae_weight_bytes(VAEConfig())
-    assert tiny_bytes(None, cpu, 480, 832) is None
+    assert tiny_bytes(tiny, 480, 832, beside_vae=None) - alone == vae_weight_bytes(VAEConfig())
+    assert tiny_bytes(None, 480, 832) is None
     layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
     kw = dict(vram=24 * 2**30, ram=64 * 2**30, kv_fp8=True, decode_bf16=True)
     with_vae, stream = plan_world_memory(DiTConfig(), layout, torch.device("cuda"), 480, 832, **kw)
     with_tiny, stream_tiny = plan_world_memory(DiTConfig(), layout, torch.device("cuda"), 480, 832,
-                                               decode_bytes=tiny_bytes(tiny, cpu, 480, 832, beside_vae=None), **kw)
+                                               decode_bytes=tiny_bytes(tiny, 480, 832, beside_vae=None), **kw)
     assert stream and stream_tiny
     assert with_tiny.cache_layers_on_gpu >= with_vae.cache_layers_on_gpu + 5  # ~3.2 GB more for the cache

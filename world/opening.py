@@ -77,7 +77,7 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
     plan, _ = plan_world_memory(cfg, layout, device, height, width, weights=settings.weights,
                                 kv_cache=settings.kv_cache, kv_layers_on_gpu=settings.kv_layers_on_gpu,
                                 stream_decode="on", vae_cfg=files.vae_config(),
-                                decode_bytes=tiny_bytes(tiny, device, height, width, beside_vae=files.vae_config()),
+                                decode_bytes=tiny_bytes(tiny, height, width, beside_vae=files.vae_config()),
                                 **plan_levers(settings.speed))
     log.info("memory plan: %s", plan.reason)
     placement = FastPlacement(plan, device, log.info)
@@ -104,7 +104,7 @@ def load_tiny(path, device: torch.device):
     return load_tiny_decoder(path, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
-def tiny_bytes(tiny, device: torch.device, height: int, width: int, beside_vae=False):
+def tiny_bytes(tiny, height: int, width: int, beside_vae=False):
     """What the memory plan counts for the tiny decoder (None: the VAE decodes). beside_vae: the VAE stays on the
     device too (the player encodes new start images with it): its weights are counted as well (a VAEConfig, or
     None for the Wan2.1 VAE's; False: the VAE leaves the device, as in the CLI)."""
@@ -112,7 +112,7 @@ def tiny_bytes(tiny, device: torch.device, height: int, width: int, beside_vae=F
         return None
     from ..wan.vae.tiny import tiny_decode_bytes
 
-    total = tiny_decode_bytes(tiny.cfg, height, width, torch.empty(0, dtype=tiny.dtype).element_size())
+    total = tiny_decode_bytes(tiny.cfg, height, width, tiny.dtype.itemsize)
     if beside_vae is not False:
         from ..wan.vae.footprint import vae_weight_bytes
         from ..wan.vae.model import VAEConfig
