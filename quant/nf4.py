@@ -55,7 +55,9 @@ class NF4Linear(Linear4bit):
 
     Its weight is filled later by `load_prequantized` (stored NF4 pieces) or `load_float_weight` (quantized on
     the weight's device). forward = two steps: dequantize the weight (`dequantized_weight`, bitsandbytes' kernel,
-    also serving the DiT's fp32 regions), then one GEMM in the compute mode (`set_compute`). Between
+    also serving the DiT's fp32 regions), then one GEMM in the compute mode (`set_compute`). For FP8 / INT8 GEMMs
+    on a GPU the weight's preparation (dequantize, then quantize per row) runs as one kernel where the speed plan
+    offers it (`quant/nf4_rows.py`, the same bits), except under a LoRA that patches the weight. Between
     `hold_weight()` and `release_weight()` the prepared weight is kept for all token chunks of a block phase.
     `lora` is the LoRA hook (`quant.lora.LinearLora`, set by `quant.lora.attach`): its weight patches go between
     "dequantize" and "GEMM" (every compute mode starts from the patched weight), its low-rank terms are added to
@@ -195,15 +197,21 @@ class NF4Linear(Linear4bit):
         key = (kind, dtype)
         if self._held is not None and key in self._held:
             return self._held[key]
-        # Step 1, dequantize: every path starts from this weight, with a LoRA's weight patches applied (in fp32).
         lora = self.lora
-        if lora is not None and lora.patches_weight:
-            w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(dtype)
-        else:
-            w = self.dequantized_weight(dtype)
+        patched = lora is not None and lora.patches_weight
         ops = self._lowp_ops or {}  # the weight quantizers apply_speed picked (one fused kernel where it can)
-        prepared = (ops.get("fp8_weight", fp8.quantize_weight)(w) if kind == "fp8"
-                    else ops.get("int8_weight", int8.quantize_weight)(w) if kind == "int8" else w)
+        # NF4 codes straight to FP8 / INT8 rows in one pass where the kernel runs (quant/nf4_rows.py) ...
+        fused = ops.get("nf4_" + kind) if kind in ("fp8", "int8") and not patched else None
+        prepared = fused(self.weight.data, self.weight.quant_state, dtype) if fused is not None else None
+        if prepared is None:
+            # ... else step 1, dequantize: every path starts from this weight, with a LoRA's weight patches
+            # applied (in fp32); step 2, quantize it for the low-precision GEMM.
+            if patched:
+                w = lora.patch_weight(self.dequantized_weight(torch.float32)).to(dtype)
+            else:
+                w = self.dequantized_weight(dtype)
+            prepared = (ops.get("fp8_weight", fp8.quantize_weight)(w) if kind == "fp8"
+                        else ops.get("int8_weight", int8.quantize_weight)(w) if kind == "int8" else w)
         if self._held is not None:
             self._held[key] = prepared
         return prepared

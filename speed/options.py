@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ..quant import compute as qcompute
-from ..quant import fp8, int8, rowwise_triton
+from ..quant import fp8, int8, nf4_rows, rowwise_triton
 from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.dit import attention as attn
 from . import compile as compile_mod
@@ -195,6 +195,9 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
         why_not = rowwise_triton.unavailable_reason(device)
         notes.append(f"{compute} activations and weights quantized by " + (
             "the one-pass Triton row kernel" if why_not is None else f"torch's quantizers ({why_not})"))
+        why_not = nf4_rows.unavailable_reason(device)
+        notes.append(f"NF4 weights to {compute} rows " + (
+            "in one Triton kernel" if why_not is None else f"in two passes, bnb's dequantize + the quantizer ({why_not})"))
     return plan
 
 
@@ -267,4 +270,6 @@ def _quantizers(wrap) -> dict:
         "int8": rowwise_triton.preferring_kernel("int8", wrap(int8.quantize_rows)),
         "int8_weight": rowwise_triton.preferring_kernel_weight("int8", wrap(int8.quantize_weight)),
         "int8_rescale": wrap(int8.rescale),
+        "nf4_fp8": nf4_rows.preferring_kernel("fp8"),  # NF4 weight -> FP8 rows in one kernel (quant/nf4_rows.py)
+        "nf4_int8": nf4_rows.preferring_kernel("int8"),
     }

@@ -253,6 +253,107 @@ def test_triton_row_quantizer_is_faster_than_the_compiled_one():
     assert t_triton < t_compiled * 1.05
 
 
+# ---- NF4 weights to FP8 / INT8 rows in one kernel (quant/nf4_rows.py) ----------------------------------------------
+def _nf4_weight(shape, nested, seed=6):
+    import bitsandbytes.functional as bnbf
+
+    w = bf16(*shape, seed=seed) * 0.02
+    w[1] = 0  # an all-zero row keeps a finite scale
+    w[2, 7] = 1.0  # an outlier block
+    return bnbf.quantize_4bit(w, blocksize=64, compress_statistics=nested, quant_type="nf4")
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("shape", [(5120, 5120), (13824, 5120), (5120, 13824), (96, 320)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("nested", [True, False])
+def test_nf4_row_kernel_is_bit_identical_to_dequantize_then_quantize(kind, shape, dtype, nested):
+    if not _triton_ready():
+        pytest.skip("needs Triton")
+    if kind == "fp8" and not has_fp8():
+        pytest.skip("needs FP8 (sm89+)")
+    import bitsandbytes.functional as bnbf
+
+    from lingbot_world.quant import nf4_rows
+
+    packed, state = _nf4_weight(shape, nested)
+    state.dtype = dtype
+    assert nf4_rows.usable(packed, state, dtype)
+    q, s = nf4_rows.prepare(packed, state, dtype, kind)
+    # the two passes the kernel replaces: bnb's dequantize, then the Triton row quantizer
+    q2, s2 = rowwise_triton_weight(kind)(bnbf.dequantize_4bit(packed, state))
+    q3, s3 = nf4_rows.reference(packed, state, dtype, kind)
+    assert q.shape == q2.shape == shape and s.shape == s2.shape == (1, shape[0])
+    for qr, sr in ((q2, s2), (q3, s3)):
+        assert torch.equal(s, sr), f"{(s != sr).sum().item()} of {s.numel()} scales differ"
+        codes, codes_ref = (q.view(torch.uint8), qr.view(torch.uint8)) if kind == "fp8" else (q, qr)
+        assert torch.equal(codes, codes_ref), f"{(codes != codes_ref).sum().item()} of {q.numel()} codes differ"
+
+
+def rowwise_triton_weight(kind):
+    from lingbot_world.quant import rowwise_triton
+
+    return rowwise_triton.preferring_kernel_weight(kind, None)
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_nf4_linear_loaded_from_a_file_gives_the_same_output_with_the_one_pass_kernel(kind, monkeypatch):
+    """As the loader builds it (bnb's from_prequantized: the nested offset a CPU tensor), in the speed plan's
+    modes: the output with the kernel equals the output with LINGBOT_NF4_ROWS=0 bit for bit."""
+    if not _triton_ready() or (kind == "fp8" and not has_fp8()):
+        pytest.skip("needs Triton (and FP8 for fp8)")
+    from lingbot_world.quant.nf4 import NF4Linear, serialize_nf4
+    from lingbot_world.speed.options import eager_quantizers
+
+    packed, state = _nf4_weight((1536, 5120), nested=True, seed=8)
+    pieces = serialize_nf4("l", packed, state)
+    lin = NF4Linear(5120, 1536, compute_dtype=torch.bfloat16)
+    lin.load_prequantized(pieces["l.weight"], {k[len("l.weight."):]: v for k, v in pieces.items()
+                                               if k.startswith("l.weight.")}, where="l")
+    lin.bias = torch.nn.Parameter(bf16(1536, seed=9), requires_grad=False)
+    lin.set_compute(kind, ops=eager_quantizers())
+    x = bf16(4680, 5120, seed=10)
+    calls = []
+    fused = lin._lowp_ops["nf4_" + kind]
+    lin._lowp_ops["nf4_" + kind] = lambda *a: calls.append(1) or fused(*a)
+    with torch.no_grad():
+        one_pass = lin(x)
+        assert calls == [1]
+        monkeypatch.setenv("LINGBOT_NF4_ROWS", "0")
+        two_passes = lin(x)
+    assert torch.equal(one_pass, two_passes)
+
+
+def test_nf4_row_kernel_is_faster_than_the_two_passes():
+    if not _triton_ready() or not has_fp8():
+        pytest.skip("needs Triton and FP8")
+    import time
+
+    import bitsandbytes.functional as bnbf
+
+    from lingbot_world.quant import nf4_rows
+
+    packed, state = _nf4_weight((13824, 5120), nested=True)
+    quantize = rowwise_triton_weight("fp8")
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / 20
+
+    t_one = timed(lambda: nf4_rows.prepare(packed, state, torch.bfloat16, "fp8"))
+    t_two = timed(lambda: quantize(bnbf.dequantize_4bit(packed, state)))
+    moved = packed.numel() + 13824 * 5120 // 64 + 13824 * 5120  # bytes: codes and scales in, e4m3 out
+    print(f"NF4 -> FP8 rows 13824x5120: one pass {t_one * 1e3:.3f} ms ({moved / t_one / 1e9:.0f} GB/s), "
+          f"two passes {t_two * 1e3:.3f} ms")
+    assert t_one < t_two * 0.8
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_vae_norm_silu_matches_the_eager_ops(dtype):
     from lingbot_world.speed.vae_norm import decoder_norm_silu, fused_norm_silu
