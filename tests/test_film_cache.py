@@ -221,3 +221,31 @@ def test_the_staging_buffer_is_dropped_when_the_cache_starts_over(setup):
         cache.begin(other, cam, (1, F * H * W // 4, cfg.dim), torch.float32, torch.device("cpu"))
         assert store.staging is None and store.host == buffers  # host buffers kept for the same sizes
     cache.close()
+
+
+def test_the_writes_in_flight_are_bounded_by_waiting_for_the_oldest():
+    """A host far ahead of the GPU waits for the oldest FiLM write before queueing one more than the limit, so the
+    memory the allocator holds back for the copies stays at `limit` blocks' values."""
+    from lingbot_world.memory.film_stream import WRITES_IN_FLIGHT, InFlight
+
+    waited = []
+
+    class Copy:  # a recorded event: synchronize() is the host waiting for its copy
+        def __init__(self, n):
+            self.n = n
+
+        def synchronize(self):
+            waited.append(self.n)
+
+    writes = InFlight(WRITES_IN_FLIGHT)
+    for n in range(WRITES_IN_FLIGHT):
+        writes.make_room()
+        writes.add(Copy(n))
+    assert waited == []  # room for `limit` copies without waiting
+    for n in range(WRITES_IN_FLIGHT, WRITES_IN_FLIGHT + 2):
+        writes.make_room()
+        writes.add(Copy(n))
+    assert waited == [0, 1] and len(writes.events) == WRITES_IN_FLIGHT  # the oldest, in order
+    writes.clear()  # after a whole-store sync every copy is done
+    writes.make_room()
+    assert waited == [0, 1] and not writes.events
