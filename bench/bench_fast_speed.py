@@ -158,6 +158,21 @@ CASES: dict[str, dict] = {
     "draft_steps2_fp8_weights_tiny_vae": dict(preset="draft", compile="blocks", weights="fp8", levers=dict(steps=2),
                                               tiny_vae=True),
     "auto_tiny_vae": dict(preset="auto", compile="blocks", tiny_vae=True, save_frames=True),
+    # NF4 weights prepared in two passes (bnb's dequantize, then the row quantizer) instead of quant/nf4_rows.py's
+    # one kernel: the same latents (error 0), the time the kernel saves
+    "draft_steps2_tiny_vae_two_pass": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                           env={"LINGBOT_NF4_ROWS": "0"}, reference="draft_steps2_tiny_vae"),
+    "draft_rolling_steps2_tiny_vae_two_pass": dict(preset="draft", compile="blocks", chunks=16,
+                                                   levers=dict(steps=2), tiny_vae=True, env={"LINGBOT_NF4_ROWS": "0"},
+                                                   reference="draft_rolling_steps2_tiny_vae"),
+    "draft_two_pass": dict(preset="draft", compile="blocks", env={"LINGBOT_NF4_ROWS": "0"}, reference="draft"),
+    "fast_two_pass": dict(preset="fast", compile="blocks", env={"LINGBOT_NF4_ROWS": "0"}, reference="fast"),
+    # the warm-up a whole video long (every cache length seen once) instead of two chunks: first-use costs
+    "draft_steps2_tiny_vae_warm_video": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                             warm_video=True, reference="draft_steps2_tiny_vae"),
+    # the camera FiLM computed at every call: with 2 calls a chunk, keeping it saves one computation per block
+    "draft_steps2_tiny_vae_no_film": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                          film=False, reference="draft_steps2_tiny_vae"),
     "draft_steps2_tiny_vae_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
                                           profile=True),
     "link": dict(kind="link"),  # pinned RAM <-> device copies alone: GB/s one way, the other, both at once
@@ -238,6 +253,7 @@ def child_case(spec: dict) -> dict:
 
     if spec.get("graphs"):
         os.environ[GRAPHS_ENV] = "1"
+    os.environ.update(spec.get("env", {}))  # a switch read where the kernels are picked (LINGBOT_NF4_ROWS=0)
     if spec.get("fp8_kernel") == "bits":  # as on an RTX 30xx: no hardware e4m3 conversion
         from ..speed import kv_fp8_fused
 
@@ -317,11 +333,15 @@ def child_case(spec: dict) -> dict:
         # in the timed run's precision: a bf16 decode builds its own Triton kernels (0.76 s on an H100 when the
         # warm-up decoded in float32 only; fast_chunk_fused_h100.json)
         warm_decode = ChunkDecoder(warm_decoder.decode, device, bf16=levers.decode_bf16)
+        warm_chunks, warm_s = warm.chunks if spec.get("warm_video") else min(WARM_CHUNKS, warm.chunks), []
         with torch.inference_mode():
-            for _ in range(min(WARM_CHUNKS, warm.chunks)):
+            for _ in range(warm_chunks):
+                t_chunk = time.perf_counter()
                 warm_decode.submit(warm.next_chunk()).result()
-        sync(device)
+                sync(device)
+                warm_s.append(round(time.perf_counter() - t_chunk, 4))
         out["warm_up_s"] = round(time.perf_counter() - t0, 3)
+        out["warm_chunk_s"] = warm_s
         warm_decoder.close()
         del warm
         cache.global_end = cache.local_end = 0
@@ -543,6 +563,7 @@ def summarize(res: dict, workdir: Path) -> dict:
                "fps": round(12 / mean(chunks), 2), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
                "smi_peak_gb": mib_in_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": in_gb(r.get("peak_rss")),
                "cache_layers_on_gpu": r["plan"].get("cache_layers_on_gpu"), "warm_up_s": r.get("warm_up_s"),
+               "warm_chunk_s": r.get("warm_chunk_s"),
                "full_window_chunk_s": chunks[-1],
                "uploaded_gb_per_chunk": round(r.get("uploaded_bytes_timed", 0) / 1e9 / len(chunks), 2),
                "film_blocks": [r["plan"].get("film_blocks", 0), r["plan"].get("film_host_blocks", 0)]}
@@ -616,7 +637,7 @@ def run(args) -> dict:
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
                                                        "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel",
-                                                       "tiny_vae", "tiny_plan_as_vae")}}
+                                                       "tiny_vae", "tiny_plan_as_vae", "env", "warm_video")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
