@@ -16,6 +16,7 @@ missing, the callers keep the two passes.
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Callable, Optional
 
@@ -111,15 +112,42 @@ def prepare(packed: torch.Tensor, state, dtype: torch.dtype, kind: str) -> tuple
     return q, scale
 
 
+class NF4RowsMismatch(RuntimeError):
+    """The kernel's codes differ from the two passes' on this GPU (then the two passes serve)."""
+
+
+_checked: set = set()  # (kind, dtype) pairs whose first result was compared with the two passes on this GPU
+
+
+def two_passes(packed: torch.Tensor, state, dtype: torch.dtype, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel replaces: bnb's dequantize into `dtype`, then the row quantizer (Triton where it runs)."""
+    import bitsandbytes.functional as bnbf
+
+    if state.dtype != dtype:
+        state = copy.copy(state)
+        state.dtype = dtype
+    fallback = fp8.quantize_weight if kind == "fp8" else int8.quantize_weight
+    return rowwise_triton.preferring_kernel_weight(kind, fallback)(bnbf.dequantize_4bit(packed, state))
+
+
 def preferring_kernel(kind: str) -> Callable:
     """prepare(packed, state, dtype) for `kind` where the kernel runs, None where it cannot (the caller then
-    dequantizes and quantizes in two passes); a kernel that fails to build is not tried again."""
+    dequantizes and quantizes in two passes). Its first result per dtype in the process is compared with the two
+    passes' (one weight, once: the kernel was checked on Hopper only, and a GPU or Triton build that rounds
+    otherwise must not change the video); a kernel that fails to build or to match is not tried again."""
 
     def nf4_rows(packed: torch.Tensor, state, dtype: torch.dtype) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         if not usable(packed, state, dtype):
             return None
         try:
-            return prepare(packed, state, dtype, kind)
+            got = prepare(packed, state, dtype, kind)
+            if (kind, dtype) not in _checked:
+                want = two_passes(packed, state, dtype, kind)
+                if not (torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))):
+                    raise NF4RowsMismatch(f"its {kind} codes differ from bitsandbytes' dequantize + the row quantizer "
+                                          f"on this GPU ({tuple(state.shape)} weight)")
+                _checked.add((kind, dtype))
+            return got
         except Exception as e:  # noqa: BLE001 - a Triton that cannot build the kernel: the two passes serve
             KERNEL.give_up(e)
             return None

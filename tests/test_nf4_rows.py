@@ -124,3 +124,39 @@ def test_the_speed_plan_offers_the_one_pass_ops():
 
     ops = eager_quantizers()
     assert ops["nf4_fp8"].__name__ == "nf4_rows_fp8" and ops["nf4_int8"].__name__ == "nf4_rows_int8"
+
+
+def test_the_first_result_is_checked_against_the_two_passes_and_a_mismatch_gives_the_kernel_up(monkeypatch):
+    """The kernel ran on Hopper in the tests; on another GPU its first result per dtype is compared with bnb's
+    dequantize + the row quantizer, and one differing code stops it for the session (the two passes serve)."""
+    from lingbot_world.quant.lazy_triton import TritonKernel
+
+    packed, state = quantize_nf4(_weight(64, 128))
+    kernel = TritonKernel(lambda: None, "test kernel")
+    monkeypatch.setattr(nf4_rows, "KERNEL", kernel)
+    monkeypatch.setattr(nf4_rows, "_checked", set())
+    monkeypatch.setattr(nf4_rows, "usable", lambda *a: nf4_rows.enabled())  # as on a GPU, until given up
+    runs = []
+
+    def exact(p, s, d, k):
+        runs.append("exact")
+        return nf4_rows.reference(p, s, d, k)
+
+    monkeypatch.setattr(nf4_rows, "prepare", exact)
+    fp8_rows = nf4_rows.preferring_kernel("fp8")
+    got = fp8_rows(packed, state, torch.bfloat16)
+    assert got is not None and ("fp8", torch.bfloat16) in nf4_rows._checked and kernel.failed is None
+    assert _equal(got[0], nf4_rows.two_passes(packed, state, torch.bfloat16, "fp8")[0])
+
+    def one_code_off(p, s, d, k):
+        runs.append("off")
+        q, scale = nf4_rows.reference(p, s, d, k)
+        q = q.clone()
+        q.view(torch.uint8)[0, 0] ^= 1
+        return q, scale
+
+    monkeypatch.setattr(nf4_rows, "prepare", one_code_off)
+    int8_rows = nf4_rows.preferring_kernel("int8")
+    assert int8_rows(packed, state, torch.bfloat16) is None  # its first int8 result: checked, refused
+    assert "differ from bitsandbytes' dequantize" in kernel.failed
+    assert fp8_rows(packed, state, torch.bfloat16) is None and runs == ["exact", "off"]  # not tried again
