@@ -11,8 +11,8 @@ nested-scale and 4-bit kernels, the quantizer). The maths is the two passes' to 
     scale  = max(amax(w), 1e-12) / QMAX, q = w * (1 / scale)  (rowwise_triton.quantize_rows)
 
 `dequantized` writes the first half in torch ops (the CPU tests check it against bitsandbytes), `reference` the
-whole (the GPU tests check the kernel against it and against bitsandbytes + the Triton row quantizer). Where Triton, a CUDA weight or bnb's standard NF4 layout is
-missing, the callers keep the two passes.
+whole (the GPU tests check the kernel against it and against bitsandbytes + the Triton row quantizer). Where
+Triton, a CUDA weight or bnb's standard NF4 layout is missing, the callers keep the two passes.
 """
 from __future__ import annotations
 
