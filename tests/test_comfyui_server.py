@@ -505,9 +505,25 @@ def _interrupted_run(server, seed: int) -> dict:
     assert out["last"] < 40, "the run finished instead of stopping"
     # Released: swap mode drops the expert in the sampler's finally; /free drops ComfyUI's caches too.
     _free(server)
-    out["after"] = server.memory_in_use()
+    out["after"] = _settled_memory(server, below=out["before"] + 0.25 * server.medium_bytes)
     out["seconds"] = res["seconds"]
     return out
+
+
+def _settled_memory(server, below: float, seconds: float = 45.0) -> int:
+    """Memory in use once it is under `below`, or after `seconds` (the caller's assert then says it was not given
+    back). The unload takes its time on a busy box, and a /free that reached the worker as a prompt ended is only
+    read after the next one: it is sent again every 10 s."""
+    start = time.monotonic()
+    resent = start
+    used = server.memory_in_use()
+    while used >= below and time.monotonic() - start < seconds:
+        if time.monotonic() - resent >= 10:
+            server.post("/free", {"unload_models": True, "free_memory": True})
+            resent = time.monotonic()
+        time.sleep(1)
+        used = server.memory_in_use()
+    return used
 
 
 def _free(server, **flags) -> None:
