@@ -166,11 +166,7 @@ class NF4Linear(Linear4bit):
         if not self.is_quantized:
             raise RuntimeError("NF4Linear has no weight yet: load it first")
         state = self.weight.quant_state
-        dtype = dtype or self.compute_dtype or state.dtype
-        if dtype != state.dtype:
-            state = copy.copy(state)
-            state.dtype = dtype
-        return bnbf.dequantize_4bit(self.weight.data, state)
+        return dequantize_nf4(self.weight.data, state, dtype or self.compute_dtype or state.dtype)
 
     # ---- compute ----------------------------------------------------------------------------------------
     def set_compute(self, mode: str, min_rows: Optional[int] = None, fast_accum: Optional[bool] = None,
@@ -272,6 +268,14 @@ class NF4Linear(Linear4bit):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, nf4, "
                 f"compute_dtype={self.compute_dtype}, compute={self.compute_mode}")
+
+
+def dequantize_nf4(packed: torch.Tensor, state: bnbf.QuantState, dtype: torch.dtype) -> torch.Tensor:
+    """bitsandbytes' dequantize of an NF4 weight straight into `dtype` (one rounding from the fp32 product)."""
+    if dtype != state.dtype:
+        state = copy.copy(state)
+        state.dtype = dtype
+    return bnbf.dequantize_4bit(packed, state)
 
 
 def quantize_nf4(weight: torch.Tensor) -> tuple[torch.Tensor, bnbf.QuantState]:

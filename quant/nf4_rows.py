@@ -10,13 +10,12 @@ nested-scale and 4-bit kernels, the quantizer). The maths is the two passes' to 
     w      = dtype(code[nibble] * absmax)                     (bnb's dequantized weight in bf16 / fp16)
     scale  = max(amax(w), 1e-12) / QMAX, q = w * (1 / scale)  (rowwise_triton.quantize_rows)
 
-`dequantized` writes the first half in torch ops (the CPU tests check it against bitsandbytes), `reference` the
-whole (the GPU tests check the kernel against it and against bitsandbytes + the Triton row quantizer). Where
-Triton, a CUDA weight or bnb's standard NF4 layout is missing, the callers keep the two passes.
+The tests write the recipe again in torch ops (tests/nf4_recipe.py): the CPU tests check it against bitsandbytes,
+the GPU tests check the kernel against it and against `two_passes`. Where Triton, a CUDA weight or bnb's standard
+NF4 layout is missing, the callers keep the two passes.
 """
 from __future__ import annotations
 
-import copy
 import os
 from typing import Callable, Optional
 
@@ -121,13 +120,10 @@ _checked: set = set()  # (kind, dtype) pairs whose first result was compared wit
 
 def two_passes(packed: torch.Tensor, state, dtype: torch.dtype, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """What the kernel replaces: bnb's dequantize into `dtype`, then the row quantizer (Triton where it runs)."""
-    import bitsandbytes.functional as bnbf
+    from .nf4 import dequantize_nf4  # bitsandbytes: imported when the kernel first runs, not with the speed plan
 
-    if state.dtype != dtype:
-        state = copy.copy(state)
-        state.dtype = dtype
     fallback = fp8.quantize_weight if kind == "fp8" else int8.quantize_weight
-    return rowwise_triton.preferring_kernel_weight(kind, fallback)(bnbf.dequantize_4bit(packed, state))
+    return rowwise_triton.preferring_kernel_weight(kind, fallback)(dequantize_nf4(packed, state, dtype))
 
 
 def preferring_kernel(kind: str) -> Callable:
@@ -154,24 +150,3 @@ def preferring_kernel(kind: str) -> Callable:
 
     nf4_rows.__name__ = nf4_rows.__qualname__ = f"nf4_rows_{kind}"
     return nf4_rows
-
-
-def dequantized(packed: torch.Tensor, state, dtype: torch.dtype) -> torch.Tensor:
-    """The kernel's first half in torch ops (any device): the [N, K] weight in `dtype`, as bnb dequantizes it."""
-    rows, cols = state.shape
-    flat = packed.reshape(-1).to(torch.int64)
-    nibbles = torch.stack([flat >> 4, flat & 15], dim=1).reshape(-1)  # even element in the high nibble
-    values = state.code.to(device=packed.device, dtype=torch.float32)[nibbles]
-    if state.nested:
-        inner = state.state2
-        outer = inner.absmax.repeat_interleave(inner.blocksize)[: state.absmax.numel()]
-        absmax = inner.code.to(torch.float32)[state.absmax.to(torch.int64)] * outer
-        absmax = absmax + torch.tensor(_offset(state), dtype=torch.float32, device=absmax.device)
-    else:
-        absmax = state.absmax.float()
-    return (values * absmax.repeat_interleave(state.blocksize)).to(dtype).reshape(rows, cols)
-
-
-def reference(packed: torch.Tensor, state, dtype: torch.dtype, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's result from torch ops: (q [N, K], scale [1, N]) of the dequantized weight."""
-    return (fp8 if kind == "fp8" else int8).quantize_weight(dequantized(packed, state, dtype))

@@ -1,6 +1,9 @@
 """NF4 weight -> FP8 / INT8 rows in one pass (quant/nf4_rows.py): the recipe equals bitsandbytes' dequantize
 followed by the row quantizer bit for bit, and the NF4 linears use the one-pass op where it is offered. The
 Triton kernel itself runs on a GPU only (tests/test_speed_cuda.py checks it against both)."""
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -9,6 +12,10 @@ import bitsandbytes.functional as bnbf
 
 from lingbot_world.quant import fp8, int8, nf4_rows
 from lingbot_world.quant.nf4 import NF4Linear, quantize_nf4
+
+_spec = importlib.util.spec_from_file_location("nf4_recipe", Path(__file__).with_name("nf4_recipe.py"))
+recipe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recipe)
 
 QUANTIZERS = {"fp8": fp8.quantize_weight, "int8": int8.quantize_weight}
 
@@ -41,9 +48,9 @@ def test_the_recipe_dequantizes_as_bitsandbytes_then_quantizes_the_rows(kind, dt
     assert bool(state.nested) is nested
     state.dtype = dtype
     w_bnb = bnbf.dequantize_4bit(packed, state)
-    assert w_bnb.dtype == dtype and torch.equal(nf4_rows.dequantized(packed, state, dtype), w_bnb)
+    assert w_bnb.dtype == dtype and torch.equal(recipe.dequantized(packed, state, dtype), w_bnb)
     q_ref, s_ref = QUANTIZERS[kind](w_bnb)
-    q, s = nf4_rows.reference(packed, state, dtype, kind)
+    q, s = recipe.reference(packed, state, dtype, kind)
     assert q.dtype == q_ref.dtype and q.shape == shape and s.shape == (1, shape[0])
     assert torch.equal(s, s_ref), f"{(s != s_ref).sum().item()} of {s.numel()} scales differ"
     assert _equal(q, q_ref), "codes differ"
@@ -73,7 +80,7 @@ def test_the_linear_prepares_its_weight_in_one_pass_where_offered(kind):
 
     def one_pass(packed, state, dtype):
         calls.append((packed.data_ptr(), dtype))
-        return nf4_rows.reference(packed, state, dtype, kind)
+        return recipe.reference(packed, state, dtype, kind)
 
     with torch.no_grad():
         lin.set_compute(kind, min_rows=1)
@@ -140,7 +147,7 @@ def test_the_first_result_is_checked_against_the_two_passes_and_a_mismatch_gives
 
     def exact(p, s, d, k):
         runs.append("exact")
-        return nf4_rows.reference(p, s, d, k)
+        return recipe.reference(p, s, d, k)
 
     monkeypatch.setattr(nf4_rows, "prepare", exact)
     fp8_rows = nf4_rows.preferring_kernel("fp8")
@@ -150,7 +157,7 @@ def test_the_first_result_is_checked_against_the_two_passes_and_a_mismatch_gives
 
     def one_code_off(p, s, d, k):
         runs.append("off")
-        q, scale = nf4_rows.reference(p, s, d, k)
+        q, scale = recipe.reference(p, s, d, k)
         q = q.clone()
         q.view(torch.uint8)[0, 0] ^= 1
         return q, scale
