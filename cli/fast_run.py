@@ -154,7 +154,8 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
                                         request.vae_tiled, keeps_vae=keep_vae),
              Step(fast_parts.LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
                   with_previous=plan.blocks_on_gpu is None)]
-    host_bytes = plan.streamed_layers * int(plan.estimates.get("cache_layer_bytes", 0)) if plan.cache == "host" else 0
+    # the cache's pinned layers (an FP8 cache's in codes: host_layer_bytes), allocated while the text encodes
+    host_bytes = plan.streamed_layers * int(plan.estimates.get("host_layer_bytes", 0)) if plan.cache == "host" else 0
     text_plan = text_stage.plan(request.text, files, [request.prompt], device, steps, session, host_bytes=host_bytes,
                                 ram_free=plan.estimates.get("ram_free"))
     placement = FastPlacement(plan, device, log.info)

@@ -112,6 +112,7 @@ def park(placement: CachePlacement, global_end: Optional[int] = None, local_end:
     if not 0 <= n <= cache.local_end or ge - n != cache.global_end - cache.local_end:
         raise ParkedKVError(f"cannot park {n} tokens at video token {ge} from a cache holding {cache.local_end} "
                             f"tokens up to video token {cache.global_end}")
+    _settle(placement)
     ks: list[Optional[torch.Tensor]] = []
     vs: list[Optional[torch.Tensor]] = []
     for i in range(cache.num_layers):
@@ -143,16 +144,24 @@ def placement_layers(placement: CachePlacement, local_end: Optional[int] = None)
     """Yield each layer's filled K/V in host memory, one layer at a time (writing a state file straight from a
     placement: device layers are copied one by one, never the whole cache at once)."""
     n = placement.cache.local_end if local_end is None else int(local_end)
+    _settle(placement)
     for i in range(placement.cache.num_layers):
         yield layer_on_host(placement, i, n, drop=False)
 
 
+def _settle(placement: CachePlacement) -> None:
+    """Wait for the streamer's copies: the last context pass writes its chunk back to host layers (and to the codes
+    kept on the device) on the copy stream, which the compute stream's results do not wait for."""
+    if placement.streamer is not None:
+        placement.streamer.synchronize()
+
+
 def layer_on_host(placement: CachePlacement, i: int, n: int, drop: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer i's slots [0, n) as host tensors `[B, n, heads, head_dim]` in slot order. Layers kept in host buffers
-    come as views when their ring was never rotated (an FP8 cache's: decoded copies); device layers are copied (and,
-    with drop, released)."""
+    come as views when their ring was never rotated (an FP8 cache's, and its codes kept on the device: decoded
+    copies); device layers are copied (and, with drop, released)."""
     cache, streamer = placement.cache, placement.streamer
-    host = streamer.host.get(i) if streamer is not None else None
+    host = streamer.ringed.get(i) if streamer is not None else None  # in RAM, or FP8 codes on the device
     if host is not None:
         return host.read(streamer.slots.pieces(0, n), n)
     k, v = _to_host(cache.k[i][:, :n]), _to_host(cache.v[i][:, :n])

@@ -40,7 +40,7 @@ from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
 from .camera_cache import film_block_bytes
 from .film_stream import HostFilmStore
-from .kv_stream import HostLayers, KVStreamer
+from .kv_stream import HostLayers, KVStreamer, host_indices
 from .pinned import free_device_memory
 from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _drop_model, _fits_line, _gb,
                         estimate_activation_bytes, expert_sizes, vram_headroom)
@@ -92,6 +92,7 @@ class FastMemoryPlan:
     film_blocks: int = 0  # blocks (the first ones) whose camera FiLM a chunk's first call keeps for its later calls
     film_host_blocks: int = 0  # the next blocks: their FiLM kept in pinned RAM, streamed back ahead of the block
     kv_fp8: bool = False  # the K/V cache rounded to FP8 (wan/dit/kv_fp8.py), its host layers stored as codes
+    code_layers_on_gpu: int = 0  # of cache_layers_on_gpu, those an FP8 cache keeps on the device as codes
 
     @property
     def num_layers(self) -> int:
@@ -123,6 +124,19 @@ class FastMemoryPlan:
     @property
     def streamed_layers(self) -> int:
         return self.num_layers - self.cache_layers_on_gpu
+
+    @property
+    def device_cache_bytes(self) -> int:
+        """Device bytes of the cache layers kept there (in the cache's dtype, or as FP8 codes)."""
+        est = self.estimates
+        codes = self.code_layers_on_gpu
+        return ((self.cache_layers_on_gpu - codes) * int(est.get("cache_layer_bytes", 0))
+                + codes * int(est.get("host_layer_bytes", 0)))
+
+    def host_layer_indices(self) -> tuple[int, ...]:
+        """The layers whose K/V live in pinned RAM (memory/kv_stream.layer_places: spread among the code layers)."""
+        n = self.num_layers
+        return host_indices(n, self.cache_layers_on_gpu - self.code_layers_on_gpu, self.code_layers_on_gpu)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -156,6 +170,7 @@ def plan_fast_memory(
     camera_film: bool = True,
     film_host: bool = True,
     kv_fp8: bool = False,
+    kv_codes_on_gpu: Optional[bool] = None,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
@@ -168,8 +183,14 @@ def plan_fast_memory(
     fits on the device keep it (A/B benchmarks); else the others keep theirs in pinned RAM when it has room beside
     everything else pinned and RAM_RESERVE. kv_fp8 (the `fast` and `draft` presets' lever): the cache holds
     FP8-rounded K/V; its layers in RAM take half the bytes (codes and one exponent per token and head) and stream
-    through one more device buffer of that size, where they are decoded. Raises FastMemoryError when the streamed
-    layers do not fit in host RAM either.
+    through one more device buffer of that size, where they are decoded. When RAM is short (the layers left for
+    pinned RAM would leave less than RAM_RESERVE beside them), the layers the card keeps are FP8 codes too: half
+    the bytes, so about twice as many stay and about half as much RAM is pinned, as many in bf16 as the room then
+    still holds. Each is decoded before its block, which costs GPU time: on H100s a rolled
+    `draft --chunk-steps 2 --tiny-vae` chunk took 0.4-6.0 % longer with them (3.9 % in the mean of five pairs; RSS
+    9.4 against 12.5 GB; bench/results/fast_*_kv_codes_*h100.json), so a machine with RAM to spare keeps bf16.
+    kv_codes_on_gpu: None decides so; True keeps codes whenever the cache streams, False never (benchmarks' A/B).
+    Raises FastMemoryError when the streamed layers do not fit in host RAM either.
     """
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
@@ -254,26 +275,52 @@ def plan_fast_memory(
     def film_ram(layers_on_gpu: int) -> int:  # the RAM beside everything pinned and the reserve
         return ram_free - RAM_RESERVE - (n_layers - layers_on_gpu) * host_layer - host_weights if film_host else 0
 
-    def layers(room_left: int) -> int:
-        planned = max(0, min(n_layers, room_left // layer if layer else n_layers))
-        return planned if cache_layers_on_gpu is None else max(0, min(int(cache_layers_on_gpu), n_layers))
+    code = host_layer  # an FP8 layer kept on the device as codes
 
-    # The buffers the host-kept FiLM streams through and their slack come before the cache layers: 0.74 GB at
-    # 480x832 keeps every block's FiLM where a cache layer (0.67 GB) only saves link traffic. Device FiLM blocks
-    # take what the layers leave.
-    n = layers(spare)
-    if film and film_ram(n) > FILM_HOST_SLOTS * film and _film_blocks(spare - n * layer, film, n_layers) < n_layers:
-        n = layers(spare - _film_buffer_bytes(FILM_HOST_SLOTS, film))
+    def layers(room_left: int, as_codes: bool) -> tuple[int, int]:
+        """(cache layers on the device, how many of them as FP8 codes) in `room_left`."""
+        if cache_layers_on_gpu is not None:
+            return max(0, min(int(cache_layers_on_gpu), n_layers)), 0
+        if not layer:
+            return n_layers, 0
+        if not as_codes:
+            return max(0, min(n_layers, room_left // layer)), 0
+        if room_left < n_layers * code:  # not every layer fits as codes: as many as fit, all as codes
+            n_codes = max(0, room_left // code)
+            return n_codes, n_codes
+        in_bf16 = min(n_layers, (room_left - n_layers * code) // (layer - code))
+        return n_layers, n_layers - in_bf16
+
+    def layer_bytes(on: tuple[int, int]) -> int:
+        return (on[0] - on[1]) * layer + on[1] * code
+
+    def place_layers(as_codes: bool) -> tuple[int, int]:
+        # The buffers the host-kept FiLM streams through and their slack come before the cache layers: 0.74 GB at
+        # 480x832 keeps every block's FiLM where a cache layer (0.67 GB) only saves link traffic. Device FiLM
+        # blocks take what the layers leave.
+        on = layers(spare, as_codes)
+        if film and film_ram(on[0]) > FILM_HOST_SLOTS * film \
+                and _film_blocks(spare - layer_bytes(on), film, n_layers) < n_layers:
+            on = layers(spare - _film_buffer_bytes(FILM_HOST_SLOTS, film), as_codes)
+        return on
+
+    on = place_layers(False)
+    ram_short = (n_layers - on[0]) * host_layer + host_weights > ram_free - RAM_RESERVE
+    codes_wanted = ram_short if kv_codes_on_gpu is None else kv_codes_on_gpu
+    if kv_fp8 and codes_wanted and cache_layers_on_gpu is None and on[0] < n_layers:
+        on = place_layers(True)  # RAM is short: the card keeps its layers as codes, about twice as many
+    n, n_codes = on
     host_cache = (n_layers - n) * host_layer
     host_need = host_cache + host_weights
-    films, hosted, slots = _film_places(spare - n * layer, film, n_layers, film_ram(n))
+    films, hosted, slots = _film_places(spare - layer_bytes(on), film, n_layers, film_ram(n))
     staging = _film_buffer_bytes(slots, film)
-    on_device = fixed + n * layer + (text if cache_text else 0) + films * film + staging
+    on_device = fixed + layer_bytes(on) + (text if cache_text else 0) + films * film + staging
     ok = on_device <= vram
     est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device, film_host_bytes=hosted * film,
-               film_buffer_bytes=staging, film_buffer_slots=slots)
+               film_buffer_bytes=staging, film_buffer_slots=slots, code_layers_on_gpu=n_codes)
     model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
-    parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers", n * layer),
+    in_codes = f" ({n_codes} as FP8 codes)" if n_codes else ""
+    parts = [(model_label, model_bytes), (f"{n}/{n_layers} cache layers{in_codes}", layer_bytes(on)),
              ("2 layer buffers" + (" + FP8 staging" if kv_fp8 else ""), ring)]
     if cache_text:
         parts.append(("text K/V", text))
@@ -292,6 +339,9 @@ def plan_fast_memory(
             "Use fewer frames or a smaller size, --max-attention / a window (bounded cache), or close other programs.")
     notes = [f"{n_layers - n} layers ({_gb(host_cache)}{' in FP8' if kv_fp8 else ''}) stream from pinned RAM one "
              "layer ahead"]
+    if n_codes:
+        notes.append(("RAM is short: " if ram_short else "") + f"the GPU keeps {n_codes} layers as FP8 codes (half "
+                     "the bytes; decoded before each block)")
     if cache == "auto":
         notes.insert(0, f"the whole cache on the GPU would need {_gb(gpu_need)}")
     if not cache_text:
@@ -304,7 +354,7 @@ def plan_fast_memory(
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
     return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers, hosted),
-                          ok, token_chunk, est, cache_heads, films, hosted, kv_fp8)
+                          ok, token_chunk, est, cache_heads, films, hosted, kv_fp8, n_codes)
 
 
 def _film_blocks(room: int, per_block: int, n_layers: int) -> int:
@@ -375,14 +425,15 @@ def place_kv_cache(plan: FastMemoryPlan, model: nn.Module, device, dtype: torch.
     cfg = model.cfg
     device = torch.device(device)
     heads = plan.cache_heads or cfg.num_heads
-    if plan.cache == "gpu" or plan.cache_layers_on_gpu >= cfg.num_layers:
+    if plan.cache == "gpu" or (plan.cache_layers_on_gpu >= cfg.num_layers and not plan.code_layers_on_gpu):
         cache = plan.layout.make(cfg.num_layers, heads, cfg.head_dim, batch=batch, dtype=dtype,
                                  device=device, cache_text=plan.cache_text, fill=fill,
                                  round_kv=kv_fp8_ops(device).round if plan.kv_fp8 else None)
         return CachePlacement(cache)
     pin = (device.type == "cuda") if pin is None else pin
     streamer = KVStreamer.build(plan.layout, cfg.num_layers, heads, cfg.head_dim, device=device,
-                                layers_on_device=plan.cache_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
+                                layers_on_device=plan.cache_layers_on_gpu - plan.code_layers_on_gpu,
+                                code_layers=plan.code_layers_on_gpu, dtype=dtype, batch=batch, pin=pin,
                                 cache_text=plan.cache_text, fill=fill, host_layers=host_layers, fp8=plan.kv_fp8)
     streamer.install(model)
     return CachePlacement(streamer.cache, streamer)
@@ -398,7 +449,7 @@ def host_layers_for(plan: FastMemoryPlan, cfg: DiTConfig, device, dtype: torch.d
     heads = plan.cache_heads or cfg.num_heads
     pin = (device.type == "cuda") if pin is None else pin
     return HostLayers(KVStreamer.host_shape(plan.layout, heads, cfg.head_dim, batch), dtype,
-                      range(plan.cache_layers_on_gpu, cfg.num_layers), pin, plan.kv_fp8)
+                      plan.host_layer_indices(), pin, plan.kv_fp8)
 
 
 class FastPlacement:

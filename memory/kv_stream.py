@@ -17,14 +17,19 @@ the cache's order and attention sees exactly the keys of an all-resident cache. 
 schedule runs with synchronous copies (the CI tests use that to check the bookkeeping and the outputs).
 
 With an FP8 cache (`fp8=True`, the `fast` and `draft` presets' kv_fp8 lever) a host layer holds e4m3 codes and one
-exponent byte per token and head (wan/dit/kv_fp8.py): an upload moves those into a device staging buffer and
-decodes them into the layer's bf16 buffer on the copy stream; a write-back encodes the chunk's slots there first.
-The cache writes FP8-rounded K/V into every layer, so the decoded values are the bits a device layer holds.
+exponent byte per token and head (wan/dit/kv_fp8.py): its upload moves those into a device staging buffer on a
+stream of its own, as soon as the buffer's last layer was decoded (so it is not held to one layer ahead), and the
+copy stream decodes them into the layer's bf16 buffer; a write-back encodes the chunk's slots there first. The
+layers the card keeps may be codes too (`code_layers`): half a bf16 layer's bytes, decoded into the ring before
+their block like a host layer, with nothing to upload. The host layers are then spread among them
+(`layer_places`), so each upload hides under the blocks of the code layers before it. The cache writes
+FP8-rounded K/V into every layer, so the decoded values are the bits a device layer holds.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -42,6 +47,7 @@ from .pinned import HostBuffer, pair_views, tensor_bytes
 log = logging.getLogger(__name__)
 
 HOST_ALLOC_THREADS = 4
+UPLOAD_AHEAD_ENV = "LINGBOT_KV_UPLOAD_AHEAD"  # "0": an FP8 host layer's upload waits for the ring (A/B)
 
 
 class _SlotMap:
@@ -71,6 +77,8 @@ class _SlotMap:
 
 class _HostLayer:
     """One streamed layer: K and V in one (pinned) host buffer, and the `part` protocol of the ring."""
+
+    link = True  # its bytes cross the link (a layer of FP8 codes kept on the device does not)
 
     def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
         self.cache: Optional[KVCache] = None  # set once the cache exists
@@ -126,36 +134,45 @@ class _HostLayer:
 class _FP8HostLayer(_HostLayer):
     """A streamed layer of an FP8 cache: K and V as e4m3 codes [B, capacity, H, D] and int8 exponents
     [B, capacity, H, 1], in one (pinned) host buffer. `k` / `v` are bf16 placeholders on `meta` (the cache's view
-    of a layer that is not on the device: reading them fails loudly); the streamer sets `staging`, the device
-    buffer the codes are uploaded to, and `ops`, the device's encode / decode (speed/kv_fp8_fused.py)."""
+    of a layer that is not on the device: reading them fails loudly); the streamer sets `uploads` (the codes'
+    way over the link into the device's staging buffer, _CodeUploads), `index` (this layer's) and `ops`, the
+    device's encode / decode (speed/kv_fp8_fused.py)."""
 
-    def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool):
-        self.cache, self.slots, self.staging = None, None, None
+    def __init__(self, shape: tuple, dtype: torch.dtype, pin: bool, device: Optional[torch.device] = None):
+        self.cache, self.slots, self.uploads, self.index = None, None, None, -1
         self.ops: Fp8Ops = EAGER
         self.capacity = shape[1]
         self.dtype = dtype
         self.code_shape = tuple(shape)
         self.half = fp8_pair_bytes(shape) // 2
-        self.buffer = HostBuffer(2 * self.half, pin)
+        self.buffer = HostBuffer(2 * self.half, pin) if device is None else _DeviceCodes(2 * self.half, device)
         self.kc, self.ke, self.vc, self.ve = fp8_views(self.buffer.tensor, shape)
         self.k = torch.empty(shape, dtype=dtype, device="meta")
         self.v = torch.empty(shape, dtype=dtype, device="meta")
 
-    def fill(self, flat: torch.Tensor, stream=None) -> None:
-        """Upload the codes of the past this forward attends to and decode them into the bf16 buffer `flat`."""
+    def upload(self, staging: torch.Tensor, stream=None) -> None:
+        """Copy the codes of the past this forward attends to into the device buffer `staging` (same slots)."""
         a, b = self.cache.plan.past
-        if b <= a:
-            return
-        k, v = _kv_views(flat, self.code_shape, self.dtype)
-        kc, ke, vc, ve = fp8_views(self.staging, self.code_shape)
+        kc, ke, vc, ve = fp8_views(staging, self.code_shape)
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         pinned = self.buffer.pinned
         with ctx:
             for slot, pos, n in self.slots.pieces(a, b):
                 for dst, src in ((kc, self.kc), (ke, self.ke), (vc, self.vc), (ve, self.ve)):
                     dst[:, slot:slot + n].copy_(src[:, pos:pos + n], non_blocking=pinned)
-            self.ops.decode(kc[:, a:b], ke[:, a:b], out=k[:, a:b])
-            self.ops.decode(vc[:, a:b], ve[:, a:b], out=v[:, a:b])
+
+    def fill(self, flat: torch.Tensor, stream=None) -> None:
+        """Decode the uploaded past into the bf16 buffer `flat` (on `stream`, once its upload is done)."""
+        staging = self.uploads.take(self.index, stream)
+        a, b = self.cache.plan.past
+        k, v = _kv_views(flat, self.code_shape, self.dtype)
+        kc, ke, vc, ve = fp8_views(staging, self.code_shape)
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            if b > a:
+                self.ops.decode(kc[:, a:b], ke[:, a:b], out=k[:, a:b])
+                self.ops.decode(vc[:, a:b], ve[:, a:b], out=v[:, a:b])
+        self.uploads.release(stream)
 
     def write_back(self, k: torch.Tensor, v: torch.Tensor, a: int, b: int) -> None:
         """Device slots [a, b) (FP8-rounded values) -> codes at their host positions (on the current stream: the
@@ -169,8 +186,10 @@ class _FP8HostLayer(_HostLayer):
 
     def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Every slot from host tensors in slot order (a restored layer; the ring is not rotated yet)."""
-        kv_fp8.encode(k, self.kc, self.ke)
-        kv_fp8.encode(v, self.vc, self.ve)
+        for x, codes, exps in ((k, self.kc, self.ke), (v, self.vc, self.ve)):
+            c, e = kv_fp8.encode(x)
+            codes.copy_(c)
+            exps.copy_(e)
 
     def read(self, pieces: list[tuple[int, int, int]], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, n) decoded to host tensors (the cache's dtype) in slot order."""
@@ -178,12 +197,119 @@ class _FP8HostLayer(_HostLayer):
         v = torch.empty_like(k)
         for out, codes, exps in ((k, self.kc, self.ke), (v, self.vc, self.ve)):
             for slot, pos, count in pieces:
-                kv_fp8.decode(codes[:, pos:pos + count], exps[:, pos:pos + count], out=out[:, slot:slot + count])
+                kv_fp8.decode(codes[:, pos:pos + count].cpu(), exps[:, pos:pos + count].cpu(),
+                              out=out[:, slot:slot + count])
         return k, v
 
     def close(self, discard_pages: bool = False) -> None:
         self.kc = self.ke = self.vc = self.ve = self.k = self.v = None
         self.buffer.close(discard_pages)
+
+
+class _FP8DeviceLayer(_FP8HostLayer):
+    """A layer of an FP8 cache whose codes stay on the device: half a bf16 layer's bytes, so a card keeps about
+    twice as many layers as in bf16 and fewer stream from RAM. It goes through the ring like a host layer: before
+    its block the past is decoded from these codes into a ring buffer (on the copy stream, nothing crosses the
+    link), and the context pass encodes the chunk's slots back here, at the ring positions a host layer uses."""
+
+    link = False
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, device: torch.device):
+        super().__init__(shape, dtype, pin=False, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # nothing to upload
+
+    def fill(self, flat: torch.Tensor, stream=None) -> None:
+        """Decode the past this forward attends to from the device codes into the bf16 buffer `flat`."""
+        a, b = self.cache.plan.past
+        k, v = _kv_views(flat, self.code_shape, self.dtype)
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            for slot, pos, n in self.slots.pieces(a, b):
+                self.ops.decode(self.kc[:, pos:pos + n], self.ke[:, pos:pos + n], out=k[:, slot:slot + n])
+                self.ops.decode(self.vc[:, pos:pos + n], self.ve[:, pos:pos + n], out=v[:, slot:slot + n])
+
+
+class _DeviceCodes:
+    """The device buffer of an _FP8DeviceLayer, with the part of HostBuffer's interface the layer uses."""
+
+    pinned = True  # copies from and to it never block the host
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self.nbytes = nbytes
+        self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+
+    def close(self, discard_pages: bool = False) -> None:
+        self.tensor = None
+
+
+class _CodeUploads:
+    """The FP8 host layers' codes on their way over the link into one device staging buffer, on a stream of their
+    own, as early as the buffer allows: the next host layer's upload starts as soon as the one before was decoded
+    out of the buffer. Between two host layers run the blocks of the layers kept on the device, so an upload
+    hides under several blocks' compute instead of one (the ring's buffers are filled one layer ahead only).
+    Uploads go in layer order within a forward; `start` begins a forward's, after its plan is fixed.
+    ahead=False (UPLOAD_AHEAD_ENV=0, benchmarks' A/B): a layer's upload goes only when the ring loads it, one layer
+    ahead of its block."""
+
+    def __init__(self, staging: torch.Tensor, device: torch.device, host: dict, after: Optional[object] = None,
+                 ahead: bool = True):
+        self.staging = staging
+        self.ahead = ahead
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.after = after  # the ring's stream: host codes it writes back are read only after those copies
+        self.uploaded = torch.cuda.Event() if self.cuda else None
+        self.free = torch.cuda.Event() if self.cuda else None
+        self.host = host
+        self.order = sorted(i for i, h in host.items() if h.link)
+        self.pending: Optional[int] = None  # the layer whose codes are (being) uploaded into the staging buffer
+        self.next = 0  # position in `order` of the next layer to upload in this forward
+
+    def start(self) -> None:
+        """A forward begins: its first host layer's upload goes now."""
+        if self.cuda and self.after is not None:
+            self.stream.wait_stream(self.after)  # the last context pass's write-backs reach RAM first
+        self.pending, self.next = None, 0
+        if self.ahead:
+            self._issue()
+
+    def _issue(self) -> None:
+        if self.pending is not None or self.next >= len(self.order):
+            return
+        i = self.order[self.next]
+        self.next += 1
+        layer = self.host[i]
+        if self.cuda:
+            self.stream.wait_event(self.free)  # the buffer's last layer is decoded
+            layer.upload(self.staging, self.stream)
+            self.uploaded.record(self.stream)
+        else:
+            layer.upload(self.staging)
+        self.pending = i
+
+    def take(self, i: int, stream=None) -> torch.Tensor:
+        """The staging buffer holding layer i's codes, once `stream` waits for their upload."""
+        if self.pending != i:  # not uploaded ahead (a forward entered at another layer): upload it now
+            self.pending, self.next = None, self.order.index(i)
+            self._issue()
+        if self.cuda:
+            (stream or torch.cuda.current_stream()).wait_event(self.uploaded)
+        return self.staging
+
+    def release(self, stream=None) -> None:
+        """Layer i's decode is queued on `stream`: the buffer is free once it ran, and the next upload goes."""
+        if self.cuda:
+            self.free.record(stream or torch.cuda.current_stream())
+        self.pending = None
+        if self.ahead:
+            self._issue()
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            self.stream.synchronize()
 
 
 def fp8_pair_bytes(shape: tuple) -> int:
@@ -204,6 +330,26 @@ def fp8_views(flat: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, ...]:
 
 def host_layer(shape: tuple, dtype: torch.dtype, pin: bool, fp8: bool = False) -> _HostLayer:
     return _FP8HostLayer(shape, dtype, pin) if fp8 else _HostLayer(shape, dtype, pin)
+
+
+def layer_places(num_layers: int, resident: int, codes: int = 0) -> tuple[str, ...]:
+    """Where each layer of a streamed cache lives: "device" (its K/V on the device in the cache's dtype: the first
+    `resident`), then the layers that go through the ring: "codes" (an FP8 cache's codes kept on the device,
+    `codes` of them) and "host" (pinned RAM, the rest). The host layers are spread evenly among the ring's layers,
+    the last one last, so each upload has the blocks of the code layers before it to hide under."""
+    ringed = num_layers - resident
+    if not 0 <= resident <= num_layers or not 0 <= codes <= ringed:
+        raise ValueError(f"{resident} resident and {codes} code layers do not fit {num_layers} layers")
+    hosted = ringed - codes
+    places = ["device"] * resident + ["codes"] * ringed
+    for j in range(hosted):  # the (j+1)-th of `hosted` even steps over the ring, rounded half up
+        places[resident + (2 * (j + 1) * ringed + hosted) // (2 * hosted) - 1] = "host"
+    return tuple(places)
+
+
+def host_indices(num_layers: int, resident: int, codes: int = 0) -> tuple[int, ...]:
+    """The layers `layer_places` puts in host RAM."""
+    return tuple(i for i, p in enumerate(layer_places(num_layers, resident, codes)) if p == "host")
 
 
 _kv_views = pair_views  # a layer's K and V in one flat buffer
@@ -310,27 +456,33 @@ class KVStreamer:
     eviction hook.
     """
 
-    def __init__(self, cache: KVCache, host: dict, device, fp8_ops: Fp8Ops = EAGER):
+    def __init__(self, cache: KVCache, ringed: dict, device, fp8_ops: Fp8Ops = EAGER):
         self.cache = cache
         self.device = torch.device(device)
-        self.host: dict[int, _HostLayer] = host
-        self.resident = min(host) if host else cache.num_layers
+        self.ringed: dict[int, _HostLayer] = ringed  # every layer that goes through the ring
+        self.host: dict[int, _HostLayer] = {i: h for i, h in ringed.items() if h.link}
+        self.codes: dict[int, _HostLayer] = {i: h for i, h in ringed.items() if i not in self.host}
+        self.resident = min(ringed) if ringed else cache.num_layers
         self.slots = _SlotMap(cache.capacity, cache.sink_tokens)
-        for layer in host.values():
+        for i, layer in ringed.items():
             layer.cache, layer.slots = cache, self.slots
-        cache.self_evicting = set(host)
+        cache.self_evicting = set(ringed)
         self.ring: Optional[_Ring] = None
         self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.staging: Optional[torch.Tensor] = None  # an FP8 cache's codes, uploaded here and decoded to the ring
-        if host:
-            layer = next(iter(host.values()))
+        self.staging: Optional[torch.Tensor] = None  # an FP8 cache's host codes, uploaded here and decoded to the ring
+        self.uploads: Optional[_CodeUploads] = None
+        if ringed:
+            layer = next(iter(ringed.values()))
             shape = tuple(layer.k.shape)
             self.ring = _Ring(2 * tensor_bytes(shape, cache.dtype), self.device)
             self._views = [_kv_views(buf, shape, cache.dtype) for buf in self.ring.buffers]
             if isinstance(layer, _FP8HostLayer):
-                self.staging = torch.empty(fp8_pair_bytes(shape), dtype=torch.uint8, device=self.device)
-                for h in host.values():
-                    h.staging, h.ops = self.staging, fp8_ops
+                if self.host:
+                    self.staging = torch.empty(fp8_pair_bytes(shape), dtype=torch.uint8, device=self.device)
+                    self.uploads = _CodeUploads(self.staging, self.device, self.host, after=self.ring.stream,
+                                                ahead=os.environ.get(UPLOAD_AHEAD_ENV, "1") != "0")
+                for i, h in ringed.items():
+                    h.uploads, h.index, h.ops = self.uploads, i, fp8_ops
         self._current: Optional[int] = None
         self._model: Optional[nn.Module] = None
         self._prev: Optional[tuple[Optional[Callable], Optional[Callable]]] = None
@@ -345,20 +497,24 @@ class KVStreamer:
 
     @classmethod
     def build(cls, layout, num_layers: int, heads: int, head_dim: int, *, device, layers_on_device: int,
-              dtype: torch.dtype = torch.bfloat16, batch: int = 1, pin: bool = True,
+              code_layers: int = 0, dtype: torch.dtype = torch.bfloat16, batch: int = 1, pin: bool = True,
               cache_text: bool = True, fill: Optional[Callable] = None,
               host_layers: Optional[HostLayers] = None, fp8: bool = False) -> "KVStreamer":
-        """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first layers on `device`.
-        fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate). host_layers: the streamed
-        layers' host buffers, allocation already started (HostLayers of this shape, dtype and layers); taken here.
-        fp8: an FP8 cache (wan/dit/kv_fp8.py): every layer holds FP8-rounded K/V, the host layers their codes
-        (rounded, encoded and decoded on the device by speed/kv_fp8_fused.py)."""
+        """Allocate a cache of `layout` (wan.dit.kv_cache.CacheLayout) with its first `layers_on_device` layers on
+        `device`. fill(i, k, v) runs right after layer i is allocated (see KVCache.allocate). host_layers: the
+        streamed layers' host buffers, allocation already started (HostLayers of this shape, dtype and layers);
+        taken here. fp8: an FP8 cache (wan/dit/kv_fp8.py): every layer holds FP8-rounded K/V, the host layers
+        their codes (rounded, encoded and decoded on the device by speed/kv_fp8_fused.py). code_layers (FP8
+        only): of the other layers, this many keep their codes on the device (`layer_places` says which)."""
         ops = kv_fp8_ops(device) if fp8 else EAGER
         if isinstance(layers_on_device, bool) or not isinstance(layers_on_device, int) \
                 or not 0 <= layers_on_device <= num_layers:
             raise ValueError(f"layers_on_device must be an integer in 0..{num_layers}, got {layers_on_device!r}")
+        if code_layers and not fp8:
+            raise ValueError("code_layers keep FP8 codes on the device: only an FP8 cache has them")
+        places = layer_places(num_layers, layers_on_device, code_layers)
         shape = cls.host_shape(layout, heads, head_dim, batch)
-        streamed = range(layers_on_device, num_layers)
+        streamed = tuple(i for i, p in enumerate(places) if p == "host")
         if host_layers is not None and (fill is not None or not host_layers.matches(shape, dtype, streamed, fp8)):
             raise ValueError("host_layers were allocated for another cache (shape, dtype or layers differ)")
         host: dict[int, _HostLayer] = {}
@@ -371,9 +527,10 @@ class KVStreamer:
             # (serial prefaulted pinning costs 1.7 s instead of 1.2 s for 27 x 640 MiB, bench_pinned).
             k, v = [], []
             for i in range(num_layers):
-                if i >= layers_on_device:
+                if places[i] != "device":
                     if i not in host:
-                        host[i] = host_layer(shape, dtype, pin, fp8)
+                        host[i] = (_FP8DeviceLayer(shape, dtype, torch.device(device)) if places[i] == "codes"
+                                   else host_layer(shape, dtype, pin, fp8))
                     k.append(host[i].k)
                     v.append(host[i].v)
                 else:
@@ -397,11 +554,17 @@ class KVStreamer:
 
     @property
     def streamed(self) -> range:
+        """The layers that go through the ring (in host RAM, or as FP8 codes on the device)."""
         return range(self.resident, self.cache.num_layers)
 
     @property
     def host_bytes(self) -> int:
         return sum(h.buffer.nbytes for h in self.host.values())
+
+    @property
+    def code_bytes(self) -> int:
+        """Device bytes of the layers kept there as FP8 codes."""
+        return sum(h.buffer.nbytes for h in self.codes.values())
 
     # ---- hooks --------------------------------------------------------------------------------------------
     def install(self, model: nn.Module) -> "KVStreamer":
@@ -421,8 +584,10 @@ class KVStreamer:
         if i == 0:
             self.ring.forget()  # the buffers hold the previous forward's slots; the plan may have changed
             self._current = None
-            for j, h in self.host.items():  # after an interrupted forward a layer may still point at a buffer
+            for j, h in self.ringed.items():  # after an interrupted forward a layer may still point at a buffer
                 self.cache.k[j], self.cache.v[j] = h.k, h.v
+            if self.uploads is not None:
+                self.uploads.start()
             if self.resident > 0:  # start the first streamed layer's copy behind the resident layers' compute
                 self._load(self.resident)
         if i < self.resident:
@@ -441,22 +606,23 @@ class KVStreamer:
             plan = self.cache.plan
             if plan is not None and plan.final:
                 self._write_back(i, s, plan)
-            host = self.host[i]
-            self.cache.k[i], self.cache.v[i] = host.k, host.v
+            layer = self.ringed[i]
+            self.cache.k[i], self.cache.v[i] = layer.k, layer.v
         prev = self._prev[1] if self._prev else None
         if prev is not None:
             prev(i)
 
     def _load(self, i: int, avoid: Optional[int] = None) -> int:
         before = self.ring.copied_bytes
-        s = self.ring.load(i, self.host[i], avoid=avoid)
+        s = self.ring.load(i, self.ringed[i], avoid=avoid)
         self.uploaded_bytes += self.ring.copied_bytes - before
         return s
 
     def _write_back(self, i: int, s: int, plan: ForwardPlan) -> None:
-        """The chunk's final K/V of layer i: device buffer s -> host, after block i's kernels."""
+        """The chunk's final K/V of layer i: device buffer s -> its host (or device code) layer, after block i's
+        kernels."""
         k, v = self._views[s]
-        host = self.host[i]
+        host = self.ringed[i]
         if self.ring.cuda:
             stream = self.ring.stream
             stream.wait_event(self.ring.free[s])  # recorded by done(s) after the block's kernels
@@ -464,7 +630,8 @@ class KVStreamer:
                 host.write_back(k, v, plan.write_start, plan.write_end)
         else:
             host.write_back(k, v, plan.write_start, plan.write_end)
-        self.written_back_bytes += host.slot_bytes(plan.write_start, plan.write_end)
+        if host.link:
+            self.written_back_bytes += host.slot_bytes(plan.write_start, plan.write_end)
 
     def _before_evict(self, plan: ForwardPlan) -> None:
         # Host layers are a ring: the eviction is a new offset, no bytes move (the device layers are shifted by
@@ -474,11 +641,14 @@ class KVStreamer:
             self._prev_evict(plan)
 
     def synchronize(self) -> None:
+        if self.uploads is not None:
+            self.uploads.synchronize()
         if self.ring is not None and self.ring.cuda:
             self.ring.stream.synchronize()
 
     def stats(self) -> dict:
-        return {"layers_on_device": self.resident, "streamed_layers": len(self.streamed),
+        return {"layers_on_device": self.resident, "streamed_layers": len(self.host),
+                "code_layers_on_device": len(self.codes), "code_bytes": self.code_bytes,
                 "host_bytes": self.host_bytes, "uploaded_bytes": self.uploaded_bytes,
                 "written_back_bytes": self.written_back_bytes, "ring_offset": self.slots.offset}
 
@@ -492,13 +662,18 @@ class KVStreamer:
         if self.cache.on_evict == self._before_evict:
             self.cache.on_evict = self._prev_evict
         self.cache.self_evicting = set()
+        if self.uploads is not None:
+            self.uploads.synchronize()  # no upload may still read host memory
+            self.uploads = None
         if self.ring is not None:
             self.ring.close()
             self.ring = None
         self._views = []
         self.staging = None
         self.cache.release()  # the device layers and the text K/V too
-        host, self.host = list(self.host.values()), {}
+        for h in self.codes.values():
+            h.close()
+        host, self.host, self.codes, self.ringed = list(self.host.values()), {}, {}, {}
         if background and host:
             return release_host_layers(host)
         for h in host:

@@ -73,7 +73,7 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
         where = f"K/V cache ({_gb(est['cache_bytes'])}) on the GPU"
     else:
         where = (f"K/V cache ({_gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
-                 f"layers on the GPU")
+                 f"layers on the GPU" + (f" ({plan.code_layers_on_gpu} as FP8 codes)" if plan.code_layers_on_gpu else ""))
     if plan.blocks_on_gpu is not None:
         where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
     if plan.film_blocks or plan.film_host_blocks:
@@ -145,7 +145,7 @@ class ComfyFastPlacement:
         if not patcher.is_loaded():
             patcher.size = weights.device_bytes(patcher.load_device)
         est = plan.estimates
-        beside = (plan.cache_layers_on_gpu * est["cache_layer_bytes"] + est["activation_bytes"]
+        beside = (plan.device_cache_bytes + est["activation_bytes"]
                   + (est["text_kv_bytes"] if plan.cache_text else 0)
                   + (2 * est["cache_layer_bytes"] if plan.cache == "host" else 0)
                   + plan.film_blocks * est.get("film_block_bytes", 0) + est.get("film_buffer_bytes", 0))

@@ -38,11 +38,13 @@ def fast_latents(model, cache, frames=9, seed=3, device="cpu", **kw):
     return fast_run(model, cache, frames, seed, device, **kw).run()
 
 
-def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32, fp8=False) -> KVStreamer:
-    """A cache of `layout` with its first `layers_on_device` layers on `device`, the rest streamed from (unpinned)
-    host RAM, installed on `model`; close it after."""
+def streamed(model, layout, layers_on_device, device="cpu", dtype=torch.float32, fp8=False,
+             code_layers=0) -> KVStreamer:
+    """A cache of `layout` with its first `layers_on_device` layers on `device`, `code_layers` of the others as FP8
+    codes there too, the rest streamed from (unpinned) host RAM, installed on `model`; close it after."""
     s = KVStreamer.build(layout, TINY.num_layers, TINY.num_heads, TINY.head_dim, device=device,
-                         layers_on_device=layers_on_device, dtype=dtype, pin=False, fp8=fp8)
+                         layers_on_device=layers_on_device, code_layers=code_layers, dtype=dtype, pin=False,
+                         fp8=fp8)
     return s.install(model)
 
 

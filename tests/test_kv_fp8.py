@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from pathlib import Path
@@ -17,8 +18,9 @@ import pytest
 import torch
 
 from lingbot_world.memory.kv_park import ParkedKV, park
-from lingbot_world.memory.kv_placement import place_kv_cache, plan_fast_memory
-from lingbot_world.memory.kv_stream import KVStreamer
+from lingbot_world.memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
+from lingbot_world.memory.placement import RAM_RESERVE
+from lingbot_world.memory.kv_stream import KVStreamer, layer_places
 from lingbot_world.speed.levers import ChunkLevers, plan_levers
 from lingbot_world.speed.presets import PRESETS
 from lingbot_world.wan.dit import kv_fp8
@@ -182,11 +184,158 @@ def test_the_plan_keeps_fp8_layers_in_half_the_ram_and_stages_their_codes():
     assert per * 2 * 128 == fp8.estimates["cache_layer_bytes"] * 129
     assert fp8.estimates["host_bytes"] == fp8.streamed_layers * per
     est = fp8.estimates  # the device bytes count the codes' staging buffer beside the two layer buffers
-    assert est["device_bytes"] == (est["model_bytes"] + (fp8.cache_layers_on_gpu + 2) * est["cache_layer_bytes"]
+    assert fp8.device_cache_bytes == ((fp8.cache_layers_on_gpu - fp8.code_layers_on_gpu) * est["cache_layer_bytes"]
+                                      + fp8.code_layers_on_gpu * per)
+    assert est["device_bytes"] == (est["model_bytes"] + 2 * est["cache_layer_bytes"] + fp8.device_cache_bytes
                                    + per + est["text_kv_bytes"] + est["activation_bytes"] + est["headroom"]
                                    + fp8.film_blocks * est["film_block_bytes"] + est["film_buffer_bytes"])
     assert est["device_bytes"] <= bf16.estimates["device_bytes"] + per
     assert "in FP8" in fp8.reason and "FP8 staging" in fp8.reason
+
+
+def test_when_ram_is_short_the_card_keeps_about_twice_the_layers_as_codes():
+    """480x832, window 15 + sink 3 on a 24 GB card. With RAM to spare the card keeps bf16 layers (no decode before
+    their blocks). With 12 GiB the bf16 plan's pinned layers would leave less than RAM_RESERVE, so the card keeps
+    FP8 codes, half a bf16 layer's bytes, in the same room: about twice as many layers, half the RAM pinned."""
+    full = DiTConfig(causal=True)
+    layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
+    vram = int(23.5 * 1024**3)
+    roomy = plan_fast_memory(480, 832, full, layout, vram, 64 * 1024**3, kv_fp8=True, film_host=False)
+    never = plan_fast_memory(480, 832, full, layout, vram, 64 * 1024**3, kv_fp8=True, film_host=False,
+                             kv_codes_on_gpu=False)
+    assert roomy.code_layers_on_gpu == 0 and roomy.to_json() == never.to_json()
+    ram = 12 * 1024**3
+    codes = plan_fast_memory(480, 832, full, layout, vram, ram, kv_fp8=True, film_host=False)
+    bf16 = plan_fast_memory(480, 832, full, layout, vram, ram, kv_fp8=True, film_host=False, kv_codes_on_gpu=False)
+    per, layer = codes.estimates["host_layer_bytes"], codes.estimates["cache_layer_bytes"]
+    assert bf16.code_layers_on_gpu == 0 and bf16.cache_layers_on_gpu == roomy.cache_layers_on_gpu
+    assert bf16.estimates["host_bytes"] > ram - RAM_RESERVE  # what makes RAM short
+    assert codes.code_layers_on_gpu == codes.cache_layers_on_gpu  # not all fit: every kept layer as codes
+    assert 2 * bf16.cache_layers_on_gpu <= codes.cache_layers_on_gpu <= 2 * bf16.cache_layers_on_gpu + 2
+    assert codes.device_cache_bytes <= bf16.device_cache_bytes + per  # the same room ...
+    assert codes.device_cache_bytes + per > bf16.device_cache_bytes + layer - per  # ... filled
+    assert codes.estimates["host_bytes"] == codes.streamed_layers * per < bf16.estimates["host_bytes"]
+    assert f"({codes.code_layers_on_gpu} as FP8 codes)" in codes.reason and "RAM is short" in codes.reason
+    hosted = codes.host_layer_indices()
+    assert len(hosted) == codes.streamed_layers and hosted[-1] == 39  # spread over the blocks, the last one last
+    gaps = [b - a for a, b in zip(hosted, hosted[1:])]
+    assert max(gaps) - min(gaps) <= 1
+    assert bf16.host_layer_indices() == tuple(range(bf16.cache_layers_on_gpu, 40))  # no codes: the last layers
+    asked = plan_fast_memory(480, 832, full, layout, vram, ram, kv_fp8=True, cache="host", cache_layers_on_gpu=5)
+    assert asked.cache_layers_on_gpu == 5 and asked.code_layers_on_gpu == 0  # a count asked for: bf16 layers
+    exact = plan_fast_memory(480, 832, full, layout, vram, ram)
+    assert exact.code_layers_on_gpu == 0  # a bf16 cache has no codes
+
+
+def test_codes_on_the_card_let_a_video_run_whose_bf16_layers_would_not_fit_in_ram():
+    full = DiTConfig(causal=True)
+    layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
+    vram, ram = int(23.5 * 1024**3), 6 * 1024**3
+    with pytest.raises(FastMemoryError, match="does not fit"):
+        plan_fast_memory(480, 832, full, layout, vram, ram, kv_fp8=True, film_host=False, kv_codes_on_gpu=False)
+    p = plan_fast_memory(480, 832, full, layout, vram, ram, kv_fp8=True, film_host=False)
+    assert p.code_layers_on_gpu > 0 and p.estimates["host_bytes"] <= ram - 2 * 1024**3
+
+
+def test_when_every_layer_fits_as_codes_the_room_left_keeps_some_in_bf16():
+    full = DiTConfig(causal=True)
+    layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
+    ram = int(8.1 * 1024**3)  # any layer in RAM leaves less than RAM_RESERVE
+    gpu = plan_fast_memory(480, 832, full, layout, 80 * 1024**3, ram, kv_fp8=True)
+    assert gpu.cache == "gpu" and gpu.code_layers_on_gpu == 0  # the whole cache in bf16 fits: nothing to decode
+    for gib in range(28, 44):
+        p = plan_fast_memory(480, 832, full, layout, gib * 1024**3, ram, kv_fp8=True, film_host=False)
+        if p.cache == "host" and p.cache_layers_on_gpu == 40:
+            break
+    else:
+        pytest.fail("no card size between 28 and 44 GiB keeps every layer as codes without the whole bf16 cache")
+    assert 0 < p.code_layers_on_gpu < 40 and p.streamed_layers == 0 and p.host_layer_indices() == ()
+    layer, per = p.estimates["cache_layer_bytes"], p.estimates["host_layer_bytes"]
+    more_bf16 = p.device_cache_bytes + layer - per  # one more layer in bf16 would not have fitted
+    assert p.estimates["device_bytes"] - p.device_cache_bytes + more_bf16 > gib * 1024**3 - 3 * 1024**3
+
+
+@pytest.mark.parametrize("resident,codes", [(0, 1), (0, 2), (1, 1), (0, 3), (1, 2)])
+@pytest.mark.parametrize("layout_kw,frames", [
+    ({}, 9),
+    ({"window_frames": 7, "sink_frames": 2}, 15),  # the code layers' ring turns like the host layers'
+])
+def test_layers_kept_as_codes_on_the_device_give_the_resident_video(model, layout_kw, frames, resident, codes):
+    layout = cache_layout(frames, FSL, **layout_kw)
+    want = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16,
+                                       round_kv=kv_fp8.round_fp8), frames)
+    s = _tiny.streamed(model, layout, resident, dtype=torch.bfloat16, fp8=True, code_layers=codes)
+    try:
+        assert sorted(s.codes) == [i for i, p in enumerate(layer_places(3, resident, codes)) if p == "codes"]
+        assert all(h.kc.device.type == "cpu" and not h.link for h in s.codes.values())
+        got = _latents(model, s.cache, frames)
+        stats = s.stats()
+    finally:
+        s.close()
+    assert torch.equal(got, want)
+    hosted = 3 - resident - codes
+    assert stats["code_layers_on_device"] == codes and stats["streamed_layers"] == hosted
+    assert (stats["uploaded_bytes"] > 0) == (hosted > 0) and (stats["written_back_bytes"] > 0) == (hosted > 0)
+    assert stats["code_bytes"] == codes * kv_fp8.pair_bytes(1, layout.capacity, TINY.num_heads, TINY.head_dim)
+
+
+def test_code_layers_count_no_link_bytes(model):
+    """Uploads and write-backs are the host layers' only: a code layer moves nothing over the link."""
+    layout = cache_layout(9, FSL)
+    moved = {}
+    for codes in (0, 1):
+        s = _tiny.streamed(model, layout, 0, dtype=torch.bfloat16, fp8=True, code_layers=codes)
+        try:
+            _latents(model, s.cache, 9)
+            moved[codes] = (s.uploaded_bytes, s.written_back_bytes, len(s.host))
+        finally:
+            s.close()
+    for both, fewer in zip(moved[0][:2], moved[1][:2]):
+        assert fewer * 3 == both * 2  # 2 of 3 layers stream instead of 3
+
+
+def test_layer_places_spread_the_host_layers_over_the_ring():
+    assert layer_places(5, 2, 0) == ("device",) * 2 + ("host",) * 3
+    assert layer_places(5, 0, 5) == ("codes",) * 5
+    for n, resident, codes in ((40, 0, 26), (40, 0, 1), (40, 3, 20), (7, 1, 4), (40, 0, 39)):
+        places = layer_places(n, resident, codes)
+        hosted = [i for i, p in enumerate(places) if p == "host"]
+        assert places[:resident] == ("device",) * resident and places.count("codes") == codes
+        assert len(hosted) == n - resident - codes and hosted[-1] == n - 1
+        gaps = [b - a for a, b in zip([resident - 1] + hosted, hosted)]
+        assert max(gaps) - min(gaps) <= 1, (n, resident, codes, hosted)
+    with pytest.raises(ValueError, match="do not fit"):
+        layer_places(3, 2, 2)
+
+
+def test_parked_code_layers_come_back_decoded_and_restore_the_same_video(model):
+    """A state taken from a cache with code layers holds what a resident one holds; restored into code layers,
+    the third chunk comes out as in one uninterrupted run."""
+    frames = 9
+    layout = cache_layout(frames, FSL)
+    whole = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16,
+                                        round_kv=kv_fp8.round_fp8), frames)
+    tiny_plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1,
+                                 kv_fp8=True)
+    plan = dataclasses.replace(tiny_plan, cache_layers_on_gpu=2, code_layers_on_gpu=2)  # codes 0-1, host 2
+    placement = place_kv_cache(plan, model, "cpu", torch.bfloat16)
+    assert sorted(placement.streamer.codes) == [0, 1] and sorted(placement.streamer.host) == [2]
+    run = _tiny.fast_run(model, placement.cache, frames)
+    run.next_chunk()
+    run.next_chunk()
+    parked = park(placement)
+    placement.close()
+    assert all(torch.equal(kv_fp8.round_fp8(k), k) for k in parked.k + parked.v)
+    plan2 = dataclasses.replace(tiny_plan, cache_layers_on_gpu=3, code_layers_on_gpu=2)  # bf16 0, codes 1-2
+    placement2 = place_kv_cache(plan2, model, "cpu", torch.bfloat16, fill=parked.fill)
+    try:
+        assert placement2.streamer is not None and sorted(placement2.streamer.codes) == [1, 2]
+        parked.restore_counters(placement2.cache)
+        run.cache = placement2.cache
+        third = run.next_chunk()
+    finally:
+        placement2.close()
+    assert torch.equal(third, whole[:, :, 6:9])
 
 
 def test_draft_and_fast_turn_the_fp8_cache_on_and_say_so():
@@ -203,8 +352,8 @@ def test_draft_and_fast_turn_the_fp8_cache_on_and_say_so():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_streamed_fp8_layers_give_the_resident_fp8_video(model):
-    """On the GPU the codes go through the copy stream's staging buffer and are decoded there; the video equals the
-    all-resident FP8 cache's bit for bit, and every byte comes back."""
+    """On the GPU the codes go through the upload stream's staging buffer and are decoded on the copy stream, or are
+    decoded there from the device (code layers); the video equals the all-resident FP8 cache's bit for bit."""
     dev = torch.device("cuda")
     m = WanDiT(TINY, device=dev, dtype=torch.bfloat16).eval()
     m.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
@@ -214,15 +363,16 @@ def test_cuda_streamed_fp8_layers_give_the_resident_fp8_video(model):
     want = _latents(m, resident, 15, device=dev)
     del resident
     torch.cuda.synchronize()
-    for on_device in (0, 2):
+    for on_device, codes in ((0, 0), (2, 0), (0, 2), (0, 1), (1, 1), (0, 3)):  # codes: FP8 layers kept on the GPU
         s = KVStreamer.build(layout, 3, TINY.num_heads, TINY.head_dim, device=dev, layers_on_device=on_device,
-                             dtype=torch.bfloat16, pin=True, fp8=True).install(m)
+                             code_layers=codes, dtype=torch.bfloat16, pin=True, fp8=True).install(m)
         try:
-            assert all(h.buffer.pinned for h in s.host.values()) and s.staging.is_cuda
+            assert all(h.buffer.pinned for h in s.host.values()) and all(h.kc.is_cuda for h in s.codes.values())
+            assert (s.staging is not None and s.staging.is_cuda) == bool(s.host)
             got = _latents(m, s.cache, 15, device=dev)
         finally:
             s.close()
-        assert torch.equal(got, want)
+        assert torch.equal(got, want), (on_device, codes)
 
 
 def _kernels(variant):
