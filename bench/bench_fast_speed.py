@@ -171,6 +171,30 @@ CASES: dict[str, dict] = {
     "draft_steps2_tiny_vae_warm_video": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
                                              warm_video=True, reference="draft_steps2_tiny_vae"),
     # the camera FiLM computed at every call: with 2 calls a chunk, keeping it saves one computation per block
+    # an FP8 cache's layers kept on the card as codes (the plan does so when RAM is short; *_codes always): about
+    # twice as many layers, the host layers spread among them, their uploads ahead on a stream of their own;
+    # against the same room in bf16 layers (*_bf16_layers: never codes, the host layers after them). The same bits.
+    "draft_steps2_tiny_vae_codes": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                        kv_codes_on_gpu=True, reference="draft_steps2_tiny_vae_bf16_layers"),
+    "draft_steps2_tiny_vae_bf16_layers": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                              kv_codes_on_gpu=False),
+    "draft_rolling_steps2_tiny_vae_codes": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
+                                                tiny_vae=True, kv_codes_on_gpu=True,
+                                                reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
+    "draft_rolling_steps2_tiny_vae_bf16_layers": dict(preset="draft", compile="blocks", chunks=16,
+                                                      levers=dict(steps=2), tiny_vae=True, kv_codes_on_gpu=False),
+    "draft_rolling_steps2_tiny_vae_codes_one_ahead": dict(preset="draft", compile="blocks", chunks=16,
+                                                          levers=dict(steps=2), tiny_vae=True, kv_codes_on_gpu=True,
+                                                          env={"LINGBOT_KV_UPLOAD_AHEAD": "0"},
+                                                          reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
+    "draft_steps2_tiny_vae_codes_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2),
+                                                tiny_vae=True, kv_codes_on_gpu=True, profile=True),
+    "draft_steps2_tiny_vae_bf16_layers_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2),
+                                                      tiny_vae=True, kv_codes_on_gpu=False, profile=True),
+    "draft_codes": dict(preset="draft", compile="blocks", kv_codes_on_gpu=True, reference="draft_bf16_layers"),
+    "draft_bf16_layers": dict(preset="draft", compile="blocks", kv_codes_on_gpu=False),
+    "draft_steps2_tiny_vae_whole_card": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
+                                             cap_gib=None, reference="draft_steps2_tiny_vae"),
     "draft_steps2_tiny_vae_no_film": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
                                           film=False, reference="draft_steps2_tiny_vae"),
     "draft_steps2_tiny_vae_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
@@ -300,7 +324,8 @@ def child_case(spec: dict) -> dict:
     out["decode_bytes_planned"] = extra
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
                             graphs=graphs_enabled(device), camera_film=spec.get("film", True),
-                            film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8)
+                            film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8,
+                            kv_codes_on_gpu=spec.get("kv_codes_on_gpu"))
     out["plan"] = plan.to_json()
     out["weights"] = weights
     if levers.kv_fp8:
@@ -637,7 +662,8 @@ def run(args) -> dict:
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
                                                        "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel",
-                                                       "tiny_vae", "tiny_plan_as_vae", "env", "warm_video")}}
+                                                       "tiny_vae", "tiny_plan_as_vae", "env", "warm_video",
+                                                       "kv_codes_on_gpu")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
