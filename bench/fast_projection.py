@@ -24,7 +24,9 @@ the unprofiled rows' DiT seconds, decode seconds and uploaded bytes per chunk (`
 the profiled kernels (the profiler's own gaps are left out). `fast` has no NF4 profile: its FP8 GEMM seconds are
 the `auto` split's GEMM seconds minus what `fast` saved on the H100. `draft` in 3 and in 2 steps (`--chunk-steps
 2`) also come from a later session's profiles (`fast_chunk_kv_bits_h100.json`, `fast_chunk_steps2_h100.json`),
-made with the camera FiLM kept in pinned RAM and the FP8 K/V cache.
+made with the camera FiLM kept in pinned RAM and the FP8 K/V cache; with the tiny decoder from
+`fast_chunk_tiny_vae_ab_h100.json`, and with the NF4 weights prepared in one kernel from a profile on one H100
+(`fast_rolling_kv_codes_b_h100.json`) and its unprofiled row on another the same day (`fast_chunk_kv_codes_h100.json`).
 """
 from __future__ import annotations
 
@@ -108,10 +110,16 @@ def run() -> dict:
     later = _load("fast_chunk_kv_bits_h100.json")["summary"]
     steps2 = _load("fast_chunk_steps2_h100.json")["summary"]["draft_steps2"]
     tiny = _load("fast_chunk_tiny_vae_ab_h100.json")["summary"]  # the tiny decoder instead of the VAE (--tiny-vae)
+    # the NF4 weights prepared for the FP8 GEMMs in one kernel (quant/nf4_rows.py): a profile of today's plan on a
+    # machine with RAM to spare (bf16 cache layers on the card) and the unprofiled row of another H100 the same day
+    rows_profile = _load("fast_rolling_kv_codes_b_h100.json")["summary"]["draft_steps2_tiny_vae_bf16_layers_profile"]
+    rows_row = _load("fast_chunk_kv_codes_h100.json")["summary"]["draft_steps2_tiny_vae_bf16_layers"]
     for tag, profile, row in (("draft, profiled with today's plan", later["draft_profile"], later["draft"]),
                               ("draft --chunk-steps 2", later["draft_steps2_profile"], steps2),
                               ("draft --chunk-steps 2 --tiny-vae", tiny["draft_steps2_tiny_vae_profile"],
-                               tiny["draft_steps2_tiny_vae"])):
+                               tiny["draft_steps2_tiny_vae"]),
+                              ("draft --chunk-steps 2 --tiny-vae, NF4 to FP8 rows in one kernel", rows_profile,
+                               rows_row)):
         split = profile["device_split_s"]
         for name, card in CARDS.items():
             if name == "H100 SXM":
@@ -123,7 +131,8 @@ def run() -> dict:
     out["h100_measured"] = {"auto": auto["mean_chunk_s"], "fast": fast["mean_chunk_s"],
                             "draft": draft["mean_chunk_s"], "draft (later session)": later["draft"]["mean_chunk_s"],
                             "draft --chunk-steps 2": steps2["mean_chunk_s"],
-                            "draft --chunk-steps 2 --tiny-vae": tiny["draft_steps2_tiny_vae"]["mean_chunk_s"]}
+                            "draft --chunk-steps 2 --tiny-vae": tiny["draft_steps2_tiny_vae"]["mean_chunk_s"],
+                            "draft --chunk-steps 2 --tiny-vae, NF4 to FP8 rows in one kernel": rows_row["mean_chunk_s"]}
     return out
 
 
