@@ -464,7 +464,7 @@ class KVStreamer:
         self.codes: dict[int, _HostLayer] = {i: h for i, h in ringed.items() if i not in self.host}
         self.resident = min(ringed) if ringed else cache.num_layers
         self.slots = _SlotMap(cache.capacity, cache.sink_tokens)
-        for i, layer in ringed.items():
+        for layer in ringed.values():
             layer.cache, layer.slots = cache, self.slots
         cache.self_evicting = set(ringed)
         self.ring: Optional[_Ring] = None
