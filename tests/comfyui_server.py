@@ -137,6 +137,16 @@ class Server:
         """Where the weights live: VRAM with LINGBOT_COMFY_GPU=1, else the server's RSS."""
         return self.vram_used() if GPU else self.rss()
 
+    def _history(self, pid: str, timeout: float = 30) -> dict:
+        """The prompt's history entry. ComfyUI sends execution_error before it writes the history (the worker
+        stores it once execute() returns), so right after an error the entry may not exist yet: poll for it."""
+        t0 = time.monotonic()
+        while True:
+            entry = self.get(f"/history/{pid}").get(pid)
+            if entry is not None or time.monotonic() - t0 > timeout:
+                return entry or {}
+            time.sleep(0.2)
+
     def run(self, prompt: dict, timeout: float = 300, on_progress=None) -> dict:
         """Queue an API prompt and follow it on the websocket until it ends; returns what happened."""
         client_id = uuid.uuid4().hex
@@ -191,7 +201,7 @@ class Server:
                     result["end"] = "done"
                     break
             result["seconds"] = time.monotonic() - t0
-            result["history"] = self.get(f"/history/{pid}").get(pid, {})
+            result["history"] = self._history(pid) if result["end"] is not None else {}
             return result
         finally:
             ws.close()
