@@ -144,15 +144,28 @@ def test_a_streamed_fp8_layer_holds_and_moves_about_half_the_bytes(model):
         assert fp8 * 2 * d == bf16 * (d + 1)  # 128 codes + 1 exponent byte for 256 bytes of bf16
 
 
-def test_parked_fp8_layers_come_back_decoded_and_restore_the_same_video(model):
+@pytest.mark.parametrize("first,second", [
+    ((1, 0), (2, 0)),  # (layers on the device, of which FP8 codes): bf16 0, RAM 1-2 -> bf16 0-1, RAM 2
+    ((2, 2), (3, 2)),  # codes 0-1, RAM 2 -> bf16 0, codes 1-2
+])
+def test_parked_fp8_layers_come_back_decoded_and_restore_the_same_video(model, first, second):
     """A state taken from a streamed FP8 cache after two chunks holds what a resident one holds; put back into a
     cache with another split, the third chunk comes out as in one uninterrupted run."""
     frames = 9
     layout = cache_layout(frames, FSL)
     whole = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16,
                                         round_kv=kv_fp8.round_fp8), frames)
-    plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1, kv_fp8=True)
-    placement = place_kv_cache(plan, model, "cpu", torch.bfloat16)
+    tiny_plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1,
+                                 kv_fp8=True)
+
+    def placed(split, **kw):
+        plan = dataclasses.replace(tiny_plan, cache_layers_on_gpu=split[0], code_layers_on_gpu=split[1])
+        placement = place_kv_cache(plan, model, "cpu", torch.bfloat16, **kw)
+        codes = [i for i, p in enumerate(layer_places(3, split[0] - split[1], split[1])) if p == "codes"]
+        assert sorted(placement.streamer.codes) == codes
+        return placement
+
+    placement = placed(first)
     run = _tiny.fast_run(model, placement.cache, frames)
     run.next_chunk()
     run.next_chunk()
@@ -160,9 +173,7 @@ def test_parked_fp8_layers_come_back_decoded_and_restore_the_same_video(model):
     placement.close()
     assert isinstance(parked, ParkedKV) and all(k.dtype == torch.bfloat16 for k in parked.k)
     assert all(torch.equal(kv_fp8.round_fp8(k), k) for k in parked.k + parked.v)  # FP8 values, decoded
-    plan2 = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=2,
-                             kv_fp8=True)
-    placement2 = place_kv_cache(plan2, model, "cpu", torch.bfloat16, fill=parked.fill)
+    placement2 = placed(second, fill=parked.fill)
     try:
         parked.restore_counters(placement2.cache)
         run.cache = placement2.cache
@@ -306,36 +317,6 @@ def test_layer_places_spread_the_host_layers_over_the_ring():
         assert max(gaps) - min(gaps) <= 1, (n, resident, codes, hosted)
     with pytest.raises(ValueError, match="do not fit"):
         layer_places(3, 2, 2)
-
-
-def test_parked_code_layers_come_back_decoded_and_restore_the_same_video(model):
-    """A state taken from a cache with code layers holds what a resident one holds; restored into code layers,
-    the third chunk comes out as in one uninterrupted run."""
-    frames = 9
-    layout = cache_layout(frames, FSL)
-    whole = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16,
-                                        round_kv=kv_fp8.round_fp8), frames)
-    tiny_plan = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1,
-                                 kv_fp8=True)
-    plan = dataclasses.replace(tiny_plan, cache_layers_on_gpu=2, code_layers_on_gpu=2)  # codes 0-1, host 2
-    placement = place_kv_cache(plan, model, "cpu", torch.bfloat16)
-    assert sorted(placement.streamer.codes) == [0, 1] and sorted(placement.streamer.host) == [2]
-    run = _tiny.fast_run(model, placement.cache, frames)
-    run.next_chunk()
-    run.next_chunk()
-    parked = park(placement)
-    placement.close()
-    assert all(torch.equal(kv_fp8.round_fp8(k), k) for k in parked.k + parked.v)
-    plan2 = dataclasses.replace(tiny_plan, cache_layers_on_gpu=3, code_layers_on_gpu=2)  # bf16 0, codes 1-2
-    placement2 = place_kv_cache(plan2, model, "cpu", torch.bfloat16, fill=parked.fill)
-    try:
-        assert placement2.streamer is not None and sorted(placement2.streamer.codes) == [1, 2]
-        parked.restore_counters(placement2.cache)
-        run.cache = placement2.cache
-        third = run.next_chunk()
-    finally:
-        placement2.close()
-    assert torch.equal(third, whole[:, :, 6:9])
 
 
 def test_draft_and_fast_turn_the_fp8_cache_on_and_say_so():
