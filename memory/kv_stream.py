@@ -18,11 +18,11 @@ schedule runs with synchronous copies (the CI tests use that to check the bookke
 
 With an FP8 cache (`fp8=True`, the `fast` and `draft` presets' kv_fp8 lever) a host layer holds e4m3 codes and one
 exponent byte per token and head (wan/dit/kv_fp8.py): its upload moves those into a device staging buffer on a
-stream of its own, as soon as the buffer's last layer was decoded (so it is not held to one layer ahead), and the
-copy stream decodes them into the layer's bf16 buffer; a write-back encodes the chunk's slots there first. The
-layers the card keeps may be codes too (`code_layers`): half a bf16 layer's bytes, decoded into the ring before
-their block like a host layer, with nothing to upload. The host layers are then spread among them
-(`layer_places`), so each upload hides under the blocks of the code layers before it. The cache writes
+stream of its own, and the copy stream decodes them into the layer's bf16 buffer; a write-back encodes the chunk's
+slots there first. The layers the card keeps may be codes too (`code_layers`, when RAM is short): half a bf16
+layer's bytes, decoded into the ring before their block like a host layer, with nothing to upload. The host layers
+are then spread among them (`layer_places`) and each upload starts as soon as the staging buffer is free, so it
+hides under the blocks of the code layers before it. The cache writes
 FP8-rounded K/V into every layer, so the decoded values are the bits a device layer holds.
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ from .pinned import HostBuffer, pair_views, tensor_bytes
 log = logging.getLogger(__name__)
 
 HOST_ALLOC_THREADS = 4
-UPLOAD_AHEAD_ENV = "LINGBOT_KV_UPLOAD_AHEAD"  # "0": an FP8 host layer's upload waits for the ring (A/B)
+# "1" / "0": FP8 host layers upload ahead, or one layer ahead, whatever the layout (benchmarks' A/B)
+UPLOAD_AHEAD_ENV = "LINGBOT_KV_UPLOAD_AHEAD"
 
 
 class _SlotMap:
@@ -251,11 +252,14 @@ class _CodeUploads:
     out of the buffer. Between two host layers run the blocks of the layers kept on the device, so an upload
     hides under several blocks' compute instead of one (the ring's buffers are filled one layer ahead only).
     Uploads go in layer order within a forward; `start` begins a forward's, after its plan is fixed.
-    ahead=False (UPLOAD_AHEAD_ENV=0, benchmarks' A/B): a layer's upload goes only when the ring loads it, one layer
-    ahead of its block."""
+    ahead=False: a layer's upload goes only when the ring loads it, one layer ahead of its block, as a streamed
+    layer always did. The streamer uploads ahead only when code layers sit between its host layers (the layout
+    this is for); with the host layers after the device's, ahead bought nothing measurable on an H100 (one pair:
+    0.854 s against 0.839 s one ahead, bench/results/fast_rolling_kv_codes_a_h100.json) and its earlier copies
+    would queue before a block-swapped model's weights on the link."""
 
     def __init__(self, staging: torch.Tensor, device: torch.device, host: dict, after: Optional[object] = None,
-                 ahead: bool = True):
+                 ahead: bool = False):
         self.staging = staging
         self.ahead = ahead
         self.cuda = device.type == "cuda"
@@ -479,8 +483,9 @@ class KVStreamer:
             if isinstance(layer, _FP8HostLayer):
                 if self.host:
                     self.staging = torch.empty(fp8_pair_bytes(shape), dtype=torch.uint8, device=self.device)
+                    ahead = os.environ.get(UPLOAD_AHEAD_ENV, "1" if self.codes else "0") != "0"
                     self.uploads = _CodeUploads(self.staging, self.device, self.host, after=self.ring.stream,
-                                                ahead=os.environ.get(UPLOAD_AHEAD_ENV, "1") != "0")
+                                                ahead=ahead)
                 for i, h in ringed.items():
                     h.uploads, h.index, h.ops = self.uploads, i, fp8_ops
         self._current: Optional[int] = None

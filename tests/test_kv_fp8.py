@@ -305,6 +305,28 @@ def test_code_layers_count_no_link_bytes(model):
         assert fewer * 3 == both * 2  # 2 of 3 layers stream instead of 3
 
 
+@pytest.mark.parametrize("env,codes,ahead", [(None, 1, True), (None, 0, False), ("0", 1, False), ("1", 0, True)])
+def test_host_layers_upload_ahead_where_code_layers_sit_between_them(model, monkeypatch, env, codes, ahead):
+    """The uploads start as soon as the staging buffer is free only in the layout that is for (code layers between
+    the host layers); else one layer ahead, as streamed layers always did. LINGBOT_KV_UPLOAD_AHEAD overrides."""
+    from lingbot_world.memory.kv_stream import UPLOAD_AHEAD_ENV
+
+    if env is None:
+        monkeypatch.delenv(UPLOAD_AHEAD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(UPLOAD_AHEAD_ENV, env)
+    layout = cache_layout(9, FSL)
+    s = _tiny.streamed(model, layout, 0, dtype=torch.bfloat16, fp8=True, code_layers=codes)
+    try:
+        assert s.uploads.ahead is ahead
+        got = _latents(model, s.cache, 9)
+    finally:
+        s.close()
+    want = _latents(model, layout.make(3, TINY.num_heads, TINY.head_dim, dtype=torch.bfloat16,
+                                       round_kv=kv_fp8.round_fp8), 9)
+    assert torch.equal(got, want)
+
+
 def test_layer_places_spread_the_host_layers_over_the_ring():
     assert layer_places(5, 2, 0) == ("device",) * 2 + ("host",) * 3
     assert layer_places(5, 0, 5) == ("codes",) * 5
