@@ -272,8 +272,11 @@ def plan_fast_memory(
     spare = room - fixed - (text if cache_text else 0)
     host_weights = (sizes.num_blocks - blocks) * sizes.block if blocks is not None else 0
 
-    def film_ram(layers_on_gpu: int) -> int:  # the RAM beside everything pinned and the reserve
-        return ram_free - RAM_RESERVE - (n_layers - layers_on_gpu) * host_layer - host_weights if film_host else 0
+    def ram_left(layers_on_gpu: int) -> int:  # the RAM beside everything pinned and the reserve
+        return ram_free - RAM_RESERVE - (n_layers - layers_on_gpu) * host_layer - host_weights
+
+    def film_ram(layers_on_gpu: int) -> int:
+        return ram_left(layers_on_gpu) if film_host else 0
 
     code = host_layer  # an FP8 layer kept on the device as codes
 
@@ -305,7 +308,7 @@ def plan_fast_memory(
         return on
 
     on = place_layers(False)
-    ram_short = (n_layers - on[0]) * host_layer + host_weights > ram_free - RAM_RESERVE
+    ram_short = ram_left(on[0]) < 0
     codes_wanted = ram_short if kv_codes_on_gpu is None else kv_codes_on_gpu
     if kv_fp8 and codes_wanted and cache_layers_on_gpu is None and on[0] < n_layers:
         on = place_layers(True)  # RAM is short: the card keeps its layers as codes, about twice as many

@@ -268,7 +268,7 @@ class _CodeUploads:
         self.uploaded = torch.cuda.Event() if self.cuda else None
         self.free = torch.cuda.Event() if self.cuda else None
         self.host = host
-        self.order = sorted(i for i, h in host.items() if h.link)
+        self.order = sorted(host)  # the host layers (the streamer passes those only)
         self.pending: Optional[int] = None  # the layer whose codes are (being) uploaded into the staging buffer
         self.next = 0  # position in `order` of the next layer to upload in this forward
 
