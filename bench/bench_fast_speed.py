@@ -104,6 +104,13 @@ WINDOW, SINK = 21, 3
 WARM_CHUNKS = 2
 REFERENCE = "exact"
 FRAMES_REFERENCE = "auto"  # the decode levers change frames, not latents: compared with auto's frames
+
+
+def _draft2_tiny(**kw) -> dict:
+    """A case of `draft --chunk-steps 2 --tiny-vae` (the issue's fastest preset), compiled, with `kw` on top."""
+    return dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True, **kw)
+
+
 CASES: dict[str, dict] = {
     "exact": dict(preset="exact"),  # eager bf16: the reference of every error
     # the fastest exact path (compiled even for a 7-chunk video); its frames are the reference of the decode levers
@@ -147,58 +154,42 @@ CASES: dict[str, dict] = {
     "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
     # the tiny decoder (--tiny-vae; a random taew2_1-format file in --workdir) instead of the VAE: decode and plan
     "draft_tiny_vae": dict(preset="draft", compile="blocks", tiny_vae=True),
-    "draft_steps2_tiny_vae": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True),
-    "draft_rolling_steps2_tiny_vae": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
-                                          tiny_vae=True),
-    "draft_steps2_tiny_vae_vae_plan": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                           tiny_plan_as_vae=True),
+    "draft_steps2_tiny_vae": _draft2_tiny(),
+    "draft_rolling_steps2_tiny_vae": _draft2_tiny(chunks=16),
+    "draft_steps2_tiny_vae_vae_plan": _draft2_tiny(tiny_plan_as_vae=True),
     "fast_tiny_vae": dict(preset="fast", compile="blocks", tiny_vae=True),
-    "draft_rolling_steps2_tiny_vae_graphs": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
-                                                 tiny_vae=True, graphs=True, reference="draft_rolling_steps2_tiny_vae"),
-    "draft_steps2_fp8_weights_tiny_vae": dict(preset="draft", compile="blocks", weights="fp8", levers=dict(steps=2),
-                                              tiny_vae=True),
+    "draft_rolling_steps2_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True,
+                                                         reference="draft_rolling_steps2_tiny_vae"),
+    "draft_steps2_fp8_weights_tiny_vae": _draft2_tiny(weights="fp8"),
     "auto_tiny_vae": dict(preset="auto", compile="blocks", tiny_vae=True, save_frames=True),
     # NF4 weights prepared in two passes (bnb's dequantize, then the row quantizer) instead of quant/nf4_rows.py's
     # one kernel: the same latents (error 0), the time the kernel saves
-    "draft_steps2_tiny_vae_two_pass": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                           env={"LINGBOT_NF4_ROWS": "0"}, reference="draft_steps2_tiny_vae"),
-    "draft_rolling_steps2_tiny_vae_two_pass": dict(preset="draft", compile="blocks", chunks=16,
-                                                   levers=dict(steps=2), tiny_vae=True, env={"LINGBOT_NF4_ROWS": "0"},
-                                                   reference="draft_rolling_steps2_tiny_vae"),
+    "draft_steps2_tiny_vae_two_pass": _draft2_tiny(env={"LINGBOT_NF4_ROWS": "0"}, reference="draft_steps2_tiny_vae"),
+    "draft_rolling_steps2_tiny_vae_two_pass": _draft2_tiny(chunks=16, env={"LINGBOT_NF4_ROWS": "0"},
+                                                           reference="draft_rolling_steps2_tiny_vae"),
     "draft_two_pass": dict(preset="draft", compile="blocks", env={"LINGBOT_NF4_ROWS": "0"}, reference="draft"),
     "fast_two_pass": dict(preset="fast", compile="blocks", env={"LINGBOT_NF4_ROWS": "0"}, reference="fast"),
     # the warm-up a whole video long (every cache length seen once) instead of two chunks: first-use costs
-    "draft_steps2_tiny_vae_warm_video": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                             warm_video=True, reference="draft_steps2_tiny_vae"),
-    # the camera FiLM computed at every call: with 2 calls a chunk, keeping it saves one computation per block
+    "draft_steps2_tiny_vae_warm_video": _draft2_tiny(warm_video=True, reference="draft_steps2_tiny_vae"),
     # an FP8 cache's layers kept on the card as codes (the plan does so when RAM is short; *_codes always): about
     # twice as many layers, the host layers spread among them, their uploads ahead on a stream of their own;
     # against the same room in bf16 layers (*_bf16_layers: never codes, the host layers after them). The same bits.
-    "draft_steps2_tiny_vae_codes": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                        kv_codes_on_gpu=True, reference="draft_steps2_tiny_vae_bf16_layers"),
-    "draft_steps2_tiny_vae_bf16_layers": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                              kv_codes_on_gpu=False),
-    "draft_rolling_steps2_tiny_vae_codes": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
-                                                tiny_vae=True, kv_codes_on_gpu=True,
-                                                reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
-    "draft_rolling_steps2_tiny_vae_bf16_layers": dict(preset="draft", compile="blocks", chunks=16,
-                                                      levers=dict(steps=2), tiny_vae=True, kv_codes_on_gpu=False),
-    "draft_rolling_steps2_tiny_vae_codes_one_ahead": dict(preset="draft", compile="blocks", chunks=16,
-                                                          levers=dict(steps=2), tiny_vae=True, kv_codes_on_gpu=True,
-                                                          env={"LINGBOT_KV_UPLOAD_AHEAD": "0"},
-                                                          reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
-    "draft_steps2_tiny_vae_codes_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2),
-                                                tiny_vae=True, kv_codes_on_gpu=True, profile=True),
-    "draft_steps2_tiny_vae_bf16_layers_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2),
-                                                      tiny_vae=True, kv_codes_on_gpu=False, profile=True),
+    "draft_steps2_tiny_vae_codes": _draft2_tiny(kv_codes_on_gpu=True, reference="draft_steps2_tiny_vae_bf16_layers"),
+    "draft_steps2_tiny_vae_bf16_layers": _draft2_tiny(kv_codes_on_gpu=False),
+    "draft_rolling_steps2_tiny_vae_codes": _draft2_tiny(chunks=16, kv_codes_on_gpu=True,
+                                                        reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
+    "draft_rolling_steps2_tiny_vae_bf16_layers": _draft2_tiny(chunks=16, kv_codes_on_gpu=False),
+    "draft_rolling_steps2_tiny_vae_codes_one_ahead": _draft2_tiny(
+        chunks=16, kv_codes_on_gpu=True, env={"LINGBOT_KV_UPLOAD_AHEAD": "0"},
+        reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
+    "draft_steps2_tiny_vae_codes_profile": _draft2_tiny(kv_codes_on_gpu=True, profile=True),
+    "draft_steps2_tiny_vae_bf16_layers_profile": _draft2_tiny(kv_codes_on_gpu=False, profile=True),
     "draft_codes": dict(preset="draft", compile="blocks", kv_codes_on_gpu=True, reference="draft_bf16_layers"),
     "draft_bf16_layers": dict(preset="draft", compile="blocks", kv_codes_on_gpu=False),
-    "draft_steps2_tiny_vae_whole_card": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                             cap_gib=None, reference="draft_steps2_tiny_vae"),
-    "draft_steps2_tiny_vae_no_film": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                          film=False, reference="draft_steps2_tiny_vae"),
-    "draft_steps2_tiny_vae_profile": dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True,
-                                          profile=True),
+    "draft_steps2_tiny_vae_whole_card": _draft2_tiny(cap_gib=None, reference="draft_steps2_tiny_vae"),
+    # the camera FiLM computed at every call: with 2 calls a chunk, keeping it saves one computation per block
+    "draft_steps2_tiny_vae_no_film": _draft2_tiny(film=False, reference="draft_steps2_tiny_vae"),
+    "draft_steps2_tiny_vae_profile": _draft2_tiny(profile=True),
     "link": dict(kind="link"),  # pinned RAM <-> device copies alone: GB/s one way, the other, both at once
     "auto_profile": dict(preset="auto", compile="blocks", profile=True),
     "exact_profile": dict(preset="exact", profile=True),
