@@ -327,6 +327,43 @@ def test_host_layers_upload_ahead_where_code_layers_sit_between_them(model, monk
     assert torch.equal(got, want)
 
 
+_CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA_MARKS)])
+@pytest.mark.parametrize("ahead", ["0", "1"])
+def test_code_layers_beside_a_block_swapped_model_give_the_resident_video(tmp_path, monkeypatch, device, ahead):
+    """A small card short of RAM: the model's last blocks swap in from RAM and the cache keeps FP8 codes on the
+    device with host layers between them. The block swap's hooks and the streamer's run in turn around each block,
+    and uploads ahead (or one layer ahead) share the link with the blocks' weights: the NF4 model's video equals
+    the one with the model and the whole FP8 cache on the device, bit for bit."""
+    from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
+    from lingbot_world.memory.kv_placement import FastPlacement
+    from lingbot_world.memory.kv_stream import UPLOAD_AHEAD_ENV
+
+    monkeypatch.setenv(UPLOAD_AHEAD_ENV, ahead)
+    make_random_nf4_expert(TINY, tmp_path / "fast", device="cpu", seed=1)
+    frames = 15
+    layout = cache_layout(frames, FSL, window_frames=7, sink_frames=2)  # the rings wrap
+    base = plan_fast_memory(32, 48, TINY, layout, 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1,
+                            kv_fp8=True)
+
+    def video(plan):
+        with FastPlacement(plan, device) as fp:
+            m = fp.load_model(tmp_path / "fast", compute_dtype=torch.bfloat16)
+            cache = fp.make_cache(torch.bfloat16)
+            streamer = fp.placement.streamer
+            places = None if streamer is None else (sorted(streamer.codes), sorted(streamer.host))
+            return _latents(m, cache, frames, device=device), places, fp.swapper is not None
+
+    want, places, swapped = video(dataclasses.replace(base, cache="gpu", cache_layers_on_gpu=3))
+    assert places is None and not swapped
+    got, places, swapped = video(dataclasses.replace(base, cache_layers_on_gpu=2, code_layers_on_gpu=2,
+                                                     blocks_on_gpu=1))
+    assert places == ([0, 1], [2]) and swapped  # the host layer's upload can hide under the code layers' blocks
+    assert torch.equal(got, want)
+
+
 def test_layer_places_spread_the_host_layers_over_the_ring():
     assert layer_places(5, 2, 0) == ("device",) * 2 + ("host",) * 3
     assert layer_places(5, 0, 5) == ("codes",) * 5
