@@ -190,8 +190,10 @@ def plan_fast_memory(
     `draft --chunk-steps 2 --tiny-vae` chunk took 0.4-6.0 % longer with them (3.9 % in the mean of five pairs; RSS
     9.4 against 12.5 GB; bench/results/fast_*_kv_codes_*h100.json), so a machine with RAM to spare keeps bf16.
     kv_codes_on_gpu: None decides so; True keeps codes whenever the cache streams, False never (benchmarks' A/B).
-    Raises FastMemoryError when the streamed layers do not fit in host RAM either.
+    Raises FastMemoryError when the streamed layers do not fit in host RAM either (saying so when an FP8 cache
+    would fit).
     """
+    args = dict(locals())  # the arguments only: the same plan with an FP8 cache, for the error's way out
     if cache not in CACHE_PLACEMENTS:
         raise ValueError(f"cache placement {cache!r}: choose one of {CACHE_PLACEMENTS}")
     if weights not in WEIGHTS:
@@ -339,7 +341,8 @@ def plan_fast_memory(
             + (f", plus {_gb(host_weights)} of streamed model blocks" if host_weights else "")
             + f") would live in pinned host RAM but only {_gb(ram_free)} is available (keeping {_gb(RAM_MARGIN)} free); "
             f"the whole video's cache is {_gb(n_layers * host_layer)} ({layout.capacity} tokens x {n_layers} layers). "
-            "Use fewer frames or a smaller size, --max-attention / a window (bounded cache), or close other programs.")
+            + ("" if kv_fp8 else _fp8_way_out(args))
+            + "Use fewer frames or a smaller size, --max-attention / a window (bounded cache), or close other programs.")
     notes = [f"{n_layers - n} layers ({_gb(host_cache)}{' in FP8' if kv_fp8 else ''}) stream from pinned RAM one "
              "layer ahead"]
     if n_codes:
@@ -358,6 +361,17 @@ def plan_fast_memory(
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
     return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers, hosted),
                           ok, token_chunk, est, cache_heads, films, hosted, kv_fp8, n_codes)
+
+
+def _fp8_way_out(args: dict) -> str:
+    """A bf16 cache that does not fit in RAM: the sentence saying the `fast` preset's FP8 cache (half the bytes per
+    layer, the same window) would, with the pinned RAM its own plan needs; empty when it would not fit either."""
+    try:
+        twin = plan_fast_memory(**{**args, "kv_fp8": True})
+    except FastMemoryError:
+        return ""
+    return (f"The speed preset 'fast' (or 'draft') keeps the cache in FP8 (approximate): it fits, with "
+            f"{_gb(twin.estimates['host_bytes'])} of pinned RAM. ")
 
 
 def _film_blocks(room: int, per_block: int, n_layers: int) -> int:

@@ -253,6 +253,21 @@ def test_refuses_when_the_cache_does_not_fit_in_host_ram_either():
     assert plan_fast_memory(480, 832, FULL, small, int(23.5 * GiB), 8 * GiB).cache == "gpu"
 
 
+def test_a_bf16_cache_short_of_ram_names_the_fp8_preset_when_that_fits():
+    """A 16 GB card in a 32 GB box: the 81-frame video's bf16 cache (26.8 GB) does not fit in RAM, its FP8 twin
+    does; the refusal says so with the RAM that plan pins, and says nothing of it where FP8 would not fit either."""
+    vram, ram = 15 * GiB, 24 * GiB
+    fp8 = plan_fast_memory(480, 832, FULL, layout480(), vram, ram, kv_fp8=True)
+    with pytest.raises(FastMemoryError) as e:
+        plan_fast_memory(480, 832, FULL, layout480(), vram, ram)
+    assert f"'fast' (or 'draft') keeps the cache in FP8 (approximate): it fits, with " \
+           f"{fp8.estimates['host_bytes'] / 1e9:.1f} GB of pinned RAM" in str(e.value)
+    for fp8_too in (False, True):
+        with pytest.raises(FastMemoryError) as e:
+            plan_fast_memory(480, 832, FULL, layout480(), vram, 12 * GiB, kv_fp8=fp8_too)
+        assert "FP8" not in str(e.value) and "Use fewer frames" in str(e.value)
+
+
 def test_requested_placements_are_kept():
     p = plan_fast_memory(480, 832, FULL, layout480(), int(23.5 * GiB), 64 * GiB, cache="gpu")
     assert p.cache == "gpu" and not p.fits and "WARNING" in p.reason
