@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from ..wan.dit.model import DiTConfig
 from .bench_pipeline import apply_cap, bench_config, random_experts, sync, timed_forwards
 from .common import (
     CaseLoop,
+    tiny_children,
     add_case_arguments,
     case_ok,
     child_main,
@@ -474,8 +474,8 @@ def main(argv=None) -> int:
     args.cases = parse_cases(p, args.cases, CASES)
     if args.tiny:
         args.timed_steps = 1
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = run(args)
+    with tiny_children(args.tiny):  # one thread per child process, the caller's environment kept
+        res = run(args)
     print_report(res)
     if args.out:
         print(f"results: {args.out}")

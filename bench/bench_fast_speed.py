@@ -89,6 +89,7 @@ from .bench_fast import TINY_VIDEO, V480, child_start, fast_inputs
 from .bench_pipeline import PACKAGE, bench_config, random_experts, sync
 from .common import (
     CaseLoop,
+    tiny_children,
     add_case_arguments,
     case_ok,
     child_main,
@@ -693,9 +694,8 @@ def main(argv=None) -> int:
     if args.child:
         return child_main(args.child, CHILDREN)
     args.cases = parse_cases(p, args.cases, CASES)
-    if args.tiny:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = run(args)
+    with tiny_children(args.tiny):  # one thread per child process, the caller's environment kept
+        res = run(args)
     print_report(res)
     if args.out:
         print(f"results: {args.out}")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
 from .common import (
     CaseLoop,
+    tiny_children,
     add_case_arguments,
     case_ok,
     child_main,
@@ -711,8 +711,8 @@ def main(argv=None) -> int:
         args.timed_steps = min(args.timed_steps, 1)
         if args.cfg_mode == "sequential":
             args.cfg_mode = "batch"
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = run(args)
+    with tiny_children(args.tiny):  # one thread per child process, the caller's environment kept
+        res = run(args)
     print_report(res)
     if args.out:
         print(f"results: {args.out}")

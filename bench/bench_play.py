@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ import torch
 
 from ..speed.levers import plan_levers
 from .bench_pipeline import apply_cap, bench_config, sync, write_random_experts
-from .common import machine_info, rss_bytes, write_json
+from .common import machine_info, rss_bytes, tiny_children, write_json
 
 GiB = 1024**3
 KEY_PATTERN = ("w-12", "wj-12", "w-6,wl-6", "d-12", "none-4,s-8", "i-6,k-6", "a-12", "wl-12")
@@ -255,13 +254,12 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the random model for the next call")
     p.add_argument("--out", default=None, help="results JSON")
     args = p.parse_args(argv)
-    if args.tiny:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
     defaults = dict(chunks=(8, 200), warmup=(2, 5), window=(6, 21), sink=(1, 3))
     for name, (tiny, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else full)
-    res = run(args)
+    with tiny_children(args.tiny):  # one thread per child process, the caller's environment kept
+        res = run(args)
     s = res["summary"]
     print(json.dumps(s, indent=2))
     if args.out:

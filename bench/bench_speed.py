@@ -60,7 +60,7 @@ from .bench_pipeline import (
     schedule,
     sync,
 )
-from .common import CaseLoop, add_case_arguments, child_main, parse_cases, run_case_child
+from .common import CaseLoop, add_case_arguments, child_main, parse_cases, run_case_child, tiny_children
 from .trace_gaps import compute_stream, host_gap_sources, idle_gaps
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
@@ -834,8 +834,8 @@ def main(argv=None) -> int:
     args.cases = parse_cases(p, args.cases, CASES)
     if args.tiny:
         args.timed_steps = min(args.timed_steps, 1)
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = run(args)
+    with tiny_children(args.tiny):  # one thread per child process, the caller's environment kept
+        res = run(args)
     print_report(res)
     if args.out:
         print(f"results: {args.out}")

@@ -5,6 +5,7 @@ live in memory/memstats.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +43,22 @@ def run_json_child(args: Sequence[str], timeout: float = 600, env: Optional[dict
     if not lines:
         raise RuntimeError(f"child {' '.join(args)} printed nothing; stderr:\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1])
+
+
+@contextlib.contextmanager
+def tiny_children(tiny: bool):
+    """With --tiny, the processes the run starts (its cases, the random-model writers) use one CPU thread each.
+    The caller's environment is restored afterwards: a test calling a benchmark's main() in-process starts other
+    processes later, and one inheriting OMP_NUM_THREADS=1 computes with other GEMM blocking than a 2-thread
+    process (last-bit differences: a player server so started no longer equalled the batch run bit for bit)."""
+    if not tiny or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def machine_info() -> dict:

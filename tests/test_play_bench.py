@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -12,7 +13,11 @@ def test_bench_play_tiny_writes_per_chunk_latency_fps_and_memory(tmp_path):
     from lingbot_world.bench.bench_play import main
 
     out = tmp_path / "play.json"
+    env = dict(os.environ)
     assert main(["--tiny", "--chunks", "5", "--warmup", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]) == 0
+    # its child processes ran with one thread, this process's environment is as it was: a process started later
+    # (the player tests' server) must compute with the threads the in-process batch run uses
+    assert dict(os.environ) == env
     res = json.loads(out.read_text())
     rows = res["per_chunk"]
     assert [r["chunk"] for r in rows] == [1, 2, 3, 4, 5]
