@@ -270,8 +270,8 @@ def test_ffmpeg_is_shielded_from_ctrl_c_to_the_process_group(tmp_path):
             "from lingbot_world.cli.video_out import VideoWriter, plan_output\n"
             f"w = VideoWriter(plan_output({str(out)!r}))\n"
             "w.append(torch.zeros(3, 7, 32, 48))\n"
-            "print(w._proc.pid, flush=True)\n"
-            "try:\n    time.sleep(60)\n"
+            # the pid inside the try: the parent signals once it has read it, and the interrupt may land at once
+            "try:\n    print(w._proc.pid, flush=True)\n    time.sleep(60)\n"
             "except KeyboardInterrupt:\n    print(w.keep_partial(), flush=True)\n    sys.exit(130)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
