@@ -102,22 +102,13 @@ class PlayServer:
 
 
 def run_batch(argv: list[str], cache: Path) -> None:
-    """`lingbot-world generate ...` (argv after the program name) in this process, with the players' cache."""
-    from lingbot_world.cli import main
-
-    env = child_env(cache)
-    saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "LINGBOT_WORLD_CACHE")}
-    os.environ["XDG_CACHE_HOME"] = env["XDG_CACHE_HOME"]
-    os.environ.pop("LINGBOT_WORLD_CACHE", None)
-    try:
-        rc = main(argv)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    assert rc == 0, f"the batch run failed ({rc}): {' '.join(argv)}"
+    """`lingbot-world generate ...` (argv after the program name) in a process started like the player server (the
+    same environment, so the same CPU threads: a played clip can equal it bit for bit whatever this test process's
+    own environment holds), with the players' cache."""
+    cmd = [sys.executable, "-m", "lingbot_world", *argv]
+    r = subprocess.run(cmd, env=child_env(cache), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=START_TIMEOUT_S)
+    assert r.returncode == 0, f"the batch run failed ({r.returncode}): {' '.join(argv)}\n{r.stdout[-2000:]}"
 
 
 def descendants(pid: int) -> list[int]:
