@@ -44,7 +44,6 @@ from ..wan.dit.model import DiTConfig
 from .bench_pipeline import apply_cap, bench_config, random_experts, sync, timed_forwards
 from .common import (
     CaseLoop,
-    tiny_children,
     add_case_arguments,
     case_ok,
     child_main,
@@ -54,6 +53,7 @@ from .common import (
     peak_rss_bytes,
     rss_bytes,
     run_case_child,
+    tiny_children,
 )
 
 MODULE = __spec__.name if __spec__ is not None else __name__

@@ -89,7 +89,6 @@ from .bench_fast import TINY_VIDEO, V480, child_start, fast_inputs
 from .bench_pipeline import PACKAGE, bench_config, random_experts, sync
 from .common import (
     CaseLoop,
-    tiny_children,
     add_case_arguments,
     case_ok,
     child_main,
@@ -98,6 +97,7 @@ from .common import (
     parse_cases,
     peak_rss_bytes,
     run_case_child,
+    tiny_children,
 )
 
 MODULE = __spec__.name if __spec__ is not None else __name__

@@ -36,7 +36,6 @@ from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from .bench_nf4_load import bench_config as load_bench_config
 from .common import (
     CaseLoop,
-    tiny_children,
     add_case_arguments,
     case_ok,
     child_main,
@@ -45,6 +44,7 @@ from .common import (
     mib_in_gb,
     parse_cases,
     run_case_child,
+    tiny_children,
 )
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)

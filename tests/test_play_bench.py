@@ -15,8 +15,8 @@ def test_bench_play_tiny_writes_per_chunk_latency_fps_and_memory(tmp_path):
     out = tmp_path / "play.json"
     env = dict(os.environ)
     assert main(["--tiny", "--chunks", "5", "--warmup", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]) == 0
-    # its child processes ran with one thread, this process's environment is as it was: a process started later
-    # (the player tests' server) must compute with the threads the in-process batch run uses
+    # its child processes ran with one thread, this process's environment is as it was: processes started later
+    # inherit it (the player tests' server and batch run must compute with the same threads)
     assert dict(os.environ) == env
     res = json.loads(out.read_text())
     rows = res["per_chunk"]
