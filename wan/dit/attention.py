@@ -35,7 +35,9 @@ FP8_MAX_REL_ERROR = 0.25
 # FP8 attention quantizes all of q, k and v on each call: for few queries over many keys (a Fast chunk over its
 # cache) that costs more than the faster kernel saves. H100, 31,668 keys: 4,524 queries take 5.5 ms in FP8 against
 # 4.8 ms in bf16; 31,668 queries 27.6 against 36.1 ms (bench/results/attention_kernels_h100.json). Break-even near
-# 1 query per 5.5 keys: FP8 runs where the queries are at least a quarter of the keys.
+# 1 query per 5.5 keys: FP8 runs where the queries are at least a quarter of the keys. Allowed for a rolled `draft`
+# chunk too (H200, 4,680 queries over 23,400 keys, fixed shapes, compiled quantizers), it saved nothing: 0.778
+# against 0.774 s per chunk (bench/results/fast_chunk_today_h200.json).
 FP8_MIN_QUERY_SHARE = 4
 MAX_REL_ERROR = {"sage": SAGE_MAX_REL_ERROR, "flash": 0.02, "fp8": FP8_MAX_REL_ERROR, "cudnn": 0.02}
 
