@@ -19,9 +19,10 @@ frame JPEG-encoded on the loop ("key -> first frame"), request -> chunk committe
 own DiT / decode / total split,
 peak VRAM allocated / reserved during the chunk, RSS after it. Summary over the steady chunks (after --warmup):
 median and p90 of key -> first frame, sustained frames per second (frames made / wall time), and whether VRAM and
-RSS stay flat (the last quarter's peak within --flat-slack-mib of the first steady quarter's). The page's own
-timestamps (key press -> frame on screen) add the page's sampling wait (up to one chunk's playback, 0.75 s) and
-the JPEG decode: the player's page shows them live ("key -> screen").
+RSS stay flat (the last quarter's peak within --flat-slack-mib of the first steady quarter's). Like this loop,
+the page asks for the next chunk as soon as the last one ends (when the server is slower than playback); its own
+timestamps (key press -> frame on screen) add the wait for that request (up to one chunk) and the JPEG decode:
+the player's page shows them live ("key -> screen").
 """
 from __future__ import annotations
 

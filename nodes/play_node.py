@@ -106,7 +106,8 @@ class LingBotPlay:
     FUNCTION = "play"
     CATEGORY = CATEGORY
     DESCRIPTION = ("Opens the live player in a panel on the loaded Fast model: hold W A S D to move and I J K L to "
-                   "look; the keys held while a chunk plays steer the next one. Pause, rewind and save in the panel. "
+                   "look; the keys you hold steer the next chunk, asked for as soon as the last one is made. Pause, "
+                   "rewind and save in the panel. "
                    "Queue again to send the played keys down the graph as an action string, and the played video's "
                    "state to LingBot Fast Continue. Free model and node cache closes the session.")
 

@@ -108,12 +108,17 @@ def test_keys_in_the_page_steer_the_session_and_the_clip_equals_the_batch_run(br
     assert page.inner_text("#s-chunk") == str(state["chunks"]) and page.evaluate(
         "document.getElementById('minimap').src").startswith("data:image/png")
 
-    # the page reported its own clock for every chunk it showed; each duration contains the server's part
+    # the page reported its own clock for every chunk it showed (requests are pipelined: the chunk asked for while
+    # the last one played may have arrived after the pause, unshown); each duration contains the server's part
+    shown = page.evaluate(f"{P}.shownChunk")
+    assert state["chunks"] - 1 <= shown <= state["chunks"], (shown, state["chunks"])
     page.wait_for_function(f"Object.values({P}.timings).filter(r => r.request_to_screen_s !== null && "
-                           f"r.server_total_s !== null).length >= {state['chunks']}")
+                           f"r.server_total_s !== null).length >= {shown}")
     rows = {int(c): r for c, r in page.evaluate(f"{P}.timings").items()}
     assert sorted(rows) == list(range(1, state["chunks"] + 1))
-    for r in rows.values():
+    on_screen = [r for r in rows.values() if r["request_to_screen_s"] is not None]
+    assert sorted(r["chunk"] for r in on_screen) == list(range(1, shown + 1)), rows
+    for r in on_screen:
         assert r["server_first_frame_s"] <= r["request_to_arrival_s"] <= r["request_to_screen_s"], r
     steered = [r for r in rows.values() if r["key_to_screen_s"] is not None]
     assert steered and all(r["key_to_screen_s"] > 0 for r in steered)  # W released, J pressed, A tapped
@@ -137,6 +142,33 @@ def test_keys_in_the_page_steer_the_session_and_the_clip_equals_the_batch_run(br
     assert played.shape == expected.shape and played.shape[0] == state["frames"]
     differ = [i for i in range(played.shape[0]) if not np.array_equal(played[i], expected[i])]
     assert not differ, f"played frames {differ} differ from the batch run's"
+
+
+def test_the_page_asks_while_a_chunk_plays_and_keeps_every_tap(browser, server):
+    """The page's request policy (player.js `takeKeys`, `asksNow`), on its own inputs: no clock involved."""
+    page, errors = _page(browser, server.url_for("/"))
+    page.wait_for_function(f"{P}.policy")
+
+    def take(samples, need, held):
+        return page.evaluate(f"([s, n, h]) => {P}.policy.takeKeys(s, n, h)", [samples, need, held])
+
+    # the samples since the last request, then the keys held now for the frames not sampled yet
+    assert take(["w", "w"], 4, "wj") == ["w", "w", "wj", "wj"]
+    assert take([], 8, "w") == ["w"] * 8 and take(["w"], 0, "w") == []
+    # more samples than the chunk takes (a server slower than playback): the latest ones, the older folded into
+    # the first kept, so a key tapped for one sample still steers the chunk
+    assert take(["a", "", "w", "w", "j"], 3, "") == ["wa", "w", "j"]
+    assert take(["w"] * 15, 12, "") == ["w"] * 12
+
+    def asks(queued, lead):
+        return page.evaluate(f"([q, l]) => {P}.policy.asksNow(q, l)", [queued, lead])
+
+    # a server slower than playback is asked at once, with a whole chunk still to play (12 frames: 0.75 s)
+    assert asks(12, 0.84) and asks(12, 10.0)
+    # a faster one only once the frames queued play out within its latency
+    assert not asks(12, 0.3) and asks(4, 0.3)
+    assert not errors
+    page.close()
 
 
 def test_second_tab_shows_in_use_and_a_wrong_token_gets_403(browser, server):

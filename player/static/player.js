@@ -1,6 +1,6 @@
-// LingBot-World player page: plays chunks at 16 fps as they arrive, samples the keys once per video frame into
-// the next chunk's key timeline (the keys held while chunk n plays decide chunk n+1), and drives the server's
-// one world session over a WebSocket (protocol: player/routes.py; frames: player/frames.py).
+// LingBot-World player page: plays chunks at 16 fps as they arrive, samples the keys once per video frame, asks
+// for the next chunk as soon as the server is free (the keys sampled since the last request are its key timeline),
+// and drives the server's one world session over a WebSocket (protocol: player/routes.py; frames: player/frames.py).
 "use strict";
 (() => {
   const FPS = 16;
@@ -13,7 +13,9 @@
   // ---- state (window.lingbotPlayer exposes it for tests and curious users) ----
   const P = {
     state: null, running: false, paused: true, inFlight: false, discard: false,
-    need: 0, sampling: false, pending: [], awaitChunk: 0, sent: [], shown: 0, chunkEnds: [],
+    need: 0, pending: [], sent: [], shown: 0, shownChunk: 0, chunkEnds: [],
+    requests: {}, // chunk -> {sentAt, arrivedAt, keyChange}: the page's clock for a chunk until it is on screen
+    lead: Infinity, // seconds from a request to its first frame, as last measured (the server's latency)
     notes: [], errors: [], saved: null, render: null, busy: false, connected: false,
     timings: {}, timingSummary: null, // chunk -> its latest row (both clocks: player/timings.py)
   };
@@ -24,8 +26,8 @@
   const boundary = {}; // chunk number -> its last frame (rewind shows it)
   let decodeChain = Promise.resolve();
   let epoch = 0; // bumped on rewind/start: frames decoded for an older epoch are dropped
-  let sentAt = 0, firstSeenAt = 0, keyChangeAt = 0, lastSample = null, pendingKeyChange = 0, lastKeyEventAt = 0,
-    lastSampleAt = 0;
+  let keyChangeAt = 0, lastSample = null, lastKeyEventAt = 0, lastSampleAt = 0;
+  const MAX_PENDING = 64; // samples kept while a request waits (older ones are folded together: a tap still counts)
   const shownTimes = [];
   let ws = null;
 
@@ -48,6 +50,12 @@
     const on = new Set([...held, ...latched]);
     latched.clear();
     return [...KEYS].filter((k) => on.has(k)).join("");
+  }
+  function heldKeys() {
+    return [...KEYS].filter((k) => held.has(k)).join("");
+  }
+  function union(a, b) {
+    return [...KEYS].filter((k) => a.includes(k) || b.includes(k)).join("");
   }
   function actionString(samples) {
     const out = [];
@@ -86,8 +94,8 @@
     if (s.prompt && !$("prompt").value) $("prompt").value = s.prompt;
   }
 
-  // The clock: one tick per video frame. It shows the next buffered frame and samples the keys into the next
-  // chunk's timeline; when that timeline is full (and the running chunk has ended) it asks for the next chunk.
+  // The clock: one tick per video frame. It shows the next buffered frame, samples the keys, and asks for the next
+  // chunk when the server is free (requests are pipelined: the server never waits for a chunk's playback).
   let nextTick = performance.now();
   function tick() {
     const now = performance.now();
@@ -96,28 +104,12 @@
         const f = queue.shift();
         draw(f.bmp);
         P.shown += 1;
+        P.shownChunk = f.chunk;
         shownTimes.push(now);
-        if (f.chunk === P.awaitChunk && !P.sampling) {
-          P.sampling = true; // the chunk asked for last is on screen: its keys decide the next one
-          $("s-first").textContent = `${fmt((firstSeenAt - sentAt) / 1000)} (server ${fmt(P.lastServerFirst)})`;
-          const report = {
-            op: "timing", chunk: f.chunk, request_to_arrival_s: (firstSeenAt - sentAt) / 1000,
-            request_to_screen_s: (now - sentAt) / 1000, fps: shownTimes.length > 1 ? shownTimes.length / 2 : null,
-            key_to_screen_s: pendingKeyChange ? (now - pendingKeyChange) / 1000 : null,
-          };
-          if (pendingKeyChange) $("s-key").textContent = fmt(report.key_to_screen_s);
-          pendingKeyChange = 0;
-          send(report); // the server keeps the page's clock beside its own (player/timings.py)
-        }
+        reportShown(f.chunk, now);
       }
-      if (P.sampling && P.pending.length < P.need) {
-        const k = sampleKeys();
-        // a change of the held keys, timed from the key event itself (up to 1/16 s before this sample), or from
-        // the previous sample or Play when the key went down before them (a key tapped while paused)
-        if (lastSample !== null && k !== lastSample && !keyChangeAt) keyChangeAt = Math.max(lastKeyEventAt, lastSampleAt);
-        lastSample = k;
-        lastSampleAt = now;
-        P.pending.push(k);
+      if (!P.discard) {
+        sample(now);
         trySend();
       }
     }
@@ -128,19 +120,60 @@
     setTimeout(tick, nextTick - performance.now());
   }
 
+  function sample(now) {
+    const k = sampleKeys();
+    // a change of the held keys, timed from the key event itself (up to 1/16 s before this sample), or from the
+    // previous sample or Play when the key went down before them (a key tapped while paused)
+    if (lastSample !== null && k !== lastSample && !keyChangeAt) keyChangeAt = Math.max(lastKeyEventAt, lastSampleAt);
+    lastSample = k;
+    lastSampleAt = now;
+    P.pending.push(k);
+    if (P.pending.length > MAX_PENDING) P.pending.splice(0, 2, union(P.pending[0], P.pending[1]));
+  }
+
+  // The next chunk's keys from the samples since the last request (oldest first) and the keys held now: more
+  // samples than the chunk takes keep the latest, the older folded into the first kept (a tap still counts once);
+  // fewer are followed by the keys held now.
+  function takeKeys(samples, need, heldNow) {
+    const s = samples.slice();
+    while (s.length > need && s.length > 1) s.splice(0, 2, union(s[0], s[1]));
+    while (s.length < need) s.push(heldNow);
+    return need ? s : [];
+  }
+  // Ask now? Always when the server is slower than playback; when it is faster, only once the frames queued play
+  // out within its latency (`lead` seconds), so the next chunk's keys are as fresh as can be and the queue stays short.
+  function asksNow(queuedFrames, lead) {
+    return queuedFrames / FPS <= lead;
+  }
+  P.policy = { takeKeys, asksNow, FPS }; // for the page's tests
+
   function trySend() {
-    if (!P.running || P.paused || P.inFlight || P.discard || !P.sampling || P.pending.length < P.need) return;
-    const keys = actionString(P.pending);
+    if (!P.running || P.paused || P.inFlight || P.discard) return;
+    if (!asksNow(queue.length, P.lead)) return;
+    const now = performance.now();
+    sample(now); // the keys held at this moment (and a tap since the last tick) count too
+    const keys = actionString(takeKeys(P.pending.splice(0), P.need, heldKeys()));
     P.sent.push(keys);
-    P.pending = [];
-    P.sampling = false;
     P.inFlight = true;
-    P.awaitChunk = (P.state ? P.state.chunks : 0) + 1;
-    sentAt = performance.now();
-    firstSeenAt = 0;
-    pendingKeyChange = keyChangeAt;
+    const chunk = (P.state ? P.state.chunks : 0) + 1;
+    P.requests[chunk] = { sentAt: now, arrivedAt: 0, keyChange: keyChangeAt };
     keyChangeAt = 0;
     send({ op: "step", keys });
+  }
+
+  function reportShown(chunk, now) {
+    const r = P.requests[chunk];
+    if (!r) return; // the page's clock runs once per chunk: from its request to its first frame on screen
+    delete P.requests[chunk];
+    const arrived = r.arrivedAt || now;
+    $("s-first").textContent = `${fmt((arrived - r.sentAt) / 1000)} (server ${fmt(P.lastServerFirst)})`;
+    const report = {
+      op: "timing", chunk, request_to_arrival_s: (arrived - r.sentAt) / 1000,
+      request_to_screen_s: (now - r.sentAt) / 1000, fps: shownTimes.length > 1 ? shownTimes.length / 2 : null,
+      key_to_screen_s: r.keyChange ? (now - r.keyChange) / 1000 : null,
+    };
+    if (r.keyChange) $("s-key").textContent = fmt(report.key_to_screen_s);
+    send(report); // the server keeps the page's clock beside its own (player/timings.py)
   }
 
   function playFrom(state, frame) {
@@ -148,8 +181,8 @@
     P.state = state;
     queue.length = 0;
     P.pending = [];
+    P.requests = {};
     P.need = state.next_keys || 0;
-    P.sampling = true;
     P.running = true;
     P.discard = false;
     $("pause").textContent = P.paused ? "Play" : "Pause";
@@ -165,7 +198,11 @@
     const chunk = view.getUint32(0), frame = view.getUint32(4);
     const blob = new Blob([buf.slice(8)], { type: "image/jpeg" });
     const myEpoch = epoch;
-    if (chunk === P.awaitChunk && !firstSeenAt) firstSeenAt = performance.now();
+    const r = P.requests[chunk];
+    if (r && !r.arrivedAt) {
+      r.arrivedAt = performance.now();
+      P.lead = (r.arrivedAt - r.sentAt) / 1000;
+    }
     decodeChain = decodeChain.then(() => createImageBitmap(blob)).then((bmp) => {
       boundary[chunk] = bmp;
       if (myEpoch !== epoch || P.discard) return;
@@ -201,11 +238,12 @@
       case "chunk_begin":
         break;
       case "chunk_end":
-        P.inFlight = false;
         P.chunkEnds.push(m);
         P.lastServerFirst = m.first_frame_s;
         $("s-chunk-time").textContent = fmt(m.total_s);
         decodeChain = decodeChain.then(() => {
+          // in order with the chunk's frames: once no request is in flight, P.state holds every chunk asked for
+          P.inFlight = false;
           if (P.discard) return;
           P.state = m.state;
           P.need = m.state.next_keys;
