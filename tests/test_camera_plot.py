@@ -104,3 +104,28 @@ def test_committed_keys_picture():
     assert picture.is_file() and picture.stat().st_size < 200_000
     with Image.open(picture) as im:
         assert im.format == "PNG" and im.width == 960 and im.height > 480
+
+
+def test_a_long_path_is_drawn_through_at_most_two_poses_per_pixel(monkeypatch):
+    """A played video's minimap is drawn after every chunk: its cost must not grow with the video. A path of 2,637
+    poses is drawn through evenly spaced ones (first and last kept) and looks like the path drawn through all."""
+    from lingbot_world.wan.control import trajectory_plot
+    from lingbot_world.wan.control.act_to_camera import keys_to_camera
+    from lingbot_world.wan.control.actions import KeyTimeline
+
+    assert trajectory_plot._drawn_points(5, 10) == [0, 1, 2, 3, 4]
+    drawn = trajectory_plot._drawn_points(2637, 172)
+    assert drawn[0] == 0 and drawn[-1] == 2636 and len(drawn) <= 172 and drawn == sorted(set(drawn))
+    path, _ = keys_to_camera(KeyTimeline.from_string(",".join(["w-6,wl-6", "d-12", "wj-12"] * 73 + ["w-9"])))
+    args = (np.asarray(path.poses), np.asarray(path.intrinsics[0]))
+    lines: list[int] = []
+    real_line = trajectory_plot.ImageDraw.ImageDraw.line
+    monkeypatch.setattr(trajectory_plot.ImageDraw.ImageDraw, "line",
+                        lambda self, xy, *a, **kw: (lines.append(kw.get("width")), real_line(self, xy, *a, **kw))[1])
+    few = np.asarray(plot_trajectory(*args, size=(320, 320), key_frames=3))
+    assert 0 < lines.count(3) <= 2 * 2 * 86  # the path's segments (width 3) in both 86-pixel panels
+    monkeypatch.setattr(trajectory_plot, "POINTS_PER_PIXEL", 10**6)
+    every = np.asarray(plot_trajectory(*args, size=(320, 320), key_frames=3))
+    for colour in (START, END):
+        assert np.allclose(marker_centres(Image.fromarray(few), colour), marker_centres(Image.fromarray(every), colour))
+    assert (few != every).any(-1).mean() < 0.02  # the same picture but for the path's finest wiggles

@@ -103,6 +103,41 @@ def test_rewind_is_exact_before_and_after_an_eviction(files, tmp_path):
             s.rewind(5)
 
 
+def test_the_camera_path_walks_only_new_frames_and_equals_the_whole_walk(files, tmp_path, monkeypatch):
+    """camera_path() (the player's minimap, after every chunk) continues its walk from the last call's end: the
+    poses equal a walk of all the keys bit for bit after every chunk, a rewind and a new video."""
+    from lingbot_world.wan.control import act_to_camera
+
+    walked: list[int] = []
+    real = act_to_camera.keys_to_camera
+
+    def counting(keys, *a, **kw):
+        walked.append(keys.frames)
+        return real(keys, *a, **kw)
+
+    def check(s):
+        poses, intrinsics = s.camera_path()
+        ref = real(s.keys())[0]
+        assert np.array_equal(poses, ref.poses) and np.array_equal(intrinsics, ref.intrinsics[0])
+
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        assert s.camera_path() is None
+        monkeypatch.setattr(act_to_camera, "keys_to_camera", counting)
+        for k in KEYS:
+            _play(s, [k])
+            check(s)
+        assert walked == [8, 12, 12, 12, 12]  # each call walked its chunk's frames only
+        s.rewind(2)
+        check(s)
+        assert walked[-1] == 20  # a rewind walks again from the start
+        _play(s, KEYS[2:3])
+        check(s)
+        assert walked[-1] == 12
+        s.start(IMAGE, PROMPT)  # a new video with the same first keys
+        _play(s, KEYS[:1])
+        check(s)
+
+
 def test_rewind_without_eviction_sets_the_counters_back(files, tmp_path):
     with _open(files, tmp_path) as s:
         played = _play(s, KEYS[:3])

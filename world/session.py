@@ -105,6 +105,7 @@ class WorldSession:
         self.plan_reason = ""
         self._restore = None  # a saved cache to put back when the cache is placed (resume)
         self._unfinished = False  # the last part skipped its final context pass: the video cannot go on
+        self._walked = None  # camera_path's walk so far: (pressed keys, poses, intrinsics, end state)
         self._grow_ahead = False  # played chunk by chunk: the cache is sized ahead, grown 81 frames at a time
         self._closed = False
 
@@ -375,14 +376,24 @@ class WorldSession:
         return "" if k is None else k.to_string()
 
     def camera_path(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """(camera-to-world poses [N, 4, 4] of every video frame so far, intrinsics [4]) of a video steered by keys."""
+        """(camera-to-world poses [N, 4, 4] of every video frame so far, intrinsics [4]) of a video steered by keys.
+
+        The player draws it after every chunk: only the frames added since the last call are walked, from the
+        walk's end state (act_to_camera.walk continues a path exactly), so a long video costs no more per chunk."""
         k = self.keys()
         if k is None or not self.parts:
             return None
         from ..wan.control.act_to_camera import keys_to_camera
 
-        path, _ = keys_to_camera(k)
-        return np.asarray(path.poses), np.asarray(path.intrinsics[0])
+        done = self._walked
+        n = 0 if done is None else done[0].shape[0]
+        if done is None or n > k.frames or not np.array_equal(done[0], k.pressed[:n]):  # a rewind or a new video
+            done, n = None, 0
+        if n < k.frames:
+            path, end = keys_to_camera(k[n:], start=None if done is None else done[3])
+            poses = np.asarray(path.poses) if done is None else np.concatenate([done[1], np.asarray(path.poses)[1:]])
+            done = self._walked = (k.pressed.copy(), poses, np.asarray(path.intrinsics[0]), end)
+        return done[1], done[2]
 
     # ---- going back ----------------------------------------------------------------------------------------------
     def rewind(self, parts: int) -> None:

@@ -37,6 +37,7 @@ KEY_LABELS = {"w": "W: forward", "a": "A: left", "s": "S: back", "d": "D: right"
               "i": "I: look up", "k": "K: look down", "j": "J: turn left", "l": "L: turn right"}
 TIMELINE_ORDER = "wsadikjl"  # opposite keys next to each other
 TIMELINE_ROW = 15
+POINTS_PER_PIXEL = 2  # a path longer than this per pixel of its panel's width is drawn through evenly spaced poses
 
 # (title, horizontal axis, vertical axis): axis = (index into x,y,z, sign, label)
 VIEWS = (
@@ -79,6 +80,14 @@ def _frustum_points(rel: np.ndarray, intrinsics: Sequence[float], depth: float) 
     cam = np.stack([(corners[:, 0] - cx) / fx, (corners[:, 1] - cy) / fy, np.ones(4)], axis=1) * depth
     pts = np.concatenate([np.zeros((1, 3)), cam]) @ rel[:3, :3].T + rel[:3, 3]
     return pts
+
+
+def _drawn_points(n: int, limit: int) -> list[int]:
+    """Which of a path's n poses are drawn: all of them, or `limit` evenly spaced ones (first and last kept), so a
+    long path costs what its panel's pixels can show."""
+    if n <= limit:
+        return list(range(n))
+    return np.unique(np.round(np.linspace(0, n - 1, max(limit, 2))).astype(int)).tolist()
 
 
 def _key_frames(n: int, count: int) -> list[int]:
@@ -210,9 +219,11 @@ def plot_trajectory(
             for c in px[1:]:
                 draw.line([px[0], c], fill=colour, width=1)
             draw.line(px[1:] + [px[1]], fill=colour, width=2)
-        path = [to_px(p) for p in centres]
+        drawn = _drawn_points(n, POINTS_PER_PIXEL * (right - left))
+        path = [to_px(centres[i]) for i in drawn]
         for j in range(len(path) - 1):
-            draw.line([path[j], path[j + 1]], fill=_lerp_colour(PATH_FROM, PATH_TO, j / max(n - 2, 1)), width=3)
+            draw.line([path[j], path[j + 1]], fill=_lerp_colour(PATH_FROM, PATH_TO, drawn[j] / max(n - 2, 1)),
+                      width=3)
         ex, ey = path[-1]
         draw.rectangle([ex - 7, ey - 7, ex + 7, ey + 7], fill=END, outline=TEXT)
         sx, sy = path[0]  # drawn last so that it stays visible when the camera returns (or never moves)
