@@ -379,7 +379,8 @@ class WorldSession:
         """(camera-to-world poses [N, 4, 4] of every video frame so far, intrinsics [4]) of a video steered by keys.
 
         The player draws it after every chunk: only the frames added since the last call are walked, from the
-        walk's end state (act_to_camera.walk continues a path exactly), so a long video costs no more per chunk."""
+        walk's end state (act_to_camera.walk continues a path exactly), so a long video costs no more per chunk.
+        The arrays are the session's own: read them, do not write to them."""
         k = self.keys()
         if k is None or not self.parts:
             return None
