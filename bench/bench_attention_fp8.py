@@ -96,7 +96,8 @@ def main(argv=None) -> int:
                "shapes": [measure(*shape) for shape in SHAPES]}
     for r in results["shapes"]:
         print(f"{r['queries']:>6} x {r['keys']:>6} (spread {r['spread']}): fp8 {r['fp8']['ms']} ms "
-              f"(compiled cast {r['fp8_compiled_cast']['ms']} ms, kernel {r['fp8_kernel_only']['ms']} ms, {r['fp8_kernel_only']['tflops']} TFLOP/s), bf16 cuDNN "
+              f"(compiled cast {r['fp8_compiled_cast']['ms']} ms, kernel {r['fp8_kernel_only']['ms']} ms, "
+              f"{r['fp8_kernel_only']['tflops']} TFLOP/s), bf16 cuDNN "
               f"{r['bf16_sdpa_cudnn']['ms']} ms, bf16 frontend tuned {r['bf16_cudnn_frontend_tuned']['ms']} ms; "
               f"error {r['fp8']['rel_error_vs_fp32']:.3g} "
               f"(bf16 {r['bf16_sdpa_cudnn']['rel_error_vs_fp32']:.2g})")

@@ -118,10 +118,14 @@ def test_a_long_path_is_drawn_through_at_most_two_poses_per_pixel(monkeypatch):
     assert drawn[0] == 0 and drawn[-1] == 2636 and len(drawn) <= 172 and drawn == sorted(set(drawn))
     path, _ = keys_to_camera(KeyTimeline.from_string(",".join(["w-6,wl-6", "d-12", "wj-12"] * 73 + ["w-9"])))
     args = (np.asarray(path.poses), np.asarray(path.intrinsics[0]))
-    lines: list[int] = []
+    lines: list[int] = []  # the width of every line drawn
     real_line = trajectory_plot.ImageDraw.ImageDraw.line
-    monkeypatch.setattr(trajectory_plot.ImageDraw.ImageDraw, "line",
-                        lambda self, xy, *a, **kw: (lines.append(kw.get("width")), real_line(self, xy, *a, **kw))[1])
+
+    def counted_line(self, xy, *a, **kw):
+        lines.append(kw.get("width"))
+        return real_line(self, xy, *a, **kw)
+
+    monkeypatch.setattr(trajectory_plot.ImageDraw.ImageDraw, "line", counted_line)
     few = np.asarray(plot_trajectory(*args, size=(320, 320), key_frames=3))
     assert 0 < lines.count(3) <= 2 * 2 * 86  # the path's segments (width 3) in both 86-pixel panels
     monkeypatch.setattr(trajectory_plot, "POINTS_PER_PIXEL", 10**6)

@@ -57,6 +57,10 @@
   function union(a, b) {
     return [...KEYS].filter((k) => a.includes(k) || b.includes(k)).join("");
   }
+  // At most n samples: the oldest folded together into one (a key tapped in any of them still counts once).
+  function foldTo(samples, n) {
+    while (samples.length > n && samples.length > 1) samples.splice(0, 2, union(samples[0], samples[1]));
+  }
   function actionString(samples) {
     const out = [];
     for (const k of samples) {
@@ -128,24 +132,25 @@
     lastSample = k;
     lastSampleAt = now;
     P.pending.push(k);
-    if (P.pending.length > MAX_PENDING) P.pending.splice(0, 2, union(P.pending[0], P.pending[1]));
+    foldTo(P.pending, MAX_PENDING);
   }
 
   // The next chunk's keys from the samples since the last request (oldest first) and the keys held now: more
   // samples than the chunk takes keep the latest, the older folded into the first kept (a tap still counts once);
   // fewer are followed by the keys held now.
   function takeKeys(samples, need, heldNow) {
+    if (!need) return [];
     const s = samples.slice();
-    while (s.length > need && s.length > 1) s.splice(0, 2, union(s[0], s[1]));
+    foldTo(s, need);
     while (s.length < need) s.push(heldNow);
-    return need ? s : [];
+    return s;
   }
   // Ask now? Always when the server is slower than playback; when it is faster, only once the frames queued play
   // out within its latency (`lead` seconds), so the next chunk's keys are as fresh as can be and the queue stays short.
   function asksNow(queuedFrames, lead) {
     return queuedFrames / FPS <= lead;
   }
-  P.policy = { takeKeys, asksNow, FPS }; // for the page's tests
+  P.policy = { takeKeys, asksNow }; // for the page's tests
 
   function trySend() {
     if (!P.running || P.paused || P.inFlight || P.discard) return;
@@ -177,7 +182,8 @@
   }
 
   function playFrom(state, frame) {
-    // (re)start playing at a chunk boundary: the screen shows `frame`, sampling for the next chunk begins
+    // (re)start playing at a chunk boundary: the screen shows `frame`, the keys sampled from now on go into the
+    // next request
     P.state = state;
     queue.length = 0;
     P.pending = [];
