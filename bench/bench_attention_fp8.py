@@ -17,6 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .common import cuda_ms
+
 SHAPES = [  # (queries, keys, spread of q/k)
     (31668, 31668, 1.0), (31668, 31668, 2.5), (4524, 31668, 2.5), (4524, 9048, 2.5),
     # a rolled 480x832 chunk: draft's 15-frame window, fast's 21 (issue 26's conditions)
@@ -24,16 +26,15 @@ SHAPES = [  # (queries, keys, spread of q/k)
 HEADS, HEAD_DIM = 40, 128
 
 
-def _ms(fn, iters: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def fp8_kernel_only(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """A call of cuDNN's FP8 attention kernel alone on these inputs, quantized once here (outside any timing)."""
+    from ..wan.dit import attention_fp8
+
+    graph, handle = kernel.graph_for(q, k)
+    (q8, dq), (k8, dk), (v8, dv) = (attention_fp8.quantize(t) for t in (q, k, v))
+    o8 = torch.empty(q.shape, device=q.device, dtype=torch.float8_e4m3fn)
+    pack = kernel.pack(q8, k8, v8, o8, dq, dk, dv, attention_fp8.OUTPUT_SCALE / (dv * attention_fp8.E4M3_MAX))
+    return lambda: graph.execute(pack, handle)
 
 
 def measure(lq: int, lk: int, spread: float) -> dict:
@@ -53,11 +54,6 @@ def measure(lq: int, lk: int, spread: float) -> dict:
     ref = ref.transpose(1, 2)
     cudnn_order = ("cudnn",)
     out = {"queries": lq, "keys": lk, "spread": spread, "first_call_s": round(first_call_s, 3)}
-    # the kernel alone: inputs quantized once, outside the timing
-    graph, handle = kernel.graph_for(q, k)
-    (q8, dq), (k8, dk), (v8, dv) = (attention_fp8.quantize(t) for t in (q, k, v))
-    o8 = torch.empty(q.shape, device="cuda", dtype=torch.float8_e4m3fn)
-    pack = kernel.pack(q8, k8, v8, o8, dq, dk, dv, attention_fp8.OUTPUT_SCALE / (dv * attention_fp8.E4M3_MAX))
     exact = CudnnAttention()
     flops = 4 * HEADS * lq * lk * HEAD_DIM
     fused = attention_fp8.FP8Attention(torch.compile(attention_fp8.cast), torch.compile(attention_fp8.dequantize))
@@ -65,11 +61,11 @@ def measure(lq: int, lk: int, spread: float) -> dict:
             # as the `compile` option runs it (speed/options.apply_speed): the cast and the output's dequantize
             # compiled, the same arithmetic
             "fp8_compiled_cast": lambda: fused(q, k, v),
-            "fp8_kernel_only": lambda: graph.execute(pack, handle),
+            "fp8_kernel_only": fp8_kernel_only(kernel, q, k, v),
             "bf16_sdpa_cudnn": lambda: attn.sdpa(q, k, v, cudnn_order),
             "bf16_cudnn_frontend_tuned": lambda: exact(q, k, v)}
     for name, fn in runs.items():
-        ms = _ms(fn)
+        ms = cuda_ms(fn)
         out[name] = {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
     out["fp8"]["rel_error_vs_fp32"] = attn.relative_error(kernel(q, k, v)[:, :1024, :4], ref)
     out["bf16_sdpa_cudnn"]["rel_error_vs_fp32"] = attn.relative_error(

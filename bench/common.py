@@ -343,6 +343,19 @@ def child_main(spec_path: str, children: dict, rank: Optional[int] = None) -> in
     return 0
 
 
+def cuda_ms(fn, iters: int = 10) -> float:
+    """Mean GPU milliseconds of fn() over `iters` calls after one warm call (CUDA events, no host timing)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def vram(device: torch.device) -> dict:
     """The caching allocator's readings on `device` ({} off CUDA)."""
     if device.type != "cuda":

@@ -1,0 +1,128 @@
+"""bench/chunk_work.py's lists of GEMMs and attention calls against what a tiny Fast model's chunks really run: the
+GEMM FLOPs torch's FlopCounterMode counts (linears and the patch conv) and every attention call's shape, chunk by
+chunk, for the release's schedule, the draft levers (3 steps, the context pass folded, a window with a sink, the
+FiLM kept) and a run without its last context pass. The full-size numbers are checked against the spec's sizes."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from lingbot_world.bench import chunk_work as cw
+from lingbot_world.speed.levers import STEP_CHOICES
+from lingbot_world.wan.dit.film_cache import FilmCache
+from lingbot_world.wan.dit.kv_cache import cache_layout
+from lingbot_world.wan.dit.model import DiTConfig
+from lingbot_world.wan.sampling.fast_sampler import fast_schedule
+
+
+def _load_fast_tiny():
+    spec = importlib.util.spec_from_file_location("fast_tiny", Path(__file__).with_name("fast_tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ft = _load_fast_tiny()
+GEMM_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.convolution")
+
+
+def _measured_chunks(run, monkeypatch) -> list[tuple[int, dict]]:
+    """Per chunk of the run: (GEMM FLOPs counted, {(queries, keys, heads, head_dim): calls} of its attention)."""
+    seen: dict = {}
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, *a, **kw):
+        shape = (q.shape[2], k.shape[2], q.shape[1], q.shape[3])  # [B, H, L, D]
+        seen[shape] = seen.get(shape, 0) + q.shape[0]
+        return real(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    out = []
+    while not run.done:
+        seen.clear()
+        counter = FlopCounterMode(display=False)
+        with counter:
+            run.next_chunk()
+        counts = counter.get_flop_counts()["Global"]
+        out.append((sum(v for op, v in counts.items() if str(op) in GEMM_OPS), dict(seen)))
+    return out
+
+
+def _expected(work) -> tuple[int, dict]:
+    return (cw.flops(work, cw.Gemm),
+            {w.shape: w.calls for w in work if isinstance(w, cw.Attention)})
+
+
+def _check(run, expected_chunks, monkeypatch):
+    measured = _measured_chunks(run, monkeypatch)
+    assert len(measured) == len(expected_chunks)
+    for i, (got, work) in enumerate(zip(measured, expected_chunks)):
+        assert got == _expected(work), f"chunk {i}"
+
+
+def test_release_schedule_with_the_camera_computed_in_every_call(monkeypatch):
+    model = ft.make_model()
+    layout = cache_layout(9, ft.FSL)
+    cache = layout.make(ft.TINY.num_layers, ft.TINY.num_heads, ft.TINY.head_dim, dtype=torch.float32)
+    run = ft.fast_run(model, cache, frames=9)
+    _check(run, cw.video_work(ft.TINY, ft.FSL, 9, film_kept=False), monkeypatch)
+
+
+def test_draft_levers_window_sink_and_the_film_kept(monkeypatch):
+    model = ft.make_model()
+    layout = cache_layout(12, ft.FSL, window_frames=6, sink_frames=3)
+    cache = layout.make(ft.TINY.num_layers, ft.TINY.num_heads, ft.TINY.head_dim, dtype=torch.float32)
+    film = FilmCache(device_blocks=range(ft.TINY.num_layers))
+    run = ft.fast_run(model, cache, frames=12, schedule=fast_schedule(STEP_CHOICES[3]), fold_context=True,
+                      film=film)
+    expected = cw.video_work(ft.TINY, ft.FSL, 12, steps=3, fold_context=True, window_frames=6, film_kept=True)
+    assert [max(w.keys for w in c if isinstance(w, cw.Attention)) for c in expected] == [18, 36, 36, 36]
+    _check(run, expected, monkeypatch)
+
+
+def test_a_run_without_its_last_context_pass(monkeypatch):
+    model = ft.make_model()
+    cache = cache_layout(6, ft.FSL).make(ft.TINY.num_layers, ft.TINY.num_heads, ft.TINY.head_dim,
+                                         dtype=torch.float32)
+    run = ft.fast_run(model, cache, frames=6, final_context=False, schedule=fast_schedule(STEP_CHOICES[2]))
+    expected = cw.video_work(ft.TINY, ft.FSL, 6, steps=2, last_context=False, film_kept=False)
+    calls = [sum(w.calls for w in c if isinstance(w, cw.Attention) and w.keys != ft.TINY.text_len) for c in expected]
+    assert calls == [3 * ft.TINY.num_layers, 2 * ft.TINY.num_layers]
+    _check(run, expected, monkeypatch)
+
+
+def test_full_size_chunk_matches_the_spec_sizes():
+    cfg = DiTConfig(causal=True)  # the 14B DiT: 40 blocks of 5120, FFN 13824, 40 heads of 128
+    frame_tokens = (480 // 16) * (832 // 16)
+    assert frame_tokens == 1560
+    video = cw.video_work(cfg, frame_tokens, 21)
+    # a mid-video chunk: 4 steps + the context pass, each 40 blocks of 6 + 2 FFN GEMMs over 4,680 rows, the FiLM once
+    mid = video[3]
+    per_token_block = 2 * (6 * 5120 * 5120 + 2 * 5120 * 13824)
+    blocks = 5 * 40 * 4680 * per_token_block + 40 * 4680 * 2 * 4 * 5120 * 5120
+    small = cw.flops(mid, cw.Gemm) - blocks
+    assert 0 < small < 0.01 * blocks  # embeddings and head
+    attn = [w for w in mid if isinstance(w, cw.Attention) and w.keys > 512]
+    assert attn == [cw.Attention(4680, 12 * 1560, 40, 128, calls=200)]
+    # the mean chunk's attention covers 12 frames of keys (3, 6, ..., 21 over the 7 chunks)
+    mean_keys = sum(max(w.keys for w in c if isinstance(w, cw.Attention)) for c in video) / len(video)
+    assert mean_keys == 12 * 1560
+
+
+def test_ulysses_shards_split_rows_and_heads():
+    cfg = DiTConfig(causal=True)
+    one = cw.chunk_work(cfg, 1560, 6)
+    two = cw.chunk_work(cfg, 1560, 6, shards=2)
+    self_one = [w for w in one if isinstance(w, cw.Attention) and w.keys > 512][0]
+    self_two = [w for w in two if isinstance(w, cw.Attention) and w.keys > 512][0]
+    assert (self_two.queries, self_two.heads) == (self_one.queries, 20)
+    assert self_two.flops * 2 == self_one.flops
+    # every per-token GEMM of the blocks halves; the embeddings stay whole on each GPU
+    assert 0.5 < cw.flops(two, cw.Gemm) / cw.flops(one, cw.Gemm) < 0.51
+    with pytest.raises(ValueError, match="shards"):
+        cw.chunk_work(cfg, 1560, 0, shards=3)
