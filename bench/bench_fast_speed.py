@@ -196,6 +196,10 @@ CASES: dict[str, dict] = {
     # the camera FiLM computed at every call: with 2 calls a chunk, keeping it saves one computation per block
     "draft_steps2_tiny_vae_no_film": _draft2_tiny(film=False, reference="draft_steps2_tiny_vae"),
     "draft_steps2_tiny_vae_profile": _draft2_tiny(profile=True),
+    "draft_steps2_tiny_vae_host_gaps": _draft2_tiny(profile=True, host_gaps=True),
+    # the same case again, for a pair run on one machine (e.g. before and after a change): its latents against
+    # the first's
+    "draft_steps2_tiny_vae_again": _draft2_tiny(reference="draft_steps2_tiny_vae"),
     "link": dict(kind="link"),  # pinned RAM <-> device copies alone: GB/s one way, the other, both at once
     "auto_profile": dict(preset="auto", compile="blocks", profile=True),
     "exact_profile": dict(preset="exact", profile=True),

@@ -224,3 +224,17 @@ def test_input_errors(model):
         model(x, t, ctx, y, camera=torch.cat([cam, cam[:1]]))
     with pytest.raises(ValueError, match="conditioning y has batch 2"):
         model(x[:1], t[:1], ctx[:1], y)
+
+
+def test_rope_tables_of_any_frame_offset_equal_the_whole_table_formula():
+    """RopeCache builds a chunk's table from per-size height/width columns and per-offset frame columns: the same
+    float32 bits as the cos/sin of rope_angles' whole float64 table, for the DiT's head dims and chunk grids."""
+    from lingbot_world.wan.dit.rope import rope_angles
+
+    for head_dim in (128, 24):
+        cache = RopeCache(head_dim)
+        for grid in ((3, 30, 52), (3, 2, 3), (1, 4, 6), (21, 45, 80)):
+            for offset in (0, 3, 21, 600, 3000):
+                cos, sin = cache.get(grid, torch.device("cpu"), frame_offset=offset)
+                ang = rope_angles(grid, head_dim, frame_offset=offset)
+                assert torch.equal(cos, ang.cos().float()) and torch.equal(sin, ang.sin().float()), (grid, offset)

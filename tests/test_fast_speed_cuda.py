@@ -211,3 +211,40 @@ def test_camera_film_kept_per_chunk_gives_the_same_bits_on_the_gpu(preset, where
         assert store.written_bytes == 3 * store.host_bytes and all(b.pinned for b in store.host.values())
         film.close()
         store.close()
+
+
+@pytest.mark.parametrize("preset", ["exact", "draft"])
+def test_a_chunk_queues_its_work_without_a_host_sync(preset):
+    """Inside a chunk the host never waits for the GPU (torch's sync debug mode raises on a synchronizing call):
+    the timesteps are filled on the device, the host noise, control and RoPE columns go through pinned memory.
+    Every sync drained the GPU's queue and left it idle while the host prepared the next kernels."""
+    from lingbot_world.speed.presets import resolve_preset
+    from lingbot_world.wan.dit.film_cache import FilmCache
+    from lingbot_world.wan.dit.kv_cache import cache_layout
+    from lingbot_world.wan.sampling.fast_sampler import FastRun, make_generator
+
+    cfg, model = _causal_nf4_model(4)
+    plan = resolve_preset(preset, CUDA, explicit={"compile": "off"})
+    from lingbot_world.speed.options import apply_speed
+
+    apply_speed(model, plan)
+    frames = 12
+    g = torch.Generator().manual_seed(5)
+    y = torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g)  # host tensors, as a session's condition track
+    cam = torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g).bfloat16()
+    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g).bfloat16().to(CUDA)
+    window = plan.fast_window(None, frames)
+    layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=window, sink_frames=1 if window else 0)
+    cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
+    run = FastRun(model, None, ctx, y, cam, cache, make_generator(11, "cpu"), device=CUDA,
+                  film=FilmCache(device_blocks=range(cfg.num_layers)), **plan.fast_run_options())
+    with torch.inference_mode():
+        run.next_chunk()  # first use: cuDNN plans, pinned buffers, the text K/V
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(run.chunks - 1):
+                run.next_chunk()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert run.done and torch.isfinite(run.latent()).all()

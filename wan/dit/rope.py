@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from ..uploads import upload
+
 
 def axis_dims(head_dim: int) -> tuple[int, int, int]:
     """Real dims per axis (frame, height, width); each is even."""
@@ -47,20 +49,52 @@ def rope_angles(grid: tuple[int, int, int], head_dim: int, device=None, frame_of
 
 
 class RopeCache:
-    """cos/sin tables per (grid, device): tiny ([L, d/2] float32) and reused by every block and step."""
+    """cos/sin tables per (grid, device, frame offset): tiny ([L, d/2] float32) and reused by every block and step.
+
+    A causal chunk at a new frame offset needs a new table, but only its frame columns change: the height and
+    width columns are computed once per size and kept on the device, and a chunk's frame columns (a few numbers)
+    are computed on the host and uploaded without a host sync (wan/uploads.py), then spread over the chunk's tokens
+    on the device. The values are rope_angles' to the bit (each column's cos/sin of the same float64 angle)."""
 
     def __init__(self, head_dim: int):
         self.head_dim = head_dim
         self._tables: dict = {}
+        self._space: dict = {}
 
     def get(self, grid: tuple[int, int, int], device, frame_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         key = (tuple(grid), str(device), int(frame_offset))
         if key not in self._tables:
             if len(self._tables) > 4:  # sizes rarely change within a session; keep a few
                 self._tables.clear()
-            ang = rope_angles(grid, self.head_dim, frame_offset=int(frame_offset))
-            self._tables[key] = (ang.cos().float().to(device), ang.sin().float().to(device))
+            self._tables[key] = self._build(tuple(grid), torch.device(device), int(frame_offset))
         return self._tables[key]
+
+    def _build(self, grid: tuple[int, int, int], device: torch.device,
+               frame_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        f, h, w = grid
+        df = axis_dims(self.head_dim)[0]
+        frames = torch.outer(torch.arange(frame_offset, frame_offset + f, dtype=torch.float64), _axis_freqs(df))
+        space = self._space_tables(h, w, device)
+        out = []
+        for fn, spatial in zip((torch.cos, torch.sin), space):
+            temporal = upload(fn(frames).float(), device)  # [f, df/2]
+            table = torch.cat([temporal[:, None, :].expand(f, h * w, -1), spatial[None].expand(f, -1, -1)], dim=-1)
+            out.append(table.reshape(f * h * w, self.head_dim // 2))
+        return out[0], out[1]
+
+    def _space_tables(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of the height and width columns [h*w, (dh + dw)/2] on the device, once per size."""
+        key = (h, w, str(device))
+        if key not in self._space:
+            if len(self._space) > 4:
+                self._space.clear()
+            _, dh, dw = axis_dims(self.head_dim)
+            ah = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(dh))
+            aw = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(dw))
+            ang = torch.cat([ah[:, None, :].expand(h, w, -1), aw[None, :, :].expand(h, w, -1)], dim=-1)
+            ang = ang.reshape(h * w, -1)
+            self._space[key] = (ang.cos().float().to(device), ang.sin().float().to(device))
+        return self._space[key]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:

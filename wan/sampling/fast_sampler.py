@@ -26,6 +26,7 @@ import torch.nn as nn
 from ..dit.film_cache import FilmCache
 from ..dit.kv_cache import KVCache
 from ..sizes import VAE_TEMPORAL_STRIDE
+from ..uploads import upload
 from .sampler import Cancelled, StepInfo
 from .unipc import first_step_index, flow_timesteps
 
@@ -131,7 +132,7 @@ def velocity_to_x0(x: torch.Tensor, v: torch.Tensor, sigma: float) -> torch.Tens
 
 def renoise(x0: torch.Tensor, eps: torch.Tensor, sigma: float) -> torch.Tensor:
     """(1 - sigma) * x0 + sigma * eps in float32 (the scheduler's add_noise)."""
-    s = torch.tensor(sigma, dtype=torch.float32, device=x0.device)
+    s = torch.full((), sigma, dtype=torch.float32, device=x0.device)  # a fill, not a host copy (no sync)
     return (1 - s) * x0.float() + s * eps.float()
 
 
@@ -150,7 +151,7 @@ def draw(generator: torch.Generator, shape: Sequence[int], device=None) -> torch
     shape = tuple(shape)
     n = torch.randn(shape[1:] if shape[0] == 1 else shape, generator=generator, device=generator.device,
                     dtype=torch.float32).reshape(shape)
-    return n if device is None else n.to(device)
+    return n if device is None else upload(n, device)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ class FastRun:
     def _slice(self, t: Optional[torch.Tensor], start: int) -> Optional[torch.Tensor]:
         if t is None:
             return None
-        return t[:, :, start:start + self.chunk_frames].to(self.device)
+        return upload(t[:, :, start:start + self.chunk_frames], self.device)
 
     def next_chunk(self) -> torch.Tensor:
         """Denoise the next chunk (4 calls + the context pass); returns its x0 [1, 16, 3, h, w] float32."""
@@ -288,13 +289,13 @@ class FastRun:
         else:
             x = self._slice(self.noise, local).float()
         cam = self._slice(self.camera, local)
-        ctx = self.context.to(self.device)
+        ctx = upload(self.context, self.device)
         x0 = x
         writes_context = self.final_context or c + 1 < self.chunks
         with torch.no_grad():
             for i, t_int in enumerate(s.timesteps):
                 self._cancel()
-                t = torch.tensor([t_int], device=self.device, dtype=torch.long)
+                t = torch.full((1,), t_int, device=self.device, dtype=torch.long)
                 final = self.fold_context and writes_context and i + 1 == s.steps
                 if self.fold_context and i + 1 == s.steps:
                     folded = (x, t_int)
