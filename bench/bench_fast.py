@@ -254,7 +254,7 @@ def profile_chunk(run, device: torch.device, host_gaps: bool = False) -> dict:
             _timed_chunk(run, device, walls)
     around = [walls[c] for c in (mid - 1, mid + 1) if c in walls]
     wall = sum(around) / len(around) if around else None
-    return {"chunk": mid, "chunks": run.chunks, "calls": run.schedule.steps + (0 if run.fold_context else 1), "chunk_wall_s": walls,
+    return {"chunk": mid, "chunks": run.chunks, "calls": run.calls_per_chunk, "chunk_wall_s": walls,
             "wall_s_around": round(wall, 3) if wall else None, "split": profiled,
             "device_busy_share": round(profiled["kernel_seconds"] / wall, 3) if wall else None}
 

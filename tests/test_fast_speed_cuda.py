@@ -218,6 +218,7 @@ def test_a_chunk_queues_its_work_without_a_host_sync(preset):
     """Inside a chunk the host never waits for the GPU (torch's sync debug mode raises on a synchronizing call):
     the timesteps are filled on the device, the host noise, control and RoPE columns go through pinned memory.
     Every sync drained the GPU's queue and left it idle while the host prepared the next kernels."""
+    from lingbot_world.speed.options import apply_speed
     from lingbot_world.speed.presets import resolve_preset
     from lingbot_world.wan.dit.film_cache import FilmCache
     from lingbot_world.wan.dit.kv_cache import cache_layout
@@ -225,8 +226,6 @@ def test_a_chunk_queues_its_work_without_a_host_sync(preset):
 
     cfg, model = _causal_nf4_model(4)
     plan = resolve_preset(preset, CUDA, explicit={"compile": "off"})
-    from lingbot_world.speed.options import apply_speed
-
     apply_speed(model, plan)
     frames = 12
     g = torch.Generator().manual_seed(5)

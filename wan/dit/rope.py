@@ -25,6 +25,27 @@ def _axis_freqs(dims: int, theta: float = 10000.0) -> torch.Tensor:
     return 1.0 / theta ** (j / dims)
 
 
+def frame_angles(frames: int, head_dim: int, frame_offset: int = 0) -> torch.Tensor:
+    """The frame axis' angles [frames, df/2] (float64) of frames frame_offset .. frame_offset + frames - 1."""
+    positions = torch.arange(frame_offset, frame_offset + frames, dtype=torch.float64)
+    return torch.outer(positions, _axis_freqs(axis_dims(head_dim)[0]))
+
+
+def space_angles(h: int, w: int, head_dim: int) -> torch.Tensor:
+    """The height and width axes' angles [h*w, (dh + dw)/2] (float64) of the tokens of one frame, row-major."""
+    _, dh, dw = axis_dims(head_dim)
+    ah = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(dh))
+    aw = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(dw))
+    return torch.cat([ah[:, None, :].expand(h, w, -1), aw[None, :, :].expand(h, w, -1)], dim=-1).reshape(h * w, -1)
+
+
+def spread(per_frame: torch.Tensor, per_token: torch.Tensor) -> torch.Tensor:
+    """[F, a] frame columns beside [h*w, b] height/width columns -> [F*h*w, a + b], tokens in (f, h, w) order."""
+    f, n = per_frame.shape[0], per_token.shape[0]
+    return torch.cat([per_frame[:, None, :].expand(f, n, -1), per_token[None].expand(f, -1, -1)],
+                     dim=-1).reshape(f * n, -1)
+
+
 def rope_angles(grid: tuple[int, int, int], head_dim: int, device=None, frame_offset: int = 0) -> torch.Tensor:
     """Angles [F*H*W, head_dim/2] (float64) for tokens in (f, h, w) row-major order.
 
@@ -32,20 +53,7 @@ def rope_angles(grid: tuple[int, int, int], head_dim: int, device=None, frame_of
     uses rows start_frame .. start_frame + F - 1; height/width rows always start at 0, spec Fast §5).
     """
     f, h, w = grid
-    df, dh, dw = axis_dims(head_dim)
-    frames = torch.arange(frame_offset, frame_offset + f, dtype=torch.float64)
-    af = torch.outer(frames, _axis_freqs(df))
-    ah = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(dh))
-    aw = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(dw))
-    angles = torch.cat(
-        [
-            af[:, None, None, :].expand(f, h, w, -1),
-            ah[None, :, None, :].expand(f, h, w, -1),
-            aw[None, None, :, :].expand(f, h, w, -1),
-        ],
-        dim=-1,
-    )
-    return angles.reshape(f * h * w, head_dim // 2).to(device)
+    return spread(frame_angles(f, head_dim, frame_offset), space_angles(h, w, head_dim)).to(device)
 
 
 class RopeCache:
@@ -72,27 +80,18 @@ class RopeCache:
     def _build(self, grid: tuple[int, int, int], device: torch.device,
                frame_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         f, h, w = grid
-        df = axis_dims(self.head_dim)[0]
-        frames = torch.outer(torch.arange(frame_offset, frame_offset + f, dtype=torch.float64), _axis_freqs(df))
-        space = self._space_tables(h, w, device)
-        out = []
-        for fn, spatial in zip((torch.cos, torch.sin), space):
-            temporal = upload(fn(frames).float(), device)  # [f, df/2]
-            table = torch.cat([temporal[:, None, :].expand(f, h * w, -1), spatial[None].expand(f, -1, -1)], dim=-1)
-            out.append(table.reshape(f * h * w, self.head_dim // 2))
-        return out[0], out[1]
+        frames = frame_angles(f, self.head_dim, frame_offset)
+        cos_s, sin_s = self._space_tables(h, w, device)
+        return (spread(upload(frames.cos().float(), device), cos_s),
+                spread(upload(frames.sin().float(), device), sin_s))
 
     def _space_tables(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of the height and width columns [h*w, (dh + dw)/2] on the device, once per size."""
+        """cos/sin of the height and width columns on the device, once per size."""
         key = (h, w, str(device))
         if key not in self._space:
             if len(self._space) > 4:
                 self._space.clear()
-            _, dh, dw = axis_dims(self.head_dim)
-            ah = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(dh))
-            aw = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(dw))
-            ang = torch.cat([ah[:, None, :].expand(h, w, -1), aw[None, :, :].expand(h, w, -1)], dim=-1)
-            ang = ang.reshape(h * w, -1)
+            ang = space_angles(h, w, self.head_dim)
             self._space[key] = (ang.cos().float().to(device), ang.sin().float().to(device))
         return self._space[key]
 

@@ -260,12 +260,15 @@ class FastRun:
         return self.chunk >= self.chunks
 
     @property
+    def calls_per_chunk(self) -> int:
+        """Model calls of a chunk that writes its context: its steps, plus the context pass unless it is folded."""
+        return self.schedule.steps + (0 if self.fold_context else 1)
+
+    @property
     def model_calls(self) -> int:
-        """Model calls of the whole run: steps + one context pass per chunk (but the last, without final_context;
-        none with fold_context)."""
-        if self.fold_context:
-            return self.chunks * self.schedule.steps
-        return self.chunks * (self.schedule.steps + 1) - (0 if self.final_context else 1)
+        """Model calls of the whole run: calls_per_chunk per chunk, but the last without its context pass when
+        final_context is off (and the pass is not folded)."""
+        return self.chunks * self.calls_per_chunk - (0 if self.final_context or self.fold_context else 1)
 
     def _cancel(self) -> None:
         if self.cancel_check is not None and self.cancel_check():
