@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..memory.kv_park import ParkedKVError
-from ..wan.sampling.fast_state import CHUNK_VIDEO_FRAMES, plan_next_part
+from ..wan.sampling.fast_state import plan_next_part
 from .fast_host import FAST_STATE, camera_source, check_text, condition_track, open_fast_world, run_fast_part
 from .fast_state_store import FastStateHandle, KVStore, StaleStateError, state_line, state_output_used
 from .i2v_nodes import CONTEXT_KEY
@@ -47,8 +47,8 @@ class LingBotFastContinue:
             "required": {
                 "state": (FAST_STATE, {"tooltip": (
                     "From LingBot Fast Sampler, another LingBot Fast Continue or LingBot Play")}),
-                "frames": ("INT", {"default": 0, "min": 0, "max": 1200, "step": CHUNK_VIDEO_FRAMES, "tooltip": (
-                    "New frames, in whole chunks of 12. 0 = as long as the keys / camera (one chunk without "
+                "frames": ("INT", {"default": 0, "min": 0, "max": 1200, "step": 4, "tooltip": (
+                    "New frames, in whole chunks (12 frames for v1 Fast, 16 for v2). 0 = as long as the keys / camera (one chunk without "
                     "either). Keys longer than this are cut, shorter ones padded with frames without keys.")}),
             },
             "optional": {
