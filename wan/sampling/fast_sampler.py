@@ -49,10 +49,11 @@ class FastFrames:
     latent_frames: int  # a multiple of the chunk size
     frames: int  # frames of the output video: 4 * (latent_frames - 1) + 1
     note: Optional[str]  # what changed, for the user; None when the request is produced as asked
+    chunk: int = CHUNK_FRAMES  # latent frames per chunk the rounding used (v1 Fast 3, v2 4)
 
     @property
     def chunks(self) -> int:
-        return self.latent_frames // CHUNK_FRAMES
+        return self.latent_frames // self.chunk
 
 
 def fast_frames(requested: int, num_poses: Optional[int] = None, chunk: int = CHUNK_FRAMES) -> FastFrames:
@@ -87,7 +88,8 @@ def fast_frames(requested: int, num_poses: Optional[int] = None, chunk: int = CH
         notes.append(f"the Fast model works in chunks of {chunk} latent frames ({VAE_TEMPORAL_STRIDE * chunk} video "
                      f"frames), so it generates {frames} frames instead of the requested {requested}")
     note = "; ".join(notes)
-    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None)
+    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None,
+                      chunk)
 
 
 # ---- schedule ---------------------------------------------------------------------------------------------
