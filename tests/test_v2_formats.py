@@ -76,10 +76,14 @@ def test_an_inferred_config_takes_the_kind_it_is_given(tmp_path, state):
         assume_model_kind(fmt, "slow")
 
 
-def test_14b_root_with_transformers_subfolder(tmp_path, state):
+@pytest.mark.parametrize("index", ["model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json"])
+def test_14b_root_with_transformers_subfolder(tmp_path, state, index):
+    """Third parties list model-0000k-of-00008 shards; upstream loads the folder with diffusers' from_pretrained,
+    which only looks for the diffusers index name (and takes the shard names from it): either index is read."""
     root = tmp_path / "lingbot-world-v2-14b-causal-fast"
     dit = root / "transformers"
     write_shards(dit, state, 4)
+    (dit / "model.safetensors.index.json").rename(dit / index)
     # diffusers writes the init arguments minus ignore_for_config (patch_size, cross_attn_norm, qk_norm, text_dim)
     cfg = {"_class_name": "WanModelFast", "_diffusers_version": "0.35.1", "model_type": "i2v", "dim": 256,
            "ffn_dim": 1504, "freq_dim": 256, "in_dim": 36, "out_dim": 16, "num_heads": 2, "num_layers": 3,

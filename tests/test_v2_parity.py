@@ -275,3 +275,19 @@ def test_rope_angles_are_upstreams_table_and_go_on_past_it(up):
     assert torch.equal(frame_angles(4, d, frame_offset=1016), angles[1016:1020, :22])
     cos, sin = RopeCache(d).get((4, 2, 3), "cpu", frame_offset=4000)
     assert torch.equal(cos[::6, :22], far.cos().float()) and torch.equal(sin[::6, :22], far.sin().float())
+
+
+def test_a_chunk_at_latent_frame_4000_runs_in_a_window(model):
+    """Where upstream's 1024-row table stops (fixture: a 4-frame chunk at frame 1021 raises), ours goes on: a window
+    cache in its steady state (the sink, then the latest frames) takes a chunk at latent frame 4000."""
+    layout = cache_layout(4004, FSL, chunk_frames=4, window_frames=7, sink_frames=2)
+    cache = layout.make(CFG.num_layers, CFG.num_heads, CFG.head_dim, dtype=torch.float32)
+    ctx = pad_context(tiny.text(), CFG.text_len)
+    inp = tiny.chunk_inputs(5)
+    with torch.no_grad():
+        model(inp["x"][None], torch.tensor([0]), ctx, inp["y"][None], camera=inp["camera"][None], kv_cache=cache)
+        cache.global_end = 4000 * FSL  # as if chunks 1..999 had run: same slots, later positions
+        v = model(inp["x"][None], torch.tensor([999]), ctx, inp["y"][None], camera=inp["camera"][None],
+                  kv_cache=cache, start_frame=4000)
+    assert torch.isfinite(v).all() and (cache.global_end, cache.local_end) == (4004 * FSL, 7 * FSL)
+    assert ((4, tiny.LAT_H // 2, tiny.LAT_W // 2), "cpu", 4000) in model.rope._tables  # rows 4000..4003
