@@ -46,7 +46,7 @@ class FastFrames:
     latent_frames: int  # a multiple of the chunk size
     frames: int  # frames of the output video: 4 * (latent_frames - 1) + 1
     note: Optional[str]  # what changed, for the user; None when the request is produced as asked
-    chunk: int  # latent frames per chunk
+    chunk: int  # latent frames per chunk the rounding used (v1 Fast 3, v2 4)
 
     @property
     def chunks(self) -> int:
@@ -86,7 +86,8 @@ def fast_frames(requested: int, num_poses: Optional[int] = None, *, chunk: int) 
         notes.append(f"the Fast model works in chunks of {chunk} latent frames ({VAE_TEMPORAL_STRIDE * chunk} video "
                      f"frames), so it generates {frames} frames instead of the requested {requested}")
     note = "; ".join(notes)
-    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None, chunk)
+    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None,
+                      chunk)
 
 
 # ---- schedule ---------------------------------------------------------------------------------------------

@@ -210,8 +210,7 @@ class PartPlan:
 
 def camera_track(settings: FastSettings) -> CameraTrack:
     """An empty camera track for a video of these settings (its size, camera arithmetic and the model's form)."""
-    form = settings.recipe.camera_form
-    return CameraTrack(settings.height, settings.width, settings.precision, **({"form": form} if form != "v1" else {}))
+    return CameraTrack(settings.height, settings.width, settings.precision, form=settings.recipe.camera_form)
 
 
 def plan_first_part(source: CameraSource, frames: Optional[int], settings: FastSettings) -> PartPlan:
@@ -266,14 +265,13 @@ def _reference_first(source: CameraSource, frames: Optional[int], settings: Fast
     h, w = settings.height, settings.width
     chunk = settings.chunk_frames
     form = settings.recipe.camera_form
-    form_kw = {"form": form} if form != "v1" else {}
     if source.kind == "keys":
         keys, video_frames, note = keys_for_video(source.keys, frames, source=source.label or "keys",
                                                   from_file=source.from_file)
         path, end = keys_to_camera(keys, source.intrinsics)
         plan = fast_frames(video_frames, chunk=chunk)
         cond = camera_condition(path.poses, path.intrinsics, h, w, plan.pose_frames, includes_end_pose=True,
-                                precision=settings.precision, latent_frames=plan.latent_frames, **form_kw)
+                                precision=settings.precision, latent_frames=plan.latent_frames, form=form)
         track.record(cond, end)
         notes = [n for n in (note, plan.note) if n]
         return PartPlan(plan.chunks, plan.frames, cond.plucker, track, True, keys, np.asarray(path.poses),
@@ -282,7 +280,7 @@ def _reference_first(source: CameraSource, frames: Optional[int], settings: Fast
         plan = fast_frames(frames if frames is not None else DEFAULT_FRAMES, source.poses.shape[0], chunk=chunk)
         cond = camera_condition(source.poses, source.intrinsics, h, w, plan.pose_frames,
                                 per_frame_intrinsics=source.per_frame_intrinsics, precision=settings.precision,
-                                latent_frames=plan.latent_frames, **form_kw)
+                                latent_frames=plan.latent_frames, form=form)
         track.record(cond)
         notes = [n for n in (cond.message, plan.note) if n]
         return PartPlan(plan.chunks, plan.frames, cond.plucker, track, True, None, cond.poses.numpy().astype(np.float64),
