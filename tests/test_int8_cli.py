@@ -25,12 +25,13 @@ FP8_CLI = _fp8_cli_test()
 
 
 def test_int8_weights_play_as_the_batch_run(copy_demo, tmp_path, capsys):
-    from lingbot_world.loaders.demo_checkpoint import demo_fast_ready
+    from lingbot_world.world.demos import demo_ready
+    from lingbot_world.world.models import V1_FAST
 
     root = copy_demo()  # private: its INT8 copy is added here, the session's demo stays as built
-    assert not demo_fast_ready(root, "int8")
+    assert not demo_ready(V1_FAST, root, "int8")
     batch = FP8_CLI._generate(root, tmp_path, "int8")  # builds the INT8 copy from the demo's NF4 Fast model
-    assert demo_fast_ready(root, "int8") and not demo_fast_ready(root, "fp8")
+    assert demo_ready(V1_FAST, root, "int8") and not demo_ready(V1_FAST, root, "fp8")
     files = WorldFiles.demo(root, weights="int8")
     fmt, _, notes = files.check("int8")
     assert files.dit.name == "lingbot_world_fast_int8" and fmt.kind == "int8" and notes == []

@@ -104,6 +104,11 @@ class WorldSession:
         self._closed = False
 
     @property
+    def files(self):
+        """The files a session opened from files loads (world.files.WorldFiles; None when a door placed the model)."""
+        return None if self.opened is None else self.opened.checked.files
+
+    @property
     def cache(self):
         """The K/V cache of the video (None when none is placed)."""
         return self.kv.cache

@@ -81,7 +81,8 @@ class FastSettings:
     def layout(self, latent_frames: int) -> CacheLayout:
         """The cache of a video of `latent_frames` (the whole video so far plus the next part)."""
         return cache_layout(latent_frames, self.frame_tokens, self.chunk_frames, window_frames=self.window,
-                            sink_frames=self.sink, max_attention=self.max_attention)
+                            sink_frames=self.sink, max_attention=self.max_attention,
+                            release=(self.recipe.window, self.recipe.sink))
 
     @property
     def evicting(self) -> bool:
