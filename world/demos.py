@@ -37,10 +37,8 @@ def demo_root(entry: ModelEntry, demo_dir: Optional[Path] = None) -> Path:
     return default_demo_dir().parent / entry.demo.folder
 
 
-def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4"):
-    """The demo of `entry` (built once, then reused) as WorldFiles."""
-    from .files import find_in_folder
-
+def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4") -> Path:
+    """The folder of `entry`'s demo (built once, then reused; with `weights` fp8 / int8 its stored copy too)."""
     root = demo_root(entry, demo_dir)
     if entry is V1_FAST:
         build_demo_checkpoint(root, DEMO_SEED)
@@ -56,7 +54,7 @@ def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str 
             _write_official_dit(entry, official)
     if weights in LOWP_WEIGHTS:
         add_stored_copy(entry, root, weights)
-    return find_in_folder(root, entry.name, weights)
+    return root
 
 
 def add_stored_copy(entry: ModelEntry, root: Path, weights: str) -> Path:
@@ -108,7 +106,7 @@ def _write_official_dit(entry: ModelEntry, official: Path) -> None:
 
     cfg = _demo_config(entry)
     state = random_expert_state(cfg, seed=DEMO_SEED + 3)
-    with_config = bool(entry.files.official_dir) and official.name == entry.files.official_dir
+    with_config = entry.files.has_config
     extra = {"local_attn_size": entry.window or -1, "sink_size": entry.sink}
     tmp = official.parent / f".{official.name or 'dit'}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -38,7 +38,8 @@ class WorldFiles:
         if source.demo:
             from .demos import build_demo
 
-            files = build_demo(registry.model(wanted or "v1-fast"), source.demo_dir, weights)
+            entry = registry.model(wanted or "v1-fast")
+            files = find_in_folder(build_demo(entry, source.demo_dir, weights), entry.name, weights)
         elif source.ckpt_dir is not None:
             files = find_in_folder(Path(source.ckpt_dir).expanduser(), wanted, weights, source.dit,
                                    source.assets_dir)

@@ -56,6 +56,7 @@ class ModelFiles:
     hub_repo: str
     official: tuple[str, ...] = ()
     shared_files: bool = True
+    has_config: bool = True  # the release's DiT folder holds a config.json (the v2 1.3B's does not)
     experts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # base models: (("high", dirs), ("low", dirs))
     hub_note: str = ""  # where the download goes, for the docs and messages
 
@@ -175,7 +176,7 @@ V2_14B = _add(ModelEntry(
 V2_1_3B_ENTRY = _add(ModelEntry(
     "v2-1.3b", "LingBot-World v2 1.3B (causal-fast)", CAUSAL, "camera", replace(V2_1_3B, causal=True),
     ModelFiles("robbyant/lingbot-world-v2-1.3b-causal-fast", ("transformers", ""),
-               shared_files=False,
+               shared_files=False, has_config=False,
                hub_note="DiT only (six F32 shards, no config.json); the umT5 encoder, tokenizer and VAE come from a "
                         "v2 14B or v1 download"),
     CC_BY_NC_SA, Demo("demo-v2-1.3b", 45, "lingbot_demo_v2-1.3b.mp4"), recipe=_v2_recipe(5.0), play_window=18,

@@ -113,15 +113,6 @@ class WorldSession:
         """The K/V cache of the video (None when none is placed)."""
         return self.kv.cache
 
-    # ---- opening from files (world/assembly.open_session: the player's way) -----------------------------------
-    @classmethod
-    def open(cls, files, settings=None, *, device=None) -> "WorldSession":
-        """A session of `files` (world.files.WorldFiles) for `settings` (world.settings.WorldSettings): see
-        world.assembly.open_session."""
-        from .assembly import open_session
-
-        return open_session(files, settings, device=device)
-
     def load(self) -> None:
         """Load the model now (otherwise the first chunk does)."""
         self._check_open()
@@ -131,16 +122,11 @@ class WorldSession:
     def start(self, image, prompt: str) -> None:
         """A new video from an image (a path or [3, H, W] in [-1, 1]) and a prompt (encoded in a child process,
         cached); its size follows the image's aspect within the settings' pixel budget."""
-        from .assembly import load_start_image, start_inputs
-
         self._check_open()
         if self.opened is None:
-            raise WorldError("start() needs a session made by WorldSession.open(); use begin() otherwise")
-        pixels = load_start_image(image)
-        opened = self.opened
-        h, w, condition, context = start_inputs(opened.checked.files, opened.settings, self.vae, pixels, prompt,
-                                                self.device)
-        self.begin(condition, context, prompt, opened.video(self.device, h, w))
+            raise WorldError("start() needs a session opened from files (world.open_session); use begin() otherwise")
+        h, w, condition, context, settings = self.opened.new_video(self.vae, image, prompt, self.device)
+        self.begin(condition, context, prompt, settings)
 
     # ---- saving --------------------------------------------------------------------------------------------------
     def save(self, prefix, *, write_video: Optional[Callable] = None, state: bool = False, fps: int = 16):
