@@ -70,7 +70,6 @@ def check(files: WorldFiles, settings: WorldSettings, device: torch.device, *, t
     decoder = load_tiny(settings.tiny_vae, device) if tiny else None
     for note in notes:
         log.warning("%s", note)
-    log.info("model: %s", entry.describe())
     return Checked(files, fmt, entry, loras, decoder, notes)
 
 
@@ -251,6 +250,7 @@ def open_session(files: WorldFiles, settings: Optional[WorldSettings] = None, *,
                            prepare_model=speed_preparer(settings.speed), speed=settings.speed,
                            tiny_decoder=checked.tiny)
     session.opened = Opened(checked, settings, plan.reason)
+    log.info("model: %s", checked.entry.describe())
     return session
 
 

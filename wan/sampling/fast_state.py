@@ -114,6 +114,10 @@ class FastSettings:
 
     def check_continue(self, here: "FastSettings", source: str = "the state") -> None:
         """Refuse (one line naming the difference and the fix) to continue `self` with the settings `here`."""
+        if self.model_name and here.model_name and self.model_name != here.model_name:
+            raise StateMismatchError(
+                f"{source} was made with the model {self.model_name}; this run loads {here.model_name}: continue it "
+                f"with --model {self.model_name} and that model's files")
         if self.model and here.model and self.model != here.model:
             raise StateMismatchError(
                 f"{source} was made with another Fast model ({self.model_label or self.model[:12]}); this run loads "
