@@ -137,7 +137,7 @@ def _v2_recipe(shift: float) -> ChunkRecipe:
 
 
 A14B = DiTConfig()  # 5120 wide, 40 heads, 40 layers (Wan2.2 I2V-A14B)
-V2_1_3B = DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30)
+V2_1_3B_DIT = DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30)
 ACT_CONTROL_IN = 7 * 64 * 4
 
 _BASE_EXPERTS = (("high", ("high_noise_model_bnb_nf4", "high_noise_model")),
@@ -173,8 +173,8 @@ V2_14B = _add(ModelEntry(
     CC_BY_NC_SA, Demo("demo-v2-14b", 45, "lingbot_demo_v2-14b.mp4"), recipe=_v2_recipe(10.0), play_window=18,
     play_sink=6,
     release_name="lingbot-world-v2-14b-causal-fast"))
-V2_1_3B_ENTRY = _add(ModelEntry(
-    "v2-1.3b", "LingBot-World v2 1.3B (causal-fast)", CAUSAL, "camera", replace(V2_1_3B, causal=True),
+V2_1_3B = _add(ModelEntry(
+    "v2-1.3b", "LingBot-World v2 1.3B (causal-fast)", CAUSAL, "camera", replace(V2_1_3B_DIT, causal=True),
     ModelFiles("robbyant/lingbot-world-v2-1.3b-causal-fast", ("transformers", ""),
                shared_files=False, has_config=False,
                hub_note="DiT only (six F32 shards, no config.json); the umT5 encoder, tokenizer and VAE come from a "
