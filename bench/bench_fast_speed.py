@@ -1,4 +1,5 @@
-"""Benchmark: the Fast model's speed presets and levers, per 12-frame chunk (issue 26).
+"""Benchmark: a causal model's speed presets and levers, per chunk (issue 26: v1 Fast's 12-frame chunks; issue 48:
+the v2 models' 16-frame chunks; `--model`, default v1 Fast).
 
     # one H100 session, four calls (bench/results/fast_chunk_*_h100.json; each call on a fresh machine writes the
     # Fast expert again, ~20 s, and every case takes 40-65 s)
@@ -43,14 +44,31 @@ draft_steps2_profile --workdir /tmp/lwf --keep --fresh --budget-s 520 --min-case
         --workdir /tmp/lwf --keep --budget-s 400 --min-case-s 40 --out bench/results/fast_chunk_steps2_h100.json
     python -m lingbot_world.bench.bench_fast_speed --cases fast_kv_bf16,fast_kv_fp8 --workdir /tmp/lwf --keep \
         --budget-s 200 --min-case-s 40 --out bench/results/fast_chunk_fast_kv_ab1_h100.json
+    # the v2 models (issue 48; bench_models.py: 480x832, 77 frames = 5 chunks of 4 latent frames, the play window
+    # 18 + sink 6, the model's recipe and camera form). Each model's expert has its own folder in the workdir
+    # (v2-1.3b_bnb_nf4: ~0.9 GB, written in ~10 s; v2-14b_bnb_nf4: ~9.6 GB, ~25 s). The 1.3B's presets and its
+    # profiles (for fast_projection --model v2-1.3b), then the 14B on the 24 GB cap (a case ~60-75 s there)
+    python -m lingbot_world.bench.bench_fast_speed --model v2-1.3b --cases exact,auto,fast,draft,draft_steps2_tiny_vae \
+        --workdir /tmp/lwv2 --keep --budget-s 400 --out bench/results/v2_1.3b_chunk_h200.json
+    python -m lingbot_world.bench.bench_fast_speed --model v2-1.3b --cases auto_profile,draft_steps2_tiny_vae_profile \
+        --workdir /tmp/lwv2 --keep --budget-s 150 --out bench/results/v2_1.3b_chunk_profiles_h200.json
+    python -m lingbot_world.bench.bench_fast_speed --model v2-14b --cases exact,auto,draft_steps2_tiny_vae \
+        --workdir /tmp/lwv2 --keep --budget-s 300 --min-case-s 60 --out bench/results/v2_14b_chunk_h200.json
+    python -m lingbot_world.bench.bench_fast_speed --model v2-1.3b --tiny --cases exact,draft_steps2_tiny_vae \
+        --out /tmp/fast_speed_v2_tiny.json                                           # CPU smoke run
 
 Conditions of issue 26's table: 480x832, 81 frames (7 chunks of 3 latent frames), a 24 GB card (the process capped
 with set_per_process_memory_fraction, memory planned by `plan_fast_memory` as the CLI does, the VAE's streaming
-decode counted in), window 21 + sink 3, camera on. Every case runs in its own child process: the model loads, the
-speed plan of its preset is applied (`speed.presets.resolve_preset`, explicit flags over it where the case says),
-two warm-up chunks run (compile, cuDNN plans, the decoder's first frames) and are forgotten (the cache's counters
-go back to 0: every slot a chunk attends to is written again by the timed run before it is read), then the whole
-video runs timed, each chunk's DiT work followed by its streaming VAE decode on the same stream (the frames are
+decode counted in), window 21 + sink 3, camera on. The v2 models the same with their recipe (bench_models.py): 77
+frames (5 chunks of 4), window 18 + sink 6 (the 5th chunk is the first past the window), the v2 camera form;
+`chunks=N` cases make N chunks (4 * (chunk * N - 1) + 1 frames). A results file holds one model's cases (--out of
+another model's is refused: give another file, or --fresh); it records the model, its recipe, window, sink and
+video. Targets (`met`): issue 26's for v1 Fast, issue 48's for v2 (fast_speed_cases.TARGETS).
+
+Every case runs in its own child process: the model loads, the speed plan of its preset is applied
+(`speed.presets.resolve_preset`, explicit flags over it where the case says), two warm-up chunks run (compile,
+cuDNN plans, the decoder's first frames) and are forgotten (the cache's counters go back to 0: every slot a chunk
+attends to is written again by the timed run before it is read), then the whole video runs timed, each chunk's DiT work followed by its streaming VAE decode on the same stream (the frames are
 ready when the chunk's time ends). Every chunk runs its context pass (the player's case: the video continues).
 
 Per case: seconds per chunk (DiT + decode, and each part), their mean over the video, peak VRAM and RSS, and the
@@ -63,7 +81,7 @@ the `exact` case's (relative L2): `error_forward` (the very first call: same inp
 the GEMMs, no NF4 dequantization; their errors are against `exact`, the NF4 model, so they measure what the stored
 weights and low-precision activations change.
 
-`*_profile` cases: the 4th chunk under torch.profiler instead (device seconds by kernel category, top kernels and
+`*_profile` cases: the middle chunk (v1 Fast's 4th of 7, v2's 3rd of 5) under torch.profiler instead (device seconds by kernel category, top kernels and
 operators, the device's busy share of the chunk's unprofiled wall time, and the compute stream's idle gaps by size,
 those ending with a host->device copy counted as waits on it: what CUDA graphs could give back at most).
 `*_host_gaps` cases: the same with Python stacks, each host-bound gap charged to the code the host was in
@@ -83,38 +101,37 @@ from pathlib import Path
 import torch
 
 from ..quant.lowp_kinds import LOWP_WEIGHTS
-from ..wan.dit.model import DiTConfig
-from .bench_fast import TINY_VIDEO, V480
-from .bench_pipeline import PACKAGE, bench_config, random_experts
+from .bench_models import BenchModel, add_model_argument, parse_model
+from .bench_pipeline import PACKAGE, random_experts
 from .common import (
     CaseLoop,
     add_case_arguments,
     case_ok,
     child_main,
+    earlier_results,
     in_gb,
     mib_in_gb,
     parse_cases,
     run_case_child,
     tiny_children,
 )
-from .fast_speed_cases import CASES, DEFAULT_CASES, TARGETS_S  # noqa: F401  (TARGETS_S: read by the tests)
-from .fast_speed_child import CHILDREN, rel_l2
-
+from .fast_speed_cases import CASES, DEFAULT_CASES, TARGETS, TARGETS_S  # noqa: F401  (TARGETS_S: v1's, the tests')
+from .fast_speed_child import CHILDREN, output_path, rel_l2
 
 MODULE = __spec__.name if __spec__ is not None else __name__
-WINDOW, SINK = 21, 3
+V1 = "v1-fast"
 REFERENCE = "exact"
 FRAMES_REFERENCE = "auto"  # the decode levers change frames, not latents: compared with auto's frames
 
 
 # ---- the parent --------------------------------------------------------------------------------------------------
-def errors_against_reference(workdir: Path, name: str) -> dict:
+def errors_against_reference(workdir: Path, name: str, chunk: int = 3, model: str = V1) -> dict:
     """Relative L2 of the case's saved outputs against its reference case's (`exact` unless the case names
-    another): first call, each chunk, the video."""
+    another), both of `model`: first call, each chunk (`chunk` latent frames), the video."""
     from safetensors.torch import load_file
 
     reference = CASES.get(name, {}).get("reference", REFERENCE)
-    mine, ref = workdir / f"outputs_{name}.safetensors", workdir / f"outputs_{reference}.safetensors"
+    mine, ref = output_path(workdir, "outputs", name, model), output_path(workdir, "outputs", reference, model)
     if name == reference or not mine.is_file() or not ref.is_file():
         return {}
     a, b = load_file(str(mine)), load_file(str(ref))
@@ -122,15 +139,19 @@ def errors_against_reference(workdir: Path, name: str) -> dict:
     if la.shape != lb.shape:  # another video length: nothing to compare
         return {}
     out = {"error_reference": reference, "error_forward": round(rel_l2(a["first_call"], b["first_call"]), 6),
-           "error_chunks": [round(rel_l2(la[:, :, i:i + 3], lb[:, :, i:i + 3]), 6) for i in range(0, lb.shape[2], 3)],
+           "error_chunks": [round(rel_l2(la[:, :, i:i + chunk], lb[:, :, i:i + chunk]), 6)
+                            for i in range(0, lb.shape[2], chunk)],
            "error_video": round(rel_l2(la, lb), 6)}
-    mine, ref = workdir / f"frames_{name}.safetensors", workdir / f"frames_{FRAMES_REFERENCE}.safetensors"
+    mine, ref = output_path(workdir, "frames", name, model), output_path(workdir, "frames", FRAMES_REFERENCE, model)
     if name != FRAMES_REFERENCE and mine.is_file() and ref.is_file():  # every 4th frame
         out["error_frames_vs_auto"] = round(rel_l2(load_file(str(mine))["frames"], load_file(str(ref))["frames"]), 6)
     return out
 
 
 def summarize(res: dict, workdir: Path) -> dict:
+    model = res.get("model", V1)  # results written before --model: v1 Fast's
+    chunk = (res.get("recipe") or {}).get("chunk_frames", 3)
+    targets = TARGETS.get(model, {})
     s: dict = {}
     for name, r in res["cases"].items():
         if not case_ok(r):
@@ -164,7 +185,7 @@ def summarize(res: dict, workdir: Path) -> dict:
                "mean_dit_s": mean(r["dit_s"]), "mean_decode_s": mean(r["decode_s"]), "first_chunk_s": chunks[0],
                "calls_per_chunk": r["calls_per_chunk"],
                "s_per_call": round(mean(r["dit_s"]) / r["calls_per_chunk"], 4),
-               "fps": round(12 / mean(chunks), 2), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
+               "fps": round(4 * chunk / mean(chunks), 2), "peak_reserved_gb": in_gb(r.get("peak_reserved")),
                "smi_peak_gb": mib_in_gb(r.get("smi_peak_used_mib")), "peak_rss_gb": in_gb(r.get("peak_rss")),
                "cache_layers_on_gpu": r["plan"].get("cache_layers_on_gpu"), "warm_up_s": r.get("warm_up_s"),
                "warm_chunk_s": r.get("warm_chunk_s"),
@@ -176,8 +197,8 @@ def summarize(res: dict, workdir: Path) -> dict:
             row.update(rolling_chunk_s=mean(chunks[rolled + 1:]), rolling_dit_s=mean(r["dit_s"][rolled + 1:]),
                        rolling_decode_s=mean(r["decode_s"][rolled + 1:]), capture_chunk_s=chunks[rolled],
                        rolling_chunks=len(chunks) - rolled - 1, graphs=r.get("graphs"))
-        row.update(errors_against_reference(workdir, name))
-        target = TARGETS_S.get(name)
+        row.update(errors_against_reference(workdir, name, chunk, model))
+        target = targets.get(name)
         if target is not None:
             row["target_s"] = target
             row["met"] = row["mean_chunk_s"] <= target
@@ -210,19 +231,20 @@ def print_report(res: dict) -> None:
               f"{row['peak_reserved_gb']} GB | {row['smi_peak_gb']} GB | {row['peak_rss_gb']} GB |")
 
 
-def run(args) -> dict:
+def run(args, bm: BenchModel) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = DiTConfig(**{**bench_config(args.tiny).__dict__, "causal": True})
+    cfg, recipe = bm.cfg, bm.recipe
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     loop = CaseLoop(args, "fast_speed", device, lambda res: res.update(summary=summarize(res, workdir)),
-                    config=cfg.to_json(),
-                    notes=["per chunk: the chunk's DiT calls (steps + its context pass) and its streaming VAE decode, "
-                           "timed after two warm-up chunks; mean over the video",
+                    config=cfg.to_json(), **bm.describe(),
+                    notes=[f"per chunk ({bm.chunk_frames} latent frames, {bm.chunk_video_frames} video frames): the "
+                           "chunk's DiT calls (steps + its context pass) and its streaming VAE decode, timed after "
+                           "two warm-up chunks; mean over the video",
                            f"errors: relative L2 against the '{REFERENCE}' case's outputs (same seed and inputs)"])
-    paths = {"fast": workdir / "lingbot_world_fast_bnb_nf4"}
+    paths = {"fast": bm.expert_dir(workdir)}
     experts = random_experts(loop, paths, {"fast": cfg}, device)
-    lowp_paths = {kind: workdir / f"lingbot_world_fast_{kind}" for kind in LOWP_WEIGHTS}
+    lowp_paths = {kind: bm.expert_dir(workdir, kind) for kind in LOWP_WEIGHTS}
     for kind in sorted({CASES[c].get("weights") for c in args.cases} & set(LOWP_WEIGHTS)):
         loop.res[f"{kind}_copy"] = lowp_copy(paths["fast"], lowp_paths[kind], kind, device,
                                              timeout=max(60.0, loop.remaining()))
@@ -230,14 +252,13 @@ def run(args) -> dict:
 
     def run_case(name: str, timeout: float) -> dict:
         c = CASES[name]
-        video = TINY_VIDEO["fast"] if args.tiny else V480
-        if c.get("chunks"):  # a longer video of the same size: 3 latent frames per chunk, 4 frames per latent
-            video = (4 * (3 * c["chunks"] - 1) + 1, *video[1:])
+        video = bm.video(c.get("chunks"))  # chunks=N: a longer video of the same size, N of the model's chunks
         spec = {"case": name, "kind": c.get("kind", "fast_speed"), "device": device, "tiny": args.tiny,
                 "video": list(video), "config": cfg.to_json(), "fast": experts["paths"]["fast"], "workdir": str(workdir),
+                "model": bm.name, "recipe": recipe.to_json(),
                 "fast_lowp": {kind: str(p) for kind, p in lowp_paths.items()},
                 "cap_gib": c.get("cap_gib", 24) if device == "cuda" else None, "context_gib": args.context_gib,
-                "window": 6 if args.tiny else WINDOW, "sink": 1 if args.tiny else SINK, "expandable_segments": True,
+                "window": bm.window, "sink": bm.sink, "expandable_segments": True,
                 **{k: v for k, v in c.items() if k in ("preset", "compile", "compute", "attention", "levers",
                                                        "profile", "save_frames", "weights", "host_gaps",
                                                        "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel",
@@ -274,15 +295,21 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_arguments(p, CASES, DEFAULT_CASES, budget_s=540.0, min_case_s=40.0,
                        tiny_help="tiny config and video on the CPU (smoke run)",
-                       workdir="/tmp/lingbot_fast_speed", workdir_help="where the Fast expert and the outputs go",
-                       keep_help="keep the expert for the next call")
+                       workdir="/tmp/lingbot_fast_speed", workdir_help="where the model's expert and the outputs go "
+                       "(each model's its own folder: bench_models.py)", keep_help="keep the expert for the next call")
+    add_model_argument(p)
     p.add_argument("--context-gib", type=float, default=0.5, help="GiB a real card loses to the CUDA context")
     args = p.parse_args(argv)
     if args.child:
         return child_main(args.child, CHILDREN)
     args.cases = parse_cases(p, args.cases, CASES)
+    bm = parse_model(p, args.model, args.tiny)
+    prior = earlier_results(args.out, args.fresh, "fast_speed")
+    if prior.get("cases") and prior.get("model", V1) != bm.name:  # one model's cases per results file
+        p.error(f"{args.out} holds cases of {prior.get('model', V1)}, not {bm.name}: "
+                "give another --out, or --fresh to start it over")
     with tiny_children(args.tiny):  # one thread per child process, the caller's environment kept
-        res = run(args)
+        res = run(args, bm)
     print_report(res)
     if args.out:
         print(f"results: {args.out}")

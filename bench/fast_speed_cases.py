@@ -152,4 +152,9 @@ CASES: dict[str, dict] = {
                                       reference="draft_rolling"),
 }
 DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
-TARGETS_S = {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75}  # issue 26: per 12-frame chunk, one H100
+# seconds per chunk (DiT + decode) on one H100 / H200 with the 24 GB cap, per model: issue 26's for v1 Fast (a
+# 12-frame chunk), issue 48's for v2 (a 16-frame chunk)
+TARGETS = {"v1-fast": {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75},
+           "v2-14b": {"auto": 2.9},
+           "v2-1.3b": {"exact": 0.80, "auto": 0.60, "draft_steps2_tiny_vae": 0.30}}
+TARGETS_S = TARGETS["v1-fast"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_fast import child_start, fast_inputs
+from .bench_fast import child_start, fast_inputs, spec_recipe
 from .bench_pipeline import sync
 from .common import peak_rss_bytes
 
@@ -17,6 +17,13 @@ WARM_CHUNKS = 2
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def output_path(workdir, what: str, case: str, model: str = "v1-fast") -> Path:
+    """Where a case's saved outputs ("outputs": latents and first call; "frames") go: v1 Fast's under the names
+    they always had, another model's with its name in them (the errors compare cases of one model only)."""
+    tag = "" if model == "v1-fast" else f"{model}_"
+    return Path(workdir) / f"{what}_{tag}{case}.safetensors"
 
 
 def child_case(spec: dict) -> dict:
@@ -47,6 +54,7 @@ def child_case(spec: dict) -> dict:
 
         kv_fp8_fused.HW_FP8_CAPABILITY = (99, 0)
     device, cuda, cfg, fr, h, w, out = child_start(spec)
+    recipe = spec_recipe(spec)  # the model's chunk size, schedule (and its fewer-step variants), camera form
     preset = PRESETS[spec["preset"]]
     levers = ChunkLevers(**{**preset.levers.__dict__, **spec.get("levers", {})})
     explicit = {k: spec[k] for k in ("compile", "compute", "attention") if spec.get(k)}
@@ -59,19 +67,20 @@ def child_case(spec: dict) -> dict:
     torch.manual_seed(0)  # the same random VAE in every case: the same conditioning y
     with torch.device(device):
         vae = WanVAE(vae_cfg).eval().requires_grad_(False)
-    inputs = fast_inputs(spec["video"], cfg, device, fr.latent_frames, vae)
+    inputs = fast_inputs(spec["video"], cfg, device, fr.latent_frames, vae, camera_form=recipe.camera_form)
     out["vae_encode_s"] = inputs["vae_encode_s"]
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     window = levers.window(spec["window"], fr.latent_frames)
-    layout = cache_layout(fr.latent_frames, (h // 16) * (w // 16), window_frames=window,
-                          sink_frames=spec["sink"] if window is not None and window < fr.latent_frames else 0)
+    layout = cache_layout(fr.latent_frames, (h // 16) * (w // 16), recipe.chunk_frames, window_frames=window,
+                          sink_frames=spec["sink"] if window is not None and window < fr.latent_frames else 0,
+                          release=(recipe.window, recipe.sink))
     out["layout"] = {"capacity": layout.capacity, "sink_tokens": layout.sink_tokens, "evict": layout.evict,
                      "window_frames": window}
     # the first chunk that ends past the window: from it on every chunk writes and reads the same slots
     out["rolled_from_chunk"] = next((c for c in range(fr.chunks) if window is not None and layout.evict
-                                     and 3 * (c + 1) > window), None)
+                                     and recipe.chunk_frames * (c + 1) > window), None)
     vram = free_vram_bytes(device) if cuda else 1 << 60
     bf16_decode_planned = levers.decode_bf16 and not spec.get("vae_plan_f32")
     extra = streaming_decode_bytes(vae_cfg, h, w, bf16=bf16_decode_planned) if cuda else 0
@@ -104,7 +113,8 @@ def child_case(spec: dict) -> dict:
         sync(device)
         out["load_s"] = round(time.perf_counter() - t0, 3)
         cache = placement.make_cache()
-        options = dict(levers.fast_run_options(), device=device)
+        options = {"schedule": recipe.schedule(), **levers.fast_run_options(recipe), "device": device,
+                   "chunk_frames": recipe.chunk_frames}
 
         def new_run(on_chunk=None, seed=42):
             gen = make_generator(seed, "cuda" if cuda else "cpu")
@@ -174,7 +184,7 @@ def child_case(spec: dict) -> dict:
         out["frames_out"] = sum(f.shape[2] for f in frames)
         if spec.get("save_frames"):
             save_file({"frames": torch.cat([f.float().cpu() for f in frames], dim=2)[:, :, ::4].contiguous()},
-                      str(Path(spec["workdir"]) / f"frames_{spec['case']}.safetensors"))
+                      str(output_path(spec["workdir"], "frames", spec["case"], spec.get("model", "v1-fast"))))
         del frames
         hook.remove()
         starts = [t_start] + [m[1] for m in marks[:-1]]
@@ -185,7 +195,7 @@ def child_case(spec: dict) -> dict:
         latent = torch.cat(latents, dim=2)
         out["finite"] = bool(torch.isfinite(latent).all())
         save_file({"latent": latent.contiguous(), "first_call": first_call[0].contiguous()},
-                  str(Path(spec["workdir"]) / f"outputs_{spec['case']}.safetensors"))
+                  str(output_path(spec["workdir"], "outputs", spec["case"], spec.get("model", "v1-fast"))))
         if cuda:
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
@@ -206,7 +216,7 @@ def child_case(spec: dict) -> dict:
 
 
 def child_decode(spec: dict) -> dict:
-    """The streaming decode of a 21-latent-frame video chunk by chunk, alone: float32 and bf16 under autocast, each
+    """The streaming decode of the video (v1 Fast: 21 latent frames) chunk by chunk (the model's chunks), alone: float32 and bf16 under autocast, each
     with the eager norm + SiLU and with the fused kernel every door uses on a CUDA GPU (speed/vae_norm.py), and
     bf16 also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one warm-up video,
     and each variant's frames against eager float32's (relative L2)."""
@@ -217,8 +227,9 @@ def child_decode(spec: dict) -> dict:
 
     device = torch.device(spec["device"])
     frames, h, w = spec["video"]
+    chunk = spec_recipe(spec).chunk_frames
     lat = (frames - 1) // 4 + 1
-    lat -= lat % 3
+    lat -= lat % chunk
     torch.manual_seed(0)
     with torch.device(device):
         vae = WanVAE(VAEConfig.tiny() if spec["tiny"] else VAEConfig()).eval().requires_grad_(False)
@@ -234,10 +245,10 @@ def child_decode(spec: dict) -> dict:
         for rep in range(2):  # the first video warms up (and lets the autotuner choose)
             dec = ChunkDecoder(StreamingDecoder(vae, norm_silu=norm_silu).decode, device, bf16=bf16)
             got = []
-            for c in range(0, lat, 3):
+            for c in range(0, lat, chunk):
                 sync(device)
                 t0 = time.perf_counter()
-                got.append(dec.submit(z[:, :, c:c + 3]).result())
+                got.append(dec.submit(z[:, :, c:c + chunk]).result())
                 sync(device)
                 times.append(time.perf_counter() - t0)
             if rep == 0:
