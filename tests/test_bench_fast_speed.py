@@ -1,6 +1,7 @@
 """bench_fast_speed's parent side (issue 26): cases checked first, errors against the exact case from the saved
 outputs, the per-chunk summary (an overlapped decode counted through the whole video), and the RTX projection over
-the committed H100 results."""
+the committed H100 results; the v2 models (--model): 16-frame chunks, their targets, one model per results file, a
+tiny v2 1.3B run on the CPU, and the projection of a v2 model's results."""
 from __future__ import annotations
 
 import json
@@ -135,3 +136,46 @@ def test_v2_1_3b_tiny_cases_run_its_recipe_on_the_cpu(tmp_path):
     assert res["cases"]["draft_steps2_tiny_vae"]["kv_fp8_ops"]  # the FP8 cache of draft, on chunks of 4
     s = res["summary"]["draft_steps2_tiny_vae"]
     assert len(s["error_chunks"]) == 3 and s["target_s"] == 0.30 and s["error_reference"] == "exact"
+
+
+def _v2_results(tmp_path, model="v2-1.3b"):
+    split = {"attention": 0.15, "gemm": 0.2, "dequant": 0.02, "elementwise": 0.05}
+    row = {"mean_dit_s": 0.5, "mean_chunk_s": 0.6, "mean_decode_s": 0.1, "uploaded_gb_per_chunk": 0.0}
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({"model": model, "machine": {"gpu": "NVIDIA H200"}, "summary": {
+        "auto": {**row, "speed": {"compute": "bf16"}}, "fast": {**row, "speed": {"compute": "fp8"}},
+        "draft_steps2_tiny_vae": {**row, "mean_dit_s": 0.3, "speed": {"compute": "fp8"}}}}))
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({"model": model, "machine": {"gpu": "NVIDIA H200"}, "summary": {
+        "auto_profile": {"device_split_s": split}, "draft_steps2_tiny_vae_profile": {"device_split_s": split}}}))
+    return rows, profiles, split
+
+
+def test_projection_of_a_v2_models_h200_results(tmp_path):
+    rows, profiles, split = _v2_results(tmp_path)
+    res = fast_projection.run_results("v2-1.3b", [rows, profiles])
+    assert res["source"] == "H200 SXM" and set(res["measured"]) == {"auto", "draft_steps2_tiny_vae"}  # no fast profile
+    assert res["host_s"]["auto"] == pytest.approx(0.5 - 0.42, abs=1e-3)
+    cards, h200 = res["cards"], res["cards"]["H200 SXM"]
+    auto_4090 = res["rows"]["RTX 4090"]["auto (bf16 GEMMs)"]
+    tc, bw = h200["bf16"] / cards["RTX 4090"]["bf16"], h200["bandwidth"] / cards["RTX 4090"]["bandwidth"]
+    expected = (split["gemm"] + split["attention"]) * tc + (split["dequant"] + split["elementwise"]) * bw + 0.08
+    assert auto_4090["compute_s"] == pytest.approx(expected, abs=0.01) and auto_4090["copies_s"] == 0
+    assert "draft_steps2_tiny_vae (int8 GEMMs)" in res["rows"]["RTX 3090"]  # no FP8 there
+    chunk = {card: res["rows"][card]["auto (bf16 GEMMs)"]["chunk_s"][0] for card in ("RTX 5090", "RTX 4090",
+                                                                                     "RTX 3090")}
+    assert 0.6 < chunk["RTX 5090"] < chunk["RTX 4090"] < chunk["RTX 3090"]
+
+
+def test_projection_refuses_another_models_results(tmp_path, capsys):
+    rows, profiles, _ = _v2_results(tmp_path, model="v2-14b")
+    with pytest.raises(SystemExit):
+        fast_projection.main(["--model", "v2-1.3b", "--results", str(rows)])
+    assert "holds v2-14b's cases, not v2-1.3b's" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fast_projection.main(["--model", "v2-1.3b"])
+    assert "give --results" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    assert fast_projection.main(["--model", "v2-14b", "--results", str(rows), "--results", str(profiles),
+                                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["model"] == "v2-14b"
