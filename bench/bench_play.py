@@ -8,12 +8,13 @@
         --workdir /tmp/lwf --keep --out bench/results/play_draft_fp8w_220_h100.json
     python -m lingbot_world.bench.bench_play --tiny --out /tmp/play_tiny.json      # CPU smoke run (CI)
     # the v2 models (issue 47: peak VRAM, torch's and nvidia-smi's, and RSS flat over 200 played chunks; 16-frame
-    # chunks, the play window 18 + sink 6). The 1.3B: 200 chunks at ~0.5-0.8 s; the 14B's ~3 s chunks on the
-    # 24 GB cap: as many as --budget-s allows in one 10-minute call (~140; the results are written every 10 chunks)
-    python -m lingbot_world.bench.bench_play --model v2-1.3b --speed auto --chunks 200 --budget-s 300 \\
-        --workdir /tmp/lwv2 --keep --out bench/results/play_v2_1.3b_auto_200_h200.json
-    python -m lingbot_world.bench.bench_play --model v2-14b --speed auto --chunks 200 --budget-s 420 \\
-        --workdir /tmp/lwv2 --keep --out bench/results/play_v2_14b_auto_h200.json
+    # chunks, the play window 18 + sink 6; the player's --kv-cache auto: the 1.3B's cache fits on the 24 GB card).
+    # The 1.3B: 200 chunks at ~0.6-0.8 s; the 14B's ~3 s chunks on the 24 GB cap: as many as --budget-s allows in
+    # one 10-minute call (~130 in 420 s; the results are written every 10 chunks as well)
+    python -m lingbot_world.bench.bench_play --model v2-1.3b --speed auto --kv-cache auto --chunks 200 \\
+        --budget-s 300 --workdir /tmp/lwv2 --keep --out bench/results/play_v2_1.3b_auto_200_h200.json
+    python -m lingbot_world.bench.bench_play --model v2-14b --speed auto --kv-cache auto --chunks 200 \\
+        --budget-s 420 --workdir /tmp/lwv2 --keep --out bench/results/play_v2_14b_auto_h200.json
     python -m lingbot_world.bench.bench_play --model v2-1.3b --tiny --chunks 3 --out /tmp/play_v2_tiny.json
 
 A random full-size model of the registry (--model, default v1 Fast; bench_models.py) in the community NF4 layout is
