@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from ..wan.dit.model import DiTConfig
+from .bench_models import spec_recipe
 from .bench_pipeline import apply_cap, bench_config, random_experts, sync, timed_forwards
 from .common import (
     CaseLoop,
@@ -127,14 +128,6 @@ def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frame
 
 
 # ---- children ----------------------------------------------------------------------------------------------------
-def spec_recipe(spec: dict):
-    """The chunk recipe a child runs: the spec's (bench_models.BenchModel), v1 Fast's where it names none."""
-    from ..wan.sampling.recipe import ChunkRecipe
-    from ..world.models import V1_FAST
-
-    return ChunkRecipe.from_json(spec["recipe"]) if spec.get("recipe") else V1_FAST.recipe
-
-
 def child_start(spec: dict):
     """What every Fast child does first: its device (capped as the spec says), the config and the video's frames
     in chunks of the spec's recipe. Returns (device, cuda, cfg, FastFrames, h, w, out) with `out` holding the cap

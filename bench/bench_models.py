@@ -106,6 +106,12 @@ def bench_model(name: str = DEFAULT_MODEL, tiny: bool = False) -> BenchModel:
     return BenchModel(entry, False, entry.dit, entry.play_window, entry.play_sink, chunks, SIZE)
 
 
+def spec_recipe(spec: dict) -> ChunkRecipe:
+    """The chunk recipe a benchmark's child runs: its spec's ("recipe", a BenchModel's), v1 Fast's where it names
+    none (the benchmarks of v1 Fast alone: bench_fast, bench_parallel)."""
+    return ChunkRecipe.from_json(spec["recipe"]) if spec.get("recipe") else V1_FAST.recipe
+
+
 def model_names() -> list[str]:
     """The causal models' registry names, for --model's help."""
     return [e.name for e in causal_models()]

@@ -261,7 +261,8 @@ def child_fast(spec: dict) -> dict:
     from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
-    from .bench_fast import fast_inputs, spec_recipe
+    from .bench_fast import fast_inputs
+    from .bench_models import spec_recipe
 
     session = _session(spec)
     device = session.device

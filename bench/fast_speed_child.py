@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from .bench_fast import child_start, fast_inputs, spec_recipe
+from .bench_fast import child_start, fast_inputs
+from .bench_models import spec_recipe
 from .bench_pipeline import sync
 from .common import peak_rss_bytes
 
