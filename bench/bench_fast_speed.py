@@ -68,8 +68,9 @@ video. Targets (`met`): issue 26's for v1 Fast, issue 48's for v2 (fast_speed_ca
 Every case runs in its own child process: the model loads, the speed plan of its preset is applied
 (`speed.presets.resolve_preset`, explicit flags over it where the case says), two warm-up chunks run (compile,
 cuDNN plans, the decoder's first frames) and are forgotten (the cache's counters go back to 0: every slot a chunk
-attends to is written again by the timed run before it is read), then the whole video runs timed, each chunk's DiT work followed by its streaming VAE decode on the same stream (the frames are
-ready when the chunk's time ends). Every chunk runs its context pass (the player's case: the video continues).
+attends to is written again by the timed run before it is read), then the whole video runs timed, each chunk's
+DiT work followed by its streaming VAE decode on the same stream (the frames are ready when the chunk's time ends).
+Every chunk runs its context pass (the player's case: the video continues).
 
 Per case: seconds per chunk (DiT + decode, and each part), their mean over the video, peak VRAM and RSS, and the
 outputs (the first model call's velocity and every chunk's x0) saved in --workdir; the parent compares them with
@@ -81,9 +82,10 @@ the `exact` case's (relative L2): `error_forward` (the very first call: same inp
 the GEMMs, no NF4 dequantization; their errors are against `exact`, the NF4 model, so they measure what the stored
 weights and low-precision activations change.
 
-`*_profile` cases: the middle chunk (v1 Fast's 4th of 7, v2's 3rd of 5) under torch.profiler instead (device seconds by kernel category, top kernels and
-operators, the device's busy share of the chunk's unprofiled wall time, and the compute stream's idle gaps by size,
-those ending with a host->device copy counted as waits on it: what CUDA graphs could give back at most).
+`*_profile` cases: the middle chunk (v1 Fast's 4th of 7, v2's 3rd of 5) under torch.profiler instead (device
+seconds by kernel category, top kernels and operators, the device's busy share of the chunk's unprofiled wall time,
+and the compute stream's idle gaps by size, those ending with a host->device copy counted as waits on it: what CUDA
+graphs could give back at most).
 `*_host_gaps` cases: the same with Python stacks, each host-bound gap charged to the code the host was in
 (trace_gaps.host_gap_sources).
 `*_whole_card*` cases run without the 24 GB cap (the cache on the GPU, nothing streamed).

@@ -324,8 +324,9 @@ def list_work(cfg: DiTConfig, geo: Geometry) -> None:
     for row in ROWS:
         video = row_video(row, cfg, geo)
         mean = sum(cw.flops(c) for c in video) / len(video)
-        print(f"{row.name:>22}: {mean / 1e12:.1f} TFLOP per chunk (rolled {cw.flops(row_rolled(row, cfg, geo)) / 1e12:.1f})"
-              f", target {row_target(row, geo)}")
+        rolled = cw.flops(row_rolled(row, cfg, geo))
+        print(f"{row.name:>22}: {mean / 1e12:.1f} TFLOP per chunk (rolled {rolled / 1e12:.1f}), "
+              f"target {row_target(row, geo)}")
     shapes = needed_shapes(cfg, geo)
     print(f"{len(shapes)} shapes to time: " + ", ".join(shapes))
 

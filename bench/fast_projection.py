@@ -34,8 +34,9 @@ profile's split, its row's DiT seconds (host = DiT minus the profiled kernels), 
 its GEMMs at the row's compute precision (FP8 rows at the card's FP8 rate, INT8 where it has none); the profiles
 already include the camera FiLM as the plan keeps it (no FiLM adjustment).
 
-Inputs of the default v1 projection, all from today's code on one H100 with the 24 GB cap: the kernel split of a mid-video chunk
-(`fast_chunk_profiles_h100.json`: `auto_profile`, compiled bf16; `draft_profile`, FP8 GEMMs and the draft levers),
+Inputs of the default v1 projection, all from today's code on one H100 with the 24 GB cap: the kernel split of a
+mid-video chunk (`fast_chunk_profiles_h100.json`: `auto_profile`, compiled bf16; `draft_profile`, FP8 GEMMs and the
+draft levers),
 the unprofiled rows' DiT seconds, decode seconds and uploaded bytes per chunk (`fast_chunk_fused_h100.json` for
 `auto`, `fast_chunk_today_h100.json` for `fast` and `draft`). The host's share is the unprofiled DiT seconds minus
 the profiled kernels (the profiler's own gaps are left out). `fast` has no NF4 profile: its FP8 GEMM seconds are
@@ -172,8 +173,8 @@ def run_results(model: str, paths) -> dict:
             raise ValueError(f"{path} holds {res.get('model', 'v1-fast')}'s cases, not {model}'s")
         summary.update(res.get("summary", {}))
         source = source or source_card((res.get("machine") or {}).get("gpu", ""))
-    out = {"method": __doc__.strip().splitlines()[0], "model": model, "source": source, "inputs": [str(p) for p in paths],
-           "cards": CARDS, "split_s": {}, "host_s": {}, "measured": {}, "rows": {name: {} for name in PROJECTED}}
+    out = {"method": __doc__.strip().splitlines()[0], "model": model, "source": source,
+           "inputs": [str(p) for p in paths], "cards": CARDS, "split_s": {}, "host_s": {}, "measured": {}, "rows": {name: {} for name in PROJECTED}}
     for name, prof in summary.items():
         row = summary.get(name[:-len("_profile")]) if name.endswith("_profile") else None
         if not row or "device_split_s" not in prof or "mean_dit_s" not in row:

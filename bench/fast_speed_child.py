@@ -217,10 +217,10 @@ def child_case(spec: dict) -> dict:
 
 
 def child_decode(spec: dict) -> dict:
-    """The streaming decode of the video (v1 Fast: 21 latent frames) chunk by chunk (the model's chunks), alone: float32 and bf16 under autocast, each
-    with the eager norm + SiLU and with the fused kernel every door uses on a CUDA GPU (speed/vae_norm.py), and
-    bf16 also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per chunk after one warm-up video,
-    and each variant's frames against eager float32's (relative L2)."""
+    """The streaming decode of the video (v1 Fast: 21 latent frames) chunk by chunk (the model's chunks), alone:
+    float32 and bf16 under autocast, each with the eager norm + SiLU and with the fused kernel every door uses on a
+    CUDA GPU (speed/vae_norm.py), and bf16 also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per
+    chunk after one warm-up video, and each variant's frames against eager float32's (relative L2)."""
     from ..speed.decode import ChunkDecoder
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.model import VAEConfig, WanVAE
