@@ -186,6 +186,8 @@ async def play(session, chunks: int, device: torch.device, budget_s: float, info
                 row["peak_allocated"] = torch.cuda.max_memory_allocated(device)
                 row["peak_reserved"] = torch.cuda.max_memory_reserved(device)
             smi_mib = smi.peaks.get(0)
+            if smi_mib is None and smi.exe:  # no poll landed inside a short chunk: read the card once now
+                smi_mib = smi.read().get(0)
             if smi_mib is not None:
                 row["smi_used"] = smi_mib * 2**20  # bytes, as the other readings
             rows.append(row)
