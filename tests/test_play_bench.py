@@ -56,3 +56,15 @@ def test_bench_play_v2_tiny_plays_16_frame_chunks_through_the_models_window(tmp_
     assert rows[2]["keys"] == "w-6,wl-6,w-4"  # a pattern repeated to fill a chunk's 16 frames
     assert all(r["t_s"] > 0 and r["rss"] > 0 for r in rows) and rows[0]["t_s"] < rows[-1]["t_s"]
     assert res["summary"]["chunks"] == 3 and res["summary"]["sustained_fps"] > 0
+
+
+def test_summary_says_whether_torch_nvidia_smi_and_rss_stay_flat():
+    from lingbot_world.bench.bench_play import summarize
+
+    mib = 2**20
+    rows = [{"chunk": i + 1, "frames": 16, "key_to_first_frame_s": 0.1, "total_s": 0.5, "rss": 10_000 * mib,
+             "peak_reserved": 20_000 * mib, "smi_used": (21_000 + (400 if i >= 6 else 0)) * mib} for i in range(9)]
+    s = summarize(rows, warmup=1, slack_mib=256)
+    assert s["steady_chunks"] == 8 and s["sustained_fps"] == 32.0
+    assert s["rss_flat"] and s["peak_reserved_flat"] and not s["smi_used_flat"]
+    assert "peak_allocated_flat" not in s  # not read (no CUDA)
