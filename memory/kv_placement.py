@@ -209,7 +209,8 @@ def plan_fast_memory(
     latent_size(height, width)
     n_layers = cfg.num_layers
     sizes = expert_sizes(cfg, weights, compute_bytes)
-    acts = int(estimate_activation_bytes(chunk_frames_pixels(), height, width, cfg, False, camera=camera,
+    chunk_pixels = chunk_frames_pixels(layout.chunk_frames)
+    acts = int(estimate_activation_bytes(chunk_pixels, height, width, cfg, False, camera=camera,
                                          compute_bytes=compute_bytes, token_chunk=token_chunk,
                                          seq_parallel=seq_parallel) * ACTIVATION_SAFETY)
     heads = cfg.num_heads // max(1, int(seq_parallel))
@@ -222,12 +223,12 @@ def plan_fast_memory(
     cpu = vram_free is None
     film_on = camera and camera_film and not graphs
     # one block's FiLM for this rank's tokens of a chunk
-    film = film_block_bytes((chunk_frames_pixels(), height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
+    film = film_block_bytes((chunk_pixels, height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
            "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity, "host_layer_bytes": host_layer}
-    size_txt = f"{width}x{height}, chunks of {chunk_frames_pixels()} frames"
+    size_txt = f"{width}x{height}, chunks of {chunk_pixels} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
     extra = [("preview VAE", int(extra_vram))] if extra_vram else []

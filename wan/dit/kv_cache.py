@@ -271,6 +271,7 @@ class CacheLayout:
     max_attention: Optional[int]
     reference_exact: bool  # same attention as the release (whole video cached, or its max_attention_size)
     note: Optional[str] = None
+    chunk_frames: int = 3  # latent frames a forward writes (what the memory plan sizes its activations for)
 
     def make(self, num_layers: int, heads: int, head_dim: int, *, batch: int = 1, dtype=torch.bfloat16,
              device=None, cache_text: bool = True, fill=None, round_kv=None) -> KVCache:
@@ -313,10 +314,11 @@ def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *
         raise ValueError(f"a sink of {sink_frames} frames only matters with a window: give the window size too")
     if window_frames is None:
         if max_attention is None or max_attention >= whole:
-            return CacheLayout(whole, 0, False, None, True)
+            return CacheLayout(whole, 0, False, None, True, chunk_frames=chunk_frames)
         return CacheLayout(max(max_attention, chunk), 0, True, max_attention, True,
                            f"each chunk attends to the latest {max_attention} tokens "
-                           f"({max_attention / frame_tokens:.1f} latent frames); the cache keeps only those")
+                           f"({max_attention / frame_tokens:.1f} latent frames); the cache keeps only those",
+                           chunk_frames)
     for name, value, low in (("window", window_frames, chunk_frames), ("sink", sink_frames, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} of {value!r} latent frames must be an integer >= {low}")
@@ -326,7 +328,7 @@ def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *
     if window_frames >= latent_frames:
         return CacheLayout(whole, 0, False, max_attention, True,
                            f"the window of {window_frames} latent frames covers the whole video "
-                           f"({latent_frames}); nothing is evicted")
+                           f"({latent_frames}); nothing is evicted", chunk_frames)
     released = (window_frames, sink_frames) == tuple(release) and max_attention is None
     if released:
         why = "the model's release"
@@ -336,4 +338,4 @@ def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *
         why = f"not the release's window of {release[0]} with a {release[1]}-frame sink"
     return CacheLayout(window_frames * frame_tokens, sink_frames * frame_tokens, True, max_attention, released,
                        f"window of {window_frames} latent frames with a {sink_frames}-frame sink: the oldest frames "
-                       f"after the sink are dropped ({why})")
+                       f"after the sink are dropped ({why})", chunk_frames)
