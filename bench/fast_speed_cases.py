@@ -116,6 +116,15 @@ CASES: dict[str, dict] = {
     # a 16-chunk video: the window rolls from chunk 7 (auto, 21 frames) / chunk 5 (draft, 15); *_graphs replay the
     # blocks from CUDA graphs from then on (speed/block_graphs.py, LINGBOT_CUDA_GRAPHS=1), the others launch every
     # kernel (errors against the same preset without graphs: 0 is a replay that gives the eager run's bits)
+    # eager (no compile) with the window rolled, with and without CUDA graphs: for the v2 1.3B, whose small kernels
+    # leave the GPU waiting on the host more than a 14B's do
+    "exact_rolling": dict(preset="exact", chunks=16),
+    "exact_rolling_graphs": dict(preset="exact", chunks=16, graphs=True, reference="exact_rolling"),
+    "draft_rolling_steps2_tiny_vae_eager": dict(preset="draft", compile="off", levers=dict(steps=2), tiny_vae=True,
+                                                chunks=16, reference="draft_rolling_steps2_tiny_vae"),
+    "draft_rolling_steps2_tiny_vae_eager_graphs": dict(preset="draft", compile="off", levers=dict(steps=2),
+                                                       tiny_vae=True, chunks=16, graphs=True,
+                                                       reference="draft_rolling_steps2_tiny_vae_eager"),
     "auto_rolling": dict(preset="auto", compile="blocks", chunks=16),
     "auto_rolling_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True, reference="auto_rolling"),
     "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),
