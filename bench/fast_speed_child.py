@@ -97,7 +97,7 @@ def child_case(spec: dict) -> dict:
             extra = tiny_bytes(tiny, h, w) if cuda else 0
     out["decode_bytes_planned"] = extra
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
-                            graphs=graphs_enabled(device), camera_film=spec.get("film", True),
+                            graphs=graphs_enabled(device, cfg), camera_film=spec.get("film", True),
                             film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8,
                             kv_codes_on_gpu=spec.get("kv_codes_on_gpu"))
     out["plan"] = plan.to_json()
