@@ -87,7 +87,7 @@ def _dit_dirs(entry: ModelEntry, weights: str) -> tuple[str, ...]:
     """The DiT folders to look for, best first: for fp8 / int8 weights that stored copy, then the official folder
     (quantized while loading; never the NF4 copy); for nf4 the NF4 copy first."""
     if weights in LOWP_WEIGHTS:
-        return (entry.files.stored_dir(weights), entry.files.official_dir)
+        return (entry.files.stored_dir(weights), *entry.files.official)
     return entry.files.dit_dirs
 
 
