@@ -19,7 +19,6 @@ from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.wan.sampling.sampler import ResidentExperts, SamplingSettings, sample
-from lingbot_world.world.models import V1_FAST
 
 CFG = DiTConfig.tiny(num_heads=4, dim=64, num_layers=2, text_dim=16, text_len=8)
 FAST = DiTConfig.tiny(num_heads=4, dim=64, num_layers=2, text_dim=16, text_len=8, causal=True)
@@ -74,26 +73,32 @@ def sampling(high: WanDiT, low: WanDiT, cfg_mode: str, velocity=None) -> torch.T
                       velocity=velocity)
 
 
-def fast_run(m: WanDiT, heads: int, camera_film: bool = False, **layout_kw) -> torch.Tensor:
-    """The Fast chunk loop over 3 chunks with a K/V cache of `heads` heads (the whole video, or a window);
-    camera_film: each chunk's camera FiLM kept for its later calls (a rank keeps its share of the tokens)."""
+def fast_run(m: WanDiT, heads: int, camera_film: bool = False, model: str = "v1-fast", **layout_kw) -> torch.Tensor:
+    """A causal model's chunk loop over 3 chunks with a K/V cache of `heads` heads (the whole video, or a window);
+    camera_film: each chunk's camera FiLM kept for its later calls (a rank keeps its share of the tokens); model:
+    whose chunk recipe (chunk size, schedule) the loop runs."""
     from lingbot_world.wan.dit.film_cache import FilmCache
+    from lingbot_world.world.models import model as registry_model
 
+    recipe = registry_model(model).recipe
+    lat = (3 * recipe.chunk_frames, *FAST_LAT[1:])
     device = _device(m)
-    i = inputs(FAST, FAST_LAT, seed=2, device=device)
-    fsl = (FAST_LAT[1] // 2) * (FAST_LAT[2] // 2)
-    cache = cache_layout(FAST_LAT[0], fsl, **layout_kw).make(FAST.num_layers, heads, FAST.head_dim,
-                                                             dtype=torch.float32, device=device)
+    i = inputs(FAST, lat, seed=2, device=device)
+    fsl = (lat[1] // 2) * (lat[2] // 2)
+    cache = cache_layout(lat[0], fsl, recipe.chunk_frames, **layout_kw).make(FAST.num_layers, heads, FAST.head_dim,
+                                                                             dtype=torch.float32, device=device)
     gen = make_generator(5, "cpu")
-    noise = draw(gen, (1, 16, *FAST_LAT), device)
+    noise = draw(gen, (1, 16, *lat), device)
     with torch.no_grad():
         film = FilmCache.on_device(FAST.num_layers) if camera_film else None
         return FastRun(m, noise, i["ctx"], i["y"], i["camera"], cache, gen, device=device, film=film,
-                       schedule=V1_FAST.recipe.schedule(), chunk_frames=V1_FAST.recipe.chunk_frames).run()
+                       schedule=recipe.schedule(), chunk_frames=recipe.chunk_frames).run()
 
 
 FAST_LAYOUTS = {"fast": {}, "fast_window": {"window_frames": 6, "sink_frames": 1}, "fast_max_attention": {
-    "max_attention": 20}, "fast_window_film": {"window_frames": 6, "sink_frames": 1, "camera_film": True}}
+    "max_attention": 20}, "fast_window_film": {"window_frames": 6, "sink_frames": 1, "camera_film": True},
+    # the v2 recipe (chunks of 4, its schedule) with a window that evicts, as the v2 models play
+    "fast_v2_window": {"model": "v2-1.3b", "window_frames": 10, "sink_frames": 2}}
 
 
 def run_layout(session, layout_mode: str) -> dict[str, torch.Tensor]:

@@ -101,7 +101,7 @@ def test_ulysses_base_model_equals_one_process(world, two, four, reference):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ulysses_fast_chunk_loop_with_a_head_split_cache(world, two, four, reference):
     results, _ = two if world == 2 else four
-    for name in ("fast", "fast_window", "fast_max_attention", "fast_window_film"):
+    for name in ("fast", "fast_window", "fast_max_attention", "fast_window_film", "fast_v2_window"):
         got, ref = results[f"ulysses/{name}"], reference[name]
         assert got.shape == ref.shape and torch.isfinite(got).all()
         assert _rel(got, ref) <= 1e-6, (name, _rel(got, ref))  # measured: <= 1.1e-7
@@ -111,3 +111,4 @@ def test_ulysses_fast_chunk_loop_with_a_head_split_cache(world, two, four, refer
     # the window and max_attention runs really differ from the whole-video cache (the evictions happened)
     assert _rel(reference["fast_window"], reference["fast"]) > 1e-3
     assert _rel(reference["fast_max_attention"], reference["fast"]) > 1e-3
+    assert reference["fast_v2_window"].shape[2] == 12  # three chunks of 4 latent frames
