@@ -90,8 +90,11 @@ def run(args) -> int:
 
 def _run(request: PlayRequest) -> int:
     from ..player.driver import SessionDriver
-    from ..player.options import LOCAL_HOST, PlayerOptions
-    from ..player.standalone import bind, serve
+    from ..player.guard import RequestGuard, is_loopback
+    from ..player.loading import LoadingServer
+    from ..player.options import PlayerOptions
+    from ..player.standalone import bind, host_check, page_url, serve
+    from .flag_checks import check_cache_dir
     from .preflight import noise_source, resolve_device
 
     # quick checks first: flags, image, out dir, port, model files (headers); the model loads last
@@ -115,6 +118,7 @@ def _run(request: PlayRequest) -> int:
         device_name = "cpu" if device_name == "auto" else device_name
     size = size or "480*832"
     _check_size(size)
+    check_cache_dir(request.cache_dir)
     device = resolve_device(device_name)
     if request.tiny_vae is not None:
         from .fast_parts import check_tiny_vae
@@ -131,10 +135,11 @@ def _run(request: PlayRequest) -> int:
         load_image(image)  # unreadable or not a picture: one line now
     out_dir = _out_dir(request.out_dir)
     timings = _timings_target(request.timings, image)
-    if request.host != LOCAL_HOST:
+    if not is_loopback(request.host):
         print(f"warning: --host {request.host}: the player is reachable from other machines on that network (anyone "
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
     sock = bind(request.host, request.port)
+    loading = None
     try:
         from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
 
@@ -150,22 +155,58 @@ def _run(request: PlayRequest) -> int:
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
-                                render=_render_source(request, size, device_name, noise, speed), timings_out=timings)
+                                render=_render_source(request, size, device_name, noise, speed), timings_out=timings,
+                                hosts=host_check(request.host, sock))
+        loading = LoadingServer(sock, RequestGuard(options.token, options.hosts), options.title).start()
+        print(f"player page: {page_url(options, sock)} (it says loading until the model is ready)", flush=True)
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
+            progress = LoadProgress(loading)
             print("loading the Fast model...", flush=True)
-            session.load()
+            session.load(progress=progress)
+            progress.done()
             if image is not None and prompt:
+                loading.status = "encoding the prompt and the start image"
                 driver.start_now(image, prompt)
         except BaseException:
             driver.close()
             raise
+        loading.stop()
         stopped_by = serve(driver, options, sock, open_browser=not request.no_browser,
                            log=lambda line: print(line, flush=True))
     finally:
+        if loading is not None:
+            loading.stop()
         sock.close()
     return _exit_for(stopped_by)
+
+
+class LoadProgress:
+    """progress(done_bytes, total_bytes) of the model's load: a line at every further tenth (the console) and the
+    loading page's status."""
+
+    def __init__(self, loading, what: str = "the Fast model"):
+        import time
+
+        self.loading, self.what = loading, what
+        self.t0 = time.monotonic()
+        self.tenths = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        import time
+
+        if total <= 0:
+            return
+        share = min(done / total, 1.0)
+        self.loading.status = f"{self.what}: {share:.0%} of {total / 1e9:.1f} GB"
+        if int(share * 10) > self.tenths:
+            self.tenths = int(share * 10)
+            print(f"loading {self.what}: {share:.0%} of {total / 1e9:.2f} GB, {time.monotonic() - self.t0:.0f} s",
+                  flush=True)
+
+    def done(self) -> None:
+        self.loading.status = f"{self.what} is loaded"
 
 
 def _exit_for(signum: int) -> int:

@@ -83,8 +83,8 @@ def open_pieces(files: FastFiles, settings: WorldSettings, device: torch.device,
     placement = FastPlacement(plan, device, log.info)
     dtype = compute_dtype(settings.weights, device)
 
-    def load_model():
-        model = placement.load_model(files.fast, settings.weights, compute_dtype=dtype)
+    def load_model(progress=None):
+        model = placement.load_model(files.fast, settings.weights, compute_dtype=dtype, progress=progress)
         if loras:
             from ..loaders.lora_apply import put_loras
 
