@@ -183,27 +183,27 @@ def _run(request: PlayRequest) -> int:
 
 
 class LoadProgress:
-    """progress(done_bytes, total_bytes) of the model's load: a line at every further tenth (the console) and the
-    loading page's status."""
+    """progress(done_bytes, total_bytes) of the model's load: the loading page's status, and a console line at a
+    further tenth when a few seconds have passed since the last (a quick load prints none)."""
 
-    def __init__(self, loading, what: str = "the Fast model"):
+    EVERY_S = 3.0
+
+    def __init__(self, loading, what: str = "the Fast model", clock=None):
         import time
 
-        self.loading, self.what = loading, what
-        self.t0 = time.monotonic()
+        self.loading, self.what, self.clock = loading, what, clock or time.monotonic
+        self.t0 = self.said_at = self.clock()
         self.tenths = 0
 
     def __call__(self, done: int, total: int) -> None:
-        import time
-
         if total <= 0:
             return
-        share = min(done / total, 1.0)
-        self.loading.status = f"{self.what}: {share:.0%} of {total / 1e9:.1f} GB"
-        if int(share * 10) > self.tenths:
-            self.tenths = int(share * 10)
-            print(f"loading {self.what}: {share:.0%} of {total / 1e9:.2f} GB, {time.monotonic() - self.t0:.0f} s",
-                  flush=True)
+        share, now = min(done / total, 1.0), self.clock()
+        amount = f"{total / 1e9:.1f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
+        self.loading.status = f"{self.what}: {share:.0%} of {amount}"
+        if int(share * 10) > self.tenths and now - self.said_at >= self.EVERY_S:
+            self.tenths, self.said_at = int(share * 10), now
+            print(f"loading {self.what}: {share:.0%} of {amount}, {now - self.t0:.0f} s", flush=True)
 
     def done(self) -> None:
         self.loading.status = f"{self.what} is loaded"

@@ -309,6 +309,27 @@ def test_the_loading_page_answers_while_the_model_loads():
         sock.close()
 
 
+def test_a_long_load_prints_its_progress_and_the_page_shows_it(capsys):
+    from lingbot_world.cli.play import LoadProgress
+
+    class Page:
+        status = ""
+
+    now = [100.0]
+    page = Page()
+    progress = LoadProgress(page, clock=lambda: now[0])
+    for tenth in range(11):  # 9.6 GB read in 80 s: a line every few seconds, at whole tenths
+        now[0] = 100.0 + 8 * tenth
+        progress(int(9.6e9 * tenth / 10), int(9.6e9))
+        assert page.status == f"the Fast model: {tenth * 10}% of 9.6 GB"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "loading the Fast model: 10% of 9.6 GB, 8 s" and lines[-1].endswith("100% of 9.6 GB, 80 s")
+    assert len(lines) == 10
+    quick = LoadProgress(Page(), clock=lambda: 5.0)  # the demo's load: done at once, nothing printed
+    quick(1, 1)
+    assert capsys.readouterr().out == ""
+
+
 def test_the_page_url_is_printed_before_the_load_and_loopback_needs_no_warning(server):
     lines = server.output().splitlines()
     page = next(i for i, line in enumerate(lines) if line.startswith("player page: http://127.0.0.1:"))
