@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -133,9 +134,38 @@ def run(args) -> int:
     """The one reader of `generate`'s namespace: everything below takes the typed request."""
     request = GenerateRequest.from_args(args)
     with cli_logging(request.quiet):
-        if request.model == "fast":
+        fast = request.model == "fast"
+        guidance = not fast and not (request.guide_scale[0] == 1.0 and request.guide_scale[-1] == 1.0)
+        parallel_flags.refuse_layout_alone(request.parallel, lambda: _heads_without_building(request),
+                                           request.model, guidance)
+        if fast:
             return fast_run.run(request)
         return _run(request)
+
+
+def _heads_without_building(request: GenerateRequest) -> Optional[int]:
+    """The attention heads of the model this run would load, where they are known without building or loading
+    anything (the demo's configuration, a checkpoint's config.json); None otherwise."""
+    try:
+        if request.demo:
+            from ..loaders.demo_checkpoint import demo_configs
+
+            return demo_configs(request.demo if request.model != "fast" else "camera")[0].num_heads
+        if request.ckpt_dir is None and request.high is None:
+            return None
+        from ..memory.placement import read_expert_config
+
+        if request.model == "fast":
+            from ..loaders.checkpoint_dir import find_fast_checkpoint_files
+
+            return read_expert_config(find_fast_checkpoint_files(request.ckpt_dir, request.weights).fast).num_heads
+        if request.high is not None:
+            return read_expert_config(request.high).num_heads
+        from ..loaders.checkpoint_dir import find_checkpoint_files
+
+        return read_expert_config(find_checkpoint_files(request.ckpt_dir).high).num_heads
+    except Exception:  # noqa: BLE001 - a missing or damaged file is the pre-flight's to report, in its words
+        return None
 
 
 def _run(request: GenerateRequest) -> int:
