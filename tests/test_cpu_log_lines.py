@@ -2,7 +2,11 @@
 shows, the text encoder 'on the CPU' (never 'on auto')."""
 from __future__ import annotations
 
+import pytest
+
 from lingbot_world.cli import main
+
+pytestmark = pytest.mark.slow
 
 
 def _lines(capsys) -> list[str]:
