@@ -23,13 +23,12 @@ from aiohttp import WSMsgType, web
 
 from .driver import SessionDriver
 from .frames import frame_message
-from .guard import TOKEN_HEADER, RequestGuard  # noqa: F401 - TOKEN_HEADER: the page's header for the token
+from .guard import RequestGuard
 from .messages import MAX_WAITING_OPS, MessageBudget, MessageError, parse_message
 from .options import PlayerOptions
 from .render_job import RenderJob, printable, render_command, write_actions_file
 from .timings import PlayTimings
-from .uploads import (MAX_UPLOAD_BYTES, ImageRefused, check_image_header, existing_upload, keep_upload,  # noqa: F401
-                      read_upload, refusal)
+from .uploads import ImageRefused, check_image_header, existing_upload, keep_upload, read_upload, refusal
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}

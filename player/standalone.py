@@ -22,7 +22,8 @@ from aiohttp import web
 from .driver import SessionDriver
 from .guard import HostCheck, url_host
 from .options import PlayerOptions
-from .routes import MAX_UPLOAD_BYTES, Player
+from .routes import Player
+from .uploads import MAX_UPLOAD_BYTES
 
 
 class PortTakenError(ValueError):

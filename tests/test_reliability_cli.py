@@ -200,7 +200,7 @@ def test_a_disk_filled_after_the_checks_names_the_state_file(capsys, demo_ckpt, 
     rc, _, err = _run(capsys, _fast(demo_ckpt, demo_text_cache, "--out", small_disk / "v.mp4", "--save-state", state))
     line = _one_line(err)
     assert rc == 1 and "[Errno" not in line, line
-    assert f"no space left on the disk" in line and f"while writing {state}; free some space" in line, line
+    assert "no space left on the disk" in line and f"while writing {state}; free some space" in line, line
     assert state.read_bytes() == b"earlier state" and not [n for n in _names(small_disk) if n.startswith(".")]
 
 
