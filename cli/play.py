@@ -158,8 +158,8 @@ def _run(request: PlayRequest) -> int:
                                 render=_render_source(request, size, device_name, noise, speed), timings_out=timings,
                                 hosts=host_check(request.host, sock))
         loading = LoadingServer(sock, RequestGuard(options.token, options.hosts), options.title).start()
-        print(f"player page: {page_url(options, sock)} (it says loading until the model is ready)", flush=True)
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
+        print(f"player page: {page_url(options, sock)} (it says loading until the model is ready)", flush=True)
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
             progress = LoadProgress(loading)
