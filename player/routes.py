@@ -26,7 +26,7 @@ from .frames import frame_message
 from .guard import RequestGuard
 from .messages import MAX_WAITING_OPS, MessageBudget, MessageError, parse_message
 from .options import PlayerOptions
-from .render_job import RenderJob, printable, render_command, write_actions_file
+from .render_job import TARGETS, RenderJob, printable, render_command, write_actions_file
 from .timings import PlayTimings
 from .uploads import ImageRefused, check_image_header, existing_upload, keep_upload, read_upload, refusal
 
@@ -265,6 +265,8 @@ class Player:
             await self._send(ws, {"type": "render", "status": "command", "actions": actions,
                                   "command": f"--actions {shlex.quote(actions)}"})
             return
+        if target not in TARGETS:  # before the name is made from it
+            raise ValueError(f"render target {target[:40]!r}: choose one of {', '.join(TARGETS)}")
         if not actions:
             raise ValueError("nothing to render yet: play at least one chunk first")
         stem = f"render_{target}_{time.strftime('%Y%m%d_%H%M%S')}"

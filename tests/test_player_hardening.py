@@ -189,6 +189,8 @@ def test_bad_messages_get_one_line_and_the_socket_carries_on(server):
                 (json.dumps({"op": "save", "state": True, "path": "/etc"}), "save: unknown field 'path'"),
                 (json.dumps({"op": "start", "prompt": "x" * 9000}), "'prompt' is longer than 8192 characters"),
                 (json.dumps({"op": "timing", "chunk": 500}), "timing: chunk 500 has not been played"),
+                (json.dumps({"op": "render", "target": "../../x", "run": True}),
+                 "render target '../../x': choose one of cam, fast720"),
             ]
             for text, expect in bad:
                 await ws.send_str(text)
