@@ -47,13 +47,14 @@ def check_flags(request: GenerateRequest) -> None:
 
 def requested_frames(request: GenerateRequest) -> int:
     """The frames the flags ask for before any file is read: --frames, an action string's length (4n+1), else 81."""
-    from ..loaders.action_files import looks_like_path
+    from ..loaders.action_files import action_string_of
     from ..wan.control.actions import parse_action_string, pad_to_4n1
 
     if request.frames is not None:
         return int(request.frames)
-    if request.actions and not looks_like_path(request.actions):
-        return pad_to_4n1(sum(seg.frames for seg in parse_action_string(request.actions)))
+    text = action_string_of(request.actions) if request.actions else None
+    if text is not None:
+        return pad_to_4n1(sum(seg.frames for seg in parse_action_string(text)))
     return DEFAULT_FRAMES
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..quant.lowp_kinds import LOWP_WEIGHTS
@@ -125,7 +126,7 @@ def check_numbers(request: "GenerateRequest", numbers=NUMBERS) -> None:
 
 def check_text_flags(request: "GenerateRequest") -> None:
     """--actions / --camera given as an empty (or blank) string, and the action string's grammar."""
-    from ..loaders.action_files import looks_like_path
+    from ..loaders.action_files import action_string_of
     from ..wan.control.actions import parse_action_string
 
     for flag in ("--actions", "--camera"):
@@ -135,10 +136,12 @@ def check_text_flags(request: "GenerateRequest") -> None:
                              "a path" if flag == "--actions" else f"{flag} {value!r} is empty (an unset shell "
                              "variable?); give a trajectory folder or a preset such as dolly_in, or leave it out")
     actions = request.actions
-    if actions and not looks_like_path(actions):
+    if actions:
         try:
-            parse_action_string(actions)
-        except ValueError as e:
+            text = action_string_of(actions)  # a .txt file's string is read and checked here too
+            if text is not None:
+                parse_action_string(text)
+        except (ValueError, OSError) as e:
             raise UsageError(f"--actions: {e}") from None
 
 
@@ -184,8 +187,22 @@ def check_model_flags(request: "GenerateRequest") -> None:
 
 
 def check_generate_flags(request: "GenerateRequest") -> None:
-    """Every check of `generate`'s flags that needs no file (the model's flags, numbers, text, LoRA strengths)."""
+    """Every check of `generate`'s flags that reads no model file (the model's flags, numbers, text, LoRA strengths,
+    the cache folder)."""
     check_model_flags(request)
     check_numbers(request)
     check_text_flags(request)
     check_lora_specs(request)
+    check_cache_dir(request.cache_dir)
+
+
+def check_cache_dir(path: Optional[Path], flag: str = "--cache-dir") -> None:
+    """--cache-dir names a folder, or a place one can be made: never a file (the prompt cache would be lost after
+    minutes of encoding)."""
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    there = next((q for q in (p, *p.parents) if q.exists()), None)
+    if there is not None and not there.is_dir():
+        what = "is a file" if there == p else f"is inside {there}, which is a file"
+        raise UsageError(f"{flag} {path} {what}; give a folder for the prompt-embedding cache (made if missing)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -134,9 +135,45 @@ def run(args) -> int:
     """The one reader of `generate`'s namespace: everything below takes the typed request."""
     request = GenerateRequest.from_args(args)
     with cli_logging(request.quiet):
-        if request.model != "base":  # a causal model of the registry
+        fast = request.model != "base"  # a causal model of the registry
+        guidance = not fast and not (request.guide_scale[0] == 1.0 and request.guide_scale[-1] == 1.0)
+        parallel_flags.refuse_layout_alone(request.parallel, lambda: _heads_without_building(request),
+                                           "fast" if fast else "base", guidance)
+        if fast:
             return fast_run.run(request)
         return _run(request)
+
+
+def _heads_without_building(request: GenerateRequest) -> Optional[int]:
+    """The attention heads of the model this run would load, where they are known without building or loading
+    anything (the demo's configuration, a checkpoint's config.json); None otherwise."""
+    try:
+        causal = request.model != "base"
+        if request.demo and causal:
+            from ..world.demos import demo_config
+            from ..world.models import model
+
+            return demo_config(model(request.model)).num_heads
+        if request.demo:
+            from ..loaders.demo_checkpoint import demo_configs
+
+            return demo_configs(request.demo)[0].num_heads
+        if request.ckpt_dir is None and request.high is None:
+            return None
+        from ..memory.placement import read_expert_config
+
+        if causal:
+            from ..world.files import find_in_folder
+
+            return read_expert_config(find_in_folder(Path(request.ckpt_dir), request.model, request.weights).dit
+                                      ).num_heads
+        if request.high is not None:
+            return read_expert_config(request.high).num_heads
+        from ..loaders.checkpoint_dir import find_checkpoint_files
+
+        return read_expert_config(find_checkpoint_files(request.ckpt_dir).high).num_heads
+    except Exception:  # noqa: BLE001 - a missing or damaged file is the pre-flight's to report, in its words
+        return None
 
 
 def _run(request: GenerateRequest) -> int:

@@ -128,7 +128,7 @@ class GenerateRequest(FlagRequest):
     # ---- new requests ------------------------------------------------------------------------------------------
     def with_demo_defaults(self) -> "GenerateRequest":
         """--demo: every input not given takes the demo's (image, prompt, camera or keys, size, frames, CPU, out)."""
-        from ..loaders.action_files import looks_like_path
+        from ..loaders.action_files import action_text_file, looks_like_path
         from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
 
         actions, camera = self.actions, self.camera
@@ -137,7 +137,7 @@ class GenerateRequest(FlagRequest):
         elif not actions:
             camera = camera or DEMO_CAMERA
         frames = self.frames
-        if frames is None and not (actions and not looks_like_path(actions)):
+        if frames is None and not (actions and (not looks_like_path(actions) or action_text_file(actions))):
             frames = DEMO_FRAMES  # an action string sets its own length
         return replace(self, image=self.image or DEMO_IMAGE, prompt=self.prompt or DEMO_PROMPT, actions=actions,
                        camera=camera, size=DEMO_SIZE if self.size == "480*832" else self.size, frames=frames,

@@ -211,12 +211,13 @@ def picture_spec(picture: Optional[str], video_path: PathLike) -> list[OutputSpe
 def generate_inputs(request: "GenerateRequest", files=None) -> list[tuple[str, PathLike]]:
     """(flag, path) of every file `generate` reads: the image, key/trajectory files, LoRAs, a state to continue, the
     model files (`files`: the checkpoint's, when found)."""
+    from ..loaders.action_files import path_exists
     from .lora_run import parse_spec
 
     found = []
     for flag in ("--image", "--continue-from", "--camera", "--actions"):
         value = getattr(request, flag.lstrip("-").replace("-", "_"))
-        if value and Path(str(value)).expanduser().exists():
+        if value and path_exists(str(value)):  # an action string is no file name, however long
             found.append((flag, value))
     for flag in ("--lora", "--lora-high", "--lora-low"):
         for spec in getattr(request, flag.lstrip("-").replace("-", "_")):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -76,6 +76,26 @@ def start(flags: ParallelFlags, device: str, log: logging.Logger) -> Session:
             h.addFilter(_RankPrefix(session.rank))
     log.info("parallel: %s, %s backend, %s on this rank", session.label, session.backend, session.device)
     return session
+
+
+def refuse_layout_alone(mode: str, heads: Callable[[], Optional[int]], model: str, guidance: bool) -> None:
+    """A layout that cannot work (e.g. 4 heads over 3 ranks) refused BEFORE the processes join: every rank reaches
+    the verdict from its own flags and the model's head count, so no rank waits for another and no process group
+    exists to tear down. (Refused after joining, right behind the pre-flight's last collective, a rank leaving the
+    group could close its connections while gloo on another rank still finished that collective's last transfer,
+    which aborted that process.) heads(): the model's head count, None when it is not known without building or
+    loading anything (then the pre-flight decides, after joining)."""
+    if not launched_by_torchrun():
+        return
+    count = heads()
+    if count is None:
+        return
+    from ..parallel.group import env_world_size
+
+    try:
+        plan_layout(mode, env_world_size(), count, model=model, guidance=guidance)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _device_kind(device: str) -> str:

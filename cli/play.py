@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -99,8 +100,11 @@ def run(args) -> int:
 
 def _run(request: PlayRequest) -> int:
     from ..player.driver import SessionDriver
-    from ..player.options import LOCAL_HOST, PlayerOptions
-    from ..player.standalone import bind, serve
+    from ..player.guard import RequestGuard, is_loopback
+    from ..player.loading import LoadingServer
+    from ..player.options import PlayerOptions
+    from ..player.standalone import bind, host_check, page_url, serve
+    from .flag_checks import check_cache_dir
     from .preflight import noise_source, resolve_device
 
     # quick checks first: flags, image, out dir, port, model files (headers); the model loads last
@@ -124,6 +128,7 @@ def _run(request: PlayRequest) -> int:
         device_name = "cpu" if device_name == "auto" else device_name
     size = size or "480*832"
     _check_size(size)
+    check_cache_dir(request.cache_dir)
     device = resolve_device(device_name)
     if request.tiny_vae is not None:
         from .fast_parts import check_tiny_vae
@@ -140,10 +145,11 @@ def _run(request: PlayRequest) -> int:
         load_image(image)  # unreadable or not a picture: one line now
     out_dir = _out_dir(request.out_dir)
     timings = _timings_target(request.timings, image)
-    if request.host != LOCAL_HOST:
+    if not is_loopback(request.host):
         print(f"warning: --host {request.host}: the player is reachable from other machines on that network (anyone "
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
     sock = bind(request.host, request.port)
+    loading = None
     try:
         from ..world import ModelSource, TextSettings, WorldFiles, WorldSettings, open_session
         from ..world.assembly import check_weights_mode
@@ -160,25 +166,60 @@ def _run(request: PlayRequest) -> int:
                                  tiny_vae=request.tiny_vae, play=True,
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
+        options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "", timings_out=timings,
+                                hosts=host_check(request.host, sock))
+        loading = LoadingServer(sock, RequestGuard(options.token, options.hosts), options.title).start()
         session = open_session(files, settings, device=device)  # checks every file's header first
-        played = session.settings  # the model's play window and sink, the preset's cap
-        options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
-                                render=_render_source(request, size, device_name, noise, speed, played),
-                                timings_out=timings)
+        # the render replays the played keys with the session's window and sink (the model's, the preset's cap)
+        options = replace(options, render=_render_source(request, size, device_name, noise, speed, session.settings))
+        print(f"player page: {page_url(options, sock)} (it says loading until the model is ready)", flush=True)
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
+            progress = LoadProgress(loading)
             print(f"loading {session.opened.checked.entry.title}...", flush=True)
-            session.load()
+            session.load(progress=progress)
+            progress.done()
             if image is not None and prompt:
+                loading.status = "encoding the prompt and the start image"
                 driver.start_now(image, prompt)
         except BaseException:
             driver.close()
             raise
+        loading.stop()
         stopped_by = serve(driver, options, sock, open_browser=not request.no_browser,
                            log=lambda line: print(line, flush=True))
     finally:
+        if loading is not None:
+            loading.stop()
         sock.close()
     return _exit_for(stopped_by)
+
+
+class LoadProgress:
+    """progress(done_bytes, total_bytes) of the model's load: the loading page's status, and a console line at a
+    further tenth when a few seconds have passed since the last (a quick load prints none)."""
+
+    EVERY_S = 3.0
+
+    def __init__(self, loading, what: str = "the Fast model", clock=None):
+        import time
+
+        self.loading, self.what, self.clock = loading, what, clock or time.monotonic
+        self.t0 = self.said_at = self.clock()
+        self.tenths = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if total <= 0:
+            return
+        share, now = min(done / total, 1.0), self.clock()
+        amount = f"{total / 1e9:.1f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
+        self.loading.status = f"{self.what}: {share:.0%} of {amount}"
+        if int(share * 10) > self.tenths and now - self.said_at >= self.EVERY_S:
+            self.tenths, self.said_at = int(share * 10), now
+            print(f"loading {self.what}: {share:.0%} of {amount}, {now - self.t0:.0f} s", flush=True)
+
+    def done(self) -> None:
+        self.loading.status = f"{self.what} is loaded"
 
 
 def _exit_for(signum: int) -> int:

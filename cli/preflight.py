@@ -188,12 +188,22 @@ def camera_path(spec: str, frames: int, speed: float):
     """(CameraPath, follows per-frame intrinsics) of --camera: a trajectory folder / poses.npy, or a preset name
     ('+'-combinations allowed). Zoom lives in the intrinsics, so zoom presets follow them per frame (as the camera
     preset node does)."""
-    from ..loaders.camera_files import load_camera
+    from ..loaders.action_files import path_exists
+    from ..loaders.camera_files import CameraFileNotFoundError, load_camera
     from ..wan.control.camera_presets import PRESETS, parse_preset, preset_camera
 
-    if Path(spec).expanduser().exists():
+    if path_exists(spec):
         return load_camera(Path(spec).expanduser()), False
+    if _names_a_path(spec):  # a typo in a folder's name is not an unknown preset
+        raise CameraFileNotFoundError(f"--camera {spec}: no such folder; give a trajectory folder holding "
+                                      f"poses.npy and intrinsics.npy, or a preset such as dolly_in")
     return preset_camera(spec, frames=frames, speed=speed), any(PRESETS[n].zoom for n in parse_preset(spec))
+
+
+def _names_a_path(spec: str) -> bool:
+    """A --camera value written as a path (presets are plain names)."""
+    s = spec.strip()
+    return "/" in s or "\\" in s or s.startswith((".", "~")) or s.endswith(".npy")
 
 
 def _camera(request: GenerateRequest, kind: str, frames: int, height: int, width: int, log,

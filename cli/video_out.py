@@ -12,9 +12,11 @@ manager's SIGTERM to the group reach only this process, which then finishes or s
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,8 @@ import torch
 
 from ..text_encoder.encode import own_session
 from .outputs import check_folder
-from ..loaders.atomic import atomic_dir, commit, commit_new, remove_path, remove_stale_temps, temp_path
+from ..loaders.atomic import (atomic_dir, commit, commit_new, naming_full_disk, out_of_room, remove_path,
+                              remove_stale_temps, temp_path)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +181,9 @@ class VideoWriter:
         try:
             _save_png(frame, path)
         except OSError as e:  # named by the target, not by the temp folder the frames go to first
+            full = out_of_room(e, self.target.path)
+            if full is not None:
+                raise full from None
             raise VideoWriteError(f"cannot write the PNG frames of {self.target.path} ({e.strerror or e})") from None
 
     def _pipe(self, frames: np.ndarray) -> None:
@@ -218,9 +224,7 @@ class VideoWriter:
                 err = proc.stderr.read() if proc.stderr else b""
             finally:
                 proc.wait()
-        tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
-        raise VideoWriteError(f"ffmpeg failed writing {self.target.path} (exit code {proc.returncode if proc else '?'})"
-                              + (f": {tail[-1]}" if tail else ""))
+        raise _encoder_error(self.target.path, proc.returncode if proc else "?", err)
 
     @property
     def open(self) -> bool:
@@ -264,9 +268,7 @@ class VideoWriter:
                 err = proc.stderr.read() if proc.stderr else b""
                 proc.wait()
                 if proc.returncode != 0:
-                    tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
-                    raise VideoWriteError(f"ffmpeg failed writing {self.target.path} (exit code {proc.returncode})"
-                                          + (f": {tail[-1]}" if tail else ""))
+                    raise _encoder_error(self.target.path, proc.returncode, err)
                 got = _ffmpeg_frames(self.target.ffmpeg or "ffmpeg", self._tmp)
                 if got != self.frames:
                     raise VideoWriteError(f"ffmpeg wrote {got} of {self.frames} frames; the video was not saved")
@@ -285,6 +287,10 @@ class VideoWriter:
         return path
 
     def _commit(self, partial: bool) -> Path:
+        with naming_full_disk(self.target.path):
+            return self._commit_now(partial)
+
+    def _commit_now(self, partial: bool) -> Path:
         if partial:
             return commit_new(self._tmp, self.target.path)
         if self.target.container is not None:
@@ -308,6 +314,25 @@ class VideoWriter:
         if proc is not None:
             proc.wait()
         remove_path(self._tmp)
+
+
+# what ffmpeg prints when its output cannot grow (strerror of ENOSPC, EDQUOT, EFBIG)
+_NO_ROOM = {"No space left on device": errno.ENOSPC, "File too large": errno.EFBIG,
+            "Disk quota exceeded": getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _encoder_error(target: Path, code, err: bytes) -> Exception:
+    """ffmpeg's failure as one line naming the target: a full disk says what to do, anything else ffmpeg's last
+    line."""
+    tail = (err or b"").decode("utf-8", "replace").strip().splitlines()
+    if hasattr(signal, "SIGXFSZ") and code == -signal.SIGXFSZ:  # killed for passing the file size limit
+        tail.append("File too large")
+    for text, number in _NO_ROOM.items():
+        if any(text in line for line in tail):
+            full = out_of_room(OSError(number, text), target)
+            if full is not None:
+                return full
+    return VideoWriteError(f"ffmpeg failed writing {target} (exit code {code})" + (f": {tail[-1]}" if tail else ""))
 
 
 def _save_png(frame: np.ndarray, path: Path) -> None:

@@ -6,8 +6,9 @@
   the orientation).
 Files are read without pickle (`camera_files.read_npy`); every error names the file.
 
-A source is an action string (`w-10,a-10,...`), a folder with those files, or one key file (a `.npy` whose name
-starts with `ijkl` holds i,j,k,l keys, any other w,a,s,d).
+A source is an action string (`w-10,a-10,...`), a text file holding one (`.txt`, as the player saves it: a played
+hour is longer than a command line may be), a folder with key files, or one key file (a `.npy` whose name starts
+with `ijkl` holds i,j,k,l keys, any other w,a,s,d).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from .camera_files import INTRINSICS_FILE, POSES_FILE, CameraFileError, CameraFi
 WASD_FILE = "wasd_action.npy"
 IJKL_FILE = "ijkl_action.npy"
 ACT_FILE = "action.npy"
+ACTION_TEXT_SUFFIX = ".txt"
+MAX_ACTION_TEXT_BYTES = 16 * 1024 * 1024  # ~100 hours of played chunks; a bigger file is not an action string
 
 PathLike = Union[str, Path]
 
@@ -90,7 +93,7 @@ def read_key_files(path: PathLike) -> KeySource:
 
 def has_act_files(folder: PathLike) -> bool:
     folder = Path(folder).expanduser()
-    return folder.is_dir() and all((folder / n).is_file() for n in (ACT_FILE, POSES_FILE, INTRINSICS_FILE))
+    return path_exists(folder) and folder.is_dir() and all((folder / n).is_file() for n in (ACT_FILE, POSES_FILE, INTRINSICS_FILE))
 
 
 def read_act_folder(folder: PathLike) -> ActFiles:
@@ -109,15 +112,69 @@ def read_act_folder(folder: PathLike) -> ActFiles:
     return ActFiles(path, actions, folder.name)
 
 
+def path_exists(path: PathLike) -> bool:
+    """Whether `path` names something on disk; False for a name no file can have (too long, a NUL byte, an unknown
+    ~user), which Path.exists() raises on."""
+    try:
+        return Path(path).expanduser().exists()
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def looks_like_path(spec: str) -> bool:
     """A source that names a file or folder rather than an action string."""
     s = spec.strip()
-    return Path(s).expanduser().exists() or s.endswith(".npy") or "/" in s or "\\" in s
+    return s.endswith((".npy", ACTION_TEXT_SUFFIX)) or "/" in s or "\\" in s or path_exists(s)
+
+
+def action_text_file(spec: str) -> Optional[Path]:
+    """The text file an action-string source names (a `.txt`), else None."""
+    s = spec.strip()
+    return Path(s).expanduser() if s.endswith(ACTION_TEXT_SUFFIX) else None
+
+
+def read_action_text(path: PathLike) -> str:
+    """The action string in a text file (surrounding whitespace and line breaks dropped)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CameraFileNotFoundError(f"action file not found: {path}" + (
+            " (that is a folder; give the .txt file the player saved)" if path.is_dir() else ""))
+    size = path.stat().st_size
+    if size > MAX_ACTION_TEXT_BYTES:
+        raise ActionFileError(f"{path}: {size / 2**20:.0f} MB is not an action string (at most "
+                              f"{MAX_ACTION_TEXT_BYTES // 2**20} MB)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ActionFileError(f"{path}: not a text file; an action file holds keys such as 'w-8,a-4'") from None
+    text = "".join(text.split())
+    if not text:
+        raise ActionFileError(f"{path} is empty; it should hold keys such as 'w-8,a-4'")
+    return text
+
+
+def action_string_of(spec: str) -> Optional[str]:
+    """The action string a source gives: the string itself, or a `.txt` file's contents; None for key files."""
+    if not looks_like_path(spec):
+        return spec
+    text_file = action_text_file(spec)
+    return read_action_text(text_file) if text_file is not None else None
 
 
 def read_key_source(spec: str, base: Optional[Path] = None) -> KeySource:
-    """An action string, or key files (a folder or one .npy; relative to `base` when given)."""
+    """An action string, a text file holding one, or key files (a folder or one .npy; relative to `base` when
+    given)."""
     if looks_like_path(spec):
         p = Path(spec.strip()).expanduser()
-        return read_key_files(base / p if base is not None and not p.is_absolute() else p)
+        p = base / p if base is not None and not p.is_absolute() else p
+        if p.suffix == ACTION_TEXT_SUFFIX:
+            return KeySource(_keys_of_string(read_action_text(p), f"{p.name}"), f"actions in {p.name}", False)
+        return read_key_files(p)
     return KeySource(KeyTimeline.from_string(spec), "action string", False)
+
+
+def _keys_of_string(text: str, name: str) -> KeyTimeline:
+    try:
+        return KeyTimeline.from_string(text)
+    except ValueError as e:
+        raise ActionFileError(f"{name}: {e}") from None

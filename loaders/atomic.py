@@ -10,6 +10,9 @@ so the next write to that target removes temps whose writer is gone (`remove_sta
 Temp names: `.<name>.tmp-<pid>-<token><suffix>`; the target's suffix is kept because some writers pick the
 format from it (ffmpeg, np.save).
 
+A full disk (or quota, or the file size limit) met while writing is reported as `DiskFullError`, one line naming the
+target and what to do, not as a bare `[Errno 28]` naming the temp file or nothing.
+
 The promise, kept here for every writer: an interrupted or failed run never truncates or replaces an existing
 output. A partial result that is worth keeping (the chunks of an interrupted Fast run) is committed under a NEW
 name that nothing holds yet (`commit_new`, `<stem>_partial<suffix>`), which the caller prints.
@@ -17,15 +20,55 @@ name that nothing holds yet (`commit_new`, `<stem>_partial<suffix>`), which the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}(?P<suffix>.*)$")
+NO_SPACE = {errno.ENOSPC, errno.EFBIG} | ({errno.EDQUOT} if hasattr(errno, "EDQUOT") else set())
+
+
+class DiskFullError(OSError):
+    """Writing `target` ran out of room (disk, quota or file size limit); the earlier file, if any, is untouched."""
+
+    def __str__(self) -> str:  # the sentence alone, without OSError's "[Errno 28]"
+        return self.strerror or super().__str__()
+
+
+def out_of_room(e: BaseException, target: PathLike) -> Optional[DiskFullError]:
+    """The DiskFullError for `e` met while writing `target`, or None when `e` is another error."""
+    if not isinstance(e, OSError) or e.errno not in NO_SPACE or isinstance(e, DiskFullError):
+        return None
+    target = Path(target)
+    kept = f"an earlier {target.name}, if any, is untouched"
+    if e.errno == errno.EFBIG:
+        return DiskFullError(e.errno, f"{target} grew past this system's file size limit (ulimit -f) and was not "
+                                      f"written; raise the limit or write a smaller file ({kept})")
+    why = "no space left on the disk" if e.errno == errno.ENOSPC else "the disk quota is used up"
+    try:
+        free = shutil.disk_usage(next(p for p in (target.parent, *target.parents) if p.is_dir())).free
+        why += f" ({free / 2**20:.0f} MB free there)"
+    except (OSError, StopIteration):
+        pass
+    return DiskFullError(e.errno, f"{why} while writing {target}; free some space or write it to another disk "
+                                  f"({kept})")
+
+
+@contextlib.contextmanager
+def naming_full_disk(target: PathLike) -> Iterator[None]:
+    """Re-raises a full disk met inside the block as DiskFullError naming `target`."""
+    try:
+        yield
+    except OSError as e:
+        full = out_of_room(e, target)
+        if full is None:
+            raise
+        raise full from e
 
 
 def temp_path(target: PathLike) -> Path:
@@ -166,10 +209,11 @@ def atomic_path(target: PathLike) -> Iterator[Path]:
     remove_stale_temps(target)
     tmp = temp_path(target)
     try:
-        yield tmp
-        if not tmp.is_file():
-            raise FileNotFoundError(f"{target}: the writer produced no file")
-        commit(tmp, target)
+        with naming_full_disk(target):
+            yield tmp
+            if not tmp.is_file():
+                raise FileNotFoundError(f"{target}: the writer produced no file")
+            commit(tmp, target)
     except BaseException:
         remove_path(tmp)
         raise
@@ -207,9 +251,11 @@ def atomic_dir(target: PathLike, replace: bool = False) -> Iterator[Path]:
     target = Path(target)
     remove_stale_temps(target)
     tmp = temp_path(target)
-    tmp.mkdir()
+    with naming_full_disk(target):
+        tmp.mkdir()
     try:
-        yield tmp
+        with naming_full_disk(target):
+            yield tmp
         _fsync_tree(tmp)
         old = None
         if target.exists() or target.is_symlink():

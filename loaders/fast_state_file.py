@@ -132,6 +132,17 @@ def save_state(path: PathLike, state: FastState, layers: Iterable[tuple[torch.Te
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
+def _not_a_state_file(path: Path) -> str:
+    """What is at `path` instead of a state file, in words."""
+    if path.is_dir():
+        states = sorted(p.name for p in path.glob("*.state"))[:3]
+        inside = f" (it holds {', '.join(states)})" if states else ""
+        return f"{path} is a folder, not a state file{inside}; give the .state file --save-state wrote"
+    if path.exists():
+        return f"{path} is not a regular file (a device or a pipe); give the .state file --save-state wrote"
+    return f"state file not found: {path}"
+
+
 class StateFile:
     """An opened state file: `state` (everything but the cache), then `fill(i, k, v)` per layer as the new cache is
     allocated (the `fill` hook of `place_kv_cache`), then `restore_counters(cache)`."""
@@ -144,7 +155,7 @@ class StateFile:
         try:
             self.header = read_header(self.path)
         except FileNotFoundError:
-            raise StateFileError(f"state file not found: {self.path}") from None
+            raise StateFileError(_not_a_state_file(self.path)) from None
         except SafetensorsFormatError as e:
             raise StateFileError(f"{self.path} is not a complete Fast state file: {e}") from None
         meta = self.header.metadata

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 
-from .atomic import commit, remove_stale_temps, temp_path
+from .atomic import commit, naming_full_disk, remove_stale_temps, temp_path
 
 PathLike = Union[str, os.PathLike]
 
@@ -263,8 +263,9 @@ class SafetensorsWriter:
         self.reserve = -(-max(header_reserve, 64) // 8) * 8
         self.entries: dict[str, dict] = {}
         self.pos = 0
-        self._f = open(self.tmp, "wb")
-        self._f.seek(8 + self.reserve)
+        with naming_full_disk(self.path):
+            self._f = open(self.tmp, "wb")
+            self._f.seek(8 + self.reserve)
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if name in self.entries or name == "__metadata__":
@@ -274,7 +275,8 @@ class SafetensorsWriter:
         t = tensor.detach().to("cpu").contiguous()
         n = t.numel() * t.element_size()
         if n:
-            self._f.write(_host_bytes(t))
+            with naming_full_disk(self.path):
+                self._f.write(_host_bytes(t))
         self.entries[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [self.pos, self.pos + n]}
         self.pos += n
 
@@ -285,6 +287,10 @@ class SafetensorsWriter:
         return json.dumps(head, separators=(",", ":")).encode("utf-8")
 
     def close(self) -> Path:
+        with naming_full_disk(self.path):
+            return self._close()
+
+    def _close(self) -> Path:
         header = self._header_bytes()
         if len(header) <= self.reserve:
             self._f.seek(0)
@@ -294,16 +300,22 @@ class SafetensorsWriter:
             self._f.close()
             padded = header + b" " * (-(8 + len(header)) % 8)
             moved = temp_path(self.path)
-            with open(self.tmp, "rb") as src, open(moved, "wb") as dst:
-                dst.write(struct.pack("<Q", len(padded)) + padded)
-                src.seek(8 + self.reserve)
-                shutil.copyfileobj(src, dst, 16 << 20)
-            os.replace(moved, self.tmp)
+            try:
+                with open(self.tmp, "rb") as src, open(moved, "wb") as dst:
+                    dst.write(struct.pack("<Q", len(padded)) + padded)
+                    src.seek(8 + self.reserve)
+                    shutil.copyfileobj(src, dst, 16 << 20)
+                os.replace(moved, self.tmp)
+            finally:
+                moved.unlink(missing_ok=True)
         return commit(self.tmp, self.path)
 
     def abort(self) -> None:
         if not self._f.closed:
-            self._f.close()
+            try:
+                self._f.close()  # flushes what is buffered: on a full disk that fails again, and the temp goes anyway
+            except OSError:
+                pass
         self.tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> "SafetensorsWriter":

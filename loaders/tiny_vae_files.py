@@ -1,13 +1,18 @@
 """Load a tiny Wan2.1 decoder: TAEHV's `taew2_1` (.safetensors or .pth) or lightx2v's `lighttaew2_1`, the files
 ComfyUI keeps in models/vae_approx.
 
-Only the decoder's tensors are read (an encoder in the file is ignored). Keys may carry ComfyUI's `taehv_` prefix
+The two files have the same tensors but not the same input: `taew2_1` decodes the DiT's normalised latents,
+`lighttaew2_1` the Wan VAE's raw ones (z·std + mean). The file's contents tell them apart, never its name: TAEHV
+releases its decoders in float16 only, lightx2v in float32 (ComfyUI decides the same way); a float32 or bfloat16
+file is read as LightTAE. Only the decoder's tensors are read (an encoder in the file is ignored). Keys may carry ComfyUI's `taehv_` prefix
 (`taehv_decoder.3.conv.0.weight`). The widths come from the file; the checks say in one line what is wrong with a
 file that is not a Wan2.1 tiny decoder (another model's tiny decoder, the full VAE, a DiT). A .pth is read with
 `weights_only=True`.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import Dict, Union
@@ -17,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..wan.vae.tiny import GROW, IN_CONV, LATENT_CHANNELS, OUT_CONV, PROJECT, TIME_GROWTH, TinyConfig, TinyDecoder
 
+log = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
 TINY_VAE_NAMES = ("taew2_1", "lighttaew2_1")  # what to download; the name itself is not checked
 
@@ -83,6 +89,18 @@ def tiny_config(shapes: Dict[str, tuple], path: PathLike = "<state dict>") -> Ti
     return cfg
 
 
+def takes_raw_latents(dtype: torch.dtype) -> bool:
+    """Whether a decoder stored in `dtype` is lightx2v's LightTAE (raw latents in: float32, or a bfloat16 copy)
+    rather than TAEHV's taew2_1 (normalised latents in: float16, as released)."""
+    return dtype != torch.float16
+
+
+def tiny_vae_kind(cfg: TinyConfig) -> str:
+    """The log's words for the format a decoder was read as."""
+    return ("lightx2v's LightTAE (float32 weights: decodes the VAE's raw latents)" if cfg.raw_latents else
+            "TAEHV's taew2_1 (float16 weights: decodes the normalised latents)")
+
+
 def check_tiny_decoder_file(path: PathLike) -> TinyConfig:
     """Everything load_tiny_decoder checks (readable, a Wan2.1 tiny decoder's tensors and shapes) without building
     the decoder; its widths."""
@@ -103,12 +121,14 @@ def load_tiny_decoder(path: PathLike, device: Union[str, torch.device] = "cpu",
             v = v[-ref.shape[0]:]
         weights[k] = v.to(device=device, dtype=dtype)
     model.load_state_dict(weights, strict=True, assign=True)
+    log.info("tiny decoder %s: %s", Path(path).name, tiny_vae_kind(cfg))
     return model.eval().requires_grad_(False)
 
 
 def _checked(path: PathLike) -> tuple[Dict[str, torch.Tensor], TinyConfig]:
     sd = read_decoder_tensors(path)
-    return sd, tiny_config({k: tuple(v.shape) for k, v in sd.items()}, Path(path))
+    cfg = tiny_config({k: tuple(v.shape) for k, v in sd.items()}, Path(path))
+    return sd, dataclasses.replace(cfg, raw_latents=takes_raw_latents(sd[f"decoder.{IN_CONV}.weight"].dtype))
 
 
 def _decoder_key(key: str) -> bool:

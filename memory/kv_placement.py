@@ -245,7 +245,8 @@ def plan_fast_memory(
         note = "" if ok else f"; WARNING: only {_gb(ram_free)} RAM available: use fewer frames, a smaller size or a window"
         return FastMemoryPlan("gpu", n_layers, True, None, layout,
                               f"the model and the K/V cache in RAM: {_fits_line(parts, None, '')}{note}"
-                              f"{_film_note(films, film, n_layers)}", ok, token_chunk, est, cache_heads, films,
+                              f"{_film_note(films, film, n_layers, where='in RAM')}", ok, token_chunk, est, cache_heads,
+                              films,
                               kv_fp8=kv_fp8)
 
     vram = int(vram_free) - int(extra_vram) - pool
@@ -411,15 +412,16 @@ def _film_buffer_bytes(slots: int, per_block: int) -> int:
     return slots * per_block + (FILM_HOST_SLACK if slots else 0)
 
 
-def _film_note(films: int, per_block: int, n_layers: int, hosted: int = 0) -> str:
+def _film_note(films: int, per_block: int, n_layers: int, hosted: int = 0, where: str = "on the GPU") -> str:
+    """Where the plan keeps the camera FiLM: `where` is the device's memory ("in RAM" on a CPU run)."""
     if not per_block:
         return ""
     if not films and not hosted:
         return "; the camera FiLM is computed at every call (no room to keep it)"
-    where = [f"{films}/{n_layers} blocks on the GPU ({_gb(films * per_block)})"] if films else []
+    kept = [f"{films}/{n_layers} blocks {where} ({_gb(films * per_block)})"] if films else []
     if hosted:
-        where.append(f"{hosted} blocks in pinned RAM ({_gb(hosted * per_block)}, streamed back ahead of each block)")
-    return f"; the camera FiLM of {' and '.join(where)} is kept for each chunk's later calls"
+        kept.append(f"{hosted} blocks in pinned RAM ({_gb(hosted * per_block)}, streamed back ahead of each block)")
+    return f"; the camera FiLM of {' and '.join(kept)} is kept for each chunk's later calls"
 
 
 # ---- carrying a plan out ---------------------------------------------------------------------------------------

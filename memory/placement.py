@@ -455,8 +455,7 @@ class PlacementProvider:
         synchronize(device)
         dt = time.perf_counter() - t0
         info = getattr(model, "load_info", None)
-        rate = f", {info.gb_per_s:.2f} GB/s" if info is not None else ""
-        self.log(f"{name}-noise expert loaded from disk to {device} in {dt:.1f} s{rate}")
+        self.log(f"{name}-noise expert loaded from disk {load_words(device, dt, info)}")
         return model
 
     def _prepare(self, model: nn.Module) -> nn.Module:
@@ -716,3 +715,17 @@ def make_provider(
     if plan.mode == "swap":
         return SwapProvider(**common, keep_in_ram=plan.keep_in_ram)
     return BlockSwapProvider(**common, blocks_on_gpu=int(plan.blocks_on_gpu or 0), keep_in_ram=plan.keep_in_ram)
+
+
+def load_words(device: torch.device, seconds: float, info=None) -> str:
+    """"into RAM in 0.1 s (2.3 MB, 21 MB/s)" / "to cuda:0 in 4.1 s (9.61 GB, 2.35 GB/s)": where a load put the
+    weights, in units that say something for a tiny model too."""
+    where = "into RAM" if torch.device(device).type == "cpu" else f"to {device}"
+    if info is None or not info.bytes_read:
+        return f"{where} in {seconds:.1f} s"
+    size, rate = info.bytes_read, info.bytes_read / info.seconds if info.seconds > 0 else None
+    return f"{where} in {seconds:.1f} s ({_amount(size)}" + (f", {_amount(rate)}/s)" if rate else ")")
+
+
+def _amount(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

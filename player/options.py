@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from .guard import HostCheck
+
 DEFAULT_PORT = 8189
 LOCAL_HOST = "127.0.0.1"
 
@@ -46,3 +48,6 @@ class PlayerOptions:
     title: str = "LingBot-World player"
     restart: Optional[Callable] = None  # begin(session): the door's fixed start (no image/prompt picking)
     timings_out: Optional[Path] = None  # the run's latency record (player/timings.py) as JSON, written at the end
+    # the Host / Origin names the standalone server answers to (guard.py); None: the server the routes are mounted
+    # on checks them itself (ComfyUI's)
+    hosts: Optional[HostCheck] = None

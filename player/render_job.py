@@ -3,12 +3,20 @@
 Two targets: the base Cam model (full quality, 70 steps with CFG) or the Fast model at 720p (the played rule,
 window and sink). The command is always shown, so it can also be run by hand later. One job at a time; the
 child is stopped and reaped when the player exits.
+
+The keys go to the child in a text file beside the video (an hour of play is longer than a command line may be),
+every value in `--flag=value` form (a prompt may start with '-'). The child starts in an empty private folder and,
+on Python 3.11+, with `-P`: a `numpy.py` that a user dropped into the output folder is never imported.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shlex
+import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, Optional
@@ -21,14 +29,16 @@ _STEP = re.compile(r"step (\d+)/(\d+)")
 STOP_WAIT_S = 10.0
 
 
-def render_command(src: RenderSource, target: str, actions: str, image: Path, prompt: str, out: Path) -> list[str]:
-    """The `python -m lingbot_world generate` argv replaying `actions` from the same image, prompt and seed."""
+def render_command(src: RenderSource, target: str, actions_file: Path, image: Path, prompt: str,
+                   out: Path) -> list[str]:
+    """The `python -m lingbot_world generate` argv replaying the keys in `actions_file` from the same image, prompt
+    and seed."""
     if target not in TARGETS:
         raise ValueError(f"render target {target!r}: choose one of {', '.join(TARGETS)}")
-    if not actions:
-        raise ValueError("nothing to render yet: play at least one chunk first")
-    cmd = [src.python, "-m", "lingbot_world", "generate", *src.checkpoint_args, "--image", str(image),
-           "--prompt", prompt, "--seed", str(src.seed), "--actions", actions, "--device", src.device, "--noise", src.noise]
+    safe_path = ("-P",) if sys.version_info >= (3, 11) else ()  # no module from the working folder
+    cmd = [src.python, *safe_path, "-m", "lingbot_world", "generate", *src.checkpoint_args, f"--image={image}",
+           f"--prompt={prompt}", "--seed", str(src.seed), f"--actions={actions_file}", "--device", src.device,
+           "--noise", src.noise]
     if target == "fast720":
         cmd += ["--model", src.model, "--rule", "continuable",
                 "--size", src.size if src.demo else FAST_RENDER_SIZE]  # the tiny demo stays tiny
@@ -39,7 +49,20 @@ def render_command(src: RenderSource, target: str, actions: str, image: Path, pr
         cmd += list(src.fast_speed_args)
     elif src.demo:
         cmd += ["--size", src.size]
-    return cmd + ["--out", str(out)]
+    return cmd + [f"--out={out}"]
+
+
+def write_actions_file(path: Path, actions: str) -> Path:
+    """The action string into `path`, whole or not at all (the render reads it with `--actions FILE`)."""
+    if not actions:
+        raise ValueError("nothing to render yet: play at least one chunk first")
+    tmp = path.with_name(f".{path.name}.part")
+    try:
+        tmp.write_text(actions + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def printable(cmd: list[str]) -> str:
@@ -60,15 +83,26 @@ class RenderJob:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
-    async def start(self, cmd: list[str], out: Path, report: Report, cwd: Path) -> None:
+    async def start(self, cmd: list[str], out: Path, report: Report) -> None:
         if self.running:
             raise ValueError("a render is already running; wait for it or cancel it")
-        self._proc = await asyncio.create_subprocess_exec(
-            *cmd, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
-        self._task = asyncio.ensure_future(self._follow(self._proc, out, printable(cmd), report))
+        cwd = tempfile.mkdtemp(prefix="lingbot-world-render-")  # empty: nothing there to import
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *cmd, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT)
+        except BaseException:
+            shutil.rmtree(cwd, ignore_errors=True)
+            raise
+        self._task = asyncio.ensure_future(self._follow(self._proc, out, printable(cmd), report, cwd))
 
-    async def _follow(self, proc, out: Path, command: str, report: Report) -> None:
+    async def _follow(self, proc, out: Path, command: str, report: Report, cwd: str) -> None:
+        try:
+            await self._read(proc, out, command, report)
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
+
+    async def _read(self, proc, out: Path, command: str, report: Report) -> None:
         t0 = time.monotonic()
         tail: list[str] = []
         await report({"status": "running", "progress": 0.0, "line": "", "out": str(out), "command": command})

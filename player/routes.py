@@ -1,19 +1,19 @@
-"""The player's HTTP surface: page, static files, uploads and one WebSocket; every route needs the run's token.
+"""The player's HTTP surface: page, static files, uploads and one WebSocket; every route needs the run's token
+(and on the standalone server the right Host and Origin: guard.py).
 
 Mounted under a prefix: '' on the standalone server, '/lingbot_world/play' on ComfyUI's. The first WebSocket
 drives the session; while it is connected another tab gets a clear "in use" message. Messages (JSON text, page
--> server): start {image, prompt} · step {keys} · rewind {chunks} · save {state} · render {target, run} ·
-cancel_render · timing {chunk, ...} (the page's own clock: player/timings.py). Server -> page: hello, state,
-chunk_begin, chunk_end, rewound, saved, render, timings, error, note (JSON) and frames (binary, frames.py).
+-> server, checked by messages.py): start {image, prompt} · step {keys} · rewind {chunks} · save {state} ·
+render {target, run} · cancel_render · timing {chunk, ...} (the page's own clock: player/timings.py). Server ->
+page: hello, state, chunk_begin, chunk_end, rewound, saved, render, timings, error, note (JSON) and frames
+(binary, frames.py).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
-import re
-import secrets
+import shlex
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,19 +23,19 @@ from aiohttp import WSMsgType, web
 
 from .driver import SessionDriver
 from .frames import frame_message
+from .guard import RequestGuard
+from .messages import MAX_WAITING_OPS, MessageBudget, MessageError, parse_message
 from .options import PlayerOptions
-from .render_job import RenderJob, printable, render_command
+from .render_job import TARGETS, RenderJob, printable, render_command, write_actions_file
 from .timings import PlayTimings
+from .uploads import ImageRefused, check_image_header, existing_upload, keep_upload, read_upload, refusal
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 UPLOADS = "uploads"
-UPLOAD_TYPES = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp", "BMP": ".bmp"}
-MAX_UPLOAD_BYTES = 32 * 1024 * 1024
-TOKEN_HEADER = "X-LingBot-Token"
 BUSY_CLOSE_CODE = 4001
+SOCKET_MAX_BYTES = 1 << 20  # aiohttp closes a socket past this; messages.py refuses far smaller ones first
 log = logging.getLogger("lingbot_world.player")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 def _static_files() -> dict[str, Path]:
@@ -54,6 +54,7 @@ class Player:
         self._static = _static_files()
         self._socket: Optional[web.WebSocketResponse] = None
         self._last_render: Optional[dict] = None
+        self.guard = RequestGuard(options.token, options.hosts)
 
     # ---- routing and the token ----
     def add_routes(self, router) -> None:
@@ -65,9 +66,7 @@ class Player:
         router.add_get(p + "/images", self.images)
 
     def _check(self, request: web.Request) -> None:
-        given = request.query.get("token") or request.headers.get(TOKEN_HEADER) or ""
-        if not secrets.compare_digest(given.encode(), self.options.token.encode()):
-            raise web.HTTPForbidden(text="403: this player needs the token from the URL its server printed\n")
+        self.guard.check(request)
 
     def page_url(self, base: str) -> str:
         return f"{base}{self.prefix}/?token={self.options.token}"
@@ -94,35 +93,20 @@ class Player:
         """The start images the page can pick: the door's own and the uploads."""
         self._check(request)
         folder = self._uploads()
-        names = sorted(p.name for p in folder.iterdir() if p.suffix in UPLOAD_TYPES.values()) if folder.is_dir() else []
+        names = sorted(p.name for p in folder.iterdir() if existing_upload(folder, p.name)) if folder.is_dir() else []
         return web.json_response({"default": self.options.image.name if self.options.image else None,
                                   "uploads": names})
 
     async def upload(self, request: web.Request) -> web.Response:
-        """An image from the page, checked by PIL, kept only inside the out dir (uploads/)."""
+        """A picture from the page, checked from its header (format, pixel count) before anything decodes it, kept
+        only inside the out dir (uploads/); a refusal is one line (400 / 413) the page shows."""
         self._check(request)
-        reader = await request.multipart()
-        field = await reader.next()
-        if field is None or field.name != "image":
-            raise web.HTTPBadRequest(text="upload: send the picture as the multipart field 'image'")
-        data = bytearray()
-        while chunk := await field.read_chunk():
-            data += chunk
-            if len(data) > MAX_UPLOAD_BYTES:
-                raise web.HTTPRequestEntityTooLarge(MAX_UPLOAD_BYTES, len(data))
-        ext = _image_ext(bytes(data))
-        if ext is None:
-            raise web.HTTPBadRequest(text="upload: not a PNG, JPEG, WebP or BMP picture")
-        folder = self._uploads()
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"upload_{time.strftime('%Y%m%d_%H%M%S')}_{secrets.token_hex(3)}{ext}"
-        tmp = folder / f".{name}.part"
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, folder / name)
-        finally:
-            tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
-        return web.json_response({"image": name})
+            data = await read_upload(request)
+            fmt = check_image_header(data)
+        except ImageRefused as e:
+            raise refusal(e) from None
+        return web.json_response({"image": keep_upload(self._uploads(), data, fmt)})
 
     def _start_image(self, name: Optional[str]) -> Path:
         if not name:
@@ -131,14 +115,16 @@ class Player:
             return self.options.image
         if self.options.image is not None and name == self.options.image.name:
             return self.options.image
-        if not _SAFE_NAME.match(name) or not (self._uploads() / name).is_file():
-            raise ValueError(f"start image {name!r} is not among the uploads; upload it first")
-        return self._uploads() / name
+        path = existing_upload(self._uploads(), name)
+        if path is None:
+            raise ValueError(f"start image {name[:80]!r} is not among the uploads; upload it first")
+        check_image_header(path)  # a file put there by hand is bounded like an upload
+        return path
 
     # ---- the socket ----
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         self._check(request)
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=1 << 20)
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=SOCKET_MAX_BYTES)
         await ws.prepare(request)
         if self._socket is not None and not self._socket.closed:
             await ws.send_json({"type": "busy", "message": "this player is in use in another tab or window; "
@@ -152,6 +138,7 @@ class Player:
         worker = asyncio.ensure_future(self._serve_ops(ws, ops))
         self._workers.add(worker)
         worker.add_done_callback(self._workers.discard)
+        budget = MessageBudget()
         try:
             await self._send(ws, {"type": "hello", "state": self.driver.snapshot, "render": self._render_info()})
             if self.driver.last_frame is not None:
@@ -159,18 +146,25 @@ class Player:
             if self._last_render is not None:
                 await self._send(ws, dict(self._last_render, type="render"))
             async for msg in ws:
-                if msg.type != WSMsgType.TEXT:
+                if not budget.take():
+                    line = budget.report()
+                    if line:
+                        await self._send(ws, {"type": "error", "message": line})
                     continue
                 try:
-                    op = json.loads(msg.data)
-                except ValueError:
-                    op = None
-                if isinstance(op, dict) and op.get("op") == "timing":
+                    if msg.type != WSMsgType.TEXT:
+                        raise MessageError("ignored a binary message; the page sends JSON text")
+                    op = parse_message(msg.data)
+                    if op["op"] != "timing" and ops.qsize() >= MAX_WAITING_OPS:
+                        raise MessageError(f"{op['op']}: {MAX_WAITING_OPS} operations are already waiting for the "
+                                           "running one; try again when it has finished")
+                except MessageError as e:
+                    await self._send(ws, {"type": "error", "message": str(e)})
+                    continue
+                if op["op"] == "timing":
                     await self._timing(ws, op)  # at once: it must not wait behind a running chunk
-                elif isinstance(op, dict):
-                    ops.put_nowait(op)
                 else:
-                    await self._send(ws, {"type": "error", "message": "ignored a message that is not a JSON object"})
+                    ops.put_nowait(op)
         finally:
             if self._socket is ws:
                 self._socket = None  # another tab may drive now; a running chunk still finishes
@@ -246,6 +240,9 @@ class Player:
 
     async def _timing(self, ws, op: dict) -> None:
         try:
+            played = self.driver.snapshot.get("chunks", 0) + 1  # the page may show a chunk before it ends here
+            if op["chunk"] > played:
+                raise ValueError(f"timing: chunk {op['chunk']} has not been played (chunk {played} is the latest)")
             row = self.timings.page(op)
         except ValueError as e:
             await self._send(ws, {"type": "error", "message": _one_line(e), "op": "timing"})
@@ -266,10 +263,17 @@ class Player:
         actions = snap.get("action_string") or ""
         if self.options.render is None:
             await self._send(ws, {"type": "render", "status": "command", "actions": actions,
-                                  "command": f'--actions "{actions}"'})
+                                  "command": f"--actions {shlex.quote(actions)}"})
             return
-        out = (self.options.out_dir / f"render_{target}_{time.strftime('%Y%m%d_%H%M%S')}.mp4").resolve()
-        cmd = render_command(self.options.render, target, actions, Path(snap["image"]).resolve(), snap["prompt"], out)
+        if target not in TARGETS:  # before the name is made from it
+            raise ValueError(f"render target {target[:40]!r}: choose one of {', '.join(TARGETS)}")
+        if not actions:
+            raise ValueError("nothing to render yet: play at least one chunk first")
+        stem = f"render_{target}_{time.strftime('%Y%m%d_%H%M%S')}"
+        out = (self.options.out_dir / f"{stem}.mp4").resolve()
+        cmd = render_command(self.options.render, target, out.with_name(f"{stem}.actions.txt"),
+                             Path(snap["image"]).resolve(), snap["prompt"], out)
+        write_actions_file(out.with_name(f"{stem}.actions.txt"), actions)  # the keys, however long, in a file
         if not run:
             await self._send(ws, {"type": "render", "status": "command", "actions": actions,
                                   "command": printable(cmd)})
@@ -280,7 +284,7 @@ class Player:
             if self._socket is not None:  # whichever tab drives now
                 await self._send(self._socket, dict(info, type="render"))
 
-        await self.render.start(cmd, out, report, cwd=self.options.out_dir)
+        await self.render.start(cmd, out, report)
 
     async def _send(self, ws, message) -> None:
         """Sends to the tab if it is still there; a closed tab is not an error (its chunk still finishes)."""
@@ -295,23 +299,13 @@ class Player:
             pass
 
     async def close(self) -> None:
+        """Stops the render child and closes the page's socket, then waits for the socket's operations: a running
+        chunk finishes (its frames go nowhere), the ones queued behind it are dropped."""
         await self.render.stop()
         if self._socket is not None:
             await self._socket.close(code=1001, message=b"server closing")
-
-
-def _image_ext(data: bytes) -> Optional[str]:
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            fmt = im.format
-            im.verify()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        return None
-    return UPLOAD_TYPES.get(fmt or "")
+        if self._workers:
+            await asyncio.gather(*self._workers, return_exceptions=True)
 
 
 def _paths(saved) -> list[str]:

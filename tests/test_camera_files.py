@@ -208,8 +208,8 @@ def test_save_is_atomic_per_file(tmp_path, monkeypatch):
     import lingbot_world.loaders.camera_files as cf
 
     monkeypatch.setattr(cf.np, "save", half_then_fail)
-    with pytest.raises(OSError, match="No space left"):
-        save_camera_folder(folder, poses[::-1].copy(), k)
+    with pytest.raises(OSError, match=r"^no space left on the disk .* while writing \S+poses\.npy; free some space"):
+        save_camera_folder(folder, poses[::-1].copy(), k)  # named by the file, not the temp it was written to
     monkeypatch.undo()
     after = load_camera_folder(folder)
     assert np.array_equal(after.poses, before.poses) and np.array_equal(after.intrinsics, before.intrinsics)

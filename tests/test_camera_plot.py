@@ -133,3 +133,33 @@ def test_a_long_path_is_drawn_through_at_most_two_poses_per_pixel(monkeypatch):
     for colour in (START, END):
         assert np.allclose(marker_centres(Image.fromarray(few), colour), marker_centres(Image.fromarray(every), colour))
     assert (few != every).any(-1).mean() < 0.02  # the same picture but for the path's finest wiggles
+
+
+@pytest.mark.parametrize("size", [(320, 320), (960, 480)])
+def test_every_text_fits_the_picture_and_none_overlaps(monkeypatch, size):
+    """The player's 320x320 minimap: the title and the path's numbers were drawn over each other and the legend ran
+    off the right edge. Every text drawn on the picture is recorded with its box."""
+    from PIL import ImageDraw
+
+    from lingbot_world.wan.control.act_to_camera import keys_to_camera
+    from lingbot_world.wan.control.actions import KeyTimeline
+
+    boxes = []
+    real_text = ImageDraw.ImageDraw.text
+
+    def text(self, xy, content, *a, **kw):
+        if self.im.size == size:  # the picture itself, not a rotated axis label drawn apart
+            boxes.append((content, self.textbbox(xy, content, font=kw.get("font"), anchor=kw.get("anchor"))))
+        return real_text(self, xy, content, *a, **kw)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", text)
+    path, _ = keys_to_camera(KeyTimeline.from_string("w-20,j-12,wj-20,d-8"), None)
+    plot_trajectory(path.poses, path.intrinsics, size=size, key_frames=3)
+    texts = [t for t, _ in boxes]
+    assert any(t.startswith("frustums at frames") or t.startswith("frustums") for t in texts)
+    for t, (x0, y0, x1, y1) in boxes:
+        assert 0 <= x0 and x1 <= size[0] and 0 <= y0 and y1 <= size[1], (t, (x0, y0, x1, y1), size)
+    words = [(t, b) for t, b in boxes if not t.replace(".", "").replace("-", "").isdigit()]  # tick labels apart
+    for i, (a, (ax0, ay0, ax1, ay1)) in enumerate(words):
+        for b, (bx0, by0, bx1, by1) in words[i + 1:]:
+            assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, (a, b)

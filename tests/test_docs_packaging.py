@@ -53,3 +53,15 @@ def test_data_folders_declare_their_files():
 def test_license_is_an_spdx_string():
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["license"] == "Apache-2.0"
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    import re
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    shown = re.search(r"CI runs exactly this.*?```bash\n(?P<cmd>[^\n]+)\n```", readme, re.S).group("cmd").strip()
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    assert ci[-1] == shown == "python -m pytest -n 2"
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert any(dep.startswith("pytest-xdist") for dep in extra)  # -n needs it

@@ -184,3 +184,76 @@ def test_second_tab_shows_in_use_and_a_wrong_token_gets_403(browser, server):
     response = page.goto(server.url_for("/", "not-the-token"))
     assert response.status == 403
     page.close()
+
+
+def test_refusals_show_in_the_page_and_old_notes_go(browser, server):
+    page, errors = _page(browser, server.url_for("/"))
+    page.wait_for_function(f"{P}.connected")
+    page.evaluate(f"{P}.noteMs = 300; {P}.errorMs = 300")
+    huge = {"name": "huge.png", "mimeType": "image/png", "buffer": support.png_header(16000, 11000)}
+    page.set_input_files("#image-upload", files=[huge])
+    page.wait_for_function(f"{P}.errors.some(e => e.includes('megapixels'))")
+    shown = page.evaluate(f"{P}.errors[{P}.errors.length - 1]")
+    assert shown.startswith("upload refused (413): upload: the picture is 16000x11000 (176 megapixels)"), shown
+    page.wait_for_function("document.getElementById('note').textContent === ''")  # gone after a while
+    page.set_input_files("#image-upload", files=[{"name": "x.png", "mimeType": "image/png", "buffer": b"not a png"}])
+    page.wait_for_function(f"{P}.errors.some(e => e.startsWith('upload refused (400): upload: not a PNG'))")
+    page.wait_for_function("document.getElementById('note').textContent === ''")
+    page.keyboard.press("x")  # a note, not an error: it goes as well
+    assert "not a control key" in page.inner_text("#note")
+    page.wait_for_function("document.getElementById('note').textContent === ''")
+    assert not errors
+    page.close()
+
+
+def test_show_command_has_no_bar_and_a_restart_clears_the_numbers(browser, server):
+    page, errors = _page(browser, server.url_for("/"))
+    page.wait_for_function(f"{P}.state && {P}.state.started")
+    page.click("#pause")
+    _wait_ends(page, 1)
+    page.click("#pause")
+    page.wait_for_function(f"{P}.paused && !{P}.inFlight")
+    page.wait_for_function("document.getElementById('s-chunk-time').textContent !== '-'")
+    minimap = page.evaluate("(() => { const m = document.getElementById('minimap'); return [m.naturalWidth, "
+                            "m.naturalHeight, m.clientWidth, m.clientHeight]; })()")
+    assert minimap[0] == 320 and abs(minimap[1] / minimap[0] - minimap[3] / minimap[2]) < 0.02, minimap
+    page.click("#render-cmd")
+    page.wait_for_function(f"{P}.render && {P}.render.status === 'command'")
+    assert page.is_hidden("#render-progress") and "--prompt=" in page.inner_text("#render-command")
+    page.click("#start")  # restart: a new video
+    page.wait_for_function(f"{P}.state.chunks === 0 && {P}.running")
+    for cell in ("s-chunk-time", "s-first", "s-key", "s-key-median"):
+        assert page.inner_text(f"#{cell}") == "-", cell
+    assert page.evaluate(f"{P}.timingSummary") is None and page.evaluate(f"{P}.chunkEnds.length") == 0
+    assert not errors and not page.evaluate(f"{P}.errors")
+    page.close()
+
+
+def test_a_slow_page_records_keys_by_the_videos_frames(browser, server):
+    """The page's clock is Playwright's (nothing waits on the real one): a page that manages 8 ticks a second
+    still takes 16 key samples a second, so a key held 2 s is 32 frames of keys (it was 16)."""
+    import time
+
+    page = browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.clock.install()
+    page.goto(server.url_for("/"))
+
+    def until(condition: str) -> None:  # fake time moves only when told; the socket is real
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while not page.evaluate(condition):
+            assert time.monotonic() < deadline, condition
+            page.clock.run_for(100)
+
+    until(f"{P}.state && {P}.state.started && {P}.connected")
+    page.evaluate(f"{P}.tickEvery = 125")
+    page.click("#pause")
+    until(f"!{P}.paused")
+    page.keyboard.down("w")
+    page.clock.run_for(125)
+    before = page.evaluate(f"{P}.sampledFrames")
+    page.clock.run_for(2000)
+    taken = page.evaluate(f"{P}.sampledFrames") - before
+    page.keyboard.up("w")
+    assert 32 <= taken <= 34, taken  # one more per request sent meanwhile (the keys of that moment)
+    page.close()

@@ -4,6 +4,8 @@ afterwards (no temp file, an earlier file intact); bad input is refused before a
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,9 +182,85 @@ def test_a_full_disk_while_writing_is_one_line_and_keeps_the_old_video(capsys, d
     _fill(small_disk / "filler", leave=48 * 1024)  # the demo's video takes ~120 kB
     rc, stdout, err = _run(capsys, _fast(demo_ckpt, demo_text_cache, "--out", out))
     line = _one_line(err)
-    assert rc == 1 and line.startswith(f"lingbot-world generate: ffmpeg failed writing {out}"), line
-    assert "No space left on device" in line and "wrote" not in stdout
+    assert rc == 1 and line.startswith("lingbot-world generate: no space left on the disk"), line
+    assert f"while writing {out}; free some space or write it to another disk" in line and "wrote" not in stdout
     assert out.read_bytes() == b"complete earlier video" and _names(small_disk) == ["filler", "v.mp4"]
+
+
+def test_a_disk_filled_after_the_checks_names_the_state_file(capsys, demo_ckpt, demo_text_cache, small_disk,
+                                                             monkeypatch):
+    """The disk fills between the pre-flight (passed here) and the state's write: one line naming the state file and
+    what to do (it was a bare `[Errno 28] No space left on device`), the earlier state intact, no temp left."""
+    from lingbot_world.cli import outputs
+
+    monkeypatch.setattr(outputs, "_check_space", lambda targets: None)
+    state = small_disk / "v.state"
+    state.write_bytes(b"earlier state")
+    _fill(small_disk / "filler", leave=400 * 1024)  # the video (~120 kB) fits, the state (~1.5 MB) does not
+    rc, _, err = _run(capsys, _fast(demo_ckpt, demo_text_cache, "--out", small_disk / "v.mp4", "--save-state", state))
+    line = _one_line(err)
+    assert rc == 1 and "[Errno" not in line, line
+    assert "no space left on the disk" in line and f"while writing {state}; free some space" in line, line
+    assert state.read_bytes() == b"earlier state" and not [n for n in _names(small_disk) if n.startswith(".")]
+
+
+def test_a_full_disk_is_named_whatever_the_writer(tmp_path):
+    """Without root (no small disk): /dev/full gives a real ENOSPC, the file size limit a real EFBIG."""
+    from lingbot_world.loaders.atomic import DiskFullError, naming_full_disk
+
+    with pytest.raises(DiskFullError) as e:
+        with naming_full_disk(tmp_path / "clip.mp4"), open("/dev/full", "wb") as f:
+            f.write(b"x" * 65536)
+    assert str(e.value).startswith("no space left on the disk (") and f"writing {tmp_path / 'clip.mp4'}" in str(e.value)
+    script = ("import resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+              "from lingbot_world.loaders.atomic import write_bytes\n"
+              "write_bytes(sys.argv[1], b'x' * 100000)\n")
+    target = tmp_path / "big.bin"
+    r = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True, text=True)
+    assert r.returncode == 1 and "DiskFullError" in r.stderr
+    assert f"{target} grew past this system's file size limit (ulimit -f)" in r.stderr.strip().splitlines()[-1]
+    assert _names(tmp_path) == []  # the temp is gone, nothing was written under the name
+
+
+# ---- flags naming files that are something else ----------------------------------------------------------------
+def test_a_cache_dir_that_is_a_file_is_refused_before_any_work(capsys, demo_ckpt, tmp_path, no_work, old_video):
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    rc, _, err = _run(capsys, _fast(demo_ckpt, cache, "--out", old_video))
+    assert rc == 2 and _one_line(err) == (f"lingbot-world generate: error: --cache-dir {cache} is a file; give a "
+                                          "folder for the prompt-embedding cache (made if missing)")
+    rc, _, err = _run(capsys, _fast(demo_ckpt, cache / "sub", "--out", old_video))
+    assert rc == 2 and f"--cache-dir {cache / 'sub'} is inside {cache}, which is a file" in _one_line(err)
+    rc, _, err = _run(capsys, ["play", "--demo", "--demo-dir", str(demo_ckpt), "--no-browser", "--port", "0",
+                               "--out-dir", str(tmp_path / "o"), "--cache-dir", str(cache)])
+    assert rc == 2 and f"--cache-dir {cache} is a file" in _one_line(err)
+    assert not no_work and old_video.read_bytes() == b"complete earlier video"
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda d: d, "{p} is a folder, not a state file; give the .state file --save-state wrote"),
+    (lambda d: Path(os.devnull), "{p} is not a regular file (a device or a pipe); give the .state file "
+                                 "--save-state wrote"),
+    (lambda d: d / "gone.state", "state file not found: {p}"),
+])
+def test_continue_from_something_else_says_what_it_is(capsys, demo_ckpt, tmp_path, no_work, make, expect):
+    p = make(tmp_path)
+    rc, _, err = _run(capsys, _fast(demo_ckpt, tmp_path / "cache", "--continue-from", p, "--out", tmp_path / "o.mp4"))
+    assert rc == 2 and _one_line(err) == "lingbot-world generate: error: " + expect.format(p=p)
+    assert not no_work
+
+
+def test_a_camera_folder_typo_is_not_called_an_unknown_preset(capsys, demo_ckpt, tmp_path, no_work, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spec in ("./typo", "trajectories/orbit", "~/nowhere"):
+        rc, _, err = _run(capsys, _fast(demo_ckpt, tmp_path / "cache", "--camera", spec, "--out", tmp_path / "o.mp4"))
+        line = _one_line(err)
+        assert rc == 2 and f"--camera {spec}: no such folder; give a trajectory folder" in line, line
+        assert "unknown camera preset" not in line
+    rc, _, err = _run(capsys, _fast(demo_ckpt, tmp_path / "cache", "--camera", "dolly_ni", "--out", tmp_path / "o.mp4"))
+    assert rc == 2 and "unknown camera preset(s) dolly_ni" in _one_line(err)
 
 
 def _fill(path, leave: int) -> None:

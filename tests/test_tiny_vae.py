@@ -130,11 +130,12 @@ def test_files_in_the_real_format_load_with_their_widths(tmp_path):
                           ("lighttaew2_1.safetensors", {"taehv_" + k: v for k, v in sd.items()}),
                           ("wide.safetensors", wide)):
         m = load_tiny_decoder(_write(tmp_path, tensors, name))
-        assert m.cfg == full
+        assert m.cfg == TinyConfig(raw_latents=True)  # float32 tensors: LightTAE's input, whatever the name
         for k, v in sd.items():  # a wider grow layer keeps its last frames' channels
             assert torch.equal(m.state_dict()[k], v), (name, k)
-    torch.save(sd, tmp_path / "taew2_1.pth")
-    assert load_tiny_decoder(tmp_path / "taew2_1.pth", dtype=torch.bfloat16).dtype == torch.bfloat16
+    torch.save({k: v.half() for k, v in sd.items()}, tmp_path / "lighttaew2_1.pth")
+    m = load_tiny_decoder(tmp_path / "lighttaew2_1.pth", dtype=torch.bfloat16)
+    assert m.dtype == torch.bfloat16 and m.cfg == full  # float16 tensors: taew2_1's input, whatever the name
 
 
 def test_bad_files_are_refused_in_one_line_naming_the_file(tmp_path):

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from lingbot_world.cli import main
+from lingbot_world.loaders.atomic import DiskFullError
 from lingbot_world.cli.video_out import (OutputPathError, VideoWriteError, find_ffmpeg, plan_output, to_uint8_frames,
                                          write_video)
 
@@ -54,13 +55,20 @@ def _fake_ffmpeg(tmp_path, body: str):
 
 
 @pytest.mark.skipif(os.name == "nt", reason="a script as the ffmpeg executable")
-def test_encoder_failure_keeps_the_previous_video(tmp_path):
+@pytest.mark.parametrize("said, error, line", [
+    ("av_interleaved_write_frame(): Invalid argument", VideoWriteError,
+     r"exit code 1\): av_interleaved_write_frame\(\): Invalid argument"),
+    # a full disk is said as such, naming the video (not ffmpeg's temp file) and what to do
+    ("av_interleaved_write_frame(): No space left on device", DiskFullError,
+     r"^no space left on the disk \(\d+ MB free there\) while writing \S+out\.mp4; free some space"),
+])
+def test_encoder_failure_keeps_the_previous_video(tmp_path, said, error, line):
     ffmpeg = _fake_ffmpeg(tmp_path, "sys.stdin.buffer.read()\nopen(sys.argv[-1], 'wb').write(b'half')\n"
-                                    "print('av_interleaved_write_frame(): No space left on device', file=sys.stderr)\n"
+                                    f"print({said!r}, file=sys.stderr)\n"
                                     "sys.exit(1)")
     out = tmp_path / "out.mp4"
     out.write_bytes(b"previous video")
-    with pytest.raises(VideoWriteError, match=r"exit code 1\): av_interleaved_write_frame\(\): No space left"):
+    with pytest.raises(error, match=line):
         write_video(_video(), plan_output(out, ffmpeg))
     assert out.read_bytes() == b"previous video" and _names(tmp_path) == ["fake_ffmpeg", "out.mp4"]
 
@@ -198,7 +206,8 @@ def test_frames_are_encoded_in_the_background_and_errors_surface_at_close(tmp_pa
 @pytest.mark.skipif(os.name == "nt", reason="a script as the ffmpeg executable")
 def test_a_failed_close_is_reported_again_not_run_twice(tmp_path):
     """A full disk at the end of a Fast run: close() fails, and the caller's cleanup asks again (keep_partial /
-    close). The reason comes back as a VideoWriteError, never an AttributeError from a second close."""
+    close). The reason comes back (a DiskFullError, then a VideoWriteError quoting it), never an AttributeError
+    from a second close."""
     from lingbot_world.cli.video_out import VideoWriter
 
     ffmpeg = _fake_ffmpeg(tmp_path, "sys.stdin.buffer.read()\n"
@@ -208,10 +217,10 @@ def test_a_failed_close_is_reported_again_not_run_twice(tmp_path):
     out.write_bytes(b"previous video")
     writer = VideoWriter(plan_output(out, ffmpeg))
     writer.append(_video(frames=5))
-    with pytest.raises(VideoWriteError, match="No space left on device"):
+    with pytest.raises(DiskFullError, match="no space left on the disk"):
         writer.close()
     assert not writer.open and writer.keep_partial() is None
-    with pytest.raises(VideoWriteError, match="failed close.*No space left on device"):
+    with pytest.raises(VideoWriteError, match="failed close.*no space left on the disk"):
         writer.close()
     assert out.read_bytes() == b"previous video" and _names(tmp_path) == ["fake_ffmpeg", "out.mp4"]
 

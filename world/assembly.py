@@ -246,7 +246,8 @@ def open_session(files: WorldFiles, settings: Optional[WorldSettings] = None, *,
     placement = FastPlacement(plan, device, log.info)
     load = model_loader(checked, settings, device)
     vae = load_vae(files.vae, device, config=files.vae_config())
-    session = WorldSession(placement, probe, device=device, load_model=lambda: load(placement), vae=vae,
+    session = WorldSession(placement, probe, device=device, load_model=lambda progress=None: load(placement, progress),
+                           vae=vae,
                            prepare_model=speed_preparer(settings.speed), speed=settings.speed,
                            tiny_decoder=checked.tiny)
     session.opened = Opened(checked, settings, plan.reason)

@@ -73,7 +73,8 @@ def demo_ready(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str 
     return ready and (weights not in LOWP_WEIGHTS or (root / entry.files.stored_dir(weights) / "config.json").is_file())
 
 
-def _demo_config(entry: ModelEntry):
+def demo_config(entry: ModelEntry):
+    """The tiny DiT config of `entry`'s demo."""
     cfg = replace(demo_configs()[0], causal=True)
     if entry.dit.dim % 128 == 0 and entry.files.official == ("transformers", ""):  # shapes must give the heads
         cfg = replace(cfg, dim=128, num_heads=1, ffn_dim=256)
@@ -97,14 +98,14 @@ def _ensure(out: Path, write) -> None:
 def _write_nf4_dit(entry: ModelEntry, out: Path) -> None:
     from ..loaders.nf4_writer import make_random_nf4_expert
 
-    make_random_nf4_expert(_demo_config(entry), out, device="cpu", seed=DEMO_SEED + 2, tags=model_tags(entry))
+    make_random_nf4_expert(demo_config(entry), out, device="cpu", seed=DEMO_SEED + 2, tags=model_tags(entry))
 
 
 def _write_official_dit(entry: ModelEntry, official: Path) -> None:
     """The release's float32 shards (two, so the index is exercised), as upstream names them."""
     from ..loaders.nf4_writer import random_expert_state, write_official_expert
 
-    cfg = _demo_config(entry)
+    cfg = demo_config(entry)
     state = random_expert_state(cfg, seed=DEMO_SEED + 3)
     with_config = entry.files.has_config
     extra = {"local_attn_size": entry.window or -1, "sink_size": entry.sink}

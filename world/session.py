@@ -116,11 +116,12 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         """The K/V cache of the video (None when none is placed)."""
         return self.kv.cache
 
-    def load(self) -> None:
-        """Load the model now (otherwise the first chunk does)."""
+    def load(self, progress: Optional[Callable[[int, int], None]] = None) -> None:
+        """Load the model now (otherwise the first chunk does); progress(done_bytes, total_bytes) as it reads, where
+        the session's loader reports it (the CLI's and the player's do)."""
         self._check_open()
         with self.model_lock:
-            self._ensure_model()
+            self._ensure_model(progress)
 
     def start(self, image, prompt: str) -> None:
         """A new video from an image (a path or [3, H, W] in [-1, 1]) and a prompt (encoded in a child process,
@@ -339,10 +340,10 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         return self.speed.fast_run_options(self.settings.recipe) if self.speed is not None else {}
 
     # ---- the model and the cache ---------------------------------------------------------------------------------
-    def _ensure_model(self) -> nn.Module:
+    def _ensure_model(self, progress=None) -> nn.Module:
         if self.model is None:
             t = time.perf_counter()
-            model = self._load_model()
+            model = self._load_model() if progress is None else self._load_model(progress=progress)
             if self._prepare_model is not None:
                 model = self._prepare_model(model)
             self.model = model

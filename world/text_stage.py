@@ -114,7 +114,7 @@ def plan(text: TextSettings, files, prompts: Sequence[str], device: torch.device
     if child_bytes <= 0:  # an encoder in host RAM beside the models' RAM is not planned for: one after the other
         overlap = plan_overlap(free, 0, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free,
                                child_ram=child_ram)
-        return TextPlan(_reason(overlap, f"the text encoder runs on {t5_device} first"), "first", t5_device, encode,
+        return TextPlan(_reason(overlap, f"the text encoder runs {_on(t5_device)} first"), "first", t5_device, encode,
                         session)
     overlap = plan_overlap(free, child_bytes, steps, allow=allow, host_bytes=host_bytes, ram_free=ram_free,
                            child_ram=child_ram)
@@ -140,6 +140,13 @@ def _free_vram(device: torch.device) -> Optional[int]:
     from ..memory.placement import free_vram_bytes
 
     return free_vram_bytes(device)
+
+
+def _on(t5_device: str) -> str:
+    """Where the encoder child runs, in words: 'auto' is its own choice (the GPU when the weights fit there)."""
+    if t5_device == "auto":
+        return "on the GPU if it fits there, else on the CPU" if torch.cuda.is_available() else "on the CPU"
+    return "on the CPU" if t5_device == "cpu" else f"on {t5_device}"
 
 
 def _child_device(requested: str, t5_path, device: torch.device, free: Optional[int]) -> tuple[str, int]:

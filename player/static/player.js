@@ -1,10 +1,10 @@
-// LingBot-World player page: plays chunks at 16 fps as they arrive, samples the keys once per video frame, asks
-// for the next chunk as soon as the server is free (the keys sampled since the last request are its key timeline),
-// and drives the server's one world session over a WebSocket (protocol: player/routes.py; frames: player/frames.py).
+// LingBot-World player page: plays chunks at 16 fps as they arrive, samples the keys once per video frame (keys.js),
+// asks for the next chunk as soon as the server is free (the keys sampled since the last request are its key
+// timeline), and drives the server's one world session over a WebSocket (protocol: player/routes.py; frames:
+// player/frames.py).
 "use strict";
 (() => {
-  const FPS = 16;
-  const KEYS = "wasdijkl";
+  const { FRAME_MS, KEYS, foldTo, actionString, takeKeys, asksNow, frameClock } = window.lingbotKeys;
   const TOKEN = document.body.dataset.token;
   const $ = (id) => document.getElementById(id);
   const screen = $("screen");
@@ -18,6 +18,9 @@
     lead: Infinity, // seconds from a request to its first frame, as last measured (the server's latency)
     notes: [], errors: [], saved: null, render: null, busy: false, connected: false,
     timings: {}, timingSummary: null, // chunk -> its latest row (both clocks: player/timings.py)
+    sampledFrames: 0, // key samples taken: one per video frame played, however often the page runs
+    tickEvery: FRAME_MS, // the page's own tick; a slow page ticks less often and takes several samples a tick
+    noteMs: 8000, errorMs: 15000, // how long a note or an error stays on screen
   };
   window.lingbotPlayer = P;
   const held = new Set();
@@ -26,7 +29,8 @@
   const boundary = {}; // chunk number -> its last frame (rewind shows it)
   let decodeChain = Promise.resolve();
   let epoch = 0; // bumped on rewind/start: frames decoded for an older epoch are dropped
-  let keyChangeAt = 0, lastSample = null, lastKeyEventAt = 0, lastSampleAt = 0;
+  let keyChangeAt = 0, lastSample = null, lastKeyEventAt = 0, lastSampleAt = 0, noteTimer = 0;
+  const frames = frameClock();
   const MAX_PENDING = 64; // samples kept while a request waits (older ones are folded together: a tap still counts)
   const shownTimes = [];
   let ws = null;
@@ -42,6 +46,8 @@
     el.textContent = text;
     el.className = isError ? "error" : "";
     (isError ? P.errors : P.notes).push(text);
+    clearTimeout(noteTimer); // a note stays until the next one, or a while
+    noteTimer = setTimeout(() => { el.textContent = ""; el.className = ""; }, isError ? P.errorMs : P.noteMs);
   }
   function send(obj) {
     if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(obj));
@@ -54,22 +60,12 @@
   function heldKeys() {
     return [...KEYS].filter((k) => held.has(k)).join("");
   }
-  function union(a, b) {
-    return [...KEYS].filter((k) => a.includes(k) || b.includes(k)).join("");
-  }
-  // At most n samples: the oldest folded together into one (a key tapped in any of them still counts once).
-  function foldTo(samples, n) {
-    while (samples.length > n && samples.length > 1) samples.splice(0, 2, union(samples[0], samples[1]));
-  }
-  function actionString(samples) {
-    const out = [];
-    for (const k of samples) {
-      const last = out[out.length - 1];
-      if (last && last.k === k) last.n += 1; else out.push({ k, n: 1 });
-    }
-    return out.map((s) => `${s.k || "none"}-${s.n}`).join(",");
-  }
   function fmt(s) { return s == null ? "-" : `${Number(s).toFixed(2)} s`; }
+  function resetStats() { // a new video: no number of the last one stays on screen
+    for (const id of ["s-chunk-time", "s-first", "s-key", "s-key-median", "s-fps"]) $(id).textContent = "-";
+    P.timings = {}; P.timingSummary = null; P.lastServerFirst = null; P.chunkEnds = []; P.sent = [];
+    shownTimes.length = 0;
+  }
 
   // ---- display ----
   function draw(bmp) {
@@ -104,23 +100,27 @@
   function tick() {
     const now = performance.now();
     if (P.running && !P.paused) {
-      if (queue.length) {
-        const f = queue.shift();
-        draw(f.bmp);
+      // the video's frames begun since the last tick (one at 16 ticks a second, more on a slower page): each plays
+      // one buffered frame (the last of them is drawn) and takes one sample of the keys
+      const due = frames.due(now);
+      let last = null;
+      for (let n = 0; n < due && queue.length; n += 1) {
+        last = queue.shift();
         P.shown += 1;
-        P.shownChunk = f.chunk;
+        P.shownChunk = last.chunk;
         shownTimes.push(now);
-        reportShown(f.chunk, now);
+        reportShown(last.chunk, now);
       }
+      if (last) draw(last.bmp);
       if (!P.discard) {
-        sample(now);
+        for (let n = 0; n < due; n += 1) sample(now);
         trySend();
       }
     }
     while (shownTimes.length && shownTimes[0] < now - 2000) shownTimes.shift();
     $("s-fps").textContent = P.running && !P.paused ? (shownTimes.length / 2).toFixed(1) : "-";
     showKeys();
-    nextTick = Math.max(nextTick + 1000 / FPS, now + 1);
+    nextTick = Math.max(nextTick + P.tickEvery, now + 1);
     setTimeout(tick, nextTick - performance.now());
   }
 
@@ -132,31 +132,18 @@
     lastSample = k;
     lastSampleAt = now;
     P.pending.push(k);
+    P.sampledFrames += 1;
     foldTo(P.pending, MAX_PENDING);
   }
 
-  // The next chunk's keys from the samples since the last request (oldest first) and the keys held now: more
-  // samples than the chunk takes keep the latest, the older folded into the first kept (a tap still counts once);
-  // fewer are followed by the keys held now.
-  function takeKeys(samples, need, heldNow) {
-    if (!need) return [];
-    const s = samples.slice();
-    foldTo(s, need);
-    while (s.length < need) s.push(heldNow);
-    return s;
-  }
-  // Ask now? Always when the server is slower than playback; when it is faster, only once the frames queued play
-  // out within its latency (`lead` seconds), so the next chunk's keys are as fresh as can be and the queue stays short.
-  function asksNow(queuedFrames, lead) {
-    return queuedFrames / FPS <= lead;
-  }
-  P.policy = { takeKeys, asksNow }; // for the page's tests
+  P.policy = { takeKeys, asksNow, frameClock }; // for the page's tests
 
   function trySend() {
     if (!P.running || P.paused || P.inFlight || P.discard) return;
     if (!asksNow(queue.length, P.lead)) return;
     const now = performance.now();
-    sample(now); // the keys held at this moment (and a tap since the last tick) count too
+    // the frames begun since the last tick, at least one: the keys held at this moment (and a tap) count too
+    for (let n = frames.due(now, true); n > 0; n -= 1) sample(now);
     const keys = actionString(takeKeys(P.pending.splice(0), P.need, heldKeys()));
     P.sent.push(keys);
     P.inFlight = true;
@@ -194,6 +181,7 @@
     $("pause").textContent = P.paused ? "Play" : "Pause";
     P.inFlight = false;
     lastSample = null; keyChangeAt = 0;
+    frames.start(performance.now());
     if (frame) draw(frame);
     showState();
   }
@@ -236,8 +224,9 @@
         showState();
         loadImages();
         break;
-      case "state": // a new video (start / restart): the old chunk boundaries are gone
+      case "state": // a new video (start / restart): the old chunk boundaries and numbers are gone
         epoch += 1;
+        resetStats();
         for (const c of Object.keys(boundary)) if (Number(c) > 0) delete boundary[c];
         decodeChain = decodeChain.then(() => { playFrom(m.state, null); });
         break;
@@ -274,6 +263,7 @@
         P.render = m;
         $("render").hidden = false;
         const p = $("render-progress");
+        p.hidden = m.status === "command"; // a command shown is not a job: no bar
         if (m.progress == null) p.removeAttribute("value"); else p.value = m.progress;
         $("render-text").textContent = `${m.status}${m.out ? " -> " + m.out : ""} ${m.line || ""}`;
         $("render-command").textContent = m.command || "";
@@ -345,7 +335,7 @@
   function togglePause() {
     if (!P.running) return;
     P.paused = !P.paused;
-    if (!P.paused) lastSampleAt = performance.now();
+    if (!P.paused) { lastSampleAt = performance.now(); frames.start(lastSampleAt); }
     $("pause").textContent = P.paused ? "Play" : "Pause";
     if (!P.paused) trySend();
   }
@@ -369,8 +359,14 @@
     if (!file) return;
     const body = new FormData();
     body.append("image", file);
-    const r = await fetch(url("upload"), { method: "POST", body });
-    if (!r.ok) { note(`upload refused: ${await r.text()}`, true); return; }
+    let r;
+    try {
+      r = await fetch(url("upload"), { method: "POST", body });
+    } catch (e) {
+      note(`upload failed: ${e}`, true);
+      return;
+    }
+    if (!r.ok) { note(`upload refused (${r.status}): ${(await r.text()).trim()}`, true); return; }
     const { image } = await r.json();
     await loadImages(image);
     note(`uploaded as ${image}; press Start`);

@@ -168,12 +168,13 @@ def plot_trajectory(
     img = Image.new("RGB", size, BACKGROUND)
     draw = ImageDraw.Draw(img)
     font, small = _font(15), _font(12)
-    header = 30
-    footer = 24
     heading = title or "camera path"
-    draw.text((12, 7), heading, fill=TEXT, font=font)
     info = f"{n} poses, path length {np.linalg.norm(np.diff(centres, axis=0), axis=1).sum():.3g} (first-camera axes)"
-    draw.text((width - 12, 9), info, fill=AXIS, font=small, anchor="ra")
+    frames_note = f"frustums at frames {', '.join(str(i) for i in keys)}; colour = time (blue -> orange)"
+    header = _draw_header(draw, heading, info, width, font, small)
+    notes = _wrap(draw, frames_note, small, width - 24) if draw.textlength(frames_note, font=small) > width - 146 \
+        else []
+    footer = 24 + LINE * len(notes)
 
     panel_w = width // len(VIEWS)
     for v, (name, (hi, hs, hlabel), (vi, vs, vlabel)) in enumerate(VIEWS):
@@ -234,13 +235,39 @@ def plot_trajectory(
     draw.text((30, legend_y), "start", fill=TEXT, font=small)
     draw.rectangle([78, legend_y + 3, 88, legend_y + 13], fill=END, outline=TEXT)
     draw.text((94, legend_y), "end", fill=TEXT, font=small)
-    draw.text(
-        (134, legend_y),
-        f"frustums at frames {', '.join(str(i) for i in keys)}; colour = time (blue -> orange)",
-        fill=AXIS,
-        font=small,
-    )
+    if not notes:  # room beside the markers; else it goes under them, wrapped to the picture's width
+        draw.text((134, legend_y), frames_note, fill=AXIS, font=small)
+    for i, line in enumerate(notes):
+        draw.text((12, legend_y + LINE * (i + 1)), line, fill=AXIS, font=small)
     return img
+
+
+LINE = 15  # a line of the small text
+
+
+def _wrap(draw: ImageDraw.ImageDraw, text: str, font, width: float) -> list[str]:
+    """`text` broken at spaces into lines no wider than `width` (a single longer word keeps a line of its own)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def _draw_header(draw: ImageDraw.ImageDraw, heading: str, info: str, width: int, font, small) -> int:
+    """The title, with the path's numbers right of it where they fit, else on lines under it; the header's
+    height."""
+    title_w = draw.textlength(heading, font=font)
+    draw.text((12, 7), heading, fill=TEXT, font=font)
+    if 12 + title_w + 16 + draw.textlength(info, font=small) <= width - 12:
+        draw.text((width - 12, 9), info, fill=AXIS, font=small, anchor="ra")
+        return 30
+    lines = _wrap(draw, info, small, width - 24)
+    for i, line in enumerate(lines):
+        draw.text((12, 27 + LINE * i), line, fill=AXIS, font=small)
+    return 30 + LINE * len(lines)
 
 
 def image_to_tensor(image: Image.Image) -> torch.Tensor:

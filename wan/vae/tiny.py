@@ -1,8 +1,9 @@
 """A tiny decoder for Wan2.1 latents (TAEHV's `taew2_1` / lightx2v's `lighttaew2_1`): a preview-quality decode at
 a fraction of the Wan VAE's time and memory, for playing a world and for drafts.
 
-The file format fixes the layout (`decoder.<index>.…` keys of one sequence; no latent scaling: it decodes the
-normalised latents the DiT samples, to pixels in [0, 1]):
+The two files share one layout (`decoder.<index>.…` keys of one sequence, pixels in [0, 1] out) but not their input:
+`taew2_1` decodes the normalised latents the DiT samples, `lighttaew2_1` the Wan VAE's raw latents, z·std + mean
+(`TinyConfig.raw_latents`; lightx2v's and ComfyUI's own decoders scale the same way). The layout:
 
     0 clamp (3·tanh(x/3))   1 conv3x3 16→n0   2 relu
     3-5   memory blocks at n0, the latent's frame rate   6 upsample x2   7 1x1 "grow" (x1 in time)   8 conv n0→n1
@@ -30,6 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .model import LATENT_MEAN, LATENT_STD
+
 LATENT_CHANNELS = 16  # Wan2.1's latent
 TIME_GROWTH = (1, 2, 2)  # per stage: 1 latent frame -> 4 video frames (Wan2.1's temporal factor)
 FRAMES_TO_TRIM = 3  # the first latent frame gives 4 frames, of which the video keeps the last
@@ -40,10 +43,12 @@ IN_CONV, OUT_CONV, LAYERS = 1, 22, 23
 
 @dataclass(frozen=True)
 class TinyConfig:
-    """Channel widths of the four stages (taew2_1: 256, 128, 64, 64) and the output's pixel shuffle."""
+    """Channel widths of the four stages (taew2_1: 256, 128, 64, 64), the output's pixel shuffle, and whether the
+    decoder takes the VAE's raw latents (lighttaew2_1) instead of the DiT's normalised ones (taew2_1)."""
 
     widths: tuple = (256, 128, 64, 64)
     patch: int = 1
+    raw_latents: bool = False
 
     @property
     def spatial_factor(self) -> int:
@@ -88,9 +93,21 @@ class TinyDecoder(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.decoder[IN_CONV].weight.dtype
 
+    def decoder_input(self, z: torch.Tensor) -> torch.Tensor:
+        """The DiT's normalised latent [B, 16, ...] as this decoder takes it, on its device in its dtype: as is, or
+        the VAE's raw latent z·std + mean (scaled in float32, then rounded once)."""
+        if not self.cfg.raw_latents:
+            return z.to(self.device, self.dtype)
+        shape = (1, LATENT_CHANNELS) + (1,) * (z.dim() - 2)
+        z = z.to(self.device, torch.float32)
+        std = torch.tensor(LATENT_STD, dtype=torch.float32).view(shape).to(z.device, non_blocking=True)
+        mean = torch.tensor(LATENT_MEAN, dtype=torch.float32).view(shape).to(z.device, non_blocking=True)
+        return torch.addcmul(mean, z, std).to(self.dtype)
+
     def frame(self, z: torch.Tensor, memory: dict) -> torch.Tensor:
-        """One latent frame [B, 16, h, w] -> its four frames [B, 4, 3, 8h, 8w] in [0, 1]; `memory` (block index ->
-        that block's last input [B, 1, C, H, W]) is read and updated."""
+        """One latent frame [B, 16, h, w] as the decoder takes it (`decoder_input`) -> its four frames
+        [B, 4, 3, 8h, 8w] in [0, 1]; `memory` (block index -> that block's last input [B, 1, C, H, W]) is read and
+        updated."""
         d = self.decoder
         b = z.shape[0]
         x = torch.relu(d[IN_CONV](torch.tanh(z / 3) * 3)).unsqueeze(1)  # [B, T=1, C, h, w]
@@ -139,7 +156,7 @@ class TinyStreamingDecoder:
         elif self.shape != (b, h, w):
             raise ValueError(f"latent chunk {tuple(z.shape)} does not continue the video of batch/size {self.shape}")
         model = self.model
-        z = z.to(model.device, model.dtype)
+        z = model.decoder_input(z)
         out = []
         with torch.inference_mode():
             for i in range(n):
@@ -156,8 +173,9 @@ class TinyStreamingDecoder:
 
 @functools.lru_cache(maxsize=8)
 def tiny_decoder_reach(cfg: TinyConfig = TinyConfig()) -> int:
-    """How many latent frames after a latent frame its influence on the decoded frames lasts (7 for taew2_1's
-    layout): traced by putting NaN into the first frame (0·NaN is NaN, so the dependency survives any weight) on a
+    """How many latent frames after a latent frame its influence on the decoded frames lasts (8 for taew2_1's
+    layout: each memory block looks one frame back, six at the latent's frame rate and three at twice it, 3 + 3 + 1.5
+    latent frames, which reach into the eighth): traced by putting NaN into the first frame (0·NaN is NaN, so the dependency survives any weight) on a
     one-channel twin at the smallest size. A decoder started `reach` latent frames early gives exact frames (the
     frames before those reach no further than the last of them)."""
     twin = TinyDecoder(TinyConfig(widths=(1, 1, 1, 1), patch=cfg.patch))
