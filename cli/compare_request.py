@@ -111,6 +111,7 @@ class CompareRequest(FlagRequest):
     # the comparison
     preset: tuple = ()  # the --preset specs, in order (empty: DEFAULT_PRESETS)
     chunks: int = DEFAULT_CHUNKS
+    kv_drift: str = "on"
     tiny_vae: Optional[Path] = None
     # generation
     seed: int = 42

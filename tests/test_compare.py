@@ -220,7 +220,7 @@ def test_a_failed_run_keeps_the_old_outputs_and_leaves_no_reference_behind(demos
         raise RuntimeError("the metrics failed")
 
     monkeypatch.setattr("lingbot_world.world.compare.frame_quality", failing)  # after the reference's first chunk
-    assert _compare(demos, "fast", out, "--chunks", "1", "--preset", "exact", "--preset", "draft") == 1
+    assert _compare(demos, "v2-1.3b", out, "--chunks", "1", "--preset", "exact", "--preset", "draft") == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert calls and err[-1] == "lingbot-world compare: the metrics failed"
     assert (out / "compare.json").read_text() == "old" and not (out / "compare.png").exists()
@@ -287,3 +287,31 @@ def test_the_picture_of_presets_identical_to_the_reference():
     assert (top_band == colour(1)).all(1).sum() > 20  # the triangles (and SSIM 1 on its axis' top)
     bottom_band = pixels[ky1 - 4:ky1, kx0 + 1:kx1].reshape(-1, 3)
     assert (bottom_band == colour(1)).all(1).sum() > 20
+
+
+def test_the_reference_store_is_checked_against_the_free_space(demos, tmp_path, monkeypatch, capsys):
+    """Too little room for the reference's caches: one line before the model loads, naming the way out; with
+    --kv-drift off only the frames are kept and compared."""
+    import lingbot_world.world.compare as world_compare
+
+    real = world_compare.reference_bytes
+    monkeypatch.setattr(world_compare, "reference_bytes",
+                        lambda s, layers, *a: 10 ** 15 if layers else real(s, layers, *a))
+    loads = []
+    monkeypatch.setattr(world_compare.ReferenceStore, "__init__", lambda *a: loads.append(a) or None)
+    out = tmp_path / "out"
+    assert _compare(demos, "v2-1.3b", out, "--chunks", "1") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lingbot-world")]
+    assert len(err) == 1 and err[0].startswith("lingbot-world compare: error: --out-dir "), err
+    assert "free" in err[0] and "--kv-drift off" in err[0]
+    assert not loads and not (out / "compare.json").exists()
+
+    monkeypatch.undo()
+    assert _compare(demos, "v2-1.3b", out, "--chunks", "1", "--kv-drift", "off", "--preset", "exact",
+                    "--preset", "draft") == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:5].strip().isdigit()]
+    assert [r[:2] + r[-3:-1] for r in rows] == [["0", "exact", "-", "-"], ["0", "draft", "-", "-"]]
+    report = json.loads((out / "compare.json").read_text())
+    draft = report["presets"][1]["chunks"][0]
+    assert draft["kv_cosine"] is draft["kv_rel_l2"] is draft["kv_tokens"] is None and draft["kv_layers"] == []
+    assert 0 < draft["psnr"] < 100

@@ -55,7 +55,7 @@ class ChunkResult:
     chunk: int
     frames: int
     quality: FrameQuality  # against the reference's frames of this chunk
-    drift: CacheDrift  # the cache after this chunk against the reference's
+    drift: Optional[CacheDrift]  # the cache after this chunk against the reference's (None: not measured)
     seconds: float  # the chunk's DiT and decode (the model was loaded before the first)
 
 
@@ -110,6 +110,7 @@ METRICS_DOC = {
                  "layer the mean of K's and V's, then the mean over layers (1: identical)",
     "kv_rel_l2": "|a - b| / |b| of the same tensors, b the reference's, averaged the same way (0: identical)",
     "kv_tokens": "video tokens both caches hold, the ones compared (a shorter window holds fewer)",
+    "kv_*": "null: the drift was not measured (--kv-drift off)",
     "seconds": "the chunk's DiT and decode time (the model loaded before the first chunk)",
 }
 
@@ -126,11 +127,12 @@ def _variant_json(v: VariantResult) -> dict:
         "chunks": [{
             "chunk": c.chunk, "frames": c.frames, "seconds": round(c.seconds, 4),
             "psnr": _num(c.quality.psnr), "ssim": c.quality.ssim,
-            "kv_cosine": c.drift.cosine, "kv_rel_l2": c.drift.rel_l2, "kv_tokens": c.drift.tokens,
+            "kv_cosine": c.drift.cosine if c.drift else None, "kv_rel_l2": c.drift.rel_l2 if c.drift else None,
+            "kv_tokens": c.drift.tokens if c.drift else None,
             "psnr_per_frame": [_num(p) for p in c.quality.psnr_per_frame],
             "ssim_per_frame": list(c.quality.ssim_per_frame),
             "kv_layers": [{"k_cosine": d.k.cosine, "v_cosine": d.v.cosine, "k_rel_l2": d.k.rel_l2,
-                           "v_rel_l2": d.v.rel_l2} for d in c.drift.layers],
+                           "v_rel_l2": d.v.rel_l2} for d in (c.drift.layers if c.drift else ())],
         } for c in v.chunks],
     }
 
@@ -172,15 +174,17 @@ def chunk_keys(keys: Optional[KeyTimeline], first: int, per_chunk: int, chunks: 
 # ---- the runs -----------------------------------------------------------------------------------------------------
 def compare_presets(files, settings: WorldSettings, variants: Sequence[Variant], image: Union[str, Path],
                     prompt: str, keys: Optional[KeyTimeline], *, chunks: int, device, store_dir: Path,
+                    kv_drift: bool = True,
                     check_store: Optional[Callable[[int], None]] = None,
                     on_chunk: Optional[Callable[[int, ChunkResult], None]] = None,
                     on_variant: Optional[Callable[[int, Variant], None]] = None) -> Comparison:
     """Run every variant for `chunks` chunks (see the module docstring); the first is the reference.
 
     settings: the run's world settings (size, seed, noise, weights, text, ...); each variant's speed plan and tiny
-    decoder go over them. check_store(bytes): called with the reference store's estimated size once the first
-    session is open (headers read, nothing loaded), to refuse a disk that cannot hold it. on_variant(index, variant)
-    before each session opens, on_chunk(index, result) after each chunk is compared."""
+    decoder go over them. kv_drift=False: frames only (the reference's caches are not kept: for a big model at a
+    large size that saves tens of GB of disk). check_store(bytes): called with the reference store's estimated size
+    once the first session is open (headers read, nothing loaded), to refuse a disk that cannot hold it.
+    on_variant(index, variant) before each session opens, on_chunk(index, result) after each chunk is compared."""
     from .assembly import open_session, video_settings
 
     if len(variants) < 2:
@@ -203,7 +207,8 @@ def compare_presets(files, settings: WorldSettings, variants: Sequence[Variant],
                     cfg = session.opened.checked.config
                     itemsize = torch.empty(0, dtype=getattr(torch, session.settings.cache_dtype)).element_size()
                     if check_store is not None:
-                        check_store(reference_bytes(session.settings, cfg.num_layers, cfg.dim, chunks, itemsize))
+                        check_store(reference_bytes(session.settings, cfg.num_layers if kv_drift else 0, cfg.dim,
+                                                    chunks, itemsize))
                     store = ReferenceStore(store_dir)
                 if start is None:
                     session.start(image, prompt)  # the text encoder and the VAE's encode of the image, once
@@ -226,7 +231,7 @@ def compare_presets(files, settings: WorldSettings, variants: Sequence[Variant],
                                    _summary(variant))
                 result.variants.append(vr)
                 for c in range(chunks):
-                    chunk = _run_chunk(session, per_chunk[c], c, store, reference=n == 0)
+                    chunk = _run_chunk(session, per_chunk[c], c, store, reference=n == 0, kv_drift=kv_drift)
                     vr.chunks.append(chunk)
                     if on_chunk is not None:
                         on_chunk(n, chunk)
@@ -240,7 +245,8 @@ def compare_presets(files, settings: WorldSettings, variants: Sequence[Variant],
     return result
 
 
-def _run_chunk(session, keys: KeyTimeline, c: int, store: ReferenceStore, reference: bool) -> ChunkResult:
+def _run_chunk(session, keys: KeyTimeline, c: int, store: ReferenceStore, reference: bool,
+               kv_drift: bool) -> ChunkResult:
     from ..memory.kv_park import placement_layers
 
     t = time.perf_counter()
@@ -249,14 +255,16 @@ def _run_chunk(session, keys: KeyTimeline, c: int, store: ReferenceStore, refere
     cache = session.cache
     span = CacheSpan(cache.global_end, cache.local_end, cache.sink_tokens)
     if reference:
-        store.write(c, frames, span, placement_layers(session.placement.placement))
+        store.write(c, frames, span, placement_layers(session.placement.placement) if kv_drift else ())
     ref_frames = store.frames(c)
     if ref_frames.shape != frames.shape:
         raise RuntimeError(f"chunk {c}: frames {tuple(frames.shape)} against the reference's "
                            f"{tuple(ref_frames.shape)}; the presets must make the same frames")
     quality = frame_quality(frames, ref_frames)
     del ref_frames
-    drift = cache_drift(placement_layers(session.placement.placement), span, store.layers(c), store.span(c))
+    drift = None
+    if kv_drift:
+        drift = cache_drift(placement_layers(session.placement.placement), span, store.layers(c), store.span(c))
     return ChunkResult(c, int(frames.shape[0]), quality, drift, seconds)
 
 

@@ -159,17 +159,23 @@ def plot_comparison(result, size: tuple[int, int] = SIZE) -> Image.Image:
                     "right); a triangle on the top edge: identical frames", "PSNR dB")
     ssims = [[c.quality.ssim for c in v.chunks] for v in others]
     s_lo, s_hi = frames.right_axis(min(min(r) for r in ssims), max(max(r) for r in ssims), "SSIM")
-    drifts = [[c.drift.rel_l2 for c in v.chunks] for v in others]
-    angles = [[1.0 - c.drift.cosine for c in v.chunks] for v in others]
-    top = max(max(max(r) for r in drifts), max(max(r) for r in angles))
+    measured = all(c.drift is not None for v in others for c in v.chunks)
+    drifts = [[c.drift.rel_l2 for c in v.chunks] for v in others] if measured else []
+    angles = [[1.0 - c.drift.cosine for c in v.chunks] for v in others] if measured else []
+    top = max(max(max(r) for r in drifts), max(max(r) for r in angles)) if measured else 1.0
     kv = _Panel(draw, boxes[1], chunks, 0.0, top if top > 0 else 1.0, f"K/V cache against {ref}: relative L2 "
                 "(solid) and 1 - cosine (dashed), mean over layers", "drift")
+    if not measured:
+        x0, y0, x1, y1 = boxes[1]
+        draw.text(((x0 + x1) / 2, (y0 + y1) / 2), "not measured (--kv-drift off)", fill=AXIS, font=_font(14),
+                  anchor="mm")
     for i in range(len(others)):
         fill = colour(i + 1)
         frames.series(psnrs[i], frames.lo, frames.hi, fill)
         frames.series(ssims[i], s_lo, s_hi, fill, dashed=True)
-        kv.series(drifts[i], kv.lo, kv.hi, fill)
-        kv.series(angles[i], kv.lo, kv.hi, fill, dashed=True)
+        if measured:
+            kv.series(drifts[i], kv.lo, kv.hi, fill)
+            kv.series(angles[i], kv.lo, kv.hi, fill, dashed=True)
     _legend(draw, result, boxes[1][3] + 44)
     return img
 

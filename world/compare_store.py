@@ -98,7 +98,8 @@ def remove_stale(parent: Path) -> list[Path]:
 
 def reference_bytes(settings, num_layers: int, dim: int, chunks: int, itemsize: int) -> int:
     """About the bytes the store takes for `chunks` chunks of a video of `settings` (a FastSettings: its size,
-    chunk, window): each boundary's filled cache (2 x layers x tokens held x dim) and the chunk's frames."""
+    chunk, window): each boundary's filled cache (2 x layers x tokens held x dim; num_layers 0: no cache kept) and
+    the chunk's frames."""
     total = 0
     frame_bytes = settings.height * settings.width * 3
     recipe = settings.recipe
