@@ -229,18 +229,21 @@ def _gb(n: float) -> str:
 
 
 def _write(result, targets: list[Path]) -> None:
-    """The JSON and the PNG, each whole or not at all (an existing one is replaced only now, after the run)."""
+    """The JSON and the PNG, each whole or not at all, both made in memory first (a picture or a number that
+    cannot be written fails before either file is touched); an existing one is replaced only now, after the run."""
+    import io
     import json
 
-    from ..loaders.atomic import atomic_path, atomic_write
+    from ..loaders.atomic import atomic_write
     from ..world.compare_plot import plot_comparison
 
-    picture = plot_comparison(result)
+    text = json.dumps(result.to_json(), indent=1, allow_nan=False) + "\n"
+    png = io.BytesIO()
+    plot_comparison(result).save(png, format="PNG")
     with atomic_write(targets[0], "w", encoding="utf-8") as f:
-        json.dump(result.to_json(), f, indent=1, allow_nan=False)
-        f.write("\n")
-    with atomic_path(targets[1]) as tmp:
-        picture.save(tmp, format="PNG")
+        f.write(text)
+    with atomic_write(targets[1], "wb") as f:
+        f.write(png.getvalue())
 
 
 # ---- the table --------------------------------------------------------------------------------------------------
