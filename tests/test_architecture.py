@@ -18,6 +18,7 @@ ENTRY_POINTS = {
     ("__init__.py", "main"),  # parses, dispatches to args.func, reads --debug
     ("generate.py", "run"),
     ("play.py", "run"),
+    ("compare.py", "run"),
     ("check_expert.py", "run"),
     ("convert_expert.py", "run"),
     ("convert_lowp.py", "run"),
