@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..nodes.previews import ClipPreview
+from ..nodes.adapters.previews import ClipPreview
 from .common import machine_info
 
 CLIPS = {"480p_81": (21, 60, 104), "720p_81": (21, 90, 160)}  # latent frames, height, width

@@ -9,20 +9,20 @@ from .log_filters import quiet_optional_kernel_warning
 
 quiet_optional_kernel_warning()  # before any node module imports bitsandbytes
 
-from .action_nodes import LingBotActions
-from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from .action import LingBotActions
+from .camera import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
+from .expert import LingBotExpertLoader, LingBotVAELoader
+from .fast import LingBotFastLoader, LingBotFastSampler
 from .fast_continue_node import LingBotFastContinue
 from .fast_lora_node import LingBotFastLoraLoader
-from .fast_nodes import LingBotFastLoader, LingBotFastSampler
-from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
-from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
+from .image import LingBotImageToVideo, LingBotVAEDecode
+from .model import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
 from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
-from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
-from .play_node import LingBotPlay
-from .sampler_node import LingBotSampler
-from .speed_node import LingBotSpeedOptions
-from .text_node import LingBotTextEncode
-from . import node_errors  # noqa: E402
+from .play import LingBotPlay
+from .sampler import LingBotSampler
+from .speed import LingBotSpeedOptions
+from .text import LingBotTextEncode
+from .adapters import node_errors  # noqa: E402
 
 NODE_CLASS_MAPPINGS = {
     "LingBotExpertLoader": LingBotExpertLoader,
@@ -103,12 +103,12 @@ def _setup_inside_comfyui() -> None:
         return  # outside ComfyUI (tests, CLI)
     from pathlib import Path
 
-    from . import host_memory
-    from .comfy_paths import register_model_folders
-    from .example_inputs import install_example_inputs
+    from .adapters import host_memory
+    from .adapters.comfy_paths import register_model_folders
+    from .adapters.example_inputs import install_example_inputs
 
     host_memory.install()
-    from .play_node import install_routes
+    from .play import install_routes
 
     install_routes()  # the live player's page on ComfyUI's server (token-protected)
     try:
@@ -116,7 +116,7 @@ def _setup_inside_comfyui() -> None:
     except Exception:
         logging.getLogger(__name__).exception("LingBot-World: could not register the lingbot_world model folder")
     try:
-        from .prompt_guard import install as install_prompt_guard
+        from .adapters.prompt_guard import install as install_prompt_guard
 
         install_prompt_guard(NODE_CLASS_MAPPINGS)
     except Exception:

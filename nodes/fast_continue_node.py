@@ -14,11 +14,11 @@ import torch
 
 from ..memory.kv_park import ParkedKVError
 from ..wan.sampling.fast_state import CHUNK_VIDEO_FRAMES, plan_next_part
-from .fast_host import FAST_STATE, camera_source, check_text, condition_track, open_fast_world, run_fast_part
-from .fast_state_store import FastStateHandle, KVStore, StaleStateError, state_line, state_output_used
-from .i2v_nodes import CONTEXT_KEY
-from .payloads import CAMERA, CATEGORY, TEXT, VAE, CameraInput, TextEmbeds, VAEHandle
-from .progress import show_on_node
+from .adapters.fast_host import FAST_STATE, camera_source, check_text, condition_track, open_fast_world, run_fast_part
+from .adapters.fast_state_store import FastStateHandle, KVStore, StaleStateError, state_line, state_output_used
+from .image import CONTEXT_KEY
+from .adapters.payloads import CAMERA, CATEGORY, TEXT, VAE, CameraInput, TextEmbeds, VAEHandle
+from .adapters.progress import show_on_node
 
 log = logging.getLogger(__name__)
 

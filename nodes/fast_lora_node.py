@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import comfy_paths
-from .fast_host import FAST_MODEL, FastModel
-from .lora_attach import patcher_with_lora
-from .payloads import CATEGORY
-from .progress import show_on_node
-from .ui_hints import short_labels
+from .adapters import comfy_paths
+from .adapters.fast_host import FAST_MODEL, FastModel
+from .adapters.lora_attach import patcher_with_lora
+from .adapters.payloads import CATEGORY
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import short_labels
 
 
 class LingBotFastLoraLoader:

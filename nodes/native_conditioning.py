@@ -15,11 +15,11 @@ from typing import Optional
 import torch
 
 from ..wan.control.camera import camera_condition
-from .video_setup import (CUSTOM_SIZE, LATENT_CHANNELS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,
-                          choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
-from .payloads import CAMERA, CATEGORY, VAE, CameraInput, VAEHandle
-from .progress import show_on_node
-from .ui_hints import show_if
+from .adapters.video_setup import (CUSTOM_SIZE, LATENT_CHANNELS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,
+                                   choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
+from .adapters.payloads import CAMERA, CATEGORY, VAE, CameraInput, VAEHandle
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import show_if
 
 log = logging.getLogger(__name__)
 

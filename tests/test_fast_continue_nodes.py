@@ -145,7 +145,7 @@ def test_a_windowed_video_copies_its_bounded_cache_per_step(comfy, inputs):
 
 def test_each_step_says_on_the_node_what_it_adds_and_the_ram_its_state_keeps(comfy, inputs, monkeypatch):
     import lingbot_world.nodes.fast_continue_node as continue_node
-    import lingbot_world.nodes.fast_nodes as fast_nodes
+    import lingbot_world.nodes.fast as fast_nodes
 
     shown = []
     monkeypatch.setattr(fast_nodes, "show_on_node", shown.append)

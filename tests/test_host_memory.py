@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's ma
 
 SCRIPT = textwrap.dedent("""
     import gc, json, torch
-    from lingbot_world.nodes import host_memory
+    from lingbot_world.nodes.adapters import host_memory
 
     def rss_mb():
         for line in open("/proc/self/status"):
@@ -78,7 +78,7 @@ def test_freed_weights_leave_the_process(release):
 def test_a_trim_waits_for_a_released_object_and_runs_once(monkeypatch):
     import gc
 
-    from lingbot_world.nodes import host_memory
+    from lingbot_world.nodes.adapters import host_memory
 
     calls = []
     monkeypatch.setattr(host_memory, "return_freed_host_memory", lambda: calls.append(1))

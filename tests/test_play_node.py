@@ -36,7 +36,7 @@ NODE = "50"
 @pytest.fixture
 def players(comfy):
     yield
-    from lingbot_world.nodes.play_node import _open, close_player
+    from lingbot_world.nodes.play import _open, close_player
 
     for node in list(_open):
         close_player(node)
@@ -61,7 +61,7 @@ def play(inputs, window=21, sink=3, used=True, **kw):
 
 
 def driver():
-    from lingbot_world.nodes.play_node import _open
+    from lingbot_world.nodes.play import _open
 
     return _open[NODE].driver
 
@@ -142,7 +142,7 @@ def test_the_state_is_taken_between_chunks(comfy, inputs, players):
 
 
 def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, players, monkeypatch):
-    import lingbot_world.nodes.play_node as play_node
+    import lingbot_world.nodes.play as play_node
     from lingbot_world.memory.kv_placement import RAM_MARGIN
 
     play(inputs, window=0)
@@ -264,7 +264,7 @@ def test_a_tiny_vae_decodes_the_played_frames_and_a_new_choice_starts_a_new_sess
 def test_a_bad_tiny_vae_is_one_line_naming_the_input_before_the_session_opens(comfy, inputs, players, vae_approx):
     from safetensors.torch import save_file
 
-    from lingbot_world.nodes.play_node import _open
+    from lingbot_world.nodes.play import _open
 
     save_file({"decoder.1.weight": torch.zeros(8, 48, 3, 3)}, str(vae_approx / "taew2_2.safetensors"))
     made(inputs)

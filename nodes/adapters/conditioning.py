@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from ..wan.dit.model import pad_context
+from ...wan.dit.model import pad_context
 from .payloads import TextEmbeds
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from ..wan.sampling.sampler import StepInfo
+from ...wan.sampling.sampler import StepInfo
 
 log = logging.getLogger(__name__)
 

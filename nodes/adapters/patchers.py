@@ -25,8 +25,8 @@ import comfy.model_patcher
 import comfy.utils
 from comfy.patcher_extension import CallbacksMP
 
-from ..memory.placement import expert_sizes
-from ..text_encoder.encode import stop_all_text_encoders
+from ...memory.placement import expert_sizes
+from ...text_encoder.encode import stop_all_text_encoders
 from . import host_memory
 from .dit_slot import DiTSlot
 from .expert_weights import ExpertWeights, compute_bytes_for
@@ -214,7 +214,7 @@ class ExpertPatcher(comfy.model_patcher.ModelPatcher):
         c.lora_uuid = None
         if not self.patches:
             return
-        from ..quant.lora import apply_lora
+        from ...quant.lora import apply_lora
         from .lora_patches import hooks_from_patches
 
         dit, w = c.slot.dit, self.weights

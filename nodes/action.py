@@ -24,10 +24,10 @@ from ..wan.control.act_to_camera import keys_to_camera
 from ..wan.control.actions import GRAMMAR, KeyTimeline, keys_for_video
 from ..wan.control.camera import usable_frames
 from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
-from . import comfy_paths
-from .payloads import ACT, CAMERA, CATEGORY, ActInput, CameraInput
-from .progress import show_on_node
-from .ui_hints import short_labels, show_if
+from .adapters import comfy_paths
+from .adapters.payloads import ACT, CAMERA, CATEGORY, ActInput, CameraInput
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import short_labels, show_if
 
 log = logging.getLogger(__name__)
 

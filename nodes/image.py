@@ -8,11 +8,11 @@ import torch
 from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range
 from ..wan.vae.footprint import vae_work_bytes
 from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
-from .payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
-from .progress import show_on_node
-from .ui_hints import show_if
-from .video_setup import (CUSTOM_SIZE, FPS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,  # noqa: F401
-                          choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
+from .adapters.payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import show_if
+from .adapters.video_setup import (CUSTOM_SIZE, FPS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,  # noqa: F401
+                                   choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
 
 log = logging.getLogger(__name__)
 

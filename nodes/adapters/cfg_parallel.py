@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..parallel.local_cfg import TwoDeviceCFG
+from ...parallel.local_cfg import TwoDeviceCFG
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ def second_device(choice: str, main_device) -> Optional[torch.device]:
 def two_device_provider(main_provider, experts, device: torch.device, video: tuple[int, int, int], camera: bool
                         ) -> TwoDeviceCFG:
     """Wrap the sampler's ComfyUI provider: the second GPU's copy of each expert is placed by the pack's planner."""
-    from ..memory.placement import make_provider
-    from ..speed.options import apply_speed
+    from ...memory.placement import make_provider
+    from ...speed.options import apply_speed
 
     speed = experts.speed if experts.speed is not None else experts.high.weights.speed
     blocks = experts.blocks_on_gpu if experts.blocks_on_gpu >= 0 else None
@@ -81,8 +81,8 @@ def _patched_loader(experts):
             raise ValueError("cfg_parallel: the two experts are the same file with different LoRAs, which the second "
                              "GPU's copy cannot tell apart; set cfg_parallel to off")
         by_path[path] = patches[name]
-    from ..memory.placement import _default_loader
-    from ..quant.lora import apply_lora
+    from ...memory.placement import _default_loader
+    from ...quant.lora import apply_lora
     from .lora_patches import hooks_from_patches
 
     def load(path, device, mode, compute_dtype, host=None):

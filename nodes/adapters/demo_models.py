@@ -48,7 +48,7 @@ def ensure_demo(name: str, roots: Sequence[str]) -> Optional[Path]:
     `name` is not a demo entry or there is no folder to build in."""
     if not is_demo_entry(name) or not roots:
         return None
-    from ..loaders.demo_checkpoint import build_demo_checkpoint, build_demo_fast_checkpoint
+    from ...loaders.demo_checkpoint import build_demo_checkpoint, build_demo_fast_checkpoint
 
     folder, entry = Path(name).parts
     root = Path(roots[0]) / folder

@@ -20,9 +20,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..memory.kv_park import ParkedKV
-from ..memory.placement import _gb
-from ..wan.sampling.fast_state import FastState
+from ...memory.kv_park import ParkedKV
+from ...memory.placement import _gb
+from ...wan.sampling.fast_state import FastState
 
 _ids = itertools.count(1)
 

@@ -16,13 +16,13 @@ import logging
 import torch
 
 from ..loaders.expert_format import detect_format
-from .lora_attach import patcher_with_lora
-from . import comfy_paths, host_memory, model_check
-from .expert_weights import ExpertWeights, compute_dtype_for
-from .loader_nodes import MAX_BLOCKS, _expert_combo, check_expert_pair
-from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, WEIGHT_MODES, ExpertPair
-from .progress import show_on_node
-from .ui_hints import short_labels, show_if
+from .adapters.lora_attach import patcher_with_lora
+from .adapters import comfy_paths, host_memory, model_check
+from .adapters.expert_weights import ExpertWeights, compute_dtype_for
+from .adapters.payloads import CATEGORY, EXPERTS, MEMORY_MODES, WEIGHT_MODES, ExpertPair
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import short_labels, show_if
+from .expert import MAX_BLOCKS, _expert_combo, check_expert_pair
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ def role_of(path) -> str:
 
 def lingbot_patcher(model, what: str):
     """The ExpertPatcher behind a MODEL link, or a clear error naming what to connect."""
-    from .native_model import LingBotWorldModel
-    from .patchers import ExpertPatcher
+    from .adapters.native_model import LingBotWorldModel
+    from .adapters.patchers import ExpertPatcher
 
     if not isinstance(model, ExpertPatcher) or not isinstance(getattr(model, "model", None), LingBotWorldModel):
         kind = type(getattr(model, "model", model)).__name__
@@ -94,8 +94,8 @@ class LingBotModelLoader:
     def load(self, expert: str, weights: str = "nf4", lora_apply: str = "on_the_fly", keep_in_ram: bool = False):
         import comfy.model_management as mm
 
-        from .native_model import LingBotWorldModel
-        from .patchers import ExpertPatcher
+        from .adapters.native_model import LingBotWorldModel
+        from .adapters.patchers import ExpertPatcher
 
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")

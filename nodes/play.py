@@ -24,11 +24,11 @@ from typing import Optional
 
 from ..memory.kv_placement import RAM_MARGIN
 from ..memory.placement import _gb, available_ram_bytes
-from .comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
-from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track, fast_settings,
-                        open_fast_world)
-from .fast_state_store import FastStateHandle, state_line, state_output_used
-from .payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
+from .adapters.comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
+from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track,
+                                 fast_settings, open_fast_world)
+from .adapters.fast_state_store import FastStateHandle, state_line, state_output_used
+from .adapters.payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     from ..player.routes import Player
     from ..wan.control.actions import KeyTimeline
     from ..wan.sampling.fast_state import CameraSource, first_part_frames, plan_first_part
-    from .progress import show_on_node
+    from .adapters.progress import show_on_node
 
     if i2v.vae is None or i2v.image is None:
         raise ValueError("LingBot Play: connect LingBot VAE Loader's VAE to LingBot Image To Video (the player "

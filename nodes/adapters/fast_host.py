@@ -16,15 +16,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..loaders.expert_format import ExpertFormat
-from ..memory.kv_placement import FastMemoryError, place_kv_cache
-from ..memory.placement import _gb
-from ..speed.levers import plan_levers
-from ..wan.sampling.fast_sampler import STEP_INDICES
-from ..wan.sampling.fast_state import CameraSource, FastSettings
-from ..wan.sampling.sampler import Cancelled
-from ..world.plan import plan_world_memory, session_layout
-from ..world.session import WorldSession
+from ...loaders.expert_format import ExpertFormat
+from ...memory.kv_placement import FastMemoryError, place_kv_cache
+from ...memory.placement import _gb
+from ...speed.levers import plan_levers
+from ...wan.sampling.fast_sampler import STEP_INDICES
+from ...wan.sampling.fast_state import CameraSource, FastSettings
+from ...wan.sampling.sampler import Cancelled
+from ...world.plan import plan_world_memory, session_layout
+from ...world.session import WorldSession
 from .memory import vram_comfy_can_free
 from .payloads import CameraInput, TextEmbeds, VAEHandle
 from .progress import count
@@ -93,8 +93,8 @@ def check_text(text: TextEmbeds, cfg) -> None:
 def fast_settings(fast_model: FastModel, device, height: int, width: int, seed: int, noise_source: str, rule: str,
                   window: Optional[int], sink: int, max_attention: Optional[int], *, keep: bool,
                   tiled: bool = False) -> FastSettings:
-    from ..loaders.fast_state_file import model_fingerprint, model_label
-    from ..quant.nf4 import default_compute_dtype
+    from ...loaders.fast_state_file import model_fingerprint, model_label
+    from ...quant.nf4 import default_compute_dtype
 
     dtype = torch.bfloat16 if fast_model.weights == "bf16" else default_compute_dtype(device)
     if fast_model.speed is not None:  # a preset's window cap (draft: 15 latent frames)
@@ -198,12 +198,12 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     levers = plan_levers(fast_model.speed)
     extra = 0
     if tiny_decoder is not None:
-        from ..world.opening import tiny_bytes
+        from ...world.opening import tiny_bytes
 
         extra = tiny_bytes(tiny_decoder, h, w)
         preview_vae = None  # the tiny decoder makes every frame: the VAE's weights stay off the card
     elif preview_vae is not None:
-        from ..wan.vae.streaming import streaming_decode_bytes
+        from ...wan.vae.streaming import streaming_decode_bytes
 
         extra = streaming_decode_bytes(preview_vae.model.cfg, h, w, bf16=levers["decode_bf16"])
     layout = session_layout(settings, latent_frames)
@@ -272,8 +272,8 @@ class FastProgress:
         self.failed = False
         self.finished: list[torch.Tensor] = []  # x0 of the finished chunks (FastRun keeps them anyway)
         if vae is not None:
-            from ..speed.vae_norm import decoder_norm_silu
-            from ..wan.vae.streaming import StreamingDecoder, warm_up
+            from ...speed.vae_norm import decoder_norm_silu
+            from ...wan.vae.streaming import StreamingDecoder, warm_up
 
             self.decoder = StreamingDecoder(vae.model, norm_silu=decoder_norm_silu(vae.model.device))
             if z_before is not None:  # a continued video: its chunks decode as in the whole video
@@ -354,9 +354,9 @@ def condition_track(i2v):
         raise ValueError("the video's LingBot Image To Video input was not made with LingBot VAE Loader's VAE (a "
                          "native Load VAE cannot encode the later frames' conditioning); connect LingBot VAE Loader "
                          "to LingBot Image To Video and queue again")
-    from ..wan.i2v import ConditionTrack
-    from ..wan.vae.footprint import vae_work_bytes
-    from ..wan.vae.reach import encoder_reach
+    from ...wan.i2v import ConditionTrack
+    from ...wan.vae.footprint import vae_work_bytes
+    from ...wan.vae.reach import encoder_reach
     from .video_setup import load_vae_to_device
 
     cfg = i2v.vae.model.cfg

@@ -11,11 +11,11 @@ from ..text_encoder.cache import CacheKey, EmbeddingCache, file_identity
 from ..loaders.t5_tokenizer import MAX_LENGTH, resolve_tokenizer_source
 from ..text_encoder.encode import TextEncoderStopped, encode_prompts
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
-from . import comfy_paths
-from .conditioning import to_conditioning
-from .payloads import CATEGORY, TEXT, TextEmbeds
-from .progress import TextEncodeProgress
-from .ui_hints import short_labels
+from .adapters import comfy_paths
+from .adapters.conditioning import to_conditioning
+from .adapters.payloads import CATEGORY, TEXT, TextEmbeds
+from .adapters.progress import TextEncodeProgress
+from .adapters.ui_hints import short_labels
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class LingBotTextEncode:
 
     @classmethod
     def VALIDATE_INPUTS(cls, text_encoder=None, tokenizer=None):
-        from . import model_check
+        from .adapters import model_check
 
         return model_check._first(model_check.text_encoder(text_encoder), model_check.tokenizer(tokenizer))
 
@@ -129,7 +129,7 @@ class LingBotTextEncode:
                cache: bool = True):
         import comfy.model_management as mm
 
-        from .patchers import TextEncoderSlot, unload_patcher
+        from .adapters.patchers import TextEncoderSlot, unload_patcher
 
         encoder = comfy_paths.resolve_text_encoder(text_encoder)
         tok = comfy_paths.resolve_tokenizer(tokenizer)

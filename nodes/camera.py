@@ -15,11 +15,11 @@ from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, loa
 from ..wan.control.camera import usable_frames
 from ..wan.control.camera_presets import PRESET_NAMES, PRESETS, preset_camera
 from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
-from . import comfy_paths
-from .example_inputs import EXAMPLE_TRAJECTORY
-from .payloads import CAMERA, CATEGORY, CameraInput
-from .progress import show_on_node
-from .ui_hints import short_labels, show_if, upload
+from .adapters import comfy_paths
+from .adapters.example_inputs import EXAMPLE_TRAJECTORY
+from .adapters.payloads import CAMERA, CATEGORY, CameraInput
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import short_labels, show_if, upload
 
 log = logging.getLogger(__name__)
 

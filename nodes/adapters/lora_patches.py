@@ -18,8 +18,8 @@ import torch.nn as nn
 import comfy.lora
 from comfy.weight_adapter import LoRAAdapter
 
-from ..loaders.lora_files import LoraSet
-from ..quant.lora import QUANTIZED, LinearLora, LowRank, WeightPatch, lora_scale
+from ...loaders.lora_files import LoraSet
+from ...quant.lora import QUANTIZED, LinearLora, LowRank, WeightPatch, lora_scale
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..wan.dit.model import DiTConfig, WanDiT
+from ...wan.dit.model import DiTConfig, WanDiT
 
 DIFFUSION_PREFIX = "diffusion_model."
 

@@ -16,8 +16,8 @@ from ..speed.options import (
     resolve_speed,
 )
 from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS, attach_preset, preset_options
-from .payloads import CATEGORY, SPEED
-from .progress import show_on_node
+from .adapters.payloads import CATEGORY, SPEED
+from .adapters.progress import show_on_node
 
 log = logging.getLogger(__name__)
 

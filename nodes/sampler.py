@@ -12,11 +12,11 @@ from ..wan.control.camera import camera_condition
 from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
 from ..wan.dit.model import pad_context
 from ..wan.sampling.sampler import CFG_MODES, Cancelled, SamplingSettings, make_noise, sample
-from . import cfg_parallel as cfg_parallel_mod
-from .conditioning import text_from_conditioning
-from .memory import ComfyExpertProvider, camera_cache_for, plan_for, vram_comfy_can_free
-from .payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair, I2VCondition,
-                       TextEmbeds)
+from .adapters import cfg_parallel as cfg_parallel_mod
+from .adapters.conditioning import text_from_conditioning
+from .adapters.memory import ComfyExpertProvider, camera_cache_for, plan_for, vram_comfy_can_free
+from .adapters.payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair,
+                                I2VCondition, TextEmbeds)
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class LingBotSampler:
                previews: bool = True):
         import comfy.model_management as mm
 
-        from .progress import SamplingProgress, load_progress, show_on_node
+        from .adapters.progress import SamplingProgress, load_progress, show_on_node
 
         for value, allowed, what in ((solver, SOLVERS, "solver"), (cfg_mode, CFG_MODES, "cfg_mode"),
                                      (noise_source, NOISE_SOURCES, "noise_source"),

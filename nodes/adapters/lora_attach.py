@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
+from ...loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
 from . import comfy_paths
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 FOLDER = "lingbot_examples"
 CAMERA_FILES = ("image.jpg", "poses.npy", "intrinsics.npy", "prompt.txt")
 EXAMPLES = {  # example id -> files it ships

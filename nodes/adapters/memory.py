@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch.nn as nn
 
-from ..memory.placement import MemoryPlan, available_ram_bytes, plan_memory
+from ...memory.placement import MemoryPlan, available_ram_bytes, plan_memory
 from .expert_weights import compute_bytes_for
 from .payloads import ExpertPair
 
@@ -69,7 +69,7 @@ def camera_cache_for(choice: str, experts: ExpertPair, video: tuple[int, int, in
     """The camera FiLM cache for this run (memory/camera_cache.py), planned next to the memory plan; None = off."""
     import torch
 
-    from ..memory.camera_cache import camera_cache_for_run
+    from ...memory.camera_cache import camera_cache_for_run
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     return camera_cache_for_run(choice, video, experts.formats["high"].config, plan, camera=camera, steps=steps,

@@ -9,10 +9,10 @@ import torch
 from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
 from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
-from . import comfy_paths, demo_models, host_memory, model_check
-from .expert_weights import ExpertWeights, compute_dtype_for
-from .payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
-from .ui_hints import short_labels, show_if
+from .adapters import comfy_paths, demo_models, host_memory, model_check
+from .adapters.expert_weights import ExpertWeights, compute_dtype_for
+from .adapters.payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
+from .adapters.ui_hints import short_labels, show_if
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def check_expert_pair(high: Path, low: Path, fmt_high, fmt_low) -> None:
     note = model_check.swapped_experts_note(high, low)
     if note:
         log.warning("LingBot-World: %s", note)
-        from .progress import show_on_node
+        from .adapters.progress import show_on_node
 
         show_on_node(note)  # on the loader, where the choice is made
 
@@ -111,8 +111,8 @@ class LingBotExpertLoader:
         import comfy.model_management as mm
 
         from ..speed.options import SpeedOptions
-        from .patchers import ExpertContainer, ExpertPatcher
-        from .speed_node import plan_speed
+        from .adapters.patchers import ExpertContainer, ExpertPatcher
+        from .speed import plan_speed
 
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
@@ -179,7 +179,7 @@ class LingBotVAELoader:
         import comfy.model_management as mm
         import comfy.model_patcher
 
-        from .patchers import VAEContainer
+        from .adapters.patchers import VAEContainer
 
         path = comfy_paths.resolve_vae(vae_name)
         cfg = vae_config_for_file(path)

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..loaders import model_folders as mf
+from ...loaders import model_folders as mf
 from . import demo_models
 
 log = logging.getLogger(__name__)

@@ -21,15 +21,15 @@ from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.control.camera import usable_frames
 from ..wan.sampling.fast_state import FAST_MODES, plan_first_part
 from ..world.session import FixedCondition
-from . import comfy_paths, host_memory, model_check
-from .expert_weights import ExpertWeights
-from .fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text, fast_settings,
-                        open_fast_world, run_fast_part)
-from .fast_state_store import FastStateHandle, state_line, state_output_used
-from .payloads import (CAMERA, CATEGORY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput, I2VCondition,
-                       TextEmbeds, VAEHandle)
-from .progress import show_on_node
-from .ui_hints import hide_if, short_labels
+from .adapters import comfy_paths, host_memory, model_check
+from .adapters.expert_weights import ExpertWeights
+from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text,
+                                 fast_settings, open_fast_world, run_fast_part)
+from .adapters.fast_state_store import FastStateHandle, state_line, state_output_used
+from .adapters.payloads import (CAMERA, CATEGORY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput, I2VCondition,
+                                TextEmbeds, VAEHandle)
+from .adapters.progress import show_on_node
+from .adapters.ui_hints import hide_if, short_labels
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class LingBotFastLoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        from .loader_nodes import _combo
+        from .expert import _combo
 
         names, opts = _combo(comfy_paths.list_experts(), "fast")
         return {
@@ -86,7 +86,7 @@ class LingBotFastLoader:
     def load(self, fast_model: str, weights: str = "nf4", kv_cache: str = "auto", speed=None):
         import comfy.model_management as mm
 
-        from .patchers import ExpertContainer, ExpertPatcher
+        from .adapters.patchers import ExpertContainer, ExpertPatcher
 
         if weights not in FAST_WEIGHT_MODES:
             raise ValueError(f"weights must be one of {FAST_WEIGHT_MODES}, got {weights!r}")

@@ -29,8 +29,8 @@ import comfy.model_base
 import comfy.patcher_extension
 import comfy.supported_models_base
 
-from ..memory.placement import ACTIVATION_SAFETY, estimate_activation_bytes
-from ..wan.dit.model import CAMERA_CHANNELS, DiTConfig
+from ...memory.placement import ACTIVATION_SAFETY, estimate_activation_bytes
+from ...wan.dit.model import CAMERA_CHANNELS, DiTConfig
 from .dit_slot import DiTSlot
 
 log = logging.getLogger(__name__)
