@@ -10,18 +10,18 @@ from .log_filters import quiet_optional_kernel_warning
 quiet_optional_kernel_warning()  # before any node module imports bitsandbytes
 
 from .action import LingBotActions
-from .camera import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
-from .expert import LingBotExpertLoader, LingBotVAELoader
-from .fast import LingBotFastLoader, LingBotFastSampler
-from .fast_continue_node import LingBotFastContinue
-from .fast_lora_node import LingBotFastLoraLoader
-from .image import LingBotImageToVideo, LingBotVAEDecode
-from .model import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
-from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
+from .camera import LingBotCameraConditioning, LingBotCameraFromFiles, LingBotCameraPreset
+from .expert import LingBotExpertLoader, LingBotExpertsFromModels
+from .fast import LingBotFastContinue, LingBotFastLoader, LingBotFastLoraLoader, LingBotFastSampler
+from .image import LingBotImageToVideo, LingBotImageToVideoNative
+from .lora import LingBotLoraLoader
+from .model import LingBotModelLoader
 from .play import LingBotPlay
 from .sampler import LingBotSampler
+from .save import LingBotSaveCamera
 from .speed import LingBotSpeedOptions
 from .text import LingBotTextEncode
+from .vae import LingBotVAEDecode, LingBotVAELoader
 from .adapters import node_errors  # noqa: E402
 
 NODE_CLASS_MAPPINGS = {

@@ -1,21 +1,24 @@
-"""Camera trajectory nodes: from poses.npy/intrinsics.npy, from a preset, and saving one to the output folder.
+"""Camera trajectory nodes: from poses.npy/intrinsics.npy, from a preset, and on native CONDITIONING.
 
 The trajectory travels as poses + intrinsics (LINGBOT_CAMERA); the sampler rasterises it to the packed
-Plücker tensor at the video's size and frame count. Each node also outputs a picture of the path.
+Plücker tensor at the video's size and frame count. The two sources also output a picture of the path.
+LingBot Camera Conditioning rasterises it for a native video latent and sets it as `camera_conditions` on positive
+and negative (like WanCameraImageToVideo does for Wan-Fun cameras; LingBot's tensor is its own 384-channel kind),
+for KSampler(Advanced) on LingBot MODELs. Saving one to the output folder: LingBot Save Camera (save.py).
 """
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
-from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, load_camera_files, save_camera_folder
+from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, load_camera_files
 from ..wan.control.camera import usable_frames
 from ..wan.control.camera_presets import PRESET_NAMES, PRESETS, preset_camera
 from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
 from .adapters import comfy_paths
+from .adapters.conditioning import SPATIAL, camera_for_latent, with_values
 from .adapters.example_inputs import EXAMPLE_TRAJECTORY
 from .adapters.payloads import CAMERA, CATEGORY, CameraInput
 from .adapters.progress import show_on_node
@@ -166,35 +169,32 @@ class LingBotCameraPreset:
         return (cam, trajectory_image(cam))
 
 
-class LingBotSaveCamera:
-    """Writes a trajectory as poses.npy + intrinsics.npy into a new folder under ComfyUI/output."""
+class LingBotCameraConditioning:
+    """Puts a LingBot camera trajectory on native CONDITIONING (positive and negative)."""
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "camera": (CAMERA, {"tooltip": "The trajectory to save"}),
-                "filename_prefix": ("STRING", {"default": "lingbot_camera/trajectory", "tooltip": (
-                    "Folder name prefix inside ComfyUI/output; a counter is appended (trajectory_00001_).")}),
+                "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning (e.g. after WanImageToVideo)"}),
+                "negative": ("CONDITIONING", {"tooltip": "Negative conditioning"}),
+                "camera": (CAMERA, {"tooltip": "LingBot Camera Preset / From Files"}),
+                "latent": ("LATENT", {"tooltip": (
+                    "The video latent to sample (its frames and size decide the camera tensor's)")}),
             }
         }
 
-    RETURN_TYPES = ("STRING",)
-    RETURN_NAMES = ("folder",)
-    OUTPUT_TOOLTIPS = ("Absolute path of the written folder (usable by LingBot Camera From Files)",)
-    FUNCTION = "save"
-    OUTPUT_NODE = True
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    RETURN_NAMES = ("positive", "negative")
+    OUTPUT_TOOLTIPS = ("Positive with the camera", "Negative with the same camera (as the reference does)")
+    FUNCTION = "apply"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Saves a camera trajectory in LingBot's action_path layout (poses.npy, intrinsics.npy)."
+    DESCRIPTION = "Adds a LingBot-World camera trajectory to native conditioning for KSampler on LingBot MODELs."
 
-    def save(self, camera: CameraInput, filename_prefix: str = "lingbot_camera/trajectory"):
-        import folder_paths
-
-        out_dir = folder_paths.get_output_directory()
-        full, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, out_dir)
-        folder = Path(full) / f"{name}_{counter:05}_"
-        save_camera_folder(folder, camera.poses, camera.intrinsics)
-        rel = os.path.relpath(folder, out_dir)
-        log.info("LingBot-World: saved camera trajectory to %s", folder)
-        show_on_node(f"saved to output/{Path(rel).as_posix()}")
-        return {"ui": {"text": [rel]}, "result": (str(folder),)}
+    def apply(self, positive, negative, camera: CameraInput, latent: dict):
+        cc = camera_for_latent(camera, latent["samples"])
+        _, _, f, h, w = latent["samples"].shape
+        show_on_node("\n".join([f"{camera.label or 'camera'}: {cc.frames} frames at {w * SPATIAL}x{h * SPATIAL} "
+                                 f"({f} latent frames)"] + ([cc.message] if cc.message else [])))
+        values = {"camera_conditions": cc.plucker}
+        return (with_values(positive, values), with_values(negative, values))

@@ -1,4 +1,5 @@
-"""Loader nodes: the two DiT experts (lazy: loaded by the sampler phase by phase) and the Wan VAE."""
+"""The experts: LingBot Expert Loader (the two DiT experts, lazy: loaded by the sampler phase by phase) and LingBot
+Experts From Models (two LingBot MODELs, with their LoRAs, as the experts of the reference-exact LingBot Sampler)."""
 from __future__ import annotations
 
 import logging
@@ -7,34 +8,16 @@ from pathlib import Path
 import torch
 
 from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
-from ..loaders.vae_files import load_vae
-from ..loaders.vae_shapes import vae_config_for_file
-from .adapters import comfy_paths, demo_models, host_memory, model_check
+from .adapters import comfy_paths, host_memory, model_check
+from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for
-from .adapters.payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, VAE, WEIGHT_MODES, ExpertPair, VAEHandle
+from .adapters.payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, WEIGHT_MODES, ExpertPair
 from .adapters.ui_hints import short_labels, show_if
+from .model import lingbot_patcher
 
 log = logging.getLogger(__name__)
 
 MAX_BLOCKS = 40
-
-
-def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
-    from ..loaders.model_folders import pick_default
-
-    opts: dict = {}
-    installed = [n for n in names if not demo_models.is_demo_entry(n)]  # a real install first, the demo last
-    default = pick_default(installed, *hints, avoid=avoid) or pick_default(names, *hints, avoid=tuple(avoid) + ("act",))
-    if default is not None:
-        opts["default"] = default
-    return names, opts
-
-
-def _expert_combo(names: list[str], *hints: str) -> tuple:
-    """An expert combo whose default is a Cam expert when Act experts are installed too (a folder with the word
-    'act', like the release's lingbot-world-base-act): a new graph starts from the camera workflows, and an Act
-    expert refuses a camera input. An Act-only install still gets its Act experts."""
-    return _combo(names, *hints, avoid=("act",))
 
 
 def check_expert_pair(high: Path, low: Path, fmt_high, fmt_low) -> None:
@@ -149,41 +132,44 @@ class LingBotExpertLoader:
                            memory_mode, int(blocks_on_gpu), speed),)
 
 
-class LingBotVAELoader:
-    """The Wan2.1 VAE (release `Wan2.1_VAE.pth` or ComfyUI's `wan_2.1_vae.safetensors`), kept in float32."""
+class LingBotExpertsFromModels:
+    """Two LingBot MODELs (with their LoRAs) -> the LINGBOT_EXPERTS that LingBot Sampler takes."""
 
     @classmethod
     def INPUT_TYPES(cls):
-        vaes = comfy_paths.list_vaes()
-        names, opts = _combo(vaes, "wan")
         return {
             "required": {
-                "vae_name": (names, {**opts, **short_labels(), "tooltip": (
-                    "Wan 2.1 VAE: wan_2.1_vae.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in models/vae, or "
-                    "the release's Wan2.1_VAE.pth in models/lingbot_world.")}),
+                "high_noise_model": ("MODEL", {"tooltip": "The high-noise expert (LingBot NF4 Model Loader, LoRAs)"}),
+                "low_noise_model": ("MODEL", {"tooltip": "The low-noise expert"}),
+                "memory_mode": (list(MEMORY_MODES), {"default": "auto", "tooltip": (
+                    "As in LingBot Expert Loader: auto, resident (both stay loaded), swap (one at a time), "
+                    "swap_pinned (the other waits in pinned RAM), block_swap (blocks streamed from RAM).")}),
+                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1,
+                                          **show_if(memory_mode=["block_swap"]), "tooltip": (
+                    "block_swap only: DiT blocks kept on the GPU; -1 = as many as fit.")}),
             }
         }
 
-    @classmethod
-    def VALIDATE_INPUTS(cls, vae_name=None):
-        return model_check.vae(vae_name)
-
-    RETURN_TYPES = (VAE,)
-    RETURN_NAMES = ("vae",)
-    OUTPUT_TOOLTIPS = ("The Wan2.1 VAE, moved to the GPU by ComfyUI when an encode/decode needs it",)
-    FUNCTION = "load"
+    RETURN_TYPES = (EXPERTS,)
+    RETURN_NAMES = ("experts",)
+    OUTPUT_TOOLTIPS = ("The two experts for LingBot Sampler (their LoRAs included; ModelSamplingSD3 and other "
+                       "sampling patches do not apply there: LingBot Sampler has its own shift and schedule)",)
+    FUNCTION = "build"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Loads the Wan2.1 video VAE used by LingBot-World (float32, exact reference maths)."
+    DESCRIPTION = "Hands two LingBot-World MODELs (e.g. with LoRAs) to the reference-exact LingBot Sampler."
 
-    def load(self, vae_name: str):
-        import comfy.model_management as mm
-        import comfy.model_patcher
-
-        from .adapters.patchers import VAEContainer
-
-        path = comfy_paths.resolve_vae(vae_name)
-        cfg = vae_config_for_file(path)
-        vae = load_vae(path, device=mm.vae_offload_device(), config=cfg)
-        host_memory.track(vae)
-        patcher = comfy.model_patcher.ModelPatcher(VAEContainer(vae), mm.vae_device(), mm.vae_offload_device())
-        return (VAEHandle(patcher, path),)
+    def build(self, high_noise_model, low_noise_model, memory_mode: str = "auto", blocks_on_gpu: int = -1):
+        if memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
+        high = lingbot_patcher(high_noise_model, "high_noise_model")
+        low = lingbot_patcher(low_noise_model, "low_noise_model")
+        fh, fl = high.weights.fmt, low.weights.fmt
+        check_expert_pair(fh.path, fl.path, fh, fl)
+        if high.weights.mode != low.weights.mode:
+            raise ValueError(f"the two experts are loaded with different weights ({high.weights.mode} / "
+                             f"{low.weights.mode}); choose the same in both LingBot NF4 Model Loaders")
+        if memory_mode == "block_swap" and int(blocks_on_gpu) > fh.config.num_layers:
+            raise ValueError(f"blocks_on_gpu={blocks_on_gpu} but these experts have {fh.config.num_layers} blocks")
+        if memory_mode == "swap_pinned":
+            high.weights.keep_in_ram = low.weights.keep_in_ram = True
+        return (ExpertPair(high, low, {"high": fh, "low": fl}, high.weights.mode, memory_mode, int(blocks_on_gpu)),)

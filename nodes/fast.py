@@ -1,33 +1,44 @@
-"""LingBot-World-Fast in ComfyUI: the Fast model loader and the LingBot Fast Sampler.
+"""LingBot-World-Fast in ComfyUI: the Fast model loader, LingBot Fast Sampler, LingBot Fast Continue and LingBot Fast
+LoRA Loader.
 
 The loader only checks the file (Fast vs base from its config, every tensor from the headers); the sampler runs
-the first part of a video through the World session (nodes/fast_host.py: the model placed by ComfyUI's model
+the first part of a video through the World session (adapters/fast_host.py: the model placed by ComfyUI's model
 management, the K/V cache planned for the video and the free VRAM/RAM), with progress per chunk x step, cancel
 between model calls and previews, and shows the frames and the memory plan on the node. Output: a native LATENT
-(raw Wan 2.1 latent), like LingBot Sampler, and the video's state for LingBot Fast Continue
-(fast_continue_node.py; the states: fast_state_store.py).
+(raw Wan 2.1 latent), like LingBot Sampler, and the video's state for LingBot Fast Continue.
+
+LingBot Fast Sampler -> Fast Continue -> Fast Continue ...: each Continue goes on with new keys (or a new camera)
+from the state of the node before it, adds whole chunks (12 frames each), shows its chunks as they come (progress,
+previews), and outputs the whole video so far, the new part alone and the state. Each part runs through the World
+session too; how the states of one chain share one K/V cache in RAM: adapters/fast_state_store.py.
+
+LingBot Fast LoRA Loader: a Wan 14B LoRA on the Fast model, applied on its NF4 weights when it loads (the same
+patching as the experts' LoRAs: low-rank terms beside the NF4 GEMMs, stackable).
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
 from ..loaders.expert_format import check_model_kind, detect_format
 from ..loaders.expert_loader import check_expert_keys
+from ..memory.kv_park import ParkedKVError
 from ..memory.kv_placement import CACHE_PLACEMENTS
 from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.control.camera import usable_frames
-from ..wan.sampling.fast_state import FAST_MODES, plan_first_part
+from ..wan.sampling.fast_state import CHUNK_VIDEO_FRAMES, FAST_MODES, plan_first_part, plan_next_part
 from ..world.session import FixedCondition
 from .adapters import comfy_paths, host_memory, model_check
 from .adapters.expert_weights import ExpertWeights
 from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text,
-                                 fast_settings, open_fast_world, run_fast_part)
-from .adapters.fast_state_store import FastStateHandle, state_line, state_output_used
-from .adapters.payloads import (CAMERA, CATEGORY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput, I2VCondition,
-                                TextEmbeds, VAEHandle)
+                                 condition_track, fast_settings, open_fast_world, run_fast_part)
+from .adapters.fast_state_store import FastStateHandle, KVStore, state_line, state_output_used
+from .adapters.lora_attach import patcher_with_lora
+from .adapters.payloads import (CAMERA, CATEGORY, CONTEXT_KEY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput,
+                                I2VCondition, TextEmbeds, VAEHandle)
 from .adapters.progress import show_on_node
 from .adapters.ui_hints import hide_if, short_labels
 
@@ -41,7 +52,7 @@ class LingBotFastLoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        from .expert import _combo
+        from .adapters.comfy_paths import _combo
 
         names, opts = _combo(comfy_paths.list_experts(), "fast")
         return {
@@ -219,3 +230,177 @@ class LingBotFastSampler:
         latent = i2v.to_raw_latent(z).to(mm.intermediate_device())
         del z
         return ({"samples": latent}, handle if handle is not None else FastStateHandle.empty(fast_model, i2v))
+
+
+class _Restore:
+    """A parked cache put back into the new placement: moved (the chain's one cache) or copied (a window)."""
+
+    def __init__(self, parked, move: bool):
+        self.parked, self.move = parked, move
+
+    def fill(self, i, k, v) -> None:
+        self.parked.fill(i, k, v, move=self.move)
+
+    def restore_counters(self, cache) -> None:
+        self.parked.restore_counters(cache)
+
+
+class LingBotFastContinue:
+    """Continues a Fast video from a state with new keys or a new camera; outputs the video so far and the state."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "state": (FAST_STATE, {"tooltip": (
+                    "From LingBot Fast Sampler, another LingBot Fast Continue or LingBot Play")}),
+                "frames": ("INT", {"default": 0, "min": 0, "max": 1200, "step": CHUNK_VIDEO_FRAMES, "tooltip": (
+                    "New frames, in whole chunks of 12. 0 = as long as the keys / camera (one chunk without "
+                    "either). Keys longer than this are cut, shorter ones padded with frames without keys.")}),
+            },
+            "optional": {
+                "camera": (CAMERA, {"tooltip": (
+                    "Keys from LingBot Actions (the walk goes on from where the video is), or a camera preset / "
+                    "trajectory (its first pose is put where the video is). Without it the camera stands still "
+                    "(or stays off if the video had none).")}),
+                "text": (TEXT, {"tooltip": "Optional: a new prompt from this part on (default: the video's prompt)"}),
+                "preview_vae": (VAE, {"tooltip": (
+                    "Optional: preview each finished chunk as decoded frames (exactly the frames of the whole video)")}),
+            },
+            "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
+        }
+
+    RETURN_TYPES = ("LATENT", "LATENT", FAST_STATE)
+    RETURN_NAMES = ("samples", "segment", "state")
+    OUTPUT_TOOLTIPS = (
+        "The whole video so far (raw Wan 2.1 latent); decode with LingBot VAE Decode",
+        "Only the new part: LingBot VAE Decode gives exactly its frames of the whole video (it carries latent "
+        "frames before it for the decoder's context; other decoders would decode those too)",
+        "The state after this part, for the next LingBot Fast Continue",
+    )
+    FUNCTION = "extend"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Continues a LingBot-World-Fast video with new keys or a new camera from the state of the node "
+                   "before it; chain several to walk on step by step. Memory: see the README, 'Continue a Fast run'.")
+
+    def extend(self, state: FastStateHandle, frames: int = 0, camera: Optional[CameraInput] = None,
+               text: Optional[TextEmbeds] = None, preview_vae: Optional[VAEHandle] = None,
+               prompt: Optional[dict] = None, unique_id: Optional[str] = None):
+        import comfy.model_management as mm
+
+        handle = state
+        if not isinstance(handle, FastStateHandle):
+            raise ValueError("state must come from LingBot Fast Sampler, LingBot Fast Continue or LingBot Play")
+        if handle.state is None:
+            raise ValueError("LingBot Fast Continue: " + (handle.why or (
+                "the Fast Sampler did not keep its state (nothing was connected to its state output when it ran, so "
+                "its K/V cache was freed); change any input of the Sampler (e.g. the seed) or press 'Free model and "
+                "node cache', then queue again")))
+        handle.store.check(handle)
+        st = handle.state
+        fast_model = handle.model
+        if text is not None:
+            check_text(text, fast_model.config)
+        source = camera_source(camera)
+        part = plan_next_part(st, source, int(frames) or None)
+        if part.note:
+            log.warning("LingBot-World Fast Continue: %s", part.note)
+        st.condition = self._condition(handle)
+        keep = state_output_used(prompt, unique_id, 2)
+        store = handle.store
+        parked = store.take(handle)
+        move = not store.evicting
+        new_handle: Optional[FastStateHandle] = None
+        label = camera.label if camera is not None else ("none (standing still)" if st.has_camera else "none")
+        log.info("LingBot-World Fast Continue: %d frames so far + %d (%d chunks), camera=%s", st.frames, part.frames,
+                 part.chunks, label)
+
+        def after(world, ok: bool):
+            nonlocal new_handle
+            if ok:
+                new_handle = FastStateHandle(world.state, fast_model, handle.i2v)
+                if move and keep:  # the chain's cache grows by this part
+                    store.put(world.park(), new_handle.id)
+                    new_handle.store = store
+                elif move:  # nobody continues this part: the cache goes back as the input state had it
+                    world.rewind(1)
+                    store.put(world.park(), None)
+                elif keep:  # a window: this state gets its own copy
+                    new_handle.store = KVStore(world.park(), new_handle.id, True)
+            elif move and world.cache is not None:  # stopped: the input state keeps its cache (nothing evicted)
+                try:
+                    store.put(world.park(), None)
+                except (ParkedKVError, ValueError) as e:
+                    store.lost = str(e)
+
+        z_before = st.latent()
+        try:
+            world, summary = open_fast_world(fast_model, st.settings, st.latent_frames + part.latent_frames, part,
+                                             preview_vae, so_far=st.frames, show=show_on_node)
+            world.resume(st, _Restore(parked, move))
+            if text is not None:
+                world.context, world.prompt = text.positive.detach().to("cpu", torch.float32), text.prompt
+            z = run_fast_part(world, part, source, int(frames) or None, preview_vae, keep=keep, after=after,
+                              z_before=z_before, label=label)
+        except BaseException as e:
+            if move and store.parked is None:
+                if parked.complete:  # it never left: nothing was restored yet
+                    store.put(parked, None)
+                else:  # the cache left the store and did not come back
+                    store.lost = f"{type(e).__name__}: {e}"[:200]
+            raise
+        z = z.detach().to("cpu", torch.float32)
+        i2v = handle.i2v
+        whole = torch.cat([z_before, z], dim=2)
+        from ..wan.vae.streaming import context_latents
+
+        n_ctx = context_latents(i2v.vae.model.cfg, z_before.shape[2]) if i2v.vae is not None else z_before.shape[2]
+        segment = {"samples": i2v.to_raw_latent(torch.cat([z_before[:, :, z_before.shape[2] - n_ctx:], z], dim=2)),
+                   CONTEXT_KEY: n_ctx}
+        out = new_handle if (keep and new_handle is not None) else FastStateHandle.empty(fast_model, i2v)
+        if out.store is not None:
+            show_on_node(f"{summary}\n{state_line(out.store.nbytes, shared=not out.store.evicting)}")
+        return ({"samples": i2v.to_raw_latent(whole).to(mm.intermediate_device())}, segment, out)
+
+    @staticmethod
+    def _condition(handle: FastStateHandle):
+        """The I2V conditioning of later frames: the state's, else built once per video and kept."""
+        st = handle.state
+        if st.condition is None:
+            try:
+                st.condition = condition_track(handle.i2v)
+            except ValueError as e:
+                raise ValueError(f"LingBot Fast Continue: {e}") from None
+        return st.condition
+
+
+class LingBotFastLoraLoader:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "fast_model": (FAST_MODEL, {"tooltip": "From LingBot Fast Model Loader (or another Fast LoRA Loader)"}),
+                "lora_name": (comfy_paths.list_loras(), {**short_labels(), "tooltip": (
+                    "A .safetensors LoRA from models/loras (ComfyUI, diffusers, kohya/musubi or PEFT keys) made for "
+                    "a Wan 2.1/2.2 14B model. Pickled .pt/.ckpt files are refused.")}),
+                "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01, "tooltip": (
+                    "LoRA strength (0 = no LoRA). Stack several loaders for several LoRAs.")}),
+            }
+        }
+
+    RETURN_TYPES = (FAST_MODEL,)
+    RETURN_NAMES = ("fast_model",)
+    OUTPUT_TOOLTIPS = ("The Fast model with the LoRA attached (applied when it loads)",)
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+    DESCRIPTION = "Puts a Wan 14B LoRA on the LingBot-World Fast model; refuses LoRAs made for other models."
+
+    def load(self, fast_model: FastModel, lora_name: str, strength: float = 1.0):
+        if not isinstance(fast_model, FastModel):
+            raise ValueError("fast_model must come from LingBot Fast Model Loader")
+        if float(strength) == 0.0:
+            show_on_node("strength 0: the model is passed on unchanged")
+            return (fast_model,)
+        patcher, lora = patcher_with_lora(fast_model.patcher, lora_name, strength)
+        show_on_node(lora.report())
+        return (replace(fast_model, patcher=patcher),)

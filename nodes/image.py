@@ -1,22 +1,29 @@
-"""Image-to-video conditioning (VAE encode of the first frame) and VAE decode to native IMAGE frames."""
+"""Image to video: the first frame, the size and the frame count as LingBot-World's image conditioning.
+
+- LingBot Image To Video: the first frame VAE-encoded, then zero frames (the I2V conditioning y) for LingBot Sampler
+  and LingBot Fast Sampler, through LingBot VAE Loader's VAE (float32, reference-exact) or ComfyUI's Wan 2.1 VAE.
+- LingBot Image To Video (native): WanImageToVideo with the reference's first-frame handling (bicubic resize of
+  the image in [-1, 1] without antialias, grey frames after it) through a native Wan 2.1 VAE, plus an optional
+  camera, on native CONDITIONING; outputs the empty video LATENT to sample.
+"""
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 
 from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range
 from ..wan.vae.footprint import vae_work_bytes
-from ..wan.vae.model import DEFAULT_OVERLAP, VAEConfig
+from ..wan.vae.model import VAEConfig
+from .adapters.conditioning import SPATIAL, TEMPORAL, plucker_for_latent, with_values
 from .adapters.payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
 from .adapters.progress import show_on_node
 from .adapters.ui_hints import show_if
-from .adapters.video_setup import (CUSTOM_SIZE, FPS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,  # noqa: F401
+from .adapters.video_setup import (CUSTOM_SIZE, LATENT_CHANNELS, MAX_FRAMES, MAX_SIDE, SIZE_CHOICES, check_wan21_vae,
                                    choose_size, first_frame_video, load_vae_to_device, video_frames, video_summary)
 
 log = logging.getLogger(__name__)
-
-CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
 
 
 def native_vae_condition(vae, image_hwc: torch.Tensor, height: int, width: int, frames: int) -> torch.Tensor:
@@ -29,6 +36,19 @@ def native_vae_condition(vae, image_hwc: torch.Tensor, height: int, width: int, 
     latent = comfy.latent_formats.Wan21().process_in(raw)
     mask = first_frame_mask(latent.shape[2], latent.shape[3], latent.shape[4]).to(latent)
     return torch.cat([mask[None], latent], dim=1)
+
+
+def encode_first_frame_video(vae, video: torch.Tensor) -> torch.Tensor:
+    """The raw Wan 2.1 latent [1, 16, f, h, w] of a native IMAGE batch [F, H, W, 3] in 0..1, through ComfyUI's VAE or
+    the pack's (LINGBOT_VAE: float32, the reference's maths; the tiny demo's VAE is one)."""
+    if not isinstance(vae, VAEHandle):
+        return vae.encode(video)
+    from ..wan.vae.footprint import vae_work_bytes
+
+    f, h, w = video.shape[0], video.shape[1], video.shape[2]
+    model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, f, False, 256))
+    pixels = (video * 2.0 - 1.0).permute(3, 0, 1, 2)[None].to(model.device, torch.float32)
+    return model.encode_raw(pixels).float().cpu()
 
 
 class LingBotImageToVideo:
@@ -99,55 +119,69 @@ class LingBotImageToVideo:
         return (cond, w, h, frames)
 
 
-class LingBotVAEDecode:
-    """Raw Wan latent (native LATENT) -> video frames as a native IMAGE batch [F, H, W, 3] in 0..1."""
+class LingBotImageToVideoNative:
+    """First frame (native IMAGE) through a native Wan 2.1 VAE onto native CONDITIONING, plus the camera."""
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "vae": (VAE, {"tooltip": "Wan2.1 VAE from LingBot VAE Loader"}),
-                "samples": ("LATENT", {"tooltip": "Latent video from LingBot Sampler (raw Wan 2.1 latent, [B,16,T,h,w])"}),
-                "tiled": ("BOOLEAN", {"default": False, "tooltip": (
-                    "Decode in overlapping spatial tiles: much less VRAM at 720p, tiny blending seams.")}),
-                "tile_size": ("INT", {"default": 32, "min": 8, "max": 256, "step": 8, **show_if(tiled=[True]), "tooltip": (
-                    "Tile edge in latent cells (x8 pixels), tiled only.")}),
-            }
+                "positive": ("CONDITIONING", {"tooltip": "Prompt conditioning (CLIPTextEncode with umT5, or LingBot "
+                                                         "Text Encode's positive)"}),
+                "negative": ("CONDITIONING", {"tooltip": "Negative conditioning"}),
+                "vae": (f"VAE,{VAE}", {"tooltip": (
+                    "The Wan 2.1 VAE: Load VAE with wan_2.1_vae.safetensors, or LingBot VAE Loader (the tiny demo's "
+                    "VAE, or the release's Wan2.1_VAE.pth)")}),
+                "start_image": ("IMAGE", {"tooltip": "The first frame (only the first image is used)"}),
+                "size": (list(SIZE_CHOICES), {"default": "480p", "tooltip": (
+                    "480p: about 480x832 pixels, 720p: about 720x1280, with the aspect ratio of the image (resized, "
+                    "not cropped, like the reference). custom: width x height below.")}),
+                "width": ("INT", {"default": 832, "min": 16, "max": MAX_SIDE, "step": 16,
+                                  **show_if(size=[CUSTOM_SIZE]), "tooltip": (
+                    "custom size only: width, a multiple of 16")}),
+                "height": ("INT", {"default": 480, "min": 16, "max": MAX_SIDE, "step": 16,
+                                   **show_if(size=[CUSTOM_SIZE]), "tooltip": (
+                    "custom size only: height, a multiple of 16")}),
+                "length": ("INT", {"default": 81, "min": 1, "max": MAX_FRAMES, "step": 4, "tooltip": (
+                    "Frames, 4n+1 (81 = 5 s at 16 fps); other counts are rounded down to 4n+1, a shorter camera "
+                    "trajectory lowers it. The node shows the size and frames it used.")}),
+            },
+            "optional": {
+                "camera": (CAMERA, {"tooltip": "Optional LingBot camera trajectory (preset or files)"}),
+            },
         }
 
-    RETURN_TYPES = ("IMAGE",)
-    RETURN_NAMES = ("images",)
-    OUTPUT_TOOLTIPS = ("Video frames [F, H, W, 3] in 0..1, e.g. for Create Video -> Save Video (16 fps)",)
-    FUNCTION = "decode"
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING", "LATENT")
+    RETURN_NAMES = ("positive", "negative", "latent")
+    OUTPUT_TOOLTIPS = ("Positive with the first frame (and camera)", "Negative with the same",
+                       "The empty video latent to sample (KSampler / KSamplerAdvanced)")
+    FUNCTION = "encode"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Decodes a LingBot-World latent video with the Wan2.1 VAE (float32, output clamped like the reference)."
+    DESCRIPTION = ("LingBot-World's image conditioning for native samplers: the first frame resized like the reference, "
+                   "VAE-encoded with grey frames after it, mask and camera on the conditioning.")
 
-    def decode(self, vae: VAEHandle, samples: dict, tiled: bool = False, tile_size: int = 32):
+    def encode(self, positive, negative, vae, start_image: torch.Tensor, size: str = "480p", width: int = 832,
+               height: int = 480, length: int = 81, camera: Optional[CameraInput] = None):
         import comfy.model_management as mm
 
-        mu = samples.get("samples") if isinstance(samples, dict) else None
-        cfg = vae.model.cfg
-        if mu is None or mu.dim() != 5 or mu.shape[1] != cfg.z_dim:
-            got = tuple(mu.shape) if isinstance(mu, torch.Tensor) else type(mu).__name__
-            raise ValueError(f"expected a Wan video latent [B, {cfg.z_dim}, T, h, w], got {got}; connect LingBot Sampler's LATENT")
-        s, t = cfg.spatial_factor, cfg.temporal_factor
-        # a continued Fast part (LingBot Fast Continue's `segment`) carries latent frames before it, decoded only so
-        # that its own frames come out exactly as in the whole video
-        context = int(samples.get(CONTEXT_KEY, 0) or 0)
-        frames = 1 + t * (mu.shape[2] - 1)
-        overlap = min(DEFAULT_OVERLAP, max(int(tile_size) // 4, 1))
-        work = vae_work_bytes(cfg, mu.shape[3] * s, mu.shape[4] * s, frames, tiled, int(tile_size) * s)
-        model = load_vae_to_device(vae, work)
-        from ..speed.vae_norm import decoder_norm_silu
-
-        norm_silu = decoder_norm_silu(model.device)  # as the pack's other decodes on this device (fused on CUDA)
-        out = []
-        for b in range(mu.shape[0]):
-            video = model.decode_raw(mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap,
-                                     norm_silu=norm_silu)  # [1,3,F,H,W]
-            if context:
-                video = video[:, :, 1 + t * (context - 1):]
-            out.append(((video[0].permute(1, 2, 3, 0) + 1.0) * 0.5).to(mm.intermediate_device(), torch.float32))
-            del video
-        return (torch.cat(out, 0),)
-
+        if not isinstance(vae, VAEHandle):
+            check_wan21_vae(vae)
+        if start_image.dim() != 4 or start_image.shape[-1] < 3:
+            raise ValueError(f"start_image must be an IMAGE batch [B, H, W, 3], got {tuple(start_image.shape)}")
+        h, w = choose_size(size, start_image.shape[1], start_image.shape[2], width, height)
+        frames, notes = video_frames(int(length), camera.num_frames if camera is not None else None)
+        if notes:
+            log.warning("LingBot-World: %s", " ".join(notes))
+        show_on_node(video_summary(w, h, frames, notes))
+        latent_image = encode_first_frame_video(vae, first_frame_video(start_image[0], h, w, frames))
+        f_lat = (frames - 1) // TEMPORAL + 1
+        if tuple(latent_image.shape[1:]) != (LATENT_CHANNELS, f_lat, h // SPATIAL, w // SPATIAL):
+            raise RuntimeError(f"the VAE returned a latent of {tuple(latent_image.shape)}; expected "
+                               f"[1, 16, {f_lat}, {h // SPATIAL}, {w // SPATIAL}] from a Wan 2.1 VAE")
+        mask = torch.ones(1, 1, f_lat, h // SPATIAL, w // SPATIAL)
+        mask[:, :, 0] = 0.0  # keep the first latent frame (WAN21 turns this into the reference's mask)
+        values = {"concat_latent_image": latent_image, "concat_mask": mask}
+        latent = torch.zeros(1, LATENT_CHANNELS, f_lat, h // SPATIAL, w // SPATIAL, device=mm.intermediate_device())
+        if camera is not None:
+            values["camera_conditions"] = plucker_for_latent(camera, latent)
+        return (with_values(positive, values), with_values(negative, values), {"samples": latent})

@@ -1,13 +1,11 @@
-"""The native door: LingBot-World experts as native MODELs, LoRAs on them, and MODELs back to LingBot Sampler.
+"""The native door's model: LingBot-World experts as native MODELs.
 
 - LingBot NF4 Model Loader: one expert -> MODEL (one node per expert, like UNETLoader in ComfyUI's Wan 2.2
   template, so each expert gets its own LoRA / ModelSamplingSD3 / KSamplerAdvanced chain and a LoRA can go on
   one expert only). Nothing is read here but headers; ComfyUI's model management loads it for a sampler.
-- LingBot LoRA Loader: a LoRA file in any Wan key format (ComfyUI, diffusers `transformer.*`, kohya/musubi
-  `lora_unet_*`) onto a LingBot MODEL, with a report of how many keys matched and a clear refusal of LoRAs for
-  other models. ComfyUI's own LoraLoaderModelOnly works on the same MODEL for the formats ComfyUI maps.
-- LingBot Experts From Models: two MODELs (with their LoRAs) -> LINGBOT_EXPERTS for the reference-exact
-  LingBot Sampler (flow UniPC, the 0.947 boundary, memory modes).
+- `lingbot_patcher`: the LingBot model behind a MODEL link, for the nodes that take one: LingBot LoRA Loader
+  (lora.py) and LingBot Experts From Models (expert.py: two MODELs -> LINGBOT_EXPERTS for the reference-exact
+  LingBot Sampler: flow UniPC, the 0.947 boundary, memory modes).
 """
 from __future__ import annotations
 
@@ -16,13 +14,11 @@ import logging
 import torch
 
 from ..loaders.expert_format import detect_format
-from .adapters.lora_attach import patcher_with_lora
 from .adapters import comfy_paths, host_memory, model_check
+from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for
-from .adapters.payloads import CATEGORY, EXPERTS, MEMORY_MODES, WEIGHT_MODES, ExpertPair
-from .adapters.progress import show_on_node
-from .adapters.ui_hints import short_labels, show_if
-from .expert import MAX_BLOCKS, _expert_combo, check_expert_pair
+from .adapters.payloads import CATEGORY, WEIGHT_MODES
+from .adapters.ui_hints import short_labels
 
 log = logging.getLogger(__name__)
 
@@ -111,84 +107,3 @@ class LingBotModelLoader:
         patcher = ExpertPatcher(model, device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World: %s as a native MODEL (%s, %s weights)", w.label, fmt.kind, weights)
         return (patcher,)
-
-
-class LingBotLoraLoader:
-    """A LoRA (Wan 2.1/2.2 14B) on a LingBot-World MODEL, any common key format, applied on the NF4 weights."""
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "model": ("MODEL", {"tooltip": "A LingBot-World expert (LingBot NF4 Model Loader)"}),
-                "lora_name": (comfy_paths.list_loras(), {**short_labels(), "tooltip": (
-                    "A .safetensors LoRA from models/loras: ComfyUI (diffusion_model.*), diffusers "
-                    "(transformer.*) or kohya/musubi (lora_unet_*) keys. Pickled .pt/.ckpt files are refused.")}),
-                "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01, "tooltip": (
-                    "LoRA strength (0 = no LoRA). Stack several loaders for several LoRAs.")}),
-            }
-        }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, lora_name=None):
-        return model_check.lora(lora_name)
-
-    RETURN_TYPES = ("MODEL",)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("The model with the LoRA attached (applied when the expert loads)",)
-    FUNCTION = "load"
-    CATEGORY = CATEGORY
-    DESCRIPTION = ("Puts a Wan 14B LoRA on a LingBot-World expert; logs how many of its modules matched and refuses "
-                   "LoRAs made for other models.")
-
-    def load(self, model, lora_name: str, strength: float = 1.0):
-        patcher = lingbot_patcher(model, "model")
-        if float(strength) == 0.0:
-            show_on_node("strength 0: the model is passed on unchanged")
-            return (model,)
-        out, lora = patcher_with_lora(patcher, lora_name, strength)
-        show_on_node(lora.report())
-        return (out,)
-
-
-class LingBotExpertsFromModels:
-    """Two LingBot MODELs (with their LoRAs) -> the LINGBOT_EXPERTS that LingBot Sampler takes."""
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "high_noise_model": ("MODEL", {"tooltip": "The high-noise expert (LingBot NF4 Model Loader, LoRAs)"}),
-                "low_noise_model": ("MODEL", {"tooltip": "The low-noise expert"}),
-                "memory_mode": (list(MEMORY_MODES), {"default": "auto", "tooltip": (
-                    "As in LingBot Expert Loader: auto, resident (both stay loaded), swap (one at a time), "
-                    "swap_pinned (the other waits in pinned RAM), block_swap (blocks streamed from RAM).")}),
-                "blocks_on_gpu": ("INT", {"default": -1, "min": -1, "max": MAX_BLOCKS, "step": 1,
-                                          **show_if(memory_mode=["block_swap"]), "tooltip": (
-                    "block_swap only: DiT blocks kept on the GPU; -1 = as many as fit.")}),
-            }
-        }
-
-    RETURN_TYPES = (EXPERTS,)
-    RETURN_NAMES = ("experts",)
-    OUTPUT_TOOLTIPS = ("The two experts for LingBot Sampler (their LoRAs included; ModelSamplingSD3 and other "
-                       "sampling patches do not apply there: LingBot Sampler has its own shift and schedule)",)
-    FUNCTION = "build"
-    CATEGORY = CATEGORY
-    DESCRIPTION = "Hands two LingBot-World MODELs (e.g. with LoRAs) to the reference-exact LingBot Sampler."
-
-    def build(self, high_noise_model, low_noise_model, memory_mode: str = "auto", blocks_on_gpu: int = -1):
-        if memory_mode not in MEMORY_MODES:
-            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
-        high = lingbot_patcher(high_noise_model, "high_noise_model")
-        low = lingbot_patcher(low_noise_model, "low_noise_model")
-        fh, fl = high.weights.fmt, low.weights.fmt
-        check_expert_pair(fh.path, fl.path, fh, fl)
-        if high.weights.mode != low.weights.mode:
-            raise ValueError(f"the two experts are loaded with different weights ({high.weights.mode} / "
-                             f"{low.weights.mode}); choose the same in both LingBot NF4 Model Loaders")
-        if memory_mode == "block_swap" and int(blocks_on_gpu) > fh.config.num_layers:
-            raise ValueError(f"blocks_on_gpu={blocks_on_gpu} but these experts have {fh.config.num_layers} blocks")
-        if memory_mode == "swap_pinned":
-            high.weights.keep_in_ram = low.weights.keep_in_ram = True
-        return (ExpertPair(high, low, {"high": fh, "low": fl}, high.weights.mode, memory_mode, int(blocks_on_gpu)),)

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from lingbot_world.loaders.expert_format import detect_format
 from lingbot_world.nodes.adapters import lora_attach
 from lingbot_world.nodes.adapters.fast_host import FastModel
-from lingbot_world.nodes.fast_lora_node import LingBotFastLoraLoader
+from lingbot_world.nodes.fast import LingBotFastLoraLoader
 
 
 class _Patcher:  # the two ModelPatcher calls the node makes
@@ -48,7 +48,7 @@ def fast(demo_ckpt, monkeypatch, tmp_path):
     for name, mod in (("comfy", comfy), ("comfy.lora", comfy.lora), ("comfy.weight_adapter", comfy.weight_adapter)):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.delitem(sys.modules, "lingbot_world.nodes.adapters.lora_patches", raising=False)
-    monkeypatch.setattr("lingbot_world.nodes.fast_lora_node.show_on_node", lambda text: None)
+    monkeypatch.setattr("lingbot_world.nodes.fast.show_on_node", lambda text: None)
     return FastModel(_Patcher(fmt), fmt, "nf4", "auto"), fmt.config
 
 

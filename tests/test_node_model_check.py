@@ -8,9 +8,11 @@ import sys
 import pytest
 
 from lingbot_world.nodes.adapters import comfy_paths, demo_models, model_check, node_errors
-from lingbot_world.nodes.expert import LingBotExpertLoader, LingBotVAELoader
-from lingbot_world.nodes.model import LingBotLoraLoader, LingBotModelLoader
+from lingbot_world.nodes.expert import LingBotExpertLoader
+from lingbot_world.nodes.lora import LingBotLoraLoader
+from lingbot_world.nodes.model import LingBotModelLoader
 from lingbot_world.nodes.text import LingBotTextEncode
+from lingbot_world.nodes.vae import LingBotVAELoader
 
 
 def _make_folder_paths():

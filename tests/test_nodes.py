@@ -21,11 +21,12 @@ from lingbot_world.loaders.vae_files import VAEFileError
 from lingbot_world.loaders.vae_shapes import infer_vae_config, vae_config_for_file
 from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from lingbot_world.nodes.adapters import comfy_paths
-from lingbot_world.nodes.camera import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
-from lingbot_world.nodes.image import choose_size
+from lingbot_world.nodes.adapters.video_setup import choose_size
+from lingbot_world.nodes.camera import LingBotCameraFromFiles, LingBotCameraPreset
 from lingbot_world.wan.vae.footprint import vae_work_bytes
 from lingbot_world.nodes.adapters.payloads import CATEGORY, I2VCondition
 from lingbot_world.nodes.sampler import plucker_for, text_contexts
+from lingbot_world.nodes.save import LingBotSaveCamera
 from lingbot_world.nodes.text import child_device
 from lingbot_world.nodes.adapters.workflow_convert import FRONTEND_ONLY, WorkflowError, ui_to_api, v1_node_info
 from lingbot_world.wan.vae.model import VAEConfig, WanVAE
@@ -375,7 +376,7 @@ def test_camera_preset_node_outputs_path_and_picture():
 
 
 def test_image_to_video_rounds_frames_and_says_what_it_changed():
-    from lingbot_world.nodes.image import video_frames, video_summary
+    from lingbot_world.nodes.adapters.video_setup import video_frames, video_summary
 
     assert video_frames(81, None) == (81, [])
     assert video_frames(80, None) == (77, ["80 frames is not of the form 4n+1: using 77."])

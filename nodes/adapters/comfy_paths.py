@@ -261,3 +261,21 @@ def text_cache_dir() -> Path:
 
 def output_directory() -> Path:
     return Path(_fp().get_output_directory())
+
+
+def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
+    from ...loaders.model_folders import pick_default
+
+    opts: dict = {}
+    installed = [n for n in names if not demo_models.is_demo_entry(n)]  # a real install first, the demo last
+    default = pick_default(installed, *hints, avoid=avoid) or pick_default(names, *hints, avoid=tuple(avoid) + ("act",))
+    if default is not None:
+        opts["default"] = default
+    return names, opts
+
+
+def _expert_combo(names: list[str], *hints: str) -> tuple:
+    """An expert combo whose default is a Cam expert when Act experts are installed too (a folder with the word
+    'act', like the release's lingbot-world-base-act): a new graph starts from the camera workflows, and an Act
+    expert refuses a camera input. An Act-only install still gets its Act experts."""
+    return _combo(names, *hints, avoid=("act",))

@@ -23,6 +23,7 @@ ACT = "LINGBOT_ACT"
 VAE = "LINGBOT_VAE"
 I2V = "LINGBOT_I2V"
 SPEED = "LINGBOT_SPEED"
+CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
 
 CATEGORY = "LingBot-World"
 WEIGHT_MODES = ("nf4", "bf16")
