@@ -5,9 +5,7 @@ model folder `lingbot_world` is registered only when ComfyUI's folder_paths is t
 """
 import logging
 
-from .log_filters import quiet_optional_kernel_warning
-
-quiet_optional_kernel_warning()  # before any node module imports bitsandbytes
+from .. import quant  # noqa: F401 - its log filter must be in place before a node module imports bitsandbytes
 
 from .action import LingBotActions
 from .camera import LingBotCameraConditioning, LingBotCameraFromFiles, LingBotCameraPreset

@@ -168,9 +168,9 @@ def test_every_registered_node_goes_through_the_door():
 
 
 def test_the_optional_bitsandbytes_kernel_warning_is_dropped(caplog):
-    from lingbot_world.nodes.log_filters import BNB_CPU_LOGGER, quiet_optional_kernel_warning
+    import lingbot_world.nodes  # noqa: F401 - installs quant's filter (the CLI's too) before bitsandbytes loads
 
-    quiet_optional_kernel_warning()
+    BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
     logger = logging.getLogger(BNB_CPU_LOGGER)
     with caplog.at_level(logging.WARNING, logger=BNB_CPU_LOGGER):
         logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
