@@ -1,4 +1,4 @@
-"""Cost of the whole-clip latent preview (nodes/previews.py) per sampling step.
+"""Cost of the whole-clip latent preview (nodes/adapters/previews.py) per sampling step.
 
 CPU, tiny demo (what the issue asks to measure):   python -m lingbot_world.bench.bench_preview --tiny --out preview_cpu.json
 GPU (preview cost at the real latent sizes):       python -m lingbot_world.bench.bench_preview --out preview_gpu.json

@@ -1,5 +1,13 @@
 """ComfyUI node classes: the only layer that imports comfy / folder_paths.
 
+Where a node is: `LingBot<Word>...` is in `nodes/<word>.py`, <word> being the first word of the class name after
+`LingBot`, in lower case and without a plural s (a run of capitals such as VAE is one word): LingBotVAEDecode is in
+vae.py, LingBotFastContinue in fast.py, LingBotExpertsFromModels in expert.py, LingBotSaveCamera in save.py. A family
+file holds its nodes and their own small helpers. What several families share to talk to ComfyUI (model folders,
+payload types, the patchers, memory, progress and previews, errors and queue-time checks, UI hints, native
+CONDITIONING, example inputs, workflow conversion) is in nodes/adapters/, which holds no node.
+tests/test_node_files.py keeps both true.
+
 Node modules import ComfyUI lazily (inside functions), so this package imports without ComfyUI; the
 model folder `lingbot_world` is registered only when ComfyUI's folder_paths is there.
 """

@@ -1,6 +1,6 @@
 """LingBot Play (Wan): the live player inside ComfyUI, on the loaded Fast model, the I2V condition and the text.
 
-The node opens one World session per node (the model through ComfyUI's model management: nodes/fast_host.py),
+The node opens one World session per node (the model through ComfyUI's model management: nodes/adapters/fast_host.py),
 and the page of `lingbot-world play` (player/) is served on ComfyUI's own server under
 /lingbot_world/play/<node id>/ behind a per-session token; web/lingbot_play.js opens it in a panel. The keys
 played so far come back as the node's `actions` output (an action string: LingBot Actions -> LingBot Fast Sampler

@@ -15,7 +15,7 @@ class InterruptProcessingException(BaseException):  # newer ComfyUI: no longer a
 
 
 def _stub_comfy(free: int = 10 << 30):
-    """The parts of comfy.* that nodes/patchers.py and nodes/memory.py touch."""
+    """The parts of comfy.* that nodes/adapters/patchers.py and nodes/adapters/memory.py touch."""
     mm = types.ModuleType("comfy.model_management")
     mm.InterruptProcessingException = InterruptProcessingException
     mm.current_loaded_models = []

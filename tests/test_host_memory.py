@@ -1,4 +1,4 @@
-"""Host RAM goes back to the OS when the pack's weights are dropped (nodes/host_memory.py), measured as RSS.
+"""Host RAM goes back to the OS when the pack's weights are dropped (nodes/adapters/host_memory.py), measured as RSS.
 
 glibc keeps freed 1-16 MB chunks (weights) in its heap once its dynamic mmap threshold has grown; the pack trims
 the heap after an expert unload and after ComfyUI's full collection that follows "Free model and node cache".

@@ -1,4 +1,4 @@
-"""What running nodes show (nodes/progress.py, text_node.encode_summary), against stand-ins for ComfyUI's
+"""What running nodes show (nodes/adapters/progress.py, nodes/text.py's encode_summary), against stand-ins for ComfyUI's
 ProgressBar, PromptServer and execution context. The real server test checks the same on ComfyUI itself."""
 from __future__ import annotations
 

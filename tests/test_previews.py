@@ -1,4 +1,4 @@
-"""Whole-clip latent previews (nodes/previews.py): every latent frame, in order, decoded by the previewer, within
+"""Whole-clip latent previews (nodes/adapters/previews.py): every latent frame, in order, decoded by the previewer, within
 ComfyUI's preview size."""
 from __future__ import annotations
 

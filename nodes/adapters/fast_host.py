@@ -5,7 +5,7 @@ through the World session (world/session.py) with the model placed by ComfyUI's 
 experts' ExpertPatcher, so "free memory" and other models evict it like an expert) and the K/V cache is placed by
 the memory plan next to it (GPU, or pinned RAM streamed one layer ahead). `run_fast_part` plans the memory, shows
 the plan on the node, runs the part with ComfyUI's progress bar, previews and cancel, and frees the cache when the
-part ends or is cancelled (a state keeps it parked in RAM: nodes/fast_state_store.py).
+part ends or is cancelled (a state keeps it parked in RAM: nodes/adapters/fast_state_store.py).
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class DiffusionModelSlot(DiTSlot):
 
 
 class LingBotWorldModel(comfy.model_base.WAN21):
-    """One LingBot-World expert as a ComfyUI model; `weights` (nodes.expert_weights.ExpertWeights) loads it."""
+    """One LingBot-World expert as a ComfyUI model; `weights` (nodes.adapters.expert_weights.ExpertWeights) loads it."""
 
     def __init__(self, weights, compute_dtype: torch.dtype, kind: str = "base"):
         cfg = weights.fmt.config

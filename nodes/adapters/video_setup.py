@@ -1,7 +1,8 @@
 """The video a LingBot image-to-video node makes: its size (W×H) and frame count from the widgets, the summary the
 node shows, the first-frame video a native Wan 2.1 VAE encodes, and the check that a native VAE is Wan 2.1's.
 
-Shared by LingBot Image To Video (i2v_nodes) and its native twin (native_conditioning), so neither imports the other.
+Shared by LingBot Image To Video and its native twin (image.py), LingBot VAE Decode (vae.py) and the Fast nodes
+(fast_host.py).
 """
 from __future__ import annotations
 
