@@ -73,7 +73,7 @@ def patchers(monkeypatch):
     import lingbot_world.nodes.adapters.patchers as patchers
 
     yield patchers
-    sys.modules.pop("lingbot_world.nodes.adapters.patchers", None)  # the next import sees the real (or no) ComfyUI again
+    sys.modules.pop("lingbot_world.nodes.adapters.patchers", None)  # the next import sees the real (or no) ComfyUI
 
 
 def _expert_patcher(patchers):

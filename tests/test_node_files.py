@@ -49,7 +49,8 @@ def _node_classes(path: Path) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             names = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-            names |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+            names |= {t.id for n in node.body if isinstance(n, ast.Assign)
+                      for t in n.targets if isinstance(t, ast.Name)}
             if {"INPUT_TYPES", "FUNCTION"} <= names:
                 out.append(node.name)
     return out

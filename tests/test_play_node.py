@@ -164,9 +164,9 @@ def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, play
 
 
 def test_play_and_the_fast_nodes_take_turns_on_the_model(comfy, inputs, players):
-    """Every session opened on a Fast model (Play's, a Sampler's, a Continue's: nodes/adapters/fast_host.open_fast_world) holds
-    that model's lock while it runs (tests/test_world_session.py checks every forward does): two sessions never run
-    the same weights at once. A LoRA'd copy of the model shares the lock with its base."""
+    """Every session opened on a Fast model (Play's, a Sampler's, a Continue's: nodes/adapters/fast_host.py's
+    open_fast_world) holds that model's lock while it runs (tests/test_world_session.py checks every forward does): two
+    sessions never run the same weights at once. A LoRA'd copy of the model shares the lock with its base."""
     import dataclasses
 
     play(inputs)
