@@ -319,7 +319,7 @@ def child_case(spec: dict) -> dict:
     tiny = None
     if spec.get("tiny_vae"):  # the file in taew2_1's format, loaded as the doors load it
         from ..loaders.demo_checkpoint import DEMO_TINY_WIDTHS, write_random_tiny_vae
-        from ..world.opening import load_tiny, tiny_bytes
+        from ..world.assembly import load_tiny, tiny_bytes
 
         path = write_random_tiny_vae(Path(spec["workdir"]) / f"taew2_1_{spec['case']}.safetensors",
                                      widths=DEMO_TINY_WIDTHS if spec["tiny"] else (256, 128, 64, 64))

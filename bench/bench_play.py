@@ -98,7 +98,7 @@ def build_session(args, device: torch.device, fast_path: Path, cfg):
     fs = fast_settings(settings, fmt, device, h, w)
     with torch.device(device):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
-    from ..world.opening import load_tiny, tiny_bytes
+    from ..world.assembly import load_tiny, tiny_bytes
 
     tiny = None
     if args.tiny_vae:  # a random decoder in taew2_1's format, loaded as the player loads --tiny-vae

@@ -1,28 +1,47 @@
-"""The Fast model's flags of `lingbot-world generate` (its parser only: nothing here runs a model)."""
+"""The causal models' flags of `lingbot-world generate` (its parser only: nothing here runs a model). The model
+names, their recipes and licences come from the registry (world/models.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..wan.sampling.fast_state import FAST_MODES
+from ..world.models import causal_models
 
-MODELS = ("base", "fast")
+BASE = "base"  # the two v1 base experts (Cam or Act, told from their weights)
 STREAM_DECODE = ("auto", "on", "off")
+
+
+def model_choices() -> tuple[str, ...]:
+    """--model's names: base, then every causal model of the registry and its short aliases."""
+    names = [BASE]
+    for e in causal_models():
+        names += [e.name, *e.aliases]
+    return tuple(names)
+
+
+def _model_help() -> str:
+    lines = [f"{BASE}: the two v1 experts, flow-UniPC with CFG (default)"]
+    for e in causal_models():
+        alias = f" (or {', '.join(e.aliases)})" if e.aliases else ""
+        lines.append(f"{e.name}{alias}: {e.title}, {e.recipe.describe()}, no CFG; {e.licence.line()}")
+    return ". ".join(lines)
 
 
 def add_arguments(p) -> None:
     """The Fast model's flags (generate.py's parser); the inputs, size, frames, seed, noise, device, weights, T5,
     VAE and output flags are shared with the base model."""
-    p.add_argument("--model", choices=MODELS, default="base",
-                   help="base: the two experts, 70 steps with CFG (default). fast: LingBot-World-Fast, causal, "
-                        "4 steps per chunk of 3 latent frames, no CFG (needs lingbot_world_fast/ in --ckpt-dir)")
+    p.add_argument("--model", choices=model_choices(), default=BASE, help=_model_help())
     g = p.add_argument_group(
-        "fast model (--model fast)",
+        "causal models (--model fast, v2-14b, v2-1.3b)",
         "--steps, --guide-scale, --boundary, --solver, --cfg-mode, --memory-mode, --camera-cache and --negative-prompt "
         "do not apply: "
-        "the Fast model always runs its 4 distilled steps per chunk without guidance.")
+        "a causal model always runs its distilled steps per chunk without guidance.")
     g.add_argument("--fast-model", type=Path, default=None,
-                   help="override: the Fast model folder/file (default: lingbot_world_fast_bnb_nf4/ or "
-                        "lingbot_world_fast/ in --ckpt-dir)")
+                   help="override: the causal model's DiT folder/file (default: its NF4 copy or its release folder in "
+                        "--ckpt-dir, e.g. lingbot_world_fast_bnb_nf4/ or transformers/)")
+    g.add_argument("--assets-dir", type=Path, default=None, metavar="DIR",
+                   help="a LingBot-World download holding the umT5 encoder, tokenizer and VAE, when --ckpt-dir lacks "
+                        "them (the v2 1.3B ships its DiT only; default: --ckpt-dir, then the folders beside it)")
     g.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="auto",
                    help="where the K/V cache lives: gpu (the reference's layout; 26.8 GB at 480x832x81), host "
                         "(pinned RAM, each layer streamed to the GPU one layer ahead), auto (GPU when it fits)")
@@ -33,10 +52,12 @@ def add_arguments(p) -> None:
                         "--max_attention_size; same output as the reference with that flag, in bounded memory). "
                         "1560 tokens = one latent frame at 480x832")
     g.add_argument("--window", type=int, default=None, metavar="LATENT_FRAMES",
-                   help="NON-REFERENCE: keep only the latest LATENT_FRAMES latent frames (4 video frames each) in the "
-                        "cache, for long videos in bounded memory (the released pipeline caches the whole video)")
-    g.add_argument("--sink", type=int, default=0, metavar="LATENT_FRAMES",
-                   help="NON-REFERENCE, with --window: the first LATENT_FRAMES latent frames are never evicted")
+                   help="keep only the latest LATENT_FRAMES latent frames (4 video frames each) in the cache, for long "
+                        "videos in bounded memory; 0: the whole video. Default: the model's release (v1 Fast caches "
+                        "the whole video; v2 keeps 18 with a sink of 6)")
+    g.add_argument("--sink", type=int, default=None, metavar="LATENT_FRAMES",
+                   help="with a window: the first LATENT_FRAMES latent frames are never evicted (default: the "
+                        "model's, v1 Fast 0, v2 6)")
     _add_continuation_arguments(g)
     g.add_argument("--stream-decode", choices=STREAM_DECODE, default="auto",
                    help="decode each chunk as soon as it is done and append it to the output (partial output when "

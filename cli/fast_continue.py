@@ -26,15 +26,15 @@ log = logging.getLogger("lingbot_world.generate")
 
 def run(request: GenerateRequest) -> int:
     """generate --model fast --continue-from PATH."""
-    from ..loaders.fast_state_file import StateFile
-    from ..loaders.vae_files import load_vae
-    from ..memory.kv_placement import FastPlacement
-    from ..text_encoder.encode import encode_prompts
+    from ..memory.kv_placement import FastMemoryError, FastPlacement
     from ..speed.decode import decode_precision
     from ..speed.levers import plan_levers
     from ..speed.vae_norm import decoder_norm_silu
+    from ..text_encoder.encode import encode_prompts
     from ..wan.vae.streaming import decode_part
     from ..wan.vae.tiny import TinyStreamingDecoder
+    from ..world import assembly
+    from ..world.files import WorldFiles
     from ..world.session import WorldSession
     from .preflight import resolve_device
     from .progress import RunStats
@@ -46,10 +46,12 @@ def run(request: GenerateRequest) -> int:
     if request.demo and request.device == "auto":
         request = replace(request, device="cpu")  # the demo's default
     fast_parts.warn_base_only_flags(request)
-    sf = StateFile(request.continue_from)  # format, version, damage: refused here, before anything loads
+    sf = assembly.open_state(request.continue_from)  # format, version, damage: refused here, before anything loads
     state = sf.state
     st = state.settings
     _refuse_other_settings(request, st)
+    if request.model == "fast" and st.model_name:  # the default name: the state says which model made it
+        request = replace(request, model=st.model_name)
     device = resolve_device(request.device)
     if st.noise_source == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"{sf.path} continues the reference's CUDA generator; run it on a CUDA GPU")
@@ -58,22 +60,22 @@ def run(request: GenerateRequest) -> int:
     if followed.note:
         (log.warning if followed.differs else log.info)("speed: %s", followed.note)
     speed = speed_plan(request.speed_flags, device)
-    files = fast_parts.fast_files(request, device)
-    fmt, note = files.check(request.weights)
-    if note:
-        log.warning("%s", note)
-    cfg = fmt.config
-    loras = fast_parts.read_fast_loras(request.loras, cfg)
-    tiny = fast_parts.tiny_decoder(request, device)
-    here = fast_parts.settings_for(request, fmt, device, st.height, st.width, st.seed, st.noise_source, st.mode,
-                                   st.window, st.sink, st.max_attention, st.precision)
+    settings = fast_parts.world_settings(request, loras=fast_parts.fast_lora_specs(request.loras))
+    assembly.check_weights_mode(settings.weights, device)
+    files = WorldFiles.find(fast_parts.model_source(request), settings.weights)
+    checked = assembly.check(files, settings, device)
+    cfg = checked.config
+    tiny = checked.tiny
+    here = assembly.video_settings(checked, settings, device, st.height, st.width, seed=st.seed, mode=st.mode,
+                                   window=st.window, sink=st.sink)
+    here = replace(here, max_attention=st.max_attention, precision=st.precision, noise_source=st.noise_source)
     st.check_continue(here, str(sf.path))
     sf.check_model(cfg.num_layers, cfg.num_heads, cfg.head_dim, getattr(torch, here.cache_dtype))
     if state.condition is None:
         raise UsageError(f"{sf.path} has no conditioning for later frames; it cannot be continued")
 
     source, frames = fast_parts.camera_source(request, request.frames, continuation=True)
-    from ..wan.sampling.fast_state import next_layout, plan_next_part
+    from ..wan.sampling.fast_state import plan_next_part
 
     part = plan_next_part(state, source, frames)
     if part.note:
@@ -82,9 +84,6 @@ def run(request: GenerateRequest) -> int:
     target = plan_output(request.out if request.out is not None else Path(f"{sf.path.stem}_part{index}.mp4"))
     whole_target = (plan_output(request.whole_video, flag="--whole-video") if request.whole_video is not None
                     else None)
-    layout = next_layout(state, part)
-    if layout.note:
-        log.warning("K/V cache: %s", layout.note)
     total_lat = state.latent_frames + part.latent_frames
     control = fast_parts.control_label(source, still=state.has_camera)
     print(f"continuing {sf.path} ({sf.file_bytes / 1e9:.2f} GB): {state.frames} frames so far ({state.chunks} chunks), "
@@ -96,10 +95,14 @@ def run(request: GenerateRequest) -> int:
     speed = follow_started_compile(fast_compile_policy(speed, request.speed_flags, part.chunks), speed,
                                    request.speed_flags, st.compile)
     log_speed_plan(speed, log)
-
-    plan, stream_vae = fast_parts.memory_plan(request, cfg, st, total_lat, device, part.camera is not None, files,
-                                              speed=speed, tiny=tiny)
-    log.info("memory plan: %s", plan.reason)
+    settings = replace(settings, speed=speed)
+    try:
+        plan, stream_vae = assembly.plan_memory(checked, st, device, settings, latent_frames=total_lat,
+                                                with_camera=part.camera is not None)
+    except FastMemoryError as e:
+        raise UsageError(str(e)) from None
+    if not plan.fits:
+        log.warning("the plan may not fit in VRAM: %s", plan.reason)
     stats.mark("setup")
 
     prompt, context = state.prompt, state.context
@@ -111,21 +114,18 @@ def run(request: GenerateRequest) -> int:
         log.info("new prompt from this part on: %s", prompt)
     stats.mark("text")
 
+    from ..loaders.vae_files import load_vae
+
     # a tiny decoder decodes everything here: the VAE (only a decoder in a continuation) is not loaded
     vae = load_vae(files.vae, device, config=files.vae_config()) if tiny is None else None
     if vae is not None and not stream_vae:
         vae.to("cpu")
     z_before = state.latent()
     placement = FastPlacement(plan, device, log.info)
-    load = fast_parts.model_load(request.weights, files, placement, device, loras=loras)
-
-    def prepare_model(model):
-        from ..speed.options import apply_speed
-
-        return apply_speed(model, speed)
-
-    world = WorldSession(placement, st, device=device, load_model=load.result, prepare_model=prepare_model,
-                         vae=vae if stream_vae else None, speed=speed, tiny_decoder=tiny)
+    loader = assembly.model_loader(checked, settings, device)
+    world = WorldSession(placement, st, device=device, load_model=lambda: loader(placement),
+                         prepare_model=assembly.speed_preparer(speed), vae=vae if stream_vae else None, speed=speed,
+                         tiny_decoder=tiny)
     try:
         world.resume(state, sf)
         world.context, world.prompt = context.detach().to("cpu", torch.float32), prompt
@@ -138,7 +138,6 @@ def run(request: GenerateRequest) -> int:
                                               on_done=on_done if save is not None else None,
                                               keep_cache=save is not None, label=control)
     finally:
-        load.close()
         world.close()
     report_compile(speed, log)
     if vae is not None and (written is None or whole_target is not None):
@@ -167,7 +166,7 @@ def run(request: GenerateRequest) -> int:
     del vae
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    print(f"Fast model: continued with {part.frames} frames ({state.frames + part.frames} so far)")
+    print(f"{checked.entry.title}: continued with {part.frames} frames ({state.frames + part.frames} so far)")
     if whole is not None:
         print(f"the whole video so far: {whole}")
     if save is not None:
@@ -178,11 +177,12 @@ def run(request: GenerateRequest) -> int:
 
 def _refuse_other_settings(request: GenerateRequest, st: FastSettings) -> None:
     """The cache rules a continuation takes from the state: a different value is refused."""
-    for flag, given, saved in (("--window", request.window, st.window),
+    window = None if request.window is None else (request.window or None)  # --window 0: the whole video
+    for flag, given, saved in (("--window", window, st.window),
                                ("--max-attention", request.max_attention, st.max_attention)):
-        if given is not None and given != saved:
+        if (request.window if flag == "--window" else given) is not None and given != saved:
             raise UsageError(f"{flag} {given}: the video was started with {flag} {saved}; a continuation keeps "
                              "the cache rules it was started with (leave the flag out)")
-    if request.sink and request.sink != st.sink:
+    if request.sink is not None and request.sink != st.sink:
         raise UsageError(f"--sink {request.sink}: the video was started with --sink {st.sink}; leave the flag out")
     # --image, --size, --seed, --noise and --rule are refused before this (cli/flag_checks.FROM_THE_STATE)

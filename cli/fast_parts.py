@@ -6,38 +6,44 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.sampling.fast_state import CameraSource, FastSettings, PartPlan
 from .errors import UsageError
 from .generate_request import GenerateRequest
 from .lora_run import LoraFlags
 
+if TYPE_CHECKING:
+    from ..world.settings import ModelSource, WorldSettings
+
 log = logging.getLogger("lingbot_world.generate")
 
 FILE_FRAMES = 81  # key files without --frames: the first 81 frames, as the release reads keys[:frame_num]
-LOAD_STEP = "the Fast model's load"
 
 
-# ---- flags -> settings -------------------------------------------------------------------------------------------
-def settings_for(request: GenerateRequest, fmt, device, height: int, width: int, seed: int, noise: str, mode: Optional[str] = None,
-                 window=None, sink=None, max_attention=None, precision=None) -> FastSettings:
-    """The settings of a Fast video started (or continued) by this request."""
-    from ..loaders.fast_state_file import model_fingerprint, model_label
-    from ..world.plan import compute_dtype
+# ---- flags -> the world's typed settings ------------------------------------------------------------------------
+def model_source(request: GenerateRequest) -> "ModelSource":
+    """Which causal model and where its files are: --model, --demo / --ckpt-dir / the file flags."""
+    from ..world.settings import ModelSource
 
-    dtype = compute_dtype(request.weights, device)
-    keep = request.save_state is not None or request.continue_from is not None
-    return FastSettings(
-        height, width, int(seed), noise, mode or request.rule,
-        window=request.window if window is None else window, sink=request.sink if sink is None else sink,
-        max_attention=request.max_attention if max_attention is None else max_attention,
-        precision=precision or request.camera_precision, weights=request.weights,
-        cache_dtype=str(dtype).replace("torch.", ""), model=model_fingerprint(fmt) if keep else "",
-        model_label=model_label(fmt), vae_tiled=bool(request.vae_tiled))
+    return ModelSource(model=request.model, ckpt_dir=request.ckpt_dir, demo=bool(request.demo),
+                       demo_dir=request.demo_dir, dit=request.fast_model, t5=request.t5, vae=request.vae,
+                       tokenizer=request.tokenizer, assets_dir=request.assets_dir)
+
+
+def world_settings(request: GenerateRequest, speed=None, loras: Sequence = ()) -> "WorldSettings":
+    """The world's settings from the flags (--window / --sink left out: the model's defaults)."""
+    from ..world.settings import MODEL_DEFAULT, WorldSettings
+
+    window = MODEL_DEFAULT if request.window is None else (request.window or None)  # --window 0: the whole video
+    return WorldSettings(size=request.size, seed=request.seed, noise=request.noise, rule=request.rule, window=window,
+                         sink=MODEL_DEFAULT if request.sink is None else request.sink,
+                         max_attention=request.max_attention, precision=request.camera_precision,
+                         weights=request.weights, kv_cache=request.kv_cache, kv_layers_on_gpu=request.kv_layers_on_gpu,
+                         vae_tiled=bool(request.vae_tiled), tiny_vae=request.tiny_vae, loras=tuple(loras),
+                         text=request.text, speed=speed, stream_decode=request.stream_decode)
 
 
 def camera_source(request: GenerateRequest, frames: Optional[int],
@@ -141,71 +147,6 @@ def warn_base_only_flags(request: GenerateRequest) -> None:
                     request.shift)
 
 
-def fast_files(request: GenerateRequest, device, imports=None):
-    """The Fast model and the T5 / VAE / tokenizer from --demo, --ckpt-dir or the file flags (for --weights fp8 /
-    int8 its FP8 / INT8 copy, refused in one line first where the GPU cannot run it)."""
-    from ..loaders.demo_checkpoint import demo_fast_ready
-    from ..world.files import FastFiles
-
-    if request.weights in LOWP_WEIGHTS:
-        from ..quant.compute import check_lowp_weights
-
-        check_lowp_weights(request.weights, device)
-    if request.demo:
-        if imports is not None and not demo_fast_ready(request.demo_dir, weights=request.weights):
-            imports.wait()  # building it quantizes with bitsandbytes: not beside the background import
-        files = FastFiles.demo(request.demo_dir, weights=request.weights)
-    elif request.ckpt_dir is not None:
-        files = FastFiles.find(request.ckpt_dir, request.fast_model, weights=request.weights)
-    else:
-        missing = [f"--{n.replace('_', '-')}" for n in ("fast_model", "t5", "vae") if getattr(request, n) is None]
-        if missing:
-            raise UsageError(f"give --ckpt-dir (or --demo), or {' '.join(missing)}")
-        return FastFiles(Path("."), request.fast_model, request.t5, request.vae, request.tokenizer)
-    return replace(files, **{n: getattr(request, attr) for n, attr in (("fast", "fast_model"), ("t5", "t5"),
-                                                                        ("vae", "vae"), ("tokenizer", "tokenizer"))
-                             if getattr(request, attr) is not None})
-
-
-def memory_plan(request: GenerateRequest, cfg, settings: FastSettings, latent_frames: int, device, with_camera: bool, files,
-                seq_parallel: int = 1, speed=None, tiny=None):
-    """The memory plan of a video of `latent_frames` (the World session's layout for it) and whether the VAE
-    streams chunk by chunk beside the model (--stream-decode). speed: the run's SpeedPlan (the levers the plan counts:
-    speed.levers.plan_levers). tiny: the --tiny-vae decoder (it always streams, at its own size)."""
-    from ..memory.kv_placement import FastMemoryError
-    from ..speed.levers import plan_levers
-    from ..world.opening import tiny_bytes
-    from ..world.plan import plan_world_memory, session_layout
-
-    layout = session_layout(settings, latent_frames)
-    try:
-        plan, stream = plan_world_memory(cfg, layout, device, settings.height, settings.width, weights=request.weights,
-                                         kv_cache=request.kv_cache, kv_layers_on_gpu=request.kv_layers_on_gpu,
-                                         with_camera=with_camera,
-                                         stream_decode="on" if tiny is not None else request.stream_decode,
-                                         vae_cfg=files.vae_config(), seq_parallel=seq_parallel,
-                                         decode_bytes=tiny_bytes(tiny, settings.height, settings.width),
-                                         **plan_levers(speed))
-    except FastMemoryError as e:
-        raise UsageError(str(e)) from None
-    if not plan.fits:
-        log.warning("the plan may not fit in VRAM: %s", plan.reason)
-    return plan, stream
-
-
-def tiny_decoder(request: GenerateRequest, device):
-    """The --tiny-vae decoder on the device (None without the flag); a bad file is refused in one line."""
-    if request.tiny_vae is None:
-        return None
-    from ..loaders.tiny_vae_files import TinyVAEFileError
-    from ..world.opening import load_tiny
-
-    try:
-        return load_tiny(request.tiny_vae, device)
-    except (TinyVAEFileError, FileNotFoundError) as e:
-        raise UsageError(f"--tiny-vae: {e}") from None
-
-
 def check_tiny_vae(path) -> None:
     """--tiny-vae's file read and checked (a few MB) without building the decoder; one line naming the flag."""
     from ..loaders.tiny_vae_files import TinyVAEFileError, check_tiny_decoder_file
@@ -216,36 +157,15 @@ def check_tiny_vae(path) -> None:
         raise UsageError(f"--tiny-vae: {e}") from None
 
 
-def model_load(weights: str, files, placement, device, imports=None, loras=()):
-    """The Fast model's load (--weights `weights`) as a ModelLoad (cli/model_load.py): run in turn, or started on a
-    thread beside the image's VAE encode. It waits for the background imports first (the model needs bitsandbytes); the LoRAs go on
-    right after it."""
-    from ..world.plan import compute_dtype
-    from .model_load import ModelLoad
+def fast_lora_specs(loras: LoraFlags) -> tuple:
+    """--lora FILE[:STRENGTH] on a causal model as (path, strength, flag) items (read and matched by the world's
+    checks); --lora-high/-low are the base model's two experts."""
+    from .lora_run import parse_spec
 
-    def load(progress):
-        model = placement.load_model(files.fast, weights, progress=progress)
-        if loras:
-            from ..loaders.lora_apply import put_loras
-
-            put_loras(model, loras, dtype=compute_dtype(weights, device), device=device, name=files.fast.name)
-        return model
-
-    return ModelLoad(load, device, before=imports.wait if imports is not None else None)
-
-
-def read_fast_loras(loras: LoraFlags, cfg) -> list:
-    """--lora FILE[:STRENGTH] on the Fast model (read and matched before anything loads); --lora-high/-low are
-    the base model's two experts."""
     for flag in ("lora_high", "lora_low"):
         if getattr(loras, flag):
             raise UsageError(f"--{flag.replace('_', '-')}: the Fast model is one model; use --lora FILE[:STRENGTH]")
-    if not loras.lora:
-        return []
-    from .lora_run import read_cli_loras
-
-    return read_cli_loras(loras, cfg)["high"]
-
+    return tuple((*parse_spec(spec, "--lora"), f"--lora {spec}") for spec in loras.lora)
 
 def default_name(prompt: str) -> Path:
     from .preflight import default_output_name
@@ -259,17 +179,17 @@ def run_part(world, part: PartPlan, source: CameraSource, frames, *, fps: int, q
              stream: bool, on_done: Optional[Callable] = None, keep_cache: bool = True, label: str = "") -> tuple:
     """A part through the World session with the CLI's progress line and (streaming, at `fps`) video writer; returns
     (latent, written path or None when the video is decoded afterwards). Ctrl-C keeps the frames decoded so far."""
-    from ..wan.sampling.fast_sampler import STEP_INDICES
     from ..wan.sampling.sampler import Cancelled
     from .progress import ProgressLine
     from .video_out import VideoWriter
 
     writer: Optional[VideoWriter] = VideoWriter(target, fps) if stream else None
-    bar = ProgressLine(part.chunks * len(STEP_INDICES), enabled=not quiet)
+    steps = world.steps_per_chunk
+    bar = ProgressLine(part.chunks * steps, enabled=not quiet)
     done = [0]  # chunks whose steps are all done
 
     def progress(info):
-        done[0] = (info.index + 1) // len(STEP_INDICES)
+        done[0] = (info.index + 1) // steps
         bar.update(replace(info, expert=f"chunk {info.chunk + 1}/{info.chunks}"))
 
     world.callback = progress

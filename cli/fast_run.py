@@ -1,29 +1,33 @@
-"""`lingbot-world generate --model fast`: the Fast model's first part of a video, through the World session.
+"""`lingbot-world generate --model fast|v2-14b|v2-1.3b`: a causal model's first part of a video, through the
+world assembly (world/assembly.py) and the World session.
 
-Same inputs as the base model (image, camera or keys, prompt, size, frames, seed), the base package's T5 / VAE /
-tokenizer from the same release folder, and the release's defaults (480x832, 81 frames, shift 10, 4 steps per
-chunk of 3 latent frames, no CFG). Every check that can fail runs before the text encoder starts: the Fast model's
-kind and tensors (headers only), LoRA files, the frame count, the camera, the cache plan against free VRAM and RAM.
-The start-up overlaps what it can (bitsandbytes' import, the text encoder, the image's VAE encode and the model's
-load; cli/text_stage.py, cli/model_load.py); then the World session (world/session.py) runs the chunks, and each
-finished chunk is decoded and appended to the output (streaming decode), so an interrupted run keeps its frames.
-A continuation (`--continue-from`) is cli/fast_continue.py.
+Same inputs as the base model (image, camera or keys, prompt, size, frames, seed), the umT5 / VAE / tokenizer of
+the same download, and the model's release defaults (its registry entry: chunk, steps, shift, window). Every check
+that can fail runs before the text encoder starts: the model's kind and tensors (headers only), LoRA files, the
+frame count, the camera, the cache plan against free VRAM and RAM. The start-up overlaps what it can (bitsandbytes'
+import, the text encoder, the image's VAE encode and the model's load; world/text_stage.py, world/model_load.py);
+then the World session (world/session.py) runs the chunks, and each finished chunk is decoded and appended to the
+output (streaming decode), so an interrupted run keeps its frames. A continuation (`--continue-from`) is
+cli/fast_continue.py.
 """
 from __future__ import annotations
 
 import logging
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from ..memory.kv_placement import FastMemoryError
+from ..wan.sizes import max_area_for, target_size
 from . import fast_continue, fast_parts, fast_request, parallel_flags
 from .errors import UsageError
 from .generate_request import GenerateRequest
 
 log = logging.getLogger("lingbot_world.generate")
 
-DEMO_FAST_FRAMES = 33  # three chunks of the tiny demo
+LOAD_STEP = "the model's load"  # the start-up step the text encoder may run beside
 
 
 def run(request: GenerateRequest) -> int:
@@ -61,19 +65,25 @@ def run(request: GenerateRequest) -> int:
 
 
 def with_fast_demo_defaults(request: GenerateRequest) -> GenerateRequest:
-    """The demo's defaults, with the Fast demo's length (three chunks) when neither --frames nor keys set it."""
+    """The demo's defaults, with the model's demo length (three chunks) when neither --frames nor keys set it, and
+    its own output name (no demo replaces another's video)."""
+    from ..world.models import model
+
     demo = request.with_demo_defaults()
+    entry = model(request.model)
     if request.frames is None and not demo.actions:
-        demo = replace(demo, frames=DEMO_FAST_FRAMES)
+        demo = replace(demo, frames=entry.demo.frames)
+    if request.out is None:
+        demo = replace(demo, out=Path(entry.demo.out))
     return demo
 
 
 def _first_part(request: GenerateRequest, session, imports, stats) -> int:
-    from ..loaders.image_files import load_image
-    from ..memory.kv_placement import FastPlacement
     from ..memory.overlap import Step
-    from ..wan.sampling.fast_sampler import CHUNK_FRAMES
-    from ..wan.sizes import max_area_for, target_size
+    from ..world import assembly
+    from ..world.demos import demo_ready
+    from ..world.files import WorldFiles
+    from ..world.models import model
     from ..world.session import FixedCondition, WorldSession
     from .preflight import noise_source, resolve_device
     from .speed_flags import fast_speed_plan, log_speed_plan, report_compile
@@ -89,77 +99,83 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
         raise UsageError("give either --camera (a trajectory) or --actions (keys), not both")
     session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
     device = resolve_device(request.device)
-    noise = noise_source(request.noise, device)
+    request = replace(request, noise=noise_source(request.noise, device))
     target = plan_output(request.out if request.out is not None else fast_parts.default_name(request.prompt))
-    files = fast_parts.fast_files(request, device, imports)
-    fmt, note = files.check(request.weights)  # missing or mis-shaped tensors are named here, before any work
-    if note:
-        log.warning("%s", note)
-    cfg = fmt.config
-    loras = fast_parts.read_fast_loras(request.loras, cfg)
-    tiny = fast_parts.tiny_decoder(request, device)
+    settings = fast_parts.world_settings(request, loras=fast_parts.fast_lora_specs(request.loras))
+    assembly.check_weights_mode(settings.weights, device)
+    if request.tiny_vae is not None:
+        fast_parts.check_tiny_vae(request.tiny_vae)  # one line naming the flag, before the model's files
+    source = fast_parts.model_source(request)
+    if source.demo and not demo_ready(model(source.model), source.demo_dir, settings.weights):
+        imports.wait()  # building the demo quantizes with bitsandbytes: not beside the background import
+    files = WorldFiles.find(source, settings.weights)
+    checked = assembly.check(files, settings, device)  # missing or mis-shaped tensors, LoRAs, the tiny decoder
+    cfg, entry = checked.config, checked.entry
 
-    decoded = load_image(request.image)
-    for image_note in decoded.notes:
-        log.info("image %s: %s", request.image, image_note)
-    image = decoded.pixels
+    image = assembly.load_start_image(request.image)
     height, width = target_size(image.shape[1], image.shape[2], max_area_for(request.size))
     fast_request.check_video_fits(request, height, width)
     seed = request.seed if request.seed >= 0 else random.randrange(2**31)
-    settings = fast_parts.settings_for(request, fmt, device, height, width, seed, noise)
-    source, frames = fast_parts.camera_source(request, request.frames)  # key files: 81 frames without --frames
+    keep = request.save_state is not None
+    probe = assembly.video_settings(checked, settings, device, height, width, keep=False, seed=seed)
+    camera, frames = fast_parts.camera_source(request, request.frames)  # key files: 81 frames without --frames
     from ..wan.sampling.fast_state import plan_first_part
 
-    part = plan_first_part(source, frames, settings)
+    part = plan_first_part(camera, frames, probe)
     if part.note:
         log.warning("frames: %s", part.note)
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
     speed = fast_speed_plan(request.speed_flags, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
-    window = speed.fast_window(settings.window, part.latent_frames)  # a preset's window cap (draft)
-    if window != settings.window:
-        settings = replace(settings, window=window)
-    save = fast_parts.SaveState.plan(request, settings, cfg, part.latent_frames)
+    settings = replace(settings, speed=speed)
+    video = assembly.video_settings(checked, settings, device, height, width, keep=keep, seed=seed,
+                                    latent_frames=part.latent_frames)  # the preset's window cap (draft)
+    save = fast_parts.SaveState.plan(request, video, cfg, part.latent_frames)
     fast_request.check_targets(request, target, part.frames, height, width, save=save, files=files)
-    fast_parts.write_picture(request, part, source, target)
-    layout = settings.layout(part.latent_frames)
-    if layout.note:
-        log.warning("K/V cache: %s", layout.note)
-    control = fast_parts.control_label(source)
+    fast_parts.write_picture(request, part, camera, target)
+    control = fast_parts.control_label(camera)
     if session.is_main:
-        print(f"Fast model: {width}x{height}, {part.frames} frames ({part.latent_frames} latent frames, {part.chunks} "
-              f"chunks of {CHUNK_FRAMES}), camera: {control}" + (f", rule: {settings.mode}" if request.save_state else ""),
-              flush=True)
+        print(f"{entry.title}: {width}x{height}, {part.frames} frames ({part.latent_frames} latent frames, "
+              f"{part.chunks} chunks of {video.chunk_frames}), camera: {control}"
+              + (f", rule: {video.mode}" if request.save_state else ""), flush=True)
     split = parallel_flags.plan(session, request.parallel, cfg.num_heads, "fast", False, log)
-    plan, stream_vae = fast_parts.memory_plan(request, cfg, settings, part.latent_frames, device, part.camera is not None,
-                                              files, split.ulysses, speed=speed, tiny=tiny)
+    tiny = checked.tiny
+    try:
+        plan, stream_vae = assembly.plan_memory(checked, video, device, settings, latent_frames=part.latent_frames,
+                                                with_camera=part.camera is not None, seq_parallel=split.ulysses)
+    except FastMemoryError as e:
+        raise UsageError(str(e)) from None
+    if not plan.fits:
+        log.warning("the plan may not fit in VRAM: %s", plan.reason)
     keep_vae = stream_vae and tiny is None  # the VAE's decoder streams (a tiny decoder needs the VAE to encode only)
-    log.info("memory plan: %s", plan.reason)
     session.end_checks()
     parallel_flags.use(session, split, log)
     parallel_flags.agree_on_plans(session, plan.reason, False, log)
-    parallel_flags.check_same_models(session, {"Fast model": files.fast}, log)
+    parallel_flags.check_same_models(session, {"Fast model": files.dit}, log)
     stats.mark("setup")
 
     from ..loaders.vae_files import load_vae
+    from ..memory.kv_placement import FastPlacement
     from ..wan.i2v import ConditionTrack, build_i2v_condition
     from ..wan.vae.model import VAEConfig
+    from ..world import text_stage
+    from ..world.model_load import ModelLoad
     from ..world.plan import compute_dtype
-    from . import text_stage
 
     model_bytes = int(plan.estimates.get("model_bytes", 0))
     # The load may run at the same time as the encode (a thread) when the whole model is resident: block swap
     # sets up its own streams and pinned ring, kept on the main thread.
     steps = [text_stage.vae_encode_step(files.vae_config() or VAEConfig(), height, width, part.frames,
                                         request.vae_tiled, keeps_vae=keep_vae),
-             Step(fast_parts.LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
+             Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
                   with_previous=plan.blocks_on_gpu is None)]
     # the cache's pinned layers (an FP8 cache's in codes: host_layer_bytes), allocated while the text encodes
     host_bytes = plan.streamed_layers * int(plan.estimates.get("host_layer_bytes", 0)) if plan.cache == "host" else 0
-    text_plan = text_stage.plan(request.text, files, [request.prompt], device, steps, session, host_bytes=host_bytes,
+    text_plan = text_stage.plan(settings.text, files, [request.prompt], device, steps, session, host_bytes=host_bytes,
                                 ram_free=plan.estimates.get("ram_free"))
     placement = FastPlacement(plan, device, log.info)
-    load = fast_parts.model_load(request.weights, files, placement, device, imports, loras)
+    loader = assembly.model_loader(checked, settings, device)
+    load = ModelLoad(lambda progress: loader(placement, progress), device, before=imports.wait)
     text = None
     world = None
     try:
@@ -184,23 +200,23 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
             return [cond]
 
         text.before(text_stage.ENCODE_STEP)
-        if text.plan.runs_with_previous(fast_parts.LOAD_STEP) and (imports.background or not imports.modules):
+        if text.plan.runs_with_previous(LOAD_STEP) and (imports.background or not imports.modules):
             load.start()  # beside the encode (both were admitted on the same side of the text encoder)
         y, = session.from_main(encode_image, "the first frame's encoding")
         stats.mark("vae_encode")
         condition = ConditionTrack(y, y.shape[2] - 1) if save is not None else FixedCondition(y)
 
         seed = session.same_value(seed, "the seed")  # a random seed is rank 0's
-        settings = replace(settings, seed=seed)
+        video = replace(video, seed=seed)
         from ..wan.sampling.fast_sampler import draw, make_generator
 
-        noise_probe = draw(make_generator(seed, settings.noise_source), (256,), device)
+        noise_probe = draw(make_generator(seed, video.noise_source), (256,), device)
         parallel_flags.check_same_inputs(session, {"noise": noise_probe, "conditioning": y,
                                                    "text": text.embeddings()[0] if session.parallel else None,
                                                    "camera": part.camera})
 
         def load_model():
-            text.before(fast_parts.LOAD_STEP)
+            text.before(LOAD_STEP)
             if load.background:
                 model = load.result()
                 _empty_cache(device)  # what the load's stream cached: the main stream cannot reuse it
@@ -214,7 +230,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
                 stats.mark("load")
             if imports.background:
                 stats.note("imports (in the background)", imports.seconds)
-            log.info("Fast model loaded in %.1f s", load.seconds)
+            log.info("%s loaded in %.1f s", entry.title, load.seconds)
             return model
 
         def prepare_model(model):
@@ -224,7 +240,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
             parallel_flags.attach(session, model)  # this rank's tokens; its cache holds this rank's heads
             return model
 
-        world = WorldSession(placement, settings, device=device, load_model=load_model, prepare_model=prepare_model,
+        world = WorldSession(placement, video, device=device, load_model=load_model, prepare_model=prepare_model,
                              vae=vae if keep_vae and vae is not None else None, speed=speed,
                              tiny_decoder=tiny if session.is_main else None)
         world.load()
@@ -232,12 +248,12 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
             text.embeddings()
             stats.mark("waiting for the text encoder")
         pos, = text.embeddings()
-        world.begin(condition, pos, request.prompt, settings)
+        world.begin(condition, pos, request.prompt, video)
 
         def on_done(state):
             save.write(state, placement.placement)
 
-        latent, written = fast_parts.run_part(world, part, source, frames, fps=request.fps, quiet=request.quiet,
+        latent, written = fast_parts.run_part(world, part, camera, frames, fps=request.fps, quiet=request.quiet,
                                               target=target, stats=stats,
                                               stream=stream_vae and session.is_main,  # rank 0 writes the video
                                               on_done=on_done if save is not None else None,
@@ -258,27 +274,29 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
     if not session.is_main:
         return 0  # rank 0 decodes and writes the video
     if written is None:
-        vae.to(device)
-        from ..speed.decode import decode_precision
-        from ..speed.levers import plan_levers
-        from ..speed.vae_norm import decoder_norm_silu
-
-        # the decoder's kernels and precision as the session's streaming decode runs them
-        with torch.inference_mode(), decode_precision(device, plan_levers(speed)["decode_bf16"]):
-            video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
-        del vae
+        written = _decode_and_write(vae, latent, target, request, speed, device)
         stats.mark("vae_decode")
-        from .video_out import write_video
-
-        written = write_video(video, target, request.fps)
-        stats.mark("write")
     asked = frames if frames is not None else {"keys": "as long as the keys",
-                                                         "camera": "as long as the camera"}.get(source.kind, "81")
-    print(f"Fast model: generated {part.frames} frames (requested {asked})")
+                                               "camera": "as long as the camera"}.get(camera.kind, "81")
+    print(f"{entry.title}: generated {part.frames} frames (requested {asked})")
     if save is not None:
         save.report()
     print(stats.summary(written, seed=seed, device=device))
     return 0
+
+
+def _decode_and_write(vae, latent, target, request: GenerateRequest, speed, device):
+    """The whole latent decoded after sampling (the VAE did not fit beside the model) and written."""
+    from ..speed.decode import decode_precision
+    from ..speed.levers import plan_levers
+    from ..speed.vae_norm import decoder_norm_silu
+    from .video_out import write_video
+
+    vae.to(device)
+    # the decoder's kernels and precision as the session's streaming decode runs them
+    with torch.inference_mode(), decode_precision(device, plan_levers(speed)["decode_bf16"]):
+        video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
+    return write_video(video, target, request.fps)
 
 
 def _empty_cache(device: torch.device) -> None:

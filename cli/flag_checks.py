@@ -84,15 +84,15 @@ NUMBERS = (
     Number("--parallel-timeout", 0, TIMEOUT_MAX_S, low_open=True, hint="seconds"),
     Number("--kv-layers-on-gpu", 0, 1000),
     Number("--max-attention", 1, INT32_MAX, hint="tokens; 1560 tokens = one latent frame at 480x832"),
-    Number("--window", 1, MAX_LATENT_FRAMES, hint="latent frames"),
+    Number("--window", 0, MAX_LATENT_FRAMES, hint="latent frames; 0: the whole video"),
     Number("--sink", 0, MAX_LATENT_FRAMES, hint="latent frames"),
 )
 
 # Flags of the Fast model only, with their defaults: any other value without --model fast is refused.
 FAST_ONLY = (("--continue-from", None), ("--save-state", None), ("--whole-video", None), ("--fast-model", None),
              ("--kv-cache", "auto"), ("--kv-layers-on-gpu", None), ("--max-attention", None), ("--window", None),
-             ("--sink", 0), ("--rule", "reference"), ("--stream-decode", "auto"), ("--chunk-steps", None),
-             ("--tiny-vae", None))
+             ("--sink", None), ("--rule", "reference"), ("--stream-decode", "auto"), ("--chunk-steps", None),
+             ("--tiny-vae", None), ("--assets-dir", None))
 # Flags of the base model only: the Fast model runs 4 distilled steps per chunk without guidance.
 BASE_ONLY = (("--steps", None), ("--guide-scale", (5.0,)), ("--boundary", 0.947), ("--solver", "unipc"),
              ("--cfg-mode", "auto"), ("--memory-mode", "auto"), ("--negative-prompt", None), ("--camera-cache", "auto"),
@@ -150,7 +150,7 @@ def check_lora_specs(request: "GenerateRequest") -> None:
 
 def check_model_flags(request: "GenerateRequest") -> None:
     """Flags that do not apply to the chosen model (or to a continuation) are refused with one line."""
-    if request.model != "fast":
+    if request.model == "base":
         given = _given(request, FAST_ONLY)
         if given:
             raise UsageError(f"{given[0]} is a flag of the Fast model: add --model fast, or leave {given[0]} out")
@@ -161,8 +161,8 @@ def check_model_flags(request: "GenerateRequest") -> None:
     given = _given(request, BASE_ONLY)
     if given:
         hint = "; --chunk-steps 2|3|4 sets its steps per chunk" if given[0] == "--steps" else ""
-        raise UsageError(f"--model fast does not take {given[0]} (it runs 4 distilled steps per chunk without "
-                         f"guidance, from --fast-model); leave {given[0]} out{hint}")
+        raise UsageError(f"--model {request.model} does not take {given[0]} (a causal model runs its distilled steps "
+                         f"per chunk without guidance); leave {given[0]} out{hint}")
     given = _given(request, EXPERT_LORA_FLAGS)
     if given:
         raise UsageError(f"{given[0]}: the Fast model is one model; use --lora FILE[:STRENGTH]")

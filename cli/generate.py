@@ -133,7 +133,7 @@ def run(args) -> int:
     """The one reader of `generate`'s namespace: everything below takes the typed request."""
     request = GenerateRequest.from_args(args)
     with cli_logging(request.quiet):
-        if request.model == "fast":
+        if request.model != "base":  # a causal model of the registry
             return fast_run.run(request)
         return _run(request)
 
@@ -182,7 +182,7 @@ def _generate(request: GenerateRequest, session, stats: RunStats) -> int:
     # Text: child process (or the cache); nothing of T5 stays in this process. Several ranks: rank 0 encodes.
     # The image's VAE encode runs beside the encoder when both fit in VRAM; the experts load after it.
     from ..wan.vae.model import VAEConfig
-    from . import text_stage
+    from ..world import text_stage
 
     negative = request.negative_prompt if request.negative_prompt else DEFAULT_NEGATIVE_PROMPT
     vae_step = text_stage.vae_encode_step(pre.vae_config or VAEConfig(), height, width, frames, request.vae_tiled,

@@ -19,7 +19,7 @@ from .parallel_flags import ParallelFlags
 from .request_base import FlagRequest
 
 if TYPE_CHECKING:
-    from .text_stage import TextFlags
+    from ..world.settings import TextSettings
 
 DEMO_SIZE = "64*112"
 DEMO_FRAMES = 17
@@ -95,11 +95,12 @@ class GenerateRequest(FlagRequest):
     # the Fast model
     model: str = "base"
     fast_model: Optional[Path] = None
+    assets_dir: Optional[Path] = None
     kv_cache: str = "auto"
     kv_layers_on_gpu: Optional[int] = None
     max_attention: Optional[int] = None
     window: Optional[int] = None
-    sink: int = 0
+    sink: Optional[int] = None
     rule: str = "reference"
     save_state: Optional[Path] = None
     continue_from: Optional[Path] = None
@@ -109,10 +110,10 @@ class GenerateRequest(FlagRequest):
 
     # ---- typed pieces for the shared helpers ------------------------------------------------------------------
     @property
-    def text(self) -> "TextFlags":
-        from .text_stage import TextFlags  # the text stage's modules load with the run, not with the parser
+    def text(self) -> "TextSettings":
+        from ..world.settings import TextSettings  # the text stage's modules load with the run, not with the parser
 
-        return TextFlags(device=self.t5_device, cache_dir=self.cache_dir, use_cache=not self.no_text_cache,
+        return TextSettings(device=self.t5_device, cache_dir=self.cache_dir, use_cache=not self.no_text_cache,
                          timeout=self.t5_timeout, overlap=self.overlap != "off")
 
     @property

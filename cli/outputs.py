@@ -221,7 +221,7 @@ def generate_inputs(request: "GenerateRequest", files=None) -> list[tuple[str, P
     for flag in ("--lora", "--lora-high", "--lora-low"):
         for spec in getattr(request, flag.lstrip("-").replace("-", "_")):
             found.append((flag, parse_spec(spec, flag)[0]))
-    for name in ("high", "low", "fast", "t5", "vae", "tokenizer"):
+    for name in ("high", "low", "dit", "t5", "vae", "tokenizer"):
         value = getattr(files, name, None) if files is not None else None
         if value is not None:
             found.append((f"the model file ({name})", value))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..quant.lowp_kinds import LOWP_WEIGHTS
+from ..world.models import causal_models
 from .errors import UsageError
 from .play_request import PlayRequest
 
@@ -29,9 +29,17 @@ def add_parser(sub) -> None:
         "while a chunk plays decide the next one. The page can pause, rewind to a chunk boundary, save the clip "
         "and render the played path with the base Cam model or the Fast model at 720p. `--demo` plays the tiny "
         "random-weight demo checkpoint on the CPU (the picture is noise; the whole path is real).")
+    from .fast_args import model_choices
+
     src = p.add_argument_group("inputs")
-    src.add_argument("--ckpt-dir", type=Path, help="checkpoint folder with the Fast model (lingbot_world_fast*/), "
-                     "the umT5 encoder and the VAE")
+    src.add_argument("--model", choices=model_choices()[1:], default="fast",
+                     help="the causal model to play: " + "; ".join(
+                         f"{e.name}: {e.title} ({e.licence.line()})" for e in causal_models()))
+    src.add_argument("--ckpt-dir", type=Path, help="checkpoint folder with the model (its NF4 copy or release folder: "
+                     "lingbot_world_fast*/, transformers*/), the umT5 encoder and the VAE")
+    src.add_argument("--assets-dir", type=Path, default=None, metavar="DIR",
+                     help="a LingBot-World download holding the umT5 encoder, tokenizer and VAE, when --ckpt-dir lacks "
+                          "them (the v2 1.3B ships its DiT only)")
     src.add_argument("--demo", action="store_true", help="play the tiny demo checkpoint (built on first use) on "
                      "the CPU at 64*112 with the demo's image and prompt")
     src.add_argument("--demo-dir", type=Path, default=None, help="where the demo checkpoint is built and cached")
@@ -41,10 +49,11 @@ def add_parser(sub) -> None:
     gen.add_argument("--seed", type=int, default=42, help="noise seed (the render uses the same)")
     gen.add_argument("--size", default=None, help="max area H*W, aspect from the image (default 480*832; demo "
                      f"{DEMO_SIZE})")
-    gen.add_argument("--window", type=int, default=21, metavar="LATENT_FRAMES",
-                     help="latent frames kept in the K/V cache (bounded memory for endless play)")
-    gen.add_argument("--sink", type=int, default=3, metavar="LATENT_FRAMES",
-                     help="first latent frames never evicted from the window")
+    gen.add_argument("--window", type=int, default=None, metavar="LATENT_FRAMES",
+                     help="latent frames kept in the K/V cache (bounded memory for endless play; default the model's: "
+                          "v1 Fast 21, v2 18; 0: the whole video)")
+    gen.add_argument("--sink", type=int, default=None, metavar="LATENT_FRAMES",
+                     help="first latent frames never evicted from the window (default the model's: v1 Fast 3, v2 6)")
     gen.add_argument("--weights", choices=("nf4", "fp8", "int8"), default="nf4",
                      help="the Fast model's weights: nf4, or its stored FP8 copy (`lingbot-world convert-fp8`; "
                           "Ada/Hopper GPUs, emulated on the CPU) or INT8 copy (`lingbot-world convert-int8`; "
@@ -99,9 +108,9 @@ def _run(request: PlayRequest) -> int:
         raise UsageError("give either --demo or --ckpt-dir, not both")
     if not request.demo and request.ckpt_dir is None:
         raise UsageError("--ckpt-dir is required (the folder with the Fast model), or use --demo")
-    if request.window is not None and request.window < 1:
-        raise UsageError(f"--window {request.window}: use a positive number of latent frames")
-    if not 0 <= request.sink < (request.window or 1 << 30):
+    if request.window is not None and request.window < 0:
+        raise UsageError(f"--window {request.window}: use a positive number of latent frames (0: the whole video)")
+    if request.sink is not None and not 0 <= request.sink < (request.window or 1 << 30):
         raise UsageError(f"--sink {request.sink}: use 0 .. --window - 1")
     if not 0 <= request.port <= 65535:
         raise UsageError(f"--port {request.port}: use 0 .. 65535")
@@ -136,25 +145,29 @@ def _run(request: PlayRequest) -> int:
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
     sock = bind(request.host, request.port)
     try:
-        from ..world import FastFiles, TextSettings, WorldSession, WorldSettings
+        from ..world import ModelSource, TextSettings, WorldFiles, WorldSession, WorldSettings
+        from ..world.assembly import check_weights_mode
+        from ..world.settings import MODEL_DEFAULT
 
-        if request.weights in LOWP_WEIGHTS:  # one line before the demo is built or a header read
-            from ..quant.compute import check_lowp_weights
-
-            check_lowp_weights(request.weights, device)
-        files = (FastFiles.demo(request.demo_dir, weights=request.weights) if request.demo
-                 else FastFiles.find(request.ckpt_dir, weights=request.weights))
-        settings = WorldSettings(size=size, seed=request.seed, noise=noise, window=request.window, sink=request.sink,
+        check_weights_mode(request.weights, device)  # one line before the demo is built or a header read
+        files = WorldFiles.find(ModelSource(model=request.model, ckpt_dir=request.ckpt_dir, demo=request.demo,
+                                            demo_dir=request.demo_dir, assets_dir=request.assets_dir),
+                                request.weights)
+        window = MODEL_DEFAULT if request.window is None else (request.window or None)
+        settings = WorldSettings(size=size, seed=request.seed, noise=noise, window=window,
+                                 sink=MODEL_DEFAULT if request.sink is None else request.sink,
                                  kv_cache=request.kv_cache, speed=speed, weights=request.weights,
-                                 tiny_vae=request.tiny_vae,
+                                 tiny_vae=request.tiny_vae, play=True,
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
-        options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
-                                render=_render_source(request, size, device_name, noise, speed), timings_out=timings)
         session = WorldSession.open(files, settings, device=device)  # checks every file's header first
+        played = session.settings  # the model's play window and sink, the preset's cap
+        options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
+                                render=_render_source(request, size, device_name, noise, speed, played),
+                                timings_out=timings)
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
         try:
-            print("loading the Fast model...", flush=True)
+            print(f"loading {session.opened.checked.entry.title}...", flush=True)
             session.load()
             if image is not None and prompt:
                 driver.start_now(image, prompt)
@@ -181,7 +194,9 @@ def _exit_for(signum: int) -> int:
     return 0
 
 
-def _render_source(request: PlayRequest, size: str, device_name: str, noise: str, speed):
+def _render_source(request: PlayRequest, size: str, device_name: str, noise: str, speed, played):
+    """How the page's "render this path" replays the played keys: the same model, files, seed, window and sink
+    (`played`: the session's settings), speed flags."""
     from ..player.options import RenderSource
 
     if request.demo:
@@ -192,7 +207,10 @@ def _render_source(request: PlayRequest, size: str, device_name: str, noise: str
         checkpoint += ("--cache-dir", str(Path(request.cache_dir).resolve()))
     if request.speed is not None:  # the render replays with the played preset (its window cap included)
         checkpoint += ("--speed", request.speed)
-    return RenderSource(checkpoint, request.seed, size, request.window, request.sink, device=device_name,
+    if request.assets_dir is not None:
+        checkpoint += ("--assets-dir", str(Path(request.assets_dir).expanduser().resolve()))
+    return RenderSource(checkpoint, request.seed, size, played.window if played.window is not None else 0,
+                        played.sink, device=device_name, model=played.model_name or request.model,
                         demo=request.demo, noise=noise, fast_weights=request.weights,
                         fast_speed_args=("--compile", speed.compile, "--compute", speed.compute,
                                          "--attention", speed.attention)

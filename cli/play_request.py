@@ -16,7 +16,9 @@ class PlayRequest(FlagRequest):
     """Every `play` flag under its argparse dest name."""
 
     # inputs
+    model: str = "fast"
     ckpt_dir: Optional[Path] = None
+    assets_dir: Optional[Path] = None
     demo: bool = False
     demo_dir: Optional[Path] = None
     image: Optional[Path] = None
@@ -24,8 +26,8 @@ class PlayRequest(FlagRequest):
     # generation
     seed: int = 42
     size: Optional[str] = None  # None: 480*832, or the demo's size
-    window: Optional[int] = 21
-    sink: int = 3
+    window: Optional[int] = None  # None: the model's play window (v1 Fast 21, v2 18); 0: the whole video
+    sink: Optional[int] = None
     weights: str = "nf4"
     kv_cache: str = "auto"
     device: str = "auto"

@@ -1,5 +1,8 @@
 """Find the pieces of a LingBot-World checkpoint folder (official release or the community NF4 package).
 
+The causal models' folders are their registry entries' (world/models.py, world/files.py); what every download
+shares (the umT5 encoder, its tokenizer, the VAE) is found here.
+
 Official (`robbyant/lingbot-world-base-cam`): high_noise_model/, low_noise_model/,
 models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth, google/umt5-xxl/.
 Community NF4 (`cahlen/lingbot-world-base-cam-nf4`): high_noise_model_bnb_nf4/, low_noise_model_bnb_nf4/,
@@ -15,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..quant.lowp_kinds import LOWP_WEIGHTS
 
 EXPERT_DIRS = {
     "high": ("high_noise_model_bnb_nf4", "high_noise_model"),
@@ -24,9 +26,7 @@ EXPERT_DIRS = {
 T5_FILES = ("models_t5_umt5-xxl-enc-bf16.pth", "umt5_xxl_fp16.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
 VAE_FILES = ("Wan2.1_VAE.pth", "wan_2.1_vae.safetensors")
 TOKENIZER_DIRS = ("tokenizer", "google/umt5-xxl")
-FAST_DIRS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
-# --weights fp8 / int8: that stored copy, else the official float folder (quantized while loading); never NF4
-FAST_LOWP_DIRS = {kind: f"lingbot_world_fast_{kind}" for kind in LOWP_WEIGHTS}
+FAST_DIRS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")  # v1 Fast (the base package may hold it)
 
 
 @dataclass
@@ -64,19 +64,12 @@ def find_checkpoint_files(root) -> CheckpointFiles:
     return CheckpointFiles(root, high, low, t5, vae, tok)
 
 
-@dataclass
-class FastCheckpointFiles:
-    root: Path
-    fast: Path
-    t5: Path
-    vae: Path
-    tokenizer: Optional[Path]
-
-
-def _shared_files(root: Path) -> tuple[Path, Path, Optional[Path]]:
-    """T5, VAE and tokenizer of a release folder (shared by the base experts and the Fast model)."""
-    t5 = _first(root, T5_FILES, "umT5-XXL encoder file", False)
-    vae = _first(root, VAE_FILES, "Wan2.1 VAE file", False)
+def _shared_in(root: Path) -> Optional[tuple[Path, Path, Optional[Path]]]:
+    """The T5, VAE and tokenizer of one folder, None when it lacks the T5 or the VAE."""
+    t5 = next((root / n for n in T5_FILES if (root / n).is_file()), None)
+    vae = next((root / n for n in VAE_FILES if (root / n).is_file()), None)
+    if t5 is None or vae is None:
+        return None
     tok = next((root / d for d in TOKENIZER_DIRS if (root / d).is_dir()), None)
     if tok is None and t5.suffix != ".safetensors":
         raise FileNotFoundError(
@@ -86,35 +79,35 @@ def _shared_files(root: Path) -> tuple[Path, Path, Optional[Path]]:
     return t5, vae, tok
 
 
-def find_fast_checkpoint_files(root, weights: str = "nf4") -> FastCheckpointFiles:
-    """The Fast model folder and the base package's T5 / VAE / tokenizer from the same release folder.
+def _shared_files(root: Path) -> tuple[Path, Path, Optional[Path]]:
+    """T5, VAE and tokenizer of a release folder (shared by the base experts and the causal models)."""
+    t5 = _first(root, T5_FILES, "umT5-XXL encoder file", False)
+    vae = _first(root, VAE_FILES, "Wan2.1 VAE file", False)
+    return _shared_in(root) or (t5, vae, None)
 
-    The NF4 copy wins over the official folder when both are there; weights "fp8" / "int8" look for that stored
-    copy, then the official folder. The Fast model may also sit one level up (the release's own layout puts
-    `lingbot_world_fast/` inside `lingbot-world-base-cam/`, so `root` may be either).
-    """
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {root} does not exist")
-    lowp_dir = FAST_LOWP_DIRS.get(weights)
-    dirs = (lowp_dir, FAST_DIRS[1]) if lowp_dir else FAST_DIRS
-    fast = next((root / d for d in dirs if (root / d).is_dir()), None)
-    if fast is None and root.name in (*FAST_DIRS, *FAST_LOWP_DIRS.values()):  # --ckpt-dir pointed at the Fast folder itself
-        fast, root = root, root.parent
-    try:
-        t5, vae, tok = _shared_files(root)
-    except FileNotFoundError as e:
-        if fast is None:
-            raise FileNotFoundError(f"{root}: no Fast model folder ({' or '.join(FAST_DIRS)}) and {e}") from None
-        raise
-    if fast is None and lowp_dir:
-        raise FileNotFoundError(
-            f"{root}: no {weights.upper()} Fast model folder (looked for {', '.join(dirs)}); make it with "
-            f"`lingbot-world convert-{weights} {root / FAST_DIRS[1]} {root / lowp_dir}` (or from {FAST_DIRS[0]}/, "
-            "with the NF4 error kept), or use --weights nf4")
-    if fast is None:
-        raise FileNotFoundError(
-            f"{root}: no Fast model folder (looked for {', '.join(FAST_DIRS)}). Download robbyant/lingbot-world-fast "
-            f"into {root / 'lingbot_world_fast'}; the T5 ({t5.name}), VAE ({vae.name}) and tokenizer of this folder "
-            "were found and are reused.")
-    return FastCheckpointFiles(root, fast, t5, vae, tok)
+
+def shared_files(root: Path, assets: Optional[Path] = None,
+                 found_in: Optional[Path] = None) -> tuple[Path, Path, Optional[Path]]:
+    """The umT5 encoder, VAE and tokenizer for a model in `root`: in `root` itself, else in `assets` (a LingBot-World
+    download that has them: every release ships the same three), else in a folder beside `root` that has them (the
+    v2 1.3B's download holds its DiT only). found_in: the DiT's folder, for the message."""
+    for folder in ([root] + ([Path(assets).expanduser()] if assets is not None else [])):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: not a folder (it should hold the umT5 encoder, tokenizer and VAE)")
+        got = _shared_in(folder)
+        if got is not None:
+            return got
+    if assets is None and root.parent != root:
+        for sibling in sorted(p for p in root.parent.iterdir() if p.is_dir() and p != root):
+            try:
+                got = _shared_in(sibling)
+            except (FileNotFoundError, PermissionError):
+                continue
+            if got is not None:
+                return got
+    where = f"{root}" + (f" or {assets}" if assets is not None else f" or a folder beside it in {root.parent}")
+    raise FileNotFoundError(
+        f"no umT5 encoder ({' / '.join(T5_FILES[:2])}) and Wan2.1 VAE ({' / '.join(VAE_FILES)}) found in {where}"
+        f"{f' for the model in {found_in}' if found_in is not None else ''}: every LingBot-World download has them "
+        "(e.g. robbyant/lingbot-world-v2-14b-causal-fast or lingbot-world-base-cam); put them beside the model or "
+        "name that download with --assets-dir")

@@ -1,8 +1,8 @@
 """A tiny random-weight LingBot-World checkpoint in the real on-disk formats, for the demo and tests.
 
 It has the community NF4 layout (two `*_bnb_nf4/` experts with config.json and quantization_meta.json; Cam
-experts by default, Act experts with `control="act"`, in a folder of their own as in the release; the Cam folder
-also holds the Fast model as `lingbot_world_fast_bnb_nf4/`, the same DiT with a causal config),
+experts by default, Act experts with `control="act"`, in a folder of their own as in the release; the causal
+models' demos are added by world/demos.py: v1 Fast inside the Cam folder, as the release puts it there),
 the release's T5 `.pth` (Wan naming, bf16), a SentencePiece tokenizer folder (trained here on a few
 sentences, umT5's special ids) and the release's VAE `.pth` — so the demo drives exactly the code paths a
 real download does, only with tiny sizes. Its output is noise: the weights are random.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -24,8 +22,7 @@ from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from ..wan.text.umt5 import UMT5Config, UMT5Encoder
 from ..wan.vae.model import VAEConfig, WanVAE
 from .atomic import atomic_dir
-from .checkpoint_dir import (FAST_DIRS, FAST_LOWP_DIRS, CheckpointFiles, FastCheckpointFiles, find_checkpoint_files,
-                             find_fast_checkpoint_files)
+from .checkpoint_dir import FAST_DIRS, CheckpointFiles, find_checkpoint_files
 
 DEMO_VERSION = 1
 MANIFEST = "lingbot_demo.json"
@@ -76,8 +73,10 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "spiece.model").write_bytes(model.getvalue())
 
 
-DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", FAST_DIRS[0], *FAST_LOWP_DIRS.values(),
-                          "models_t5_umt5-xxl-enc-bf16.pth", "google", "Wan2.1_VAE.pth", MANIFEST})
+# what every demo shares with the causal models' demos (world/demos.py links them beside a model that needs them)
+DEMO_SHARED_FILES = ("models_t5_umt5-xxl-enc-bf16.pth", "google", "Wan2.1_VAE.pth", MANIFEST)
+DEMO_ENTRIES = frozenset({"high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4", *DEMO_SHARED_FILES, FAST_DIRS[0],
+                          *(f"{FAST_DIRS[1]}_{kind}" for kind in ("fp8", "int8"))})
 
 
 class _BuiltElsewhere(Exception):
@@ -126,8 +125,6 @@ def _write_demo(tmp: Path, seed: int, control: str) -> None:
     expert_seed = seed + (0 if control == "camera" else 100)
     for i, name in enumerate(("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")):
         make_random_nf4_expert(dit_cfg, tmp / name, device="cpu", seed=expert_seed + i)
-    if control == "camera":  # the Fast model ships inside the base-cam package (fast-act spec §1)
-        _write_fast_model(tmp, seed)
 
     g = torch.Generator().manual_seed(seed + 10)
     with torch.device("meta"):
@@ -149,54 +146,6 @@ def _write_demo(tmp: Path, seed: int, control: str) -> None:
         "t5": {k: getattr(t5_cfg, k) for k in ("vocab_size", "dim", "num_heads", "head_dim", "ffn_dim", "num_layers")},
         "vae": {"dim": vae_cfg.dim, "dim_mult": list(vae_cfg.dim_mult), "num_res_blocks": vae_cfg.num_res_blocks},
     }, indent=2))
-
-
-def _write_fast_model(root: Path, seed: int) -> None:
-    from .nf4_writer import make_random_nf4_expert
-
-    dit_cfg = replace(demo_configs()[0], causal=True)
-    make_random_nf4_expert(dit_cfg, root / FAST_DIRS[0], device="cpu", seed=seed + 2)
-
-
-def demo_fast_ready(root: Optional[Path] = None, weights: str = "nf4") -> bool:
-    """Is the demo folder with its Fast model (in `weights`' format) there already (nothing to build)?"""
-    root = Path(root).expanduser() if root is not None else default_demo_dir()
-    ready = (root / MANIFEST).is_file() and (root / FAST_DIRS[0] / "config.json").is_file()
-    lowp_dir = FAST_LOWP_DIRS.get(weights)
-    return ready and (lowp_dir is None or (root / lowp_dir / "config.json").is_file())
-
-
-def _add_lowp_fast_model(root: Path, kind: str) -> None:
-    """The demo's Fast model converted to FP8 / INT8 (from its NF4 weights: they are all the demo has) beside it,
-    once."""
-    from .lowp_writer import convert_to_lowp
-
-    out = root / FAST_LOWP_DIRS[kind]
-    if (out / "config.json").is_file():
-        return
-    try:
-        convert_to_lowp(root / FAST_DIRS[0], out, kind, device="cpu")
-    except FileExistsError:  # another process converted it first (the folder appears only when complete)
-        pass
-
-
-def build_demo_fast_checkpoint(root: Optional[Path] = None, seed: int = 0, weights: str = "nf4") -> FastCheckpointFiles:
-    """The demo folder with its tiny Fast model (added to a demo folder made before the Fast model existed);
-    weights "fp8" / "int8" adds that copy (`lingbot_world_fast_fp8/` / `lingbot_world_fast_int8/`) and returns it."""
-    root = Path(build_demo_checkpoint(root, seed).root)
-    if not (root / FAST_DIRS[0] / "config.json").is_file():
-        tmp = root / f".fast.tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            _write_fast_model(tmp, seed)
-            if not (root / FAST_DIRS[0]).exists():  # another process may have finished first
-                os.replace(tmp / FAST_DIRS[0], root / FAST_DIRS[0])
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if weights in FAST_LOWP_DIRS:
-        _add_lowp_fast_model(root, weights)
-    return find_fast_checkpoint_files(root, weights)
 
 
 def demo_vae_config(root: Path) -> Optional[VAEConfig]:

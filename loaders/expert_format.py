@@ -3,7 +3,11 @@
 Kinds:
 - "nf4_community":   `*_bnb_nf4/` folder: model.safetensors (bnb packed NF4) + config.json (+ quantization_meta.json)
 - "nf4_pt":          the older `model.pt` variant (read with torch.load(weights_only=True, mmap=True) only)
-- "official_sharded": diffusers-style folder (`diffusion_pytorch_model*.safetensors` [+ index.json]), fp32/bf16
+- "official_sharded": a sharded float folder (fp32/bf16), any of the releases' layouts:
+                     v1: `diffusion_pytorch_model*.safetensors` [+ `diffusion_pytorch_model.safetensors.index.json`];
+                     v2: `model-0000k-of-0000N.safetensors` + `model.safetensors.index.json` (the 14B's
+                     `transformers/` with config.json, the 1.3B's flat folder without one), or those shards alone.
+                     A v2 download root is read through its `transformers/` subfolder.
 - "single_file_nf4" / "single_file_plain": one .safetensors file (ComfyUI's diffusion_models folder)
 - "fp8" / "single_file_fp8", "int8" / "single_file_int8": stored FP8 or INT8 weights (quant/lowp_format.py) from
                      `lingbot-world convert-fp8` / `convert-int8`, a folder (model.safetensors + config.json +
@@ -30,14 +34,14 @@ from ..wan.dit.model import DiTConfig
 from ..quant.lowp_format import FORMATS, LowpFormatError, stored_kind
 from ..quant.nf4_format import QUANT_STATE_KEY
 from .safetensors_stream import SafetensorsHeader, read_header
+from .shard_layout import (OFFICIAL_INDEX, OFFICIAL_SINGLE, SHARD_INDEX, V2_DIT_SUBFOLDER, IncompleteShards,
+                           is_sharded_folder, shard_index, shard_set)
 
 # stored low-precision kinds: folder kind (the weights mode's name) and single-file kind -> weights mode
 LOWP_KINDS = {**{k: k for k in FORMATS}, **{f"single_file_{k}": k for k in FORMATS}}
 KINDS = ("nf4_community", "nf4_pt", "official_sharded", "single_file_nf4", "single_file_plain", *LOWP_KINDS)
-OFFICIAL_INDEX = "diffusion_pytorch_model.safetensors.index.json"
-OFFICIAL_SINGLE = "diffusion_pytorch_model.safetensors"
 KEY_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
-HEAD_DIM = 128  # Wan2.2 A14B: 5120 / 40
+HEAD_DIM = 128  # every release: 14B 5120 / 40 heads, v2 1.3B 1536 / 12
 
 
 class ExpertLoadError(ValueError):
@@ -300,13 +304,20 @@ def _single_safetensors(path: Path, folder_cfg: Optional[Path], community: bool)
     return ExpertFormat(kind, path, (path,), cfg, src, meta, prefix, {path: header})
 
 
+def _shards(folder: Path) -> tuple[Path, ...]:
+    try:
+        return shard_set(folder)
+    except IncompleteShards as e:
+        raise ExpertNotFoundError(str(e)) from None
+
+
 def _official(folder: Path) -> ExpertFormat:
-    index = folder / OFFICIAL_INDEX
-    if index.is_file():
+    index = shard_index(folder)
+    if index is not None:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ExpertLoadError(f"{index}: not a valid diffusers index ({e}); download it again") from None
+            raise ExpertLoadError(f"{index}: not a valid shard index ({e}); download it again") from None
         names = sorted(set(weight_map.values()))
         files = tuple(folder / n for n in names)
         for p in files:
@@ -314,7 +325,7 @@ def _official(folder: Path) -> ExpertFormat:
                 raise ExpertNotFoundError(f"{p}: shard listed in {index.name} is missing; finish the download")
     else:
         weight_map = None
-        files = (folder / OFFICIAL_SINGLE,)
+        files = (folder / OFFICIAL_SINGLE,) if (folder / OFFICIAL_SINGLE).is_file() else _shards(folder)
     headers = {p: read_header(p) for p in files}
     shapes: dict[str, tuple] = {}
     for p, h in headers.items():
@@ -325,7 +336,7 @@ def _official(folder: Path) -> ExpertFormat:
     if weight_map is not None:
         for k, shard in weight_map.items():
             if k not in headers[folder / shard].entries:
-                raise ExpertLoadError(f"{folder / shard}: key {k!r} listed in {OFFICIAL_INDEX} is not in this shard; the download is incomplete")
+                raise ExpertLoadError(f"{folder / shard}: key {k!r} listed in {index.name} is not in this shard; the download is incomplete")
     prefix = _check_dit_keys(list(shapes), str(folder))
     shapes = _unprefixed(shapes, prefix)
     cfg, src = _resolve_config(folder / "config.json", None, shapes, str(folder))
@@ -355,13 +366,17 @@ def detect_format(path: Union[str, Path]) -> ExpertFormat:
     cfg_file = path / "config.json"
     if (path / "model.safetensors").is_file():
         return _single_safetensors(path / "model.safetensors", cfg_file, community=True)
-    if (path / OFFICIAL_INDEX).is_file() or (path / OFFICIAL_SINGLE).is_file():
+    if is_sharded_folder(path):
         return _official(path)
     if (path / "model.pt").is_file():
         return _pt(path / "model.pt", cfg_file)
     experts = sorted(p.name for p in path.iterdir() if p.is_dir() and "noise_model" in p.name)
     if experts:
         raise ExpertLoadError(f"{path} holds several experts ({', '.join(experts)}); pass one of these folders")
+    _shards(path)  # an incomplete model-0000k-of-0000N set is an unfinished download: this names it
+    sub = path / V2_DIT_SUBFOLDER
+    if sub.is_dir() and not any(path.glob("*.safetensors")):
+        return detect_format(sub)  # a v2 download root: its one DiT is in transformers/
     singles = sorted(path.glob("*.safetensors"))
     if len(singles) == 1:
         return _single_safetensors(singles[0], cfg_file, community=False)
@@ -373,8 +388,9 @@ def detect_format(path: Union[str, Path]) -> ExpertFormat:
     elif "t5" in low or "umt5" in low:
         hint = " It looks like a T5 text-encoder folder."
     raise ExpertNotFoundError(
-        f"no DiT expert in {path}: expected model.safetensors (+config.json), {OFFICIAL_INDEX} with its shards, "
-        f"or model.pt; found {found[:8] or 'nothing'}.{hint}"
+        f"no DiT expert in {path}: expected model.safetensors (+config.json), {OFFICIAL_INDEX} or {SHARD_INDEX} "
+        f"with its shards, model-0000k-of-0000N.safetensors shards, a {V2_DIT_SUBFOLDER}/ folder, or model.pt; "
+        f"found {found[:8] or 'nothing'}.{hint}"
     )
 
 
@@ -413,3 +429,15 @@ def check_model_kind(fmt: ExpertFormat, want: str) -> Optional[str]:
         f"{fmt.path} is the Fast (causal) model ({fmt.config_source} says WanModelFast), not a high/low-noise expert: "
         "run it with --model fast (LingBot Fast Sampler in ComfyUI), or pick the high_noise_model / low_noise_model "
         "folders for the base model.")
+
+
+def assume_model_kind(fmt: ExpertFormat, kind: str) -> ExpertFormat:
+    """`fmt` with its config marked as the `kind` ("fast" | "base") model when nothing on disk says which it is (a
+    config inferred from shapes: the v2 1.3B's folder has no config.json), so that a converter writes that kind into
+    the config.json of its output. A config read from disk is returned unchanged (check_model_kind checks those)."""
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model kind {kind!r}: choose one of {MODEL_KINDS}")
+    if model_kind(fmt) is not None:
+        return fmt
+    return replace(fmt, config=replace(fmt.config, causal=kind == "fast"),
+                   config_source=f"inferred from shapes, {kind} as given")

@@ -136,7 +136,9 @@ class StateFile:
     """An opened state file: `state` (everything but the cache), then `fill(i, k, v)` per layer as the new cache is
     allocated (the `fill` hook of `place_kv_cache`), then `restore_counters(cache)`."""
 
-    def __init__(self, path: PathLike):
+    def __init__(self, path: PathLike, legacy_recipe=None):
+        """legacy_recipe: the chunk recipe of the model that wrote states before the recipe was recorded (v1 Fast's,
+        from the registry: world/models.py)."""
         self.path = Path(path).expanduser()
         fix = "save the state again (--save-state) or start a new video"
         try:
@@ -155,7 +157,7 @@ class StateFile:
                                  f"{VERSION}; continue it with the version that saved it, or start a new video")
         try:
             self.info = json.loads(meta["state"])
-            settings = FastSettings.from_json(self.info["settings"])
+            settings = FastSettings.from_json(self.info["settings"], legacy_recipe)
             kv = self.info["kv"]
             self.crcs = {str(k): int(v) for k, v in self.info["crc32"].items()}
             self.num_layers, self.heads, self.head_dim = int(kv["layers"]), int(kv["heads"]), int(kv["head_dim"])

@@ -48,12 +48,15 @@ def _versions() -> dict:
     return out
 
 
-def _config_text(fmt: ExpertFormat) -> str:
-    """The source's own config.json (class name and init arguments kept), else the config the format read."""
+def _config_text(fmt: ExpertFormat, tags: Optional[dict] = None) -> str:
+    """The source's own config.json (class name and init arguments kept), else the config the format read; with
+    the tags (the model's name and licence) added."""
     folder = fmt.path if fmt.path.is_dir() else fmt.path.parent
     if fmt.config_source == "config.json" and (folder / "config.json").is_file():
-        return (folder / "config.json").read_text()
-    return json.dumps(fmt.config.to_json(), indent=2)
+        config = json.loads((folder / "config.json").read_text())
+    else:
+        config = fmt.config.to_json()
+    return json.dumps({**config, **(tags or {})}, indent=2)
 
 
 def _nf4_weight(out_in: tuple, pieces: dict, where: str) -> torch.Tensor:
@@ -82,13 +85,15 @@ class _Error:
 
 
 def convert_to_lowp(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Path], kind: str,
-                    device: Optional[Union[str, torch.device]] = None, progress: Optional[Progress] = None) -> dict:
+                    device: Optional[Union[str, torch.device]] = None, progress: Optional[Progress] = None,
+                    tags: Optional[dict] = None) -> dict:
     """Write the `kind` ("fp8" | "int8") copy of the expert at `src` to the new folder `out_dir`; returns its
     statistics (source, linears, bytes, the step's relative weight error and, from NF4, the note that the errors
     add up).
 
     Raises FileExistsError when `out_dir` exists, ExpertLoadError for an FP8 or INT8 source, StateDictMismatch
-    when a tensor is missing or mis-shaped (checked from the headers before any work)."""
+    when a tensor is missing or mis-shaped (checked from the headers before any work). tags: what the copy records
+    of its model (its registry name and licence, world/detect.py), in the metadata and config.json."""
     lowp = FORMATS[kind]
     fmt = src if isinstance(src, ExpertFormat) else detect_format(src)
     if fmt.weights in FORMATS:
@@ -107,7 +112,7 @@ def convert_to_lowp(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out) as tmp:
         metadata = {"format": "pt", "config": json.dumps(fmt.config.to_json()),
-                    QUANT_METADATA_KEY: json.dumps(recipe)}
+                    QUANT_METADATA_KEY: json.dumps(recipe), **(tags or {})}
         writer = SafetensorsWriter(tmp / WEIGHTS_FILE, metadata, header_reserve=sum(len(k) + 96 for k in keys) + 8192)
         try:
             stats = _write(fmt, kind, plan, keys, sources, pt_sd, writer, device, progress, total)
@@ -115,7 +120,7 @@ def convert_to_lowp(src: Union[str, Path, ExpertFormat], out_dir: Union[str, Pat
         except BaseException:
             writer.abort()
             raise
-        (tmp / "config.json").write_text(_config_text(fmt))
+        (tmp / "config.json").write_text(_config_text(fmt, tags))
         stats.update(file_bytes=path.stat().st_size, source=source)
         if source == "nf4":
             stats["note"] = lowp.nf4_source_note

@@ -58,8 +58,10 @@ class NF4ExpertWriter:
         source: Optional[dict] = None,
         config_json: Optional[Path] = None,
         plain_dtype: torch.dtype = torch.bfloat16,
+        tags: Optional[dict] = None,
     ):
         self.out_dir = Path(out_dir)
+        self.tags = dict(tags or {})  # recorded in the metadata and config.json: which model, under which licence
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
         self.device = torch.device(device) if device is not None else default_quant_device()
@@ -72,7 +74,8 @@ class NF4ExpertWriter:
         for n in self.linears:
             self.expected |= {f"{n}.weight"} | {f"{n}.weight.{c}" for c in NF4_COMPONENTS}
         reserve = sum(len(k) + 96 for k in self.expected) + 8192
-        metadata = {"format": "pt", "config": json.dumps(cfg.to_json()), "quantization": json.dumps(QUANT_RECIPE)}
+        metadata = {"format": "pt", "config": json.dumps(cfg.to_json()), "quantization": json.dumps(QUANT_RECIPE),
+                    **self.tags}
         self._w = SafetensorsWriter(self.out_dir / WEIGHTS_FILE, metadata, header_reserve=reserve)
         self.quantized_linears = 0
         self.quantized_bytes = 0
@@ -107,10 +110,8 @@ class NF4ExpertWriter:
             self._w.abort()
             raise ValueError(f"{self.out_dir}: the expert is incomplete, {len(missing)} keys never written: {missing[:5]}")
         path = self._w.close()
-        if self.config_json is not None:
-            write_text(self.out_dir / "config.json", Path(self.config_json).read_text())
-        else:
-            write_text(self.out_dir / "config.json", json.dumps(self.cfg.to_json(), indent=2))
+        config = json.loads(Path(self.config_json).read_text()) if self.config_json is not None else self.cfg.to_json()
+        write_text(self.out_dir / "config.json", json.dumps({**config, **self.tags}, indent=2))
         stats = {
             "linear_layers_quantized": self.quantized_linears,
             "quantized_bytes": self.quantized_bytes,
@@ -147,9 +148,10 @@ def write_nf4_expert(
     device: Optional[Union[str, torch.device]] = None,
     source: Optional[dict] = None,
     config_json: Optional[Path] = None,
+    tags: Optional[dict] = None,
 ) -> dict:
     """Quantize and write an expert given as (key, float tensor) pairs, one tensor at a time."""
-    with NF4ExpertWriter(out_dir, cfg, device, source, config_json) as w:
+    with NF4ExpertWriter(out_dir, cfg, device, source, config_json, tags=tags) as w:
         for key, t in state_iter:
             w.add(key, t)
             del t
@@ -161,8 +163,10 @@ def convert_official_to_nf4(
     out_dir: Union[str, Path],
     device: Optional[Union[str, torch.device]] = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    tags: Optional[dict] = None,
 ) -> dict:
-    """Official (or any plain) expert -> community NF4 folder. Tensors stream to `device` and are quantized there."""
+    """Official (or any plain) expert -> community NF4 folder. Tensors stream to `device` and are quantized there.
+    tags: what the copy records of its model (its registry name and licence, world/detect.py)."""
     fmt = detect_format(src)
     if fmt.quantized:
         raise ExpertLoadError(f"{src} is already quantized ({fmt.kind}); convert the official float folder")
@@ -181,7 +185,8 @@ def convert_official_to_nf4(
 
     cfg_file = fmt.path / "config.json" if fmt.path.is_dir() else None
     source = {"subfolder": fmt.path.name, "path": str(fmt.path), "format": fmt.kind}
-    return write_nf4_expert(tensors(), fmt.config, out_dir, device, source, cfg_file if cfg_file and cfg_file.is_file() else None)
+    return write_nf4_expert(tensors(), fmt.config, out_dir, device, source,
+                            cfg_file if cfg_file and cfg_file.is_file() else None, tags=tags)
 
 
 # ---- synthetic experts ----------------------------------------------------------------------------------
@@ -215,6 +220,7 @@ def make_random_nf4_expert(
     device: Optional[Union[str, torch.device]] = None,
     seed: int = 0,
     reuse_per_shape: bool = False,
+    tags: Optional[dict] = None,
 ) -> dict:
     """A random NF4 expert on disk in the community layout, written with `NF4ExpertWriter`.
 
@@ -225,7 +231,7 @@ def make_random_nf4_expert(
     device = torch.device(device) if device is not None else default_quant_device()
     gen = torch.Generator(device=device).manual_seed(seed)
     cache: dict = {}
-    with NF4ExpertWriter(out_dir, cfg, device, {"repo": "random", "seed": seed}) as w:
+    with NF4ExpertWriter(out_dir, cfg, device, {"repo": "random", "seed": seed}, tags=tags) as w:
         for key, p in WanDiT(cfg, device="meta").named_parameters():
             shape = tuple(p.shape)
             name = key[:-7]
@@ -268,12 +274,20 @@ def write_official_expert(
     out_dir: Union[str, Path],
     dtype: torch.dtype = torch.float32,
     max_shard_bytes: int = 10 * 1024**3,
+    *,
+    shard_prefix: str = "diffusion_pytorch_model",
+    config: Optional[dict] = None,
+    write_config: bool = True,
 ) -> list[Path]:
-    """Diffusers-style expert folder: config.json, `diffusion_pytorch_model-0000k-of-0000N.safetensors` shards
-    and the index, written tensor by tensor (a new shard starts when the current one would pass the limit)."""
+    """A release's DiT folder: config.json, `<shard_prefix>-0000k-of-0000N.safetensors` shards and their index
+    (`<shard_prefix>.safetensors.index.json`), written tensor by tensor (a new shard starts when the current one
+    would pass the limit). The diffusers layout of v1 by default; v2 names its shards `model-…` (shard_prefix
+    "model"), and the v2 1.3B ships no config.json (write_config=False). config: extra config.json entries."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**cfg.to_json(), "_diffusers_version": "0.35.0"}, indent=2))
+    if write_config:
+        (out / "config.json").write_text(json.dumps({**cfg.to_json(), "_diffusers_version": "0.35.0",
+                                                     **(config or {})}, indent=2))
     shards: list[Path] = []
     weight_map: dict[str, int] = {}
     writer, size, total = None, 0, 0
@@ -296,11 +310,11 @@ def write_official_expert(
     finally:
         if writer is not None:
             writer.abort()
-    names = [f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    names = [f"{shard_prefix}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     final = []
     for p, name in zip(shards, names):
         p.replace(out / name)
         final.append(out / name)
     index = {"metadata": {"total_size": total}, "weight_map": {k: names[i] for k, i in weight_map.items()}}
-    (out / OFFICIAL_INDEX).write_text(json.dumps(index, indent=2))
+    (out / f"{shard_prefix}.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return final

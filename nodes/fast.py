@@ -23,14 +23,13 @@ from typing import Optional
 
 import torch
 
-from ..loaders.expert_format import check_model_kind, detect_format
-from ..loaders.expert_loader import check_expert_keys
 from ..memory.kv_park import ParkedKVError
 from ..memory.kv_placement import CACHE_PLACEMENTS
-from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..wan.control.camera import usable_frames
-from ..wan.sampling.fast_state import CHUNK_VIDEO_FRAMES, FAST_MODES, plan_first_part, plan_next_part
+from ..wan.sampling.fast_state import FAST_MODES, plan_first_part, plan_next_part
+from ..world import assembly
 from ..world.session import FixedCondition
+from ..world.settings import MODEL_DEFAULT, WorldSettings
 from .adapters import comfy_paths, host_memory, model_check
 from .adapters.expert_weights import ExpertWeights
 from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text,
@@ -104,24 +103,20 @@ class LingBotFastLoader:
         if kv_cache not in CACHE_PLACEMENTS:
             raise ValueError(f"kv_cache must be one of {CACHE_PLACEMENTS}, got {kv_cache!r}")
         path = comfy_paths.resolve_expert(fast_model, "Fast model")
-        fmt = detect_format(path)
-        note = check_model_kind(fmt, "fast")  # a base expert is refused here, with the fix
-        if note:
-            log.warning("LingBot-World: %s", note)
-        check_expert_keys(fmt, weights)  # a missing or mis-shaped tensor is named now, not mid-load
         device = mm.get_torch_device()
-        if weights in LOWP_WEIGHTS:
-            from ..quant.compute import check_lowp_weights
-
-            check_lowp_weights(weights, device)  # a card without them: one line now, not a failed GEMM later
+        assembly.check_weights_mode(weights, device)  # a card without them: one line now, not a failed GEMM later
+        # the model told from its weights (a base expert refused with the fix), every tensor checked now
+        checked = assembly.check_dit(path, WorldSettings(weights=weights), device)
+        fmt = checked.fmt
         if speed is not None and speed.compute != "bf16" and weights != "nf4":
             raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
                              "use weights nf4 or compute bf16")
         w = ExpertWeights("fast", fmt, weights, speed=speed)  # the speed options go on after every load
         host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
         patcher = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
-        log.info("LingBot-World Fast model: %s (%s), weights=%s, kv_cache=%s", path, fmt.kind, weights, kv_cache)
-        return (FastModel(patcher, fmt, weights, kv_cache, speed),)
+        log.info("LingBot-World: %s from %s (%s), weights=%s, kv_cache=%s", checked.entry.describe(), path, fmt.kind,
+                 weights, kv_cache)
+        return (FastModel(patcher, checked, weights, kv_cache, speed),)
 
 
 class LingBotFastSampler:
@@ -146,10 +141,10 @@ class LingBotFastSampler:
                     "cached tokens only (the reference's --max_attention_size; 1560 tokens = one latent frame at "
                     "480x832); the cache then keeps only those, so memory stays bounded.")}),
                 "window": ("INT", {"default": 0, "min": 0, "max": 10_000, "tooltip": (
-                    "NOT the released pipeline: keep only the latest N latent frames in the cache (0 = off), for "
-                    "long videos in bounded memory.")}),
+                    "Keep only the latest N latent frames in the cache, for long videos in bounded memory. 0 = the "
+                    "model's release: v1 Fast caches the whole video, v2 keeps 18 with a sink of 6.")}),
                 "sink": ("INT", {"default": 0, "min": 0, "max": 10_000, **hide_if(window=[0]), "tooltip": (
-                    "With a window: the first N latent frames are never evicted (NOT the released pipeline).")}),
+                    "With a window: the first N latent frames are never evicted.")}),
             },
             "optional": {
                 "camera": (CAMERA, {"tooltip": (
@@ -198,7 +193,8 @@ class LingBotFastSampler:
         keep = state_output_used(prompt, unique_id)
         device = mm.get_torch_device()
         settings = fast_settings(fast_model, device, i2v.height, i2v.width, int(seed), noise_source, rule,
-                                 window or None, sink, max_attention or None, keep=keep, tiled=i2v.tiled)
+                                 window or MODEL_DEFAULT, sink if window else MODEL_DEFAULT, max_attention or None,
+                                 keep=keep, tiled=i2v.tiled)
         source = camera_source(camera)
         if camera is not None:
             covered, _ = usable_frames(camera.num_frames, i2v.frames)
@@ -254,8 +250,8 @@ class LingBotFastContinue:
             "required": {
                 "state": (FAST_STATE, {"tooltip": (
                     "From LingBot Fast Sampler, another LingBot Fast Continue or LingBot Play")}),
-                "frames": ("INT", {"default": 0, "min": 0, "max": 1200, "step": CHUNK_VIDEO_FRAMES, "tooltip": (
-                    "New frames, in whole chunks of 12. 0 = as long as the keys / camera (one chunk without "
+                "frames": ("INT", {"default": 0, "min": 0, "max": 1200, "step": 4, "tooltip": (
+                    "New frames, in whole chunks (12 frames for v1 Fast, 16 for v2). 0 = as long as the keys / camera (one chunk without "
                     "either). Keys longer than this are cut, shorter ones padded with frames without keys.")}),
             },
             "optional": {

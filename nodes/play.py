@@ -24,11 +24,13 @@ from typing import Optional
 
 from ..memory.kv_placement import RAM_MARGIN
 from ..memory.placement import _gb, available_ram_bytes
+from ..world.settings import MODEL_DEFAULT
 from .adapters.comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
 from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track,
                                  fast_settings, open_fast_world)
 from .adapters.fast_state_store import FastStateHandle, state_line, state_output_used
 from .adapters.payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
+from .adapters.ui_hints import hide_if
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,10 @@ class LingBotPlay:
                     "Noise seed; the same seed, window and sink re-render the played keys exactly")}),
                 "noise_source": (list(NOISE_SOURCES), {"default": "cpu", "tooltip": (
                     "cpu: the same noise on every machine; cuda: the reference's GPU generator")}),
-                "window": ("INT", {"default": 21, "min": 0, "max": 10_000, "tooltip": (
-                    "Latent frames kept in the K/V cache (0 = all: memory grows with the video). 21 + sink 3 keeps "
-                    "memory flat however long you play")}),
-                "sink": ("INT", {"default": 3, "min": 0, "max": 10_000, "tooltip": (
+                "window": ("INT", {"default": 0, "min": 0, "max": 10_000, "tooltip": (
+                    "Latent frames kept in the K/V cache: memory stays flat however long you play. 0 = the model's "
+                    "play window (v1 Fast 21 with a sink of 3, v2 18 with a sink of 6)")}),
+                "sink": ("INT", {"default": 0, "min": 0, "max": 10_000, **hide_if(window=[0]), "tooltip": (
                     "With a window: the first latent frames are never evicted")}),
             },
             "optional": {
@@ -119,11 +121,11 @@ class LingBotPlay:
         return current.driver.snapshot.get("action_string", "") if current is not None else ""
 
     def play(self, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int = 42,
-             noise_source: str = "cpu", window: int = 21, sink: int = 3, tiny_vae: str = NO_TINY_VAE,
+             noise_source: str = "cpu", window: int = 0, sink: int = 0, tiny_vae: str = NO_TINY_VAE,
              prompt: Optional[dict] = None, unique_id: Optional[str] = None):
         if noise_source not in NOISE_SOURCES:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
-        if window and not 0 <= sink < window:
+        if window and not 0 <= sink < window:  # window 0: the model's play window and sink
             raise ValueError(f"sink {sink}: use 0 .. window - 1 ({window - 1})")
         check_text(text, fast_model.config)
         node = str(unique_id)
@@ -131,8 +133,8 @@ class LingBotPlay:
         current = _open.get(node)
         if current is None or current.key != key or current.driver.closed:
             close_player(node)
-            current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source, window or None, sink,
-                                           tiny_vae)
+            current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source,
+                                           window or MODEL_DEFAULT, sink if window else MODEL_DEFAULT, tiny_vae)
             current.serial = next(_serials)
             weakref.finalize(i2v, _dropped, node, current.serial)  # Free (or new inputs) drops it: close
         keep = state_output_used(prompt, unique_id)
@@ -174,7 +176,7 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     from ..player.options import PlayerOptions
     from ..player.routes import Player
     from ..wan.control.actions import KeyTimeline
-    from ..wan.sampling.fast_state import CameraSource, first_part_frames, plan_first_part
+    from ..wan.sampling.fast_state import CameraSource, plan_first_part
     from .adapters.progress import show_on_node
 
     if i2v.vae is None or i2v.image is None:
@@ -183,8 +185,10 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     device = mm.get_torch_device()
     tiny = _load_tiny(tiny_vae, device)
     settings = fast_settings(fast_model, device, i2v.height, i2v.width, seed, noise_source, "continuable", window,
-                             sink, None, keep=False, tiled=i2v.tiled)
-    first = plan_first_part(CameraSource(keys=KeyTimeline.none(8)), first_part_frames(1), settings)
+                             sink, None, keep=False, tiled=i2v.tiled, play=True)
+    recipe = settings.recipe
+    first = plan_first_part(CameraSource(keys=KeyTimeline.none(recipe.first_part_frames(1) - 1)),
+                            recipe.first_part_frames(1), settings)
     world, _ = open_fast_world(fast_model, settings, first.latent_frames, first, i2v.vae, show=show_on_node,
                                tiny_decoder=tiny)
     try:
@@ -202,8 +206,9 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     options = PlayerOptions(out_dir=out_dir, prompt=text.prompt, title="LingBot Play",
                             restart=lambda session: session.begin(condition, context, prompt))
     player = Player(driver, options, prefix="")
-    log.info("LingBot Play: session open (%dx%d, window %s, sink %d, frames decoded by %s)", i2v.width, i2v.height,
-             window, sink, "the VAE" if tiny is None else f"the tiny decoder {tiny_vae}")
+    log.info("LingBot Play: %s session open (%dx%d, window %s, sink %d, frames decoded by %s)", fast_model.entry.title,
+             i2v.width, i2v.height, settings.window, settings.sink,
+             "the VAE" if tiny is None else f"the tiny decoder {tiny_vae}")
     return _Open(key, driver, player)
 
 
@@ -212,7 +217,7 @@ def _load_tiny(name: str, device):
     the input, said before the session opens."""
     if name == NO_TINY_VAE:
         return None
-    from ..world.opening import load_tiny
+    from ..world.assembly import load_tiny
 
     try:
         return load_tiny(resolve_tiny_vae(name), device)

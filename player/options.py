@@ -9,8 +9,6 @@ from typing import Callable, Optional
 
 DEFAULT_PORT = 8189
 LOCAL_HOST = "127.0.0.1"
-CHUNK_KEYS_FIRST = 8  # key frames of the first chunk (its 9 video frames include the start image)
-CHUNK_KEYS = 12  # key frames of every later chunk
 
 
 def new_token() -> str:
@@ -32,6 +30,7 @@ class RenderSource:
     noise: str = "auto"
     python: str = field(default_factory=lambda: sys.executable)
     fast_weights: str = "nf4"  # the Fast render's --weights (the base Cam render has its own experts)
+    model: str = "fast"  # the played causal model's name for the Fast render's --model
     # the played speed plan as flags (--compile/--compute/--attention): `auto` may decide otherwise for a short batch
     # video (compile off below 20 chunks), and the render must run the kernels the played chunks ran to equal them
     fast_speed_args: tuple[str, ...] = ()

@@ -30,7 +30,7 @@ def render_command(src: RenderSource, target: str, actions: str, image: Path, pr
     cmd = [src.python, "-m", "lingbot_world", "generate", *src.checkpoint_args, "--image", str(image),
            "--prompt", prompt, "--seed", str(src.seed), "--actions", actions, "--device", src.device, "--noise", src.noise]
     if target == "fast720":
-        cmd += ["--model", "fast", "--rule", "continuable",
+        cmd += ["--model", src.model, "--rule", "continuable",
                 "--size", src.size if src.demo else FAST_RENDER_SIZE]  # the tiny demo stays tiny
         if src.window is not None:
             cmd += ["--window", str(src.window), "--sink", str(src.sink)]

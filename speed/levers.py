@@ -3,8 +3,9 @@
 These change the output (they are not rounding): the `draft` preset turns them on, every other preset leaves
 them at the release's schedule. Each is measured on its own in BENCHMARKS ("Fast model toward real time").
 
-- steps: denoising calls per chunk. 4 is the release's [999, 978, 947, 825]; 3 drops 978 (the step closest to
-  its neighbour: 999 -> 947 is the smallest jump the distilled schedule can skip); 2 keeps [999, 825].
+- steps: denoising calls per chunk. 4 is the release's (v1 Fast: [999, 978, 947, 825]); the model's recipe
+  (wan/sampling/recipe.py) says which 3 and 2 it keeps: the step closest to its neighbour is dropped first (v1 Fast:
+  978, since 999 -> 947 is the smallest jump the distilled schedule can skip), and 2 keep the first and the last.
 - fold_context: no separate context pass; the last denoising call writes the K/V later chunks read (from the
   chunk at t = 825, not the clean chunk at t = 0). One model call fewer per chunk.
 - window_frames: cap on the K/V window (latent frames): later chunks attend to at most this many frames (the
@@ -23,15 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..wan.sampling.fast_sampler import STEP_INDICES, fast_schedule
+from ..wan.sampling.recipe import ChunkRecipe
 
-# Grid indices of each step count (into the 1000-step, shift-10 grid of fast_sampler.STEP_INDICES).
-STEP_CHOICES = {4: STEP_INDICES, 3: (0, 358, 679), 2: (0, 679)}
+# Denoising calls per chunk the levers offer: the release's 4 and the fewer-step variants every causal recipe has.
+STEP_CHOICES = (4, 3, 2)
+RELEASE_STEPS = 4
 
 
 @dataclass(frozen=True)
 class ChunkLevers:
-    steps: int = 4
+    steps: int = RELEASE_STEPS
     fold_context: bool = False
     window_frames: Optional[int] = None
     decode_overlap: bool = False
@@ -48,14 +50,15 @@ class ChunkLevers:
     @property
     def exact(self) -> bool:
         """True when nothing changes the latents or the frames (overlapping the decode alone changes only when)."""
-        return (self.steps == 4 and not self.fold_context and self.window_frames is None and not self.decode_bf16
+        return (self.steps == RELEASE_STEPS and not self.fold_context and self.window_frames is None and not self.decode_bf16
                 and not self.kv_fp8)
 
-    def fast_run_options(self) -> dict:
-        """FastRun keyword options for these levers; empty for the release's schedule (FastRun's defaults)."""
+    def fast_run_options(self, recipe: ChunkRecipe) -> dict:
+        """FastRun keyword options for these levers on a model of `recipe`; empty for the release's schedule (the
+        recipe's own, which the part's run takes by default)."""
         opts: dict = {}
-        if self.steps != 4:
-            opts["schedule"] = fast_schedule(STEP_CHOICES[self.steps])
+        if self.steps != recipe.steps:
+            opts["schedule"] = recipe.schedule(self.steps)
         if self.fold_context:
             opts["fold_context"] = True
         return opts
@@ -71,11 +74,12 @@ class ChunkLevers:
     def describe(self) -> list[str]:
         """One phrase per lever that is on (for the plan's notes)."""
         out = []
-        if self.steps != 4:
-            ts = fast_schedule(STEP_CHOICES[self.steps]).timesteps
-            out.append(f"{self.steps} steps per chunk (timesteps {list(ts)} instead of [999, 978, 947, 825])")
+        if self.steps != RELEASE_STEPS:
+            out.append(f"{self.steps} steps per chunk instead of the release's {RELEASE_STEPS} (the model's "
+                       f"{self.steps}-step variant of its schedule)")
         if self.fold_context:
-            out.append("the context pass folded into the last step (later chunks read K/V of the chunk at t = 825)")
+            out.append("the context pass folded into the last step (later chunks read the K/V of the chunk at its "
+                       "last timestep, not at t = 0)")
         if self.window_frames is not None:
             out.append(f"a K/V window of at most {self.window_frames} latent frames")
         if self.decode_overlap:

@@ -73,9 +73,10 @@ class SpeedPlan:
     preset: Optional[str] = None
     levers: ChunkLevers = field(default_factory=ChunkLevers)
 
-    def fast_run_options(self) -> dict:
-        """FastRun keyword options of the plan's chunk levers (empty for the release's schedule)."""
-        return self.levers.fast_run_options()
+    def fast_run_options(self, recipe) -> dict:
+        """FastRun keyword options of the plan's chunk levers on a model of `recipe` (a ChunkRecipe; empty for the
+        release's schedule)."""
+        return self.levers.fast_run_options(recipe)
 
     def fast_window(self, window_frames: Optional[int], latent_frames: Optional[int] = None) -> Optional[int]:
         """The K/V window (latent frames) a Fast run uses under this plan: the run's, capped by the levers."""

@@ -39,7 +39,7 @@ from .levers import STEP_CHOICES, ChunkLevers
 from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
 
 PRESET_NAMES = ("exact", "fast", "draft", "auto")
-CHUNK_STEP_CHOICES = tuple(sorted(STEP_CHOICES, reverse=True))  # --chunk-steps: 4 (the release's), 3, 2
+CHUNK_STEP_CHOICES = STEP_CHOICES  # --chunk-steps: 4 (the release's), 3, 2
 DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True, kv_fp8=True)
 
 

@@ -19,6 +19,7 @@ from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.wan.sampling.sampler import ResidentExperts, SamplingSettings, sample
+from lingbot_world.world.models import V1_FAST
 
 CFG = DiTConfig.tiny(num_heads=4, dim=64, num_layers=2, text_dim=16, text_len=8)
 FAST = DiTConfig.tiny(num_heads=4, dim=64, num_layers=2, text_dim=16, text_len=8, causal=True)
@@ -87,7 +88,8 @@ def fast_run(m: WanDiT, heads: int, camera_film: bool = False, **layout_kw) -> t
     noise = draw(gen, (1, 16, *FAST_LAT), device)
     with torch.no_grad():
         film = FilmCache.on_device(FAST.num_layers) if camera_film else None
-        return FastRun(m, noise, i["ctx"], i["y"], i["camera"], cache, gen, device=device, film=film).run()
+        return FastRun(m, noise, i["ctx"], i["y"], i["camera"], cache, gen, device=device, film=film,
+                       schedule=V1_FAST.recipe.schedule(), chunk_frames=V1_FAST.recipe.chunk_frames).run()
 
 
 FAST_LAYOUTS = {"fast": {}, "fast_window": {"window_frames": 6, "sink_frames": 1}, "fast_max_attention": {

@@ -7,6 +7,7 @@ import torch
 from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+from lingbot_world.world.models import V1_FAST
 
 TINY = DiTConfig.tiny(num_layers=3, text_dim=16, text_len=8, causal=True)
 LH, LW, FSL = 4, 6, 6
@@ -30,7 +31,8 @@ def fast_run(model, cache, frames=9, seed=3, device="cpu", **kw) -> FastRun:
     ctx = torch.randn(1, TINY.text_len, TINY.text_dim, generator=g).to(device)
     gen = make_generator(seed, "cuda" if torch.device(device).type == "cuda" else "cpu")
     noise = draw(gen, (1, 16, frames, LH, LW), device)
-    return FastRun(model, noise, ctx, y, cam, cache, gen, device=device, **kw)
+    kw.setdefault("schedule", V1_FAST.recipe.schedule())
+    return FastRun(model, noise, ctx, y, cam, cache, gen, device=device, chunk_frames=V1_FAST.recipe.chunk_frames, **kw)
 
 
 def fast_latents(model, cache, frames=9, seed=3, device="cpu", **kw):

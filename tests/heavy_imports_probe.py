@@ -115,7 +115,7 @@ def joins_first(result):
 if mode == "serial":
     heavy_imports.BackgroundImports = Serial
 else:
-    from lingbot_world.cli import model_load
+    from lingbot_world.world import model_load
 
     sys.meta_path.insert(0, SlowFinder())
     heavy_imports.BackgroundImports = Slow

@@ -8,6 +8,7 @@ from lingbot_world.speed.decode import ChunkDecoder
 from lingbot_world.speed.levers import ChunkLevers
 from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 from lingbot_world.wan.vae.streaming import StreamingDecoder
+from lingbot_world.world.models import V1_FAST
 
 
 def _vae_and_latent():
@@ -43,4 +44,4 @@ def test_the_decode_levers_are_described_and_exactness_follows_them():
     assert not ChunkLevers(decode_bf16=True).exact
     notes = ChunkLevers(decode_overlap=True, decode_bf16=True).describe()
     assert any("side stream" in n for n in notes) and any("bf16" in n for n in notes)
-    assert ChunkLevers(decode_overlap=True).fast_run_options() == {}  # the chunk loop itself is unchanged
+    assert ChunkLevers(decode_overlap=True).fast_run_options(V1_FAST.recipe) == {}  # the chunk loop itself is unchanged

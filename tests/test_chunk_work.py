@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lingbot_world.bench import chunk_work as cw
-from lingbot_world.speed.levers import STEP_CHOICES
 from lingbot_world.wan.dit.film_cache import FilmCache
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import DiTConfig
 from lingbot_world.wan.sampling.fast_sampler import fast_schedule
+from lingbot_world.world.models import V1_FAST
 
 
 def _load_fast_tiny():
@@ -78,7 +78,7 @@ def test_draft_levers_window_sink_and_the_film_kept(monkeypatch):
     layout = cache_layout(12, ft.FSL, window_frames=6, sink_frames=3)
     cache = layout.make(ft.TINY.num_layers, ft.TINY.num_heads, ft.TINY.head_dim, dtype=torch.float32)
     film = FilmCache(device_blocks=range(ft.TINY.num_layers))
-    run = ft.fast_run(model, cache, frames=12, schedule=fast_schedule(STEP_CHOICES[3]), fold_context=True,
+    run = ft.fast_run(model, cache, frames=12, schedule=V1_FAST.recipe.schedule(3), fold_context=True,
                       film=film)
     expected = cw.video_work(ft.TINY, ft.FSL, 12, steps=3, fold_context=True, window_frames=6, film_kept=True)
     assert [max(w.keys for w in c if isinstance(w, cw.Attention)) for c in expected] == [18, 36, 36, 36]
@@ -89,7 +89,7 @@ def test_a_run_without_its_last_context_pass(monkeypatch):
     model = ft.make_model()
     cache = cache_layout(6, ft.FSL).make(ft.TINY.num_layers, ft.TINY.num_heads, ft.TINY.head_dim,
                                          dtype=torch.float32)
-    run = ft.fast_run(model, cache, frames=6, final_context=False, schedule=fast_schedule(STEP_CHOICES[2]))
+    run = ft.fast_run(model, cache, frames=6, final_context=False, schedule=V1_FAST.recipe.schedule(2))
     expected = cw.video_work(ft.TINY, ft.FSL, 6, steps=2, last_context=False, film_kept=False)
     calls = [sum(w.calls for w in c if isinstance(w, cw.Attention) and w.keys != ft.TINY.text_len) for c in expected]
     assert calls == [3 * ft.TINY.num_layers, 2 * ft.TINY.num_layers]

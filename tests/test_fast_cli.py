@@ -59,8 +59,8 @@ def test_fast_model_files(tmp_path):
         find_fast_checkpoint_files(tmp_path)
     (tmp_path / "lingbot_world_fast").mkdir()
     files = find_fast_checkpoint_files(tmp_path)
-    assert files.fast.name == "lingbot_world_fast" and files.vae.name == "Wan2.1_VAE.pth"
-    assert find_fast_checkpoint_files(tmp_path / "lingbot_world_fast").fast == files.fast  # the folder itself
+    assert files.dit.name == "lingbot_world_fast" and files.vae.name == "Wan2.1_VAE.pth"
+    assert find_fast_checkpoint_files(tmp_path / "lingbot_world_fast").fast == files.dit  # the folder itself
     (tmp_path / "lingbot_world_fast_bnb_nf4").mkdir()
     assert find_fast_checkpoint_files(tmp_path).fast.name == "lingbot_world_fast_bnb_nf4"  # NF4 copy wins
     with pytest.raises(FileNotFoundError, match="holds only the Fast model.*--model fast"):

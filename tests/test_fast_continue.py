@@ -23,6 +23,7 @@ from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.wan.sampling.fast_state import (CameraSource, FastSettings, finish_part, plan_first_part,
                                                     plan_next_part, start_part)
+from lingbot_world.world.models import V1_FAST
 
 CFG = DiTConfig.tiny(num_layers=2, text_dim=16, text_len=8, causal=True)
 H, W = 64, 96  # latent 8 x 12 -> 24 tokens per latent frame
@@ -41,7 +42,8 @@ def model():
 
 
 def settings(mode="continuable", **kw):
-    return FastSettings(H, W, seed=kw.pop("seed", 11), noise_source="cpu", mode=mode, cache_dtype="float32", **kw)
+    return FastSettings(H, W, seed=kw.pop("seed", 11), noise_source="cpu", mode=mode, cache_dtype="float32",
+                        recipe=kw.pop("recipe", V1_FAST.recipe), **kw)
 
 
 def conditioning(latent_frames):
@@ -186,7 +188,8 @@ def test_reference_first_part_is_the_released_run(model):
     noise = draw(g, (1, 16, 6, LAT_H, LAT_W))
     cache = st.layout(6).make(CFG.num_layers, CFG.num_heads, CFG.head_dim, dtype=torch.float32)
     with torch.no_grad():
-        z = FastRun(model, noise, pad_context([CTX], CFG.text_len), y, ref.plucker, cache, g).run()
+        z = FastRun(model, noise, pad_context([CTX], CFG.text_len), y, ref.plucker, cache, g,
+                    schedule=V1_FAST.recipe.schedule(), chunk_frames=V1_FAST.recipe.chunk_frames).run()
     assert torch.equal(state.latent(), z)
     # and it can be continued (the continuable rule from its last latent frame)
     nxt = plan_next_part(state, CameraSource(keys=KeyTimeline.from_string("w-12")))

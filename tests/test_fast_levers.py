@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from lingbot_world.speed.levers import STEP_CHOICES, ChunkLevers
+from lingbot_world.speed.levers import ChunkLevers
 from lingbot_world.wan.dit.kv_cache import KVCache
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, fast_schedule, make_generator
+from lingbot_world.world.models import V1_FAST
 
 CFG = DiTConfig.tiny(num_layers=2, text_dim=16, text_len=8, causal=True)
 LAT_H, LAT_W = 4, 6
@@ -70,7 +71,8 @@ def hand_loop(model, y, cam, ctx, seed, timesteps, fold):
 def fast_run(model, y, cam, ctx, seed, **kw):
     g = make_generator(seed, "cpu")
     noise = draw(g, (1, 16, y.shape[2], LAT_H, LAT_W))
-    return FastRun(model, noise, ctx, y, cam, cache_for(y.shape[2]), g, **kw)
+    kw.setdefault("schedule", V1_FAST.recipe.schedule())
+    return FastRun(model, noise, ctx, y, cam, cache_for(y.shape[2]), g, chunk_frames=V1_FAST.recipe.chunk_frames, **kw)
 
 
 def recording(model, calls):
@@ -90,11 +92,11 @@ def test_levers_equal_the_loop_written_out(model, steps, fold):
     calls = []
     model.forward = recording(model, calls)
     try:
-        r = fast_run(model, y, cam, ctx, 21, **levers.fast_run_options())
+        r = fast_run(model, y, cam, ctx, 21, **levers.fast_run_options(V1_FAST.recipe))
         latent = r.run()
     finally:
         del model.forward
-    timesteps = fast_schedule(STEP_CHOICES[steps]).timesteps
+    timesteps = V1_FAST.recipe.schedule(steps).timesteps
     torch.testing.assert_close(latent, hand_loop(model, y, cam, ctx, 21, timesteps, fold), rtol=0, atol=0)
     per_chunk = [(t, fold and i + 1 == steps) for i, t in enumerate(timesteps)] + ([] if fold else [(0, True)])
     assert calls == per_chunk * 2 and r.model_calls == len(calls)
@@ -121,15 +123,15 @@ def test_fold_without_a_final_context_leaves_the_last_chunk_unwritten(model):
 
 
 def test_three_steps_reuse_the_release_grid_values():
-    four, three = fast_schedule(), fast_schedule(STEP_CHOICES[3])
+    four, three = V1_FAST.recipe.schedule(), V1_FAST.recipe.schedule(3)
     assert three.timesteps == (999, 947, 825)
     assert three.sigma_x0 == (four.sigma_x0[0], four.sigma_x0[2], four.sigma_x0[3])
     assert three.sigma_renoise == four.sigma_renoise[1:]  # re-noise to 947 and 825 as the 4-step schedule does
-    assert fast_schedule(STEP_CHOICES[2]).timesteps == (999, 825)
+    assert V1_FAST.recipe.schedule(2).timesteps == (999, 825)
 
 
 def test_the_default_levers_change_nothing():
-    assert ChunkLevers().exact and ChunkLevers().fast_run_options() == {}
+    assert ChunkLevers().exact and ChunkLevers().fast_run_options(V1_FAST.recipe) == {}
     assert ChunkLevers().window(21, 21) == 21 and ChunkLevers().window(None, 21) is None
     with pytest.raises(ValueError, match="step variants"):
         ChunkLevers(steps=5)

@@ -32,9 +32,9 @@ class _Patcher:  # the two ModelPatcher calls the node makes
 
 @pytest.fixture
 def fast(demo_ckpt, monkeypatch, tmp_path):
-    from lingbot_world.world import FastFiles
+    from lingbot_world.world import WorldFiles
 
-    fmt = detect_format(FastFiles.demo(demo_ckpt).fast)
+    fmt = detect_format(WorldFiles.demo(demo_ckpt).dit)
     monkeypatch.setattr(lora_attach.comfy_paths, "resolve_lora", lambda name: tmp_path / name)
     monkeypatch.setattr(lora_attach, "_lora_cache", {})
     comfy = types.ModuleType("comfy")  # the two ComfyUI modules lora_patches imports

@@ -15,6 +15,7 @@ from lingbot_world.wan.control.camera import camera_condition
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import pad_context
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+from lingbot_world.world.models import V1_FAST
 
 H, W, FRAMES = 32, 48, 33  # 9 latent frames: 3 chunks
 
@@ -69,7 +70,8 @@ def assert_equals_direct_run(latent, fm, graph, weights="nf4"):
     g = make_generator(5, "cpu")
     noise = draw(g, (1, 16, 9, H // 8, W // 8))
     cache = cache_layout(9, (H // 16) * (W // 16)).make(2, model.cfg.num_heads, model.cfg.head_dim, dtype=torch.float32)
-    z = FastRun(model, noise, pad_context([text.positive], 512), i2v.y, plucker, cache, g).run()
+    z = FastRun(model, noise, pad_context([text.positive], 512), i2v.y, plucker, cache, g,
+                schedule=V1_FAST.recipe.schedule(), chunk_frames=V1_FAST.recipe.chunk_frames).run()
     torch.testing.assert_close(latent, i2v.to_raw_latent(z), rtol=0, atol=0)
 
 

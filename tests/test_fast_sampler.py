@@ -12,6 +12,9 @@ from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 from lingbot_world.wan.sampling.fast_sampler import (
     FastRun, fast_frames, fast_schedule, make_generator, draw, sample_fast)
 from lingbot_world.wan.sampling.sampler import Cancelled
+from lingbot_world.world.models import V1_FAST
+
+V1_RUN = {"schedule": V1_FAST.recipe.schedule(), "chunk_frames": V1_FAST.recipe.chunk_frames}
 
 CFG = DiTConfig.tiny(num_layers=2, text_dim=16, text_len=8, causal=True)
 LAT_H, LAT_W = 4, 6
@@ -22,7 +25,7 @@ FSL = 6
     (81, None, 81, 21, 81), (25, None, 21, 6, 25), (17, None, 9, 3, 17), (83, None, 81, 21, 81),
     (81, 41, 33, 9, 41), (961, None, 957, 240, 961)])
 def test_frame_rounding(requested, poses, frames, latent, pose_frames):
-    f = fast_frames(requested, poses)
+    f = fast_frames(requested, poses, chunk=V1_FAST.recipe.chunk_frames)
     assert (f.frames, f.latent_frames, f.pose_frames, f.chunks) == (frames, latent, pose_frames, latent // 3)
     assert (f.note is None) == (frames == requested)
     if f.note:
@@ -31,11 +34,11 @@ def test_frame_rounding(requested, poses, frames, latent, pose_frames):
 
 def test_frame_rounding_refuses_zero_chunks():
     with pytest.raises(ValueError, match="no complete chunk.*at least 9 frames"):
-        fast_frames(5)
+        fast_frames(5, chunk=V1_FAST.recipe.chunk_frames)
     with pytest.raises(ValueError, match="6 poses, enough for 5 frames.*as many camera poses"):
-        fast_frames(81, 6)
+        fast_frames(81, 6, chunk=V1_FAST.recipe.chunk_frames)
     with pytest.raises(ValueError, match="positive integer"):
-        fast_frames(0)
+        fast_frames(0, chunk=V1_FAST.recipe.chunk_frames)
 
 
 def test_schedule_indices_and_sigmas_follow_the_spec():
@@ -44,7 +47,7 @@ def test_schedule_indices_and_sigmas_follow_the_spec():
     s = np.linspace(float(np.float32(0.999)), 0.0, 1001)[:1000]
     sigma = 10 * s / (1 + 9 * s)
     t = (sigma * 1000).astype(np.int64)
-    sch = fast_schedule()
+    sch = V1_FAST.recipe.schedule()
     assert sch.timesteps == (999, 978, 947, 825) == tuple(int(t[i]) for i in (0, 179, 358, 679))
     assert sch.x0_indices == (0, 176, 354, 678)
     assert sch.renoise_indices == (177, 355, 679)
@@ -58,7 +61,7 @@ def test_schedule_indices_and_sigmas_follow_the_spec():
 
 def test_fast_camera_resamples_at_non_integer_targets():
     path = preset_camera("dolly_in+pan_right", frames=25)
-    plan = fast_frames(25, path.poses.shape[0])
+    plan = fast_frames(25, path.poses.shape[0], chunk=V1_FAST.recipe.chunk_frames)
     cond = camera_condition(path.poses, path.intrinsics, 64, 96, plan.pose_frames, latent_frames=plan.latent_frames)
     assert cond.plucker.shape[2] == plan.latent_frames == 6
     base = camera_condition(path.poses, path.intrinsics, 64, 96, 25)
@@ -119,7 +122,8 @@ def spec_loop(model, y, cam, ctx, seed):
 def run(model, y, cam, ctx, seed, **kw):
     g = make_generator(seed, "cpu")
     noise = draw(g, (1, 16, y.shape[2], LAT_H, LAT_W))
-    return FastRun(model, noise, ctx, y, cam, cache_for(y.shape[2]), g, **kw)
+    kw.setdefault("schedule", V1_FAST.recipe.schedule())
+    return FastRun(model, noise, ctx, y, cam, cache_for(y.shape[2]), g, chunk_frames=V1_FAST.recipe.chunk_frames, **kw)
 
 
 def test_chunk_loop_equals_the_spec_loop(model):
@@ -159,7 +163,7 @@ def test_the_last_context_pass_is_skipped_when_nothing_continues_the_video(model
 def test_same_seed_same_video_other_seed_other_video(model):
     y, cam, ctx = problem()
     a = run(model, y, cam, ctx, 5).run()
-    b = sample_fast(model, *run_args(y, cam, ctx, 5))
+    b = sample_fast(model, *run_args(y, cam, ctx, 5), **V1_RUN)
     c = run(model, y, cam, ctx, 6).run()
     assert torch.equal(a, b) and not torch.allclose(a, c)
 
@@ -200,9 +204,9 @@ def test_run_checks_its_inputs(model):
     y, cam, ctx = problem()
     g = make_generator(0)
     with pytest.raises(ValueError, match="whole number of 3-frame chunks"):
-        FastRun(model, torch.zeros(1, 16, 4, LAT_H, LAT_W), ctx, y[:, :, :4], None, cache_for(4), g)
+        FastRun(model, torch.zeros(1, 16, 4, LAT_H, LAT_W), ctx, y[:, :, :4], None, cache_for(4), g, **V1_RUN)
     with pytest.raises(ValueError, match="camera tensor"):
-        FastRun(model, torch.zeros(1, 16, 6, LAT_H, LAT_W), ctx, y, cam[:, :, :3], cache_for(6), g)
+        FastRun(model, torch.zeros(1, 16, 6, LAT_H, LAT_W), ctx, y, cam[:, :, :3], cache_for(6), g, **V1_RUN)
     with pytest.raises(ValueError, match="noise source"):
         make_generator(0, "mps")
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lingbot_world.world.models import V1_FAST
+
+V1_RUN = {"schedule": V1_FAST.recipe.schedule(), "chunk_frames": V1_FAST.recipe.chunk_frames}
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -66,7 +69,7 @@ def _chunks(model, cfg, plan, latent_frames=6, film=None):
     hook = model.register_forward_hook(lambda m, a, out: first.append(out.float()) if not first else None)
     try:
         with torch.inference_mode():
-            latent = FastRun(model, noise, ctx, y, cam, cache, gen, film=film, **plan.fast_run_options()).run()
+            latent = FastRun(model, noise, ctx, y, cam, cache, gen, film=film, **V1_RUN, **plan.fast_run_options(V1_FAST.recipe)).run()
     finally:
         hook.remove()
     return first[0], latent
@@ -165,7 +168,7 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
         gen = make_generator(11, "cuda")
         noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
         with torch.inference_mode():
-            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **plan.fast_run_options()).run()
+            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN, **plan.fast_run_options(V1_FAST.recipe)).run()
         return latent, model.block_runner
 
     monkeypatch.delenv(GRAPHS_ENV, raising=False)
@@ -236,7 +239,7 @@ def test_a_chunk_queues_its_work_without_a_host_sync(preset):
     layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=window, sink_frames=1 if window else 0)
     cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
     run = FastRun(model, None, ctx, y, cam, cache, make_generator(11, "cpu"), device=CUDA,
-                  film=FilmCache(device_blocks=range(cfg.num_layers)), **plan.fast_run_options())
+                  film=FilmCache(device_blocks=range(cfg.num_layers)), **V1_RUN, **plan.fast_run_options(V1_FAST.recipe))
     with torch.inference_mode():
         run.next_chunk()  # first use: cuDNN plans, pinned buffers, the text K/V
         torch.cuda.synchronize()

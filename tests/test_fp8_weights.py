@@ -277,8 +277,8 @@ def test_fast_forward_from_the_fp8_folder_equals_the_model_built_here(release):
 # ---- refusals ------------------------------------------------------------------------------------------------------
 def test_a_card_without_fp8_is_refused_in_one_line_before_anything_loads(release, monkeypatch):
     from lingbot_world.quant import compute
-    from lingbot_world.world.files import FastFiles
-    from lingbot_world.world.opening import open_pieces
+    from lingbot_world.world.files import WorldFiles
+    from lingbot_world.world.assembly import open_session
     from lingbot_world.world.settings import WorldSettings
 
     monkeypatch.setattr(compute, "_capability", lambda device: (8, 6))
@@ -286,9 +286,9 @@ def test_a_card_without_fp8_is_refused_in_one_line_before_anything_loads(release
     assert problem == ("--weights fp8 needs an Ada/Hopper GPU (sm89+); this card is sm86: use --weights nf4")
     assert compute.stored_weights_unavailable("fp8", torch.device("cpu")) is None  # the emulated GEMM
     root, _ = release
-    files = FastFiles(root, root / "fp8_from_bf16", root / "missing_t5.pth", root / "missing_vae.pth", None)
+    files = WorldFiles(root, root / "fp8_from_bf16", root / "missing_t5.pth", root / "missing_vae.pth", None)
     with pytest.raises(compute.LowpWeightsUnsupported) as e:
-        open_pieces(files, WorldSettings(weights="fp8"), torch.device("cuda", 0))
+        open_session(files, WorldSettings(weights="fp8"), device=torch.device("cuda", 0))
     assert str(e.value) == problem and "\n" not in str(e.value)
 
 
@@ -392,15 +392,15 @@ def test_the_demo_plays_from_fp8_weights(copy_demo, demo_text_cache):
 
     from lingbot_world.loaders.demo_checkpoint import DEMO_PROMPT, demo_fast_ready
     from lingbot_world.quant.lowp_linear import Fp8Linear
-    from lingbot_world.world import FastFiles, TextSettings, WorldSession, WorldSettings
+    from lingbot_world.world import WorldFiles, TextSettings, WorldSession, WorldSettings
 
     root = copy_demo()
     assert not demo_fast_ready(root, "fp8")
-    files = FastFiles.demo(root, weights="fp8")  # converted from the demo's NF4 Fast model, once
-    assert files.fast.name == "lingbot_world_fast_fp8" and demo_fast_ready(root, "fp8")
-    fmt, note = files.check("fp8")
-    assert fmt.kind == "fp8" and fmt.quant_meta["source"] == "nf4" and note is None
-    assert FastFiles.demo(root).fast.name == "lingbot_world_fast_bnb_nf4"  # the NF4 demo is unchanged
+    files = WorldFiles.demo(root, weights="fp8")  # converted from the demo's NF4 Fast model, once
+    assert files.dit.name == "lingbot_world_fast_fp8" and demo_fast_ready(root, "fp8")
+    fmt, _, notes = files.check("fp8")
+    assert fmt.kind == "fp8" and fmt.quant_meta["source"] == "nf4" and notes == []
+    assert WorldFiles.demo(root).dit.name == "lingbot_world_fast_bnb_nf4"  # the NF4 demo is unchanged
 
     settings = WorldSettings(size="64*112", weights="fp8", text=TextSettings(device="cpu", cache_dir=demo_text_cache))
     session = WorldSession.open(files, settings, device="cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from lingbot_world.cli import main
-from lingbot_world.world import FastFiles, TextSettings, WorldSession, WorldSettings
+from lingbot_world.world import WorldFiles, TextSettings, WorldSession, WorldSettings
 
 
 def _fp8_cli_test():
@@ -31,9 +31,9 @@ def test_int8_weights_play_as_the_batch_run(copy_demo, tmp_path, capsys):
     assert not demo_fast_ready(root, "int8")
     batch = FP8_CLI._generate(root, tmp_path, "int8")  # builds the INT8 copy from the demo's NF4 Fast model
     assert demo_fast_ready(root, "int8") and not demo_fast_ready(root, "fp8")
-    files = FastFiles.demo(root, weights="int8")
-    fmt, note = files.check("int8")
-    assert files.fast.name == "lingbot_world_fast_int8" and fmt.kind == "int8" and note is None
+    files = WorldFiles.demo(root, weights="int8")
+    fmt, _, notes = files.check("int8")
+    assert files.dit.name == "lingbot_world_fast_int8" and fmt.kind == "int8" and notes == []
     assert fmt.quant_meta["source"] == "nf4"  # the demo has only NF4 weights: said in the metadata
     text = TextSettings(device="cpu", cache_dir=tmp_path / "text")
     with WorldSession.open(files, WorldSettings(size=FP8_CLI.SIZE, weights="int8", text=text), device="cpu") as s:
@@ -43,7 +43,7 @@ def test_int8_weights_play_as_the_batch_run(copy_demo, tmp_path, capsys):
     assert not np.array_equal(batch, FP8_CLI._generate(root, tmp_path, "nf4"))
 
     capsys.readouterr()
-    assert main(["check-expert", str(files.fast), "--device", "cpu", "--mode", "int8"]) == 0
+    assert main(["check-expert", str(files.dit), "--device", "cpu", "--mode", "int8"]) == 0
     assert json.loads(capsys.readouterr().out)["mode"] == "int8"
 
 

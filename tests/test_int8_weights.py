@@ -181,8 +181,8 @@ def test_fast_forward_from_the_int8_folder_equals_the_model_built_here(release):
 ])
 def test_each_stored_kind_is_refused_in_one_line_where_its_gemm_cannot_run(release, monkeypatch, kind, cap, line):
     from lingbot_world.quant import compute
-    from lingbot_world.world.files import FastFiles
-    from lingbot_world.world.opening import open_pieces
+    from lingbot_world.world.files import WorldFiles
+    from lingbot_world.world.assembly import open_session
     from lingbot_world.world.settings import WorldSettings
 
     monkeypatch.setattr(compute, "_capability", lambda device: cap)
@@ -193,7 +193,7 @@ def test_each_stored_kind_is_refused_in_one_line_where_its_gemm_cannot_run(relea
     folder = root / f"{kind}_from_bf16"
     shared = {name: root / f"missing_{name}" for name in ("t5", "vae")}  # never reached: refused first
     with pytest.raises(compute.LowpWeightsUnsupported) as e:
-        open_pieces(FastFiles(root, folder, tokenizer=None, **shared), WorldSettings(weights=kind), cuda)
+        open_session(WorldFiles(root, folder, tokenizer=None, **shared), WorldSettings(weights=kind), device=cuda)
     assert str(e.value) == line
     if kind == "int8":  # an Ampere card passes the INT8 check up to the test GEMM (no CUDA here: not run)
         monkeypatch.setattr(compute, "_capability", lambda device: (8, 6))

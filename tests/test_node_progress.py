@@ -9,6 +9,7 @@ import pytest
 
 from lingbot_world.nodes.adapters import progress as prog
 from lingbot_world.nodes.text import encode_summary
+from lingbot_world.world.models import V1_FAST
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_fast_sampler_node_text_says_what_it_generates_and_where_the_cache_lives
 
     GiB = 1024**3
     cfg, layout = DiTConfig(causal=True), cache_layout(21, 30 * 52)
-    frames = fast_frames(85)
+    frames = fast_frames(85, chunk=V1_FAST.recipe.chunk_frames)
     host = plan_fast_memory(480, 832, cfg, layout, int(23.5 * GiB), 64 * GiB)
     assert host.film_blocks and host.film_host_blocks  # 64 GiB of RAM: the FiLM the card has no room for is there
     assert fast_summary(frames, 832, 480, host, [frames.note, None]).split("\n") == [
@@ -125,10 +126,10 @@ def test_fast_sampler_node_text_says_what_it_generates_and_where_the_cache_lives
         "The Fast model works in chunks of 3 latent frames (12 video frames), so it generates 81 frames instead of "
         "the requested 85."]
     gpu = plan_fast_memory(480, 832, cfg, layout, 80 * GiB, 64 * GiB)
-    assert fast_summary(fast_frames(81), 832, 480, gpu, []).endswith(
+    assert fast_summary(fast_frames(81, chunk=V1_FAST.recipe.chunk_frames), 832, 480, gpu, []).endswith(
         "memory: K/V cache (26.8 GB) on the GPU, camera FiLM kept per chunk for 40/40 blocks on the GPU")
     cpu = plan_fast_memory(480, 832, cfg, layout, None, 36 * GiB)
-    assert fast_summary(fast_frames(81), 832, 480, cpu, []).endswith(
+    assert fast_summary(fast_frames(81, chunk=V1_FAST.recipe.chunk_frames), 832, 480, cpu, []).endswith(
         "memory: model and K/V cache (26.8 GB) in RAM (CPU run)")
     small = plan_fast_memory(480, 832, cfg, layout, int(11.5 * GiB), 64 * GiB)
-    assert "blocks on the GPU)" in fast_summary(fast_frames(81), 832, 480, small, [])
+    assert "blocks on the GPU)" in fast_summary(fast_frames(81, chunk=V1_FAST.recipe.chunk_frames), 832, 480, small, [])

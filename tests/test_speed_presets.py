@@ -11,6 +11,7 @@ from lingbot_world.speed.levers import ChunkLevers
 from lingbot_world.speed.options import SpeedOptionError, SpeedOptions
 from lingbot_world.speed.presets import PRESET_NAMES, PRESETS, preset_options, resolve_preset
 from lingbot_world.wan.dit import attention as attn
+from lingbot_world.world.models import V1_FAST
 
 CPU = torch.device("cpu")
 
@@ -45,10 +46,10 @@ def test_on_the_cpu_every_preset_resolves_to_the_exact_kernels_with_its_levers()
         assert plan.summary().startswith(f"preset={name}, compile=off")
     draft = resolve_preset("draft", CPU)
     assert any("3 steps per chunk" in n for n in draft.notes) and any("15 latent frames" in n for n in draft.notes)
-    opts = draft.fast_run_options()
+    opts = draft.fast_run_options(V1_FAST.recipe)
     assert opts["fold_context"] is True and opts["schedule"].timesteps == (999, 947, 825)
     assert draft.fast_window(21, 21) == 15
-    assert resolve_preset("exact", CPU).fast_run_options() == {}
+    assert resolve_preset("exact", CPU).fast_run_options(V1_FAST.recipe) == {}
     assert resolve_preset("exact", CPU).to_json()["levers"] == {"steps": 4, "fold_context": False,
                                                                 "window_frames": None, "decode_overlap": False,
                                                                 "decode_bf16": False, "kv_fp8": False}
@@ -103,9 +104,9 @@ def test_fast_speed_plan_keeps_its_signature_and_carries_the_preset(monkeypatch)
 
     flags = speed_flags.SpeedFlags.given("draft", {"compile": "auto", "compute": "bf16", "attention": "auto"})
     plan = speed_flags.fast_speed_plan(flags, CPU, 7, before_compiler_check=None)
-    assert plan.preset == "draft" and plan.fast_run_options()["fold_context"]
+    assert plan.preset == "draft" and plan.fast_run_options(V1_FAST.recipe)["fold_context"]
     plain = speed_flags.fast_speed_plan(speed_flags.SpeedFlags(compile="auto", compute="bf16", attention="auto"), CPU, 7)
-    assert plain.preset is None and plain.fast_run_options() == {}
+    assert plain.preset is None and plain.fast_run_options(V1_FAST.recipe) == {}
     asked = []
     monkeypatch.setattr(compile_mod, "unavailable_reason", lambda device: asked.append(1) or None)
     gpu = speed_flags.fast_speed_plan(speed_flags.SpeedFlags.given(
@@ -144,7 +145,7 @@ def test_speed_node_offers_the_presets(monkeypatch):
 def test_chunk_steps_replace_the_presets_step_count_and_say_so():
     draft2 = resolve_preset("draft", CPU, chunk_steps=2)
     assert draft2.levers == PRESETS["draft"].levers.__class__(**{**PRESETS["draft"].levers.__dict__, "steps": 2})
-    assert draft2.fast_run_options()["schedule"].timesteps == (999, 825) and draft2.fast_run_options()["fold_context"]
+    assert draft2.fast_run_options(V1_FAST.recipe)["schedule"].timesteps == (999, 825) and draft2.fast_run_options(V1_FAST.recipe)["fold_context"]
     assert any(n.startswith("chunk steps 2: 2 denoising calls per Fast chunk instead of the preset draft's 3")
                for n in draft2.notes)
     assert resolve_preset("draft", CPU, chunk_steps=3).levers == PRESETS["draft"].levers  # the preset's own: no note
@@ -154,7 +155,7 @@ def test_chunk_steps_replace_the_presets_step_count_and_say_so():
 
     plain = attach_preset(resolve_speed(SpeedOptions(), CPU), None, 3)  # no preset: over the release's schedule
     assert plain.preset is None and plain.levers == ChunkLevers(steps=3)
-    assert plain.fast_run_options()["schedule"].timesteps == (999, 947, 825)
+    assert plain.fast_run_options(V1_FAST.recipe)["schedule"].timesteps == (999, 947, 825)
     assert any("instead of the release's 4" in n for n in plain.notes)
     with pytest.raises(SpeedOptionError, match="chunk steps 5: the Fast model's schedule has 4, 3, 2 steps"):
         resolve_preset("draft", CPU, chunk_steps=5)
@@ -199,6 +200,7 @@ def test_the_players_fast_render_replays_the_played_chunk_steps(tmp_path):
     """"Render this path" at 720p must run the played schedule: --chunk-steps goes to the Fast render only (the
     base Cam render refuses Fast flags)."""
     from pathlib import Path
+    from types import SimpleNamespace
 
     from lingbot_world.cli.play import _render_source
     from lingbot_world.cli.play_request import PlayRequest
@@ -207,7 +209,8 @@ def test_the_players_fast_render_replays_the_played_chunk_steps(tmp_path):
     speed = resolve_preset("draft", CPU, chunk_steps=2)
     for steps, want in ((2, ["--chunk-steps", "2"]), (None, [])):
         request = PlayRequest(demo=True, speed="draft", chunk_steps=steps)
-        src = _render_source(request, "64*112", "cpu", "cpu", speed)
+        played = SimpleNamespace(window=15, sink=3, model_name="v1-fast")  # the session's settings
+        src = _render_source(request, "64*112", "cpu", "cpu", speed, played)
         fast = render_command(src, "fast720", "w-8", Path("i.png"), "p", tmp_path / "o.mp4")
         cam = render_command(src, "cam", "w-8", Path("i.png"), "p", tmp_path / "o.mp4")
         got = fast[fast.index("--chunk-steps"):fast.index("--chunk-steps") + 2] if "--chunk-steps" in fast else []

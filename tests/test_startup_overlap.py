@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from lingbot_world.cli import main
-from lingbot_world.cli.model_load import LoadStopped, ModelLoad
+from lingbot_world.world.model_load import LoadStopped, ModelLoad
 from lingbot_world.memory import kv_stream
 from lingbot_world.memory.kv_placement import FastPlacement, plan_fast_memory
 from lingbot_world.memory.kv_stream import HostLayers, KVHostMemoryError, release_host_layers
@@ -21,6 +21,7 @@ from lingbot_world.memory.overlap import Step, plan_overlap
 from lingbot_world.memory.pinned import discard_host_pages
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+from lingbot_world.world.models import V1_FAST
 
 GB = 10**9
 WORKERS = ("kv-host-alloc", "kv-host-release", "lingbot-model-load")
@@ -165,7 +166,8 @@ def _latents(model, cache, on_chunk=None):
     gen = make_generator(3, "cpu")
     device = next(model.parameters()).device
     return FastRun(model, draw(gen, (1, 16, 9, 4, 6), device), ctx.to(device, model.dtype_for_compute()), y, cam,
-                   cache, gen, device=device, on_chunk=on_chunk).run().cpu()
+                   cache, gen, device=device, on_chunk=on_chunk, schedule=V1_FAST.recipe.schedule(),
+                   chunk_frames=V1_FAST.recipe.chunk_frames).run().cpu()
 
 
 @pytest.mark.parametrize("ahead,release_early", [(False, False), (True, True)])

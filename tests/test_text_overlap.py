@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from lingbot_world.cli import main, text_stage
+from lingbot_world.cli import main
+from lingbot_world.world import text_stage
 from lingbot_world.loaders.t5_files import load_umt5
 from lingbot_world.loaders.t5_tokenizer import UMT5Tokenizer
 from lingbot_world.memory.overlap import Step, plan_overlap
@@ -102,9 +103,9 @@ def t5_files(tmp_path_factory):
 
 
 def _text(**kw):
-    from lingbot_world.cli.text_stage import TextFlags
+    from lingbot_world.world.settings import TextSettings
 
-    return TextFlags(**{**dict(device="cpu", cache_dir=None, use_cache=False, timeout=None), **kw})
+    return TextSettings(**{**dict(device="cpu", cache_dir=None, use_cache=False, timeout=None), **kw})
 
 
 class _OneProcess:

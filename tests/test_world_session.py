@@ -13,7 +13,7 @@ from lingbot_world.cli import main
 from lingbot_world.wan.control.actions import ActionStringError, KeyInputError
 from lingbot_world.wan.sampling.fast_state import CameraSource
 from lingbot_world.wan.sampling.sampler import Cancelled
-from lingbot_world.world import FastFiles, TextSettings, WorldError, WorldSession, WorldSettings
+from lingbot_world.world import WorldFiles, TextSettings, WorldError, WorldSession, WorldSettings
 
 IMAGE = "assets/examples/00/image.jpg"
 PROMPT = "a lake with a lone tree"
@@ -23,7 +23,7 @@ KEYS = ["w-8", "wj-6,none-6", None, "a-12", "i-3,l-9"]
 
 @pytest.fixture(scope="module")
 def files(demo_ckpt):
-    return FastFiles.demo(demo_ckpt)
+    return WorldFiles.demo(demo_ckpt)
 
 
 def _settings(cache_dir, **kw) -> WorldSettings:
@@ -73,8 +73,9 @@ def test_a_cache_without_window_grows_and_gives_the_same_latents(files, tmp_path
     import lingbot_world.world.cache as cache_mod
     import lingbot_world.world.plan as plan_mod
 
-    monkeypatch.setattr(plan_mod, "GROW_LATENT_FRAMES", 3)  # grow at every chunk
-    monkeypatch.setattr(cache_mod, "GROW_LATENT_FRAMES", 3)
+    grow_every_chunk = lambda settings: settings.chunk_frames  # noqa: E731
+    monkeypatch.setattr(plan_mod, "grow_latent_frames", grow_every_chunk)
+    monkeypatch.setattr(cache_mod, "grow_latent_frames", grow_every_chunk)
     with _open(files, tmp_path) as s:
         _play(s, KEYS[:4])
         capacities = s.cache.capacity
@@ -216,7 +217,7 @@ def _tiny_lora(path, cfg, seed=0):
 
 
 def test_lora_on_the_fast_model(files, demo_ckpt, tmp_path):
-    fmt, _ = files.check()
+    fmt, _, _ = files.check()
     lora = _tiny_lora(tmp_path / "fast_lora.safetensors", fmt.config)
     plain = _batch(demo_ckpt, tmp_path, "w-8")
     assert np.array_equal(_batch(demo_ckpt, tmp_path, "w-8", "--lora", f"{lora}:0"), plain)

@@ -1,13 +1,14 @@
-"""The session layer: one loaded Fast model and its video, driven part by part or chunk by chunk.
+"""The world layer: the model registry (models.py), the one assembly of a causal world (assembly.py: files, checks,
+settings, memory plan, load, LoRA) and the session that drives it part by part or chunk by chunk (session.py).
 
-Every door (cli/, nodes/, player/) runs the Fast model through `WorldSession`; see session.py.
+Every door (cli/, nodes/, player/) opens its world through here; see docs/architecture.md.
 """
 from .errors import WorldError
-from .files import FastFiles
-from .saving import SavedFiles
+from .files import WorldFiles
 from .frames import ChunkFrames, FixedCondition, to_uint8
+from .saving import SavedFiles
 from .session import WorldSession
-from .settings import TextSettings, WorldSettings
+from .settings import ModelSource, TextSettings, WorldSettings
 
-__all__ = ["ChunkFrames", "FastFiles", "FixedCondition", "SavedFiles", "TextSettings", "WorldError", "WorldSession",
-           "WorldSettings", "to_uint8"]
+__all__ = ["ChunkFrames", "FixedCondition", "ModelSource", "SavedFiles", "TextSettings", "WorldError", "WorldFiles",
+           "WorldSession", "WorldSettings", "to_uint8"]

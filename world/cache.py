@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..memory.kv_park import ParkedKV, copy_out, filled_bytes, park
 from .errors import WorldError
-from .plan import GROW_LATENT_FRAMES, play_layout, session_layout
+from .plan import grow_latent_frames, play_layout, session_layout
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,8 @@ class SessionCache:
 
     def ensure(self, settings, latent_frames: int, *, restore=None, ahead: bool = False) -> None:
         """A cache that holds a video of `latent_frames`. The first one is laid out for the video (a played one:
-        81 frames ahead), its saved K/V put back with restore.fill / restore.restore_counters; later, a cache
-        without eviction that is too small grows by 81 frames, moved through host memory."""
+        about 81 frames ahead), its saved K/V put back with restore.fill / restore.restore_counters; later, a
+        cache without eviction that is too small grows by about 81 frames, moved through host memory."""
         if self.cache is None:
             plan = self.placement.plan
             need = play_layout(settings, latent_frames) if ahead else session_layout(settings, latent_frames)
@@ -36,7 +36,8 @@ class SessionCache:
         layout = self.placement.plan.layout
         if layout.evict or latent_frames * settings.frame_tokens <= layout.capacity:
             return
-        grown = session_layout(settings, latent_frames + GROW_LATENT_FRAMES - latent_frames % GROW_LATENT_FRAMES)
+        grow = grow_latent_frames(settings)
+        grown = session_layout(settings, latent_frames + grow - latent_frames % grow)
         log.info("K/V cache: growing from %d to %d tokens per layer", layout.capacity, grown.capacity)
         parked = park(self.placement.placement)
         self.release()

@@ -15,6 +15,7 @@ from ..memory.kv_placement import FastMemoryPlan, plan_fast_memory
 from ..memory.placement import available_ram_bytes, free_vram_bytes
 from ..quant.nf4_format import default_compute_dtype
 from ..speed.options import graphs_enabled
+from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from ..wan.vae.model import VAEConfig
 from ..wan.vae.streaming import streaming_decode_bytes
 
@@ -68,22 +69,30 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     return plan, stream
 
 
-GROW_LATENT_FRAMES = 21  # a played cache without a window grows by 81 video frames at a time
-_CHUNK = 3
+GROW_VIDEO_FRAMES = 81  # a played cache without a window grows by about 81 video frames at a time
+
+
+def grow_latent_frames(settings) -> int:
+    """Latent frames a played cache without a window grows by: whole chunks covering the 21 latent frames of 81
+    video frames (v1 Fast: 21, v2: 24)."""
+    chunk = settings.chunk_frames
+    return chunk * math.ceil(((GROW_VIDEO_FRAMES - 1) // VAE_TEMPORAL_STRIDE + 1) / chunk)
 
 
 def session_layout(settings, latent_frames: int):
     """The cache layout for a video of `latent_frames` so far (settings: a FastSettings). With a window (or max
     attention) the cache has its bounded size from the start, so a played video evicts exactly when a batch run of
     the same keys does."""
-    lat = max(latent_frames, _CHUNK)
+    chunk = settings.chunk_frames
+    lat = max(latent_frames, chunk)
     if settings.window is not None:
-        lat = max(lat, _CHUNK * math.ceil((settings.window + 1) / _CHUNK))
+        lat = max(lat, chunk * math.ceil((settings.window + 1) / chunk))
     elif settings.max_attention is not None:
-        lat = max(lat, _CHUNK * math.ceil((settings.max_attention / settings.frame_tokens + 1) / _CHUNK))
+        lat = max(lat, chunk * math.ceil((settings.max_attention / settings.frame_tokens + 1) / chunk))
     return settings.layout(lat)
 
 
 def play_layout(settings, latent_frames: int = 0):
-    """The layout a played video starts with (room for 81 frames at once without a window)."""
-    return session_layout(settings, GROW_LATENT_FRAMES * max(1, math.ceil(latent_frames / GROW_LATENT_FRAMES)))
+    """The layout a played video starts with (room for about 81 frames at once without a window)."""
+    grow = grow_latent_frames(settings)
+    return session_layout(settings, grow * max(1, math.ceil(latent_frames / grow)))

@@ -28,9 +28,9 @@ import torch.nn as nn
 
 from ..wan.control.actions import KeyInputError, KeyTimeline
 from ..wan.dit.model import pad_context
-from ..wan.sampling.fast_sampler import CHUNK_FRAMES, FastRun, context_pass
-from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part,
-                                       first_part_frames, plan_first_part, plan_next_part, start_part)
+from ..wan.sampling.fast_sampler import FastRun, context_pass
+from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
+                                       plan_next_part, start_part)
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from ..wan.vae.streaming import StreamingDecoder, context_latents
 from ..wan.vae.tiny import TinyStreamingDecoder, tiny_context_latents
@@ -39,8 +39,6 @@ from .errors import WorldError
 from .frames import ChunkFrames, ChunkTimes, FixedCondition, to_uint8
 
 log = logging.getLogger(__name__)
-
-CHUNK_VIDEO_FRAMES = VAE_TEMPORAL_STRIDE * CHUNK_FRAMES
 
 
 @dataclass
@@ -98,11 +96,7 @@ class WorldSession:
         self.cancel_check: Optional[Callable[[], bool]] = None
         self.last_times = ChunkTimes()
         self.load_seconds: Optional[float] = None
-        # set by open(): what start() needs to make a video from an image and a prompt
-        self.files = None  # world.files.FastFiles
-        self.world_settings = None  # world.settings.WorldSettings
-        self.format = None  # the Fast model's ExpertFormat
-        self.plan_reason = ""
+        self.opened = None  # world.assembly.Opened, set by open_session: what start() needs
         self._restore = None  # a saved cache to put back when the cache is placed (resume)
         self._unfinished = False  # the last part skipped its final context pass: the video cannot go on
         self._walked = None  # camera_path's walk so far: (pressed keys, poses, intrinsics, end state)
@@ -114,25 +108,14 @@ class WorldSession:
         """The K/V cache of the video (None when none is placed)."""
         return self.kv.cache
 
-    # ---- opening from files (the player's way; the CLI and ComfyUI build the pieces themselves) -------------------
+    # ---- opening from files (world/assembly.open_session: the player's way) -----------------------------------
     @classmethod
     def open(cls, files, settings=None, *, device=None) -> "WorldSession":
-        """Check `files` (a world.files.FastFiles) from their headers, plan the memory for `settings` (a
-        WorldSettings) and load the VAE; the model loads with the first chunk (or `load()`)."""
-        from .opening import planning_size, fast_settings, open_pieces
-        from .settings import WorldSettings
+        """A session of `files` (world.files.WorldFiles) for `settings` (world.settings.WorldSettings): see
+        world.assembly.open_session."""
+        from .assembly import open_session
 
-        settings = settings or WorldSettings()
-        device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
-        pieces = open_pieces(files, settings, device)
-        session = cls(pieces.placement, fast_settings(settings, pieces.fmt, device, *planning_size(settings.size)),
-                      device=device, load_model=pieces.load_model, vae=pieces.vae,
-                      prepare_model=_speed_preparer(settings.speed), speed=settings.speed,
-                      tiny_decoder=pieces.tiny_decoder)
-        session.files, session.world_settings, session.format = files, settings, pieces.fmt
-        session.plan_reason = pieces.plan_reason
-        return session
+        return open_session(files, settings, device=device)
 
     def load(self) -> None:
         """Load the model now (otherwise the first chunk does)."""
@@ -143,15 +126,16 @@ class WorldSession:
     def start(self, image, prompt: str) -> None:
         """A new video from an image (a path or [3, H, W] in [-1, 1]) and a prompt (encoded in a child process,
         cached); its size follows the image's aspect within the settings' pixel budget."""
-        from .opening import fast_settings, load_start_image, start_inputs
+        from .assembly import load_start_image, start_inputs
 
         self._check_open()
-        if self.files is None:
+        if self.opened is None:
             raise WorldError("start() needs a session made by WorldSession.open(); use begin() otherwise")
         pixels = load_start_image(image)
-        h, w, condition, context = start_inputs(self.files, self.world_settings, self.vae, pixels, prompt,
+        opened = self.opened
+        h, w, condition, context = start_inputs(opened.checked.files, opened.settings, self.vae, pixels, prompt,
                                                 self.device)
-        self.begin(condition, context, prompt, fast_settings(self.world_settings, self.format, self.device, h, w))
+        self.begin(condition, context, prompt, opened.video(self.device, h, w))
 
     # ---- saving --------------------------------------------------------------------------------------------------
     def save(self, prefix, *, write_video: Optional[Callable] = None, state: bool = False, fps: int = 16):
@@ -233,9 +217,26 @@ class WorldSession:
     def width(self) -> int:
         return self.settings.width
 
+    @property
+    def chunk_frames(self) -> int:
+        """Latent frames per chunk (the model's recipe: v1 Fast 3, v2 4)."""
+        return self.settings.chunk_frames
+
+    @property
+    def chunk_video_frames(self) -> int:
+        """Video frames a chunk adds after the first (v1 Fast 12, v2 16)."""
+        return self.settings.recipe.chunk_video_frames
+
+    @property
+    def steps_per_chunk(self) -> int:
+        """Denoising calls per chunk: the speed plan's (a preset's 3 or 2), else the model's recipe's."""
+        levers = getattr(self.speed, "levers", None)
+        return levers.steps if levers is not None else self.settings.recipe.steps
+
     def keys_for_next_chunk(self) -> int:
-        """Frames of keys the next chunk takes: 8 for the video's first chunk (its first frame is the image), 12."""
-        return VAE_TEMPORAL_STRIDE * (CHUNK_FRAMES - 1) if self.chunks == 0 else CHUNK_VIDEO_FRAMES
+        """Frames of keys the next chunk takes: for the video's first chunk one latent frame fewer (its first frame
+        is the image: v1 Fast 8, v2 12), then a chunk's (v1 Fast 12, v2 16)."""
+        return VAE_TEMPORAL_STRIDE * (self.chunk_frames - 1) if self.chunks == 0 else self.chunk_video_frames
 
     # ---- planning a part -----------------------------------------------------------------------------------------
     def plan_part(self, source: CameraSource, frames: Optional[int] = None) -> PartPlan:
@@ -326,7 +327,7 @@ class WorldSession:
             if self._unfinished:
                 raise WorldError("the last part skipped its final context pass; the video cannot go on")
             source = CameraSource(keys=timeline, label="keys")
-            frames = first_part_frames(1) if not self.parts else CHUNK_VIDEO_FRAMES
+            frames = self.settings.recipe.first_part_frames(1) if not self.parts else self.chunk_video_frames
             part = self.plan_part(source, frames)
             start_frame = self.frames
             chunk = self.chunks
@@ -446,13 +447,13 @@ class WorldSession:
                 ctx = pad_context([p.state.context], text_len).to(self.device)
                 latent = p.state.latents[-1]
                 for c in range(part.chunks):
-                    sl = slice(c * CHUNK_FRAMES, (c + 1) * CHUNK_FRAMES)
+                    sl = slice(c * self.chunk_frames, (c + 1) * self.chunk_frames)
                     cam = None if part.camera is None else part.camera[:, :, sl].to(self.device)
                     # the call that wrote the chunk's K/V: the context pass on its latent at t = 0, or (a folded
                     # context pass) its last denoising step
                     x, t = p.folded[c] if p.folded else (latent[:, :, sl], 0)
                     context_pass(model, x.to(self.device), ctx, y[:, :, sl].to(self.device), cam, self.cache,
-                                 start + c * CHUNK_FRAMES, timestep=t)
+                                 start + c * self.chunk_frames, timestep=t)
                 start += part.latent_frames
                 before = p.state
         if (self.cache.global_end, self.cache.local_end) != (before.kv_global_end, before.kv_local_end):
@@ -518,7 +519,7 @@ class WorldSession:
             return decoder.decode(z)
 
     def _run_options(self) -> dict:
-        return self.speed.fast_run_options() if self.speed is not None else {}
+        return self.speed.fast_run_options(self.settings.recipe) if self.speed is not None else {}
 
     def _reset_decoder(self) -> None:
         if self.decoder is not None:
@@ -625,11 +626,3 @@ class WorldSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _speed_preparer(speed):
-    if speed is None:
-        return None
-    from ..speed.options import apply_speed
-
-    return lambda model: apply_speed(model, speed)

@@ -16,15 +16,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...loaders.expert_format import ExpertFormat
 from ...memory.kv_placement import FastMemoryError, place_kv_cache
 from ...memory.placement import _gb
 from ...speed.levers import plan_levers
-from ...wan.sampling.fast_sampler import STEP_INDICES
 from ...wan.sampling.fast_state import CameraSource, FastSettings
 from ...wan.sampling.sampler import Cancelled
-from ...world.plan import plan_world_memory, session_layout
+from ...world import assembly
 from ...world.session import WorldSession
+from ...world.settings import WorldSettings
 from .memory import vram_comfy_can_free
 from .payloads import CameraInput, TextEmbeds, VAEHandle
 from .progress import count
@@ -43,7 +42,7 @@ class FastModel:
     """LINGBOT_FAST_MODEL: the Fast model's patcher (loaded on demand by the sampler) and how to place its cache."""
 
     patcher: Any  # ExpertPatcher
-    format: ExpertFormat
+    checked: Any  # world.assembly.Checked: the model's format, registry entry and notes
     weights: str
     kv_cache: str  # "auto" | "gpu" | "host"
     speed: Any = None  # speed.options.SpeedPlan from LingBot Speed Options (None: the exact defaults)
@@ -53,20 +52,33 @@ class FastModel:
 
     @property
     def config(self):
-        return self.format.config
+        return self.checked.config
+
+    @property
+    def format(self):
+        return self.checked.fmt
+
+    @property
+    def entry(self):
+        """The registry model (world/models.py) the loaded weights are."""
+        return self.checked.entry
+
+    def settings(self, **kw) -> WorldSettings:
+        """The world settings of a video of this model (node inputs as keywords)."""
+        return WorldSettings(weights=self.weights, kv_cache=self.kv_cache, speed=self.speed, **kw)
 
 
-def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int = 0) -> str:
+def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int = 0, steps: int = 4) -> str:
     """The Fast nodes' text: what they generate (after the chunk rounding; `so_far` frames before it for a
     continued video), where the model and the K/V cache live, then any adjustment."""
     est = plan.estimates
     if so_far:
         total = so_far + frames.frames
         line = (f"{width}x{height}, {frames.frames} new frames after {so_far} ({total} frames, {total / FPS:.1f} s "
-                f"at {FPS} fps): {count(frames.chunks, 'chunk')} x {len(STEP_INDICES)} steps")
+                f"at {FPS} fps): {count(frames.chunks, 'chunk')} x {steps} steps")
     else:
         line = (f"{width}x{height}, {frames.frames} frames ({frames.frames / FPS:.1f} s at {FPS} fps): "
-                f"{count(frames.chunks, 'chunk')} x {len(STEP_INDICES)} steps")
+                f"{count(frames.chunks, 'chunk')} x {steps} steps")
     if est.get("vram_free") is None:
         where = f"model and K/V cache ({_gb(est['cache_bytes'])}) in RAM (CPU run)"
     elif plan.cache == "gpu":
@@ -92,19 +104,12 @@ def check_text(text: TextEmbeds, cfg) -> None:
 
 def fast_settings(fast_model: FastModel, device, height: int, width: int, seed: int, noise_source: str, rule: str,
                   window: Optional[int], sink: int, max_attention: Optional[int], *, keep: bool,
-                  tiled: bool = False) -> FastSettings:
-    from ...loaders.fast_state_file import model_fingerprint, model_label
-    from ...quant.nf4 import default_compute_dtype
-
-    dtype = torch.bfloat16 if fast_model.weights == "bf16" else default_compute_dtype(device)
-    if fast_model.speed is not None:  # a preset's window cap (draft: 15 latent frames)
-        window = fast_model.speed.fast_window(window)
-    if window is None:  # a sink only exists in a window (Play's default sink 3 with window 0 was refused)
-        sink = 0
-    return FastSettings(height, width, seed, noise_source, rule, window=window, sink=sink, max_attention=max_attention,
-                        weights=fast_model.weights, cache_dtype=str(dtype).replace("torch.", ""),
-                        model=model_fingerprint(fast_model.format) if keep else "",
-                        model_label=model_label(fast_model.format), vae_tiled=tiled)
+                  tiled: bool = False, play: bool = False) -> FastSettings:
+    """The video's settings from the node's inputs (through the world assembly: the model's recipe, window and sink
+    defaults for MODEL_DEFAULT, the speed preset's window cap)."""
+    settings = fast_model.settings(seed=seed, noise=noise_source, rule=rule, window=window, sink=sink,
+                                   max_attention=max_attention, vae_tiled=tiled, play=play)
+    return assembly.video_settings(fast_model.checked, settings, device, height, width, keep=keep)
 
 
 def camera_source(camera: Optional[CameraInput]) -> CameraSource:
@@ -192,36 +197,31 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     VAE's streaming decode, and the VAE is not loaded beside the model."""
     import comfy.model_management as mm
 
-    cfg = fast_model.config
     device = mm.get_torch_device()
     h, w = settings.height, settings.width
     levers = plan_levers(fast_model.speed)
     extra = 0
     if tiny_decoder is not None:
-        from ...world.opening import tiny_bytes
-
-        extra = tiny_bytes(tiny_decoder, h, w)
+        extra = assembly.tiny_bytes(tiny_decoder, h, w)
         preview_vae = None  # the tiny decoder makes every frame: the VAE's weights stay off the card
     elif preview_vae is not None:
         from ...wan.vae.streaming import streaming_decode_bytes
 
         extra = streaming_decode_bytes(preview_vae.model.cfg, h, w, bf16=levers["decode_bf16"])
-    layout = session_layout(settings, latent_frames)
-    if layout.note:
-        log.warning("LingBot-World Fast K/V cache: %s", layout.note)
-    try:  # the World session's planner (world/plan.py), with what ComfyUI can free and the decoder's bytes above
-        plan, _ = plan_world_memory(cfg, layout, device, h, w, weights=fast_model.weights,
-                                    kv_cache=fast_model.kv_cache, with_camera=part.camera is not None,
-                                    stream_decode="on" if extra else "off", decode_bytes=extra or None,
-                                    vram=vram_comfy_can_free(mm, device, fast_model.patcher), **levers)
+    try:  # the world's planner (world/assembly.py), with what ComfyUI can free and the decoder's bytes above
+        plan, _ = assembly.plan_memory(fast_model.checked, settings, device, fast_model.settings(),
+                                       latent_frames=latent_frames, with_camera=part.camera is not None,
+                                       stream_decode="on" if extra else "off", decode_bytes=extra or None,
+                                       vram=vram_comfy_can_free(mm, device, fast_model.patcher))
     except FastMemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
-    log.info("LingBot-World Fast memory plan: %s", plan.reason)
-    summary = fast_summary(part, w, h, plan, [part.note, layout.note], so_far)
-    show(summary)
     placement = ComfyFastPlacement(fast_model, plan, device, preview_vae, extra)
-    return WorldSession(placement, settings, device=device, load_model=placement.load_model,
-                        speed=fast_model.speed, model_lock=fast_model.lock, tiny_decoder=tiny_decoder), summary
+    world = WorldSession(placement, settings, device=device, load_model=placement.load_model,
+                         speed=fast_model.speed, model_lock=fast_model.lock, tiny_decoder=tiny_decoder)
+    summary = fast_summary(part, w, h, plan, [part.note, settings.layout(latent_frames).note], so_far,
+                           world.steps_per_chunk)
+    show(summary)
+    return world, summary
 
 
 def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],
@@ -231,7 +231,7 @@ def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optio
     runs before the cache is freed (ok False when the part stopped). Returns the part's latent (normalised)."""
     import comfy.model_management as mm
 
-    progress = FastProgress(part.chunks * len(STEP_INDICES), world.device, preview_vae if previews else None,
+    progress = FastProgress(part.chunks * world.steps_per_chunk, world.device, preview_vae if previews else None,
                             z_before, previews=previews)
     world.callback = progress.step
     world.cancel_check = mm.processing_interrupted

@@ -12,6 +12,9 @@ Pipeline (one call: `camera_condition`; `camera_geometry` stops before the rays,
   6. per-pixel rays [o, d] with pixel centres at +0.5 (§4.5), packed to [1, 384, F_lat, lat_h, lat_w]
      with channel c = c6*64 + py*8 + px (the DiT's 2x2 patchify then gives the 1536 order of §3).
 
+`form=` picks the float rounding of steps 5-6: "v1" (default, this project's since the v1 releases) or "v2"
+(LingBot-World v2's float32 arithmetic, bit-identical to its cam_utils on the CPU); see camera_forms.py.
+
 Poses are OpenCV camera-to-world matrices (x right, y down, z forward).
 
 Precision of step 4 (`precision=`): the reference casts the resampled poses to float32 and multiplies them in
@@ -33,6 +36,7 @@ import torch
 from einops import rearrange
 
 from ..sizes import VAE_STRIDE, VAE_TEMPORAL_STRIDE, check_frames, latent_size
+from .camera_forms import CAMERA_FORMS, DEFAULT_CAMERA_FORM, directions_v2, scale_intrinsics_v2
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
 
@@ -79,6 +83,7 @@ class CameraGeometry:
     height: int
     width: int
     precision: str = DEFAULT_POSE_PRECISION  # arithmetic of the relative-pose step
+    form: str = DEFAULT_CAMERA_FORM  # float rounding of the intrinsics and rays ('v1' | 'v2', camera_forms.py)
 
     @property
     def latent_frames(self) -> int:
@@ -231,6 +236,13 @@ def check_precision(precision: str) -> torch.dtype:
     return torch.float32 if precision == "float32" else torch.float64
 
 
+def check_form(form: str) -> str:
+    """`form` if it names a camera form ('v1' | 'v2', camera_forms.py); raises CameraInputError otherwise."""
+    if form not in CAMERA_FORMS:
+        raise CameraInputError(f"camera form {form!r}: choose one of {', '.join(CAMERA_FORMS)}")
+    return form
+
+
 def latent_targets(num_frames: int, includes_end_pose: bool = False, count: Optional[int] = None) -> torch.Tensor:
     """Source-pose positions of the latent frames, float64 (spec §4.2; fast-act spec §2, §7).
 
@@ -313,11 +325,15 @@ def relative_poses(c2ws: torch.Tensor, precision: str = DEFAULT_POSE_PRECISION) 
 # ---- intrinsics and rays ---------------------------------------------------------------------------------
 
 
-def scale_intrinsics(intrinsics: ArrayLike, height: int, width: int) -> torch.Tensor:
-    """(fx, fy, cx, cy) rows [..., 4] of a 480x832 calibration rescaled to height x width (spec §4.4), float64.
+def scale_intrinsics(intrinsics: ArrayLike, height: int, width: int, form: str = DEFAULT_CAMERA_FORM) -> torch.Tensor:
+    """(fx, fy, cx, cy) rows [..., 4] of a 480x832 calibration rescaled to height x width (spec §4.4).
 
-    fx, cx scale with width/832 and fy, cy with height/480; there is no crop offset.
+    fx, cx scale with width/832 and fy, cy with height/480; there is no crop offset. form "v1": float64 products
+    (float64 result); "v2": v2's float32 products (float32 result).
     """
+    if check_form(form) == "v2":
+        return scale_intrinsics_v2(torch.as_tensor(np.asarray(intrinsics)), height, width,
+                                   INTRINSICS_HEIGHT, INTRINSICS_WIDTH)
     k = torch.as_tensor(np.asarray(intrinsics), dtype=torch.float64)
     scale = torch.tensor(
         [width / INTRINSICS_WIDTH, height / INTRINSICS_HEIGHT, width / INTRINSICS_WIDTH, height / INTRINSICS_HEIGHT],
@@ -337,8 +353,12 @@ def resample_intrinsics(intrinsics: torch.Tensor, targets: torch.Tensor) -> torc
     return k[lo] + frac * (k[lo + 1] - k[lo])
 
 
-def camera_directions(intrinsics: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Unit ray directions [height, width, 3] in camera axes through the pixel centres (col+0.5, row+0.5)."""
+def camera_directions(intrinsics: torch.Tensor, height: int, width: int, form: str = DEFAULT_CAMERA_FORM) -> torch.Tensor:
+    """Unit ray directions [height, width, 3] float32 in camera axes through the pixel centres (col+0.5, row+0.5).
+
+    form "v1": computed in float64 and rounded; "v2": v2's float32 arithmetic (camera_forms.directions_v2)."""
+    if check_form(form) == "v2":
+        return directions_v2(intrinsics, height, width)
     fx, fy, cx, cy = intrinsics.to(torch.float64).tolist()
     u = (torch.arange(width, dtype=torch.float64) + 0.5 - cx) / fx
     v = (torch.arange(height, dtype=torch.float64) + 0.5 - cy) / fy
@@ -358,18 +378,24 @@ def _per_frame(intrinsics: torch.Tensor, frames: int) -> torch.Tensor:
     return k
 
 
-def plucker_rays(rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def plucker_rays(rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int,
+                 form: str = DEFAULT_CAMERA_FORM) -> torch.Tensor:
     """Unpacked embedding [F, height, width, 6] = [o, d] per pixel (spec §4.5), float32.
 
     rel_poses [F, 4, 4]; intrinsics [4] (shared) or [F, 4] at height x width. o is the frame's (relative)
     camera centre, d = R d_cam the unit ray direction. Memory is F*h*w*6 floats, so use `camera_condition`
-    (which packs frame by frame) for full-size videos.
+    (which packs frame by frame) for full-size videos. form: camera_directions' rounding; "v2" also rotates as
+    v2 does (R @ d over the pixels), "v1" as the v1 reference (d @ R^T).
     """
     ks = _per_frame(intrinsics, rel_poses.shape[0])
     rel = rel_poses.to(torch.float32)
     fields = []
     for f in range(rel.shape[0]):
-        d = camera_directions(ks[f], height, width) @ rel[f, :3, :3].T
+        dirs = camera_directions(ks[f], height, width, form)
+        if form == "v2":
+            d = (rel[f, :3, :3] @ dirs.reshape(-1, 3).T).T.reshape(height, width, 3)
+        else:
+            d = dirs @ rel[f, :3, :3].T
         o = rel[f, :3, 3].expand(height, width, 3)
         fields.append(torch.cat([o, d], dim=-1))
     return torch.stack(fields)
@@ -388,14 +414,16 @@ def pack_plucker(field: torch.Tensor) -> torch.Tensor:
 
 
 def packed_plucker(
-    rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int, origins: bool = True
+    rel_poses: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int, origins: bool = True,
+    form: str = DEFAULT_CAMERA_FORM,
 ) -> torch.Tensor:
     """pack_plucker(plucker_rays(...)) without the F*h*w*6 intermediate: [1, 384, F, h/8, w/8] float32.
 
     The camera-space directions are packed once per distinct intrinsics row ([3, 64*lat_h*lat_w]); each
     frame is then a 3x3 rotation of them plus a constant origin, written straight into the output.
     origins=False leaves the origins out: the ray directions alone, [1, 192, F, h/8, w/8] (the Act tensor's
-    first three channels, fast-act spec §6).
+    first three channels, fast-act spec §6). form: the directions' rounding (camera_directions); the rotation
+    R @ d is the same for both and is v2's to the bit.
     """
     if height % VAE_STRIDE or width % VAE_STRIDE:
         raise ValueError(f"frame size {width}x{height} (width x height) must be a multiple of {VAE_STRIDE} to pack into VAE cells")
@@ -411,7 +439,7 @@ def packed_plucker(
         if dirs_k is None or not torch.equal(ks[f], dirs_k):
             dirs_k = ks[f]
             dirs = rearrange(
-                camera_directions(dirs_k, height, width),
+                camera_directions(dirs_k, height, width, form),
                 "(lh py) (lw px) c -> c (py px lh lw)",
                 py=VAE_STRIDE,
                 px=VAE_STRIDE,
@@ -436,9 +464,11 @@ def camera_geometry(
     includes_end_pose: bool = False,
     precision: str = DEFAULT_POSE_PRECISION,
     latent_frames: Optional[int] = None,
+    form: str = DEFAULT_CAMERA_FORM,
 ) -> CameraGeometry:
     """Steps 1-5 of the conditioning: the poses and intrinsics of each latent frame (see `camera_condition`)."""
     dtype = check_precision(precision)
+    check_form(form)
     path = check_camera(poses, intrinsics, pose_dtype=None)  # float64 key-built paths stay float64
     latent_size(height, width)  # validates the size
     n = path.poses.shape[0]
@@ -464,9 +494,9 @@ def camera_geometry(
             "(enable per-frame intrinsics to follow it)."
         )
     if per_frame_intrinsics:
-        k = scale_intrinsics(resample_intrinsics(used_k, targets), height, width)
+        k = scale_intrinsics(resample_intrinsics(used_k, targets), height, width, form)
     else:
-        k = scale_intrinsics(used_k[:1], height, width).expand(targets.shape[0], 4)
+        k = scale_intrinsics(used_k[:1], height, width, form).expand(targets.shape[0], 4)
 
     latent = resample_poses(used_poses, targets)
     # The reference casts the resampled poses to float32 (`torch.from_numpy(poses).float()`) before the products.
@@ -482,6 +512,7 @@ def camera_geometry(
         height=height,
         width=width,
         precision=precision,
+        form=form,
     )
 
 
@@ -496,6 +527,7 @@ def camera_condition(
     includes_end_pose: bool = False,
     precision: str = DEFAULT_POSE_PRECISION,
     latent_frames: Optional[int] = None,
+    form: str = DEFAULT_CAMERA_FORM,
 ) -> CameraCondition:
     """LingBot camera input for a `frames`-frame video of height x width pixels.
 
@@ -510,10 +542,14 @@ def camera_condition(
     precision: "float32" (default, the reference's arithmetic) or "float64" for the relative-pose step.
     latent_frames: resample the poses at this many latent frames (default (frames-1)//4+1); the Fast model passes
     its chunk-rounded count.
+    form: float rounding of the intrinsics and rays, "v1" (default: this project's, unchanged since the v1
+    releases) or "v2" (LingBot-World v2's float32 arithmetic, bit-identical to its cam_utils on the CPU; the pose
+    processing is the same for both). See camera_forms.py.
     Raises CameraInputError on bad input.
     """
     geo = camera_geometry(poses, intrinsics, height, width, frames, per_frame_intrinsics,
-                          includes_end_pose=includes_end_pose, precision=precision, latent_frames=latent_frames)
+                          includes_end_pose=includes_end_pose, precision=precision, latent_frames=latent_frames,
+                          form=form)
     # The rays come from the relative poses in `precision`; float32 covers the reference's values exactly.
-    plucker = packed_plucker(geo.relative_poses, geo.scaled_intrinsics, height, width)
+    plucker = packed_plucker(geo.relative_poses, geo.scaled_intrinsics, height, width, form=form)
     return CameraCondition(**vars(geo), plucker=plucker)

@@ -20,6 +20,9 @@ exactly the tensor of building it at once for the concatenated input:
 A part of camera files continues from where the video is: its first pose is put on the last latent frame's pose and
 the rest follow relative to it. Keys continue the walk (yaw about the world's vertical, the +-85 deg pitch limit).
 After a reference-rule first part (`record`), the track continues from that part's last latent frame.
+
+`form` ("v1" | "v2", camera_forms.py) is the float rounding of the intrinsics and rays, kept with the track (and in
+its saved state; a state saved before forms existed loads as "v1", what it was made with).
 """
 from __future__ import annotations
 
@@ -33,8 +36,9 @@ import torch
 from ..sizes import VAE_TEMPORAL_STRIDE
 from .act_to_camera import MOVE_PER_FRAME, WalkState, walk
 from .actions import KeyTimeline
-from .camera import (DEFAULT_POSE_PRECISION, CameraGeometry, CameraInputError, check_camera, check_precision,
-                     invert_rigid, packed_plucker, scale_intrinsics)
+from .camera import (DEFAULT_POSE_PRECISION, CameraGeometry, CameraInputError, check_camera, check_form,
+                     check_precision, invert_rigid, packed_plucker, scale_intrinsics)
+from .camera_forms import DEFAULT_CAMERA_FORM
 from .camera_presets import DEFAULT_INTRINSICS
 
 # One latent frame (4 video frames) of walking with one move key: the unit translation of key-driven parts.
@@ -72,9 +76,11 @@ class CameraTrack:
     relative: np.ndarray = field(default_factory=lambda: np.eye(4))  # last latent frame rel. to frame 0 (precision)
     walker: WalkState = field(default_factory=WalkState)  # where the next keys walk from
     intrinsics: np.ndarray = field(default_factory=lambda: np.asarray(DEFAULT_INTRINSICS, dtype=np.float32))
+    form: str = DEFAULT_CAMERA_FORM  # float rounding of the intrinsics and rays (camera_forms.py)
 
     def __post_init__(self):
         check_precision(self.precision)
+        check_form(self.form)
 
     def copy(self) -> "CameraTrack":
         return replace(self, origin=self.origin.copy(), anchor=self.anchor.copy(), relative=self.relative.copy(),
@@ -140,6 +146,7 @@ class CameraTrack:
             raise ValueError("only the first part of a video can follow the reference's rule")
         lat = geometry.latent_poses.to(torch.float64).numpy()
         self.precision = geometry.precision
+        self.form = geometry.form
         self.origin, self.anchor = lat[0].copy(), lat[-1].copy()
         dtype = check_precision(self.precision)
         if lat.shape[0] > 1:
@@ -165,10 +172,10 @@ class CameraTrack:
         if largest > 0:
             steps[:, :3, 3] = steps[:, :3, 3] / largest
         rows = self.intrinsics[None] if rows is None else np.asarray(rows, dtype=np.float32)
-        ks = scale_intrinsics(rows, self.height, self.width).to(torch.float32)
+        ks = scale_intrinsics(rows, self.height, self.width, self.form).to(torch.float32)
         ks = ks.expand(steps.shape[0], 4) if ks.shape[0] == 1 else ks
         steps32 = steps.to(torch.float32)
-        plucker = packed_plucker(steps32, ks.contiguous(), self.height, self.width)
+        plucker = packed_plucker(steps32, ks.contiguous(), self.height, self.width, form=self.form)
         return CameraPart(plucker, steps32, latent.copy(), np.asarray(path, dtype=np.float64),
                           self.intrinsics.copy(), float(largest))
 
@@ -196,7 +203,7 @@ class CameraTrack:
                    "walk_c2w": torch.from_numpy(np.asarray(self.walker.c2w, dtype=np.float64).copy()),
                    "intrinsics": torch.from_numpy(self.intrinsics.astype(np.float32).copy())}
         values = {"height": self.height, "width": self.width, "precision": self.precision,
-                  "latent_frames": self.latent_frames, "walk_pitch": float(self.walker.pitch)}
+                  "latent_frames": self.latent_frames, "walk_pitch": float(self.walker.pitch), "form": self.form}
         return tensors, values
 
     @classmethod
@@ -205,4 +212,4 @@ class CameraTrack:
         return cls(int(values["height"]), int(values["width"]), str(values["precision"]), int(values["latent_frames"]),
                    t["origin"].astype(np.float64), t["anchor"].astype(np.float64), t["relative"].astype(np.float64),
                    WalkState(t["walk_c2w"].astype(np.float64), float(values["walk_pitch"])),
-                   t["intrinsics"].astype(np.float32))
+                   t["intrinsics"].astype(np.float32), str(values.get("form", DEFAULT_CAMERA_FORM)))

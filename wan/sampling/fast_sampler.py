@@ -1,10 +1,10 @@
-"""LingBot-World-Fast: few-step causal generation, chunk by chunk, with a K/V cache (spec Fast §2-4).
+"""The causal (Fast) models: few-step generation, chunk by chunk, with a K/V cache (spec Fast §2-4, v2 §3-5).
 
-The video is denoised in chunks of 3 latent frames. Each chunk takes 4 model calls at the timesteps
-[999, 978, 947, 825] (indices [0, 179, 358, 679] of the 1000-step, shift-10 flow grid), each turning the velocity
-into x0 and re-noising x0 to the next timestep with fresh noise; then one more call at t = 0 on the clean chunk (the
-"context pass") refreshes the chunk's K/V in the cache, so later chunks attend to the clean past. No CFG: one
-forward per call, the text K/V computed once.
+The video is denoised in chunks of a few latent frames (a model's recipe, wan/sampling/recipe.py: v1 Fast 3, v2 4).
+Each chunk takes a few model calls at fixed timesteps of the 1000-step flow grid (v1 Fast: [999, 978, 947, 825],
+indices [0, 179, 358, 679] at shift 10), each turning the velocity into x0 and re-noising x0 to the next timestep
+with fresh noise; then one more call at t = 0 on the clean chunk (the "context pass") refreshes the chunk's K/V in
+the cache, so later chunks attend to the clean past. No CFG: one forward per call, the text K/V computed once.
 
 The run is an explicit object (`FastRun`: next chunk, the cache, the generator, the finished chunks), so it can
 stop after any chunk and continue, and nothing lives in globals. Noise follows the reference's order: the whole
@@ -32,9 +32,6 @@ from .unipc import first_step_index, flow_timesteps
 
 log = logging.getLogger(__name__)
 
-CHUNK_FRAMES = 3  # latent frames per chunk
-STEP_INDICES = (0, 179, 358, 679)  # into the 1000-step grid: timesteps 999, 978, 947, 825
-SHIFT = 10.0  # generate_fast passes the config's shift (the function default 5 is never used)
 NUM_TRAIN_TIMESTEPS = 1000
 NOISE_SOURCES = ("cpu", "cuda")
 
@@ -49,18 +46,20 @@ class FastFrames:
     latent_frames: int  # a multiple of the chunk size
     frames: int  # frames of the output video: 4 * (latent_frames - 1) + 1
     note: Optional[str]  # what changed, for the user; None when the request is produced as asked
+    chunk: int  # latent frames per chunk the rounding used (v1 Fast 3, v2 4)
 
     @property
     def chunks(self) -> int:
-        return self.latent_frames // CHUNK_FRAMES
+        return self.latent_frames // self.chunk
 
 
-def fast_frames(requested: int, num_poses: Optional[int] = None, chunk: int = CHUNK_FRAMES) -> FastFrames:
+def fast_frames(requested: int, num_poses: Optional[int] = None, *, chunk: int) -> FastFrames:
     """Frame rounding of the Fast model.
 
     The request is rounded down to 4n+1 and clipped to what `num_poses` camera poses cover ((N-1)//4*4+1); its
     latent frames (F-1)/4+1 are rounded down to a multiple of the chunk size; the video then has 4*(lat-1)+1
-    frames (81 -> 81, 25 -> 21, 17 -> 9). Raises ValueError when that leaves no chunk.
+    frames (chunk 3: 81 -> 81, 25 -> 21, 17 -> 9; chunk 4: 81 -> 77, 361 -> 349). Raises ValueError when that
+    leaves no chunk.
     """
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
         raise ValueError(f"frame count must be a positive integer, got {requested!r}")
@@ -87,13 +86,14 @@ def fast_frames(requested: int, num_poses: Optional[int] = None, chunk: int = CH
         notes.append(f"the Fast model works in chunks of {chunk} latent frames ({VAE_TEMPORAL_STRIDE * chunk} video "
                      f"frames), so it generates {frames} frames instead of the requested {requested}")
     note = "; ".join(notes)
-    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None)
+    return FastFrames(requested, pose_frames, lat, frames, note[:1].upper() + note[1:] + "." if notes else None,
+                      chunk)
 
 
 # ---- schedule ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FastSchedule:
-    """The four timesteps and the sigmas the x0 and re-noise formulas use (spec Fast §3)."""
+    """A chunk's timesteps and the sigmas the x0 and re-noise formulas use (spec Fast §3; v1 Fast's in comments)."""
 
     timesteps: tuple[int, ...]  # [999, 978, 947, 825]
     x0_indices: tuple[int, ...]  # first grid index with that timestep: [0, 176, 354, 678]
@@ -106,7 +106,7 @@ class FastSchedule:
         return len(self.timesteps)
 
 
-def fast_schedule(step_indices: Sequence[int] = STEP_INDICES, shift: float = SHIFT,
+def fast_schedule(step_indices: Sequence[int], shift: float,
                   num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> FastSchedule:
     """Timesteps of the 1000-step flow grid (the base sampler's `flow_timesteps`) at `step_indices`.
 
@@ -169,7 +169,8 @@ class FastRun:
     """One Fast generation, chunk by chunk. Everything it needs is on the object; `run()` or `next_chunk()`.
 
     model: the causal DiT (a WanDiT built from a Fast config); it is only called, never moved.
-    noise: the whole video's initial noise [1, 16, F_lat, h, w] (F_lat a multiple of 3), from `generator`; None:
+    schedule: the chunk's timesteps (a recipe's `schedule()`); chunk_frames: latent frames per chunk.
+    noise: the whole video's initial noise [1, 16, F_lat, h, w] (F_lat a multiple of the chunk), from `generator`; None:
     each chunk's initial noise is drawn from `generator` when the chunk starts (the length-independent order).
     context: text embeddings [1, text_len, text_dim] (zero-padded). y: I2V conditioning [1, 20, F_lat, h, w].
     camera: Plücker tensor [1, 384, F_lat, h, w] or None (camera layers skipped). noise, y and camera may stay in
@@ -178,7 +179,7 @@ class FastRun:
     the first start_chunk chunks of the video.
     generator: the generator that drew `noise`; the re-noise draws continue from it.
     start_chunk: chunks of the video made before this run (F_lat counts this run's frames only).
-    callback(FastStepInfo) after every denoising call; on_chunk(index, x0 [1,16,3,h,w]) after every chunk.
+    callback(FastStepInfo) after every denoising call; on_chunk(index, x0 [1,16,chunk,h,w]) after every chunk.
     cancel_check() before every model call: True (or raising) stops the run with `Cancelled`.
     final_context: run the last chunk's context pass (it only fills the cache, for a continuation of the video);
     False when nothing will continue it: one model call less, the same latent.
@@ -200,12 +201,12 @@ class FastRun:
         cache: KVCache,
         generator: torch.Generator,
         *,
-        schedule: Optional[FastSchedule] = None,
+        schedule: FastSchedule,
+        chunk_frames: int,
         device=None,
         callback: Optional[Callable[[FastStepInfo], None]] = None,
         on_chunk: Optional[Callable[[int, torch.Tensor], None]] = None,
         cancel_check: Optional[Callable[[], bool]] = None,
-        chunk_frames: int = CHUNK_FRAMES,
         start_chunk: int = 0,
         final_context: bool = True,
         fold_context: bool = False,
@@ -234,7 +235,7 @@ class FastRun:
         self.camera = camera  # may be replaced between chunks (new keys for the rest of the video)
         self.cache = cache
         self.generator = generator
-        self.schedule = schedule or fast_schedule()
+        self.schedule = schedule
         self.callback = callback
         self.on_chunk = on_chunk
         self.cancel_check = cancel_check
@@ -245,7 +246,7 @@ class FastRun:
         self.film = film
         self.latent_channels = int(getattr(getattr(model, "cfg", None), "out_dim", 16))
         self.chunk = 0  # next chunk of this run to generate
-        self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, 3, h, w] float32 on the device
+        self.latents: list[torch.Tensor] = []  # finished chunks, [1, 16, chunk, h, w] float32 on the device
         # With fold_context: per finished chunk, the input and timestep of the call that wrote its final K/V (the
         # last denoising step's), so `context_pass(..., x, timestep=t)` replays it (rebuilding a cache exactly).
         # Without it that call is the context pass on the chunk's latent at t = 0 (nothing extra is kept).
@@ -280,7 +281,7 @@ class FastRun:
         return upload(t[:, :, start:start + self.chunk_frames], self.device)
 
     def next_chunk(self) -> torch.Tensor:
-        """Denoise the next chunk (4 calls + the context pass); returns its x0 [1, 16, 3, h, w] float32."""
+        """Denoise the next chunk (its steps + the context pass); returns its x0 [1, 16, chunk, h, w] float32."""
         if self.done:
             raise RuntimeError(f"all {self.chunks} chunks are done")
         c, s = self.chunk, self.schedule

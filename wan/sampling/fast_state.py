@@ -30,10 +30,11 @@ from ..control.camera_track import CameraTrack
 from ..dit.kv_cache import CacheLayout, cache_layout
 from ..i2v import ConditionTrack
 from ..sizes import VAE_TEMPORAL_STRIDE, latent_size
-from .fast_sampler import CHUNK_FRAMES, FastRun, draw, fast_frames, make_generator
+from .fast_sampler import FastRun, draw, fast_frames, make_generator
+from .recipe import ChunkRecipe
 
 FAST_MODES = ("reference", "continuable")
-CHUNK_VIDEO_FRAMES = VAE_TEMPORAL_STRIDE * CHUNK_FRAMES  # 12 video frames per chunk after the first
+DEFAULT_FRAMES = 81  # a part without a length, keys or a camera: the release's frame_num
 
 
 class StateMismatchError(ValueError):
@@ -61,6 +62,10 @@ class FastSettings:
     compile: str = ""  # the DiT kernels the video was made with: "blocks" / "off" ("" = not recorded)
     speed: str = ""  # the speed preset it was made with ("" = none, or not recorded)
     chunk_steps: int = 0  # denoising calls per chunk it was made with (0 = not recorded)
+    model_name: str = ""  # the registry's name of the model (world/models.py; "" = not recorded)
+    # how the model cuts and denoises its chunks (chunk size, steps, shift, camera form): the model's, recorded so
+    # that a continuation runs the same recipe
+    recipe: ChunkRecipe = field(kw_only=True)
 
     def __post_init__(self):
         if self.mode not in FAST_MODES:
@@ -75,7 +80,7 @@ class FastSettings:
 
     def layout(self, latent_frames: int) -> CacheLayout:
         """The cache of a video of `latent_frames` (the whole video so far plus the next part)."""
-        return cache_layout(latent_frames, self.frame_tokens, CHUNK_FRAMES, window_frames=self.window,
+        return cache_layout(latent_frames, self.frame_tokens, self.chunk_frames, window_frames=self.window,
                             sink_frames=self.sink, max_attention=self.max_attention)
 
     @property
@@ -83,13 +88,28 @@ class FastSettings:
         """Whether the cache drops old tokens at some length (a window or max attention)."""
         return self.window is not None or self.max_attention is not None
 
+    @property
+    def chunk_frames(self) -> int:
+        return self.recipe.chunk_frames
+
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["recipe"] = self.recipe.to_json()
+        return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "FastSettings":
+    def from_json(cls, d: dict, legacy_recipe: Optional[ChunkRecipe] = None) -> "FastSettings":
+        """From `to_json`. A state written before the recipe was recorded has none: `legacy_recipe` is the one its
+        model used (the caller knows which model wrote such files)."""
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kw = {k: v for k, v in d.items() if k in known}
+        if "recipe" in kw:
+            kw["recipe"] = ChunkRecipe.from_json(kw["recipe"])
+        elif legacy_recipe is not None:
+            kw["recipe"] = legacy_recipe
+        else:
+            raise StateMismatchError("the state records no chunk recipe (chunk size, steps, shift)")
+        return cls(**kw)
 
     def check_continue(self, here: "FastSettings", source: str = "the state") -> None:
         """Refuse (one line naming the difference and the fix) to continue `self` with the settings `here`."""
@@ -102,6 +122,9 @@ class FastSettings:
             if a != b:
                 raise StateMismatchError(f"{source} was made with {name} {a}, this run uses {b}: the continuation would "
                                          f"not be the same video; use {fix} as when it was started")
+        if self.recipe != here.recipe:
+            raise StateMismatchError(f"{source} was made with {self.recipe.describe()}; this model makes "
+                                     f"{here.recipe.describe()}: continue it with the model it was started with")
         if (self.height, self.width) != (here.height, here.width):
             raise StateMismatchError(f"{source} is a {self.width}x{self.height} video; this run is {here.width}x"
                                      f"{here.height}: a continuation keeps the size it was started with")
@@ -126,7 +149,7 @@ class FastState:
 
     @property
     def latent_frames(self) -> int:
-        return self.chunks * CHUNK_FRAMES
+        return self.chunks * self.settings.chunk_frames
 
     @property
     def frames(self) -> int:
@@ -170,7 +193,7 @@ class PartPlan:
 
     chunks: int
     frames: int  # video frames the part adds
-    camera: Optional[torch.Tensor]  # [1, 384, 3 * chunks, lat_h, lat_w] or None
+    camera: Optional[torch.Tensor]  # [1, 384, chunk * chunks, lat_h, lat_w] or None
     track: CameraTrack
     has_camera: bool
     keys: Optional[KeyTimeline] = None  # the keys used (padded), for the picture
@@ -178,140 +201,155 @@ class PartPlan:
     intrinsics: Optional[np.ndarray] = None
     note: Optional[str] = None
     requested: Optional[int] = None
+    chunk_frames: int = field(kw_only=True)  # latent frames per chunk (the model's recipe)
 
     @property
     def latent_frames(self) -> int:
-        return self.chunks * CHUNK_FRAMES
+        return self.chunks * self.chunk_frames
 
 
-def first_part_frames(chunks: int) -> int:
-    return VAE_TEMPORAL_STRIDE * (chunks * CHUNK_FRAMES - 1) + 1
+def camera_track(settings: FastSettings) -> CameraTrack:
+    """An empty camera track for a video of these settings (its size, camera arithmetic and the model's form)."""
+    return CameraTrack(settings.height, settings.width, settings.precision, form=settings.recipe.camera_form)
 
 
 def plan_first_part(source: CameraSource, frames: Optional[int], settings: FastSettings) -> PartPlan:
-    """The first part of a video: `frames` requested (None: as long as the keys / 81), by the settings' rule."""
-    track = CameraTrack(settings.height, settings.width, settings.precision)
+    """The first part of a video: `frames` requested (None: as long as the keys / 81), by the settings' rule and the
+    model's recipe (chunk size, camera form)."""
+    track = camera_track(settings)
+    r = settings.recipe
+    chunk, per_chunk = r.chunk_frames, r.chunk_video_frames
     if settings.mode == "reference":
         return _reference_first(source, frames, settings, track)
     if source.kind == "keys":
         k = source.keys
         label = source.label or "keys"
-        chunks = max(1, math.ceil((k.frames + VAE_TEMPORAL_STRIDE) / CHUNK_VIDEO_FRAMES))  # keys for frames 1..F-1
+        chunks = max(1, math.ceil((k.frames + VAE_TEMPORAL_STRIDE) / per_chunk))  # keys for frames 1..F-1
         notes = []
         if frames is not None:
-            want = fast_frames(frames)
+            want = fast_frames(frames, chunk=chunk)
             if want.chunks < chunks:
                 used = track.keys_needed(want.latent_frames)
                 if k.pressed[used:].any() and not source.from_file:
-                    notes.append(f"{label}: {k.frames} frames of keys need {first_part_frames(chunks)} frames (the "
+                    notes.append(f"{label}: {k.frames} frames of keys need {r.first_part_frames(chunks)} frames (the "
                                  f"keys of frame j move the camera into frame j+1); the video has {want.frames}, so "
                                  f"the last {k.frames - used} frame(s) of keys are not used")
                 k = k[:used]
             elif want.note:
                 notes.append(want.note)
             chunks = want.chunks
-        need = track.keys_needed(chunks * CHUNK_FRAMES)
+        need = track.keys_needed(chunks * chunk)
         if k.frames < need:
             notes.append(f"{label}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) without keys "
-                         f"to whole chunks ({first_part_frames(chunks)} frames)")
+                         f"to whole chunks ({r.first_part_frames(chunks)} frames)")
             k = k.padded(need)
-        part = track.keys(k, chunks * CHUNK_FRAMES, source.intrinsics)
-        return PartPlan(chunks, first_part_frames(chunks), part.plucker, track, True, k, part.path, part.intrinsics,
-                        " ".join(notes) or None, frames)
+        part = track.keys(k, chunks * chunk, source.intrinsics)
+        return PartPlan(chunks, r.first_part_frames(chunks), part.plucker, track, True, k, part.path, part.intrinsics,
+                        " ".join(notes) or None, frames, chunk_frames=chunk)
     if source.kind == "camera":
         n = source.poses.shape[0]
-        plan = fast_frames(frames if frames is not None else n, n)
+        plan = fast_frames(frames if frames is not None else n, n, chunk=chunk)
         part = track.poses(source.poses, source.intrinsics, plan.latent_frames, source.per_frame_intrinsics,
                            source.label or "camera")
         return PartPlan(plan.chunks, plan.frames, part.plucker, track, True, None, part.path, part.intrinsics,
-                        plan.note, frames)
-    plan = fast_frames(frames if frames is not None else 81)
+                        plan.note, frames, chunk_frames=chunk)
+    plan = fast_frames(frames if frames is not None else DEFAULT_FRAMES, chunk=chunk)
     track.skip(plan.latent_frames)
-    return PartPlan(plan.chunks, plan.frames, None, track, False, note=plan.note, requested=frames)
+    return PartPlan(plan.chunks, plan.frames, None, track, False, note=plan.note, requested=frames,
+                    chunk_frames=chunk)
 
 
 def _reference_first(source: CameraSource, frames: Optional[int], settings: FastSettings,
                      track: CameraTrack) -> PartPlan:
     """The released pipeline's camera for the first part, and the track it leaves behind."""
     h, w = settings.height, settings.width
+    chunk = settings.chunk_frames
+    form = settings.recipe.camera_form
     if source.kind == "keys":
         keys, video_frames, note = keys_for_video(source.keys, frames, source=source.label or "keys",
                                                   from_file=source.from_file)
         path, end = keys_to_camera(keys, source.intrinsics)
-        plan = fast_frames(video_frames)
+        plan = fast_frames(video_frames, chunk=chunk)
         cond = camera_condition(path.poses, path.intrinsics, h, w, plan.pose_frames, includes_end_pose=True,
-                                precision=settings.precision, latent_frames=plan.latent_frames)
+                                precision=settings.precision, latent_frames=plan.latent_frames, form=form)
         track.record(cond, end)
         notes = [n for n in (note, plan.note) if n]
         return PartPlan(plan.chunks, plan.frames, cond.plucker, track, True, keys, np.asarray(path.poses),
-                        np.asarray(path.intrinsics[0]), " ".join(notes) or None, frames)
+                        np.asarray(path.intrinsics[0]), " ".join(notes) or None, frames, chunk_frames=chunk)
     if source.kind == "camera":
-        plan = fast_frames(frames if frames is not None else 81, source.poses.shape[0])
+        plan = fast_frames(frames if frames is not None else DEFAULT_FRAMES, source.poses.shape[0], chunk=chunk)
         cond = camera_condition(source.poses, source.intrinsics, h, w, plan.pose_frames,
                                 per_frame_intrinsics=source.per_frame_intrinsics, precision=settings.precision,
-                                latent_frames=plan.latent_frames)
+                                latent_frames=plan.latent_frames, form=form)
         track.record(cond)
         notes = [n for n in (cond.message, plan.note) if n]
         return PartPlan(plan.chunks, plan.frames, cond.plucker, track, True, None, cond.poses.numpy().astype(np.float64),
-                        cond.intrinsics[0].numpy(), " ".join(notes) or None, frames)
-    plan = fast_frames(frames if frames is not None else 81)
+                        cond.intrinsics[0].numpy(), " ".join(notes) or None, frames, chunk_frames=chunk)
+    plan = fast_frames(frames if frames is not None else DEFAULT_FRAMES, chunk=chunk)
     track.skip(plan.latent_frames)
-    return PartPlan(plan.chunks, plan.frames, None, track, False, note=plan.note, requested=frames)
+    return PartPlan(plan.chunks, plan.frames, None, track, False, note=plan.note, requested=frames,
+                    chunk_frames=chunk)
 
 
 def plan_next_part(state: FastState, source: CameraSource, frames: Optional[int] = None) -> PartPlan:
-    """The next part of a video (12 video frames per chunk): as long as the keys or the camera, or `frames` (rounded
-    down to whole chunks; without keys or camera one chunk). Without input a video steered so far stands still."""
+    """The next part of a video (4 video frames per latent frame of a chunk): as long as the keys or the camera, or
+    `frames` (rounded down to whole chunks; without keys or camera one chunk). Without input a video steered so far
+    stands still."""
     track = state.camera.copy()
+    chunk = state.settings.chunk_frames
+    per_chunk = state.settings.recipe.chunk_video_frames
     want = None
     if frames is not None:
-        if frames < CHUNK_VIDEO_FRAMES:
+        if frames < per_chunk:
             raise ValueError(f"{frames} new frames are less than one chunk: a continuation adds "
-                             f"{CHUNK_VIDEO_FRAMES} frames per chunk (3 latent frames)")
-        want = frames // CHUNK_VIDEO_FRAMES
+                             f"{per_chunk} frames per chunk ({chunk} latent frames)")
+        want = frames // per_chunk
     note = None
-    if want is not None and want * CHUNK_VIDEO_FRAMES != frames:
-        note = f"{frames} new frames are {frames / CHUNK_VIDEO_FRAMES:.2f} chunks; making {want} ({want * CHUNK_VIDEO_FRAMES} frames)"
+    if want is not None and want * per_chunk != frames:
+        note = (f"{frames} new frames are {frames / per_chunk:.2f} chunks; making {want} ({want * per_chunk} "
+                f"frames)")
     if source.kind == "keys":
         k = source.keys
-        chunks = max(1, math.ceil(k.frames / CHUNK_VIDEO_FRAMES))
+        chunks = max(1, math.ceil(k.frames / per_chunk))
         if want is not None:
             if want < chunks:
-                used = want * CHUNK_VIDEO_FRAMES
+                used = want * per_chunk
                 if k.pressed[used:].any() and not source.from_file:
                     note = (f"{source.label or 'keys'}: {k.frames} frames of keys, {frames} new frames asked for: "
                             f"the last {k.frames - used} frame(s) of keys are not used")
                 k = k[:used]
             chunks = want
-        need = chunks * CHUNK_VIDEO_FRAMES
+        need = chunks * per_chunk
         if k.frames < need:
             note = (f"{source.label or 'keys'}: {k.frames} frames of keys, padded with {need - k.frames} frame(s) "
                     f"without keys to whole chunks ({need} frames)")
             k = k.padded(need)
-        part = track.keys(k, chunks * CHUNK_FRAMES, source.intrinsics)
-        return PartPlan(chunks, need, part.plucker, track, True, k, part.path, part.intrinsics, note, frames)
+        part = track.keys(k, chunks * chunk, source.intrinsics)
+        return PartPlan(chunks, need, part.plucker, track, True, k, part.path, part.intrinsics, note, frames,
+                        chunk_frames=chunk)
     if source.kind == "camera":
         n = source.poses.shape[0]
-        chunks = (n - 1) // CHUNK_VIDEO_FRAMES
+        chunks = (n - 1) // per_chunk
         if chunks < 1:
             raise CameraInputError(f"{source.label or 'camera'}: {n} poses cover {n - 1} frames; a continuation needs "
-                                   f"{CHUNK_VIDEO_FRAMES + 1} poses per chunk (the first is where the video is now)")
+                                   f"{per_chunk + 1} poses per chunk (the first is where the video is now)")
         if want is not None and want < chunks:
             chunks = want
         elif want is not None and want > chunks:
-            note = (f"{source.label or 'camera'}: {n} poses cover {chunks} chunk(s) ({chunks * CHUNK_VIDEO_FRAMES} "
+            note = (f"{source.label or 'camera'}: {n} poses cover {chunks} chunk(s) ({chunks * per_chunk} "
                     f"frames), not the {frames} asked for")
-        part = track.poses(source.poses, source.intrinsics, chunks * CHUNK_FRAMES, source.per_frame_intrinsics,
+        part = track.poses(source.poses, source.intrinsics, chunks * chunk, source.per_frame_intrinsics,
                            source.label or "camera")
-        return PartPlan(chunks, chunks * CHUNK_VIDEO_FRAMES, part.plucker, track, True, None, part.path,
-                        part.intrinsics, note, frames)
+        return PartPlan(chunks, chunks * per_chunk, part.plucker, track, True, None, part.path,
+                        part.intrinsics, note, frames, chunk_frames=chunk)
     chunks = want or 1
     if state.has_camera:
-        part = track.still(chunks * CHUNK_FRAMES)
-        return PartPlan(chunks, chunks * CHUNK_VIDEO_FRAMES, part.plucker, track, True,
-                        KeyTimeline.none(chunks * CHUNK_VIDEO_FRAMES), part.path, part.intrinsics, note, frames)
-    track.skip(chunks * CHUNK_FRAMES)
-    return PartPlan(chunks, chunks * CHUNK_VIDEO_FRAMES, None, track, False, note=note, requested=frames)
+        part = track.still(chunks * chunk)
+        return PartPlan(chunks, chunks * per_chunk, part.plucker, track, True, KeyTimeline.none(chunks * per_chunk),
+                        part.path, part.intrinsics, note, frames, chunk_frames=chunk)
+    track.skip(chunks * chunk)
+    return PartPlan(chunks, chunks * per_chunk, None, track, False, note=note, requested=frames,
+                    chunk_frames=chunk)
 
 
 # ---- running a part -----------------------------------------------------------------------------------------
@@ -319,8 +357,10 @@ def start_part(model, plan: PartPlan, settings: FastSettings, y: torch.Tensor, c
                state: Optional[FastState] = None, *, device=None, **run_kw) -> FastRun:
     """The FastRun of a part: the first part (state None) or the next part of `state` (cache restored already).
 
-    y: the part's I2V conditioning [1, 20, 3 * chunks, h, w]; context: [1, text_len, dim] (padded).
+    y: the part's I2V conditioning [1, 20, chunk * chunks, h, w]; context: [1, text_len, dim] (padded).
+    run_kw: FastRun's options; its schedule is the recipe's unless the speed levers give another (fewer steps).
     """
+    run_kw = {"schedule": settings.recipe.schedule(), "chunk_frames": settings.chunk_frames, **run_kw}
     if y.shape[2] != plan.latent_frames:
         raise ValueError(f"conditioning of {y.shape[2]} latent frames for a part of {plan.latent_frames}")
     if state is None:

@@ -1,4 +1,4 @@
-"""The CLI's text stage: the prompts' encoding starts first, and the steps that load the models run beside it
+"""The text stage of a world's start-up (the CLI's, base and causal models): the prompts' encoding starts first, and the steps that load the models run beside it
 where VRAM allows (memory/overlap.py decides), so the encoder's seconds hide behind the VAE encode and the DiT
 load instead of adding to them. One process only; under torchrun rank 0 encodes first, as before.
 
@@ -9,26 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from ..memory.overlap import OverlapPlan, Step, plan_overlap
+from .settings import TextSettings
 
 ENCODE_STEP = "the image's VAE encode"
-
-
-@dataclass(frozen=True)
-class TextFlags:
-    """The text encoder's flags: --t5-device, --cache-dir, --no-text-cache (use_cache), --t5-timeout, and whether
-    --overlap lets the encoder run beside the other start-up steps."""
-
-    device: str = "auto"
-    cache_dir: Optional[Path] = None
-    use_cache: bool = True
-    timeout: Optional[float] = None
-    overlap: bool = True
 
 
 def vae_encode_step(vae_cfg, height: int, width: int, frames: int, tiled: bool, keeps_vae: bool) -> Step:
@@ -104,7 +92,7 @@ class TextPlan:
                          job=BackgroundEncoding(lambda cancel_check: self.encode(self.t5_device, cancel_check)))
 
 
-def plan(text: TextFlags, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, *,
+def plan(text: TextSettings, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, *,
          host_bytes: int = 0, ram_free: Optional[int] = None) -> TextPlan:
     """Encode `prompts` (files.t5 / files.tokenizer, the CLI's --t5-* and cache flags): at once, or in the
     background when the encoder runs on this process's GPU and at least the first step fits beside it.
@@ -133,7 +121,7 @@ def plan(text: TextFlags, files, prompts: Sequence[str], device: torch.device, s
     return TextPlan(overlap, "background" if overlap.beside else "first", t5_device, encode, session)
 
 
-def start(text: TextFlags, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, log,
+def start(text: TextSettings, files, prompts: Sequence[str], device: torch.device, steps: Sequence[Step], session, log,
           **kw) -> TextStage:
     """plan(...).start(log)."""
     return plan(text, files, prompts, device, steps, session, **kw).start(log)

@@ -1,4 +1,4 @@
-"""The Fast model's load in the CLI: in turn, or on a thread beside the image's VAE encode.
+"""A causal model's load at start-up (the CLI's): in turn, or on a thread beside the image's VAE encode.
 
 The load is disk reads and host-to-GPU copies; the VAE encode is GPU compute. When the memory planner
 (memory/overlap.py) admits both at once, `ModelLoad.start()` runs the load on a thread with its own CUDA stream
