@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from ..wan.dit.model import DiTConfig
+from .bench_models import spec_recipe
 from .bench_pipeline import apply_cap, bench_config, random_experts, sync, timed_forwards
 from .common import (
     CaseLoop,
@@ -92,9 +93,11 @@ TINY_VIDEO = {"fast": (33, 64, 112), "long": (57, 64, 112)}
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------------
-def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frames: int, vae=None, seed: int = 0) -> dict:
+def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frames: int, vae=None, seed: int = 0,
+                camera_form: str = "v1") -> dict:
     """y (mask + a random latent, or the VAE encode of a random first frame when `vae` is given), a preset camera at
-    the chunk-rounded latent frames, random bf16 text; the encode time when measured."""
+    the chunk-rounded latent frames in the model's float order (`camera_form`, its recipe's), random bf16 text; the
+    encode time when measured."""
     from ..wan.control.camera import camera_condition
     from ..wan.control.camera_presets import preset_camera
     from ..wan.i2v import build_i2v_condition, first_frame_mask
@@ -118,7 +121,7 @@ def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frame
         y = torch.cat([first_frame_mask(latent_frames, lat_h, lat_w)[None], latent], dim=1)
     path = preset_camera("dolly_in+pan_right", frames=frames)
     cam = camera_condition(path.poses, path.intrinsics, h, w, ((frames - 1) // 4) * 4 + 1,
-                           latent_frames=latent_frames).plucker
+                           latent_frames=latent_frames, form=camera_form).plucker
     ctx = (0.2 * torch.randn(1, cfg.text_len, cfg.text_dim, generator=g)).to(torch.bfloat16)
     out.update(y=y.cpu(), camera=cam, ctx=ctx.to(device))  # y and camera sliced per chunk by FastRun, as the CLI
     return out
@@ -126,8 +129,9 @@ def fast_inputs(video: tuple, cfg: DiTConfig, device: torch.device, latent_frame
 
 # ---- children ----------------------------------------------------------------------------------------------------
 def child_start(spec: dict):
-    """What every Fast child does first: its device (capped as the spec says), the config and the video's frames.
-    Returns (device, cuda, cfg, FastFrames, h, w, out) with `out` holding the cap and the frame counts."""
+    """What every Fast child does first: its device (capped as the spec says), the config and the video's frames
+    in chunks of the spec's recipe. Returns (device, cuda, cfg, FastFrames, h, w, out) with `out` holding the cap
+    and the frame counts."""
     from ..wan.sampling.fast_sampler import fast_frames
 
     device = torch.device(spec["device"])
@@ -137,7 +141,7 @@ def child_start(spec: dict):
         torch.empty(1, device=device)
     cfg = DiTConfig.from_json(spec["config"])
     frames, h, w = spec["video"]
-    fr = fast_frames(frames)
+    fr = fast_frames(frames, chunk=spec_recipe(spec).chunk_frames)
     out.update(frames=fr.frames, latent_frames=fr.latent_frames, chunks=fr.chunks)
     return device, cuda, cfg, fr, h, w, out
 
@@ -197,8 +201,10 @@ def child_fast(spec: dict) -> dict:
         gen = make_generator(42, "cuda" if cuda else "cpu")
         noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
         # as `generate --model fast` runs it without --save-state: no context pass after the last chunk
+        recipe = spec_recipe(spec)
         run = FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
-                      on_chunk=on_chunk, final_context=False, film=plan.make_film(device))
+                      on_chunk=on_chunk, final_context=False, film=plan.make_film(device),
+                      schedule=recipe.schedule(), chunk_frames=recipe.chunk_frames)
         if spec.get("profile"):
             out["profile"] = profile_chunk(run, device)
             out["stream"] = placement.placement.stats() if placement.placement else None

@@ -16,6 +16,16 @@ copy rate measured here (the 24 GB plan streams the cache and FiLM from RAM besi
 
     python -m lingbot_world.bench.bench_floor --measured bench/results/fast_chunk_today_h200.json \\
         --out bench/results/chunk_floor_h200.json     # about a minute; GPU only
+
+The v2 models (`--model`, bench_models.py): chunks of 4 latent frames (6,240 query tokens at 480x832), the
+77-frame video's 5 chunks, the play window 18 + sink 6 (the 5th chunk attends to 18 frames; `draft` caps it at 15);
+the 1.3B is 1536 wide with 12 heads of 128, 30 blocks, FFN 8960. Issue 48's targets where it has one (the exact
+row against `auto`'s, `draft_steps2_tiny_vae`); --measured must be a bench_fast_speed JSON of the same model:
+
+    python -m lingbot_world.bench.bench_floor --model v2-1.3b --measured bench/results/v2_1.3b_chunk_h200.json \\
+        --out bench/results/v2_1.3b_floor_h200.json
+    python -m lingbot_world.bench.bench_floor --model v2-14b --measured bench/results/v2_14b_chunk_h200.json \\
+        --out bench/results/v2_14b_floor_h200.json
 """
 from __future__ import annotations
 
@@ -32,9 +42,30 @@ from ..speed.levers import ChunkLevers
 from ..speed.presets import DRAFT_LEVERS
 from ..wan.dit.model import DiTConfig
 from . import chunk_work as cw
+from .bench_models import BenchModel, add_model_argument, parse_model
+from .fast_speed_cases import TARGETS
 
-HEIGHT, WIDTH, LATENT_FRAMES, WINDOW = 480, 832, 21, 21  # 81 frames; window 21 + sink 3
+HEIGHT, WIDTH, LATENT_FRAMES, WINDOW = 480, 832, 21, 21  # v1 Fast: 81 frames; window 21 + sink 3
 FRAME_TOKENS = (HEIGHT // 16) * (WIDTH // 16)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The video whose chunks the floor sums: its latent frames, the K/V window, the chunk size, the model."""
+
+    model: str = "v1-fast"
+    latent_frames: int = LATENT_FRAMES
+    window: int = WINDOW
+    chunk_frames: int = 3
+    frame_tokens: int = FRAME_TOKENS
+
+    @classmethod
+    def of(cls, bm: BenchModel) -> "Geometry":
+        h, w = bm.size
+        return cls(bm.name, bm.latent_frames, bm.window, bm.chunk_frames, (h // 16) * (w // 16))
+
+
+V1 = Geometry()
 # Dense tensor-core peaks, TFLOP/s (NVIDIA H100 SXM5 / H200 datasheets: the same arithmetic).
 PEAKS = {"H100": {"bf16": 989.0, "fp8": 1979.0}, "H200": {"bf16": 989.0, "fp8": 1979.0}}
 
@@ -65,17 +96,25 @@ ROWS = [
 ]
 
 
-def row_video(row: Row, cfg: DiTConfig) -> list[cw.Work]:
-    return cw.video_work(cfg, FRAME_TOKENS, LATENT_FRAMES, steps=row.levers.steps,
-                         fold_context=row.levers.fold_context,
-                         window_frames=row.levers.window(WINDOW, LATENT_FRAMES), shards=row.shards)
+def row_target(row: Row, geo: Geometry) -> Optional[float]:
+    """The row's target: issue 26's for v1 Fast; for another model its bench_fast_speed target of the measured
+    case (one GPU only; None where the model has none)."""
+    if geo.model == "v1-fast":
+        return row.target_s
+    return TARGETS.get(geo.model, {}).get(row.measured) if row.shards == 1 else None
 
 
-def row_rolled(row: Row, cfg: DiTConfig) -> cw.Work:
+def row_video(row: Row, cfg: DiTConfig, geo: Geometry = V1) -> list[cw.Work]:
+    return cw.video_work(cfg, geo.frame_tokens, geo.latent_frames, chunk_frames=geo.chunk_frames,
+                         steps=row.levers.steps, fold_context=row.levers.fold_context,
+                         window_frames=row.levers.window(geo.window, geo.latent_frames), shards=row.shards)
+
+
+def row_rolled(row: Row, cfg: DiTConfig, geo: Geometry = V1) -> cw.Work:
     """A played chunk's work once the window is full (every later chunk makes the same calls)."""
-    window = row.levers.window(WINDOW)
-    return cw.chunk_work(cfg, FRAME_TOKENS, window, steps=row.levers.steps, fold_context=row.levers.fold_context,
-                         window_frames=window, shards=row.shards)
+    window = row.levers.window(geo.window)
+    return cw.chunk_work(cfg, geo.frame_tokens, window, chunk_frames=geo.chunk_frames, steps=row.levers.steps,
+                         fold_context=row.levers.fold_context, window_frames=window, shards=row.shards)
 
 
 def fp8_gemm_applies(m: int, n: int, k: int) -> bool:
@@ -148,19 +187,20 @@ def peak_seconds(f: Floor, row: Row, peaks: Optional[dict]) -> Optional[float]:
 
 
 def summarize(cfg: DiTConfig, ms: dict[str, float], measured: dict, h2d_gbps: Optional[float],
-              peaks: Optional[dict]) -> dict:
-    """Each row's floor (seconds per chunk, the 81-frame video's mean and a rolled chunk's), and beside it the
-    measured case's DiT time, decode and link bytes; `reachable` is whether the floor plus the decode (and the
-    link, where it is longer than the kernels) stays within the target."""
+              peaks: Optional[dict], geo: Geometry = V1) -> dict:
+    """Each row's floor (seconds per chunk, the video's mean and a rolled chunk's), and beside it the measured
+    case's DiT time, decode and link bytes; `reachable` is whether the floor plus the decode (and the link, where
+    it is longer than the kernels) stays within the target (None: the row has no target)."""
     out = {}
     for row in ROWS:
-        video = mean_floor(row_video(row, cfg), row, cfg.text_len, ms)
-        rolled = chunk_floor(row_rolled(row, cfg), row, cfg.text_len, ms)
+        video = mean_floor(row_video(row, cfg, geo), row, cfg.text_len, ms)
+        rolled = chunk_floor(row_rolled(row, cfg, geo), row, cfg.text_len, ms)
         case = measured.get(row.measured or "", {})
         decode_case = measured.get(row.measured or row.decode_of or "", {})
-        r = {"target_s": row.target_s, "gemm": row.gemm, "attention": row.attention, "shards": row.shards,
+        target = row_target(row, geo)
+        r = {"target_s": target, "gemm": row.gemm, "attention": row.attention, "shards": row.shards,
              "steps": row.levers.steps, "fold_context": row.levers.fold_context,
-             "window_frames": row.levers.window(WINDOW, LATENT_FRAMES), "note": row.note,
+             "window_frames": row.levers.window(geo.window, geo.latent_frames), "note": row.note,
              "gemm_s": round(video.gemm_s, 4), "attention_s": round(video.attention_s, 4),
              "kernels_s": round(video.kernels_s, 4), "tflop": round((video.gemm_flops + video.attention_flops) / 1e12, 1),
              "rolled_kernels_s": round(rolled.kernels_s, 4)}
@@ -181,7 +221,7 @@ def summarize(cfg: DiTConfig, ms: dict[str, float], measured: dict, h2d_gbps: Op
         if decode is not None:
             r["decode_s"] = decode
             r["floor_s"] = round(max(video.kernels_s, link or 0.0) + decode, 4)
-            r["reachable"] = r["floor_s"] <= row.target_s
+            r["reachable"] = None if target is None else r["floor_s"] <= target
         out[row.name] = r
     return out
 
@@ -221,17 +261,22 @@ def _attention_calls(lq: int, lk: int, heads: int, kind: str) -> dict[str, Calla
     return calls
 
 
-def time_shapes(cfg: DiTConfig, iters: int) -> tuple[dict[str, float], dict[str, dict]]:
+def needed_shapes(cfg: DiTConfig, geo: Geometry = V1) -> dict[str, object]:
+    """Every distinct GEMM and attention shape the rows' chunks make, by timing key (one call of each)."""
+    needed: dict[str, object] = {}
+    for row in ROWS:
+        for work in row_video(row, cfg, geo) + [row_rolled(row, cfg, geo)]:
+            for key, w in work_keys(work, row, cfg.text_len):
+                needed.setdefault(key, w)
+    return needed
+
+
+def time_shapes(cfg: DiTConfig, iters: int, geo: Geometry = V1) -> tuple[dict[str, float], dict[str, dict]]:
     """ms per call of every distinct shape the rows need (attention: the fastest kernel of its kind)."""
     from .common import cuda_ms
 
-    needed: dict[str, object] = {}
-    for row in ROWS:
-        for work in row_video(row, cfg) + [row_rolled(row, cfg)]:
-            for key, w in work_keys(work, row, cfg.text_len):
-                needed.setdefault(key, w)
     ms, detail = {}, {}
-    for key, w in needed.items():
+    for key, w in needed_shapes(cfg, geo).items():
         if isinstance(w, cw.Gemm):
             ms[key] = cuda_ms(_gemm_call(*w.shape, key.rsplit(" ", 1)[1]), iters)
             detail[key] = {"ms": round(ms[key], 4), "tflops": round(2 * w.m * w.n * w.k / ms[key] / 1e9, 1)}
@@ -261,25 +306,52 @@ def machine_peaks(name: str) -> Optional[dict]:
     return next((p for key, p in PEAKS.items() if key in name), None)
 
 
-def measured_cases(path: Optional[str]) -> dict:
+def measured_cases(path: Optional[str], model: str = "v1-fast") -> dict:
+    """The summary of a bench_fast_speed JSON of `model` (ValueError for another model's: results written before
+    --model are v1 Fast's)."""
     if not path:
         return {}
     with open(path) as f:
-        return json.load(f).get("summary", {})
+        res = json.load(f)
+    if res.get("model", "v1-fast") != model:
+        raise ValueError(f"its cases ran {res.get('model', 'v1-fast')}, not {model}")
+    return res.get("summary", {})
+
+
+def list_work(cfg: DiTConfig, geo: Geometry) -> None:
+    """What the rows sum, without a GPU: each row's chunk FLOPs (the video's mean and a rolled chunk's) and the
+    distinct shapes the timing would take."""
+    for row in ROWS:
+        video = row_video(row, cfg, geo)
+        mean = sum(cw.flops(c) for c in video) / len(video)
+        rolled = cw.flops(row_rolled(row, cfg, geo))
+        print(f"{row.name:>22}: {mean / 1e12:.1f} TFLOP per chunk (rolled {rolled / 1e12:.1f}), "
+              f"target {row_target(row, geo)}")
+    shapes = needed_shapes(cfg, geo)
+    print(f"{len(shapes)} shapes to time: " + ", ".join(shapes))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="results JSON")
     p.add_argument("--measured", default=None,
-                   help="a bench_fast_speed results JSON of the same GPU (its cases' DiT time, decode, link bytes)")
+                   help="a bench_fast_speed results JSON of the same GPU and model (its cases' DiT time, decode, "
+                        "link bytes)")
     p.add_argument("--iters", type=int, default=20, help="timed calls per shape")
+    p.add_argument("--list", action="store_true", help="print the rows' FLOPs and the shapes to time, and stop "
+                   "(no GPU needed)")
+    add_model_argument(p)
     args = p.parse_args(argv)
+    bm = parse_model(p, args.model, tiny=False)
+    geo = Geometry.of(bm)
+    if args.list:
+        list_work(bm.cfg, geo)
+        return 0
     try:
-        measured = measured_cases(args.measured)
+        measured = measured_cases(args.measured, bm.name)
     except (OSError, ValueError) as e:
-        print(f"bench_floor: --measured {args.measured}: cannot read it as a bench_fast_speed JSON ({e})",
-              file=sys.stderr)
+        print(f"bench_floor: --measured {args.measured}: cannot read it as a bench_fast_speed JSON of {bm.name} "
+              f"({e})", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("bench_floor: needs a CUDA GPU (it times the chunk's kernels there)", file=sys.stderr)
@@ -292,14 +364,16 @@ def main(argv=None) -> int:
         return 2
     from .common import machine_info, write_json
 
-    cfg = DiTConfig(causal=True)
-    ms, detail = time_shapes(cfg, args.iters)
+    cfg = bm.cfg
+    ms, detail = time_shapes(cfg, args.iters, geo)
     h2d = pinned_h2d_gbps()
     name = torch.cuda.get_device_name()
-    rows = summarize(cfg, ms, measured, h2d, machine_peaks(name))
+    rows = summarize(cfg, ms, measured, h2d, machine_peaks(name), geo)
+    h, w = bm.size
     results = {"bench": "chunk_floor", "device": name, "machine": machine_info(), "torch": torch.__version__,
-               "video": {"height": HEIGHT, "width": WIDTH, "latent_frames": LATENT_FRAMES, "window": WINDOW,
-                         "frame_tokens": FRAME_TOKENS},
+               "model": bm.name, "recipe": bm.recipe.to_json(), "config": cfg.to_json(),
+               "video": {"height": h, "width": w, "latent_frames": geo.latent_frames, "window": geo.window,
+                         "sink": bm.sink, "chunk_frames": geo.chunk_frames, "frame_tokens": geo.frame_tokens},
                "measured_from": args.measured, "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "shapes": detail}
     for n, r in rows.items():
         print(f"{n:>22}: kernels {r['kernels_s']:.3f} s (GEMM {r['gemm_s']:.3f} + attention {r['attention_s']:.3f}; "

@@ -262,6 +262,7 @@ def child_fast(spec: dict) -> dict:
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
     from .bench_fast import fast_inputs
+    from .bench_models import spec_recipe
 
     session = _session(spec)
     device = session.device
@@ -276,7 +277,8 @@ def child_fast(spec: dict) -> dict:
         session.set_layout(plan_layout("ulysses" if session.parallel else "off", session.world, cfg.num_heads,
                                        model="fast"))
         frames, h, w = spec["video"]
-        fr = fast_frames(frames)
+        recipe = spec_recipe(spec)  # v1 Fast's: the parallel cases run issue 26's video
+        fr = fast_frames(frames, chunk=recipe.chunk_frames)
         inputs = fast_inputs(spec["video"], cfg, device, fr.latent_frames)
         fsl = (h // 16) * (w // 16)
         layout = cache_layout(fr.latent_frames, fsl, window_frames=spec.get("window"), sink_frames=spec.get("sink", 0))
@@ -301,7 +303,7 @@ def child_fast(spec: dict) -> dict:
                 gen = make_generator(seed, "cuda" if cuda else "cpu")
                 noise = draw(gen, (1, 16, fr.latent_frames, h // 8, w // 8), device)
                 return FastRun(model, noise, inputs["ctx"], inputs["y"], inputs["camera"], cache, gen, device=device,
-                               film=film)
+                               film=film, schedule=recipe.schedule(), chunk_frames=recipe.chunk_frames)
 
             norm_silu = decoder_norm_silu(device)  # the decoder's kernels as every door builds them
             decoder = None

@@ -13,8 +13,10 @@ What one model call over a chunk of L tokens attending to K keys does (spec §2.
   L x dim x dim GEMMs, in every call, or only in a chunk's first call when the FiLM is kept (the camera is the same
   in all of a chunk's calls);
 - the text: its embedding and each block's cross-attention k and v, once per video (the cache keeps them).
-A chunk makes `steps` denoising calls and then the context pass over the clean chunk (unless it is folded into
-the last step). Its keys are the cached frames plus its own, capped by the K/V window. Sequence parallelism over
+A chunk of `chunk_frames` latent frames (the model's recipe: v1 Fast 3, v2 4) makes `steps` denoising calls and
+then the context pass over the clean chunk (unless it is folded into the last step). Its keys are the cached frames
+plus its own, capped by the K/V window (the sink's frames are among them: v2's window of 18 with a sink of 6 attends
+to the first 6 frames and the latest 12). Sequence parallelism over
 `shards` GPUs (Ulysses) gives each GPU 1/shards of the rows of the blocks' GEMMs, the cross-attention and the
 head, and 1/shards of the heads of the self-attention; the embeddings (patch, control tokens, time, text) run
 whole on every GPU.

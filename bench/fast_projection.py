@@ -1,6 +1,11 @@
-"""RTX 4090 / RTX 3090 per-chunk PROJECTIONS for the Fast presets, from the H100's measured kernel split (issue 26).
+"""RTX 5090 / 4090 / 3090 per-chunk PROJECTIONS for a causal model's presets, from a data-centre GPU's measured kernel
+split (issue 26's method; `--model`, default v1 Fast).
 
     python -m lingbot_world.bench.fast_projection --out bench/results/fast_chunk_projection.json
+    # another model (or v1 Fast from new files): its bench_fast_speed results on one H100 / H200, each preset's
+    # unprofiled row and its `<preset>_profile` case (in one file or several), e.g. the v2 1.3B's
+    python -m lingbot_world.bench.fast_projection --model v2-1.3b --results bench/results/v2_1.3b_chunk_h200.json \\
+        --results bench/results/v2_1.3b_chunk_profiles_h200.json --out bench/results/v2_1.3b_projection.json
 
 Not measurements: each H100 kernel category is scaled by the ratio of the cards' datasheet rates, the host-streamed
 K/V copies by the link, and the worst of compute and copies is taken (the copies run beside the kernels):
@@ -17,8 +22,21 @@ K/V copies by the link, and the worst of compute and copies is taken (the copies
                                         a call's GEMM FLOPs and run in a chunk's first call only; its values (40 x
                                         96 MB) cross the link in every other call, beside the K/V
 
-Inputs, all from today's code on one H100 with the 24 GB cap: the kernel split of a mid-video chunk
-(`fast_chunk_profiles_h100.json`: `auto_profile`, compiled bf16; `draft_profile`, FP8 GEMMs and the draft levers),
+The measuring card's rates (the H100's or the H200's: the same tensor rates, the H200's memory faster) are those the
+split is scaled from. The cards' figures are their datasheets' dense rates (the RTX 5090's from NVIDIA's Blackwell
+GeForce whitepaper: bf16 209.5, FP8 419 TFLOP/s with fp32 accumulation, INT8 838 TOPS, 1,792 GB/s; its PCIe 5.0 x16
+link taken as ~50 GB/s in practice, twice the 4090's, not measured). The bytes streamed per chunk are those of the
+24 GB plan the row ran under: a 32 GB RTX 5090 would keep more of the cache on the card (its copies column is an
+upper bound).
+
+With --results (any model): each preset P with a row and a `P_profile` case in the files is projected from that
+profile's split, its row's DiT seconds (host = DiT minus the profiled kernels), decode seconds and uploaded bytes,
+its GEMMs at the row's compute precision (FP8 rows at the card's FP8 rate, INT8 where it has none); the profiles
+already include the camera FiLM as the plan keeps it (no FiLM adjustment).
+
+Inputs of the default v1 projection, all from today's code on one H100 with the 24 GB cap: the kernel split of a
+mid-video chunk (`fast_chunk_profiles_h100.json`: `auto_profile`, compiled bf16; `draft_profile`, FP8 GEMMs and the
+draft levers),
 the unprofiled rows' DiT seconds, decode seconds and uploaded bytes per chunk (`fast_chunk_fused_h100.json` for
 `auto`, `fast_chunk_today_h100.json` for `fast` and `draft`). The host's share is the unprofiled DiT seconds minus
 the profiled kernels (the profiler's own gaps are left out). `fast` has no NF4 profile: its FP8 GEMM seconds are
@@ -41,25 +59,34 @@ FILM_GB_PER_CALL = 40 * 0.0958  # 40 blocks x 96 MB at 480x832
 # dense tensor TFLOP/s (bf16 with fp32 accumulation; fp8 with fp32 accumulation; int8 TOPS), GB/s, host link GB/s
 CARDS = {
     "H100 SXM": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "bandwidth": 3352, "link": 55},
+    "H200 SXM": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "bandwidth": 4800, "link": 55},
+    "RTX 5090": {"bf16": 209.5, "fp8": 419.0, "int8": 838.0, "bandwidth": 1792, "link": 50},
     "RTX 4090": {"bf16": 165.2, "fp8": 330.3, "int8": 660.6, "bandwidth": 1008, "link": 25},
     "RTX 3090": {"bf16": 71.0, "fp8": None, "int8": 284.0, "bandwidth": 936, "link": 25},
 }
+SOURCES = ("H100 SXM", "H200 SXM")  # the cards measured on: what a projection scales from
+PROJECTED = [name for name in CARDS if name not in SOURCES]
 
 
 def _load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
+def source_card(gpu: str) -> str:
+    """The CARDS entry of the GPU a results file ran on (its machine's name); the H100's where it is no H200."""
+    return "H200 SXM" if "H200" in (gpu or "") else "H100 SXM"
+
+
 def project(split: dict, host_s: float, decode_s: float, uploaded_gb: float, card: dict, *,
             gemm_h100: str = "bf16", gemm_card: str = "bf16", gemm_share: float = 1.0,
-            film_calls: int = 0) -> dict:
-    """One chunk on `card` from the H100's kernel split (seconds). The H100's GEMM seconds (times gemm_share) ran
-    at its `gemm_h100` rate and run at the card's `gemm_card` rate; attention in bf16. film_calls: the chunk's
-    model calls when the camera FiLM is kept in RAM (0: computed at every call, as profiled)."""
+            film_calls: int = 0, source: str = "H100 SXM") -> dict:
+    """One chunk on `card` from the `source` card's kernel split (seconds; the H100's by default). Its GEMM seconds
+    (times gemm_share) ran at its `gemm_h100` rate and run at the card's `gemm_card` rate; attention in bf16.
+    film_calls: the chunk's model calls when the camera FiLM is kept in RAM (0: as profiled)."""
     if film_calls:
         gemm_share *= 1 - FILM_GEMM_SHARE * (film_calls - 1) / film_calls
         uploaded_gb += FILM_GB_PER_CALL * (film_calls - 1)
-    h100 = CARDS["H100 SXM"]
+    h100 = CARDS[source]
     if card[gemm_card] is None:
         return {"note": f"no {gemm_card} tensor cores"}
     tc = h100["bf16"] / card["bf16"]
@@ -90,9 +117,8 @@ def run() -> dict:
            "draft": d_split}, "fp8_gemm_share_of_bf16_h100": round(fp8_share, 3), "rows": {}}
     host = {"auto": auto["mean_dit_s"] - _kernels(a_split), "draft": draft["mean_dit_s"] - _kernels(d_split)}
     out["h100_host_s"] = {k: round(v, 3) for k, v in host.items()}
-    for name, card in CARDS.items():
-        if name == "H100 SXM":
-            continue
+    for name in PROJECTED:
+        card = CARDS[name]
         low = "fp8" if card["fp8"] else "int8"  # INT8 taken to reach FP8's share of its peak (not measured)
         for film, calls_auto, calls_draft, tag in ((False, 0, 0, ""), (True, 5, 3, ", FiLM in RAM")):
             rows = out["rows"].setdefault(name, {})
@@ -121,9 +147,8 @@ def run() -> dict:
                               ("draft --chunk-steps 2 --tiny-vae, NF4 to FP8 rows in one kernel", rows_profile,
                                rows_row)):
         split = profile["device_split_s"]
-        for name, card in CARDS.items():
-            if name == "H100 SXM":
-                continue
+        for name in PROJECTED:
+            card = CARDS[name]
             low = "fp8" if card["fp8"] else "int8"
             out["rows"][name][f"{tag} ({low} GEMMs), FiLM in RAM"] = project(
                 split, row["mean_dit_s"] - _kernels(split), row["mean_decode_s"], row["uploaded_gb_per_chunk"], card,
@@ -136,11 +161,66 @@ def run() -> dict:
     return out
 
 
+def run_results(model: str, paths) -> dict:
+    """The projection of every preset of `model` that has a row and a `<preset>_profile` case in the
+    bench_fast_speed results `paths` (one GPU: the first file's); ValueError for another model's file or when no
+    preset has both."""
+    summary: dict = {}
+    source = None
+    for path in paths:
+        res = json.loads(Path(path).read_text())
+        if res.get("model", "v1-fast") != model:  # results written before --model are v1 Fast's
+            raise ValueError(f"{path} holds {res.get('model', 'v1-fast')}'s cases, not {model}'s")
+        summary.update(res.get("summary", {}))
+        source = source or source_card((res.get("machine") or {}).get("gpu", ""))
+    out = {"method": __doc__.strip().splitlines()[0], "model": model, "source": source,
+           "inputs": [str(p) for p in paths], "cards": CARDS, "split_s": {}, "host_s": {}, "measured": {}, "rows": {name: {} for name in PROJECTED}}
+    for name, prof in summary.items():
+        row = summary.get(name[:-len("_profile")]) if name.endswith("_profile") else None
+        if not row or "device_split_s" not in prof or "mean_dit_s" not in row:
+            continue
+        preset = name[:-len("_profile")]
+        split = prof["device_split_s"]
+        gemm = (row.get("speed") or {}).get("compute", "bf16")
+        host = row["mean_dit_s"] - _kernels(split)
+        out["split_s"][preset], out["host_s"][preset] = split, round(host, 3)
+        out["measured"][preset] = row["mean_chunk_s"]
+        for card_name in PROJECTED:
+            card = CARDS[card_name]
+            low = gemm if gemm == "bf16" or card.get(gemm) else "int8"  # INT8 where the card has no FP8
+            out["rows"][card_name][f"{preset} ({low} GEMMs)"] = project(
+                split, host, row["mean_decode_s"], row.get("uploaded_gb_per_chunk", 0.0), card, gemm_h100=gemm,
+                gemm_card=low, source=source)
+    if not out["measured"]:
+        raise ValueError(f"no preset of {model} has both its row and its <preset>_profile case in "
+                         f"{', '.join(map(str, paths))}")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="write the projection JSON here")
+    p.add_argument("--model", default="fast", help="the causal model whose results are projected (default fast: "
+                   "v1 Fast, from the committed H100 results unless --results names others)")
+    p.add_argument("--results", action="append", default=None,
+                   help="a bench_fast_speed results JSON of --model (repeat for several); each preset needs its row "
+                        "and its <preset>_profile case")
     args = p.parse_args(argv)
-    res = run()
+    from ..world.models import model as registry_model
+
+    try:
+        name = registry_model(args.model).name
+    except KeyError as e:
+        p.error(str(e).strip("'\""))
+    if args.results:
+        try:
+            res = run_results(name, args.results)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
+    elif name == "v1-fast":
+        res = run()
+    else:
+        p.error(f"--model {name}: give --results (its bench_fast_speed JSONs with <preset>_profile cases)")
     for card, rows in res["rows"].items():
         for row, r in rows.items():
             print(f"{card:9s} {row:30s} {json.dumps(r)}")

@@ -8,6 +8,8 @@ the new one add up (the output line and the metadata say so).
 """
 from __future__ import annotations
 
+from .convert_expert import add_model_argument
+
 # kind -> what its weights are for (the sub-command's help)
 _FOR = {"fp8": "FP8 weights for --weights fp8 (RTX 40xx, sm89+)",
         "int8": "INT8 weights for --weights int8 (RTX 30xx and newer, sm80+)"}
@@ -22,13 +24,15 @@ def add_parser(sub) -> None:
         p.add_argument("out", help=f"new output folder (e.g. {folder}); must not exist")
         p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                        help="where to quantize (default: cuda when available)")
+        add_model_argument(p)
         p.set_defaults(func=run, lowp_kind=kind)
 
 
 def run(args) -> int:
     from functools import partial
 
-    from ..loaders.lowp_writer import convert_to_lowp
+    from ..world.convert import convert
     from .convert_run import run_converter
 
-    return run_converter(partial(convert_to_lowp, kind=args.lowp_kind), args.src, args.out, args.device)
+    return run_converter(partial(convert, weights=args.lowp_kind, model=args.model), args.src, args.out,
+                         args.device)

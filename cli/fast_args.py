@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..wan.sampling.fast_state import FAST_MODES
+from .request_base import Given
 from ..world.models import causal_models
 
 BASE = "base"  # the two v1 base experts (Cam or Act, told from their weights)
@@ -70,7 +71,7 @@ def add_arguments(p) -> None:
 
 
 def _add_continuation_arguments(g) -> None:
-    g.add_argument("--rule", choices=FAST_MODES, default="reference",
+    g.add_argument("--rule", choices=FAST_MODES, default="reference", action=Given,
                    help="reference (default): the first part is the released pipeline's run (noise for the whole "
                         "part up front, camera normalised over the whole part); continuations follow the "
                         "continuable rule. continuable: every part, the first too, follows rules that never look "

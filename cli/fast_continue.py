@@ -78,8 +78,6 @@ def run(request: GenerateRequest) -> int:
     from ..wan.sampling.fast_state import plan_next_part
 
     part = plan_next_part(state, source, frames)
-    if part.note:
-        log.warning("frames: %s", part.note)
     index = len(state.parts) + 1
     target = plan_output(request.out if request.out is not None else Path(f"{sf.path.stem}_part{index}.mp4"))
     whole_target = (plan_output(request.whole_video, flag="--whole-video") if request.whole_video is not None
@@ -91,6 +89,9 @@ def run(request: GenerateRequest) -> int:
     save = fast_parts.SaveState.plan(request, st, cfg, total_lat)
     fast_request.check_targets(request, target, part.frames, st.height, st.width, save=save, whole=whole_target,
                                whole_frames=state.frames + part.frames, files=files)
+    log.info("model: %s", checked.entry.describe())  # after the checks: a refusal is the run's one line
+    if part.note:
+        log.warning("frames: %s", part.note)
     fast_parts.write_picture(request, part, source, target)
     speed = follow_started_compile(fast_compile_policy(speed, request.speed_flags, part.chunks), speed,
                                    request.speed_flags, st.compile)

@@ -122,8 +122,6 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
     from ..wan.sampling.fast_state import plan_first_part
 
     part = plan_first_part(camera, frames, probe)
-    if part.note:
-        log.warning("frames: %s", part.note)
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
     speed = fast_speed_plan(request.speed_flags, device, part.chunks, before_compiler_check=imports.wait)
     log_speed_plan(speed, log)
@@ -132,6 +130,9 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
                                     latent_frames=part.latent_frames)  # the preset's window cap (draft)
     save = fast_parts.SaveState.plan(request, video, cfg, part.latent_frames)
     fast_request.check_targets(request, target, part.frames, height, width, save=save, files=files)
+    log.info("model: %s", checked.entry.describe())  # after the checks: a refusal is the run's one line
+    if part.note:
+        log.warning("frames: %s", part.note)
     fast_parts.write_picture(request, part, camera, target)
     control = fast_parts.control_label(camera)
     if session.is_main:

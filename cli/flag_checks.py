@@ -109,8 +109,10 @@ def _dest(flag: str) -> str:
 
 
 def _given(request: "GenerateRequest", table) -> list[str]:
-    """The flags of `table` whose value differs from their default."""
-    return [flag for flag, default in table if getattr(request, _dest(flag)) != default]
+    """The flags of `table` given on the command line: whose value differs from their default, or (flags that record
+    it, request_base.Given) given at all."""
+    given = getattr(request, "given_flags", frozenset())
+    return [flag for flag, default in table if getattr(request, _dest(flag)) != default or _dest(flag) in given]
 
 
 def check_numbers(request: "GenerateRequest", numbers=NUMBERS) -> None:

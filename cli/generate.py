@@ -18,6 +18,7 @@ from .generate_request import GenerateRequest
 from .lora_run import add_lora_arguments, lora_loader
 from .preflight import prepare
 from .progress import ProgressLine, RunStats, cli_logging
+from .request_base import Given
 from .speed_flags import add_speed_args, report_compile
 from .video_out import write_video
 from ..memory.camera_cache import CAMERA_CACHE_CHOICES
@@ -45,7 +46,7 @@ def add_parser(sub) -> None:
     src.add_argument("--demo-dir", type=Path, default=None,
                      help="where the demo checkpoint is built and cached (default: ~/.cache/lingbot-world/demo-v1, "
                           "or $LINGBOT_WORLD_CACHE/demo-v1)")
-    src.add_argument("--image", type=Path,
+    src.add_argument("--image", type=Path, action=Given,
                      help="first frame: PNG (8/16-bit), JPEG, WebP...; EXIF rotation is applied and alpha ignored, "
                           "like ComfyUI's LoadImage (required unless --demo)")
     src.add_argument("--camera", default=None,
@@ -64,7 +65,7 @@ def add_parser(sub) -> None:
     src.add_argument("--vae", type=Path, help="override: VAE file")
 
     gen = p.add_argument_group("generation")
-    gen.add_argument("--size", default="480*832",
+    gen.add_argument("--size", default="480*832", action=Given,
                      help="max area as H*W, e.g. 480*832 or 720*1280 (aspect follows the image)")
     gen.add_argument("--frames", type=int, default=None,
                      help="frame count, 4n+1 (16 fps; default 81, or as long as --actions)")
@@ -73,8 +74,8 @@ def add_parser(sub) -> None:
     gen.add_argument("--boundary", type=float, default=0.947, help="high-noise expert while t >= boundary*1000")
     gen.add_argument("--guide-scale", type=float, nargs="+", default=[5.0],
                      help="one value for both experts, or two: LOW HIGH (the reference's order)")
-    gen.add_argument("--seed", type=int, default=42, help="0 .. 2**64-1; negative = random")
-    gen.add_argument("--noise", choices=("auto", "cuda", "cpu"), default="auto",
+    gen.add_argument("--seed", type=int, default=42, action=Given, help="0 .. 2**64-1; negative = random")
+    gen.add_argument("--noise", choices=("auto", "cuda", "cpu"), default="auto", action=Given,
                      help="noise generator: cuda = reference-exact on a GPU, cpu = same on every machine, "
                           "auto = cuda when computing on a GPU")
     gen.add_argument("--solver", choices=("unipc", "dpm++"), default="unipc",

@@ -77,6 +77,7 @@ class GenerateRequest(FlagRequest):
     attention: str = SPEED_DEFAULTS["attention"]
     chunk_steps: Optional[int] = None  # --chunk-steps: the Fast model's calls per chunk (None: the preset's)
     speed_explicit: frozenset = frozenset()  # the speed flags given on the command line (over a --speed preset)
+    given_flags: frozenset = frozenset()  # flags given on the command line though equal to their default (Given)
     # several GPUs
     parallel: str = "auto"
     parallel_timeout: float = DEFAULT_TIMEOUT_S

@@ -145,7 +145,7 @@ def _run(request: PlayRequest) -> int:
               "with the printed URL and its token can drive it)", file=sys.stderr, flush=True)
     sock = bind(request.host, request.port)
     try:
-        from ..world import ModelSource, TextSettings, WorldFiles, WorldSession, WorldSettings
+        from ..world import ModelSource, TextSettings, WorldFiles, WorldSettings, open_session
         from ..world.assembly import check_weights_mode
         from ..world.settings import MODEL_DEFAULT
 
@@ -160,7 +160,7 @@ def _run(request: PlayRequest) -> int:
                                  tiny_vae=request.tiny_vae, play=True,
                                  text=TextSettings(device=request.t5_device, cache_dir=request.cache_dir))
         log_speed_plan(speed, log)
-        session = WorldSession.open(files, settings, device=device)  # checks every file's header first
+        session = open_session(files, settings, device=device)  # checks every file's header first
         played = session.settings  # the model's play window and sink, the preset's cap
         options = PlayerOptions(out_dir=out_dir, image=image, prompt=prompt or "",
                                 render=_render_source(request, size, device_name, noise, speed, played),

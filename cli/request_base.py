@@ -1,9 +1,21 @@
 """What the typed requests of `generate` and `play` share: reading the parsed namespace once, and the speed flags."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import fields
 
 from .speed_flags import EXPLICIT, SpeedFlags
+
+GIVEN = "given_flags"  # the namespace attribute naming the flags (dest names) given on the command line
+
+
+class Given(argparse.Action):
+    """Stores the value and records that the flag was given, even when it equals the default (a continuation refuses
+    a flag it takes from its state whatever its value)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, set(getattr(namespace, GIVEN, None) or ()) | {self.dest})
 
 
 class FlagRequest:
@@ -13,8 +25,8 @@ class FlagRequest:
     @classmethod
     def from_args(cls, args):
         """The one place the command's namespace is read (a flag the parser lacks keeps its default)."""
-        return cls(**{f.name: _frozen(getattr(args, EXPLICIT if f.name == "speed_explicit" else f.name, f.default))
-                      for f in fields(cls)})
+        source = {"speed_explicit": EXPLICIT}
+        return cls(**{f.name: _frozen(getattr(args, source.get(f.name, f.name), f.default)) for f in fields(cls)})
 
     @property
     def speed_flags(self) -> SpeedFlags:

@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Sequence, Union
 from .action_files import ACT_FILE, IJKL_FILE, WASD_FILE
 from .camera_files import INTRINSICS_FILE, POSES_FILE
 from .checkpoint_dir import T5_FILES, VAE_FILES
-from .expert_format import OFFICIAL_INDEX, OFFICIAL_SINGLE
+from .shard_layout import is_sharded_folder
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def is_expert_dir(path: PathLike) -> bool:
     p = Path(path)
     if (p / "config.json").is_file() and ((p / "model.safetensors").is_file() or (p / "model.pt").is_file()):
         return True
-    return (p / OFFICIAL_INDEX).is_file() or (p / OFFICIAL_SINGLE).is_file()
+    return is_sharded_folder(p)  # a release's float shards: v1's diffusers naming or v2's model-* (no config: 1.3B)
 
 
 def _walk(root: Path, max_depth: int) -> Iterable[tuple[Path, list[str], list[str]]]:

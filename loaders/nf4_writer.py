@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 
 from ..wan.dit.model import DiTConfig, WanDiT
-from .expert_format import OFFICIAL_INDEX, ExpertLoadError, detect_format
+from .expert_format import OFFICIAL_INDEX, ExpertFormat, ExpertLoadError, detect_format
 from ..quant.nf4 import NF4_BLOCKSIZE, NF4_COMPONENTS, nf4_linear_names, packed_shapes, quantize_nf4, serialize_nf4
 from .atomic import write_text
 from .safetensors_stream import SafetensorsWriter, iter_tensors, read_header
@@ -159,15 +159,17 @@ def write_nf4_expert(
 
 
 def convert_official_to_nf4(
-    src: Union[str, Path],
+    src: Union[str, Path, "ExpertFormat"],
     out_dir: Union[str, Path],
     device: Optional[Union[str, torch.device]] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     tags: Optional[dict] = None,
 ) -> dict:
     """Official (or any plain) expert -> community NF4 folder. Tensors stream to `device` and are quantized there.
+    src: a path, or its ExpertFormat (a config-less model's marked with its kind: expert_format.assume_model_kind).
     tags: what the copy records of its model (its registry name and licence, world/detect.py)."""
-    fmt = detect_format(src)
+    fmt = src if isinstance(src, ExpertFormat) else detect_format(src)
+    src = fmt.path
     if fmt.quantized:
         raise ExpertLoadError(f"{src} is already quantized ({fmt.kind}); convert the official float folder")
     device = torch.device(device) if device is not None else default_quant_device()

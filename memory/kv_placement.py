@@ -56,6 +56,14 @@ RAM_MARGIN = 2 * 1024**3
 # with FP8 weights (measured on an H100 capped at 24 GiB: 2.5 GiB left FP8 weights' block swap at 23.0 GB, the
 # allocator's rounding and the CUDA context on top of the plan).
 CACHE_VRAM_SPARE = int(3 * 1024**3)
+SPARE_REFERENCE_DIM = 5120  # the 14B's width, which the 3 GiB were measured for
+
+
+def cache_vram_spare(cfg) -> int:
+    """The spare for a model of `cfg`: 3 GiB for the 14B models, less for a narrower one in proportion to its width
+    (the allocator's rounding and the fragments it leaves scale with the tensors' width: the 1.3B's 1536 keep
+    0.9 GiB, which lets its whole window sit on an 8 GB card at 304x528)."""
+    return int(CACHE_VRAM_SPARE * min(1.0, cfg.dim / SPARE_REFERENCE_DIM))
 # The CUDA graphs' memory pool (speed/block_graphs.py, opted in) keeps one block's scratch memory beside the
 # allocator's: measured +0.92 GB reserved at 480x832 on an H100 against an activation estimate of 0.84 GB.
 GRAPH_POOL_FACTOR = 1.25
@@ -201,7 +209,8 @@ def plan_fast_memory(
     latent_size(height, width)
     n_layers = cfg.num_layers
     sizes = expert_sizes(cfg, weights, compute_bytes)
-    acts = int(estimate_activation_bytes(chunk_frames_pixels(), height, width, cfg, False, camera=camera,
+    chunk_pixels = chunk_frames_pixels(layout.chunk_frames)
+    acts = int(estimate_activation_bytes(chunk_pixels, height, width, cfg, False, camera=camera,
                                          compute_bytes=compute_bytes, token_chunk=token_chunk,
                                          seq_parallel=seq_parallel) * ACTIVATION_SAFETY)
     heads = cfg.num_heads // max(1, int(seq_parallel))
@@ -214,12 +223,12 @@ def plan_fast_memory(
     cpu = vram_free is None
     film_on = camera and camera_film and not graphs
     # one block's FiLM for this rank's tokens of a chunk
-    film = film_block_bytes((chunk_frames_pixels(), height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
+    film = film_block_bytes((chunk_pixels, height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
            "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity, "host_layer_bytes": host_layer}
-    size_txt = f"{width}x{height}, chunks of {chunk_frames_pixels()} frames"
+    size_txt = f"{width}x{height}, chunks of {chunk_pixels} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
     extra = [("preview VAE", int(extra_vram))] if extra_vram else []
@@ -244,12 +253,13 @@ def plan_fast_memory(
     gpu_parts = [("model", sizes.total), ("K/V cache", whole_cache), ("text K/V", text), (acts_label, acts),
                  ("headroom", headroom)] + extra
     gpu_need = sum(n for _, n in gpu_parts)
-    # auto keeps the spare here too: a cache that would fill the card's last CACHE_VRAM_SPARE streams a few layers
-    if cache == "gpu" or (cache == "auto" and gpu_need + CACHE_VRAM_SPARE <= vram_free):
+    # auto keeps the spare here too: a cache that would fill the card's last spare streams a few layers
+    spare_vram = cache_vram_spare(cfg)
+    if cache == "gpu" or (cache == "auto" and gpu_need + spare_vram <= vram_free):
         ok = gpu_need <= vram_free
         why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
-        films, hosted, slots = _film_places(vram_free - gpu_need - CACHE_VRAM_SPARE if ok else 0, film, n_layers,
+        films, hosted, slots = _film_places(vram_free - gpu_need - spare_vram if ok else 0, film, n_layers,
                                             ram_free - RAM_RESERVE if film_host else 0)
         est.update(film_host_bytes=hosted * film, film_buffer_slots=slots,
                    film_buffer_bytes=_film_buffer_bytes(slots, film))
@@ -259,7 +269,7 @@ def plan_fast_memory(
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
     # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
-    room = vram - CACHE_VRAM_SPARE
+    room = vram - spare_vram
     ring = 2 * layer + (host_layer if kv_fp8 else 0)  # + the FP8 codes' staging buffer
     model_bytes, blocks = sizes.total, blocks_on_gpu
     if blocks is None and sizes.total + ring + acts + headroom > room:

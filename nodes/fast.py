@@ -104,10 +104,10 @@ class LingBotFastLoader:
             raise ValueError(f"kv_cache must be one of {CACHE_PLACEMENTS}, got {kv_cache!r}")
         path = comfy_paths.resolve_expert(fast_model, "Fast model")
         device = mm.get_torch_device()
-        assembly.check_weights_mode(weights, device)  # a card without them: one line now, not a failed GEMM later
         # the model told from its weights (a base expert refused with the fix), every tensor checked now
         checked = assembly.check_dit(path, WorldSettings(weights=weights), device)
         fmt = checked.fmt
+        assembly.check_weights_mode(weights, device)  # a card without them: one line now, not a failed GEMM later
         if speed is not None and speed.compute != "bf16" and weights != "nf4":
             raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
                              "use weights nf4 or compute bf16")

@@ -202,15 +202,25 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
     return plan
 
 
-GRAPHS_ENV = "LINGBOT_CUDA_GRAPHS"  # "1": replay the Fast model's blocks from CUDA graphs once its window rolls
+GRAPHS_ENV = "LINGBOT_CUDA_GRAPHS"  # "1" / "0": replay the causal model's blocks from CUDA graphs, or never
 GRAPHS_ON = ("1", "true", "yes", "on")
+GRAPHS_OFF = ("0", "false", "no", "off")
+# Models narrower than this replay their blocks from CUDA graphs by default: their kernels are small, so a chunk
+# waits on the host's launches (v2 1.3B on an H200: a rolled 2-step draft chunk 0.24 s with graphs against 0.41 s).
+GRAPHS_BELOW_DIM = 5120
 
 
-def graphs_enabled(device) -> bool:
-    """Whether the Fast model's blocks replay CUDA graphs once its K/V window rolls (speed/block_graphs.py): opt in
-    with LINGBOT_CUDA_GRAPHS=1, on a CUDA GPU. Off by default: on an H100 they gave the same bits and 2-3 % of a
-    played `draft` chunk for 0.9 GB more VRAM (BENCHMARKS, "CUDA graphs"); a slower host may gain more."""
-    return torch.device(device).type == "cuda" and os.environ.get(GRAPHS_ENV, "").strip().lower() in GRAPHS_ON
+def graphs_enabled(device, cfg=None) -> bool:
+    """Whether the causal model's blocks replay CUDA graphs once its K/V window rolls (speed/block_graphs.py), on a
+    CUDA GPU: LINGBOT_CUDA_GRAPHS=1 / 0 decides; unset, on for a model narrower than the 14B (`cfg`: its DiTConfig;
+    the same bits, about 0.6 GB of VRAM). The 14B models keep them off: on an H100 they gave 2-3 % of a played
+    `draft` chunk for 0.9 GB more VRAM (BENCHMARKS, "CUDA graphs")."""
+    if torch.device(device).type != "cuda":
+        return False
+    choice = os.environ.get(GRAPHS_ENV, "").strip().lower()
+    if choice in GRAPHS_ON or choice in GRAPHS_OFF:
+        return choice in GRAPHS_ON
+    return cfg is not None and cfg.dim < GRAPHS_BELOW_DIM
 
 
 def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
@@ -235,7 +245,8 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
     if hasattr(model, "set_token_ops"):
         model.set_token_ops(ops)
     if hasattr(model, "block_runner"):
-        model.block_runner = BlockGraphs(torch.device(plan.device)) if graphs_enabled(plan.device) else None
+        on = graphs_enabled(plan.device, getattr(model, "cfg", None))
+        model.block_runner = BlockGraphs(torch.device(plan.device)) if on else None
         if model.block_runner is not None:
             log.info("speed: CUDA graphs on (%s): once a K/V window rolls, the blocks replay captured graphs",
                      GRAPHS_ENV)

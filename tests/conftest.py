@@ -61,12 +61,12 @@ def make_velocity():
 
 @pytest.fixture(scope="session")
 def demo_ckpt(tmp_path_factory) -> Path:
-    """The tiny demo checkpoint (real on-disk formats, random weights), built once per session. Read-only:
-    tests that damage files copy it first (`copy_demo`)."""
-    from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
+    """The tiny demo checkpoint (real on-disk formats, random weights: the base Cam experts with v1 Fast inside, as
+    the release), built once per session. Read-only: tests that damage files copy it first (`copy_demo`)."""
+    from lingbot_world.world.files import WorldFiles
 
     root = tmp_path_factory.mktemp("demo") / "ckpt"
-    build_demo_checkpoint(root)
+    WorldFiles.demo(root)
     return root
 
 

@@ -1,7 +1,10 @@
 """bench_fast_speed's parent side (issue 26): cases checked first, errors against the exact case from the saved
 outputs, the per-chunk summary (an overlapped decode counted through the whole video), and the RTX projection over
-the committed H100 results."""
+the committed H100 results; the v2 models (--model): 16-frame chunks, their targets, one model per results file, a
+tiny v2 1.3B run on the CPU, and the projection of a v2 model's results."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -85,3 +88,94 @@ def test_projection_of_the_committed_results_is_slower_on_the_rtx_cards():
         gemm_card = res["h100_split_s"]["auto"]["gemm"] * res["cards"]["H100 SXM"]["bf16"] / res["cards"][card]["bf16"]
         assert auto["compute_s"] - film["compute_s"] == pytest.approx(gemm_card * (1 - expected), abs=0.02)
         assert film["dit_s"] == film["compute_s"]
+
+
+def test_v2_summary_counts_16_frame_chunks_and_slices_errors_by_4(tmp_path):
+    g = torch.Generator().manual_seed(2)
+    ref, first = torch.randn(1, 16, 8, 4, 4, generator=g), torch.randn(1, 16, 4, 4, 4, generator=g)
+    mine = ref.clone()
+    mine[:, :, 4:] *= 1.5  # the second 4-frame chunk off by half its norm
+    model = "v2-1.3b"
+    _outputs(tmp_path / f"outputs_{model}_exact.safetensors", ref, first)
+    _outputs(tmp_path / f"outputs_{model}_auto.safetensors", mine, first)
+    _outputs(tmp_path / "outputs_auto.safetensors", ref, first)  # v1 Fast's, beside it in the same workdir
+    res = {"model": model, "recipe": {"chunk_frames": 4}, "cases": {"auto": _case([0.5, 0.7], 1.4)}}
+    s = bfs.summarize(res, tmp_path)["auto"]
+    assert s["error_chunks"] == [0.0, pytest.approx(0.5, abs=1e-6)]
+    assert s["fps"] == round(16 / 0.6, 2) and s["target_s"] == 0.60 and s["met"] is False
+    assert bfs.errors_against_reference(tmp_path, "auto") == {}  # v1 Fast's auto has no exact of its own here
+
+
+def test_results_of_another_model_are_not_mixed(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    out.write_text('{"bench": "fast_speed", "cases": {"exact": {}}}')  # written before --model: v1 Fast's
+    with pytest.raises(SystemExit):
+        bfs.main(["--model", "v2-14b", "--out", str(out), "--workdir", str(tmp_path / "w")])
+    assert "holds cases of v1-fast, not v2-14b" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bfs.main(["--model", "nope", "--workdir", str(tmp_path / "w")])
+    assert "no model called 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_v2_1_3b_tiny_cases_run_its_recipe_on_the_cpu(tmp_path):
+    out, workdir = tmp_path / "v2.json", tmp_path / "w"
+    assert bfs.main(["--tiny", "--model", "v2-1.3b", "--cases", "exact,draft_steps2_tiny_vae", "--workdir",
+                     str(workdir), "--keep", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["model"] == "v2-1.3b" and res["recipe"]["chunk_frames"] == 4 and res["recipe"]["camera_form"] == "v2"
+    assert (res["window"], res["sink"], res["video"]["frames"]) == (10, 2, 45)
+    assert (workdir / "v2-1.3b_bnb_nf4" / "model.safetensors").is_file()
+    for name, calls in (("exact", 5.0), ("draft_steps2_tiny_vae", 2.0)):
+        r = res["cases"][name]
+        assert "error" not in r, r.get("error")
+        assert (r["frames"], r["latent_frames"], r["chunks"], r["calls_per_chunk"]) == (45, 12, 3, calls)
+        assert r["rolled_from_chunk"] == 2 and r["layout"]["evict"] and r["finite"]
+        assert r["frames_out"] == 45  # the decoder (the VAE's, the tiny one) gave every frame of the 4-frame chunks
+    assert res["cases"]["draft_steps2_tiny_vae"]["kv_fp8_ops"]  # the FP8 cache of draft, on chunks of 4
+    s = res["summary"]["draft_steps2_tiny_vae"]
+    assert len(s["error_chunks"]) == 3 and s["target_s"] == 0.30 and s["error_reference"] == "exact"
+
+
+def _v2_results(tmp_path, model="v2-1.3b"):
+    split = {"attention": 0.15, "gemm": 0.2, "dequant": 0.02, "elementwise": 0.05}
+    row = {"mean_dit_s": 0.5, "mean_chunk_s": 0.6, "mean_decode_s": 0.1, "uploaded_gb_per_chunk": 0.0}
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({"model": model, "machine": {"gpu": "NVIDIA H200"}, "summary": {
+        "auto": {**row, "speed": {"compute": "bf16"}}, "fast": {**row, "speed": {"compute": "fp8"}},
+        "draft_steps2_tiny_vae": {**row, "mean_dit_s": 0.3, "speed": {"compute": "fp8"}}}}))
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({"model": model, "machine": {"gpu": "NVIDIA H200"}, "summary": {
+        "auto_profile": {"device_split_s": split}, "draft_steps2_tiny_vae_profile": {"device_split_s": split}}}))
+    return rows, profiles, split
+
+
+def test_projection_of_a_v2_models_h200_results(tmp_path):
+    rows, profiles, split = _v2_results(tmp_path)
+    res = fast_projection.run_results("v2-1.3b", [rows, profiles])
+    assert res["source"] == "H200 SXM" and set(res["measured"]) == {"auto", "draft_steps2_tiny_vae"}  # no fast profile
+    assert res["host_s"]["auto"] == pytest.approx(0.5 - 0.42, abs=1e-3)
+    cards, h200 = res["cards"], res["cards"]["H200 SXM"]
+    auto_4090 = res["rows"]["RTX 4090"]["auto (bf16 GEMMs)"]
+    tc, bw = h200["bf16"] / cards["RTX 4090"]["bf16"], h200["bandwidth"] / cards["RTX 4090"]["bandwidth"]
+    expected = (split["gemm"] + split["attention"]) * tc + (split["dequant"] + split["elementwise"]) * bw + 0.08
+    assert auto_4090["compute_s"] == pytest.approx(expected, abs=0.01) and auto_4090["copies_s"] == 0
+    assert "draft_steps2_tiny_vae (int8 GEMMs)" in res["rows"]["RTX 3090"]  # no FP8 there
+    chunk = {card: res["rows"][card]["auto (bf16 GEMMs)"]["chunk_s"][0] for card in ("RTX 5090", "RTX 4090",
+                                                                                     "RTX 3090")}
+    assert 0.6 < chunk["RTX 5090"] < chunk["RTX 4090"] < chunk["RTX 3090"]
+
+
+def test_projection_refuses_another_models_results(tmp_path, capsys):
+    rows, profiles, _ = _v2_results(tmp_path, model="v2-14b")
+    with pytest.raises(SystemExit):
+        fast_projection.main(["--model", "v2-1.3b", "--results", str(rows)])
+    assert "holds v2-14b's cases, not v2-1.3b's" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fast_projection.main(["--model", "v2-1.3b"])
+    assert "give --results" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    assert fast_projection.main(["--model", "v2-14b", "--results", str(rows), "--results", str(profiles),
+                                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["model"] == "v2-14b"

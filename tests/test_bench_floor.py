@@ -1,5 +1,6 @@
 """bench_floor's arithmetic on the CPU: which timed shape each call of a row's chunks reads, the sums over a chunk
-and a video, the peak bound, the link and the verdict against the target; and its one-line refusals."""
+and a video, the peak bound, the link and the verdict against the target; the v2 models' chunks of 4 through their
+18-frame window; and its one-line refusals."""
 from __future__ import annotations
 
 import json
@@ -82,3 +83,55 @@ def test_refusals_name_the_problem(tmp_path, capsys, monkeypatch):
     good.write_text(json.dumps({"summary": {}}))
     assert bf.main(["--measured", str(good)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def _keys(cfg, geo) -> dict:
+    return bf.needed_shapes(cfg, geo)
+
+
+def test_v2_1_3b_rows_read_chunks_of_4_through_the_window():
+    from lingbot_world.bench.bench_models import bench_model
+
+    bm = bench_model("v2-1.3b")
+    geo = bf.Geometry.of(bm)
+    assert (geo.latent_frames, geo.window, geo.chunk_frames, geo.frame_tokens) == (20, 18, 4, 1560)
+    keys = _keys(bm.cfg, geo)
+    # 6,240 queries (4 frames of 1,560 tokens); the 5th chunk over the window's 18 frames, draft's over 15; 12 heads
+    assert "gemm 6240x8960x1536 fp8" in keys and "gemm 6240x1536x8960 bf16" in keys
+    assert "attention 6240x28080 h12 bf16" in keys and "attention 6240x23400 h12 bf16" in keys
+    assert "attention 6240x28080 h6 bf16" in keys  # two GPUs: half the heads
+    assert not any(" h40 " in k for k in keys)
+    ms = {key: 1.0 for key in keys}
+    rows = bf.summarize(bm.cfg, ms, {"auto": {"mean_dit_s": 0.5, "mean_chunk_s": 0.6, "mean_decode_s": 0.1}}, None,
+                        bf.PEAKS["H200"], geo)
+    exact = rows["exact"]
+    assert exact["target_s"] == 0.60 and exact["window_frames"] == 18 and "missing" not in exact
+    assert exact["floor_s"] == pytest.approx(exact["kernels_s"] + 0.1, abs=1e-3)
+    assert rows["draft_steps2_tiny_vae"]["target_s"] == 0.30 and rows["draft"]["target_s"] is None
+    assert rows["draft"]["window_frames"] == 15 and rows["exact_2gpu"]["target_s"] is None
+    # a mid chunk: 4 steps + the context pass, self and cross, 30 blocks
+    video = bf.row_video(bf.ROWS[0], bm.cfg, geo)
+    assert len(video) == 5 and sum(w.calls for w in video[2] if isinstance(w, cw.Attention)) == 5 * 30 * 2
+
+
+def test_v2_14b_and_v1_geometries_differ_only_where_the_recipe_does():
+    from lingbot_world.bench.bench_models import bench_model
+
+    v1, v2 = bench_model("fast"), bench_model("v2-14b")
+    assert bf.Geometry.of(v1) == bf.V1 and v1.cfg == v2.cfg
+    keys = _keys(v2.cfg, bf.Geometry.of(v2))
+    assert "attention 6240x28080 h40 bf16" in keys and "gemm 6240x13824x5120 fp8" in keys
+    assert bf.row_target(bf.ROWS[0], bf.Geometry.of(v2)) == 2.9
+
+
+def test_list_runs_without_a_gpu_and_a_measured_file_of_another_model_is_refused(tmp_path, capsys, monkeypatch):
+    assert bf.main(["--model", "v2-1.3b", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "draft_steps2_tiny_vae" in out and "attention 6240x28080 h12 bf16" in out
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({"summary": {}}))  # written before --model: v1 Fast's
+    assert bf.main(["--model", "v2-1.3b", "--measured", str(v1)]) == 2
+    assert "not v2-1.3b" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bf.main(["--model", "v1-base-cam", "--list"])
+    assert "base model" in capsys.readouterr().err

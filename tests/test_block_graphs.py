@@ -180,12 +180,16 @@ def test_no_graphs_with_grad_a_lora_or_a_batch_of_two(model):
     assert runner.graphed_forwards == 0
 
 
-def test_graphs_are_opted_into_on_a_gpu(monkeypatch):
+def test_graphs_are_on_by_default_for_narrow_models_and_switched_by_the_environment(monkeypatch):
+    from lingbot_world.world.models import V1_FAST, V2_1_3B
+
     monkeypatch.delenv(GRAPHS_ENV, raising=False)
-    assert not graphs_enabled("cuda:0")  # off by default: 2-3 % on an H100 for 0.9 GB of VRAM
+    assert not graphs_enabled("cuda:0")  # no model named: off
+    assert not graphs_enabled("cuda:0", V1_FAST.dit)  # the 14B: 2-3 % on an H100 for 0.9 GB of VRAM
+    assert graphs_enabled("cuda:0", V2_1_3B.dit) and not graphs_enabled("cpu", V2_1_3B.dit)  # the 1.3B: 40 %
     monkeypatch.setenv(GRAPHS_ENV, "1")
-    assert graphs_enabled("cuda:0") and not graphs_enabled("cpu")
+    assert graphs_enabled("cuda:0") and graphs_enabled("cuda:0", V1_FAST.dit) and not graphs_enabled("cpu")
     monkeypatch.setenv(GRAPHS_ENV, " True ")  # what people write for a switch
     assert graphs_enabled("cuda:0")
     monkeypatch.setenv(GRAPHS_ENV, "0")
-    assert not graphs_enabled(torch.device("cuda", 0))
+    assert not graphs_enabled(torch.device("cuda", 0)) and not graphs_enabled("cuda:0", V2_1_3B.dit)

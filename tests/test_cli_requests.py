@@ -38,7 +38,7 @@ def test_demo_defaults_make_a_new_request():
 
 def test_play_request():
     request = PlayRequest.from_args(build_parser().parse_args(["play", "--demo", "--speed", "draft"]))
-    assert request.demo and request.window == 21 and request.speed_flags.speed == "draft"
+    assert request.demo and request.window is None and request.speed_flags.speed == "draft"  # the model's window
     assert PlayRequest.from_args(build_parser().parse_args(["play"])) == PlayRequest()
 
 

@@ -150,13 +150,14 @@ def sandbox(tmp_path_factory):
 def demo_models(sandbox):
     """The tiny demo checkpoints (Cam with the Fast model, and Act), built once for the blocks that need them."""
     from lingbot_world.loaders.demo_checkpoint import build_demo_checkpoint
+    from lingbot_world.world import WorldFiles
 
     _env, root = sandbox
     built = {}
 
     def get() -> tuple[Path, Path]:
         if not built:
-            built["cam"] = build_demo_checkpoint(root / "models" / "cam").root
+            built["cam"] = WorldFiles.demo(root / "models" / "cam").root  # the Cam experts with v1 Fast inside
             built["act"] = build_demo_checkpoint(root / "models" / "act", control="act").root
         return built["cam"], built["act"]
 

@@ -50,18 +50,20 @@ def test_fast_bad_inputs_are_one_clear_line(demo_dir, tmp_path, capsys):
 
 
 def test_fast_model_files(tmp_path):
-    from lingbot_world.loaders.checkpoint_dir import find_checkpoint_files, find_fast_checkpoint_files
+    from lingbot_world.loaders.checkpoint_dir import find_checkpoint_files
+    from lingbot_world.world.files import find_in_folder
 
     for f in ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth"):
         (tmp_path / f).write_bytes(b"x")
     (tmp_path / "google" / "umt5-xxl").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="no Fast model folder.*lingbot_world_fast.*were found and are reused"):
-        find_fast_checkpoint_files(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no LingBot-World Fast folder.*lingbot_world_fast.*Download "
+                                                "robbyant/lingbot-world-fast"):
+        find_in_folder(tmp_path, "fast")
     (tmp_path / "lingbot_world_fast").mkdir()
-    files = find_fast_checkpoint_files(tmp_path)
+    files = find_in_folder(tmp_path, "fast")
     assert files.dit.name == "lingbot_world_fast" and files.vae.name == "Wan2.1_VAE.pth"
-    assert find_fast_checkpoint_files(tmp_path / "lingbot_world_fast").fast == files.dit  # the folder itself
+    assert find_in_folder(tmp_path / "lingbot_world_fast", "fast").dit == files.dit  # the folder itself
     (tmp_path / "lingbot_world_fast_bnb_nf4").mkdir()
-    assert find_fast_checkpoint_files(tmp_path).fast.name == "lingbot_world_fast_bnb_nf4"  # NF4 copy wins
+    assert find_in_folder(tmp_path, "fast").dit.name == "lingbot_world_fast_bnb_nf4"  # NF4 copy wins
     with pytest.raises(FileNotFoundError, match="holds only the Fast model.*--model fast"):
         find_checkpoint_files(tmp_path)

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from lingbot_world.loaders.expert_format import detect_format
+from lingbot_world.world.models import V1_FAST
 from lingbot_world.nodes.adapters import lora_attach
 from lingbot_world.nodes.adapters.fast_host import FastModel
 from lingbot_world.nodes.fast import LingBotFastLoraLoader
@@ -34,7 +35,10 @@ class _Patcher:  # the two ModelPatcher calls the node makes
 def fast(demo_ckpt, monkeypatch, tmp_path):
     from lingbot_world.world import WorldFiles
 
-    fmt = detect_format(WorldFiles.demo(demo_ckpt).dit)
+    from lingbot_world.world.assembly import Checked
+
+    files = WorldFiles.demo(demo_ckpt)
+    fmt = detect_format(files.dit)
     monkeypatch.setattr(lora_attach.comfy_paths, "resolve_lora", lambda name: tmp_path / name)
     monkeypatch.setattr(lora_attach, "_lora_cache", {})
     comfy = types.ModuleType("comfy")  # the two ComfyUI modules lora_patches imports
@@ -49,7 +53,7 @@ def fast(demo_ckpt, monkeypatch, tmp_path):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.delitem(sys.modules, "lingbot_world.nodes.adapters.lora_patches", raising=False)
     monkeypatch.setattr("lingbot_world.nodes.fast.show_on_node", lambda text: None)
-    return FastModel(_Patcher(fmt), fmt, "nf4", "auto"), fmt.config
+    return FastModel(_Patcher(fmt), Checked(files, fmt, V1_FAST), "nf4", "auto"), fmt.config
 
 
 def test_the_lora_goes_on_a_clone_of_the_fast_models_patcher(fast, tmp_path):

@@ -156,13 +156,12 @@ def test_loaders_refuse_the_wrong_model(comfy, demo_base):
 def _stored_weights_graph_equals_the_library_run(kind, comfy, graph, demo_base, monkeypatch):
     """weights `kind` on the demo's own stored copy (convert-fp8 / convert-int8): the graph's latent equals FastRun
     on load_expert(..., kind); a card that cannot run the kind is refused in one line at the loader."""
-    from lingbot_world.loaders.checkpoint_dir import FAST_LOWP_DIRS
-    from lingbot_world.loaders.demo_checkpoint import _add_lowp_fast_model
     from lingbot_world.quant import compute
+    from lingbot_world.world.demos import add_stored_copy
+    from lingbot_world.world.models import V1_FAST
 
     root = demo_base / "models" / "lingbot_world" / "lingbot-demo"
-    _add_lowp_fast_model(root, kind)
-    name = f"lingbot-demo/{FAST_LOWP_DIRS[kind]}"
+    name = f"lingbot-demo/{add_stored_copy(V1_FAST, root, kind).name}"
     text, cam, vae, i2v = graph
     fm = fast_loader(name=name, weights=kind)
     latent = run_fast(fm, graph)

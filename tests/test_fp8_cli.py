@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from lingbot_world.cli import main
-from lingbot_world.world import WorldFiles, TextSettings, WorldSession, WorldSettings
+from lingbot_world.world import TextSettings, WorldFiles, WorldSettings, open_session
 
 IMAGE = "assets/examples/00/image.jpg"
 PROMPT = "a lake with a lone tree"
@@ -37,7 +37,7 @@ def test_fp8_weights_play_as_the_batch_run_and_differ_from_nf4(demo, tmp_path):
     demo_ckpt = demo
     batch = _generate(demo_ckpt, tmp_path, "fp8")
     settings = WorldSettings(size=SIZE, weights="fp8", text=TextSettings(device="cpu", cache_dir=tmp_path / "text"))
-    with WorldSession.open(WorldFiles.demo(demo_ckpt, weights="fp8"), settings, device="cpu") as s:
+    with open_session(WorldFiles.demo(demo_ckpt, weights="fp8"), settings, device="cpu") as s:
         assert "fp8" in s.files.dit.name
         s.start(IMAGE, PROMPT)
         played = np.concatenate([b.frames for k in KEYS for b in s.step(k)])

@@ -390,20 +390,22 @@ def test_memory_estimate_of_an_fp8_model(release):
 def test_the_demo_plays_from_fp8_weights(copy_demo, demo_text_cache):
     import numpy as np
 
-    from lingbot_world.loaders.demo_checkpoint import DEMO_PROMPT, demo_fast_ready
+    from lingbot_world.loaders.demo_checkpoint import DEMO_PROMPT
+    from lingbot_world.world.demos import demo_ready
+    from lingbot_world.world.models import V1_FAST
     from lingbot_world.quant.lowp_linear import Fp8Linear
-    from lingbot_world.world import WorldFiles, TextSettings, WorldSession, WorldSettings
+    from lingbot_world.world import TextSettings, WorldFiles, WorldSettings, open_session
 
     root = copy_demo()
-    assert not demo_fast_ready(root, "fp8")
+    assert not demo_ready(V1_FAST, root, "fp8")
     files = WorldFiles.demo(root, weights="fp8")  # converted from the demo's NF4 Fast model, once
-    assert files.dit.name == "lingbot_world_fast_fp8" and demo_fast_ready(root, "fp8")
+    assert files.dit.name == "lingbot_world_fast_fp8" and demo_ready(V1_FAST, root, "fp8")
     fmt, _, notes = files.check("fp8")
     assert fmt.kind == "fp8" and fmt.quant_meta["source"] == "nf4" and notes == []
     assert WorldFiles.demo(root).dit.name == "lingbot_world_fast_bnb_nf4"  # the NF4 demo is unchanged
 
     settings = WorldSettings(size="64*112", weights="fp8", text=TextSettings(device="cpu", cache_dir=demo_text_cache))
-    session = WorldSession.open(files, settings, device="cpu")
+    session = open_session(files, settings, device="cpu")
     try:
         session.start(Path(__file__).resolve().parents[1] / "assets/examples/00/image.jpg", DEMO_PROMPT)
         frames = np.concatenate([b.frames for b in session.step("w-8")])

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from lingbot_world.cli import main
-from lingbot_world.world import WorldFiles, TextSettings, WorldSession, WorldSettings
+from lingbot_world.world import TextSettings, WorldFiles, WorldSettings, open_session
 
 
 def _fp8_cli_test():
@@ -25,18 +25,19 @@ FP8_CLI = _fp8_cli_test()
 
 
 def test_int8_weights_play_as_the_batch_run(copy_demo, tmp_path, capsys):
-    from lingbot_world.loaders.demo_checkpoint import demo_fast_ready
+    from lingbot_world.world.demos import demo_ready
+    from lingbot_world.world.models import V1_FAST
 
     root = copy_demo()  # private: its INT8 copy is added here, the session's demo stays as built
-    assert not demo_fast_ready(root, "int8")
+    assert not demo_ready(V1_FAST, root, "int8")
     batch = FP8_CLI._generate(root, tmp_path, "int8")  # builds the INT8 copy from the demo's NF4 Fast model
-    assert demo_fast_ready(root, "int8") and not demo_fast_ready(root, "fp8")
+    assert demo_ready(V1_FAST, root, "int8") and not demo_ready(V1_FAST, root, "fp8")
     files = WorldFiles.demo(root, weights="int8")
     fmt, _, notes = files.check("int8")
     assert files.dit.name == "lingbot_world_fast_int8" and fmt.kind == "int8" and notes == []
     assert fmt.quant_meta["source"] == "nf4"  # the demo has only NF4 weights: said in the metadata
     text = TextSettings(device="cpu", cache_dir=tmp_path / "text")
-    with WorldSession.open(files, WorldSettings(size=FP8_CLI.SIZE, weights="int8", text=text), device="cpu") as s:
+    with open_session(files, WorldSettings(size=FP8_CLI.SIZE, weights="int8", text=text), device="cpu") as s:
         s.start(FP8_CLI.IMAGE, FP8_CLI.PROMPT)
         played = np.concatenate([b.frames for key in FP8_CLI.KEYS for b in s.step(key)])
     assert played.dtype == np.uint8 and played.shape == batch.shape and np.array_equal(played, batch)

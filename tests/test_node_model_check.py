@@ -41,10 +41,10 @@ def comfy_folders(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def built_demo(tmp_path_factory):
     """The camera demo folder, built once for the module (a few seconds)."""
-    from lingbot_world.loaders.demo_checkpoint import build_demo_fast_checkpoint
+    from lingbot_world.world.files import WorldFiles
 
     root = tmp_path_factory.mktemp("demo") / "lingbot-demo"
-    build_demo_fast_checkpoint(root)
+    WorldFiles.demo(root)
     return root
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lingbot_world.world.models import V1_FAST
+
 
 def _helpers():
     spec = importlib.util.spec_from_file_location("_lingbot_test_fast_continue_nodes", Path(__file__).with_name(
@@ -82,9 +84,9 @@ def played_latent():
     return driver().call_now(lambda session: session.latent())
 
 
-# the whole video (the state's cache moves on into the continuation); a window that keeps chunk 2 beside the sink and
-# evicts it at chunk 4 (the state's cache is copied into each continuation)
-@pytest.mark.parametrize("window,sink", [(0, 3), (9, 3)])
+# the model's play window (window 0: v1 Fast's 21 + 3, which four chunks do not fill); a window that keeps chunk 2
+# beside the sink and evicts it at chunk 4 (the state's cache is copied into each continuation either way)
+@pytest.mark.parametrize("window,sink", [(0, 0), (9, 3)])
 def test_the_state_continues_the_played_world_as_the_batch_run_and_as_playing_on(comfy, inputs, players, window,
                                                                                   sink):
     actions, state = play(inputs, window, sink)
@@ -96,12 +98,13 @@ def test_the_state_continues_the_played_world_as_the_batch_run_and_as_playing_on
     actions, state = play(inputs, window, sink)  # queued again: IS_CHANGED saw new keys
     assert actions == "w-8,wj-12" and state.state.chunks == 2
     assert N("LingBotPlay").IS_CHANGED(unique_id=NODE) == actions
-    assert state.store.evicting == bool(window)
+    assert state.store.evicting  # a played video always has a window
+    batch_window, batch_sink = (window, sink) if window else (V1_FAST.play_window, V1_FAST.play_sink)
     # the session goes on after the node ran: a second chunk 2 overwrites the cache slots the state was copied from
     rewind(1)
     step("d-12")
     whole, segment, after = C.cont(state, "a-12,s-12")
-    batch, _ = C.sampler(inputs, actions + ",a-12,s-12", used=False, window=window, sink=sink)
+    batch, _ = C.sampler(inputs, actions + ",a-12,s-12", used=False, window=batch_window, sink=batch_sink)
     assert torch.equal(whole["samples"], batch["samples"])
     assert after.state.chunks == 4 and whole["samples"].shape[2] == 12
     # playing on with the same keys gives the same video
@@ -157,7 +160,7 @@ def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, play
     with pytest.raises(MemoryError) as err:
         play(inputs, window=0)
     line = str(err.value)
-    assert "\n" not in line and "set window (21 with sink 3" in line and "disconnect the state output" in line
+    assert "\n" not in line and "lower window (21 latent frames kept)" in line and "disconnect the state output" in line
     monkeypatch.setattr(play_node, "available_ram_bytes", lambda: need + RAM_MARGIN)
     actions, state = play(inputs, window=0)  # the session was left as it was
     assert actions == "w-8" and state.store.nbytes == need
@@ -227,7 +230,7 @@ def test_a_tiny_vae_decodes_the_played_frames_and_a_new_choice_starts_a_new_sess
     from lingbot_world.wan.vae.streaming import streaming_decode_bytes
     from lingbot_world.wan.vae.tiny import TinyStreamingDecoder
     from lingbot_world.world.frames import to_uint8
-    from lingbot_world.world.opening import load_tiny, tiny_bytes
+    from lingbot_world.world.assembly import load_tiny, tiny_bytes
 
     cpu = torch.device("cpu")
     vae = inputs[1]

@@ -325,9 +325,10 @@ def _error_lines(err: str) -> list[str]:
 
 
 def support_demo_dir(cache: Path) -> Path:
-    from lingbot_world.loaders.demo_checkpoint import build_demo_fast_checkpoint, default_demo_dir
+    from lingbot_world.loaders.demo_checkpoint import default_demo_dir
+    from lingbot_world.world.files import WorldFiles
 
-    return Path(build_demo_fast_checkpoint(default_demo_dir()).root)
+    return Path(WorldFiles.demo(default_demo_dir()).root)
 
 
 def test_sigterm_stops_the_render_child_and_leaves_no_temp_files(cache, tmp_path):

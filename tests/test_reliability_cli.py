@@ -81,7 +81,7 @@ def old_video(tmp_path):
     (["--lora", "style.safetensors:inf"], "strength inf must be a finite number"),
     (["--lora", "style.safetensors:strong"], "--lora style.safetensors:strong: strength 'strong' is not a number"),
     (["--kv-layers-on-gpu", "-1"], "--kv-layers-on-gpu -1: use 0 .. 1000"),
-    (["--window", "0"], "--window 0: use 1 .. 25001"),
+    (["--window", "-1"], "--window -1: use 0 .. 25001"),
     (["--max-attention", str(2**40)], "--max-attention 1099511627776"),
     (["--camera-speed", "nan"], "--camera-speed nan"),
 ])

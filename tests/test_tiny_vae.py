@@ -205,7 +205,7 @@ def test_the_memory_plan_counts_the_tiny_decoder_instead_of_the_vae():
     from lingbot_world.wan.dit.model import DiTConfig
     from lingbot_world.wan.vae.footprint import vae_weight_bytes
     from lingbot_world.wan.vae.model import VAEConfig
-    from lingbot_world.world.opening import tiny_bytes
+    from lingbot_world.world.assembly import tiny_bytes
     from lingbot_world.world.plan import plan_world_memory
 
     with torch.device("meta"):

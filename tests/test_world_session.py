@@ -13,7 +13,7 @@ from lingbot_world.cli import main
 from lingbot_world.wan.control.actions import ActionStringError, KeyInputError
 from lingbot_world.wan.sampling.fast_state import CameraSource
 from lingbot_world.wan.sampling.sampler import Cancelled
-from lingbot_world.world import WorldFiles, TextSettings, WorldError, WorldSession, WorldSettings
+from lingbot_world.world import WorldFiles, TextSettings, WorldError, WorldSession, WorldSettings, open_session
 
 IMAGE = "assets/examples/00/image.jpg"
 PROMPT = "a lake with a lone tree"
@@ -31,7 +31,7 @@ def _settings(cache_dir, **kw) -> WorldSettings:
 
 
 def _open(files, tmp_path, **kw) -> WorldSession:
-    s = WorldSession.open(files, _settings(tmp_path.parent / "world_text_cache", **kw), device="cpu")
+    s = open_session(files, _settings(tmp_path.parent / "world_text_cache", **kw), device="cpu")
     s.start(IMAGE, PROMPT)
     return s
 
@@ -399,7 +399,7 @@ def test_tiny_vae_flags_are_refused_in_one_line(demo_ckpt, tmp_path, tiny_vae, c
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_tiny_decoder_played_on_the_gpu_equals_its_batch_run(files, demo_ckpt, tmp_path, tiny_vae):
     settings = _settings(tmp_path.parent / "world_text_cache", window=6, sink=3, tiny_vae=tiny_vae)
-    with WorldSession.open(files, settings, device="cuda") as s:
+    with open_session(files, settings, device="cuda") as s:
         s.start(IMAGE, PROMPT)
         played = _play(s, KEYS)
         s.rewind(4)

@@ -3,6 +3,7 @@ settings, memory plan, load, LoRA) and the session that drives it part by part o
 
 Every door (cli/, nodes/, player/) opens its world through here; see docs/architecture.md.
 """
+from .assembly import open_session
 from .errors import WorldError
 from .files import WorldFiles
 from .frames import ChunkFrames, FixedCondition, to_uint8
@@ -11,4 +12,4 @@ from .session import WorldSession
 from .settings import ModelSource, TextSettings, WorldSettings
 
 __all__ = ["ChunkFrames", "FixedCondition", "ModelSource", "SavedFiles", "TextSettings", "WorldError", "WorldFiles",
-           "WorldSession", "WorldSettings", "to_uint8"]
+           "WorldSession", "WorldSettings", "open_session", "to_uint8"]

@@ -70,7 +70,6 @@ def check(files: WorldFiles, settings: WorldSettings, device: torch.device, *, t
     decoder = load_tiny(settings.tiny_vae, device) if tiny else None
     for note in notes:
         log.warning("%s", note)
-    log.info("model: %s", entry.describe())
     return Checked(files, fmt, entry, loras, decoder, notes)
 
 
@@ -251,6 +250,7 @@ def open_session(files: WorldFiles, settings: Optional[WorldSettings] = None, *,
                            prepare_model=speed_preparer(settings.speed), speed=settings.speed,
                            tiny_decoder=checked.tiny)
     session.opened = Opened(checked, settings, plan.reason)
+    log.info("model: %s", checked.entry.describe())
     return session
 
 
@@ -262,8 +262,12 @@ class Opened:
     settings: WorldSettings
     plan_reason: str
 
-    def video(self, device, height: int, width: int) -> FastSettings:
-        return video_settings(self.checked, self.settings, device, height, width)
+    def new_video(self, vae, image, prompt: str, device):
+        """(height, width, conditioning track, prompt embedding, the video's settings) of a new video from an image
+        (a path or [3, H, W] in [-1, 1]) and a prompt."""
+        h, w, condition, context = start_inputs(self.checked.files, self.settings, vae, load_start_image(image),
+                                                prompt, device)
+        return h, w, condition, context, video_settings(self.checked, self.settings, device, h, w)
 
 
 def load_start_image(image: Union[str, Path, torch.Tensor]) -> torch.Tensor:

@@ -6,9 +6,10 @@ exactly the code paths a real download of NAME does (the picture is noise).
 - v2 14B: its own folder with the release's `transformers/` (float32 `model-*.safetensors` shards, their index and a
   WanModelFast config with window 18 and sink 6), quantized to NF4 while loading, and the shared umT5 / tokenizer /
   VAE files beside it.
-- v2 1.3B: its own folder holding only the DiT (float32 shards without config.json, as released); the umT5,
-  tokenizer and VAE are found in the v1 demo beside it, as a real 1.3B borrows them from another download. Its
-  width is 128 (one head of 128), so the config inferred from the shapes is the release's rule (heads = dim / 128).
+- v2 1.3B: its own folder holding only the DiT in `transformers/` (float32 shards without config.json, where
+  upstream's README puts the release); the umT5, tokenizer and VAE are found in the v1 demo beside it, as a real
+  1.3B borrows them from another download. Its width is 128 (one head of 128), so the config inferred from the
+  shapes follows the release's rule (heads = dim / 128).
 
 `--weights fp8 / int8` add the stored copy next to the DiT once (from its float or NF4 weights).
 """
@@ -36,10 +37,8 @@ def demo_root(entry: ModelEntry, demo_dir: Optional[Path] = None) -> Path:
     return default_demo_dir().parent / entry.demo.folder
 
 
-def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4"):
-    """The demo of `entry` (built once, then reused) as WorldFiles."""
-    from .files import find_in_folder
-
+def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4") -> Path:
+    """The folder of `entry`'s demo (built once, then reused; with `weights` fp8 / int8 its stored copy too)."""
     root = demo_root(entry, demo_dir)
     if entry is V1_FAST:
         build_demo_checkpoint(root, DEMO_SEED)
@@ -54,9 +53,16 @@ def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str 
         if not any(official.glob("model*.safetensors*")):
             _write_official_dit(entry, official)
     if weights in LOWP_WEIGHTS:
-        source = root / (entry.files.stored_dir("nf4") if entry is V1_FAST else entry.files.official_dir)
-        _ensure(root / entry.files.stored_dir(weights), lambda out: _convert(source, out, weights, entry))
-    return find_in_folder(root, entry.name, weights)
+        add_stored_copy(entry, root, weights)
+    return root
+
+
+def add_stored_copy(entry: ModelEntry, root: Path, weights: str) -> Path:
+    """The demo's DiT converted to FP8 / INT8 beside it (`convert-fp8` / `convert-int8`), once; its folder."""
+    source = root / (entry.files.stored_dir("nf4") if entry is V1_FAST else entry.files.official_dir)
+    out = root / entry.files.stored_dir(weights)
+    _ensure(out, lambda tmp: _convert(source, tmp, weights, entry))
+    return out
 
 
 def demo_ready(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4") -> bool:
@@ -100,7 +106,7 @@ def _write_official_dit(entry: ModelEntry, official: Path) -> None:
 
     cfg = _demo_config(entry)
     state = random_expert_state(cfg, seed=DEMO_SEED + 3)
-    with_config = bool(entry.files.official_dir) and official.name == entry.files.official_dir
+    with_config = entry.files.has_config
     extra = {"local_attn_size": entry.window or -1, "sink_size": entry.sink}
     tmp = official.parent / f".{official.name or 'dit'}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -88,12 +88,13 @@ def identify(fmt: ExpertFormat, wanted: Optional[str] = None) -> tuple[ModelEntr
         causal = False
     candidates = [e for e in registry.entries() if _same_shape(e.dit, fmt.config)
                   and (causal is None or e.causal == causal) and e.control == fmt.config.control_kind]
-    if not candidates:  # a size no release has (a tiny test model): what the user asked for, or by kind
+    if not candidates:  # a size no release has (a tiny test model): what the user asked for, or by kind and window
         if want is not None:
             return want, None
         pool = [e for e in registry.entries() if e.control == fmt.config.control_kind
                 and (e.causal if causal is None else e.causal == causal)]
-        return pool[0], None
+        window = _config_window(fmt)
+        return next((e for e in pool if window and e.window == window), pool[0]), None
     if len(candidates) > 1:
         v2 = _v2_layout(fmt)
         window = _config_window(fmt)

@@ -38,7 +38,8 @@ class WorldFiles:
         if source.demo:
             from .demos import build_demo
 
-            files = build_demo(registry.model(wanted or "v1-fast"), source.demo_dir, weights)
+            entry = registry.model(wanted or "v1-fast")
+            files = find_in_folder(build_demo(entry, source.demo_dir, weights), entry.name, weights)
         elif source.ckpt_dir is not None:
             files = find_in_folder(Path(source.ckpt_dir).expanduser(), wanted, weights, source.dit,
                                    source.assets_dir)
@@ -86,7 +87,7 @@ def _dit_dirs(entry: ModelEntry, weights: str) -> tuple[str, ...]:
     """The DiT folders to look for, best first: for fp8 / int8 weights that stored copy, then the official folder
     (quantized while loading; never the NF4 copy); for nf4 the NF4 copy first."""
     if weights in LOWP_WEIGHTS:
-        return (entry.files.stored_dir(weights), entry.files.official_dir)
+        return (entry.files.stored_dir(weights), *entry.files.official)
     return entry.files.dit_dirs
 
 

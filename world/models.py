@@ -56,6 +56,7 @@ class ModelFiles:
     hub_repo: str
     official: tuple[str, ...] = ()
     shared_files: bool = True
+    has_config: bool = True  # the release's DiT folder holds a config.json (the v2 1.3B's does not)
     experts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # base models: (("high", dirs), ("low", dirs))
     hub_note: str = ""  # where the download goes, for the docs and messages
 
@@ -95,8 +96,6 @@ class ModelEntry:
     demo: Demo
     recipe: Optional[ChunkRecipe] = None  # causal models
     schedule: Optional[BaseSchedule] = None  # base models
-    window: Optional[int] = None  # causal: latent frames the K/V cache keeps by default (None: the whole video)
-    sink: int = 0
     play_window: int = 21  # the player's window and sink (bounded memory for endless play)
     play_sink: int = 3
     aliases: tuple[str, ...] = ()
@@ -106,6 +105,15 @@ class ModelEntry:
     @property
     def causal(self) -> bool:
         return self.kind == CAUSAL
+
+    @property
+    def window(self) -> Optional[int]:
+        """The release's K/V window (latent frames; None: the whole video); base models have no cache."""
+        return self.recipe.window if self.recipe is not None else None
+
+    @property
+    def sink(self) -> int:
+        return self.recipe.sink if self.recipe is not None else 0
 
     @property
     def generation(self) -> str:
@@ -124,12 +132,12 @@ def _v1_recipe() -> ChunkRecipe:
 
 def _v2_recipe(shift: float) -> ChunkRecipe:
     # v2 image2video.py:393: [0, 250, 500, 750]; 3 steps drop the step closest to its neighbour (250), 2 keep the
-    # first and the last, as for v1
-    return ChunkRecipe(4, (0, 250, 500, 750), shift, ((3, (0, 500, 750)), (2, (0, 750))), "v2")
+    # first and the last, as for v1; the release's command keeps a window of 18 latent frames with a sink of 6
+    return ChunkRecipe(4, (0, 250, 500, 750), shift, ((3, (0, 500, 750)), (2, (0, 750))), "v2", window=18, sink=6)
 
 
 A14B = DiTConfig()  # 5120 wide, 40 heads, 40 layers (Wan2.2 I2V-A14B)
-V2_1_3B = DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30)
+V2_1_3B_DIT = DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30)
 ACT_CONTROL_IN = 7 * 64 * 4
 
 _BASE_EXPERTS = (("high", ("high_noise_model_bnb_nf4", "high_noise_model")),
@@ -162,15 +170,17 @@ V1_FAST = _add(ModelEntry(
 V2_14B = _add(ModelEntry(
     "v2-14b", "LingBot-World v2 14B (causal-fast)", CAUSAL, "camera", replace(A14B, causal=True),
     ModelFiles("robbyant/lingbot-world-v2-14b-causal-fast", ("transformers",)),
-    CC_BY_NC_SA, Demo("demo-v2-14b", 45, "lingbot_demo_v2-14b.mp4"), recipe=_v2_recipe(10.0), window=18, sink=6, play_window=18, play_sink=6,
+    CC_BY_NC_SA, Demo("demo-v2-14b", 45, "lingbot_demo_v2-14b.mp4"), recipe=_v2_recipe(10.0), play_window=18,
+    play_sink=6,
     release_name="lingbot-world-v2-14b-causal-fast"))
-V2_1_3B_ENTRY = _add(ModelEntry(
-    "v2-1.3b", "LingBot-World v2 1.3B (causal-fast)", CAUSAL, "camera", replace(V2_1_3B, causal=True),
+V2_1_3B = _add(ModelEntry(
+    "v2-1.3b", "LingBot-World v2 1.3B (causal-fast)", CAUSAL, "camera", replace(V2_1_3B_DIT, causal=True),
     ModelFiles("robbyant/lingbot-world-v2-1.3b-causal-fast", ("transformers", ""),
-               shared_files=False,
+               shared_files=False, has_config=False,
                hub_note="DiT only (six F32 shards, no config.json); the umT5 encoder, tokenizer and VAE come from a "
                         "v2 14B or v1 download"),
-    CC_BY_NC_SA, Demo("demo-v2-1.3b", 45, "lingbot_demo_v2-1.3b.mp4"), recipe=_v2_recipe(5.0), window=18, sink=6, play_window=18, play_sink=6,
+    CC_BY_NC_SA, Demo("demo-v2-1.3b", 45, "lingbot_demo_v2-1.3b.mp4"), recipe=_v2_recipe(5.0), play_window=18,
+    play_sink=6,
     aliases=("v2-1b3",), release_name="lingbot-world-v2-1.3b-causal-fast"))
 
 

@@ -53,7 +53,7 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     ram = available_ram_bytes() if ram is None else ram
     kw = dict(weights=weights, cache=kv_cache, cache_layers_on_gpu=kv_layers_on_gpu, camera=with_camera,
               compute_bytes=torch.empty(0, dtype=compute_dtype(weights, device)).element_size(),
-              seq_parallel=seq_parallel, graphs=graphs_enabled(device), camera_film=camera_film,
+              seq_parallel=seq_parallel, graphs=graphs_enabled(device, cfg), camera_film=camera_film,
               film_host=film_host, kv_fp8=kv_fp8)
     plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"

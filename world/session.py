@@ -1,4 +1,7 @@
-"""The World session: one loaded Fast model and one video, driven part by part or chunk by chunk.
+"""The World session: one loaded causal model and one video, driven part by part or chunk by chunk.
+
+Its sections live in files of their own: what was played and saving it (played.py), going back (rewinding.py),
+decoding (decoding.py); the K/V cache's placement is cache.py.
 
 Every door (the CLI's generate / continue, the ComfyUI nodes, the live player) runs the Fast model through this
 object, so a played video and a batch run are the same calls and give the same frames.
@@ -22,21 +25,21 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Optional, Union
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from ..wan.control.actions import KeyInputError, KeyTimeline
 from ..wan.dit.model import pad_context
-from ..wan.sampling.fast_sampler import FastRun, context_pass
+from ..wan.sampling.fast_sampler import FastRun
 from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
                                        plan_next_part, start_part)
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
-from ..wan.vae.streaming import StreamingDecoder, context_latents
-from ..wan.vae.tiny import TinyStreamingDecoder, tiny_context_latents
 from .cache import SessionCache
+from .decoding import SessionDecoding
 from .errors import WorldError
 from .frames import ChunkFrames, ChunkTimes, FixedCondition, to_uint8
+from .played import PlayedVideo
+from .rewinding import Rewinding
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ class _Part:
     folded: list = field(default_factory=list)  # (x, t) of each chunk's K/V-writing call with a folded context pass
 
 
-class WorldSession:
+class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
     """One Fast video at a time on one loaded model. Not thread-safe: drive it from one thread.
 
     placement: where the model and cache live, as the door manages them: `plan` (a FastMemoryPlan whose layout may
@@ -104,18 +107,14 @@ class WorldSession:
         self._closed = False
 
     @property
+    def files(self):
+        """The files a session opened from files loads (world.files.WorldFiles; None when a door placed the model)."""
+        return None if self.opened is None else self.opened.checked.files
+
+    @property
     def cache(self):
         """The K/V cache of the video (None when none is placed)."""
         return self.kv.cache
-
-    # ---- opening from files (world/assembly.open_session: the player's way) -----------------------------------
-    @classmethod
-    def open(cls, files, settings=None, *, device=None) -> "WorldSession":
-        """A session of `files` (world.files.WorldFiles) for `settings` (world.settings.WorldSettings): see
-        world.assembly.open_session."""
-        from .assembly import open_session
-
-        return open_session(files, settings, device=device)
 
     def load(self) -> None:
         """Load the model now (otherwise the first chunk does)."""
@@ -126,34 +125,11 @@ class WorldSession:
     def start(self, image, prompt: str) -> None:
         """A new video from an image (a path or [3, H, W] in [-1, 1]) and a prompt (encoded in a child process,
         cached); its size follows the image's aspect within the settings' pixel budget."""
-        from .assembly import load_start_image, start_inputs
-
         self._check_open()
         if self.opened is None:
-            raise WorldError("start() needs a session made by WorldSession.open(); use begin() otherwise")
-        pixels = load_start_image(image)
-        opened = self.opened
-        h, w, condition, context = start_inputs(opened.checked.files, opened.settings, self.vae, pixels, prompt,
-                                                self.device)
-        self.begin(condition, context, prompt, opened.video(self.device, h, w))
-
-    # ---- saving --------------------------------------------------------------------------------------------------
-    def save(self, prefix, *, write_video: Optional[Callable] = None, state: bool = False, fps: int = 16):
-        """Write what was made: prefix.mp4 (with `write_video(frames, path, fps)`, frames an iterator of uint8
-        [n, H, W, 3]), prefix.actions.txt, prefix_camera/poses.npy + intrinsics.npy (a video steered by keys)
-        and, with state=True, prefix.state to continue it later. Each file is whole or not written."""
-        from .saving import save_session
-
-        return save_session(self, prefix, write_video=write_video, state=state, fps=fps)
-
-    def trajectory_picture(self, size: tuple[int, int] = (320, 320)):
-        """A PIL picture of the camera path so far (top and side views), None before the first chunk."""
-        path = self.camera_path()
-        if path is None:
-            return None
-        from ..wan.control.trajectory_plot import plot_trajectory
-
-        return plot_trajectory(path[0], path[1], size=size, key_frames=3)
+            raise WorldError("start() needs a session opened from files (world.open_session); use begin() otherwise")
+        h, w, condition, context, settings = self.opened.new_video(self.vae, image, prompt, self.device)
+        self.begin(condition, context, prompt, settings)
 
     # ---- the video ---------------------------------------------------------------------------------------------
     def begin(self, condition, context: torch.Tensor, prompt: str, settings: Optional[FastSettings] = None) -> None:
@@ -359,172 +335,8 @@ class WorldSession:
             raise KeyInputError(f"{keys.frames} frames of keys for one chunk, which takes {need}; give at most {need}")
         return keys.padded(need)
 
-    # ---- what was played -----------------------------------------------------------------------------------------
-    def keys(self) -> Optional[KeyTimeline]:
-        """Every key frame of the video so far (None when a part had a camera or no keys)."""
-        out: Optional[KeyTimeline] = None
-        for p in self.parts:
-            k = p.plan_keys
-            if k is None:
-                return None
-            out = k if out is None else out + k
-        return out
-
-    def action_string(self) -> str:
-        """The keys so far as one action string: `generate --model fast --rule continuable --actions` of it makes
-        this video (with the same seed, size and cache rules)."""
-        k = self.keys()
-        return "" if k is None else k.to_string()
-
-    def camera_path(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """(camera-to-world poses [N, 4, 4] of every video frame so far, intrinsics [4]) of a video steered by keys.
-
-        The player draws it after every chunk: only the frames added since the last call are walked, from the
-        walk's end state (act_to_camera.walk continues a path exactly), so a long video costs no more per chunk.
-        The arrays are the session's own: read them, do not write to them."""
-        k = self.keys()
-        if k is None or not self.parts:
-            return None
-        from ..wan.control.act_to_camera import keys_to_camera
-
-        done = self._walked
-        n = 0 if done is None else done[0].shape[0]
-        if done is None or n > k.frames or not np.array_equal(done[0], k.pressed[:n]):  # a rewind or a new video
-            done, n = None, 0
-        if n < k.frames:
-            path, end = keys_to_camera(k[n:], start=None if done is None else done[3])
-            poses = np.asarray(path.poses) if done is None else np.concatenate([done[1], np.asarray(path.poses)[1:]])
-            done = self._walked = (k.pressed.copy(), poses, np.asarray(path.intrinsics[0]), end)
-        return done[1], done[2]
-
-    # ---- going back ----------------------------------------------------------------------------------------------
-    def rewind(self, parts: int) -> None:
-        """Back to the boundary after `parts` parts (chunks, for a played video); 0 = the start image."""
-        self._check_open()
-        if isinstance(parts, bool) or not isinstance(parts, int) or not 0 <= parts <= len(self.parts):
-            raise WorldError(f"rewind to {parts!r}: choose a chunk boundary from 0 to {len(self.parts)}")
-        if parts == len(self.parts):
-            return
-        with self.model_lock:
-            self._rewind(parts)
-
-    def _rewind(self, parts: int) -> None:
-        if parts == 0:
-            self.parts = []
-            self._reset_cache()
-            self._reset_decoder()
-            return
-        target = self.parts[parts - 1].state
-        cache = self.cache
-        evicted_since = cache is not None and (cache.global_end - cache.local_end
-                                               != target.kv_global_end - target.kv_local_end)
-        self.parts = self.parts[:parts]
-        self._unfinished = False
-        if cache is not None and not evicted_since and cache.local_end >= target.kv_local_end:
-            cache.global_end, cache.local_end, cache.plan = target.kv_global_end, target.kv_local_end, None
-        else:
-            self._rebuild_cache()
-        self._reset_decoder()
-
-    def _rebuild_cache(self) -> None:
-        """The cache of the kept parts, made again by replaying their context passes in order."""
-        self._release_cache()
-        model = self._ensure_model()
-        kept = list(self.parts)
-        if kept[0].resumed:
-            raise WorldError("the cache of a continued saved video cannot be rebuilt once it has evicted tokens; "
-                             "continue from the state file again to go back")
-        self.parts = []
-        self._ensure_cache(kept[-1].state.latent_frames)
-        text_len = self._text_len(model)
-        start = 0
-        before: Optional[FastState] = None
-        with torch.inference_mode():
-            for p in kept:
-                part = (plan_first_part(p.source, p.frames, self.settings) if before is None
-                        else plan_next_part(before, p.source, p.frames))
-                y = self.condition.frames(start, part.latent_frames)
-                ctx = pad_context([p.state.context], text_len).to(self.device)
-                latent = p.state.latents[-1]
-                for c in range(part.chunks):
-                    sl = slice(c * self.chunk_frames, (c + 1) * self.chunk_frames)
-                    cam = None if part.camera is None else part.camera[:, :, sl].to(self.device)
-                    # the call that wrote the chunk's K/V: the context pass on its latent at t = 0, or (a folded
-                    # context pass) its last denoising step
-                    x, t = p.folded[c] if p.folded else (latent[:, :, sl], 0)
-                    context_pass(model, x.to(self.device), ctx, y[:, :, sl].to(self.device), cam, self.cache,
-                                 start + c * self.chunk_frames, timestep=t)
-                start += part.latent_frames
-                before = p.state
-        if (self.cache.global_end, self.cache.local_end) != (before.kv_global_end, before.kv_local_end):
-            raise RuntimeError("the rebuilt cache does not end where the video does")
-        self.parts = kept
-
-    # ---- decoding ------------------------------------------------------------------------------------------------
-    def latent(self) -> torch.Tensor:
-        """The whole video's latent so far [1, 16, F, h, w] (normalised, CPU)."""
-        if not self.parts:
-            raise WorldError("no chunk made yet")
-        return self.state.latent()
-
-    def video_frames(self) -> Iterator[np.ndarray]:
-        """The whole video so far, decoded again from its latents (uint8 [n, H, W, 3] per latent frame): what a
-        batch run writes."""
-        if not self.decodes:
-            raise WorldError("this session has no VAE to decode with")
-        z = self.latent()
-        decoder = self._new_decoder()
-        try:
-            for i in range(z.shape[2]):
-                with torch.inference_mode():
-                    yield to_uint8(self._decode(decoder, z[:, :, i:i + 1].to(self.device)))
-        finally:
-            decoder.close()
-
-    @property
-    def decodes(self) -> bool:
-        """Whether this session decodes frames (it has a VAE or a tiny decoder)."""
-        return self.vae is not None or self.tiny_decoder is not None
-
-    def _decoder_for(self, on_frames):
-        if on_frames is None or not self.decodes:
-            return None
-        if self.decoder is None:
-            self.decoder = self._new_decoder()
-            if self.parts:  # start from the frames before (decoded as they were: maybe in bf16)
-                z = self.latent()
-                if self.tiny_decoder is not None:
-                    n = tiny_context_latents(self.tiny_decoder.cfg, z.shape[2])
-                else:
-                    n = context_latents(self.vae.cfg, z.shape[2])
-                with torch.inference_mode():
-                    self._decode(self.decoder, z[:, :, z.shape[2] - n:].to(self.device))
-        return self.decoder
-
-    def _new_decoder(self):
-        """The tiny decoder's streaming decoder, or the VAE's with the device's norm + SiLU (speed/vae_norm.py:
-        fused on a CUDA GPU with Triton)."""
-        if self.tiny_decoder is not None:
-            return TinyStreamingDecoder(self.tiny_decoder)
-        from ..speed.vae_norm import decoder_norm_silu
-
-        return StreamingDecoder(self.vae, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.vae.device))
-
-    def _decode(self, decoder, z: torch.Tensor) -> torch.Tensor:
-        """The frames of latent frames `z`, in bf16 when the speed plan's decode lever says so."""
-        from ..speed.decode import decode_precision
-        from ..speed.levers import plan_levers
-
-        with decode_precision(self.device, plan_levers(self.speed)["decode_bf16"]):
-            return decoder.decode(z)
-
     def _run_options(self) -> dict:
         return self.speed.fast_run_options(self.settings.recipe) if self.speed is not None else {}
-
-    def _reset_decoder(self) -> None:
-        if self.decoder is not None:
-            self.decoder.close()
-        self.decoder = None
 
     # ---- the model and the cache ---------------------------------------------------------------------------------
     def _ensure_model(self) -> nn.Module:
@@ -566,21 +378,6 @@ class WorldSession:
         self._unfinished = False
         self._release_cache()  # a new video may have another prompt (text K/V) and a ring may have rotated
         self._close_film_store()
-
-    def _after_interrupt(self, run: Optional[FastRun]) -> None:
-        """A part stopped mid-way: the video stays at its last complete part (the cache goes back there)."""
-        self._reset_decoder()
-        if self.cache is None:
-            return
-        keep = self.parts[-1].state if self.parts else None
-        ge, le = (keep.kv_global_end, keep.kv_local_end) if keep is not None else (0, 0)
-        c = self.cache
-        if c.global_end - c.local_end == ge - le and c.local_end >= le:
-            c.global_end, c.local_end, c.plan = ge, le, None
-        elif keep is None:
-            self._release_cache()
-        else:
-            self._rebuild_cache()
 
     # ---- the end -----------------------------------------------------------------------------------------------
     def park(self):

@@ -48,7 +48,8 @@ def ensure_demo(name: str, roots: Sequence[str]) -> Optional[Path]:
     `name` is not a demo entry or there is no folder to build in."""
     if not is_demo_entry(name) or not roots:
         return None
-    from ...loaders.demo_checkpoint import build_demo_checkpoint, build_demo_fast_checkpoint
+    from ...loaders.demo_checkpoint import build_demo_checkpoint
+    from ...world.files import WorldFiles
 
     folder, entry = Path(name).parts
     root = Path(roots[0]) / folder
@@ -56,7 +57,7 @@ def ensure_demo(name: str, roots: Sequence[str]) -> Optional[Path]:
         if not (root / entry).exists():
             log.info("LingBot-World: building the tiny demo checkpoint (random weights) in %s", root)
             if entry == FAST:
-                build_demo_fast_checkpoint(root)
+                WorldFiles.demo(root)
             else:
                 build_demo_checkpoint(root, control=DEMO_FOLDERS[folder])
     return root / entry

@@ -271,6 +271,7 @@ class CacheLayout:
     max_attention: Optional[int]
     reference_exact: bool  # same attention as the release (whole video cached, or its max_attention_size)
     note: Optional[str] = None
+    chunk_frames: int = 3  # latent frames a forward writes (what the memory plan sizes its activations for)
 
     def make(self, num_layers: int, heads: int, head_dim: int, *, batch: int = 1, dtype=torch.bfloat16,
              device=None, cache_text: bool = True, fill=None, round_kv=None) -> KVCache:
@@ -289,7 +290,8 @@ class CacheLayout:
 
 def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *,
                  window_frames: Optional[int] = None, sink_frames: int = 0,
-                 max_attention: Optional[int] = None) -> CacheLayout:
+                 max_attention: Optional[int] = None,
+                 release: tuple[Optional[int], int] = (None, 0)) -> CacheLayout:
     """The cache for a video of `latent_frames` (tokens per latent frame `frame_tokens`).
 
     Default: the released pipeline's, the whole video (nothing is ever evicted).
@@ -297,8 +299,9 @@ def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *
     Then only those need to be kept, so the cache holds max(max_attention, one chunk) tokens and evicts the oldest:
     the attended keys are the same as the release's with that flag (reference-exact), in bounded memory.
     window_frames / sink_frames (latent frames; the reference model's `local_attn_size` / `sink_size`): keep the
-    latest `window_frames` frames, of which the first `sink_frames` of the video are never evicted. Not what the
-    released pipeline does (it caches the whole video); for videos longer than the cache can hold.
+    latest `window_frames` frames, of which the first `sink_frames` of the video are never evicted: for videos
+    longer than the cache can hold. release: the model's released (window, sink) (v1 Fast: the whole video; v2:
+    18 and 6), which decides whether the layout is the release's.
     """
     chunk = chunk_frames * frame_tokens
     whole = latent_frames * frame_tokens
@@ -311,10 +314,11 @@ def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *
         raise ValueError(f"a sink of {sink_frames} frames only matters with a window: give the window size too")
     if window_frames is None:
         if max_attention is None or max_attention >= whole:
-            return CacheLayout(whole, 0, False, None, True)
+            return CacheLayout(whole, 0, False, None, True, chunk_frames=chunk_frames)
         return CacheLayout(max(max_attention, chunk), 0, True, max_attention, True,
                            f"each chunk attends to the latest {max_attention} tokens "
-                           f"({max_attention / frame_tokens:.1f} latent frames); the cache keeps only those")
+                           f"({max_attention / frame_tokens:.1f} latent frames); the cache keeps only those",
+                           chunk_frames)
     for name, value, low in (("window", window_frames, chunk_frames), ("sink", sink_frames, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} of {value!r} latent frames must be an integer >= {low}")
@@ -324,7 +328,14 @@ def cache_layout(latent_frames: int, frame_tokens: int, chunk_frames: int = 3, *
     if window_frames >= latent_frames:
         return CacheLayout(whole, 0, False, max_attention, True,
                            f"the window of {window_frames} latent frames covers the whole video "
-                           f"({latent_frames}); nothing is evicted")
-    return CacheLayout(window_frames * frame_tokens, sink_frames * frame_tokens, True, max_attention, False,
+                           f"({latent_frames}); nothing is evicted", chunk_frames)
+    released = (window_frames, sink_frames) == tuple(release) and max_attention is None
+    if released:
+        why = "the model's release"
+    elif release[0] is None:
+        why = "not the released pipeline's output, which caches the whole video"
+    else:
+        why = f"not the release's window of {release[0]} with a {release[1]}-frame sink"
+    return CacheLayout(window_frames * frame_tokens, sink_frames * frame_tokens, True, max_attention, released,
                        f"window of {window_frames} latent frames with a {sink_frames}-frame sink: the oldest frames "
-                       "after the sink are dropped (not the released pipeline's output, which caches the whole video)")
+                       f"after the sink are dropped ({why})", chunk_frames)

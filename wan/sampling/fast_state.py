@@ -81,7 +81,8 @@ class FastSettings:
     def layout(self, latent_frames: int) -> CacheLayout:
         """The cache of a video of `latent_frames` (the whole video so far plus the next part)."""
         return cache_layout(latent_frames, self.frame_tokens, self.chunk_frames, window_frames=self.window,
-                            sink_frames=self.sink, max_attention=self.max_attention)
+                            sink_frames=self.sink, max_attention=self.max_attention,
+                            release=(self.recipe.window, self.recipe.sink))
 
     @property
     def evicting(self) -> bool:
@@ -113,6 +114,10 @@ class FastSettings:
 
     def check_continue(self, here: "FastSettings", source: str = "the state") -> None:
         """Refuse (one line naming the difference and the fix) to continue `self` with the settings `here`."""
+        if self.model_name and here.model_name and self.model_name != here.model_name:
+            raise StateMismatchError(
+                f"{source} was made with the model {self.model_name}; this run loads {here.model_name}: continue it "
+                f"with --model {self.model_name} and that model's files")
         if self.model and here.model and self.model != here.model:
             raise StateMismatchError(
                 f"{source} was made with another Fast model ({self.model_label or self.model[:12]}); this run loads "

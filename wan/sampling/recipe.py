@@ -25,6 +25,9 @@ class ChunkRecipe:
     # fewer-step variants the speed levers may pick: ((steps, indices), ...), e.g. ((3, (0, 358, 679)), (2, (0, 679)))
     fewer_steps: tuple[tuple[int, tuple[int, ...]], ...] = ()
     camera_form: str = "v1"
+    # the release's K/V cache: latent frames kept and never evicted (None: the whole video, v1 Fast's release)
+    window: Optional[int] = None
+    sink: int = 0
 
     def __post_init__(self):
         if isinstance(self.chunk_frames, bool) or not isinstance(self.chunk_frames, int) or self.chunk_frames < 1:
@@ -71,15 +74,18 @@ class ChunkRecipe:
 
     def describe(self) -> str:
         ts = list(self.schedule().timesteps)
+        window = (f", a K/V window of {self.window} latent frames with a {self.sink}-frame sink"
+                  if self.window is not None else "")
         return (f"chunks of {self.chunk_frames} latent frames, {self.steps} steps at timesteps {ts} "
-                f"(shift {self.shift:g})")
+                f"(shift {self.shift:g}){window}")
 
     def to_json(self) -> dict:
         return {"chunk_frames": self.chunk_frames, "step_indices": list(self.step_indices), "shift": self.shift,
-                "fewer_steps": [[n, list(ix)] for n, ix in self.fewer_steps], "camera_form": self.camera_form}
+                "fewer_steps": [[n, list(ix)] for n, ix in self.fewer_steps], "camera_form": self.camera_form,
+                "window": self.window, "sink": self.sink}
 
     @classmethod
     def from_json(cls, d: dict) -> "ChunkRecipe":
         return cls(int(d["chunk_frames"]), tuple(int(i) for i in d["step_indices"]), float(d["shift"]),
                    tuple((int(n), tuple(int(i) for i in ix)) for n, ix in d.get("fewer_steps", ())),
-                   str(d.get("camera_form", "v1")))
+                   str(d.get("camera_form", "v1")), d.get("window"), int(d.get("sink", 0)))

@@ -1,0 +1,169 @@
+"""bench_fast_speed's cases: each a speed preset, options and levers over it, and what the child does with them
+(a longer video, a profile, another decoder, another plan); the defaults and issue 26's targets."""
+from __future__ import annotations
+
+
+def _draft2_tiny(**kw) -> dict:
+    """A case of `draft --chunk-steps 2 --tiny-vae` (the issue's fastest preset), compiled, with `kw` on top."""
+    return dict(preset="draft", compile="blocks", levers=dict(steps=2), tiny_vae=True, **kw)
+
+
+CASES: dict[str, dict] = {
+    "exact": dict(preset="exact"),  # eager bf16: the reference of every error
+    # the fastest exact path (compiled even for a 7-chunk video); its frames are the reference of the decode levers
+    "auto": dict(preset="auto", compile="blocks", save_frames=True),
+    "fast": dict(preset="fast", compile="blocks"),
+    "draft": dict(preset="draft", compile="blocks"),
+    # each lever alone, on top of the auto preset
+    "fp8_gemm": dict(preset="auto", compile="blocks", compute="fp8", attention="sdpa"),
+    "fp8_attn": dict(preset="auto", compile="blocks", attention="fp8"),
+    "draft_fp8_attn": dict(preset="draft", compile="blocks", attention="fp8"),  # draft + cuDNN's FP8 attention
+    # a rolled 2-step draft chunk with cuDNN's FP8 attention for its 4,680 queries over the 23,400-key window too
+    # (the product runs it only where queries >= keys / FP8_MIN_QUERY_SHARE): fixed shapes once the window rolls,
+    # so no graph is built inside the timed chunks
+    "draft_rolling_steps2_tiny_vae_fp8_attn": _draft2_tiny(chunks=16, attention="fp8", fp8_min_query_share=8,
+                                                           reference="draft_rolling_steps2_tiny_vae"),
+    # the FP8 K/V cache (draft's kv_fp8 lever): alone on auto (its error), and draft without it; *_before: draft as
+    # planned before the bf16 decode was counted (the decoder's share planned in float32) and without the FP8 cache
+    "kv_fp8": dict(preset="auto", compile="blocks", levers=dict(kv_fp8=True)),
+    "draft_kv_bf16": dict(preset="draft", compile="blocks", levers=dict(kv_fp8=False)),
+    "draft_before": dict(preset="draft", compile="blocks", levers=dict(kv_fp8=False), vae_plan_f32=True),
+    "draft_rolling_kv_bf16": dict(preset="draft", compile="blocks", chunks=16, levers=dict(kv_fp8=False),
+                                  reference="draft_rolling"),
+    "draft_rolling_before": dict(preset="draft", compile="blocks", chunks=16, levers=dict(kv_fp8=False),
+                                 vae_plan_f32=True, reference="draft_rolling"),
+    # the FP8 cache under `fast` (link-bound on a 24 GB card: it halves the K/V bytes streamed per chunk), and
+    # `draft` with the integer-op kernels an RTX 30xx runs (no hardware e4m3 there; the same bits: error 0)
+    "fast_kv_fp8": dict(preset="fast", compile="blocks", levers=dict(kv_fp8=True)),
+    "fast_kv_bf16": dict(preset="fast", compile="blocks", levers=dict(kv_fp8=False)),
+    "draft_kv_bits": dict(preset="draft", compile="blocks", fp8_kernel="bits", reference="draft"),
+    "draft_again": dict(preset="draft", compile="blocks", reference="draft"),  # the same case twice: error 0
+    # 2 steps per chunk ([999, 825]) instead of draft's 3: a third fewer model calls
+    "draft_steps2": dict(preset="draft", compile="blocks", levers=dict(steps=2)),
+    "draft_rolling_steps2": dict(preset="draft", compile="blocks", chunks=16, levers=dict(steps=2),
+                                 reference="draft_rolling"),
+    "fp8_weights": dict(preset="auto", compile="blocks", weights="fp8"),  # stored e4m3 weights, FP8 GEMMs
+    "int8_weights": dict(preset="auto", compile="blocks", weights="int8"),  # stored int8 weights, INT8 GEMMs (sm80+)
+    "fast_fp8_weights": dict(preset="fast", compile="blocks", weights="fp8"),  # + FP8 attention
+    "draft_fp8_weights": dict(preset="draft", compile="blocks", weights="fp8"),  # + the draft chunk levers
+    "steps3": dict(preset="auto", compile="blocks", levers=dict(steps=3)),
+    "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
+    "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),
+    "auto_overlap": dict(preset="auto", compile="blocks", levers=dict(decode_overlap=True), save_frames=True),
+    "auto_decode_bf16": dict(preset="auto", compile="blocks", levers=dict(decode_bf16=True), save_frames=True),
+    "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
+    "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
+    "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
+    # the tiny decoder (--tiny-vae; a random taew2_1-format file in --workdir) instead of the VAE: decode and plan
+    "draft_tiny_vae": dict(preset="draft", compile="blocks", tiny_vae=True),
+    "draft_steps2_tiny_vae": _draft2_tiny(),
+    "draft_rolling_steps2_tiny_vae": _draft2_tiny(chunks=16),
+    "draft_steps2_tiny_vae_vae_plan": _draft2_tiny(tiny_plan_as_vae=True),
+    "fast_tiny_vae": dict(preset="fast", compile="blocks", tiny_vae=True),
+    "draft_rolling_steps2_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True,
+                                                         reference="draft_rolling_steps2_tiny_vae"),
+    "draft_steps2_fp8_weights_tiny_vae": _draft2_tiny(weights="fp8"),
+    "auto_tiny_vae": dict(preset="auto", compile="blocks", tiny_vae=True, save_frames=True),
+    # NF4 weights prepared in two passes (bnb's dequantize, then the row quantizer) instead of quant/nf4_rows.py's
+    # one kernel: the same latents (error 0), the time the kernel saves
+    "draft_steps2_tiny_vae_two_pass": _draft2_tiny(env={"LINGBOT_NF4_ROWS": "0"}, reference="draft_steps2_tiny_vae"),
+    "draft_rolling_steps2_tiny_vae_two_pass": _draft2_tiny(chunks=16, env={"LINGBOT_NF4_ROWS": "0"},
+                                                           reference="draft_rolling_steps2_tiny_vae"),
+    "draft_two_pass": dict(preset="draft", compile="blocks", env={"LINGBOT_NF4_ROWS": "0"}, reference="draft"),
+    "fast_two_pass": dict(preset="fast", compile="blocks", env={"LINGBOT_NF4_ROWS": "0"}, reference="fast"),
+    # the warm-up a whole video long (every cache length seen once) instead of two chunks: first-use costs
+    "draft_steps2_tiny_vae_warm_video": _draft2_tiny(warm_video=True, reference="draft_steps2_tiny_vae"),
+    # an FP8 cache's layers kept on the card as codes (the plan does so when RAM is short; *_codes always): about
+    # twice as many layers, the host layers spread among them, their uploads ahead on a stream of their own;
+    # against the same room in bf16 layers (*_bf16_layers: never codes, the host layers after them). The same bits.
+    "draft_steps2_tiny_vae_codes": _draft2_tiny(kv_codes_on_gpu=True, reference="draft_steps2_tiny_vae_bf16_layers"),
+    "draft_steps2_tiny_vae_bf16_layers": _draft2_tiny(kv_codes_on_gpu=False),
+    "draft_rolling_steps2_tiny_vae_codes": _draft2_tiny(chunks=16, kv_codes_on_gpu=True,
+                                                        reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
+    "draft_rolling_steps2_tiny_vae_bf16_layers": _draft2_tiny(chunks=16, kv_codes_on_gpu=False),
+    "draft_rolling_steps2_tiny_vae_codes_one_ahead": _draft2_tiny(
+        chunks=16, kv_codes_on_gpu=True, env={"LINGBOT_KV_UPLOAD_AHEAD": "0"},
+        reference="draft_rolling_steps2_tiny_vae_bf16_layers"),
+    "draft_steps2_tiny_vae_codes_profile": _draft2_tiny(kv_codes_on_gpu=True, profile=True),
+    "draft_steps2_tiny_vae_bf16_layers_profile": _draft2_tiny(kv_codes_on_gpu=False, profile=True),
+    "draft_codes": dict(preset="draft", compile="blocks", kv_codes_on_gpu=True, reference="draft_bf16_layers"),
+    "draft_bf16_layers": dict(preset="draft", compile="blocks", kv_codes_on_gpu=False),
+    "draft_steps2_tiny_vae_whole_card": _draft2_tiny(cap_gib=None, reference="draft_steps2_tiny_vae"),
+    # the camera FiLM computed at every call: with 2 calls a chunk, keeping it saves one computation per block
+    "draft_steps2_tiny_vae_no_film": _draft2_tiny(film=False, reference="draft_steps2_tiny_vae"),
+    "draft_steps2_tiny_vae_profile": _draft2_tiny(profile=True),
+    "draft_steps2_tiny_vae_host_gaps": _draft2_tiny(profile=True, host_gaps=True),
+    # the same case again, for a pair run on one machine (e.g. before and after a change): its latents against
+    # the first's
+    "draft_steps2_tiny_vae_again": _draft2_tiny(reference="draft_steps2_tiny_vae"),
+    "link": dict(kind="link"),  # pinned RAM <-> device copies alone: GB/s one way, the other, both at once
+    "auto_profile": dict(preset="auto", compile="blocks", profile=True),
+    "exact_profile": dict(preset="exact", profile=True),
+    "fast_profile": dict(preset="fast", compile="blocks", profile=True),
+    "fp8_weights_profile": dict(preset="auto", compile="blocks", weights="fp8", profile=True),
+    "fast_fp8_weights_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True),
+    "draft_profile": dict(preset="draft", compile="blocks", profile=True),
+    "draft_steps2_profile": dict(preset="draft", compile="blocks", profile=True, levers=dict(steps=2)),
+    "draft_kv_bf16_profile": dict(preset="draft", compile="blocks", profile=True, levers=dict(kv_fp8=False)),
+    "draft_fp8_weights_profile": dict(preset="draft", compile="blocks", weights="fp8", profile=True),
+    # the same chunk with Python stacks: each host-bound idle gap charged to the code the host was in
+    "draft_host_gaps": dict(preset="draft", compile="blocks", profile=True, host_gaps=True),
+    "auto_host_gaps": dict(preset="auto", compile="blocks", profile=True, host_gaps=True),
+    # the whole card (the cache on the GPU, nothing streamed): are a capped chunk's idle gaps K/V waits or the host?
+    "draft_whole_card_profile": dict(preset="draft", compile="blocks", profile=True, cap_gib=None),
+    "fast_fp8_weights_whole_card_profile": dict(preset="fast", compile="blocks", weights="fp8", profile=True,
+                                                cap_gib=None),
+    # a 16-chunk video: the window rolls from chunk 7 (auto, 21 frames) / chunk 5 (draft, 15); *_graphs replay the
+    # blocks from CUDA graphs from then on (speed/block_graphs.py, LINGBOT_CUDA_GRAPHS=1), the others launch every
+    # kernel (errors against the same preset without graphs: 0 is a replay that gives the eager run's bits)
+    # eager (no compile) with the window rolled, with and without CUDA graphs: for the v2 1.3B, whose small kernels
+    # leave the GPU waiting on the host more than a 14B's do
+    "exact_rolling": dict(preset="exact", chunks=16),
+    "exact_rolling_graphs": dict(preset="exact", chunks=16, graphs=True, reference="exact_rolling"),
+    "draft_rolling_steps2_tiny_vae_eager": dict(preset="draft", compile="off", levers=dict(steps=2), tiny_vae=True,
+                                                chunks=16, reference="draft_rolling_steps2_tiny_vae"),
+    "draft_rolling_steps2_tiny_vae_eager_graphs": dict(preset="draft", compile="off", levers=dict(steps=2),
+                                                       tiny_vae=True, chunks=16, graphs=True,
+                                                       reference="draft_rolling_steps2_tiny_vae_eager"),
+    "auto_rolling": dict(preset="auto", compile="blocks", chunks=16),
+    "auto_rolling_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True, reference="auto_rolling"),
+    "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),
+    "draft_rolling_graphs": dict(preset="draft", compile="blocks", chunks=16, graphs=True,
+                                 reference="draft_rolling"),
+    # the camera FiLM kept per chunk (the plan's film_blocks: the room the model and the cache layers leave)
+    # against computed at every call: the same latents (error 0 against the case with it), the time it saves; on
+    # the 24 GB cap (little room there) and the whole card (every block's)
+    "exact_no_film": dict(preset="exact", film=False, reference="exact"),
+    "auto_no_film": dict(preset="auto", compile="blocks", film=False, reference="auto"),
+    "draft_no_film": dict(preset="draft", compile="blocks", film=False, reference="draft"),
+    "auto_whole_card": dict(preset="auto", compile="blocks", cap_gib=None),
+    "auto_whole_card_no_film": dict(preset="auto", compile="blocks", cap_gib=None, film=False,
+                                    reference="auto_whole_card"),
+    "draft_whole_card": dict(preset="draft", compile="blocks", cap_gib=None),
+    "auto_rolling_no_film": dict(preset="auto", compile="blocks", chunks=16, film=False, reference="auto_rolling"),
+    "draft_rolling_no_film": dict(preset="draft", compile="blocks", chunks=16, film=False,
+                                  reference="draft_rolling"),
+    # the same videos on the whole card (the cache on the GPU, nothing streamed): do the 24 GB rows wait on the
+    # K/V streamed from RAM once the window is full? (measured on an H100: no, 2.949 against 2.936 s)
+    "auto_rolling_whole_card": dict(preset="auto", compile="blocks", chunks=16, cap_gib=None),
+    "auto_rolling_whole_card_no_film": dict(preset="auto", compile="blocks", chunks=16, cap_gib=None, film=False,
+                                            reference="auto_rolling_whole_card"),
+    "draft_rolling_whole_card": dict(preset="draft", compile="blocks", chunks=16, cap_gib=None),
+    "draft_whole_card_no_film": dict(preset="draft", compile="blocks", cap_gib=None, film=False,
+                                     reference="draft_whole_card"),
+    # the FiLM of the blocks the 24 GB card has no room for kept in pinned RAM and streamed back (the plan's
+    # film_host_blocks, the default) against the device's few blocks alone: the same latents, the time it saves
+    "auto_film_device": dict(preset="auto", compile="blocks", film_host=False, reference="auto"),
+    "draft_film_device": dict(preset="draft", compile="blocks", film_host=False, reference="draft"),
+    "auto_rolling_film_device": dict(preset="auto", compile="blocks", chunks=16, film_host=False,
+                                     reference="auto_rolling"),
+    "draft_rolling_film_device": dict(preset="draft", compile="blocks", chunks=16, film_host=False,
+                                      reference="draft_rolling"),
+}
+DEFAULT_CASES = ["exact", "auto", "fast", "draft"]
+# seconds per chunk (DiT + decode) on one H100 / H200 with the 24 GB cap, per model: issue 26's for v1 Fast (a
+# 12-frame chunk), issue 48's for v2 (a 16-frame chunk)
+TARGETS = {"v1-fast": {"exact": None, "auto": 1.6, "fast": 1.0, "draft": 0.75},
+           "v2-14b": {"auto": 2.9},
+           "v2-1.3b": {"exact": 0.80, "auto": 0.60, "draft_steps2_tiny_vae": 0.30}}
+TARGETS_S = TARGETS["v1-fast"]

@@ -1,0 +1,67 @@
+"""What a World session has played: its keys, its camera path, the picture of it, and saving it to files (a mixin of
+WorldSession, world/session.py)."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..wan.control.actions import KeyTimeline
+
+
+class PlayedVideo:
+    """The video so far as keys, a camera path and files. Uses the session's `parts` and `_walked`."""
+
+    def save(self, prefix, *, write_video: Optional[Callable] = None, state: bool = False, fps: int = 16):
+        """Write what was made: prefix.mp4 (with `write_video(frames, path, fps)`, frames an iterator of uint8
+        [n, H, W, 3]), prefix.actions.txt, prefix_camera/poses.npy + intrinsics.npy (a video steered by keys)
+        and, with state=True, prefix.state to continue it later. Each file is whole or not written."""
+        from .saving import save_session
+
+        return save_session(self, prefix, write_video=write_video, state=state, fps=fps)
+
+    def trajectory_picture(self, size: tuple[int, int] = (320, 320)):
+        """A PIL picture of the camera path so far (top and side views), None before the first chunk."""
+        path = self.camera_path()
+        if path is None:
+            return None
+        from ..wan.control.trajectory_plot import plot_trajectory
+
+        return plot_trajectory(path[0], path[1], size=size, key_frames=3)
+
+    def keys(self) -> Optional[KeyTimeline]:
+        """Every key frame of the video so far (None when a part had a camera or no keys)."""
+        out: Optional[KeyTimeline] = None
+        for p in self.parts:
+            k = p.plan_keys
+            if k is None:
+                return None
+            out = k if out is None else out + k
+        return out
+
+    def action_string(self) -> str:
+        """The keys so far as one action string: `generate --model fast --rule continuable --actions` of it makes
+        this video (with the same seed, size and cache rules)."""
+        k = self.keys()
+        return "" if k is None else k.to_string()
+
+    def camera_path(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(camera-to-world poses [N, 4, 4] of every video frame so far, intrinsics [4]) of a video steered by keys.
+
+        The player draws it after every chunk: only the frames added since the last call are walked, from the
+        walk's end state (act_to_camera.walk continues a path exactly), so a long video costs no more per chunk.
+        The arrays are the session's own: read them, do not write to them."""
+        k = self.keys()
+        if k is None or not self.parts:
+            return None
+        from ..wan.control.act_to_camera import keys_to_camera
+
+        done = self._walked
+        n = 0 if done is None else done[0].shape[0]
+        if done is None or n > k.frames or not np.array_equal(done[0], k.pressed[:n]):  # a rewind or a new video
+            done, n = None, 0
+        if n < k.frames:
+            path, end = keys_to_camera(k[n:], start=None if done is None else done[3])
+            poses = np.asarray(path.poses) if done is None else np.concatenate([done[1], np.asarray(path.poses)[1:]])
+            done = self._walked = (k.pressed.copy(), poses, np.asarray(path.intrinsics[0]), end)
+        return done[1], done[2]
