@@ -129,7 +129,7 @@ def _planned_by_the_node(monkeypatch, speed_node) -> list:
 
 
 def test_speed_node_offers_the_presets(monkeypatch):
-    from lingbot_world.nodes import speed_node
+    from lingbot_world.nodes import speed as speed_node
 
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["speed"]
     assert opt[0] == ["custom", "exact", "fast", "draft", "auto"] and opt[1]["default"] == "custom"
@@ -181,7 +181,7 @@ def test_cli_chunk_steps_reach_the_plan_and_are_a_fast_model_flag():
 
 
 def test_speed_node_chunk_steps_widget(monkeypatch):
-    from lingbot_world.nodes import speed_node
+    from lingbot_world.nodes import speed as speed_node
 
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["chunk_steps"]
     assert opt[0] == ["from preset", "4", "3", "2"] and opt[1]["default"] == "from preset"

@@ -61,7 +61,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
 
     placement: where the model and cache live, as the door manages them: `plan` (a FastMemoryPlan whose layout may
     be replaced here), `make_cache(fill=None)` -> KVCache, `placement` (the CachePlacement made), `release_cache()`,
-    `close()`; the CLI's `memory.kv_placement.FastPlacement`, or ComfyUI's (nodes/fast_host.py).
+    `close()`; the CLI's `memory.kv_placement.FastPlacement`, or ComfyUI's (nodes/adapters/fast_host.py).
     load_model(): the model, loaded as the plan says (called once, when the first part needs it).
     prepare_model(model) -> model: speed options, a parallel layout (called once after the load).
     vae: a WanVAE on the device for streaming decode (None: the door decodes the latents itself).
