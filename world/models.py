@@ -59,6 +59,7 @@ class ModelFiles:
     has_config: bool = True  # the release's DiT folder holds a config.json (the v2 1.3B's does not)
     experts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # base models: (("high", dirs), ("low", dirs))
     hub_note: str = ""  # where the download goes, for the docs and messages
+    hub_dir: str = ""  # where the repository's root goes in a models folder ("" = a folder of the release's name)
 
     @property
     def official_dir(self) -> str:
@@ -116,6 +117,11 @@ class ModelEntry:
         return self.recipe.sink if self.recipe is not None else 0
 
     @property
+    def hub_dir(self) -> str:
+        """The folder (relative to a models folder) that a download of the model's hub repository fills."""
+        return self.files.hub_dir or self.release_name
+
+    @property
     def generation(self) -> str:
         return self.name.split("-")[0]
 
@@ -165,7 +171,8 @@ V1_BASE_ACT = _add(ModelEntry(
 V1_FAST = _add(ModelEntry(
     "v1-fast", "LingBot-World Fast", CAUSAL, "camera", replace(A14B, causal=True),
     ModelFiles("robbyant/lingbot-world-fast", ("lingbot_world_fast",),
-               hub_note="the release puts lingbot_world_fast/ inside lingbot-world-base-cam/"),
+               hub_note="the release puts lingbot_world_fast/ inside lingbot-world-base-cam/",
+               hub_dir="lingbot-world-base-cam/lingbot_world_fast"),
     APACHE, Demo("demo-v1", 33, "lingbot_demo_fast.mp4"), recipe=_v1_recipe(), aliases=("fast",), release_name="lingbot-world-fast"))
 V2_14B = _add(ModelEntry(
     "v2-14b", "LingBot-World v2 14B (causal-fast)", CAUSAL, "camera", replace(A14B, causal=True),
