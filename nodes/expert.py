@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
-from .adapters import comfy_paths, host_memory, model_check
+from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for
 from .adapters.payloads import CATEGORY, EXPERTS, MEMORY_MODES, SPEED, WEIGHT_MODES, ExpertPair
@@ -52,9 +52,10 @@ class LingBotExpertLoader:
         return {
             "required": {
                 "high_noise_expert": (high_names, {**high_opts, **short_labels(), "tooltip": (
-                    "High-noise expert (first steps, t >= boundary): a folder with config.json + model.safetensors "
-                    "(e.g. high_noise_model_bnb_nf4), the official sharded folder, or a single .safetensors file, "
-                    "from models/lingbot_world or models/diffusion_models.")}),
+                    "High-noise expert (first steps, t >= boundary): the release's folder (e.g. "
+                    "lingbot-world-base-cam/high_noise_model, read through its NF4 copy, made beside it on the first "
+                    "load), an NF4 folder (config.json + model.safetensors), or a single .safetensors file, from "
+                    "models/lingbot_world or models/diffusion_models. Not installed: turn on download.")}),
                 "low_noise_expert": (low_names, {**low_opts, **short_labels(), "tooltip": (
                     "Low-noise expert (remaining steps), same kinds of files as the high-noise one.")}),
                 "weights": (list(WEIGHT_MODES), {"default": "nf4", "tooltip": (
@@ -75,12 +76,13 @@ class LingBotExpertLoader:
                 "speed": (SPEED, {"tooltip": (
                     "From LingBot Speed Options (torch.compile, FP8/INT8 matrix multiplies, attention kernel). "
                     "Unconnected: compile auto, compute bf16, attention auto.")}),
+                "download": model_fetch.DOWNLOAD,
             },
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, high_noise_expert=None, low_noise_expert=None):
-        return model_check.expert_pair(high_noise_expert, low_noise_expert)
+    def VALIDATE_INPUTS(cls, high_noise_expert=None, low_noise_expert=None, download=None):
+        return model_check.expert_pair(high_noise_expert, low_noise_expert, download)
 
     RETURN_TYPES = (EXPERTS,)
     RETURN_NAMES = ("experts",)
@@ -90,7 +92,7 @@ class LingBotExpertLoader:
     DESCRIPTION = "Selects the two LingBot-World DiT experts (NF4 or bf16) and how they share GPU memory."
 
     def load(self, high_noise_expert: str, low_noise_expert: str, weights: str = "nf4", memory_mode: str = "auto",
-             blocks_on_gpu: int = -1, speed=None):
+             blocks_on_gpu: int = -1, speed=None, download: bool = False):
         import comfy.model_management as mm
 
         from ..speed.options import SpeedOptions
@@ -103,8 +105,14 @@ class LingBotExpertLoader:
             raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
         if not -1 <= int(blocks_on_gpu) <= MAX_BLOCKS:
             raise ValueError(f"blocks_on_gpu must be between -1 (plan it) and {MAX_BLOCKS}, got {blocks_on_gpu}")
-        high = comfy_paths.resolve_expert(high_noise_expert, "high-noise expert")
-        low = comfy_paths.resolve_expert(low_noise_expert, "low-noise expert")
+        device = mm.get_torch_device()
+        reads = [model_fetch.read_folder(name, widget, weights, bool(download), device) for name, widget in
+                 ((high_noise_expert, "high_noise_expert"), (low_noise_expert, "low_noise_expert"))]
+        high, low = reads[0].path, reads[1].path
+        if any(r.said.startswith(("made", "read the")) for r in reads):
+            from .adapters.progress import show_on_node
+
+            show_on_node(f"high-noise: {reads[0].said}; low-noise: {reads[1].said}")
         fmt_high, fmt_low = detect_format(high), detect_format(low)  # header checks only: wrong files fail here
         for fmt in (fmt_high, fmt_low):
             note = check_model_kind(fmt, "base")  # the Fast model belongs in LingBot Fast Model Loader
@@ -119,7 +127,6 @@ class LingBotExpertLoader:
         elif speed.compute != "bf16" and weights != "nf4":
             raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
                              f"set weights to nf4 or compute to bf16")
-        device = mm.get_torch_device()
         patchers = {}
         for name, fmt in (("high", fmt_high), ("low", fmt_low)):
             w = ExpertWeights(name, fmt, weights, keep_in_ram=memory_mode == "swap_pinned", speed=speed)

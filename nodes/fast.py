@@ -8,7 +8,7 @@ between model calls and previews, and shows the frames and the memory plan on th
 (raw Wan 2.1 latent), like LingBot Sampler, and the video's state for LingBot Fast Continue.
 
 LingBot Fast Sampler -> Fast Continue -> Fast Continue ...: each Continue goes on with new keys (or a new camera)
-from the state of the node before it, adds whole chunks (12 frames each), shows its chunks as they come (progress,
+from the state of the node before it, adds whole chunks (the model's chunk: 12 frames for v1, 16 for v2), shows its chunks as they come (progress,
 previews), and outputs the whole video so far, the new part alone and the state. Each part runs through the World
 session too; how the states of one chain share one K/V cache in RAM: adapters/fast_state_store.py.
 
@@ -30,12 +30,13 @@ from ..wan.sampling.fast_state import FAST_MODES, plan_first_part, plan_next_par
 from ..world import assembly
 from ..world.session import FixedCondition
 from ..world.settings import MODEL_DEFAULT, WorldSettings
-from .adapters import comfy_paths, host_memory, model_check
+from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.expert_weights import ExpertWeights
 from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text,
                                  condition_track, fast_settings, open_fast_world, run_fast_part)
 from .adapters.fast_state_store import FastStateHandle, KVStore, state_line, state_output_used
 from .adapters.lora_attach import patcher_with_lora
+from .adapters.model_fetch import DOWNLOAD
 from .adapters.payloads import (CAMERA, CATEGORY, CONTEXT_KEY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput,
                                 I2VCondition, TextEmbeds, VAEHandle)
 from .adapters.progress import show_on_node
@@ -57,15 +58,20 @@ class LingBotFastLoader:
         return {
             "required": {
                 "fast_model": (names, {**opts, **short_labels(), "tooltip": (
-                    "The Fast model: lingbot_world_fast/ from huggingface.co/robbyant/lingbot-world-fast (placed in "
-                    "the lingbot-world-base-cam folder; quantized to NF4 while loading) or its NF4 copy "
-                    "(lingbot-world convert-expert), in models/lingbot_world or models/diffusion_models.")}),
+                    "A causal model, told from its weights: v1 Fast (lingbot-world-base-cam/lingbot_world_fast, "
+                    "huggingface.co/robbyant/lingbot-world-fast, Apache-2.0), v2 14B "
+                    "(lingbot-world-v2-14b-causal-fast/transformers) or v2 1.3B (lingbot-world-v2-1.3b-causal-fast); "
+                    "the v2 weights are licensed CC BY-NC-SA 4.0 (non-commercial use only). A release folder is "
+                    "read through its NF4 (or FP8 / INT8) copy, made beside it on the first load; a model not "
+                    "installed yet is downloaded with the download switch on. In models/lingbot_world or "
+                    "models/diffusion_models.")}),
                 "weights": (list(FAST_WEIGHT_MODES), {"default": "nf4", "tooltip": (
-                    "nf4: 4-bit weights on the GPU (about 9.6 GB). bf16: plain bf16 weights (37 GB; big GPUs). fp8: "
-                    "pick the FP8 copy made by `lingbot-world convert-fp8` (lingbot_world_fast_fp8, 18.6 GB); its "
-                    "GEMMs run in FP8 on Ada / Hopper GPUs (RTX 40xx, H100). int8: pick the INT8 copy made by "
-                    "`lingbot-world convert-int8` (lingbot_world_fast_int8, same size); its GEMMs run in INT8 on "
-                    "Ampere and newer (RTX 30xx).")}),
+                    "nf4: 4-bit weights on the GPU (14B: about 9.6 GB); a release folder's NF4 copy is made beside "
+                    "it on the first load. bf16: plain bf16 weights (14B: 37 GB; big GPUs). fp8: FP8 weights (14B: "
+                    "18.6 GB), GEMMs in FP8 on Ada / Hopper GPUs (RTX 40xx, H100). int8: INT8 weights (same size), "
+                    "GEMMs in INT8 on Ampere and newer (RTX 30xx). The FP8 / INT8 copy of a release folder is made "
+                    "once beside it (<folder>_fp8, <folder>_int8), or pick a copy made by `convert-fp8` / "
+                    "`convert-int8`.")}),
                 "kv_cache": (list(CACHE_PLACEMENTS), {"default": "auto", "tooltip": (
                     "Where the K/V cache of the video lives (26.8 GB at 480x832x81): gpu (the reference's layout), "
                     "host (pinned RAM, each layer streamed to the GPU one layer ahead; for 16-24 GB cards), auto "
@@ -77,23 +83,26 @@ class LingBotFastLoader:
                     "/ attention. fast and draft keep the K/V cache in FP8 (half the RAM); draft also runs 3 steps "
                     "per chunk, folds the context pass into the last step and keeps a 15-frame window. Without it: "
                     "the exact defaults.")}),
+                "download": DOWNLOAD,
             },
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, fast_model=None):
-        """At queue time: the model is installed and is the Fast model (the pack's message names the folder)."""
-        return model_check.expert("fast_model", fast_model, want="fast")
+    def VALIDATE_INPUTS(cls, fast_model=None, download=None):
+        """At queue time: the model is installed (or the download switch fetches it) and is a causal model (the
+        pack's message names the folder, where it comes from and its licence)."""
+        return model_check.expert("fast_model", fast_model, want="fast", download=bool(download))
 
     RETURN_TYPES = (FAST_MODEL,)
     RETURN_NAMES = ("fast_model",)
     OUTPUT_TOOLTIPS = ("The Fast model, loaded on demand by LingBot Fast Sampler",)
     FUNCTION = "load"
     CATEGORY = CATEGORY
-    DESCRIPTION = ("Selects LingBot-World-Fast (causal, 4 steps per chunk of 3 latent frames, no CFG) and where its "
-                   "K/V cache lives.")
+    DESCRIPTION = ("Selects a causal LingBot-World model (v1 Fast, Apache-2.0; v2 14B or 1.3B, CC BY-NC-SA 4.0: "
+                   "non-commercial) and where its K/V cache lives; downloads it when missing (download switch) and "
+                   "makes its NF4 / FP8 / INT8 copy once.")
 
-    def load(self, fast_model: str, weights: str = "nf4", kv_cache: str = "auto", speed=None):
+    def load(self, fast_model: str, weights: str = "nf4", kv_cache: str = "auto", speed=None, download: bool = False):
         import comfy.model_management as mm
 
         from .adapters.patchers import ExpertContainer, ExpertPatcher
@@ -102,8 +111,9 @@ class LingBotFastLoader:
             raise ValueError(f"weights must be one of {FAST_WEIGHT_MODES}, got {weights!r}")
         if kv_cache not in CACHE_PLACEMENTS:
             raise ValueError(f"kv_cache must be one of {CACHE_PLACEMENTS}, got {kv_cache!r}")
-        path = comfy_paths.resolve_expert(fast_model, "Fast model")
         device = mm.get_torch_device()
+        chosen = model_fetch.read_folder(fast_model, "fast_model", weights, download, device)
+        path = chosen.path
         # the model told from its weights (a base expert refused with the fix), every tensor checked now
         checked = assembly.check_dit(path, WorldSettings(weights=weights), device)
         fmt = checked.fmt
@@ -116,6 +126,7 @@ class LingBotFastLoader:
         patcher = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))
         log.info("LingBot-World: %s from %s (%s), weights=%s, kv_cache=%s", checked.entry.describe(), path, fmt.kind,
                  weights, kv_cache)
+        show_on_node(f"{checked.entry.title}: {chosen.said}; {checked.entry.licence.line()}")
         return (FastModel(patcher, checked, weights, kv_cache, speed),)
 
 
@@ -129,8 +140,8 @@ class LingBotFastSampler:
                 "fast_model": (FAST_MODEL, {"tooltip": "From LingBot Fast Model Loader"}),
                 "text": (TEXT, {"tooltip": "From LingBot Text Encode (the negative prompt is not used: no CFG)"}),
                 "i2v": (I2V, {"tooltip": (
-                    "From LingBot Image To Video. The Fast model generates whole chunks of 3 latent frames "
-                    "(12 video frames): 81 frames stay 81, 25 become 21 (the log says so).")}),
+                    "From LingBot Image To Video. A causal model generates whole chunks (v1 Fast: 12 video "
+                    "frames, v2: 16): a length between two chunks is cut to the last whole one (the node says so).")}),
                 "seed": ("INT", {"default": 42, "min": 0, "max": MAX_SEED, "control_after_generate": True, "tooltip": (
                     "Noise seed (initial noise and every re-noise draw come from it).")}),
                 "noise_source": (list(NOISE_SOURCES), {"default": "cpu", "tooltip": (
@@ -175,7 +186,7 @@ class LingBotFastSampler:
     )
     FUNCTION = "sample"
     CATEGORY = CATEGORY
-    DESCRIPTION = ("LingBot-World-Fast: 4 steps per chunk of 3 latent frames with a K/V cache, no CFG; progress per "
+    DESCRIPTION = ("A causal LingBot-World model (v1 Fast, v2): 4 steps per chunk with a K/V cache, no CFG; progress per "
                    "chunk and step, a preview of every finished chunk, cancel between model calls. Its state output "
                    "continues the video in LingBot Fast Continue.")
 

@@ -14,7 +14,7 @@ import logging
 import torch
 
 from ..loaders.expert_format import detect_format
-from .adapters import comfy_paths, host_memory, model_check
+from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for
 from .adapters.payloads import CATEGORY, WEIGHT_MODES
@@ -71,12 +71,13 @@ class LingBotModelLoader:
                 "keep_in_ram": ("BOOLEAN", {"default": False, "tooltip": (
                     "When ComfyUI unloads this expert, keep a copy in pinned RAM (about 10 GB) so the next load "
                     "is a fast copy instead of a disk read.")}),
-            }
+            },
+            "optional": {"download": model_fetch.DOWNLOAD},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, expert=None):
-        return model_check.expert("expert", expert)
+    def VALIDATE_INPUTS(cls, expert=None, download=None):
+        return model_check.expert("expert", expert, download=bool(download))
 
     RETURN_TYPES = ("MODEL",)
     RETURN_NAMES = ("model",)
@@ -87,7 +88,8 @@ class LingBotModelLoader:
     DESCRIPTION = ("Loads one LingBot-World expert (NF4) as a native ComfyUI MODEL; ComfyUI's model management "
                    "streams it to the GPU when a sampler needs it.")
 
-    def load(self, expert: str, weights: str = "nf4", lora_apply: str = "on_the_fly", keep_in_ram: bool = False):
+    def load(self, expert: str, weights: str = "nf4", lora_apply: str = "on_the_fly", keep_in_ram: bool = False,
+             download: bool = False):
         import comfy.model_management as mm
 
         from .adapters.native_model import LingBotWorldModel
@@ -97,7 +99,12 @@ class LingBotModelLoader:
             raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
         if lora_apply not in LORA_APPLY:
             raise ValueError(f"lora_apply must be one of {LORA_APPLY}, got {lora_apply!r}")
-        path = comfy_paths.resolve_expert(expert, "expert")
+        read = model_fetch.read_folder(expert, "expert", weights, bool(download), mm.get_torch_device())
+        path = read.path
+        if read.said.startswith(("made", "read the")):
+            from .adapters.progress import show_on_node
+
+            show_on_node(read.said)
         fmt = detect_format(path)  # header checks only: a wrong file fails here, before anything is loaded
         device = mm.get_torch_device()
         w = ExpertWeights(role_of(path), fmt, weights, keep_in_ram=bool(keep_in_ram))

@@ -12,6 +12,7 @@ from ..loaders.t5_tokenizer import MAX_LENGTH, resolve_tokenizer_source
 from ..text_encoder.encode import TextEncoderStopped, encode_prompts
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from .adapters import comfy_paths
+from .adapters.model_fetch import DOWNLOAD
 from .adapters.conditioning import to_conditioning
 from .adapters.payloads import CATEGORY, TEXT, TextEmbeds
 from .adapters.progress import TextEncodeProgress
@@ -84,14 +85,19 @@ class LingBotTextEncode:
         encoders = comfy_paths.list_text_encoders()
         from ..loaders.model_folders import pick_default
 
-        default = pick_default(encoders, "umt5", avoid=("demo",)) or pick_default(encoders, "t5", avoid=("demo",))
+        from .adapters.model_fetch import is_installed
+
+        there = [n for n in encoders if is_installed(n)]  # not a download offered before it is made
+        default = pick_default(there, "umt5", avoid=("demo",)) or pick_default(there, "t5", avoid=("demo",))
         enc_opts = {"default": default} if default else {}
         return {
             "required": {
                 "text_encoder": (encoders, {**enc_opts, **short_labels(), "tooltip": (
                     "umT5-XXL encoder: umt5_xxl_fp16 / fp8_e4m3fn_scaled .safetensors (Comfy-Org repackaged, in "
                     "models/text_encoders) or the release's models_t5_umt5-xxl-enc-bf16.pth. It runs in a separate "
-                    "process that exits after encoding, so its 11 GB never stay in ComfyUI.")}),
+                    "process that exits after encoding, so its 11 GB never stay in ComfyUI. "
+                    "lingbot-world-base-cam/models_t5_umt5-xxl-enc-bf16.pth (with its tokenizer) is downloaded "
+                    "from the release with the download switch on.")}),
                 "tokenizer": (comfy_paths.list_tokenizers(), {"default": comfy_paths.AUTO_TOKENIZER, **short_labels(), "advanced": True,
                                                                "tooltip": (
                     "auto: the tokenizer stored inside Comfy-Org's umt5 .safetensors, or a google/umt5-xxl/ or "
@@ -106,14 +112,16 @@ class LingBotTextEncode:
                 "cache": ("BOOLEAN", {"default": True, "advanced": True, "tooltip": (
                     "Keep embeddings on disk (ComfyUI user folder, lingbot_world/text_cache): a repeated prompt "
                     "never starts the encoder again.")}),
-            }
+            },
+            "optional": {"download": DOWNLOAD},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, text_encoder=None, tokenizer=None):
+    def VALIDATE_INPUTS(cls, text_encoder=None, tokenizer=None, download=None):
         from .adapters import model_check
 
-        return model_check._first(model_check.text_encoder(text_encoder), model_check.tokenizer(tokenizer))
+        return model_check._first(model_check.text_encoder(text_encoder, bool(download)),
+                                  model_check.tokenizer(tokenizer))
 
     RETURN_TYPES = (TEXT, "CONDITIONING", "CONDITIONING")
     RETURN_NAMES = ("text", "positive", "negative")
@@ -126,12 +134,13 @@ class LingBotTextEncode:
                    "LingBot Sampler and as native CONDITIONING.")
 
     def encode(self, text_encoder: str, tokenizer: str, prompt: str, negative_prompt: str, device: str = "auto",
-               cache: bool = True):
+               cache: bool = True, download: bool = False):
         import comfy.model_management as mm
 
+        from .adapters.model_fetch import resolve
         from .adapters.patchers import TextEncoderSlot, unload_patcher
 
-        encoder = comfy_paths.resolve_text_encoder(text_encoder)
+        encoder = resolve(text_encoder, "text_encoder", comfy_paths.resolve_text_encoder, bool(download))
         tok = comfy_paths.resolve_tokenizer(tokenizer)
         negative = negative_prompt if negative_prompt.strip() else DEFAULT_NEGATIVE_PROMPT
         texts = [prompt, negative]

@@ -8,7 +8,7 @@ from ..loaders.vae_files import load_vae
 from ..loaders.vae_shapes import vae_config_for_file
 from ..wan.vae.footprint import vae_work_bytes
 from ..wan.vae.model import DEFAULT_OVERLAP
-from .adapters import comfy_paths, host_memory, model_check
+from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _combo
 from .adapters.payloads import CATEGORY, CONTEXT_KEY, VAE, VAEHandle
 from .adapters.ui_hints import short_labels, show_if
@@ -26,13 +26,15 @@ class LingBotVAELoader:
             "required": {
                 "vae_name": (names, {**opts, **short_labels(), "tooltip": (
                     "Wan 2.1 VAE: wan_2.1_vae.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged) in models/vae, or "
-                    "the release's Wan2.1_VAE.pth in models/lingbot_world.")}),
-            }
+                    "the release's Wan2.1_VAE.pth in models/lingbot_world (lingbot-world-base-cam/Wan2.1_VAE.pth is "
+                    "downloaded from the release with the download switch on).")}),
+            },
+            "optional": {"download": model_fetch.DOWNLOAD},
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, vae_name=None):
-        return model_check.vae(vae_name)
+    def VALIDATE_INPUTS(cls, vae_name=None, download=None):
+        return model_check.vae(vae_name, bool(download))
 
     RETURN_TYPES = (VAE,)
     RETURN_NAMES = ("vae",)
@@ -41,13 +43,13 @@ class LingBotVAELoader:
     CATEGORY = CATEGORY
     DESCRIPTION = "Loads the Wan2.1 video VAE used by LingBot-World (float32, exact reference maths)."
 
-    def load(self, vae_name: str):
+    def load(self, vae_name: str, download: bool = False):
         import comfy.model_management as mm
         import comfy.model_patcher
 
         from .adapters.patchers import VAEContainer
 
-        path = comfy_paths.resolve_vae(vae_name)
+        path = model_fetch.resolve(vae_name, "vae_name", comfy_paths.resolve_vae, bool(download))
         cfg = vae_config_for_file(path)
         vae = load_vae(path, device=mm.vae_offload_device(), config=cfg)
         host_memory.track(vae)

@@ -240,8 +240,43 @@ def test_the_fast_loader_checks_its_model_at_queue_time(comfy_folders):
 
     fast = NODE_CLASS_MAPPINGS["LingBotFastLoader"]
     msg = fast.VALIDATE_INPUTS("lingbot-world-base-cam/lingbot_world_fast")
-    assert msg.startswith("fast_model 'lingbot-world-base-cam/lingbot_world_fast' was not found")
+    # the Fast model's own files and repository (not the NF4 experts' advice), and how to get them from the graph
+    assert msg.startswith("fast_model: lingbot-world-base-cam/lingbot_world_fast is not installed. It is the "
+                          "LingBot-World Fast's DiT: config.json and the *.safetensors shards with their index, from "
+                          "huggingface.co/robbyant/lingbot-world-fast into "), msg
+    assert "download switch" in msg and "Apache-2.0" in msg and "cahlen" not in msg
+    assert fast.VALIDATE_INPUTS("lingbot-world-base-cam/lingbot_world_fast", True) is True  # the node fetches it
+    v2 = fast.VALIDATE_INPUTS("lingbot-world-v2-1.3b-causal-fast")
+    assert "CC BY-NC-SA 4.0" in v2 and "non-commercial" in v2 and "robbyant/lingbot-world-v2-1.3b-causal-fast" in v2
+    other = fast.VALIDATE_INPUTS("my_models/fast")
+    assert "lingbot-world-base-cam/lingbot_world_fast" in other and "EXPERT" not in other.upper().split("FAST")[0]
     assert fast.VALIDATE_INPUTS("lingbot-demo/lingbot_world_fast_bnb_nf4") is True
+    # a base expert offered in the Fast loader is refused by kind before anything is fetched
+    assert "pick it in LingBot Expert Loader" in fast.VALIDATE_INPUTS("lingbot-world-base-cam/high_noise_model", True)
+
+
+def test_the_experts_of_one_release_get_one_message_and_download_offers_are_listed(comfy_folders):
+    from lingbot_world.nodes.adapters import comfy_paths
+
+    msg = LingBotExpertLoader.VALIDATE_INPUTS("lingbot-world-base-cam/high_noise_model",
+                                              "lingbot-world-base-cam/low_noise_model")
+    assert msg.startswith("high_noise_expert, low_noise_expert: the LingBot-World Base (Cam) experts are not "
+                          "installed"), msg
+    assert msg.count("robbyant/lingbot-world-base-cam") == 1 and "high_noise_model/, low_noise_model/" in msg
+    assert LingBotExpertLoader.VALIDATE_INPUTS("lingbot-world-base-cam/high_noise_model",
+                                               "lingbot-world-base-cam/low_noise_model", True) is True
+    listed = comfy_paths.list_experts()
+    for name in ("lingbot-world-base-cam/high_noise_model", "lingbot-world-base-act/low_noise_model",
+                 "lingbot-world-base-cam/lingbot_world_fast", "lingbot-world-v2-14b-causal-fast/transformers",
+                 "lingbot-world-v2-1.3b-causal-fast"):
+        assert name in listed, name
+    assert "lingbot-world-base-cam/models_t5_umt5-xxl-enc-bf16.pth" in comfy_paths.list_text_encoders()
+    assert "lingbot-world-base-cam/Wan2.1_VAE.pth" in comfy_paths.list_vaes()
+    # an offer is never a new node's default while something installed (here: the demo) is there
+    assert LingBotExpertLoader.INPUT_TYPES()["required"]["high_noise_expert"][1]["default"].startswith("lingbot-demo/")
+    te = LingBotTextEncode.VALIDATE_INPUTS("lingbot-world-base-cam/models_t5_umt5-xxl-enc-bf16.pth", "auto")
+    assert "the folder google/umt5-xxl/" in te and "models_t5_umt5-xxl-enc-bf16.pth" in te and "download switch" in te
+    assert LingBotVAELoader.VALIDATE_INPUTS("lingbot-world-base-cam/Wan2.1_VAE.pth", True) is True
 
 
 def test_node_text_counts_in_words():

@@ -81,6 +81,8 @@ NATIVE = {
     "VAEDecode": {"input": {"required": {"samples": ["LATENT"], "vae": ["VAE"]}},
                   "input_order": {"required": ["samples", "vae"]}, "output": ["IMAGE"], "output_name": ["IMAGE"],
                   "display_name": "VAE Decode"},
+    "PreviewAny": {"input": {"required": {"source": ["*", {}]}}, "input_order": {"required": ["source"]},
+                   "output": [], "output_name": [], "display_name": "Preview Any"},
     "ModelSamplingSD3": {"input": {"required": {"model": ["MODEL"],
                                                 "shift": ["FLOAT", {"default": 3.0, "min": 0.0, "max": 100.0, "step": 0.01}]}},
                          "input_order": {"required": ["model", "shift"]}, "output": ["MODEL"], "output_name": ["MODEL"],
@@ -93,6 +95,8 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "LingBotCameraFromFiles.trajectory", "LingBotActions.key_files"}
 NATIVE_WORKFLOWS = ("Image to video with native KSamplers, camera preset", "Image to video with native KSamplers and LoRA",
                     "Tiny CPU demo with native KSamplers (random weights)")
+PLAY_WORKFLOWS = ("Play the Fast model live with keys", "Tiny CPU demo, Play (random weights)")
+V2_WORKFLOWS = ("V2 1.3B causal model, camera preset", "Tiny CPU demo, v2 1.3B model (random weights)")
 
 
 # ---- a stand-in for ComfyUI's folder_paths ------------------------------------------------------------------
@@ -297,13 +301,15 @@ def test_comfy_paths_lists_and_resolves_across_folders(fake_folder_paths):
     (base / "models" / "vae" / "wan_2.1_vae.safetensors").write_bytes(b"x")
 
     from lingbot_world.nodes.adapters.demo_models import demo_entries
+    from lingbot_world.nodes.adapters.model_fetch import downloadable
 
-    # the demo's entries come last (built on first use)
+    # the demo's entries (built on first use) and the releases the loaders download come last
     assert comfy_paths.list_experts() == ["ckpt/high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4",
-                                          *demo_entries("experts"), *demo_entries("fast")]
+                                          *demo_entries("experts"), *demo_entries("fast"), *downloadable("experts"),
+                                          *downloadable("fast")]
     assert comfy_paths.list_text_encoders() == ["umt5_xxl_fp16.safetensors", "ckpt/models_t5_umt5-xxl-enc-bf16.pth",
-                                                *demo_entries("text_encoder")]
-    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors", *demo_entries("vae")]
+                                                *demo_entries("text_encoder"), *downloadable("text_encoder")]
+    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors", *demo_entries("vae"), *downloadable("vae")]
     assert comfy_paths.resolve_expert("low_noise_model_bnb_nf4") == base / "models/diffusion_models/low_noise_model_bnb_nf4"
     assert comfy_paths.resolve_text_encoder("ckpt/models_t5_umt5-xxl-enc-bf16.pth").parent == lingbot / "ckpt"
     assert comfy_paths.resolve_tokenizer("auto") is None
@@ -495,7 +501,8 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
     assert {p.stem for p in files} == {ACT_WORKFLOW, FAST_WORKFLOW, CONTINUE_WORKFLOW, "Image to video, camera preset",
                                        "Image to video, recorded trajectory", "Tiny CPU demo (random weights)",
                                        "Tiny CPU demo, Fast model (random weights)",
-                                       "Tiny CPU demo, Act model (random weights)", *NATIVE_WORKFLOWS}
+                                       "Tiny CPU demo, Act model (random weights)", *NATIVE_WORKFLOWS, *PLAY_WORKFLOWS,
+                                       *V2_WORKFLOWS}
     for path in files:
         ui = json.loads(path.read_text())
         assert ui["version"] == 0.4 and ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
@@ -519,6 +526,8 @@ def test_example_workflows_match_the_nodes_and_their_api_copies(fake_folder_path
             assert [g["title"] for g in ui["groups"]] == ["Step 1 – Load models", "Step 2 – Image + camera",
                                                           "Step 3 – Prompt", "Step 4 – Sample + save"]
             _check_two_pass(api)
+        elif path.stem in PLAY_WORKFLOWS:  # the live player, the keys it played shown on Preview Any
+            kinds = ("LoadImage", "LingBotFastLoader", "LingBotImageToVideo", "LingBotPlay", "PreviewAny")
         else:
             fast = "LingBotFastSampler" in chain
             kinds = ("LoadImage", "LingBotVAEDecode", "CreateVideo", "SaveVideo",
@@ -619,31 +628,33 @@ def test_templates_are_up_to_date_with_the_template_tool():
     assert main(["--check"]) == 0, "run: python -m lingbot_world.tools.update_templates"
 
 
-def test_every_template_names_its_model_files_for_the_missing_models_dialog():
-    """Each model a loader points at is in the workflow's `models` (expert folders: each file inside) or its node's
-    `properties.models`, with where it goes and an https download link; the demos need none (built on first use)."""
+def test_every_template_model_is_downloadable_from_the_graph():
+    """Each LingBot loader's choice is a release layout the loader downloads itself (world/hub.py: its part of the
+    model's hub repository) and the Missing Models dialog lists only what it can download: the core loaders'
+    repackaged .safetensors, with where they go and an https link; no folder, .json or .pth entry (issue 49)."""
     from lingbot_world.nodes.adapters.example_inputs import shipped_files
+    from lingbot_world.world.hub import part_for
 
-    expert_widgets = {"LingBotExpertLoader": (0, 1), "LingBotModelLoader": (0,), "LingBotFastLoader": (0,)}
-    file_widgets = {"LingBotTextEncode", "LingBotVAELoader", "CLIPLoader", "VAELoader"}
+    pack_widgets = {"LingBotExpertLoader": (0, 1), "LingBotModelLoader": (0,), "LingBotFastLoader": (0,),
+                    "LingBotTextEncode": (0,), "LingBotVAELoader": (0,)}
     for path in sorted((REPO / "example_workflows").glob("*.json")):
         ui = json.loads(path.read_text())
-        top = {m["name"]: m for m in ui.get("models", [])}
+        assert "models" not in ui, path.name  # the dialog lists the workflow's own entries too
         for node in ui["nodes"]:
             values = node.get("widgets_values") or []
             if node["type"] == "LoadImage":  # Load Image lists only the top of input/
                 assert "/" not in values[0] and values[0] in shipped_files(), (path.name, values[0])
+            models = node.get("properties", {}).get("models", [])
+            for m in models:
+                assert m["url"].startswith("https://huggingface.co/") and m["name"].endswith(".safetensors"), m
+                assert m["directory"] in ("text_encoders", "vae") and m["name"] == values[0], m
+            if node["type"] in ("CLIPLoader", "VAELoader"):
+                assert [m["name"] for m in models] == [values[0]], (path.name, node["type"])
             if node.get("mode", 0) == 4 or "demo" in path.stem.lower():
                 continue
-            for i in expert_widgets.get(node["type"], ()):
-                inside = [n for n in top if n.startswith(values[i] + "/")]
-                assert any(n.endswith(".safetensors") or n.endswith(".index.json") for n in inside), (path.name, values[i])
-                assert any(n.endswith("config.json") for n in inside), (path.name, values[i])
-            if node["type"] in file_widgets:
-                assert values[0] in [m["name"] for m in node["properties"].get("models", [])], (path.name, values[0])
-        for m in list(top.values()) + [m for n in ui["nodes"] for m in n.get("properties", {}).get("models", [])]:
-            assert m["url"].startswith("https://huggingface.co/") and m["directory"] in (
-                "lingbot_world", "text_encoders", "vae"), m
+            for i in pack_widgets.get(node["type"], ()):
+                assert part_for(values[i]) is not None, (path.name, values[i])
+                assert not models, (path.name, node["type"], models)
 
 
 def test_the_link_checker_catches_a_link_that_enters_the_wrong_slot():

@@ -75,6 +75,23 @@ def camera_picture(ui: dict) -> Optional[Image.Image]:
     return None
 
 
+def keys_picture() -> Image.Image:
+    """LingBot Play's keys, as the player's panel shows them: W A S D to move, I J K L to look."""
+    img = Image.new("RGB", (480, 200), BACKGROUND)
+    draw = ImageDraw.Draw(img)
+    key = 50
+    for x0, rows, label in ((20, ("W", "ASD"), "move"), (260, ("I", "JKL"), "look")):
+        for r, row in enumerate(rows):
+            for i, ch in enumerate(row):
+                x = x0 + (key + 8) * (i + (1 if len(row) == 1 else 0))
+                y = 20 + r * (key + 8)
+                draw.rounded_rectangle((x, y, x + key, y + key), 8, outline=(220, 220, 220), width=3)
+                draw.text((x + key // 2 - 4, y + key // 2 - 6), ch, fill=(240, 240, 240))
+        draw.text((x0 + 60, 150), label, fill=(200, 200, 200))
+    draw.text((20, 178), "played live in a panel over the graph", fill=(160, 160, 160))
+    return img
+
+
 def chained_actions(ui: dict) -> list[str]:
     """The action strings of a Fast Sampler -> Fast Continue -> ... chain, part by part (empty without one): with
     the continuable rule the parts are one walk of the concatenated keys, so the thumbnail draws the whole walk."""
@@ -134,7 +151,7 @@ def thumbnail(ui: dict, demo: Optional[list[Image.Image]] = None) -> Image.Image
     is_demo = loader is not None and str(loader["widgets_values"][0]).startswith(DEMO_EXPERT)
     if is_demo:
         return compose(first_frame(ui), frame_strip(demo if demo is not None else demo_frames()))
-    picture = camera_picture(ui)
+    picture = camera_picture(ui) or (keys_picture() if _node(ui, "LingBotPlay") is not None else None)
     if picture is None:
         raise ValueError("no camera node to draw")
     return compose(first_frame(ui), picture)

@@ -7,12 +7,13 @@ What it does to every template:
 - link table: each link's target slot is the slot that lists it (the frontend repairs a wrong one on every load);
 - widgets added since a template was saved get their defaults (LingBot Sampler's `previews`);
 - Load Image points at an example the pack copies to the TOP of ComfyUI/input (Load Image lists only that level);
-- the Missing Models dialog gets every model file with where it goes and a download link: file widgets on their
-  node (`properties.models`), expert folders at the workflow level, one entry per file inside the folder;
+- every LingBot loader names the release's own layout (its loader downloads it, world/hub.py), and the Missing
+  Models dialog lists only the core loaders' repackaged .safetensors (`properties.models`), which it can download;
 - LoRA loaders that point at a file no one has are bypassed (Ctrl+B turns them on);
 - the native tiny demo reads the tiny demo's own VAE through LingBot VAE Loader / Decode (no 254 MB download);
 - the LingBot-Sampler templates are laid out in the native templates' four groups;
-- two more demo templates (Fast, Act) are derived from the Fast and Act ones, on the tiny demo's files.
+- the derived templates (tools/template_demos.py): the Fast, Act, Play and v2 1.3B demos on the tiny demo's files,
+  the Play template and the v2 1.3B template, from the Fast graph.
 """
 from __future__ import annotations
 
@@ -22,16 +23,15 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from . import template_demos as td
+from .template_demos import DEMO, NATIVE_DEMO, demo_notes, fast_layout
+from .template_models import NOTES, use_release_files
+
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO / "example_workflows"
 HF = "https://huggingface.co"
-NF4_REPO = f"{HF}/cahlen/lingbot-world-base-cam-nf4/resolve/main"
 COMFY_WAN21 = f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
 COMFY_WAN22 = f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
-NF4_EXPERT_FILES = ("model.safetensors", "config.json", "quantization_meta.json")
-RELEASE_EXPERT_FILES = ("diffusion_pytorch_model.safetensors.index.json", "config.json")  # plus its shards
-RELEASES = {"lingbot-world-base-act": f"{HF}/robbyant/lingbot-world-base-act/resolve/main",
-            "lingbot-world-base-cam": f"{HF}/robbyant/lingbot-world-fast/resolve/main"}
 FILE_MODELS = {  # widget value -> (directory, url)
     "umt5_xxl_fp16.safetensors": ("text_encoders", f"{COMFY_WAN21}/text_encoders/umt5_xxl_fp16.safetensors"),
     "umt5_xxl_fp8_e4m3fn_scaled.safetensors": (
@@ -40,17 +40,11 @@ FILE_MODELS = {  # widget value -> (directory, url)
 }
 FILE_WIDGETS = {"LingBotTextEncode": "text_encoder", "LingBotVAELoader": "vae_name", "CLIPLoader": "clip_name",
                 "VAELoader": "vae_name"}
-EXPERT_WIDGETS = {"LingBotExpertLoader": ("high_noise_expert", "low_noise_expert"), "LingBotModelLoader": ("expert",),
-                  "LingBotFastLoader": ("fast_model",)}
 IMAGES = {"lingbot_examples/00/image.jpg": "lingbot_example_00.jpg",
           "lingbot_examples/03/image.jpg": "lingbot_example_03.jpg",
           "lingbot_examples/05/image.jpg": "lingbot_example_05.jpg",
           "lingbot_examples/demo_image.jpg": "lingbot_demo_image.jpg",
           "example.png": "lingbot_example_00.jpg"}
-DEMO = "Tiny CPU demo (random weights)"
-NATIVE_DEMO = "Tiny CPU demo with native KSamplers (random weights)"
-FAST_DEMO = "Tiny CPU demo, Fast model (random weights)"
-ACT_DEMO = "Tiny CPU demo, Act model (random weights)"
 GROUP_TITLES = ("Step 1 – Load models", "Step 2 – Image + camera", "Step 3 – Prompt", "Step 4 – Sample + save")
 GROUP_COLOUR = "#3f789e"
 
@@ -121,41 +115,22 @@ def fix_images(ui: dict) -> None:
             node["widgets_values"][0] = IMAGES[node["widgets_values"][0]]
 
 
-def expert_models(value: str) -> list[dict]:
-    """Missing Models entries for an expert folder: one per file inside it."""
-    parts = value.split("/")
-    if parts[0] == "lingbot-world-base-cam-nf4":
-        return [{"name": f"{value}/{f}", "url": f"{NF4_REPO}/{'/'.join(parts[1:])}/{f}", "directory": "lingbot_world"}
-                for f in NF4_EXPERT_FILES]
-    if parts[0] in RELEASES:
-        return [{"name": f"{value}/{f}", "url": f"{RELEASES[parts[0]]}/{'/'.join(parts[1:])}/{f}",
-                 "directory": "lingbot_world"} for f in RELEASE_EXPERT_FILES]
-    return []
-
-
 def set_models(ui: dict, defs: dict) -> None:
-    workflow_models = []
+    """The Missing Models list: only files it can download, i.e. ComfyUI's repackaged .safetensors on the nodes that
+    read them. The LingBot loaders' release folders and files are fetched by the loaders themselves (their download
+    switch), so they get no entry (the dialog cannot put a folder in place, nor download a .json or .pth)."""
     for node in ui["nodes"]:
         props = node.setdefault("properties", {})
         props.pop("models", None)
         widget = FILE_WIDGETS.get(node["type"])
-        if widget is not None:
-            value = node["widgets_values"][0] if node["type"] in ("CLIPLoader", "VAELoader") else \
-                get_widget(node, widget, defs)
-            if value in FILE_MODELS:
-                directory, url = FILE_MODELS[value]
-                props["models"] = [{"name": value, "url": url, "directory": directory}]
-        experts = []
-        for widget in EXPERT_WIDGETS.get(node["type"], ()):
-            if node.get("mode", 0) != 4:
-                experts += expert_models(get_widget(node, widget, defs))
-        if experts:  # on the node too: newer frontends read only the nodes' lists
-            props["models"] = experts
-        workflow_models += experts
-    seen = set()
-    ui["models"] = [m for m in workflow_models if not (m["name"] in seen or seen.add(m["name"]))]
-    if not ui["models"]:
-        del ui["models"]
+        if widget is None:
+            continue
+        value = node["widgets_values"][0] if node["type"] in ("CLIPLoader", "VAELoader") else \
+            get_widget(node, widget, defs)
+        if value in FILE_MODELS:
+            directory, url = FILE_MODELS[value]
+            props["models"] = [{"name": value, "url": url, "directory": directory}]
+    ui.pop("models", None)
 
 
 def bypass_placeholder_loras(ui: dict) -> None:
@@ -299,96 +274,6 @@ def _groups(steps: dict) -> list:
     return groups
 
 
-# ---- the two derived demo templates ------------------------------------------------------------------------
-def _node(ui: dict, kind: str) -> dict:
-    return next(n for n in ui["nodes"] if n["type"] == kind)
-
-
-def _note(ui: dict, text: str) -> None:
-    _node(ui, "MarkdownNote")["widgets_values"] = [text]
-
-
-DEMO_SETUP = ("Nothing to install: the tiny demo checkpoint (random weights, a few MB) is built into "
-              "**ComfyUI/models/lingbot_world/{folder}/** the first time this graph runs (a few seconds). The first "
-              "frame, lingbot_demo_image.jpg, is copied into ComfyUI/input by the pack when ComfyUI starts. Press Run.")
-
-
-def fast_demo(fast: dict, defs: dict) -> dict:
-    ui = copy.deepcopy(fast)
-    set_widget(_node(ui, "LingBotFastLoader"), "fast_model", "lingbot-demo/lingbot_world_fast_bnb_nf4", defs)
-    _demo_files(ui, "lingbot-demo", defs)
-    set_widget(_node(ui, "LingBotCameraPreset"), "frames", 33, defs)
-    i2v = _node(ui, "LingBotImageToVideo")
-    for name, value in (("size", "custom"), ("width", 112), ("height", 64), ("frames", 33)):
-        set_widget(i2v, name, value, defs)
-    _grow(ui, i2v, 260)  # custom size: the width and height rows show
-    _node(ui, "SaveVideo")["widgets_values"][0] = "video/lingbot_demo_fast"
-    _note(ui, "## Tiny CPU demo: the Fast model (random weights)\n\nThe *Fast image to video, camera preset* graph on "
-              "a tiny random Fast model: it shows the pack works on any machine, in seconds on a CPU. The video is "
-              "noise.\n\n" + DEMO_SETUP.format(folder="lingbot-demo") +
-              "\n\nFor real videos open *Fast image to video, camera preset*.")
-    return ui
-
-
-def act_demo(act: dict, defs: dict) -> dict:
-    ui = copy.deepcopy(act)
-    loader = _node(ui, "LingBotExpertLoader")
-    set_widget(loader, "high_noise_expert", "lingbot-demo-act/high_noise_model_bnb_nf4", defs)
-    set_widget(loader, "low_noise_expert", "lingbot-demo-act/low_noise_model_bnb_nf4", defs)
-    set_widget(loader, "memory_mode", "swap", defs)
-    _demo_files(ui, "lingbot-demo-act", defs)
-    set_widget(_node(ui, "LingBotActions"), "frames", 9, defs)
-    i2v = _node(ui, "LingBotImageToVideo")
-    for name, value in (("size", "custom"), ("width", 64), ("height", 32)):
-        set_widget(i2v, name, value, defs)
-    _grow(ui, i2v, 260)
-    set_widget(_node(ui, "LingBotSampler"), "steps", 2, defs)
-    _node(ui, "SaveVideo")["widgets_values"][0] = "video/lingbot_demo_act"
-    _note(ui, "## Tiny CPU demo: the Act model (random weights)\n\nThe *Act model steered with keys* graph on tiny "
-              "random Act experts (example 05's keys steer it): it shows the pack works on any machine, in seconds "
-              "on a CPU. The video is noise.\n\n" + DEMO_SETUP.format(folder="lingbot-demo-act") +
-              "\n\nFor real videos open *Act model steered with keys*.")
-    return ui
-
-
-def _grow(ui: dict, node: dict, height: int) -> None:
-    """Make `node` `height` tall; the nodes below it in its column move down by as much."""
-    grow = height - node["size"][1]
-    if grow <= 0:
-        return
-    for other in ui["nodes"]:
-        if other is not node and other["pos"][0] == node["pos"][0] and other["pos"][1] > node["pos"][1]:
-            other["pos"][1] += grow
-    node["size"][1] = height
-
-
-def _demo_files(ui: dict, folder: str, defs: dict) -> None:
-    text = _node(ui, "LingBotTextEncode")
-    set_widget(text, "text_encoder", f"{folder}/models_t5_umt5-xxl-enc-bf16.pth", defs)
-    set_widget(text, "tokenizer", "auto", defs)
-    set_widget(_node(ui, "LingBotVAELoader"), "vae_name", f"{folder}/Wan2.1_VAE.pth", defs)
-    image = _node(ui, "LoadImage")
-    if image["widgets_values"][0] != "lingbot_example_05.jpg":  # the Act demo keeps example 05's frame for its keys
-        image["widgets_values"][0] = "lingbot_demo_image.jpg"
-
-
-def demo_notes(name: str, ui: dict) -> None:
-    if name == DEMO:
-        _note(ui, "## Tiny CPU demo (random weights)\n\nLingBot-World's whole pipeline (two NF4 experts, umT5 text "
-                  "encoder, Wan VAE, camera control) on **random tiny weights**: it runs in seconds on any machine "
-                  "and shows the pack works; the video is noise.\n\n" + DEMO_SETUP.format(folder="lingbot-demo") +
-                  "\n\nFor real videos open *Image to video, camera preset* (models/lingbot_world, about 20 GB of "
-                  "lingbot-world NF4 experts).")
-    elif name == NATIVE_DEMO:
-        _note(ui, "## Native nodes on the tiny demo checkpoint (CPU)\n\nThe graph of *Image to video with native "
-                  "KSamplers, camera preset* on **random tiny weights** (the video is noise): it checks that the "
-                  "native door (KSamplerAdvanced on LingBot MODELs) works without downloads.\n\n" +
-                  DEMO_SETUP.format(folder="lingbot-demo") + "\n\nThe tiny experts take the tiny encoder's 32-wide "
-                  "text and the tiny VAE's latents, so the prompt comes from LingBot Text Encode and the VAE from "
-                  "LingBot VAE Loader here; with the real experts use CLIPLoader + CLIPTextEncode (umT5-XXL) and Load "
-                  "VAE (wan_2.1_vae.safetensors).")
-
-
 # ---- all of it ---------------------------------------------------------------------------------------------
 def updated(name: str, ui: dict, defs: dict) -> dict:
     ui = copy.deepcopy(ui)
@@ -398,7 +283,10 @@ def updated(name: str, ui: dict, defs: dict) -> dict:
     bypass_placeholder_loras(ui)
     if name == NATIVE_DEMO:
         native_demo_vae(ui)
+    use_release_files(ui, lambda n, w, v: set_widget(n, w, v, defs), lambda n, w: get_widget(n, w, defs))
     demo_notes(name, ui)
+    if name in NOTES:
+        _node_of(ui, "MarkdownNote")["widgets_values"] = [NOTES[name]]
     if any(n["type"] == "LingBotSampler" for n in ui["nodes"]):
         widen_path_nodes(ui)
         lay_out_in_groups(ui)
@@ -406,18 +294,35 @@ def updated(name: str, ui: dict, defs: dict) -> dict:
         native_groups(ui)
     else:  # the Fast templates keep their layout, the loaders wide enough for a whole path
         widen_first_column(ui, PATH_NODES, PATH_WIDTH)
+        if any(n["type"] == "LingBotFastSampler" for n in ui["nodes"]):
+            fast_layout(ui)
     set_models(ui, defs)
     ui["last_node_id"] = max(n["id"] for n in ui["nodes"])
     ui["last_link_id"] = max((l[0] for l in ui["links"]), default=0)
     return ui
 
 
+def _node_of(ui: dict, kind: str) -> dict:
+    return next(n for n in ui["nodes"] if n["type"] == kind)
+
+
 def all_templates(defs: Optional[dict] = None) -> dict[str, dict]:
     defs = defs or node_defs()
+
+    def setter(node, name, value):
+        set_widget(node, name, value, defs)
+
     current = {p.stem: json.loads(p.read_text()) for p in sorted(WORKFLOWS.glob("*.json"))}
-    out = {name: updated(name, ui, defs) for name, ui in current.items() if name not in (FAST_DEMO, ACT_DEMO)}
-    out[FAST_DEMO] = updated(FAST_DEMO, fast_demo(out["Fast image to video, camera preset"], defs), defs)
-    out[ACT_DEMO] = updated(ACT_DEMO, act_demo(out["Act model steered with keys"], defs), defs)
+    out = {name: updated(name, ui, defs) for name, ui in current.items() if name not in td.DERIVED}
+    fast = out[td.FAST]
+    derived = {td.FAST_DEMO: td.fast_demo(fast, setter), td.ACT_DEMO: td.act_demo(out["Act model steered with keys"],
+                                                                                  setter)}
+    derived[td.PLAY] = td.play(fast)
+    derived[td.PLAY_DEMO] = td.play_demo(derived[td.PLAY], setter)
+    derived[td.V2] = td.v2(fast, setter)
+    derived[td.V2_DEMO] = td.v2_demo(derived[td.V2], setter)
+    for name, ui in derived.items():
+        out[name] = updated(name, ui, defs)
     return out
 
 

@@ -37,15 +37,19 @@ def demo_root(entry: ModelEntry, demo_dir: Optional[Path] = None) -> Path:
     return default_demo_dir().parent / entry.demo.folder
 
 
-def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4") -> Path:
-    """The folder of `entry`'s demo (built once, then reused; with `weights` fp8 / int8 its stored copy too)."""
+def build_demo(entry: ModelEntry, demo_dir: Optional[Path] = None, weights: str = "nf4",
+               shared_dir: Optional[Path] = None) -> Path:
+    """The folder of `entry`'s demo (built once, then reused; with `weights` fp8 / int8 its stored copy too).
+    shared_dir: where the v1 demo whose umT5 / tokenizer / VAE the v2 demos use is (built there if missing; default:
+    beside the demo, as the cache lays them out; ComfyUI's demo folders name theirs)."""
     root = demo_root(entry, demo_dir)
     if entry is V1_FAST:
         build_demo_checkpoint(root, DEMO_SEED)
         _ensure(root / entry.files.stored_dir("nf4"), lambda out: _write_nf4_dit(entry, out))
     else:
-        shared = build_demo_checkpoint(default_demo_dir() if demo_dir is None else root.parent / V1_FAST.demo.folder,
-                                       DEMO_SEED)
+        if shared_dir is None:
+            shared_dir = default_demo_dir() if demo_dir is None else root.parent / V1_FAST.demo.folder
+        shared = build_demo_checkpoint(Path(shared_dir), DEMO_SEED)
         root.mkdir(parents=True, exist_ok=True)
         if entry.files.shared_files:
             _link_shared(Path(shared.root), root)

@@ -35,7 +35,7 @@ class Chosen:
             return f"made the {weights.upper()} copy {self.path.name} of {source.name} (first load); later loads read it"
         if self.how == "copy":
             return f"read the {weights.upper()} copy {self.path.name} beside {source.name}"
-        return f"read {self.path.name}"
+        return f"read {self.path.name} as it is"
 
 
 def copy_path(source: Path, weights: str) -> Path:

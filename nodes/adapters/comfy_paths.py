@@ -89,15 +89,20 @@ def _unique(*lists: list[str]) -> list[str]:
 def list_experts() -> list[str]:
     def scan() -> list[str]:
         roots = expert_roots()
+        from .model_fetch import downloadable
+
         return _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots), demo_models.demo_entries("experts"),
-                       demo_models.demo_entries("fast"))
+                       demo_models.demo_entries("fast"), downloadable("experts"), downloadable("fast"))
 
     return _safe(scan, "experts")
 
 
 def list_text_encoders() -> list[str]:
+    from .model_fetch import downloadable
+
     return _safe(lambda: _unique(_fp().get_filename_list("text_encoders"), mf.scan_t5_files(lingbot_roots()),
-                                 demo_models.demo_entries("text_encoder")), "text encoders")
+                                 demo_models.demo_entries("text_encoder"), downloadable("text_encoder")),
+                 "text encoders")
 
 
 def list_tokenizers() -> list[str]:
@@ -106,8 +111,10 @@ def list_tokenizers() -> list[str]:
 
 
 def list_vaes() -> list[str]:
+    from .model_fetch import downloadable
+
     return _safe(lambda: _unique(_fp().get_filename_list("vae"), mf.scan_vae_files(lingbot_roots()),
-                                 demo_models.demo_entries("vae")), "VAEs")
+                                 demo_models.demo_entries("vae"), downloadable("vae")), "VAEs")
 
 
 def list_loras() -> list[str]:
@@ -266,9 +273,12 @@ def output_directory() -> Path:
 def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
     from ...loaders.model_folders import pick_default
 
+    from .model_fetch import is_installed
+
     opts: dict = {}
-    installed = [n for n in names if not demo_models.is_demo_entry(n)]  # a real install first, the demo last
-    default = pick_default(installed, *hints, avoid=avoid) or pick_default(names, *hints, avoid=tuple(avoid) + ("act",))
+    there = [n for n in names if is_installed(n)]  # not a download offered before it is made
+    installed = [n for n in there if not demo_models.is_demo_entry(n)]  # a real install first, the demo last
+    default = pick_default(installed, *hints, avoid=avoid) or pick_default(there, *hints, avoid=tuple(avoid) + ("act",))
     if default is not None:
         opts["default"] = default
     return names, opts

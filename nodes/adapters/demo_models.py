@@ -2,7 +2,9 @@
 
 A new install has nothing in models/lingbot_world/, so the demo templates name entries of two demo folders there
 (`lingbot-demo`: Cam experts, the Fast model, text encoder, tokenizer, VAE; `lingbot-demo-act`: the Act experts and
-the same small files). The loaders list these names even before they exist, and the first node that needs one builds
+the same small files; `lingbot-demo-v2-1.3b`: the v2 1.3B's DiT in its release's layout, float shards read through
+the NF4 copy made on the first load, with lingbot-demo's umT5 and VAE). The loaders list these names even before
+they exist, and the first node that needs one builds
 its folder (`loaders.demo_checkpoint`, a few seconds on a CPU, random weights) into the first lingbot_world folder:
 no pip, no CLI. No ComfyUI imports: the caller passes the folders.
 """
@@ -15,9 +17,10 @@ from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-DEMO_FOLDERS = {"lingbot-demo": "camera", "lingbot-demo-act": "act"}
+DEMO_FOLDERS = {"lingbot-demo": "camera", "lingbot-demo-act": "act", "lingbot-demo-v2-1.3b": "v2-1.3b"}
 EXPERTS = ("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")
 FAST = "lingbot_world_fast_bnb_nf4"
+V2_DIT = "transformers"  # the v2 1.3B demo's DiT: the release's float shards, read through the NF4 copy made once
 TEXT_ENCODER = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE = "Wan2.1_VAE.pth"
 _lock = threading.Lock()
@@ -27,7 +30,9 @@ def demo_entries(kind: str) -> list[str]:
     """Names (relative to a lingbot_world folder) of one kind: "experts", "fast", "text_encoder" or "vae"."""
     out = []
     for folder, control in DEMO_FOLDERS.items():
-        if kind == "experts":
+        if control == "v2-1.3b":  # the DiT only: its umT5 and VAE are lingbot-demo's, as a real 1.3B borrows them
+            out += [f"{folder}/{V2_DIT}"] if kind == "fast" else []
+        elif kind == "experts":
             out += [f"{folder}/{e}" for e in EXPERTS]
         elif kind == "fast" and control == "camera":
             out.append(f"{folder}/{FAST}")
@@ -40,6 +45,8 @@ def demo_entries(kind: str) -> list[str]:
 
 def is_demo_entry(name: str) -> bool:
     parts = Path(name).parts
+    if len(parts) == 2 and DEMO_FOLDERS.get(parts[0]) == "v2-1.3b":
+        return parts[1] in (V2_DIT, V2_DIT + "_bnb_nf4")
     return len(parts) == 2 and parts[0] in DEMO_FOLDERS and parts[1] in (*EXPERTS, FAST, TEXT_ENCODER, VAE)
 
 
@@ -56,7 +63,13 @@ def ensure_demo(name: str, roots: Sequence[str]) -> Optional[Path]:
     with _lock:  # two loaders of one prompt may ask at once: one build
         if not (root / entry).exists():
             log.info("LingBot-World: building the tiny demo checkpoint (random weights) in %s", root)
-            if entry == FAST:
+            if DEMO_FOLDERS[folder] == "v2-1.3b":
+                from ...world.demos import build_demo
+                from ...world.models import V2_1_3B
+
+                build_demo(V2_1_3B, root, shared_dir=Path(roots[0]) / "lingbot-demo")
+                entry = V2_DIT
+            elif entry == FAST:
                 WorldFiles.demo(root)
             else:
                 build_demo_checkpoint(root, control=DEMO_FOLDERS[folder])

@@ -1,0 +1,198 @@
+"""Model choices the loaders get from the graph: downloaded when missing, converted once when read as a stored copy.
+
+A loader's choice that names a model's release layout (`lingbot-world-base-cam/high_noise_model`,
+`lingbot-world-base-cam/lingbot_world_fast`, `lingbot-world-v2-1.3b-causal-fast`, the release's umT5 and VAE
+files) is listed before it exists, like the demo entries. When it is missing, the queue-time check says what it is,
+where it comes from and its licence, and asks for the node's `download` switch; with the switch on, the node fetches
+only that part of the model's hub repository (world/hub.py, through huggingface_hub) into the first lingbot_world
+folder, with the progress on ComfyUI's bar and the node. A release's float DiT read with nf4 / fp8 / int8 weights is
+read through its stored copy, made beside it on the first load (world/stored_copy.py); the node says which folder
+it read. No ComfyUI import at module level.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+from ...world import hub, stored_copy
+from . import comfy_paths, demo_models
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD = ("BOOLEAN", {"default": False, "label_on": "download if missing", "label_off": "no download",
+                        "tooltip": (
+    "Download the chosen model when it is not installed: only its files, from its Hugging Face repository "
+    "(huggingface_hub: your token, cache and HF_ENDPOINT mirror) into ComfyUI/models/lingbot_world, with the "
+    "progress on this node; a stopped download resumes. The queue-time message says the size's source and the "
+    "model's licence first (the v2 models are CC BY-NC-SA 4.0: non-commercial).")})
+
+
+def downloadable(kind: str) -> list[str]:
+    """Names of release files the loaders offer before they exist: "experts", "fast", "text_encoder", "vae"."""
+    from ...world.models import entries
+
+    out = []
+    for e in entries():
+        top = e.hub_dir
+        if kind == "experts":
+            out += [f"{top}/{dirs[-1]}" for _, dirs in e.files.experts]
+        elif kind == "fast" and e.causal:
+            official = e.files.official_dir
+            out.append(top if top.rsplit("/", 1)[-1] == official or not official or "" in e.files.official
+                       else f"{top}/{official}")
+        elif kind == "text_encoder" and e.files.shared_files and e.files.experts:
+            out.append(f"{top}/{hub.T5_FILE}")
+        elif kind == "vae" and e.files.shared_files and e.files.experts:
+            out.append(f"{top}/{hub.VAE_FILE}")
+    return list(dict.fromkeys(out))
+
+
+def is_offer(name: str) -> bool:
+    """A release name the loaders list before it is installed (picked as a default only when nothing else is)."""
+    return hub.part_for(name) is not None
+
+
+def is_installed(name: str) -> bool:
+    """False for a release name listed as a download offer that is not on disk yet."""
+    if name not in set(downloadable("experts") + downloadable("fast") + downloadable("text_encoder") +
+                       downloadable("vae")):
+        return True
+    from ...loaders.model_folders import resolve_in_roots
+
+    return resolve_in_roots(comfy_paths.expert_roots(), name) is not None
+
+
+def _root() -> Optional[Path]:
+    roots = comfy_paths.lingbot_roots()
+    return Path(roots[0]) if roots else None
+
+
+def source_for(name: str, resolve) -> Optional[Path]:
+    """The installed release folder a stored copy's name is made from (`x_bnb_nf4` -> `x`), or None."""
+    base, weights = hub.strip_stored_suffix(name.rstrip("/"))
+    if weights is None:
+        return None
+    try:
+        return resolve(base)
+    except FileNotFoundError:
+        return None
+
+
+def missing_message(widget: str, name: str, download: bool) -> Optional[str]:
+    """The queue-time line for a missing choice a download provides (None when no download does, or when the
+    switch is on: the node fetches it)."""
+    part = hub.part_for(name)
+    if part is None or download:
+        return None
+    root = _root()
+    where = f"{root / part.folder}" if root is not None else f"ComfyUI/models/lingbot_world/{part.folder}"
+    files = _files_words(part)
+    return (f"{widget}: {name} is not installed. It is the {part.what()}: {files}, from {part.source()} into {where}. "
+            f"Turn on this node's download switch and press Run to fetch only those files (a stopped download "
+            f"resumes); {part.entry.licence.line()}.")
+
+
+def _files_words(part: hub.HubPart) -> str:
+    words = []
+    for p in part.patterns:
+        if p.endswith("/"):
+            words.append(f"the folder {p}")
+        elif p == hub.ROOT_DIT[1] or p == hub.ROOT_DIT[2]:
+            continue
+        elif p == "config.json":
+            words.append("config.json and the *.safetensors shards with their index")
+        else:
+            words.append(p)
+    return ", ".join(words)
+
+
+def fetch(name: str, what: str) -> Path:
+    """Download the part of a model's repository that provides `name` into the first lingbot_world folder; the
+    path of `name` afterwards (for a stored copy's name: the release folder it is made from)."""
+    import comfy.utils
+
+    from .progress import show_on_node
+
+    part = hub.part_for(name)
+    root = _root()
+    if part is None or root is None:
+        raise comfy_paths.ModelFileNotFound(f"{what} '{name}' is not installed and no download provides it")
+    bar = comfy.utils.ProgressBar(1000)
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:
+        value = int(1000 * done / total) if total else 1000
+        if value != last[0]:
+            last[0] = value
+            bar.update_absolute(value, 1000)  # also ComfyUI's cancel point
+            if value % 50 == 0:
+                show_on_node(f"downloading the {part.what()}: {hub.gb(done)} of {hub.gb(total)}")
+
+    def say(line: str) -> None:
+        log.info("LingBot-World: %s", line)
+        show_on_node(line)
+
+    hub.fetch(part, root, progress=progress, say=say)
+    base = hub.strip_stored_suffix(name)[0]
+    return root / base
+
+
+def convert_once(path: Path, weights: str, device=None) -> stored_copy.Chosen:
+    """The folder a load with `weights` reads for `path`: its stored copy (made now the first time) or itself."""
+    import comfy.utils
+
+    from .progress import show_on_node
+
+    if weights not in stored_copy.SUFFIX or not stored_copy.needs_copy(path, weights):
+        return stored_copy.Chosen(Path(path), "as chosen")
+    found = stored_copy.find(path, weights)
+    if found is not None:
+        return stored_copy.Chosen(found, "copy")
+    bar = comfy.utils.ProgressBar(1000)
+
+    def progress(done: int, total: int) -> None:
+        bar.update_absolute(int(1000 * done / total) if total else 1000, 1000)
+
+    def say(line: str) -> None:
+        log.info("LingBot-World: %s", line)
+        show_on_node(line)
+
+    return stored_copy.ensure(path, weights, device=device, progress=progress, say=say)
+
+
+def resolve(name: str, what: str, resolve_fn, download: bool) -> Path:
+    """`name` through `resolve_fn` (a comfy_paths resolver); when missing: the release folder a stored copy's name
+    is made from, else the download when the switch is on, else the resolver's own error."""
+    try:
+        return resolve_fn(name)
+    except FileNotFoundError:
+        if demo_models.is_demo_entry(name):
+            raise
+        source = source_for(name, resolve_fn)
+        if source is not None:
+            return source
+        if download and hub.part_for(name) is not None:
+            return fetch(name, what)
+        message = missing_message(what, name, False)
+        if message is not None:
+            raise comfy_paths.ModelFileNotFound(message) from None
+        raise
+
+
+class Read:
+    """The folder (or file) a loader reads for its choice, and the words the node shows for it."""
+
+    def __init__(self, path: Path, said: str):
+        self.path, self.said = Path(path), said
+
+
+def read_folder(name: str, widget: str, weights: str, download: bool, device=None) -> Read:
+    """An expert / causal-model choice -> what to load: downloaded when missing (switch on), a stored copy's name
+    read from its release folder, a release's float folder read through its copy (made now the first time)."""
+    def find(n: str) -> Path:
+        return comfy_paths.resolve_expert(n, widget)
+
+    path = resolve(name, widget, find, download)
+    chosen = convert_once(path, weights, device)
+    return Read(chosen.path, chosen.line(path, weights))
