@@ -747,17 +747,22 @@ def test_a_template_without_its_models_is_refused_with_the_packs_message(server)
         ours = [err for e in errors.values() if e["class_type"] in NODE_CLASS_MAPPINGS for err in e["errors"]]
         assert ours and all(err["type"] == "custom_validation_failed" for err in ours), ours  # not "Value not in list"
         # (the fixture's base holds a random wan_2.1_vae.safetensors for the native graphs: the VAE is there)
+        details = [err["details"] for e in errors.values() for err in e["errors"]]
+        assert all("download switch" in d for d in details if "is not installed" in d), details
         if name == FAST:
             assert {"LingBotFastLoader", "LingBotTextEncode"} <= kinds, kinds
-            assert "fast_model 'lingbot-world-base-cam/lingbot_world_fast' was not found" in text
+            assert "fast_model: lingbot-world-base-cam/lingbot_world_fast is not installed" in text
+            assert "huggingface.co/robbyant/lingbot-world-fast" in text and "NF4 experts" not in text
         elif "native" in name:
             assert "LingBotModelLoader" in kinds, kinds
-            assert "was not found" in text and "huggingface.co/cahlen/lingbot-world-base-cam-nf4" in text
+            assert "expert: lingbot-world-base-cam/high_noise_model is not installed" in text
+            assert "huggingface.co/robbyant/lingbot-world-base-cam" in text
         else:
             assert {"LingBotExpertLoader", "LingBotTextEncode"} <= kinds, kinds
-            details = " ".join(err["details"] for e in errors.values() for err in e["errors"])
-            assert "FOLDER" in details and "ComfyUI/models/lingbot_world/" in details and "huggingface.co" in details
-            assert "ComfyUI/models/text_encoders/" in details
+            model = "Act" if "Act" in name else "Cam"
+            assert f"high_noise_expert, low_noise_expert: the LingBot-World Base ({model}) experts are not installed" \
+                in text
+            assert str(server.base / "models" / "lingbot_world") in text and "models_t5_umt5-xxl-enc-bf16.pth" in text
     assert set(server.get("/history")) == before  # nothing ran, not even part of a template
     assert "not running output node(s)" in server.log()
 

@@ -131,6 +131,9 @@ def test_the_first_load_makes_the_nf4_copy_and_later_loads_read_it(served, tmp_p
     assert said and "making the NF4 copy" in said[0] and steps
     fmt = detect_format(first.path)
     assert fmt.weights == "nf4"
+    from lingbot_world.world.detect import recorded_model
+
+    assert recorded_model(fmt) == "v2-1.3b"  # told from the release's layout (config-less model-* shards)
     again = stored_copy.ensure(source, "nf4", device="cpu")
     assert again.how == "copy" and again.path == first.path
     assert "read the NF4 copy" in again.line(source, "nf4")
