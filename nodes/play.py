@@ -182,6 +182,7 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     if i2v.vae is None or i2v.image is None:
         raise ValueError("LingBot Play: connect LingBot VAE Loader's VAE to LingBot Image To Video (the player "
                          "decodes each chunk with it and encodes the conditioning of later frames)")
+    opening = OpeningProgress()
     device = mm.get_torch_device()
     tiny = _load_tiny(tiny_vae, device)
     settings = fast_settings(fast_model, device, i2v.height, i2v.width, seed, noise_source, "continuable", window,
@@ -194,8 +195,13 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     try:
         if tiny is None:
             world.vae = i2v.vae.model
+        opening.stage("loading the model")
         world.load()  # on ComfyUI's worker thread, with its model management; chunks then run on the player's
-        world.begin(condition_track(i2v), text.positive, text.prompt)
+        opening.stage("encoding the first frame's conditioning for every later frame, once (one VAE encode: seconds "
+                      "on the demo, minutes at 480p)")
+        track = condition_track(i2v)
+        opening.stage("starting the player")
+        world.begin(track, text.positive, text.prompt)
     except BaseException:
         world.close()
         raise
@@ -206,10 +212,39 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     options = PlayerOptions(out_dir=out_dir, prompt=text.prompt, title="LingBot Play",
                             restart=lambda session: session.begin(condition, context, prompt))
     player = Player(driver, options, prefix="")
+    opening.done("session open: play in the panel (its button on this node reopens it)")
     log.info("LingBot Play: %s session open (%dx%d, window %s, sink %d, frames decoded by %s)", fast_model.entry.title,
              i2v.width, i2v.height, settings.window, settings.sink,
              "the VAE" if tiny is None else f"the tiny decoder {tiny_vae}")
     return _Open(key, driver, player)
+
+
+class OpeningProgress:
+    """What the node shows while a session opens: its stages on ComfyUI's bar (from 0, not the 100 % the run's
+    earlier nodes left) and in words under the node."""
+
+    STAGES = 3
+
+    def __init__(self):
+        import comfy.utils
+
+        self.bar = comfy.utils.ProgressBar(self.STAGES)
+        self.step = 0
+        self.bar.update_absolute(0, self.STAGES)
+
+    def stage(self, words: str) -> None:
+        from .adapters.progress import show_on_node
+
+        self.step += 1
+        show_on_node(f"LingBot Play: {words} ({self.step}/{self.STAGES})...")
+        log.info("LingBot Play: %s", words)
+        self.bar.update_absolute(self.step - 1, self.STAGES)
+
+    def done(self, words: str) -> None:
+        from .adapters.progress import show_on_node
+
+        self.bar.update_absolute(self.STAGES, self.STAGES)
+        show_on_node(f"LingBot Play: {words}")
 
 
 def _load_tiny(name: str, device):
@@ -239,11 +274,16 @@ def _dropped(node: str, serial: int) -> None:
     current = _open.get(node)
     if current is not None and current.serial == serial:
         # a finalizer may run on a thread that holds the model's lock (a Sampler's run): never wait here
-        close_player(node, wait=False)
+        close_player(node, wait=False, reason="freed")
 
 
-def close_player(node: str, wait: bool = True) -> None:
-    """Close one node's player: its page's socket and render child, then the session (after a running chunk)."""
+CLOSED_EVENT = "lingbot_world.play_closed"
+
+
+def close_player(node: str, wait: bool = True, reason: str = "replaced") -> None:
+    """Close one node's player: its page's socket and render child, then the session (after a running chunk). The
+    page's panel is told first (`reason` "freed": ComfyUI dropped its node cache, so the session and its models are
+    gone until the next Run), so it says so instead of "disconnected"."""
     current = _open.pop(node, None)
     if current is None:
         return
@@ -253,6 +293,7 @@ def close_player(node: str, wait: bool = True) -> None:
         loop = PromptServer.instance.loop
         import asyncio
 
+        PromptServer.instance.send_sync(CLOSED_EVENT, {"node": node, "reason": reason})
         asyncio.run_coroutine_threadsafe(current.player.close(), loop)
     except Exception:  # no server loop (tests): nothing is connected
         pass

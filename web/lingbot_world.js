@@ -4,7 +4,7 @@
 //   lingbot_hide_if: {widget: [values]}  the widget is hidden while any named widget holds one of the values
 //   lingbot_short_labels: true           a path combo shows the shortest distinct end of each path
 //   lingbot_upload: "camera_npy"          an upload button for poses.npy + intrinsics.npy (a new trajectory folder)
-// It also sorts the pack's templates (demos first) and keeps the node text from breaking words apart.
+// It also keeps the node text from breaking words apart (the templates and error messages: lingbot_templates.js).
 // Nothing here changes what a workflow stores or what the server receives. Works with the classic canvas and with
 // the Vue node renderer ("Nodes 2.0"), whose widgets also follow `widget.hidden` (current ComfyUI's own extensions
 // set it); there the conditional widgets are "advanced" ones too (nodes/adapters/ui_hints.py).
@@ -118,27 +118,6 @@ function useShortLabels(widget) {
   });
 }
 
-// Templates of this pack in the browser: the runnable demos first, then by title (the server lists files in
-// directory order).
-export function sortTemplateNames(names) {
-  const demo = (n) => (/^tiny cpu demo/i.test(n) ? 0 : 1);
-  return [...names].sort((a, b) => demo(a) - demo(b) || a.localeCompare(b, "en", { numeric: true }));
-}
-
-function sortOwnTemplates() {
-  const original = api.getWorkflowTemplates;
-  if (typeof original !== "function" || original.lingbotSorted) return;
-  const sorted = async function (...args) {
-    const all = await original.apply(this, args);
-    for (const [module, names] of Object.entries(all ?? {})) {
-      if (/lingbot/i.test(module) && Array.isArray(names)) all[module] = sortTemplateNames(names);
-    }
-    return all;
-  };
-  sorted.lingbotSorted = true;
-  api.getWorkflowTemplates = sorted;
-}
-
 // The frontend's node text (progress text) breaks lines anywhere ("break-all"): "LingBot" became "LingB / ot".
 // Words stay whole; a long path still wraps where it must.
 function keepWordsWhole() {
@@ -220,7 +199,6 @@ function addUploadButton(node, comboName, kind) {
 app.registerExtension({
   name: "LingBotWorld.NodeUI",
   init() {
-    sortOwnTemplates();
     keepWordsWhole();
   },
   async beforeRegisterNodeDef(nodeType, nodeData) {
