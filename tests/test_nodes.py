@@ -657,6 +657,17 @@ def test_every_template_model_is_downloadable_from_the_graph():
                 assert not models, (path.name, node["type"], models)
 
 
+def test_nothing_sits_under_a_fast_sampler_so_its_previews_stay_in_view():
+    """The Fast Sampler's previews grow the node downwards: no node below it in its column (issue 49)."""
+    for path in sorted((REPO / "example_workflows").glob("*.json")):
+        ui = json.loads(path.read_text())
+        for sampler in (n for n in ui["nodes"] if n["type"] == "LingBotFastSampler"):
+            x0, x1 = sampler["pos"][0], sampler["pos"][0] + sampler["size"][0]
+            below = [n["type"] for n in ui["nodes"] if n is not sampler and n["pos"][1] > sampler["pos"][1]
+                     and n["pos"][0] < x1 and n["pos"][0] + n["size"][0] > x0]
+            assert below == [] and sampler["size"][1] >= 640, (path.name, below)
+
+
 def test_the_link_checker_catches_a_link_that_enters_the_wrong_slot():
     info = _object_info()
     ui = json.loads((REPO / "example_workflows" / f"{ACT_WORKFLOW}.json").read_text())

@@ -102,7 +102,17 @@ async def _play(server, url: str, keys: list[str]) -> dict:
 
 def test_play_node_plays_returns_the_keys_and_free_closes_it(server):
     prompt = _play_prompt()
-    first = _played(server, prompt)
+    res = server.run(prompt, timeout=WAIT_S * 2)
+    assert res["end"] == "done", res["error"]
+    first = res["history"]["outputs"]["50"]["lingbot_play"][0]
+    # while the session opens, the node says what it does, and its bar starts from 0 (issue 49)
+    said = [text for node, text in res["texts"] if node == "50"]
+    stages = ["loading the model (1/3)", "encoding the first frame's conditioning", "starting the player (3/3)",
+              "session open"]
+    at = [next((i for i, t in enumerate(said) if stage in t), None) for stage in stages]
+    assert None not in at and at == sorted(at), said
+    bar = [(v, m) for node, v, m in res["progress"] if node == "50"]
+    assert bar and bar[0] == (0, 3) and bar[-1] == (3, 3), bar
     assert first["actions"] == "" and first["url"].startswith("/lingbot_world/play/50/?token=")
     state = asyncio.run(_play(server, first["url"], ["w-8", "jw-12"]))
     assert state["chunks"] == 2 and state["action_string"] == "w-8,wj-12"
@@ -260,7 +270,12 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             assert outs and outs[0]["actions"] == played, (outs, plays)
             server.post("/free", {"unload_models": True, "free_memory": True})
             frame.wait_for_function(f"!{P}.connected")  # the session closed its page's socket
-            assert "disconnected" in frame.inner_text("#note")
+            # the panel says why, not "disconnected": the server is fine, the session and its models are gone
+            cover = page.wait_for_selector("#lingbot-play-closed")
+            assert cover.inner_text() == "Session closed, models freed: press Run to play again."
+            assert frame.evaluate("document.getElementById('pause').disabled")
+            assert page.locator("#lingbot-play-panel button:has-text('Send keys to graph')").is_disabled()
+            assert server.proc.poll() is None and server.get("/system_stats")["system"]
         finally:
             context.close()
 

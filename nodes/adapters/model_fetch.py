@@ -152,13 +152,30 @@ def convert_once(path: Path, weights: str, device=None) -> stored_copy.Chosen:
     bar = comfy.utils.ProgressBar(1000)
 
     def progress(done: int, total: int) -> None:
-        bar.update_absolute(int(1000 * done / total) if total else 1000, 1000)
+        bar.update_absolute(int(1000 * done / total) if total else 1000, 1000)  # also ComfyUI's cancel point
 
     def say(line: str) -> None:
         log.info("LingBot-World: %s", line)
         show_on_node(line)
 
+    make_room(device)
     return stored_copy.ensure(path, weights, device=device, progress=progress, say=say)
+
+
+CONVERT_VRAM = 2 << 30  # the converter streams one tensor at a time: a few of the 14B's largest, in float32
+
+
+def make_room(device) -> None:
+    """Ask ComfyUI's model management for the converter's working memory on `device` first, as core's loaders do:
+    `free_memory(bytes, device)` unloads other models (0.3.x and current cores, dynamic VRAM included, take these
+    two arguments); the CPU needs nothing."""
+    import torch
+
+    if device is None or torch.device(device).type == "cpu":
+        return
+    import comfy.model_management as mm
+
+    mm.free_memory(CONVERT_VRAM, torch.device(device))
 
 
 def resolve(name: str, what: str, resolve_fn, download: bool) -> Path:
