@@ -93,9 +93,9 @@ def identify(fmt: ExpertFormat, wanted: Optional[str] = None) -> tuple[ModelEntr
             return want, None
         pool = [e for e in registry.entries() if e.control == fmt.config.control_kind
                 and (e.causal if causal is None else e.causal == causal)]
-        v2 = _v2_layout(fmt)  # the release's file names, as for the real sizes
+        v2 = _v2_layout(fmt)  # the release's file names, as for the real sizes: they rule out the other generation
         if v2 is not None:
-            pool = [e for e in pool if (e.generation == "v2") == v2] or pool
+            pool = [e for e in pool if e.generation != ("v1" if v2 else "v2")] or pool
         if v2 and not (Path(fmt.path) / "config.json").is_file() and fmt.path.is_dir():
             pool = [e for e in pool if not e.files.has_config] or pool  # the v2 1.3B ships no config.json
         window = _config_window(fmt)
