@@ -48,7 +48,7 @@ def keys(text):
     return camera, frames
 
 
-def sampler(inputs, actions, rule="continuable", used=True, **kw):
+def sampler(inputs, actions, rule="continuable", used=True, model=None, **kw):
     text, vae, image, made = inputs
     cam, frames = keys(actions)
     if frames not in made:
@@ -58,7 +58,7 @@ def sampler(inputs, actions, rule="continuable", used=True, **kw):
     args = dict(seed=5, noise_source="cpu", max_attention=0, window=0, sink=0, camera=cam, rule=rule,
                 prompt=prompt, unique_id="9")
     args.update(kw)
-    return N("LingBotFastSampler").sample(F.fast_loader(), text, i2v, **args)
+    return N("LingBotFastSampler").sample(model if model is not None else F.fast_loader(), text, i2v, **args)
 
 
 def cont(state, actions=None, frames=0, used=True, **kw):
@@ -147,8 +147,12 @@ def test_each_step_says_on_the_node_what_it_adds_and_the_ram_its_state_keeps(com
     import lingbot_world.nodes.fast as fast_nodes
 
     shown = []
-    monkeypatch.setattr(fast_nodes, "show_on_node", shown.append)  # the Sampler's and Continue's
-    _, s1 = sampler(inputs, "w-10,l-10")
+    monkeypatch.setattr(fast_nodes, "show_on_node", shown.append)  # the Loader's, the Sampler's and Continue's
+    model = F.fast_loader()  # the loader says what it read and the model's licence
+    assert shown == ["LingBot-World Fast: read lingbot_world_fast_bnb_nf4 as it is; weights licensed Apache-2.0: "
+                     "https://www.apache.org/licenses/LICENSE-2.0"], shown
+    shown.clear()
+    _, s1 = sampler(inputs, "w-10,l-10", model=model)
     assert shown[0].startswith(f"{W}x{H}, 21 frames (1.3 s at 16 fps): 2 chunks x 4 steps\nmemory: ")
     assert shown[-1] == shown[0] + f"\nstate kept for LingBot Fast Continue: the chain's K/V cache (shared by its " \
                                    f"states), {s1.store.nbytes / 1e9:.1f} GB in RAM"
