@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import template_demos as td
-from .template_demos import DEMO, NATIVE_DEMO, demo_notes, fast_layout
+from .template_demos import NATIVE_DEMO, demo_notes, fast_layout
 from .template_models import NOTES, use_release_files
 
 REPO = Path(__file__).resolve().parents[1]
