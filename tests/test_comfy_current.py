@@ -142,7 +142,14 @@ def test_free_memory_is_read_the_way_current_core_counts_it():
         def model_loaded_memory(self):
             return 1 << 30
 
-    mm.current_loaded_models = [Held()]
+    class Dead:  # a LoadedModel whose patcher was collected: core reads .model as None and skips it
+        device = cuda
+        model = None
+
+        def model_loaded_memory(self):
+            raise AttributeError("'NoneType' object has no attribute 'loaded_size'")
+
+    mm.current_loaded_models = [Held(), Dead()]
     assert free_memory(mm, cuda, DynamicAware()) == 9 << 30
     assert free_memory(mm, cuda, object()) == 3 << 30  # 0.3.64: the module function
     assert free_memory(mm, cuda, None) == 3 << 30
@@ -172,3 +179,20 @@ def test_outputs_held_in_ram_tell_the_node_cache_their_size():
     assert sum(t.numel() for t in pair._comfy_cache_tensors()) == 64 * 32 + 32 + 72 + 1000
     text = TextEmbeds(torch.zeros(7, 16), torch.zeros(3, 16), "p", "n")
     assert [t.shape[0] for t in text._comfy_cache_tensors()] == [7, 3]
+
+
+def test_a_conversion_asks_model_management_for_its_working_memory_first(monkeypatch):
+    """The NF4 / FP8 / INT8 copy made on a first load asks core's free_memory(bytes, device) for the converter's
+    room on the GPU (unloading other models, dynamic ones included: the call is not for_dynamic); nothing on the CPU."""
+    from lingbot_world.nodes.adapters import model_fetch
+
+    stubs = _stub_comfy()
+    asked = []
+    stubs["comfy.model_management"].free_memory = lambda need, device, *a, **k: asked.append((need, device, a, k))
+    for name, module in stubs.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    model_fetch.make_room(torch.device("cpu"))
+    model_fetch.make_room(None)
+    assert asked == []
+    model_fetch.make_room(torch.device("cuda", 0))
+    assert asked == [(model_fetch.CONVERT_VRAM, torch.device("cuda", 0), (), {})]

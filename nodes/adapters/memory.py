@@ -45,7 +45,9 @@ def vram_comfy_can_free(mm, device, patcher=None) -> Optional[int]:
     --cpu: host RAM holds everything and the planner has no device budget to respect)."""
     if mm.is_device_cpu(device):
         return None
-    held = sum(lm.model_loaded_memory() for lm in mm.current_loaded_models if lm.device == device)
+    # an entry whose patcher is gone (its weak reference dead: core's free_memory skips it too) holds nothing to count
+    held = sum(lm.model_loaded_memory() for lm in mm.current_loaded_models
+               if lm.device == device and getattr(lm, "model", True) is not None)
     return int(free_memory(mm, device, patcher) + held)
 
 
