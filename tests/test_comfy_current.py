@@ -149,12 +149,22 @@ def test_free_memory_is_read_the_way_current_core_counts_it():
         def model_loaded_memory(self):
             raise AttributeError("'NoneType' object has no attribute 'loaded_size'")
 
+    class Dynamic:  # a dynamic-VRAM model: its aimdo pages are in DynamicAware's count, 1 GiB force-loaded is not
+        device = cuda
+        model = types.SimpleNamespace(is_dynamic=lambda: True,
+                                      model=types.SimpleNamespace(model_loaded_weight_memory=1 << 30))
+
+        def model_loaded_memory(self):
+            return 5 << 30  # pages + force-loaded: counting it whole would count the pages twice
+
     mm.current_loaded_models = [Held(), Dead()]
     assert free_memory(mm, cuda, DynamicAware()) == 9 << 30
     assert free_memory(mm, cuda, object()) == 3 << 30  # 0.3.64: the module function
     assert free_memory(mm, cuda, None) == 3 << 30
     assert vram_comfy_can_free(mm, cuda, DynamicAware()) == 10 << 30
     assert vram_comfy_can_free(mm, torch.device("cpu"), DynamicAware()) is None
+    mm.current_loaded_models = [Held(), Dead(), Dynamic()]
+    assert vram_comfy_can_free(mm, cuda, DynamicAware()) == 11 << 30
 
     class OtherSignature:
         def get_free_memory(self):

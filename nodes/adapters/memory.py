@@ -45,10 +45,22 @@ def vram_comfy_can_free(mm, device, patcher=None) -> Optional[int]:
     --cpu: host RAM holds everything and the planner has no device budget to respect)."""
     if mm.is_device_cpu(device):
         return None
-    # an entry whose patcher is gone (its weak reference dead: core's free_memory skips it too) holds nothing to count
-    held = sum(lm.model_loaded_memory() for lm in mm.current_loaded_models
-               if lm.device == device and getattr(lm, "model", True) is not None)
+    held = sum(_held(lm) for lm in mm.current_loaded_models if lm.device == device)
     return int(free_memory(mm, device, patcher) + held)
+
+
+def _held(lm) -> int:
+    """What one of ComfyUI's loaded models holds on its device that it would give up for ours. An entry whose
+    patcher is gone (a dead weak reference: core's free_memory skips it too) holds nothing. A dynamic-VRAM model
+    (newer cores with comfy-aimdo: `is_dynamic()`) counts only its weights loaded outside aimdo's pages: the pages
+    are in `ModelPatcher.get_free_memory` already (free_memory above), as core's own callers count them."""
+    model = getattr(lm, "model", lm)
+    if model is None:
+        return 0
+    dynamic = getattr(model, "is_dynamic", None)
+    if callable(dynamic) and dynamic():
+        return int(getattr(getattr(model, "model", None), "model_loaded_weight_memory", 0) or 0)
+    return int(lm.model_loaded_memory())
 
 
 def plan_for(experts: ExpertPair, video: tuple[int, int, int], cfg_mode: str, camera: bool,
