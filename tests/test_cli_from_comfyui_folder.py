@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -47,3 +49,23 @@ def test_a_conversion_runs_from_the_folder(tmp_path):
                cwd=tmp_path)
     assert got.returncode == 0, got.stderr[-2000:]
     assert (tmp_path / "high_noise_model_bnb_nf4" / "config.json").is_file()
+
+
+def test_comfyuis_own_python_runs_the_cli_from_custom_nodes(tmp_path):
+    """The documented command, `python custom_nodes/ComfyUI-LingBot-World COMMAND` from the ComfyUI folder, with
+    ComfyUI's interpreter (COMFYUI_PYTHON: the pack's requirements.txt and nothing installed as `lingbot_world`)."""
+    python, comfyui = os.environ.get("COMFYUI_PYTHON"), os.environ.get("COMFYUI_PATH")
+    if not python or not comfyui:
+        pytest.skip("set COMFYUI_PATH and COMFYUI_PYTHON (a ComfyUI checkout and its venv's python) to run the CLI "
+                    "with ComfyUI's own Python")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    installed = subprocess.run([python, "-c", "import lingbot_world"], env=env, capture_output=True, text=True,
+                               timeout=120)
+    assert installed.returncode != 0, "ComfyUI's Python has lingbot_world installed: it would not test the folder"
+    home = tmp_path / "ComfyUI"  # ComfyUI's layout: the pack in custom_nodes/ (the checkout is never modified)
+    (home / "custom_nodes").mkdir(parents=True)
+    (home / "custom_nodes" / "ComfyUI-LingBot-World").symlink_to(REPO, target_is_directory=True)
+    got = subprocess.run([python, "custom_nodes/ComfyUI-LingBot-World", "convert-fp8", "--help"], cwd=home, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "usage: lingbot-world convert-fp8" in got.stdout
