@@ -159,7 +159,9 @@ def convert_once(path: Path, weights: str, device=None) -> stored_copy.Chosen:
         show_on_node(line)
 
     make_room(device)
-    return stored_copy.ensure(path, weights, device=device, progress=progress, say=say)
+    chosen = stored_copy.ensure(path, weights, device=device, progress=progress, say=say)
+    bar.update_absolute(1000, 1000)  # the writers count the files' bytes (headers too): the bar ends at its end
+    return chosen
 
 
 CONVERT_VRAM = 2 << 30  # the converter streams one tensor at a time: a few of the 14B's largest, in float32
