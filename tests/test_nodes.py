@@ -657,6 +657,25 @@ def test_every_template_model_is_downloadable_from_the_graph():
                 assert not models, (path.name, node["type"], models)
 
 
+def test_every_template_has_a_one_line_card_description_and_the_first_one_opens_first():
+    """web/lingbot_templates.js: one line per template for the browser's cards (a frontend that shows a description
+    repeated the title), the README's first template named as the one listed first (issue 49; the browser itself:
+    tests/test_comfyui_frontend.py)."""
+    import re
+
+    js = (REPO / "web" / "lingbot_templates.js").read_text()
+    block = js[js.index("export const DESCRIPTIONS = {"):]
+    block = block[:block.index("\n};")]
+    described = dict(re.findall(r'^  "([^"]+)": "([^"]+)",$', block, re.M))
+    templates = {p.stem for p in (REPO / "example_workflows").glob("*.json")}
+    assert set(described) == templates, sorted(set(described) ^ templates)
+    for name, text in described.items():
+        assert text != name and len(text) <= 100 and text.endswith("."), (name, text)
+    first = re.search(r'^export const FIRST = "([^"]+)";$', js, re.M).group(1)
+    readme = " ".join((REPO / "README.md").read_text().split())  # its lines rewrapped
+    assert first in templates and f"start with *{first}*" in readme
+
+
 def test_nothing_sits_under_a_fast_sampler_so_its_previews_stay_in_view():
     """The Fast Sampler's previews grow the node downwards: no node below it in its column (issue 49)."""
     for path in sorted((REPO / "example_workflows").glob("*.json")):
