@@ -620,6 +620,15 @@ def test_converter_rejects_inconsistent_workflows():
     with pytest.raises(WorkflowError, match="not installed"):
         ui_to_api(ui, {k: v for k, v in info.items()}, unchecked=FILE_COMBOS | {"LingBotExpertLoader.memory_mode"})
 
+    # a seed whose control_after_generate is False has no control widget in the frontend: no "fixed" after it
+    play = json.loads((REPO / "example_workflows" / "Tiny CPU demo, Play (random weights).json").read_text())
+    node = next(n for n in play["nodes"] if n["type"] == "LingBotPlay")
+    assert info["LingBotPlay"]["input"]["required"]["seed"][1]["control_after_generate"] is False
+    assert ui_to_api(play, info, unchecked=FILE_COMBOS)[str(node["id"])]["inputs"]["noise_source"] == "cpu"
+    node["widgets_values"].insert(1, "fixed")  # the Play templates' first version: the frontend sent 'fixed'
+    with pytest.raises(WorkflowError, match="LingBotPlay"):
+        ui_to_api(play, info, unchecked=FILE_COMBOS)
+
 
 # ---- templates a newcomer can run (issue 27) ---------------------------------------------------------------------
 def test_templates_are_up_to_date_with_the_template_tool():

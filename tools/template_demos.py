@@ -151,7 +151,7 @@ def play(fast: dict) -> dict:
                    {"name": "i2v", "type": "LINGBOT_I2V", "link": None}],
                   [{"name": "actions", "type": "STRING", "links": None, "slot_index": 0},
                    {"name": "state", "type": "LINGBOT_FAST_STATE", "links": None, "slot_index": 1}],
-                  [42, "fixed", "cpu", 0, 0, "none"])
+                  [42, "cpu", 0, 0, "none"])  # its seed has no control widget (control_after_generate False)
     _link(ui, node(ui, "LingBotFastLoader"), 0, player, "fast_model", "LINGBOT_FAST_MODEL")
     _link(ui, node(ui, "LingBotTextEncode"), 0, player, "text", "LINGBOT_TEXT")
     _link(ui, i2v, 0, player, "i2v", "LINGBOT_I2V")

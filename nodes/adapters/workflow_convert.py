@@ -3,7 +3,7 @@
 ComfyUI's server has no such converter (only the frontend does it), but tests and headless runs need one.
 The rules follow the frontend: `widgets_values` are positional, in the order the node declares its
 widget inputs (required, then optional); INT inputs with `control_after_generate` (and legacy `seed` /
-`noise_seed`) carry one extra control value ("fixed", "randomize", ...); image-upload combos carry an
+`noise_seed` that do not set it False) carry one extra control value ("fixed", "randomize", ...); image-upload combos carry an
 extra "upload" value. Linked inputs become `[source_id, slot]`. Frontend-only nodes (notes, reroutes)
 are skipped. Node definitions come from `/object_info`, or from V1 classes via `v1_node_info`.
 """
@@ -47,7 +47,7 @@ def widget_inputs(node_def: Mapping) -> list[tuple[str, Any]]:
 def extra_values(name: str, spec: Any) -> int:
     """How many UI-only values follow this widget's value in widgets_values."""
     opts = _opts(spec)
-    if spec[0] == "INT" and (opts.get("control_after_generate") or name in SEED_NAMES):
+    if spec[0] == "INT" and opts.get("control_after_generate", name in SEED_NAMES):  # an explicit False: none
         return 1
     if opts.get("image_upload") or opts.get("video_upload") or opts.get("audio_upload"):
         return 1
