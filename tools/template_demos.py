@@ -55,9 +55,22 @@ def fast_layout(ui: dict) -> None:
     sampler = node(ui, "LingBotFastSampler")
     sampler["size"] = [sampler["size"][0], max(sampler["size"][1], 640)]
     right = sampler["pos"][0] + sampler["size"][0] + 60
+    moved = [node(ui, kind) for kind in ("LingBotVAEDecode", "CreateVideo", "SaveVideo")]
+    # columns already there (the continued template's Continue chains) move one column on to make room
+    shift = max(n["size"][0] for n in moved) + 60
+    beyond = [n for n in ui["nodes"] if n["pos"][0] >= right and all(n is not m for m in moved)]
+    if all(n["pos"][0] >= right + shift for n in beyond):
+        beyond = []  # the column is free already (laid out before): nothing moves
+    for n in beyond:
+        n["pos"] = [n["pos"][0] + shift, n["pos"][1]]
+    ds = ui.get("extra", {}).get("ds")
+    if beyond and ds:  # the opening view still shows every column on a 1600-pixel wide window
+        left = min(n["pos"][0] for n in ui["nodes"])
+        width = max(n["pos"][0] + n["size"][0] for n in ui["nodes"]) - left
+        ds["scale"] = min(ds["scale"], round(1500 / width, 2))
+        ds["offset"] = [round(40 / ds["scale"] - left), ds["offset"][1]]
     y = 0
-    for kind in ("LingBotVAEDecode", "CreateVideo", "SaveVideo"):
-        n = node(ui, kind)
+    for n in moved:
         n["pos"] = [right, y]
         y += n["size"][1] + 90
 
