@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -31,15 +36,25 @@ API = comfy.REPO / "tests" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def hub_and_server(tmp_path_factory):
-    repos = fake_hub.build_tiny_repos(tmp_path_factory.mktemp("repos"))
-    base = tmp_path_factory.mktemp("fresh_comfy")
+def repos(tmp_path_factory):
+    return fake_hub.build_tiny_repos(tmp_path_factory.mktemp("repos"))
+
+
+@contextmanager
+def fresh_comfyui(repos: dict, base: Path):
+    """A fresh ComfyUI (no models) whose huggingface_hub asks the local fake hub (HF_ENDPOINT)."""
     comfy.prepare_base(base, demo=False)
     with fake_hub.FakeHub(repos) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(base / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
                "HF_HUB_DISABLE_XET": "1"}
         with comfy.running_server(base, env=env) as srv:
             yield hub, srv
+
+
+@pytest.fixture(scope="module")
+def hub_and_server(repos, tmp_path_factory):
+    with fresh_comfyui(repos, tmp_path_factory.mktemp("fresh_comfy")) as both:
+        yield both
 
 
 def _small(name: str, frames: int, download: bool) -> dict:
@@ -123,3 +138,83 @@ def test_the_v2_template_says_its_licence_and_runs_from_the_download(hub_and_ser
         p.name for p in hub.repos["robbyant/lingbot-world-v2-1.3b-causal-fast"].glob("model*"))
     assert (small / "lingbot-world-v2-1.3b-causal-fast_bnb_nf4" / "config.json").is_file()
     assert "LingBot-World v2 1.3B (causal-fast)" in loader and "CC BY-NC-SA 4.0" in loader.splitlines()[-1]
+
+
+# Runs in the page: what the user does in the template after opening it (a small size for a CPU, the loaders'
+# download switches on), then Run; the nodes' texts and the end of the run are recorded.
+SET_AND_RUN = """async ([small, frames]) => {
+    const app = window.app, api = app.api;
+    window.__lingbot = {done: false, error: null, texts: {}};
+    api.addEventListener("executing", (e) => { if (e.detail === null) window.__lingbot.done = true; });
+    api.addEventListener("execution_error", (e) => { window.__lingbot.error = e.detail; window.__lingbot.done = true; });
+    api.addEventListener("progress_text", (e) => {
+        const t = window.__lingbot.texts; (t[e.detail.nodeId] ??= []).push(e.detail.text); });
+    const set = (node, name, value) => {
+        const w = node.widgets.find((w) => w.name === name);
+        w.value = value; w.callback?.(value);
+    };
+    for (const node of app.graph._nodes) {
+        if (node.widgets?.some((w) => w.name === "download")) set(node, "download", true);
+        if (node.type === "LingBotImageToVideo") {
+            set(node, "size", "custom"); set(node, "width", small[0]); set(node, "height", small[1]);
+            set(node, "frames", frames);
+        }
+        if (node.type === "LingBotCameraPreset") set(node, "frames", frames);
+    }
+    await app.queuePrompt(0, 1);
+}"""
+
+
+def test_a_user_downloads_converts_and_runs_a_template_from_the_browser(repos, tmp_path):
+    """The whole of issue 49's first point as a user does it, in ComfyUI's own page (whichever frontend the server
+    serves: 0.3.64's, or LINGBOT_COMFY_ARGS' --front-end-root): open the Fast template, turn on its loaders'
+    download switches, press Run: the files come from the (fake) hub, the NF4 copy is made, the video is saved."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see .ci/run)")
+    exe = os.environ.get("LINGBOT_CHROMIUM") or shutil.which("chromium")
+    if not exe:
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)")
+    ui = json.loads((comfy.REPO / "example_workflows" / f"{FAST}.json").read_text())
+    with fresh_comfyui(repos, tmp_path / "base") as (hub, srv), sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=exe, headless=True, args=["--no-sandbox", "--disable-gpu"],
+            viewport={"width": 1600, "height": 1000}, service_workers="block")
+        try:
+            context.route("**/*", lambda route: route.continue_() if (urlsplit(route.request.url).hostname,
+                          urlsplit(route.request.url).port) == ("127.0.0.1", srv.port) else route.abort())
+            page = context.pages[0] if context.pages else context.new_page()
+            page.goto(srv.url, wait_until="domcontentloaded", timeout=120_000)
+            page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
+                                   "window.LiteGraph.registered_node_types.LingBotFastLoader", timeout=120_000)
+            page.wait_for_timeout(1500)
+            for _ in range(2):  # before: the template browser of a fresh profile; after: a Missing Models dialog
+                for _ in range(10):
+                    if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
+                        break
+                    page.keyboard.press("Escape")
+                    page.wait_for_timeout(300)
+                if page.evaluate("() => window.app.graph._nodes.length") != len(ui["nodes"]):
+                    page.evaluate("(ui) => window.app.loadGraphData(ui)", ui)
+                    page.wait_for_timeout(1000)
+            assert page.evaluate("() => window.app.graph._nodes.length") == len(ui["nodes"])
+            page.evaluate(SET_AND_RUN, [[112, 64], 33])
+            t0 = time.monotonic()
+            while not page.evaluate("() => window.__lingbot.done"):
+                assert time.monotonic() - t0 < 600, f"no end after 600 s: {srv.log()[-3000:]}"
+                queue = srv.get("/queue")
+                if time.monotonic() - t0 > 15 and not (queue["queue_running"] or queue["queue_pending"] or
+                                                        srv.get("/history")):
+                    raise AssertionError(f"the prompt was refused: {srv.log()[-3000:]}")
+                time.sleep(1)
+            run = page.evaluate("() => window.__lingbot")
+        finally:
+            context.close()
+        assert run["error"] is None, run["error"]
+        loader = "\n".join(run["texts"].get(str(next(n["id"] for n in ui["nodes"] if n["type"] == "LingBotFastLoader")),
+                                            []))
+        assert "downloading the LingBot-World Fast's DiT" in loader and "Apache-2.0" in loader, run["texts"]
+        assert "made the NF4 copy lingbot_world_fast_bnb_nf4 of lingbot_world_fast (first load)" in loader
+        assert hub.gets(".safetensors")  # the weights came from the hub
+        models = srv.base / "models" / "lingbot_world" / "lingbot-world-base-cam"
+        assert (models / "lingbot_world_fast_bnb_nf4" / "config.json").is_file()
+        videos = list((srv.base / "output" / "video").glob("lingbot_world_fast*"))
+        assert videos and videos[0].stat().st_size > 1000, videos

@@ -451,6 +451,19 @@ def test_node_search_finds_the_pack(page, server, query):
     assert ours <= shown, f"searching {query!r} misses {sorted(ours - shown)} ({seen})"
 
 
+def _all_cards(page, cards) -> int:
+    """How many template cards the browser shows once scrolled to its end (it adds more as its last card comes into
+    view: 12 at first in 1.27)."""
+    count = -1
+    for _ in range(20):
+        if cards.count() == count:
+            return count
+        count = cards.count()
+        cards.nth(count - 1).scroll_into_view_if_needed()
+        page.wait_for_timeout(800)
+    return cards.count()
+
+
 def test_templates_have_titles_and_real_thumbnails(page, server):
     from PIL import Image
 
@@ -470,7 +483,7 @@ def test_templates_have_titles_and_real_thumbnails(page, server):
     cards = dialog.locator("[data-testid^='template-workflow-']")
     cards.first.wait_for(timeout=15_000)
     seen = {}
-    for i in range(cards.count()):
+    for i in range(_all_cards(page, cards)):
         # The frontend's LazyImage sets a thumbnail's src only while its card is in view (IntersectionObserver):
         # scroll each card into view, as a user does, and wait for its picture.
         card = cards.nth(i)
@@ -602,6 +615,37 @@ def test_the_packs_templates_come_first_to_open_first_then_the_demos(page, serve
     assert listed[1:1 + len(demos)] == demos and len(demos) == 6
     assert listed[1 + len(demos):] == sorted(listed[1 + len(demos):]), listed
     assert sorted(listed) == sorted(server.get("/api/workflow_templates")[comfy.PACK_DIR_NAME])
+
+
+def test_the_template_browser_names_the_pack_lists_the_first_template_first_and_describes_its_cards(page, server):
+    """The browser's header and category show the pack's display name (not its folder's), the template to open first
+    is the first card, and a card never repeats its title: where the frontend shows a description (the classic
+    browser), it is the template's one-line description from web/lingbot_templates.js (issue 49)."""
+    listed = server.get("/api/workflow_templates")[comfy.PACK_DIR_NAME]
+    ours = page.evaluate(f"""async () => {{
+        const m = await import('/extensions/{comfy.PACK_DIR_NAME}/lingbot_templates.js');
+        return {{descriptions: m.DESCRIPTIONS, first: m.FIRST}}; }}""")
+    descriptions = ours["descriptions"]
+    assert set(descriptions) == set(listed) and ours["first"] == "Image to video, camera preset"
+    for name, text in descriptions.items():
+        assert text != name and "\n" not in text and len(text) <= 100, (name, text)
+    _close_dialogs(page)
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    dialog = page.locator(".p-dialog, [role=dialog]").last
+    dialog.get_by_text("LingBot-World (Wan 2.2)", exact=True).first.click()  # the display name, from locales/
+    cards = dialog.locator("[data-testid^='template-workflow-']")
+    cards.first.wait_for(timeout=15_000)
+    count = _all_cards(page, cards)  # (the extension's observer describes the cards on the next frame)
+    names = [cards.nth(i).get_attribute("data-testid").removeprefix("template-workflow-") for i in range(count)]
+    assert set(names) == set(listed) and names[0] == ours["first"], names
+    shown = dialog.inner_text()
+    assert comfy.PACK_DIR_NAME not in shown and "LingBot-World (Wan 2.2)" in shown
+    for i, name in enumerate(names):
+        text = cards.nth(i).inner_text()
+        assert text.count(name) == 1, f"{name!r}: the card repeats its title: {text!r}"
+        if _classic_ui(page):  # this browser shows a description under the title: the template's own line
+            assert descriptions[name] in text, f"{name!r}: {text!r}"
+    _close_dialogs(page)
 
 
 def test_widgets_hide_in_the_vue_node_renderer_too(page):

@@ -203,9 +203,12 @@ def test_play_state_continues_in_fast_continue_as_the_batch_run(server):
     assert all((a == b).all() for a, b in zip(continued, batch))
 
 
-def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_path):
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_path, renderer):
     """The frontend: queueing opens the panel (web/lingbot_play.js) with the player's page in it; keys held in it
-    steer the session; "Send keys to graph" re-runs the node with them; Free closes the session (the page says so)."""
+    steer the session; "Send keys to graph" re-runs the node with them; Free closes the session (the page says so).
+    With the Vue node renderer ("Nodes 2.0") on as well as off, where the frontend has one (LINGBOT_COMFY_ARGS'
+    --front-end-root: the newest frontend; 0.3.64's 1.27 has none and skips the vue case)."""
     import os
     import shutil
     from urllib.parse import urlsplit
@@ -239,8 +242,16 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
                     break
                 page.keyboard.press("Escape")
                 page.wait_for_timeout(300)
+            if renderer == "vue":
+                has_vue = page.evaluate("""() => { try { return window.app.extensionManager?.setting?.get(
+                    'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
+                if not has_vue:
+                    pytest.skip("this frontend has no Vue node renderer (Comfy.VueNodes.Enabled)")
+                page.evaluate("() => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true)")
             page.evaluate("async (p) => { await window.app.loadApiJson(p, 'play'); await window.app.queuePrompt(0, 1); }",
                           _play_prompt())
+            if renderer == "vue":  # the graph is drawn by Vue: LingBot Play is a DOM node
+                page.wait_for_selector("[data-node-id='50']")
             frame = page.wait_for_selector("#lingbot-play-panel iframe").content_frame()
             frame.wait_for_url("**/lingbot_world/play/**")
             P = "window.lingbotPlayer"
@@ -276,6 +287,14 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             assert frame.evaluate("document.getElementById('pause').disabled")
             assert page.locator("#lingbot-play-panel button:has-text('Send keys to graph')").is_disabled()
             assert server.proc.poll() is None and server.get("/system_stats")["system"]
+            # Run again, as the panel says: a new session opens in a fresh panel, Play and Send usable again
+            old_url = frame.url
+            page.evaluate("() => window.app.queuePrompt(0, 1)")
+            page.wait_for_function("() => !document.getElementById('lingbot-play-closed')")
+            frame = page.wait_for_selector("#lingbot-play-panel iframe").content_frame()
+            frame.wait_for_function(f"{P} && {P}.state && {P}.state.started")
+            assert frame.url != old_url and not frame.evaluate("document.getElementById('pause').disabled")
+            assert page.locator("#lingbot-play-panel button:has-text('Send keys to graph')").is_enabled()
         finally:
             context.close()
 
