@@ -1,7 +1,8 @@
 // LingBot-World in ComfyUI's template browser and error dialog (both the 1.2x frontends and the current ones):
 // - the pack's templates: the first one to open first, then the runnable demos, then by title (the server lists the
 //   files in directory order), each card with a one-line description instead of its title repeated (the frontends
-//   take a custom node's template description from its file name);
+//   take a custom node's template description from its file name), the browser's heading with the pack's display
+//   name instead of its folder's;
 // - a refused prompt: ComfyUI repeats a node's check message under every input the check reads (the Expert Loader's
 //   under both experts and the download switch); the pack's message is shown once per node, its inputs named.
 // Nothing here changes a workflow or what the server runs.
@@ -28,6 +29,8 @@ export const DESCRIPTIONS = {
 };
 
 const OURS = /lingbot/i;
+export const DISPLAY_NAME = "LingBot-World (Wan 2.2)"; // pyproject's DisplayName, locales/en/main.json's category
+const modules = new Set(["ComfyUI-LingBot-World"]); // the folder names the server lists our templates under
 
 export function sortTemplateNames(names) {
   const rank = (n) => (n === FIRST ? 0 : /^tiny cpu demo/i.test(n) ? 1 : 2);
@@ -40,7 +43,10 @@ function sortOwnTemplates() {
   const sorted = async function (...args) {
     const all = await original.apply(this, args);
     for (const [module, names] of Object.entries(all ?? {})) {
-      if (OURS.test(module) && Array.isArray(names)) all[module] = sortTemplateNames(names);
+      if (OURS.test(module) && Array.isArray(names)) {
+        modules.add(module);
+        all[module] = sortTemplateNames(names);
+      }
     }
     return all;
   };
@@ -70,6 +76,14 @@ function describeCards(root = document) {
   }
 }
 
+// The classic browser (1.2x) titles a custom node's templates with its folder name, while its menu already shows the
+// localized category: the heading shows the display name too.
+function nameHeadings(root = document) {
+  for (const h of root.querySelectorAll("h1, h2, h3")) {
+    if (h.childElementCount === 0 && modules.has(h.textContent.trim())) h.textContent = DISPLAY_NAME;
+  }
+}
+
 function watchTemplateBrowser() {
   let queued = false;
   new MutationObserver(() => {
@@ -78,6 +92,7 @@ function watchTemplateBrowser() {
     requestAnimationFrame(() => {
       queued = false;
       describeCards();
+      nameHeadings();
     });
   }).observe(document.body, { childList: true, subtree: true });
 }
