@@ -95,6 +95,7 @@ def run(request: GenerateRequest) -> int:
     fast_parts.write_picture(request, part, source, target)
     speed = follow_started_compile(fast_compile_policy(speed, request.speed_flags, part.chunks), speed,
                                    request.speed_flags, st.compile)
+    speed = assembly.fit_speed(checked, speed)
     log_speed_plan(speed, log)
     settings = replace(settings, speed=speed)
     try:

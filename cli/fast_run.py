@@ -124,6 +124,7 @@ def _first_part(request: GenerateRequest, session, imports, stats) -> int:
     part = plan_first_part(camera, frames, probe)
     # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
     speed = fast_speed_plan(request.speed_flags, device, part.chunks, before_compiler_check=imports.wait)
+    speed = assembly.fit_speed(checked, speed)  # a narrow model runs --compile auto eagerly
     log_speed_plan(speed, log)
     settings = replace(settings, speed=speed)
     video = assembly.video_settings(checked, settings, device, height, width, keep=keep, seed=seed,

@@ -121,6 +121,7 @@ class LingBotFastLoader:
         if speed is not None and speed.compute != "bf16" and weights != "nf4":
             raise ValueError(f"LingBot Speed Options asks for compute={speed.compute}, which works with NF4 weights; "
                              "use weights nf4 or compute bf16")
+        speed = assembly.fit_speed(checked, speed)  # a narrow model runs compile auto eagerly
         w = ExpertWeights("fast", fmt, weights, speed=speed)  # the speed options go on after every load
         host_memory.track(w)  # dropped with ComfyUI's node cache: give its host copies back to the OS
         patcher = ExpertPatcher(ExpertContainer(w), device, torch.device("cpu"), size=w.device_bytes(device))

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..wan.control.actions import KeyTimeline
+from ..wan.control.actions import KeyInputError, KeyTimeline
 
 
 class PlayedVideo:
@@ -20,6 +20,18 @@ class PlayedVideo:
 
         return save_session(self, prefix, write_video=write_video, state=state, fps=fps)
 
+    def _keys(self, keys, need: int) -> KeyTimeline:
+        """A step's keys (a KeyTimeline, an action string or None) as the `need` frames of keys its chunk takes."""
+        if keys is None:
+            return KeyTimeline.none(need)
+        if isinstance(keys, str):
+            keys = KeyTimeline.from_string(keys) if keys.strip() else KeyTimeline.none(need)
+        if not isinstance(keys, KeyTimeline):
+            raise KeyInputError(f"keys must be an action string or a KeyTimeline, got {type(keys).__name__}")
+        if keys.frames > need:
+            raise KeyInputError(f"{keys.frames} frames of keys for one chunk, which takes {need}; give at most {need}")
+        return keys.padded(need)
+
     def trajectory_picture(self, size: tuple[int, int] = (320, 320)):
         """A PIL picture of the camera path so far (top and side views), None before the first chunk."""
         path = self.camera_path()
@@ -31,13 +43,10 @@ class PlayedVideo:
 
     def keys(self) -> Optional[KeyTimeline]:
         """Every key frame of the video so far (None when a part had a camera or no keys)."""
-        out: Optional[KeyTimeline] = None
-        for p in self.parts:
-            k = p.plan_keys
-            if k is None:
-                return None
-            out = k if out is None else out + k
-        return out
+        keys = [p.plan_keys for p in self.parts]
+        if not keys or any(k is None for k in keys):
+            return None
+        return keys[0] if len(keys) == 1 else KeyTimeline(np.concatenate([k.pressed for k in keys]))  # one copy
 
     def action_string(self) -> str:
         """The keys so far as one action string: `generate --model fast --rule continuable --actions` of it makes
