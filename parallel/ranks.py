@@ -1,124 +1,28 @@
-"""`generate --parallel`: the flags and the glue between the CLI and parallel/ (one process per GPU, started by
-torchrun: `torchrun --nproc_per_node=2 -m lingbot_world.cli generate ... --parallel auto`).
+"""What a run does across the ranks of a torchrun launch (one process per GPU): the layout, the checks that every
+rank loads and samples the same, the memory plans they agree on, and each rank's share of the work.
 
-Every rank runs the same command: the pre-flight (rank 0 first, then the others; bad input is one line on every
-rank), the fingerprint check of the model files, the sampling. Only rank 0 encodes the text (one umT5 child for the
-whole run) and the first frame, and sends them to the others; only rank 0 decodes and writes the video and prints
-the summary. The other ranks log warnings only, prefixed with their rank.
+The door starts the session (cli/parallel_flags.py: `generate --parallel`); the world's assembly (world/base.py,
+world/first_part.py) runs these on it. Every rank runs the same code: a refusal here is the same on every rank.
+Only rank 0 encodes the text and the first frame and sends them to the others, and only rank 0 decodes and writes
+the video (parallel/group.py's `from_main`).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Sequence
 
 import torch
 
-from ..parallel.group import DEFAULT_TIMEOUT_S, LaunchError, Session, launched_by_torchrun
-from ..parallel.layout import MODES, Layout, plan_layout
-from .errors import USAGE_ERRORS, UsageError
-from .lora_run import LoraFlags
-
-
-def add_arguments(p) -> None:
-    g = p.add_argument_group(
-        "several GPUs (README 'Several GPUs')",
-        "Start one process per GPU with torchrun: torchrun --nproc_per_node=2 -m lingbot_world.cli generate ...")
-    g.add_argument("--parallel", choices=MODES, default="auto",
-                   help="how the processes torchrun started share the work: cfg (the two guidance passes on two "
-                        "GPUs; base model), ulysses (every forward's tokens split over the GPUs; base and Fast), "
-                        "auto (cfg for the base model with guidance, ulysses otherwise; 4+ GPUs: cfg x ulysses), "
-                        "off; ignored by a single process")
-    g.add_argument("--parallel-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                   help="how long a rank waits for the others in any exchange before giving up with an error (a rank "
-                        "that crashed is noticed at once)")
-
-
-@dataclass(frozen=True)
-class ParallelFlags:
-    """--parallel and --parallel-timeout."""
-
-    mode: str = "auto"
-    timeout_s: float = DEFAULT_TIMEOUT_S
-
-
-class _RankPrefix(logging.Filter):
-    def __init__(self, rank: int):
-        super().__init__()
-        self.prefix = f"[rank {rank}] "
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(self.prefix):
-            record.msg = self.prefix + str(record.msg)
-        return True
-
-
-def start(flags: ParallelFlags, device: str, log: logging.Logger) -> Session:
-    """The session of this process: `Session.single()` without torchrun, else joined to the others (`device`:
-    --device, which decides the backend; the session holds this rank's device, which the caller's request takes:
-    GenerateRequest.on_rank). Raises UsageError (every rank the same) for a launch that cannot work."""
-    if not launched_by_torchrun():
-        if flags.mode in ("cfg", "ulysses"):
-            plan_layout(flags.mode, 1, 1)  # raises: needs several processes
-        return Session.single()
-    if flags.mode == "off":
-        plan_layout("off", 2, 1)  # raises with the explanation
-    kind = _device_kind(device)
-    try:
-        session = Session.start(kind, flags.timeout_s)
-        session.usage_errors = USAGE_ERRORS
-    except LaunchError as e:
-        raise UsageError(str(e)) from None
-    if not session.is_main:
-        root = logging.getLogger()
-        root.setLevel(logging.WARNING)
-        for h in root.handlers:
-            h.addFilter(_RankPrefix(session.rank))
-    log.info("parallel: %s, %s backend, %s on this rank", session.label, session.backend, session.device)
-    return session
-
-
-def refuse_layout_alone(mode: str, heads: Callable[[], Optional[int]], model: str, guidance: bool) -> None:
-    """A layout that cannot work (e.g. 4 heads over 3 ranks) refused BEFORE the processes join: every rank reaches
-    the verdict from its own flags and the model's head count, so no rank waits for another and no process group
-    exists to tear down. (Refused after joining, right behind the pre-flight's last collective, a rank leaving the
-    group could close its connections while gloo on another rank still finished that collective's last transfer,
-    which aborted that process.) heads(): the model's head count, None when it is not known without building or
-    loading anything (then the pre-flight decides, after joining)."""
-    if not launched_by_torchrun():
-        return
-    count = heads()
-    if count is None:
-        return
-    from ..parallel.group import env_world_size
-
-    try:
-        plan_layout(mode, env_world_size(), count, model=model, guidance=guidance)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def _device_kind(device: str) -> str:
-    d = device.strip().lower()
-    if d == "cpu":
-        return "cpu"
-    if d in ("cuda", "gpu"):
-        return "cuda"
-    if d == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    raise UsageError(f"--device {device}: with torchrun every process takes the GPU of its local rank; use --device "
-                     "auto (or cuda; cpu for a test run) and choose the GPUs with CUDA_VISIBLE_DEVICES")
+from .group import Session
+from .layout import Layout, plan_layout
 
 
 def plan(session: Session, mode: str, num_heads: int, model: str, guidance: bool, log: logging.Logger) -> Layout:
     """The layout of this launch for --parallel `mode` (no collective: the same on every rank, and so is a
-    refusal)."""
+    refusal: a ValueError naming the layout)."""
     if not session.parallel:
         return session.layout
-    try:
-        layout = plan_layout(mode, session.world, num_heads, model=model, guidance=guidance)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    layout = plan_layout(mode, session.world, num_heads, model=model, guidance=guidance)
     if mode == "cfg" and not guidance:
         log.warning("--parallel cfg with guide scale 1: there is no unconditional pass, every rank computes the "
                     "same conditional one")
@@ -136,34 +40,31 @@ def use(session: Session, layout: Layout, log: logging.Logger) -> None:
         log.info("parallel: %s", layout.describe())
 
 
-def check_same_models(session: Session, paths: dict, log: logging.Logger,
-                      loras: Optional[LoraFlags] = None) -> None:
-    """Every rank must load the same model files (and the same --lora files and strengths, `loras`): compare
-    their fingerprints (refused on every rank if not)."""
+def check_same_models(session: Session, paths: dict, log: logging.Logger, loras: Sequence = ()) -> None:
+    """Every rank must load the same model files (and the same LoRA files and strengths: `loras`, (flag, path,
+    strength) items): compare their fingerprints (refused on every rank if not)."""
     if not session.parallel:
         return
-    from ..parallel.fingerprint import expert_fingerprint, mismatch
+    from .fingerprint import expert_fingerprint, mismatch
 
     with session.all_ranks("comparing the model files"):
         mine = {name: expert_fingerprint(p) for name, p in paths.items()}
-        mine["LoRA"] = _lora_fingerprint(loras or LoraFlags())
+        mine["LoRA"] = _lora_fingerprint(loras)
     every = session.gather_json(mine, "comparing the model files")
     for name in list(paths) + ["LoRA"]:
         line = mismatch([fp[name] for fp in every], f"{name} files")
         if line:
-            raise UsageError(line)
+            raise ValueError(line)
     log.info("parallel: every rank loads the same model files")
 
 
-def _lora_fingerprint(loras: LoraFlags) -> dict:
-    """One fingerprint of every --lora/--lora-high/--lora-low file with its strength (the same on every rank)."""
-    from ..parallel.fingerprint import model_fingerprint
-    from .lora_run import parse_spec
+def _lora_fingerprint(loras: Sequence) -> dict:
+    """One fingerprint of every LoRA file with its strength (the same on every rank)."""
+    from .fingerprint import model_fingerprint
 
-    specs = [(flag, *parse_spec(spec)) for flag in ("lora", "lora_high", "lora_low") for spec in getattr(loras, flag)]
-    names = ", ".join(f"--{flag.replace('_', '-')} {path.name}:{strength:g}" for flag, path, strength in specs)
-    fp = model_fingerprint(".", {"specs": repr([(flag, strength) for flag, _, strength in specs])},
-                           files=[path.expanduser() for _, path, _ in specs])
+    names = ", ".join(f"{flag} {path.name}:{strength:g}" for flag, path, strength in loras)
+    fp = model_fingerprint(".", {"specs": repr([(flag, strength) for flag, _, strength in loras])},
+                           files=[path.expanduser() for _, path, _ in loras])
     fp["name"] = names or "no LoRA"
     return fp
 
@@ -171,7 +72,7 @@ def _lora_fingerprint(loras: LoraFlags) -> dict:
 def attach(session: Session, model: torch.nn.Module) -> torch.nn.Module:
     """Give a loaded model this rank's share of the tokens (Ulysses); a no-op without a sequence split."""
     if session.sp_degree > 1:
-        from ..parallel.ulysses import SequenceParallel
+        from .ulysses import SequenceParallel
 
         sp_rank = session.layout.sp_rank(session.rank)
         model.set_seq_parallel(SequenceParallel(session.sp_degree, sp_rank, session.sp_group, model.cfg.num_heads))
@@ -181,7 +82,7 @@ def attach(session: Session, model: torch.nn.Module) -> torch.nn.Module:
 def velocity(session: Session):
     """The sampler's velocity for this rank (CFG-parallel), or None for the sampler's own."""
     if session.layout.cfg == 2:
-        from ..parallel.cfg import CFGParallel
+        from .cfg import CFGParallel
 
         return CFGParallel(session.layout.cfg_rank(session.rank), session.cfg_group)
     return None
@@ -192,7 +93,7 @@ def check_same_inputs(session: Session, tensors: dict, what: str = "the sampling
     make different videos are stopped before the first step."""
     if not session.parallel:
         return
-    from ..parallel.fingerprint import tensor_digest
+    from .fingerprint import tensor_digest
 
     mine = {k: None if t is None else tensor_digest(t) for k, t in tensors.items()}
     every = session.gather_json(mine, what)
@@ -200,6 +101,7 @@ def check_same_inputs(session: Session, tensors: dict, what: str = "the sampling
     if bad:
         raise RuntimeError(f"the ranks would sample from different {', '.join(bad)}: were they started with different "
                            "arguments or files, or on GPUs of different kinds with --noise cuda (then use --noise cpu)?")
+
 
 def agree_on_plans(session: Session, reason: str, cfg_batch: bool, log: logging.Logger) -> bool:
     """Log every rank's memory plan on rank 0 (GPUs of different sizes get different plans) and agree on batched CFG:

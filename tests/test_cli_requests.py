@@ -1,4 +1,4 @@
-"""The typed requests the CLI reads its flags into (cli/generate_request.py, cli/play_request.py): frozen, read once,
+"""The typed requests the CLI reads its flags into (cli/requests.py): frozen, read once,
 and changed only by making a new one."""
 import dataclasses
 from pathlib import Path
@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from lingbot_world.cli import build_parser
-from lingbot_world.cli.generate_request import DEMO_FRAMES, DEMO_SIZE, GenerateRequest
-from lingbot_world.cli.play_request import PlayRequest
+from lingbot_world.cli.requests import DEMO_FRAMES, DEMO_SIZE, GenerateRequest, PlayRequest
 
 
 def _generate(*argv) -> GenerateRequest:

@@ -1,89 +1,47 @@
-"""`lingbot-world generate --lora FILE[:STRENGTH]` (both experts), `--lora-high` / `--lora-low` (one expert).
+"""A base world's two experts: where they live (memory/placement.py's plan and provider), the LoRAs put on each right
+after it loads, the camera layers' cache the memory plan leaves room for, and each rank's share of the tokens.
 
-The files are read and matched against the experts' config before anything expensive runs (a LoRA for another
-model, or a pickle, stops here with one line). The LoRAs are put on each expert right after it loads
-(`quant.lora.apply_lora`: low-rank terms next to the NF4 linears), whatever the memory mode.
+The LoRA files are read and matched against the experts' config before anything expensive runs (a LoRA for another
+model, or a pickle, stops there with one line naming where it was given). They go on each expert right after it
+loads (`quant.lora.apply_lora`: low-rank terms next to the NF4 linears), whatever the memory mode.
 """
 from __future__ import annotations
 
-import argparse
 import logging
-import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .errors import UsageError
+import torch
 
 if TYPE_CHECKING:
     from ..loaders.lora_files import LoraSet
 
-# The LoRA modules are imported when a LoRA is given: they import bitsandbytes (seconds), which the Fast path
-# imports on a background thread (cli/heavy_imports.py) and the parser must not import first.
+# The LoRA modules are imported when a LoRA is given: they import bitsandbytes (seconds), which a causal run imports
+# on a background thread (world/heavy_imports.py) and the CLI's parser must not import first.
 
 log = logging.getLogger(__name__)
 
 
-def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("LoRA (Wan 2.1/2.2 14B LoRAs, .safetensors)")
-    g.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
-                   help="a LoRA on both experts (repeat to stack; strength default 1)")
-    g.add_argument("--lora-high", action="append", default=[], metavar="FILE[:STRENGTH]",
-                   help="a LoRA on the high-noise expert only")
-    g.add_argument("--lora-low", action="append", default=[], metavar="FILE[:STRENGTH]",
-                   help="a LoRA on the low-noise expert only")
-
-
-@dataclass(frozen=True)
-class LoraFlags:
-    """The FILE[:STRENGTH] specs of --lora (both experts), --lora-high and --lora-low, as given."""
-
-    lora: tuple = ()
-    lora_high: tuple = ()
-    lora_low: tuple = ()
-
-
-STRENGTH_MAX = 100.0  # |strength| beyond this swamps the weights (and overflows bf16 towards inf)
-
-
-def parse_spec(spec: str, flag: str = "--lora") -> tuple[Path, float]:
-    """FILE or FILE:STRENGTH -> (path, strength). An existing file whose name holds ':' is taken whole; a strength
-    that is not a finite number in -100..100 is a UsageError naming the flag (nan would make every frame black)."""
-    path, sep, strength = spec.rpartition(":")
-    if not sep or not path or strength.startswith(("/", "\\")) or Path(spec).expanduser().is_file():
-        return Path(spec), 1.0
-    try:
-        value = float(strength)
-    except ValueError:
-        raise UsageError(f"{flag} {spec}: strength {strength!r} is not a number; write FILE:STRENGTH, e.g. "
-                         f"{path}:0.8") from None
-    if not math.isfinite(value) or abs(value) > STRENGTH_MAX:
-        raise UsageError(f"{flag} {spec}: strength {strength} must be a finite number from -{STRENGTH_MAX:g} to "
-                         f"{STRENGTH_MAX:g} (1 = the LoRA as trained)")
-    return Path(path), value
-
-
-def read_cli_loras(loras: LoraFlags, config) -> dict[str, list[tuple["LoraSet", float]]]:
-    """{"high": [(lora, strength), ...], "low": [...]} from the flags; a UsageError (exit code 2) with one line on
-    bad input."""
+def read_expert_loras(loras: Sequence, config) -> dict[str, list[tuple["LoraSet", float]]]:
+    """{"high": [(lora, strength), ...], "low": [...]} of the ExpertLora items (world/settings.py), in their order;
+    a bad file is a LoraFileError naming where it was given."""
     out: dict[str, list] = {"high": [], "low": []}
-    if not (loras.lora or loras.lora_high or loras.lora_low):
+    if not loras:
         return out
     from ..loaders.lora_files import LoraFileError, dit_weight_shapes, load_lora
 
     shapes = dit_weight_shapes(config)
     cache: dict[Path, "LoraSet"] = {}
-    for flag, experts in (("lora", ("high", "low")), ("lora_high", ("high",)), ("lora_low", ("low",))):
-        for spec in getattr(loras, flag):
-            path, strength = parse_spec(spec, f"--{flag.replace('_', '-')}")
-            if path not in cache:
-                try:
-                    cache[path] = load_lora(path, shapes)
-                except LoraFileError as e:
-                    raise UsageError(f"--{flag.replace('_', '-')} {spec}: {e}") from None
-                log.info("LoRA %s", cache[path].report())
-            for name in experts:
-                out[name].append((cache[path], strength))
+    for lora in loras:
+        path = Path(lora.path)
+        if path not in cache:
+            try:
+                cache[path] = load_lora(path, shapes)
+            except LoraFileError as e:
+                raise LoraFileError(f"{lora.flag} {lora.spec}: {e}") from None
+            log.info("LoRA %s", cache[path].report())
+        for name in lora.experts:
+            out[name].append((cache[path], lora.strength))
     return out
 
 
@@ -110,3 +68,38 @@ def lora_loader(loras: dict[str, list], paths: dict[str, Path], base: Optional[C
         return model
 
     return load
+
+
+def expert_provider(settings, files, device: torch.device, video: tuple[int, int, int], with_camera: bool,
+                    session, cfg_mode: str, loader: Optional[Callable], log: logging.Logger):
+    """The ExpertProvider of the run (memory/placement.make_provider): the memory mode's plan for `video` (frames,
+    height, width), each expert prepared with the speed plan and this rank's share of the tokens when it is placed."""
+    from ..memory.placement import make_provider
+    from ..parallel.ranks import attach
+    from ..speed.options import apply_speed
+
+    speed = settings.speed
+
+    def prepare_model(model):
+        if speed is not None:
+            apply_speed(model, speed)
+        attach(session, model)  # this rank's share of the tokens (Ulysses)
+
+    return make_provider(
+        settings.memory_mode, files.high, files.low, device, weights=settings.weights,
+        blocks_on_gpu=settings.blocks_on_gpu, video=video, cfg_mode=cfg_mode, camera=with_camera, log=log,
+        loader=loader, prepare=prepare_model, seq_parallel=session.sp_degree,
+    )
+
+
+def camera_cache(settings, config, device: torch.device, video: tuple[int, int, int], with_camera: bool, steps: int,
+                 cfg_mode: str, plan, session, log: logging.Logger):
+    """The camera FiLM cache the memory plan leaves room for (memory/camera_cache.py), logged in one line."""
+    from ..memory.camera_cache import camera_cache_for_run
+    from ..quant.nf4_format import default_compute_dtype
+
+    cdt = torch.bfloat16 if settings.weights == "bf16" else default_compute_dtype(device)
+    return camera_cache_for_run(
+        settings.camera_cache, video, config, plan, camera=with_camera, steps=steps, cfg_mode=cfg_mode, device=device,
+        compute_bytes=torch.empty(0, dtype=cdt).element_size(), seq_parallel=session.sp_degree,
+        log=lambda line: log.info("camera cache: %s", line))

@@ -1,303 +1,351 @@
-"""`lingbot-world generate --model fast|v2-14b|v2-1.3b`: a causal model's first part of a video, through the
-world assembly (world/assembly.py) and the World session.
+"""A causal model's first part of a video opened from files with the start-up overlap (the CLI's way): the world
+assembly (world/assembly.py) with bitsandbytes' import, the text encoder, the image's VAE encode and the model's
+load side by side where memory allows (world/heavy_imports.py, world/text_stage.py, world/model_load.py), then the
+World session (world/session.py).
 
-Same inputs as the base model (image, camera or keys, prompt, size, frames, seed), the umT5 / VAE / tokenizer of
-the same download, and the model's release defaults (its registry entry: chunk, steps, shift, window). Every check
-that can fail runs before the text encoder starts: the model's kind and tensors (headers only), LoRA files, the
-frame count, the camera, the cache plan against free VRAM and RAM. The start-up overlaps what it can (bitsandbytes'
-import, the text encoder, the image's VAE encode and the model's load; world/text_stage.py, world/model_load.py);
-then the World session (world/session.py) runs the chunks, and each finished chunk is decoded and appended to the
-output (streaming decode), so an interrupted run keeps its frames. A continuation (`--continue-from`) is
-cli/fast_continue.py.
+    video = FirstPart(source, settings, request, ranks, imports=..., stages=...)   # request: a VideoRequest
+    video.check()           # the weights mode, the files (headers, every tensor, LoRAs, the tiny decoder), the image,
+                            # the size and the video against the RAM
+    video.plan()            # the part (chunks, frames, camera), the speed plan, the video's fixed settings
+    video.describe()        # the model and the part's note, in the log
+    video.place()           # the layout over the ranks and the memory plan; the ranks' checks end here
+    session = video.start() # text, image and model; the session begun, ready for run_part
+    ...
+    video.finish(); video.close()   # (close in a finally)
+
+Every check that can fail runs before the text encoder starts; a door checks its outputs between `plan` and
+`describe`. `stages`: mark(name) / note(name, seconds) at each stage (the door's summary).
 """
 from __future__ import annotations
 
 import logging
 import random
 from dataclasses import replace
-from pathlib import Path
+from typing import Optional
 
 import torch
 
-from ..memory.kv_placement import FastMemoryError
-from ..wan.sizes import max_area_for, target_size
-from . import fast_continue, fast_parts, fast_request, parallel_flags
-from .errors import UsageError
-from .generate_request import GenerateRequest
+from . import assembly, controls
+from .settings import ModelSource, VideoRequest, WorldSettings
 
-log = logging.getLogger("lingbot_world.generate")
+log = logging.getLogger(__name__)
 
 LOAD_STEP = "the model's load"  # the start-up step the text encoder may run beside
+# Host bytes per pixel per frame a causal run holds for the whole part, at least: the packed camera input (384 fp32
+# channels per 4 frames x 8x8 pixels: 6), the latents and the conditioning (~1); a video decoded at the end
+# (stream decode off) holds the decoded frames and their uint8 copy too (27).
+CAMERA_BYTES_PER_PIXEL_FRAME = 6
+LATENT_BYTES_PER_PIXEL_FRAME = 1
+DECODED_BYTES_PER_PIXEL_FRAME = 27
 
 
-def run(request: GenerateRequest) -> int:
-    """Entry point from generate.run() for --model fast (one process, or one rank of a torchrun launch)."""
-    fast_request.check_flags(request)  # no I/O: the flags' ranges and what applies to the Fast model
-    if request.continue_from is None and request.demo:  # a continuation takes its inputs from the state
-        request = with_fast_demo_defaults(request)
-    session = parallel_flags.start(request.parallel_flags, request.device, log)
-    request = request.on_rank(session)
-    from .heavy_imports import BackgroundImports
-    from .progress import RunStats
+class FirstPart:
+    """The first part of a causal video (see the module), as `request` (a VideoRequest) asks: its image, prompt and
+    steering, device, layout over the ranks and speed flags. request.save_to: where the video's state goes after the
+    part, to continue it (None: it is not saved); then the model's files are fingerprinted and the whole conditioning
+    track is encoded."""
 
-    # bitsandbytes (seconds) imports on a thread while this one checks, starts the text encoder and encodes the
-    # image; waited for before the load (one process only: under torchrun the ranks set up collectives meanwhile).
-    stats = RunStats()
-    imports = BackgroundImports(background=request.overlap != "off" and not session.parallel)
-    stats.mark("imports (torch._dynamo)")  # on this thread, first (cli/heavy_imports.py says why)
-    failed = True
-    try:
-        if request.continue_from is not None:
-            if session.parallel:
-                raise UsageError("--continue-from runs in one process: start it without torchrun (a saved state "
-                                 "holds every head of the K/V cache)")
-            imports.wait()  # a continuation's checks import bitsandbytes' modules on this thread: not beside them
-            code = fast_continue.run(request)
-        else:
-            code = _first_part(request, session, imports, stats)
-        failed = False
-        return code
-    except Exception as e:
-        session.report_failure(e)  # a check that failed here is raised on every rank
-        raise
-    finally:
-        session.close(failed)
+    def __init__(self, source: ModelSource, settings: WorldSettings, request: VideoRequest, ranks, *, imports=None,
+                 stages=None, log: logging.Logger = log):
+        self.source = source
+        self.settings = settings
+        self.request = request
+        self.ranks = ranks
+        self.imports = imports
+        self.stages = stages
+        self.log = log
+        self.device = None
+        self.files = self.checked = self.image = self.part = self.camera = self.video = self.speed = None
+        self.height = self.width = self.seed = 0
+        self.frames: Optional[int] = None  # asked for (None: as long as the keys / camera)
+        self.plan_ = self.placement = self.vae = self.session = self._load = self._text = None
+        self.stream_vae = self.keep_vae = False
 
+    @property
+    def keep(self) -> bool:
+        return self.request.save_to is not None
 
-def with_fast_demo_defaults(request: GenerateRequest) -> GenerateRequest:
-    """The demo's defaults, with the model's demo length (three chunks) when neither --frames nor keys set it, and
-    its own output name (no demo replaces another's video)."""
-    from ..world.models import model
+    @property
+    def steering(self):
+        return self.request.steering
 
-    demo = request.with_demo_defaults()
-    entry = model(request.model)
-    if request.frames is None and not demo.actions:
-        demo = replace(demo, frames=entry.demo.frames)
-    if request.out is None:
-        demo = replace(demo, out=Path(entry.demo.out))
-    return demo
+    @property
+    def prompt(self) -> str:
+        return self.request.prompt
 
+    def _wait_imports(self) -> None:
+        if self.imports is not None:
+            self.imports.wait()
 
-def _first_part(request: GenerateRequest, session, imports, stats) -> int:
-    from ..memory.overlap import Step
-    from ..world import assembly
-    from ..world.demos import demo_ready
-    from ..world.files import WorldFiles
-    from ..world.models import model
-    from ..world.session import FixedCondition, WorldSession
-    from .preflight import noise_source, resolve_device
-    from .speed_flags import fast_speed_plan, log_speed_plan, report_compile
-    from .video_out import plan_output
+    @property
+    def entry(self):
+        return self.checked.entry
 
-    if request.save_state and session.parallel:
-        raise UsageError("--save-state runs in one process: start it without torchrun (a saved state holds every "
-                         "head of the K/V cache)")
-    fast_parts.warn_base_only_flags(request)
-    if request.image is None or request.prompt is None:
-        raise UsageError("--image and --prompt are required (or use --demo)")
-    if request.camera and request.actions:
-        raise UsageError("give either --camera (a trajectory) or --actions (keys), not both")
-    session.begin_checks()  # several ranks: rank 0 first (it may build the demo checkpoint the others read)
-    device = resolve_device(request.device)
-    request = replace(request, noise=noise_source(request.noise, device))
-    target = plan_output(request.out if request.out is not None else fast_parts.default_name(request.prompt))
-    settings = fast_parts.world_settings(request, loras=fast_parts.fast_lora_specs(request.loras))
-    assembly.check_weights_mode(settings.weights, device)
-    if request.tiny_vae is not None:
-        fast_parts.check_tiny_vae(request.tiny_vae)  # one line naming the flag, before the model's files
-    source = fast_parts.model_source(request)
-    if source.demo and not demo_ready(model(source.model), source.demo_dir, settings.weights):
-        imports.wait()  # building the demo quantizes with bitsandbytes: not beside the background import
-    files = WorldFiles.find(source, settings.weights)
-    checked = assembly.check(files, settings, device)  # missing or mis-shaped tensors, LoRAs, the tiny decoder
-    cfg, entry = checked.config, checked.entry
+    @property
+    def config(self):
+        return self.checked.config
 
-    image = assembly.load_start_image(request.image)
-    height, width = target_size(image.shape[1], image.shape[2], max_area_for(request.size))
-    fast_request.check_video_fits(request, height, width)
-    seed = request.seed if request.seed >= 0 else random.randrange(2**31)
-    keep = request.save_state is not None
-    probe = assembly.video_settings(checked, settings, device, height, width, keep=False, seed=seed)
-    camera, frames = fast_parts.camera_source(request, request.frames)  # key files: 81 frames without --frames
-    from ..wan.sampling.fast_state import plan_first_part
+    # ---- the pre-flight ----------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """The weights mode, the tiny decoder's file, the model's files and every check of them, the start image, the
+        video's size and the RAM its per-frame tensors take."""
+        from ..wan.sizes import max_area_for, target_size
+        from .demos import demo_ready
+        from .files import WorldFiles
+        from .models import model
 
-    part = plan_first_part(camera, frames, probe)
-    # refuses an impossible --compile/--compute/--attention before loading; a compiler check waits for the imports
-    speed = fast_speed_plan(request.speed_flags, device, part.chunks, before_compiler_check=imports.wait)
-    log_speed_plan(speed, log)
-    settings = replace(settings, speed=speed)
-    video = assembly.video_settings(checked, settings, device, height, width, keep=keep, seed=seed,
-                                    latent_frames=part.latent_frames)  # the preset's window cap (draft)
-    save = fast_parts.SaveState.plan(request, video, cfg, part.latent_frames)
-    fast_request.check_targets(request, target, part.frames, height, width, save=save, files=files)
-    log.info("model: %s", checked.entry.describe())  # after the checks: a refusal is the run's one line
-    if part.note:
-        log.warning("frames: %s", part.note)
-    fast_parts.write_picture(request, part, camera, target)
-    control = fast_parts.control_label(camera)
-    if session.is_main:
-        print(f"{entry.title}: {width}x{height}, {part.frames} frames ({part.latent_frames} latent frames, "
-              f"{part.chunks} chunks of {video.chunk_frames}), camera: {control}"
-              + (f", rule: {video.mode}" if request.save_state else ""), flush=True)
-    split = parallel_flags.plan(session, request.parallel, cfg.num_heads, "fast", False, log)
-    tiny = checked.tiny
-    try:
-        plan, stream_vae = assembly.plan_memory(checked, video, device, settings, latent_frames=part.latent_frames,
-                                                with_camera=part.camera is not None, seq_parallel=split.ulysses)
-    except FastMemoryError as e:
-        raise UsageError(str(e)) from None
-    if not plan.fits:
-        log.warning("the plan may not fit in VRAM: %s", plan.reason)
-    keep_vae = stream_vae and tiny is None  # the VAE's decoder streams (a tiny decoder needs the VAE to encode only)
-    session.end_checks()
-    parallel_flags.use(session, split, log)
-    parallel_flags.agree_on_plans(session, plan.reason, False, log)
-    parallel_flags.check_same_models(session, {"Fast model": files.dit}, log)
-    stats.mark("setup")
+        s, source = self.settings, self.source
+        self.device = assembly.compute_device(self.request.device)
+        assembly.check_weights_mode(s.weights, self.device)
+        if s.tiny_vae is not None:
+            assembly.check_tiny_vae(s.tiny_vae, "--tiny-vae")  # one line, before the model's files
+        if source.demo and not demo_ready(model(source.model), source.demo_dir, s.weights):
+            self._wait_imports()  # building the demo quantizes with bitsandbytes: not beside the background import
+        self.files = WorldFiles.find(source, s.weights)
+        self.checked = assembly.check(self.files, s, self.device)  # missing or mis-shaped tensors, LoRAs, the decoder
+        self.image = assembly.load_start_image(self.request.image)
+        self.height, self.width = target_size(self.image.shape[1], self.image.shape[2], max_area_for(s.size))
+        self._check_ram()
 
-    from ..loaders.vae_files import load_vae
-    from ..memory.kv_placement import FastPlacement
-    from ..wan.i2v import ConditionTrack, build_i2v_condition
-    from ..wan.vae.model import VAEConfig
-    from ..world import text_stage
-    from ..world.model_load import ModelLoad
-    from ..world.plan import compute_dtype
+    def _check_ram(self, total_ram: Optional[int] = None) -> None:
+        """Refuse a video whose per-frame tensors alone exceed this machine's RAM (instead of an allocation that
+        fails after the model has loaded, or runs for minutes)."""
+        from .base import _total_ram
 
-    model_bytes = int(plan.estimates.get("model_bytes", 0))
-    # The load may run at the same time as the encode (a thread) when the whole model is resident: block swap
-    # sets up its own streams and pinned ring, kept on the main thread.
-    steps = [text_stage.vae_encode_step(files.vae_config() or VAEConfig(), height, width, part.frames,
-                                        request.vae_tiled, keeps_vae=keep_vae),
-             Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
-                  with_previous=plan.blocks_on_gpu is None)]
-    # the cache's pinned layers (an FP8 cache's in codes: host_layer_bytes), allocated while the text encodes
-    host_bytes = plan.streamed_layers * int(plan.estimates.get("host_layer_bytes", 0)) if plan.cache == "host" else 0
-    text_plan = text_stage.plan(settings.text, files, [request.prompt], device, steps, session, host_bytes=host_bytes,
-                                ram_free=plan.estimates.get("ram_free"))
-    placement = FastPlacement(plan, device, log.info)
-    loader = assembly.model_loader(checked, settings, device)
-    load = ModelLoad(lambda progress: loader(placement, progress), device, before=imports.wait)
-    text = None
-    world = None
-    try:
+        st, s = self.steering, self.settings
+        frames = controls.requested_frames(st.actions, st.frames)
+        per_pixel = LATENT_BYTES_PER_PIXEL_FRAME
+        if st.camera or st.actions:
+            per_pixel += CAMERA_BYTES_PER_PIXEL_FRAME
+        if s.stream_decode == "off":
+            per_pixel += DECODED_BYTES_PER_PIXEL_FRAME
+        need = frames * self.height * self.width * per_pixel
+        total = _total_ram() if total_ram is None else total_ram
+        if need > total:
+            raise ValueError(f"--frames {frames} at {self.width}x{self.height} needs at least {need / 2**30:.1f} GiB "
+                             f"of RAM ({per_pixel} bytes per pixel per frame for the camera input and the latents"
+                             + (" and the frames decoded at the end" if per_pixel > 7 else "")
+                             + f"), more than this machine's {total / 2**30:.1f} GiB; use fewer frames or a smaller "
+                             "size")
+
+    def plan(self):
+        """The part (PartPlan: chunks, frames, camera) from the steering; the speed plan for its length (an impossible
+        compile / compute / attention choice refused before loading; a compiler check waits for the imports), and
+        the video's fixed settings with the preset's window cap."""
+        from ..speed.plans import fast_speed_plan, log_speed_plan
+        from ..wan.sampling.fast_state import plan_first_part
+
+        s, checked, device = self.settings, self.checked, self.device
+        self.seed = s.seed if s.seed >= 0 else random.randrange(2**31)
+        probe = assembly.video_settings(checked, s, device, self.height, self.width, keep=False, seed=self.seed)
+        # key files: 81 frames without a frame count
+        self.camera, self.frames = controls.camera_source(self.steering, self.steering.frames)
+        self.part = part = plan_first_part(self.camera, self.frames, probe)
+        self.speed = fast_speed_plan(self.request.speed, device, part.chunks, before_compiler_check=self._wait_imports)
+        log_speed_plan(self.speed, self.log)
+        self.settings = s = replace(s, speed=self.speed)
+        self.video = assembly.video_settings(checked, s, device, self.height, self.width, keep=self.keep,
+                                             seed=self.seed, latent_frames=part.latent_frames)  # the window cap
+        return part
+
+    def state_target(self):
+        """Where the video's state goes after the part, with the size it will have (world/saving.py); None when it
+        is not saved."""
+        from .saving import StateTarget
+
+        if self.request.save_to is None:
+            return None
+        return StateTarget.plan(self.request.save_to, self.video, self.config, self.part.latent_frames)
+
+    def describe(self) -> None:
+        """The model and the part's frame note, in the log (after the checks: a refusal is the run's one line)."""
+        self.log.info("model: %s", self.entry.describe())
+        if self.part.note:
+            self.log.warning("frames: %s", self.part.note)
+
+    @property
+    def control(self) -> str:
+        return controls.control_label(self.camera)
+
+    def picture(self):
+        """The path the part follows, to draw (None: the part has no camera)."""
+        return controls.part_picture(self.part, self.camera)
+
+    def place(self) -> None:
+        """The layout over the ranks and the memory plan (nothing fits: one line); the ranks' checks end here, then
+        every rank takes the layout, logs its plan on rank 0 and checks that every rank loads the same model."""
+        from ..memory.kv_placement import FastMemoryError
+        from ..parallel.ranks import agree_on_plans, check_same_models, plan, use
+        from .errors import WorldError
+
+        s, ranks, log = self.settings, self.ranks, self.log
+        split = plan(ranks, self.request.parallel, self.config.num_heads, "fast", False, log)
+        try:
+            self.plan_, self.stream_vae = assembly.plan_memory(
+                self.checked, self.video, self.device, s, latent_frames=self.part.latent_frames,
+                with_camera=self.part.camera is not None, seq_parallel=split.ulysses)
+        except FastMemoryError as e:
+            raise WorldError(str(e)) from None
+        if not self.plan_.fits:
+            log.warning("the plan may not fit in VRAM: %s", self.plan_.reason)
+        # the VAE's decoder streams (a tiny decoder needs the VAE to encode only)
+        self.keep_vae = self.stream_vae and self.checked.tiny is None
+        ranks.end_checks()
+        use(ranks, split, log)
+        agree_on_plans(ranks, self.plan_.reason, False, log)
+        check_same_models(ranks, {"Fast model": self.files.dit}, log)
+
+    # ---- the start-up ------------------------------------------------------------------------------------------
+    def start(self):
+        """The text encoder (in the background where it fits), the image's VAE encode and the model's load (on a
+        thread beside the encode where both fit), the K/V cache's host memory meanwhile; returns the WorldSession
+        with the video begun."""
+        from ..loaders.vae_files import load_vae
+        from ..memory.kv_placement import FastPlacement
+        from ..memory.overlap import Step
+        from ..parallel.ranks import attach, check_same_inputs
+        from ..wan.i2v import ConditionTrack, build_i2v_condition
+        from ..wan.sampling.fast_sampler import draw, make_generator
+        from ..wan.vae.model import VAEConfig
+        from . import text_stage
+        from .model_load import ModelLoad
+        from .plan import compute_dtype
+        from .session import FixedCondition, WorldSession
+
+        s, files, device, ranks, stages, log = self.settings, self.files, self.device, self.ranks, self.stages, \
+            self.log
+        plan, part, video, imports = self.plan_, self.part, self.video, self.imports
+        height, width, image, keep, keep_vae = self.height, self.width, self.image, self.keep, self.keep_vae
+        model_bytes = int(plan.estimates.get("model_bytes", 0))
+        # The load may run at the same time as the encode (a thread) when the whole model is resident: block swap
+        # sets up its own streams and pinned ring, kept on the main thread.
+        steps = [text_stage.vae_encode_step(files.vae_config() or VAEConfig(), height, width, part.frames,
+                                            s.vae_tiled, keeps_vae=keep_vae),
+                 Step(LOAD_STEP, model_bytes + int(plan.estimates.get("block_bytes", 0)), model_bytes,
+                      with_previous=plan.blocks_on_gpu is None)]
+        # the cache's pinned layers (an FP8 cache's in codes: host_layer_bytes), allocated while the text encodes
+        host_bytes = plan.streamed_layers * int(plan.estimates.get("host_layer_bytes", 0)) if plan.cache == "host" \
+            else 0
+        text_plan = text_stage.plan(s.text, files, [self.prompt], device, steps, ranks, host_bytes=host_bytes,
+                                    ram_free=plan.estimates.get("ram_free"))
+        self.placement = placement = FastPlacement(plan, device, log.info)
+        loader = assembly.model_loader(self.checked, s, device)
+        self._load = load = ModelLoad(lambda progress: loader(placement, progress), device,
+                                      before=self._wait_imports)
         if text_plan.overlap.host_early:  # pinned host memory from now on, beside the text, encode and load
-            placement.start_host_memory(cfg, compute_dtype(request.weights, device))
-        text = text_plan.start(log)
+            placement.start_host_memory(self.config, compute_dtype(s.weights, device))
+        self._text = text = text_plan.start(log)
         if not text.background:
-            stats.mark("text")
-        vae = None
+            stages.mark("text")
 
         def encode_image():  # rank 0 only when there are several: the others receive y
-            nonlocal vae
-            vae = load_vae(files.vae, device, config=files.vae_config())
+            self.vae = load_vae(files.vae, device, config=files.vae_config())
             with torch.inference_mode():
-                if save is not None:  # the conditioning of later frames too (a continuation needs them), in one encode
-                    cond = ConditionTrack.build(vae, image, height, width, tiled=request.vae_tiled).y
+                if keep:  # the conditioning of later frames too (a continuation needs them), in one encode
+                    cond = ConditionTrack.build(self.vae, image, height, width, tiled=s.vae_tiled).y
                 else:
-                    cond = build_i2v_condition(vae, image, height, width, part.frames, tiled=request.vae_tiled)
+                    cond = build_i2v_condition(self.vae, image, height, width, part.frames, tiled=s.vae_tiled)
             if not keep_vae:
-                vae.to("cpu")
+                self.vae.to("cpu")
             _empty_cache(device)
             return [cond]
 
         text.before(text_stage.ENCODE_STEP)
-        if text.plan.runs_with_previous(LOAD_STEP) and (imports.background or not imports.modules):
+        if text.plan.runs_with_previous(LOAD_STEP) and (imports is None or imports.background or not imports.modules):
             load.start()  # beside the encode (both were admitted on the same side of the text encoder)
-        y, = session.from_main(encode_image, "the first frame's encoding")
-        stats.mark("vae_encode")
-        condition = ConditionTrack(y, y.shape[2] - 1) if save is not None else FixedCondition(y)
+        y, = ranks.from_main(encode_image, "the first frame's encoding")
+        stages.mark("vae_encode")
+        condition = ConditionTrack(y, y.shape[2] - 1) if keep else FixedCondition(y)
 
-        seed = session.same_value(seed, "the seed")  # a random seed is rank 0's
-        video = replace(video, seed=seed)
-        from ..wan.sampling.fast_sampler import draw, make_generator
-
-        noise_probe = draw(make_generator(seed, video.noise_source), (256,), device)
-        parallel_flags.check_same_inputs(session, {"noise": noise_probe, "conditioning": y,
-                                                   "text": text.embeddings()[0] if session.parallel else None,
-                                                   "camera": part.camera})
+        self.seed = ranks.same_value(self.seed, "the seed")  # a random seed is rank 0's
+        self.video = video = replace(video, seed=self.seed)
+        noise_probe = draw(make_generator(self.seed, video.noise_source), (256,), device)
+        check_same_inputs(ranks, {"noise": noise_probe, "conditioning": y,
+                                  "text": text.embeddings()[0] if ranks.parallel else None, "camera": part.camera})
 
         def load_model():
             text.before(LOAD_STEP)
             if load.background:
                 model = load.result()
                 _empty_cache(device)  # what the load's stream cached: the main stream cannot reuse it
-                stats.note("load (beside the VAE encode)", load.seconds)
-                stats.mark("waiting for the load")
+                stages.note("load (beside the VAE encode)", load.seconds)
+                stages.mark("waiting for the load")
             else:
-                if imports.modules:
+                if imports is not None and imports.modules:
                     imports.wait()
-                    stats.mark("waiting for the imports" if imports.background else "imports")
+                    stages.mark("waiting for the imports" if imports.background else "imports")
                 model = load.result()
-                stats.mark("load")
-            if imports.background:
-                stats.note("imports (in the background)", imports.seconds)
-            log.info("%s loaded in %.1f s", entry.title, load.seconds)
+                stages.mark("load")
+            if imports is not None and imports.background:
+                stages.note("imports (in the background)", imports.seconds)
+            log.info("%s loaded in %.1f s", self.entry.title, load.seconds)
             return model
 
         def prepare_model(model):
             from ..speed.options import apply_speed
 
-            model = apply_speed(model, speed)
-            parallel_flags.attach(session, model)  # this rank's tokens; its cache holds this rank's heads
+            model = apply_speed(model, self.speed)
+            attach(ranks, model)  # this rank's tokens; its cache holds this rank's heads
             return model
 
-        world = WorldSession(placement, video, device=device, load_model=load_model, prepare_model=prepare_model,
-                             vae=vae if keep_vae and vae is not None else None, speed=speed,
-                             tiny_decoder=tiny if session.is_main else None)
-        world.load()
+        self.session = session = WorldSession(
+            placement, video, device=device, load_model=load_model, prepare_model=prepare_model,
+            vae=self.vae if keep_vae and self.vae is not None else None, speed=self.speed,
+            tiny_decoder=self.checked.tiny if ranks.is_main else None)
+        session.load()
         if text.background:  # before the cache takes the VRAM the encoder holds
             text.embeddings()
-            stats.mark("waiting for the text encoder")
+            stages.mark("waiting for the text encoder")
         pos, = text.embeddings()
-        world.begin(condition, pos, request.prompt, video)
+        session.begin(condition, pos, self.prompt, video)
+        return session
 
-        def on_done(state):
-            save.write(state, placement.placement)
+    def saver(self, target):
+        """on_done(state) of the part: the state written to `target` (a saving.StateTarget) with the cache as placed."""
+        return lambda state: target.write(state, self.placement.placement)
 
-        latent, written = fast_parts.run_part(world, part, camera, frames, fps=request.fps, quiet=request.quiet,
-                                              target=target, stats=stats,
-                                              stream=stream_vae and session.is_main,  # rank 0 writes the video
-                                              on_done=on_done if save is not None else None,
-                                              keep_cache=save is not None, label=control)
-        if placement.host_memory_s is not None:
-            stats.note("K/V host memory (in the background)", placement.host_memory_s)
-        world.close()
-        stats.mark("finish (last frames written and memory freed)")
-    finally:
-        load.close()
-        if text is not None:
-            text.stop()
-        if world is not None:
-            world.close()
-        placement.close()
-        _empty_cache(device)
-    report_compile(speed, log)
-    if not session.is_main:
-        return 0  # rank 0 decodes and writes the video
-    if written is None:
-        written = _decode_and_write(vae, latent, target, request, speed, device)
-        stats.mark("vae_decode")
-    asked = frames if frames is not None else {"keys": "as long as the keys",
-                                               "camera": "as long as the camera"}.get(camera.kind, "81")
-    print(f"{entry.title}: generated {part.frames} frames (requested {asked})")
-    if save is not None:
-        save.report()
-    print(stats.summary(written, seed=seed, device=device))
-    return 0
+    @property
+    def streams(self) -> bool:
+        """Whether this rank decodes each chunk as it is made (rank 0 writes the video)."""
+        return self.stream_vae and self.ranks.is_main
 
+    def finish(self) -> None:
+        """After the part: the cache's host memory in the summary, the session closed (the last frames written and
+        the memory freed)."""
+        if self.placement.host_memory_s is not None:
+            self.stages.note("K/V host memory (in the background)", self.placement.host_memory_s)
+        self.session.close()
+        self.stages.mark("finish (last frames written and memory freed)")
 
-def _decode_and_write(vae, latent, target, request: GenerateRequest, speed, device):
-    """The whole latent decoded after sampling (the VAE did not fit beside the model) and written."""
-    from ..speed.decode import decode_precision
-    from ..speed.levers import plan_levers
-    from ..speed.vae_norm import decoder_norm_silu
-    from .video_out import write_video
+    def close(self) -> None:
+        """Stop what still runs (the load, the text encoder) and free the session and the placement (a finally)."""
+        if self._load is not None:
+            self._load.close()
+        if self._text is not None:
+            self._text.stop()
+        if self.session is not None:
+            self.session.close()
+        if self.placement is not None:
+            self.placement.close()
+        _empty_cache(self.device)
 
-    vae.to(device)
-    # the decoder's kernels and precision as the session's streaming decode runs them
-    with torch.inference_mode(), decode_precision(device, plan_levers(speed)["decode_bf16"]):
-        video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
-    return write_video(video, target, request.fps)
+    def log_compile(self) -> None:
+        """After a part: how long compiling took."""
+        from ..speed.plans import report_compile
+
+        report_compile(self.speed, self.log)
+
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        """The whole latent decoded after sampling (the VAE did not fit beside the model), with the decoder's kernels
+        and precision as the session's streaming decode runs them: [3, F, H, W] in [-1, 1]."""
+        from ..speed.decode import decode_precision
+        from ..speed.levers import plan_levers
+        from ..speed.vae_norm import decoder_norm_silu
+
+        vae, device = self.vae, self.device
+        vae.to(device)
+        with torch.inference_mode(), decode_precision(device, plan_levers(self.speed)["decode_bf16"]):
+            return vae.decode(latent, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
 
 
 def _empty_cache(device: torch.device) -> None:
