@@ -122,10 +122,10 @@ def import_comfy(device: torch.device) -> dict:
 def run_comfy(fmt, lora_sd, cfg, device, video, calls) -> dict:
     import comfy.model_management as mm
 
-    from ..nodes.expert_weights import ExpertWeights, compute_dtype_for
-    from ..nodes.lora_patches import patches_from_lora
-    from ..nodes.native_model import LingBotWorldModel
-    from ..nodes.patchers import ExpertPatcher
+    from ..nodes.adapters.expert_weights import ExpertWeights, compute_dtype_for
+    from ..nodes.adapters.lora_patches import patches_from_lora
+    from ..nodes.adapters.native_model import LingBotWorldModel
+    from ..nodes.adapters.patchers import ExpertPatcher
 
     w = ExpertWeights("high", fmt, "nf4")
     dtype = compute_dtype_for(device, "nf4")

@@ -90,7 +90,7 @@ def build_session(args, device: torch.device, model_path: Path, bm: BenchModel):
     from ..speed.options import resolve_speed
     from ..wan.i2v import ConditionTrack
     from ..wan.vae.model import VAEConfig, WanVAE
-    from ..world.assembly import Checked, speed_preparer, video_settings
+    from ..world.assembly import Checked, fit_speed, speed_preparer, video_settings
     from ..world.files import WorldFiles
     from ..world.plan import compute_dtype, plan_world_memory, play_layout
     from ..world.session import WorldSession
@@ -111,12 +111,13 @@ def build_session(args, device: torch.device, model_path: Path, bm: BenchModel):
 
             plan_speed = attach_preset(plan_speed or resolve_speed(SpeedOptions(), device, weights=args.weights),
                                        None, args.chunk_steps)
-    settings = WorldSettings(size=f"{h}*{w}", seed=42, noise="cuda" if device.type == "cuda" else "cpu",
-                             window=args.window, sink=args.sink, kv_cache=args.kv_cache, speed=plan_speed,
-                             weights=args.weights, play=True)
     # the model is the one we wrote (the 14B's files cannot tell v1 Fast from v2 14B: the registry entry says it)
     checked = Checked(WorldFiles(model_path.parent, model_path, None, None, None, bm.name), detect_format(model_path),
                       bm.entry)
+    plan_speed = fit_speed(checked, plan_speed)  # as the player: a narrow model runs --compile auto eagerly
+    settings = WorldSettings(size=f"{h}*{w}", seed=42, noise="cuda" if device.type == "cuda" else "cpu",
+                             window=args.window, sink=args.sink, kv_cache=args.kv_cache, speed=plan_speed,
+                             weights=args.weights, play=True)
     fs = video_settings(checked, settings, device, h, w)
     with torch.device(device):
         vae = WanVAE(VAEConfig.tiny() if args.tiny else VAEConfig()).eval().requires_grad_(False)
@@ -171,15 +172,21 @@ async def play(session, chunks: int, device: torch.device, budget_s: float, info
                 torch.cuda.reset_peak_memory_stats(device)
             smi.peaks.pop(0, None)  # the chunk's own peak from here
             first: list[float] = []
+            preview: list[float] = []
             t_key = time.perf_counter()
 
             async def on_frames(chunk, first_frame, data):
                 if not first:
                     first.append(time.perf_counter() - t_key)
 
-            report = await driver.step(keys, on_frames)
+            async def on_preview(chunk, first_frame, data):  # the step-0 preview, where a tiny decoder makes one
+                if not preview:
+                    preview.append(time.perf_counter() - t_key)
+
+            report = await driver.step(keys, on_frames, on_preview)
             total = time.perf_counter() - t_key
             row = {"chunk": i + 1, "keys": keys, "frames": report.frames, "key_to_first_frame_s": round(first[0], 4),
+                   **({"key_to_preview_s": round(preview[0], 4)} if preview else {}),
                    "total_s": round(total, 4), **{f"session_{k}_s": v for k, v in report.seconds.items()},
                    "rss": rss_bytes(), "t_s": round(time.perf_counter() - t_start, 3)}
             if cuda:
@@ -210,9 +217,13 @@ def summarize(rows: list[dict], warmup: int, slack_mib: float) -> dict:
     steady = rows[warmup:] if len(rows) > warmup + 1 else rows
     firsts = sorted(r["key_to_first_frame_s"] for r in steady)
     wall = sum(r["total_s"] for r in steady)
+    previews = sorted(r["key_to_preview_s"] for r in steady if "key_to_preview_s" in r)
     out = {"chunks": len(rows), "steady_chunks": len(steady),
            "key_to_first_frame_median_s": round(statistics.median(firsts), 4),
            "key_to_first_frame_p90_s": round(firsts[min(len(firsts) - 1, int(0.9 * len(firsts)))], 4),
+           **({"key_to_preview_median_s": round(statistics.median(previews), 4),
+               "key_to_preview_p90_s": round(previews[min(len(previews) - 1, int(0.9 * len(previews)))], 4)}
+              if previews else {}),
            "chunk_median_s": round(statistics.median(r["total_s"] for r in steady), 4),
            "sustained_fps": round(sum(r["frames"] for r in steady) / wall, 3) if wall else None}
     q = max(1, len(steady) // 4)

@@ -1,4 +1,4 @@
-"""Cost of the whole-clip latent preview (nodes/previews.py) per sampling step.
+"""Cost of the whole-clip latent preview (nodes/adapters/previews.py) per sampling step.
 
 CPU, tiny demo (what the issue asks to measure):   python -m lingbot_world.bench.bench_preview --tiny --out preview_cpu.json
 GPU (preview cost at the real latent sizes):       python -m lingbot_world.bench.bench_preview --out preview_gpu.json
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..nodes.previews import ClipPreview
+from ..nodes.adapters.previews import ClipPreview
 from .common import machine_info
 
 CLIPS = {"480p_81": (21, 60, 104), "720p_81": (21, 90, 160)}  # latent frames, height, width

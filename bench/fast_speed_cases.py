@@ -125,6 +125,9 @@ CASES: dict[str, dict] = {
     "draft_rolling_steps2_tiny_vae_eager_graphs": dict(preset="draft", compile="off", levers=dict(steps=2),
                                                        tiny_vae=True, chunks=16, graphs=True,
                                                        reference="draft_rolling_steps2_tiny_vae_eager"),
+    # the presets as the doors resolve them for the model (no compile forced: --compile auto per model)
+    "auto_rolling_as_played": dict(preset="auto", chunks=16),
+    "draft_rolling_steps2_tiny_vae_as_played": dict(preset="draft", levers=dict(steps=2), tiny_vae=True, chunks=16),
     "auto_rolling": dict(preset="auto", compile="blocks", chunks=16),
     "auto_rolling_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True, reference="auto_rolling"),
     "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),

@@ -63,6 +63,9 @@ def child_case(spec: dict) -> dict:
     plan_speed = attach_preset(resolve_speed(preset_options(preset.name, explicit), device, weights=weights),
                                preset.name)
     plan_speed.levers = levers
+    from ..speed.options import fit_to_model
+
+    plan_speed = fit_to_model(plan_speed, cfg)  # as the doors do: a narrow model runs --compile auto eagerly
     out["speed"] = plan_speed.to_json()
     vae_cfg = VAEConfig.tiny() if spec["tiny"] else VAEConfig()
     torch.manual_seed(0)  # the same random VAE in every case: the same conditioning y

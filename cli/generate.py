@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     src.add_argument("--ckpt-dir", type=Path, help="checkpoint folder (official release or community NF4 package)")
     src.add_argument("--demo", nargs="?", const="camera", default=None, choices=("camera", "act"),
                      help="build/use the tiny random-weight demo checkpoint; with it every other input defaults to "
-                          "the demo's (image, prompt, camera, 64*112, 17 frames (33 with --model fast), CPU, lingbot_demo.mp4); "
+                          "the demo's (image, prompt, camera, 64*112, 17 frames (three chunks with a causal model), CPU, "
+                          "lingbot_demo.mp4, or lingbot_demo_<model>.mp4 for a causal model); "
                           "'--demo act' uses tiny Act experts and the release's Act example (examples/05)")
     src.add_argument("--demo-dir", type=Path, default=None,
                      help="where the demo checkpoint is built and cached (default: ~/.cache/lingbot-world/demo-v1, "

@@ -72,6 +72,9 @@ def add_parser(sub) -> None:
                      help="play with a tiny decoder (taew2_1.safetensors or lighttaew2_1.safetensors, as in ComfyUI's "
                           "models/vae_approx): preview quality, a fraction of the VAE's decode time and memory. The "
                           "page's render of the path still decodes with the VAE")
+    gen.add_argument("--no-preview", action="store_true",
+                     help="with --tiny-vae, do not show each chunk's preview (its frames after the first denoising "
+                          "step, replaced by the real ones when they come)")
     add_speed_args(p)  # --speed draft: the preset made for real-time play (3 steps, window 15, bf16 decode);
     # --chunk-steps 2 plays it about a quarter faster
     srv = p.add_argument_group("server")
@@ -166,7 +169,8 @@ def _run(request: PlayRequest) -> int:
         # the render replays the played keys with the session's window and sink (the model's, the preset's cap)
         options = replace(options, render=_render_source(request, size, device_name, noise, speed, session.settings))
         print(f"player page: {page_url(options, sock)} (it says loading until the model is ready)", flush=True)
-        driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames)
+        driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames,
+                               previews=not request.no_preview)
         try:
             progress = LoadProgress(loading)
             print(f"loading {session.opened.checked.entry.title}...", flush=True)

@@ -265,6 +265,7 @@ class PlayRequest(FlagRequest):
     t5_device: str = "auto"
     cache_dir: Optional[Path] = None
     tiny_vae: Optional[Path] = None  # --tiny-vae: play with a tiny decoder (the render uses the VAE)
+    no_preview: bool = False  # --no-preview: no chunk previews (made only with a tiny decoder)
     # speed
     speed: Optional[str] = None
     compile: str = SPEED_DEFAULTS["compile"]

@@ -1,28 +1,34 @@
 """ComfyUI node classes: the only layer that imports comfy / folder_paths.
 
+Where a node is: `LingBot<Word>...` is in `nodes/<word>.py`, <word> being the first word of the class name after
+`LingBot`, in lower case and without a plural s (a run of capitals such as VAE is one word): LingBotVAEDecode is in
+vae.py, LingBotFastContinue in fast.py, LingBotExpertsFromModels in expert.py, LingBotSaveCamera in save.py. A family
+file holds its nodes and their own small helpers. What several families share to talk to ComfyUI (model folders,
+payload types, the patchers, memory, progress and previews, errors and queue-time checks, UI hints, native
+CONDITIONING, example inputs, workflow conversion) is in nodes/adapters/, which holds no node.
+tests/test_node_files.py keeps both true.
+
 Node modules import ComfyUI lazily (inside functions), so this package imports without ComfyUI; the
 model folder `lingbot_world` is registered only when ComfyUI's folder_paths is there.
 """
 import logging
 
-from .log_filters import quiet_optional_kernel_warning
+from .. import quant  # noqa: F401 - its log filter must be in place before a node module imports bitsandbytes
 
-quiet_optional_kernel_warning()  # before any node module imports bitsandbytes
-
-from .action_nodes import LingBotActions
-from .camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
-from .fast_continue_node import LingBotFastContinue
-from .fast_lora_node import LingBotFastLoraLoader
-from .fast_nodes import LingBotFastLoader, LingBotFastSampler
-from .i2v_nodes import LingBotImageToVideo, LingBotVAEDecode
-from .loader_nodes import LingBotExpertLoader, LingBotVAELoader
-from .native_conditioning import LingBotCameraConditioning, LingBotImageToVideoNative
-from .native_nodes import LingBotExpertsFromModels, LingBotLoraLoader, LingBotModelLoader
-from .play_node import LingBotPlay
-from .sampler_node import LingBotSampler
-from .speed_node import LingBotSpeedOptions
-from .text_node import LingBotTextEncode
-from . import node_errors  # noqa: E402
+from .action import LingBotActions
+from .camera import LingBotCameraConditioning, LingBotCameraFromFiles, LingBotCameraPreset
+from .expert import LingBotExpertLoader, LingBotExpertsFromModels
+from .fast import LingBotFastContinue, LingBotFastLoader, LingBotFastLoraLoader, LingBotFastSampler
+from .image import LingBotImageToVideo, LingBotImageToVideoNative
+from .lora import LingBotLoraLoader
+from .model import LingBotModelLoader
+from .play import LingBotPlay
+from .sampler import LingBotSampler
+from .save import LingBotSaveCamera
+from .speed import LingBotSpeedOptions
+from .text import LingBotTextEncode
+from .vae import LingBotVAEDecode, LingBotVAELoader
+from .adapters import node_errors  # noqa: E402
 
 NODE_CLASS_MAPPINGS = {
     "LingBotExpertLoader": LingBotExpertLoader,
@@ -103,12 +109,12 @@ def _setup_inside_comfyui() -> None:
         return  # outside ComfyUI (tests, CLI)
     from pathlib import Path
 
-    from . import host_memory
-    from .comfy_paths import register_model_folders
-    from .example_inputs import install_example_inputs
+    from .adapters import host_memory
+    from .adapters.comfy_paths import register_model_folders
+    from .adapters.example_inputs import install_example_inputs
 
     host_memory.install()
-    from .play_node import install_routes
+    from .play import install_routes
 
     install_routes()  # the live player's page on ComfyUI's server (token-protected)
     try:
@@ -116,7 +122,7 @@ def _setup_inside_comfyui() -> None:
     except Exception:
         logging.getLogger(__name__).exception("LingBot-World: could not register the lingbot_world model folder")
     try:
-        from .prompt_guard import install as install_prompt_guard
+        from .adapters.prompt_guard import install as install_prompt_guard
 
         install_prompt_guard(NODE_CLASS_MAPPINGS)
     except Exception:

@@ -1,7 +1,7 @@
 """The live player: one resident world session driven from a browser page (keys in, JPEG frames out).
 
 A door, beside cli/ and nodes/: `lingbot-world play` (cli/play.py) serves it on its own aiohttp server;
-the ComfyUI Play node (nodes/play_node.py) mounts the same routes and page on ComfyUI's server.
+the ComfyUI Play node (nodes/play.py) mounts the same routes and page on ComfyUI's server.
 
 - `driver.SessionDriver`: every call of the session on one worker thread, one chunk at a time.
 - `routes.Player`: the page, its static files, uploads and the WebSocket, all behind a per-run token.

@@ -29,7 +29,8 @@ OPS: dict[str, dict[str, tuple]] = {
     "render": {"target": _TEXT, "run": (bool, type(None))},
     "cancel_render": {},
     "timing": {"chunk": (int,), "request_to_arrival_s": _NUMBER, "request_to_screen_s": _NUMBER,
-               "key_to_screen_s": _NUMBER, "fps": _NUMBER},
+               "key_to_screen_s": _NUMBER, "fps": _NUMBER, "request_to_preview_s": _NUMBER,
+               "key_to_preview_s": _NUMBER},
 }
 TEXT_LIMITS = {"keys": MAX_KEYS_TEXT}
 

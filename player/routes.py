@@ -6,7 +6,7 @@ drives the session; while it is connected another tab gets a clear "in use" mess
 -> server, checked by messages.py): start {image, prompt} · step {keys} · rewind {chunks} · save {state} ·
 render {target, run} · cancel_render · timing {chunk, ...} (the page's own clock: player/timings.py). Server ->
 page: hello, state, chunk_begin, chunk_end, rewound, saved, render, timings, error, note (JSON) and frames
-(binary, frames.py).
+(binary, frames.py): a chunk's preview, where the session makes one, before its real frames.
 """
 from __future__ import annotations
 
@@ -227,15 +227,19 @@ class Player:
         chunk = self.driver.snapshot.get("chunks", 0) + 1
         await self._send(ws, {"type": "chunk_begin", "chunk": chunk, "keys": keys})
 
-        async def on_frames(chunk_no, first, data):
+        async def on_frames(chunk_no, first, data, preview=False):
             for i, jpg in enumerate(data):
-                await self._send(ws, frame_message(chunk_no, first + i, jpg))
+                await self._send(ws, frame_message(chunk_no, first + i, jpg, preview))
 
-        report = await self.driver.step(keys, on_frames)
-        self.timings.server(report.chunk, report.first_frame_s, report.total_s)
+        async def on_preview(chunk_no, first, data):
+            await on_frames(chunk_no, first, data, True)
+
+        report = await self.driver.step(keys, on_frames, on_preview)
+        self.timings.server(report.chunk, report.first_frame_s, report.total_s, report.preview_s)
         await self._send_timings(ws, report.chunk)
         await self._send(ws, {"type": "chunk_end", "chunk": report.chunk, "frames": report.frames,
                               "first_frame_s": round(report.first_frame_s, 4), "total_s": round(report.total_s, 4),
+                              "preview_s": None if report.preview_s is None else round(report.preview_s, 4),
                               "seconds": report.seconds, "state": self.driver.snapshot})
 
     async def _timing(self, ws, op: dict) -> None:

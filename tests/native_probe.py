@@ -219,7 +219,7 @@ def main(pack_dir: str, base_dir: str) -> dict:
 
     # ---- the first frame through ComfyUI's Wan 2.1 VAE == through ours (same weights, float32) ------------------
     from lingbot_native_probe.loaders.vae_files import load_vae
-    from lingbot_native_probe.nodes.i2v_nodes import native_vae_condition
+    from lingbot_native_probe.nodes.image import native_vae_condition
     from lingbot_native_probe.wan.i2v import build_i2v_condition, image_to_model_range
 
     vae_file = base_dir + "/models/vae/wan_2.1_vae.safetensors"

@@ -19,7 +19,7 @@ from lingbot_world.wan.dit.film_cache import FilmCache
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import DiTConfig
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, fast_schedule, make_generator
-from lingbot_world.world.models import V1_FAST, V2_1_3B_ENTRY
+from lingbot_world.world.models import V1_FAST, V2_1_3B
 
 
 def _load_fast_tiny():
@@ -100,7 +100,7 @@ def test_a_run_without_its_last_context_pass(monkeypatch):
 
 def _v2_run(model, cache, frames: int, **kw) -> FastRun:
     """tests/fast_tiny.py's run with the v2 1.3B's recipe: chunks of 4 latent frames, its schedule."""
-    recipe = V2_1_3B_ENTRY.recipe
+    recipe = V2_1_3B.recipe
     g = torch.Generator().manual_seed(50)
     y = torch.randn(1, 20, frames, ft.LH, ft.LW, generator=g)
     cam = torch.randn(1, 384, frames, ft.LH, ft.LW, generator=g)
@@ -131,7 +131,7 @@ def test_v2_draft_levers_on_chunks_of_4(monkeypatch):
     model = ft.make_model()
     layout = cache_layout(16, ft.FSL, 4, window_frames=15, sink_frames=6, release=(18, 6))
     cache = layout.make(ft.TINY.num_layers, ft.TINY.num_heads, ft.TINY.head_dim, dtype=torch.float32)
-    run = _v2_run(model, cache, 16, schedule=V2_1_3B_ENTRY.recipe.schedule(2), fold_context=True)
+    run = _v2_run(model, cache, 16, schedule=V2_1_3B.recipe.schedule(2), fold_context=True)
     expected = cw.video_work(ft.TINY, ft.FSL, 16, chunk_frames=4, steps=2, fold_context=True, window_frames=15,
                              film_kept=False)
     assert [max(w.keys for w in c if isinstance(w, cw.Attention)) // ft.FSL for c in expected] == [4, 8, 12, 15]
@@ -157,7 +157,7 @@ def test_full_size_chunk_matches_the_spec_sizes():
 
 
 def test_full_size_v2_1_3b_chunk():
-    cfg = V2_1_3B_ENTRY.dit  # 30 blocks of 1536, FFN 8960, 12 heads of 128
+    cfg = V2_1_3B.dit  # 30 blocks of 1536, FFN 8960, 12 heads of 128
     video = cw.video_work(cfg, 1560, 20, chunk_frames=4, window_frames=18)  # 77 frames: 5 chunks of 4
     mid = video[2]  # 4 steps + the context pass over 6,240 rows, the FiLM once
     per_token_block = 2 * (6 * 1536 * 1536 + 2 * 1536 * 8960)

@@ -35,6 +35,18 @@ def test_demo_defaults_make_a_new_request():
     assert given.frames is None and given.camera is None  # an action string sets its own length and steers alone
 
 
+def test_each_demo_writes_a_video_of_its_own_name():
+    """A Fast or v2 demo never replaces the base demo's lingbot_demo.mp4 (nor another model's)."""
+    from lingbot_world.cli.generate_causal import with_demo_defaults as with_fast_demo_defaults
+
+    outs = {m: with_fast_demo_defaults(_generate("--demo", "--model", m)).out for m in ("fast", "v2-14b", "v2-1.3b")}
+    assert outs == {"fast": Path("lingbot_demo_fast.mp4"), "v2-14b": Path("lingbot_demo_v2-14b.mp4"),
+                    "v2-1.3b": Path("lingbot_demo_v2-1.3b.mp4")}
+    frames = {m: with_fast_demo_defaults(_generate("--demo", "--model", m)).frames for m in ("fast", "v2-1.3b")}
+    assert frames == {"fast": 33, "v2-1.3b": 45}  # three chunks of each model
+    assert with_fast_demo_defaults(_generate("--demo", "--model", "fast", "--out", "x.mp4")).out == Path("x.mp4")
+
+
 def test_play_request():
     request = PlayRequest.from_args(build_parser().parse_args(["play", "--demo", "--speed", "draft"]))
     assert request.demo and request.window is None and request.speed_flags.speed == "draft"  # the model's window

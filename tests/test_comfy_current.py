@@ -15,7 +15,7 @@ class InterruptProcessingException(BaseException):  # newer ComfyUI: no longer a
 
 
 def _stub_comfy(free: int = 10 << 30):
-    """The parts of comfy.* that nodes/patchers.py and nodes/memory.py touch."""
+    """The parts of comfy.* that nodes/adapters/patchers.py and nodes/adapters/memory.py touch."""
     mm = types.ModuleType("comfy.model_management")
     mm.InterruptProcessingException = InterruptProcessingException
     mm.current_loaded_models = []
@@ -69,11 +69,11 @@ def _stub_comfy(free: int = 10 << 30):
 def patchers(monkeypatch):
     for name, module in _stub_comfy().items():
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.patchers", raising=False)
-    import lingbot_world.nodes.patchers as patchers
+    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.adapters.patchers", raising=False)
+    import lingbot_world.nodes.adapters.patchers as patchers
 
     yield patchers
-    sys.modules.pop("lingbot_world.nodes.patchers", None)  # the next import sees the real (or no) ComfyUI again
+    sys.modules.pop("lingbot_world.nodes.adapters.patchers", None)  # the next import sees the real (or no) ComfyUI
 
 
 def _expert_patcher(patchers):
@@ -127,7 +127,7 @@ def test_an_interrupt_during_an_expert_load_still_cleans_up(patchers, monkeypatc
 
 
 def test_free_memory_is_read_the_way_current_core_counts_it():
-    from lingbot_world.nodes.memory import free_memory, vram_comfy_can_free
+    from lingbot_world.nodes.adapters.memory import free_memory, vram_comfy_can_free
 
     mm = _stub_comfy(free=3 << 30)["comfy.model_management"]
     cuda = torch.device("cuda", 0)
@@ -157,8 +157,8 @@ def test_free_memory_is_read_the_way_current_core_counts_it():
 
 
 def test_outputs_held_in_ram_tell_the_node_cache_their_size():
-    from lingbot_world.nodes.expert_weights import ExpertWeights
-    from lingbot_world.nodes.payloads import ExpertPair, TextEmbeds
+    from lingbot_world.nodes.adapters.expert_weights import ExpertWeights
+    from lingbot_world.nodes.adapters.payloads import ExpertPair, TextEmbeds
 
     fmt = types.SimpleNamespace(config=None)
     w = ExpertWeights("high", fmt)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from lingbot_world.nodes import NODE_CLASS_MAPPINGS
-from lingbot_world.nodes.example_inputs import DEMO_IMAGE
-from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, ui_to_api
+from lingbot_world.nodes.adapters.example_inputs import DEMO_IMAGE
+from lingbot_world.nodes.adapters.workflow_convert import FRONTEND_ONLY, ui_to_api
 
 pytestmark = pytest.mark.comfyui
 
@@ -177,7 +177,7 @@ def test_demo_workflow_runs_to_completion(server):
 
     from PIL import Image as PILImage
 
-    from lingbot_world.nodes.previews import GAP, grid_layout
+    from lingbot_world.nodes.adapters.previews import GAP, grid_layout
 
     _, i2v_node = _by_type(prompt, "LingBotImageToVideo")
     h, w = i2v_node["inputs"]["height"] // 8, i2v_node["inputs"]["width"] // 8
@@ -629,7 +629,7 @@ def _probe_model_management(pack_dir: str, base_dir: str, cpu: bool = True) -> d
     sys.modules["lingbot_pack_probe"] = pack
     spec.loader.exec_module(pack)
     nodes = pack.NODE_CLASS_MAPPINGS
-    from lingbot_pack_probe.nodes import memory, patchers
+    from lingbot_pack_probe.nodes.adapters import memory, patchers
 
     out: dict = {"version": __import__("comfyui_version").__version__}
     loader = nodes["LingBotExpertLoader"]()

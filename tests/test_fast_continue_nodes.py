@@ -86,7 +86,7 @@ def test_the_chain_is_one_run_of_the_concatenated_keys(comfy, inputs):
 
 
 def test_a_step_can_be_queued_again_and_a_stale_branch_is_refused(comfy, inputs):
-    from lingbot_world.nodes.fast_continue_node import StaleStateError
+    from lingbot_world.nodes.adapters.fast_state_store import StaleStateError
 
     _, s1 = sampler(inputs, "w-10,l-10")
     a, _, sa = cont(s1, "a-12")
@@ -144,12 +144,10 @@ def test_a_windowed_video_copies_its_bounded_cache_per_step(comfy, inputs):
 
 
 def test_each_step_says_on_the_node_what_it_adds_and_the_ram_its_state_keeps(comfy, inputs, monkeypatch):
-    import lingbot_world.nodes.fast_continue_node as continue_node
-    import lingbot_world.nodes.fast_nodes as fast_nodes
+    import lingbot_world.nodes.fast as fast_nodes
 
     shown = []
-    monkeypatch.setattr(fast_nodes, "show_on_node", shown.append)
-    monkeypatch.setattr(continue_node, "show_on_node", shown.append)
+    monkeypatch.setattr(fast_nodes, "show_on_node", shown.append)  # the Sampler's and Continue's
     _, s1 = sampler(inputs, "w-10,l-10")
     assert shown[0].startswith(f"{W}x{H}, 21 frames (1.3 s at 16 fps): 2 chunks x 4 steps\nmemory: ")
     assert shown[-1] == shown[0] + f"\nstate kept for LingBot Fast Continue: the chain's K/V cache (shared by its " \

@@ -12,9 +12,9 @@ from safetensors.torch import save_file
 
 from lingbot_world.loaders.expert_format import detect_format
 from lingbot_world.world.models import V1_FAST
-from lingbot_world.nodes import lora_attach
-from lingbot_world.nodes.fast_host import FastModel
-from lingbot_world.nodes.fast_lora_node import LingBotFastLoraLoader
+from lingbot_world.nodes.adapters import lora_attach
+from lingbot_world.nodes.adapters.fast_host import FastModel
+from lingbot_world.nodes.fast import LingBotFastLoraLoader
 
 
 class _Patcher:  # the two ModelPatcher calls the node makes
@@ -51,8 +51,8 @@ def fast(demo_ckpt, monkeypatch, tmp_path):
     comfy.weight_adapter = types.SimpleNamespace(LoRAAdapter=LoRAAdapter)
     for name, mod in (("comfy", comfy), ("comfy.lora", comfy.lora), ("comfy.weight_adapter", comfy.weight_adapter)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.lora_patches", raising=False)
-    monkeypatch.setattr("lingbot_world.nodes.fast_lora_node.show_on_node", lambda text: None)
+    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.adapters.lora_patches", raising=False)
+    monkeypatch.setattr("lingbot_world.nodes.fast.show_on_node", lambda text: None)
     return FastModel(_Patcher(fmt), Checked(files, fmt, V1_FAST), "nf4", "auto"), fmt.config
 
 

@@ -104,7 +104,7 @@ def test_progress_per_chunk_and_step_with_chunk_previews(comfy, graph):
 
     utils.progress.clear()
     run_fast(fm, graph)  # without a VAE: the latent previewer on every step, showing every latent frame so far
-    from lingbot_world.nodes.previews import GAP, grid_layout
+    from lingbot_world.nodes.adapters.previews import GAP, grid_layout
 
     previews = [(v, p) for v, t, p in utils.progress if t == 12 and p]
     assert len(previews) == 12

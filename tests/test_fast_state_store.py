@@ -7,7 +7,7 @@ import types
 import torch
 
 from lingbot_world.memory.kv_park import ParkedKV
-from lingbot_world.nodes.fast_state_store import FastStateHandle, KVStore
+from lingbot_world.nodes.adapters.fast_state_store import FastStateHandle, KVStore
 
 
 def test_a_state_counts_its_parked_cache_and_tensors_once():

@@ -1,4 +1,4 @@
-"""Host RAM goes back to the OS when the pack's weights are dropped (nodes/host_memory.py), measured as RSS.
+"""Host RAM goes back to the OS when the pack's weights are dropped (nodes/adapters/host_memory.py), measured as RSS.
 
 glibc keeps freed 1-16 MB chunks (weights) in its heap once its dynamic mmap threshold has grown; the pack trims
 the heap after an expert unload and after ComfyUI's full collection that follows "Free model and node cache".
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's ma
 
 SCRIPT = textwrap.dedent("""
     import gc, json, torch
-    from lingbot_world.nodes import host_memory
+    from lingbot_world.nodes.adapters import host_memory
 
     def rss_mb():
         for line in open("/proc/self/status"):
@@ -78,7 +78,7 @@ def test_freed_weights_leave_the_process(release):
 def test_a_trim_waits_for_a_released_object_and_runs_once(monkeypatch):
     import gc
 
-    from lingbot_world.nodes import host_memory
+    from lingbot_world.nodes.adapters import host_memory
 
     calls = []
     monkeypatch.setattr(host_memory, "return_freed_host_memory", lambda: calls.append(1))

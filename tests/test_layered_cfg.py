@@ -277,8 +277,8 @@ def test_cli_offers_layered_and_maps_it_where_a_layout_decides(caplog):
 
 def test_sampler_node_offers_layered_and_the_plan_names_its_activations():
     from lingbot_world.memory.placement import CFG_MODES as PLANNER_MODES, MemoryPlan
-    from lingbot_world.nodes.memory import activation_bytes
-    from lingbot_world.nodes.sampler_node import LingBotSampler, plan_summary
+    from lingbot_world.nodes.adapters.memory import activation_bytes
+    from lingbot_world.nodes.sampler import LingBotSampler, plan_summary
 
     widget = LingBotSampler.INPUT_TYPES()["required"]["cfg_mode"]
     assert widget[0] == ["auto", "batch", "layered", "sequential"] and "layered" in widget[1]["tooltip"]

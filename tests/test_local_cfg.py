@@ -104,7 +104,7 @@ def test_a_failure_on_the_second_device_is_one_clear_error_and_nothing_keeps_run
 
 
 def test_second_device_choices(monkeypatch):
-    from lingbot_world.nodes.cfg_parallel import second_device
+    from lingbot_world.nodes.adapters.cfg_parallel import second_device
 
     assert second_device("off", "cpu") is None
     with pytest.raises(ValueError, match="needs two CUDA GPUs visible to ComfyUI"):

@@ -7,10 +7,12 @@ import sys
 
 import pytest
 
-from lingbot_world.nodes import comfy_paths, demo_models, model_check, node_errors
-from lingbot_world.nodes.loader_nodes import LingBotExpertLoader, LingBotVAELoader
-from lingbot_world.nodes.native_nodes import LingBotLoraLoader, LingBotModelLoader
-from lingbot_world.nodes.text_node import LingBotTextEncode
+from lingbot_world.nodes.adapters import comfy_paths, demo_models, model_check, node_errors
+from lingbot_world.nodes.expert import LingBotExpertLoader
+from lingbot_world.nodes.lora import LingBotLoraLoader
+from lingbot_world.nodes.model import LingBotModelLoader
+from lingbot_world.nodes.text import LingBotTextEncode
+from lingbot_world.nodes.vae import LingBotVAELoader
 
 
 def _make_folder_paths():
@@ -123,7 +125,7 @@ def test_swapped_experts_get_a_warning_naming_both_folders():
 
 def test_errors_reach_comfyui_in_node_words_under_plain_types():
     from lingbot_world.loaders.expert_format import ExpertLoadError
-    from lingbot_world.nodes.comfy_paths import ModelFileNotFound
+    from lingbot_world.nodes.adapters.comfy_paths import ModelFileNotFound
 
     plain = node_errors.plain_error(ExpertLoadError("x is the Fast model: run it with --model fast"))
     assert isinstance(plain, ExpertLoadError) and str(plain) == "x is the Fast model: load it with LingBot Fast Model Loader"
@@ -166,9 +168,9 @@ def test_every_registered_node_goes_through_the_door():
 
 
 def test_the_optional_bitsandbytes_kernel_warning_is_dropped(caplog):
-    from lingbot_world.nodes.log_filters import BNB_CPU_LOGGER, quiet_optional_kernel_warning
+    import lingbot_world.nodes  # noqa: F401 - installs quant's filter (the CLI's too) before bitsandbytes loads
 
-    quiet_optional_kernel_warning()
+    BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
     logger = logging.getLogger(BNB_CPU_LOGGER)
     with caplog.at_level(logging.WARNING, logger=BNB_CPU_LOGGER):
         logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
@@ -183,7 +185,7 @@ def test_a_prompt_with_a_missing_model_runs_nothing_not_just_the_camera_preview(
     from pathlib import Path
 
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS
-    from lingbot_world.nodes.prompt_guard import failing_nodes, make_handler
+    from lingbot_world.nodes.adapters.prompt_guard import failing_nodes, make_handler
 
     repo = Path(__file__).resolve().parents[1]
     prompt = json.loads((repo / "tests" / "workflows" / "Image to video, camera preset.api.json").read_text())
@@ -208,7 +210,7 @@ def test_a_prompt_with_a_missing_model_runs_nothing_not_just_the_camera_preview(
 
 def test_current_comfyui_conventions_search_aliases_and_advanced_widgets(comfy_folders):
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS
-    from lingbot_world.nodes.ui_hints import SHOW_IF
+    from lingbot_world.nodes.adapters.ui_hints import SHOW_IF
 
     for name, cls in NODE_CLASS_MAPPINGS.items():
         assert {"LingBot", "Wan"} <= set(cls.SEARCH_ALIASES), name
@@ -224,7 +226,7 @@ def test_current_comfyui_conventions_search_aliases_and_advanced_widgets(comfy_f
 
 
 def test_a_custom_size_error_says_width_x_height_in_widget_words():
-    from lingbot_world.nodes.video_setup import choose_size
+    from lingbot_world.nodes.adapters.video_setup import choose_size
 
     with pytest.raises(ValueError) as info:
         choose_size("custom", 480, 832, width=100, height=60)
@@ -243,7 +245,7 @@ def test_the_fast_loader_checks_its_model_at_queue_time(comfy_folders):
 
 
 def test_node_text_counts_in_words():
-    from lingbot_world.nodes.progress import count
+    from lingbot_world.nodes.adapters.progress import count
 
     assert [count(1, "chunk"), count(7, "chunk"), count(0, "frame"), count(1, "pass", "passes"),
             count(2, "pass", "passes")] == ["1 chunk", "7 chunks", "0 frames", "1 pass", "2 passes"]

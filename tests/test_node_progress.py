@@ -1,4 +1,4 @@
-"""What running nodes show (nodes/progress.py, text_node.encode_summary), against stand-ins for ComfyUI's
+"""What running nodes show (nodes/adapters/progress.py, nodes/text.py's encode_summary), against stand-ins for ComfyUI's
 ProgressBar, PromptServer and execution context. The real server test checks the same on ComfyUI itself."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from lingbot_world.nodes import progress as prog
-from lingbot_world.nodes.text_node import encode_summary
+from lingbot_world.nodes.adapters import progress as prog
+from lingbot_world.nodes.text import encode_summary
 from lingbot_world.world.models import V1_FAST
 
 
@@ -92,7 +92,7 @@ def test_encode_summary():
 
 def test_sampler_node_text_says_what_auto_picked():
     from lingbot_world.memory.placement import MemoryPlan
-    from lingbot_world.nodes.sampler_node import plan_summary
+    from lingbot_world.nodes.sampler import plan_summary
     from lingbot_world.wan.sampling.sampler import SamplingSettings
 
     settings = SamplingSettings(steps=70, cfg_mode="sequential")
@@ -108,7 +108,7 @@ def test_sampler_node_text_says_what_auto_picked():
 
 def test_fast_sampler_node_text_says_what_it_generates_and_where_the_cache_lives():
     from lingbot_world.memory.kv_placement import plan_fast_memory
-    from lingbot_world.nodes.fast_host import fast_summary
+    from lingbot_world.nodes.adapters.fast_host import fast_summary
     from lingbot_world.wan.dit.kv_cache import cache_layout
     from lingbot_world.wan.dit.model import DiTConfig
     from lingbot_world.wan.sampling.fast_sampler import fast_frames

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from lingbot_world.nodes.example_inputs import (DEMO_IMAGE, EXAMPLE_IMAGE, EXAMPLE_TRAJECTORY, install_example_inputs,
-                                                shipped_files)
-from lingbot_world.nodes.ui_hints import HIDE_IF, SHOW_IF, hide_if, short_labels, show_if, upload
+from lingbot_world.nodes.adapters.example_inputs import (DEMO_IMAGE, EXAMPLE_IMAGE, EXAMPLE_TRAJECTORY,
+                                                         install_example_inputs, shipped_files)
+from lingbot_world.nodes.adapters.ui_hints import HIDE_IF, SHOW_IF, hide_if, short_labels, show_if, upload
 
 
 def test_example_inputs_are_copied_once_and_repaired(tmp_path):

@@ -19,14 +19,16 @@ from safetensors.torch import save_file
 from lingbot_world.loaders import model_folders as mf
 from lingbot_world.loaders.vae_files import VAEFileError
 from lingbot_world.loaders.vae_shapes import infer_vae_config, vae_config_for_file
-from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, comfy_paths
-from lingbot_world.nodes.camera_nodes import LingBotCameraFromFiles, LingBotCameraPreset, LingBotSaveCamera
-from lingbot_world.nodes.i2v_nodes import choose_size
+from lingbot_world.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+from lingbot_world.nodes.adapters import comfy_paths
+from lingbot_world.nodes.adapters.video_setup import choose_size
+from lingbot_world.nodes.camera import LingBotCameraFromFiles, LingBotCameraPreset
 from lingbot_world.wan.vae.footprint import vae_work_bytes
-from lingbot_world.nodes.payloads import CATEGORY, I2VCondition
-from lingbot_world.nodes.sampler_node import plucker_for, text_contexts
-from lingbot_world.nodes.text_node import child_device
-from lingbot_world.nodes.workflow_convert import FRONTEND_ONLY, WorkflowError, ui_to_api, v1_node_info
+from lingbot_world.nodes.adapters.payloads import CATEGORY, I2VCondition
+from lingbot_world.nodes.sampler import plucker_for, text_contexts
+from lingbot_world.nodes.save import LingBotSaveCamera
+from lingbot_world.nodes.text import child_device
+from lingbot_world.nodes.adapters.workflow_convert import FRONTEND_ONLY, WorkflowError, ui_to_api, v1_node_info
 from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +296,7 @@ def test_comfy_paths_lists_and_resolves_across_folders(fake_folder_paths):
     (base / "models" / "text_encoders" / "umt5_xxl_fp16.safetensors").write_bytes(b"x")
     (base / "models" / "vae" / "wan_2.1_vae.safetensors").write_bytes(b"x")
 
-    from lingbot_world.nodes.demo_models import demo_entries
+    from lingbot_world.nodes.adapters.demo_models import demo_entries
 
     # the demo's entries come last (built on first use)
     assert comfy_paths.list_experts() == ["ckpt/high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4",
@@ -374,7 +376,7 @@ def test_camera_preset_node_outputs_path_and_picture():
 
 
 def test_image_to_video_rounds_frames_and_says_what_it_changed():
-    from lingbot_world.nodes.i2v_nodes import video_frames, video_summary
+    from lingbot_world.nodes.adapters.video_setup import video_frames, video_summary
 
     assert video_frames(81, None) == (81, [])
     assert video_frames(80, None) == (77, ["80 frames is not of the form 4n+1: using 77."])
@@ -391,8 +393,8 @@ def test_image_to_video_rounds_frames_and_says_what_it_changed():
 def test_camera_files_node_lists_reads_folders_and_paths(fake_folder_paths, examples_dir):
     import shutil
 
-    from lingbot_world.nodes.camera_nodes import CUSTOM_PATH
-    from lingbot_world.nodes.ui_hints import SHORT_LABELS, SHOW_IF, UPLOAD
+    from lingbot_world.nodes.camera import CUSTOM_PATH
+    from lingbot_world.nodes.adapters.ui_hints import SHORT_LABELS, SHOW_IF, UPLOAD
 
     shutil.copytree(examples_dir / "00", fake_folder_paths / "input" / "cams" / "00")
     (fake_folder_paths / "input" / "cams" / "not_a_trajectory").mkdir()
@@ -424,9 +426,9 @@ def test_camera_files_node_lists_reads_folders_and_paths(fake_folder_paths, exam
 
 
 def test_camera_files_node_defaults_to_the_installed_example(fake_folder_paths):
-    from lingbot_world.nodes.camera_nodes import CUSTOM_PATH
-    from lingbot_world.nodes.example_inputs import (ACT_EXAMPLE, EXAMPLE_TRAJECTORY, FAST_EXAMPLE,
-                                                    install_example_inputs)
+    from lingbot_world.nodes.camera import CUSTOM_PATH
+    from lingbot_world.nodes.adapters.example_inputs import (ACT_EXAMPLE, EXAMPLE_TRAJECTORY, FAST_EXAMPLE,
+                                                             install_example_inputs)
 
     names, opts = LingBotCameraFromFiles.INPUT_TYPES()["required"]["trajectory"]
     assert names == [CUSTOM_PATH] and opts["default"] == CUSTOM_PATH  # nothing under input/ yet
@@ -462,7 +464,7 @@ def test_camera_must_cover_the_video():
 
 
 def test_text_context_width_must_match_the_experts():
-    from lingbot_world.nodes.payloads import TextEmbeds
+    from lingbot_world.nodes.adapters.payloads import TextEmbeds
 
     experts = types.SimpleNamespace(text_dim=32, text_len=512)
     ok = TextEmbeds(torch.ones(7, 32), torch.ones(3, 32), "p", "n")
@@ -620,7 +622,7 @@ def test_templates_are_up_to_date_with_the_template_tool():
 def test_every_template_names_its_model_files_for_the_missing_models_dialog():
     """Each model a loader points at is in the workflow's `models` (expert folders: each file inside) or its node's
     `properties.models`, with where it goes and an https download link; the demos need none (built on first use)."""
-    from lingbot_world.nodes.example_inputs import shipped_files
+    from lingbot_world.nodes.adapters.example_inputs import shipped_files
 
     expert_widgets = {"LingBotExpertLoader": (0, 1), "LingBotModelLoader": (0,), "LingBotFastLoader": (0,)}
     file_widgets = {"LingBotTextEncode", "LingBotVAELoader", "CLIPLoader", "VAELoader"}

@@ -24,9 +24,9 @@ nodes_helpers = _load("test_nodes")
 pipeline_helpers = _load("test_nodes_pipeline")
 fake_folder_paths = nodes_helpers.fake_folder_paths  # the fixture, reused
 
-from lingbot_world.nodes.action_nodes import ACTION_STRING, CUSTOM_PATH, LingBotActions  # noqa: E402
-from lingbot_world.nodes.payloads import ActInput, CameraInput, I2VCondition  # noqa: E402
-from lingbot_world.nodes.sampler_node import control_for  # noqa: E402
+from lingbot_world.nodes.action import ACTION_STRING, CUSTOM_PATH, LingBotActions  # noqa: E402
+from lingbot_world.nodes.adapters.payloads import ActInput, CameraInput, I2VCondition  # noqa: E402
+from lingbot_world.nodes.sampler import control_for  # noqa: E402
 from lingbot_world.wan.control.actions import ActionStringError, KeyInputError  # noqa: E402
 from lingbot_world.wan.control.control_kind import ControlMismatchError  # noqa: E402
 from lingbot_world.wan.dit.model import DiTConfig  # noqa: E402
@@ -125,8 +125,8 @@ def comfy_act(act_base, monkeypatch):
     mods = pipeline_helpers.make_comfy(act_base)
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.patchers", raising=False)
-    from lingbot_world.nodes import comfy_paths
+    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.adapters.patchers", raising=False)
+    from lingbot_world.nodes.adapters import comfy_paths
 
     comfy_paths.register_model_folders()
     return mods["comfy.model_management"]

@@ -208,9 +208,9 @@ def comfy(demo_base, monkeypatch):
     mods = make_comfy(demo_base)
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    for name in ("lingbot_world.nodes.patchers",):  # subclasses the stand-in ModelPatcher: import fresh
+    for name in ("lingbot_world.nodes.adapters.patchers",):  # subclasses the stand-in ModelPatcher: import fresh
         monkeypatch.delitem(sys.modules, name, raising=False)
-    from lingbot_world.nodes import comfy_paths
+    from lingbot_world.nodes.adapters import comfy_paths
 
     comfy_paths.register_model_folders()
     return mods["comfy.model_management"]
@@ -249,7 +249,7 @@ def run_sampler(experts, g, **kw):
 # ---- tests ---------------------------------------------------------------------------------------------------
 def test_graph_matches_the_library_pipeline(comfy, graph):
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
-    from lingbot_world.nodes.sampler_node import plucker_for
+    from lingbot_world.nodes.sampler import plucker_for
     from lingbot_world.wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 
     assert graph.size == (W, H, FRAMES)
@@ -300,7 +300,7 @@ def test_native_conditioning_into_lingbot_sampler_is_the_same_video(comfy, graph
 
 
 def test_progress_previews_and_loads_through_model_management(comfy, graph):
-    from lingbot_world.nodes import patchers
+    from lingbot_world.nodes.adapters import patchers
 
     utils = sys.modules["comfy.utils"]
     utils.progress.clear()
@@ -343,7 +343,7 @@ def test_memory_modes_give_identical_videos(comfy, graph):
 
 
 def test_auto_mode_follows_the_memory_plan(comfy, graph):
-    from lingbot_world.nodes.memory import plan_for
+    from lingbot_world.nodes.adapters.memory import plan_for
 
     comfy.unload_all_models()
     auto = load_experts("auto")
@@ -374,7 +374,7 @@ def test_interrupt_stops_within_a_step_and_leaves_nothing_loaded(comfy, graph):
 
 
 def test_expert_oom_is_a_clear_cuda_oom(comfy, graph, monkeypatch):
-    from lingbot_world.nodes import patchers
+    from lingbot_world.nodes.adapters import patchers
 
     experts = load_experts("swap")
 
@@ -409,7 +409,7 @@ def test_loader_refuses_bad_pairs(comfy, demo_base):
 def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph, monkeypatch):
     from lingbot_world.text_encoder import encode as text_encoding
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
-    from lingbot_world.nodes import text_node
+    from lingbot_world.nodes import text as text_node
 
     started = []
     monkeypatch.setattr(text_encoding, "run_text_encoder", lambda *a, **k: started.append(1) or (_ for _ in ()).throw(
@@ -418,7 +418,7 @@ def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph,
                                             "a castle in a jungle", "", "auto", True)[0]
     torch.testing.assert_close(again.positive, graph.text.positive, rtol=0, atol=0)
     assert not started and not comfy.calls or all(c[1] != ["_EmptyContainer"] for c in comfy.calls)
-    from lingbot_world.nodes import comfy_paths
+    from lingbot_world.nodes.adapters import comfy_paths
 
     enc = comfy_paths.resolve_text_encoder("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth")
     assert text_node.all_cached(enc, None, ["a castle in a jungle"], comfy_paths.text_cache_dir())
@@ -428,7 +428,7 @@ def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph,
 def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeypatch):
     from lingbot_world.text_encoder.encode import live_text_encoder_pids
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
-    from lingbot_world.nodes.text_node import FreeMemoryRequested
+    from lingbot_world.nodes.text import FreeMemoryRequested
 
     node = N["LingBotTextEncode"]()
     args = ("lingbot-demo/models_t5_umt5-xxl-enc-bf16.pth", "auto", "never cached", "", "cpu", False)
@@ -461,7 +461,7 @@ def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeyp
 def test_cfg_parallel_on_a_second_device_gives_the_same_latent(comfy, graph, monkeypatch):
     """cfg_parallel: the unconditional pass on a second device with its own expert copies (two CPU "devices" here:
     the choice is forced to the CPU), freed when the run ends; the latent equals the one-device run's."""
-    from lingbot_world.nodes import cfg_parallel
+    from lingbot_world.nodes.adapters import cfg_parallel
     from lingbot_world.parallel import local_cfg
 
     experts = load_experts("swap")
@@ -484,7 +484,7 @@ def test_cfg_parallel_on_a_second_device_gives_the_same_latent(comfy, graph, mon
 def test_cfg_parallel_puts_the_experts_loras_on_the_second_copy(comfy, graph, monkeypatch):
     """An expert with a LoRA (ComfyUI patches, as LoraLoaderModelOnly leaves them): the second device's copy gets
     the same LoRA, so cfg_parallel's latent equals the one-device run's with that LoRA (and differs without it)."""
-    from lingbot_world.nodes import cfg_parallel
+    from lingbot_world.nodes.adapters import cfg_parallel
 
     class LoRAAdapter:  # the one field of comfy.weight_adapter.LoRAAdapter the pack reads
         def __init__(self, keys, weights):
@@ -496,7 +496,7 @@ def test_cfg_parallel_puts_the_experts_loras_on_the_second_copy(comfy, graph, mo
     lora.calculate_weight = None  # only plain LoRAs here: ComfyUI's generic path is not taken
     monkeypatch.setitem(sys.modules, "comfy.weight_adapter", wa)
     monkeypatch.setitem(sys.modules, "comfy.lora", lora)
-    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.lora_patches", raising=False)
+    monkeypatch.delitem(sys.modules, "lingbot_world.nodes.adapters.lora_patches", raising=False)
 
     experts = load_experts("swap")
     plain = run_sampler(experts, graph)["samples"]
@@ -520,7 +520,7 @@ def test_comfyui_memory_budget_becomes_block_swap(comfy):
     """ComfyUI's lowvram budget for a model that does not fit: the expert loads whole when the budget holds it,
     else with as many blocks on the GPU as fit beside the base weights and the two streaming buffers."""
     from lingbot_world.memory.placement import expert_sizes
-    from lingbot_world.nodes.expert_weights import compute_bytes_for
+    from lingbot_world.nodes.adapters.expert_weights import compute_bytes_for
 
     import dataclasses
 

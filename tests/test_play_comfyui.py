@@ -45,7 +45,7 @@ def server(tmp_path_factory):
 
 def _play_prompt() -> dict:
     """Fast loader, text, VAE, image and I2V of the Fast example on the tiny demo, into LingBot Play."""
-    from lingbot_world.nodes.example_inputs import DEMO_IMAGE
+    from lingbot_world.nodes.adapters.example_inputs import DEMO_IMAGE
 
     prompt = json.loads((comfy.REPO / "tests" / "workflows" / f"{FAST}.api.json").read_text())
     kinds = {v["class_type"]: k for k, v in prompt.items()}

@@ -38,7 +38,7 @@ NODE = "50"
 @pytest.fixture
 def players(comfy):
     yield
-    from lingbot_world.nodes.play_node import _open, close_player
+    from lingbot_world.nodes.play import _open, close_player
 
     for node in list(_open):
         close_player(node)
@@ -63,7 +63,7 @@ def play(inputs, window=21, sink=3, used=True, **kw):
 
 
 def driver():
-    from lingbot_world.nodes.play_node import _open
+    from lingbot_world.nodes.play import _open
 
     return _open[NODE].driver
 
@@ -145,7 +145,7 @@ def test_the_state_is_taken_between_chunks(comfy, inputs, players):
 
 
 def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, players, monkeypatch):
-    import lingbot_world.nodes.play_node as play_node
+    import lingbot_world.nodes.play as play_node
     from lingbot_world.memory.kv_placement import RAM_MARGIN
 
     play(inputs, window=0)
@@ -167,9 +167,9 @@ def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, play
 
 
 def test_play_and_the_fast_nodes_take_turns_on_the_model(comfy, inputs, players):
-    """Every session opened on a Fast model (Play's, a Sampler's, a Continue's: nodes/fast_host.open_fast_world) holds
-    that model's lock while it runs (tests/test_world_session.py checks every forward does): two sessions never run
-    the same weights at once. A LoRA'd copy of the model shares the lock with its base."""
+    """Every session opened on a Fast model (Play's, a Sampler's, a Continue's: nodes/adapters/fast_host.py's
+    open_fast_world) holds that model's lock while it runs (tests/test_world_session.py checks every forward does): two
+    sessions never run the same weights at once. A LoRA'd copy of the model shares the lock with its base."""
     import dataclasses
 
     play(inputs)
@@ -267,7 +267,7 @@ def test_a_tiny_vae_decodes_the_played_frames_and_a_new_choice_starts_a_new_sess
 def test_a_bad_tiny_vae_is_one_line_naming_the_input_before_the_session_opens(comfy, inputs, players, vae_approx):
     from safetensors.torch import save_file
 
-    from lingbot_world.nodes.play_node import _open
+    from lingbot_world.nodes.play import _open
 
     save_file({"decoder.1.weight": torch.zeros(8, 48, 3, 3)}, str(vae_approx / "taew2_2.safetensors"))
     made(inputs)

@@ -1,10 +1,12 @@
 """The live player through a real headless Chromium (Debian's `chromium` + Playwright's Python client, both
 installed by .ci/run; no downloaded browser): keys held and tapped in the page steer the real World session on the
-tiny demo checkpoint, and the played clip equals the batch run of the recorded keys frame for frame."""
+tiny demo checkpoint, and the played clip equals the batch run of the recorded keys frame for frame; with a tiny
+decoder a chunk's preview is shown marked, then its real frames, and the page times both."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -48,12 +50,14 @@ def server(cache, tmp_path_factory):
     srv.stop()
 
 
-def _page(browser, url: str):
+def _page(browser, url: Optional[str]):
+    """A new page with its script errors collected, at `url` (None: not loaded yet)."""
     page = browser.new_page()
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url)
+    if url is not None:
+        page.goto(url)
     return page, errors
 
 
@@ -257,3 +261,133 @@ def test_a_slow_page_records_keys_by_the_videos_frames(browser, server):
     page.keyboard.up("w")
     assert 32 <= taken <= 34, taken  # one more per request sent meanwhile (the keys of that moment)
     page.close()
+
+
+def test_real_frames_take_their_previews_place_and_the_clock_reports_both(browser, server):
+    """The page's frame placement and clock (screen.js `placeReal`, `screenReport`) on their own inputs."""
+    page, errors = _page(browser, server.url_for("/"))
+    page.wait_for_function(f"{P}.policy")
+    place = f"""([queue, onScreen, item]) => {{
+        const q = queue.map((f) => ({{ ...f }}));
+        return [{P}.policy.placeReal(q, onScreen, item), q];
+    }}"""
+
+    def prev(frame):
+        return {"chunk": 2, "frame": frame, "preview": True}
+
+    def real(frame):
+        return {"chunk": 2, "frame": frame, "preview": False}
+
+    # its preview still queued: the real frame takes its place (the order stays the video's)
+    assert page.evaluate(place, [[prev(9), prev(10)], None, real(10)]) == ["replaced", [prev(9), real(10)]]
+    # its preview on screen: drawn at once; one already played: dropped (the video does not go back)
+    assert page.evaluate(place, [[prev(11)], prev(10), real(10)]) == ["redraw", [prev(11)]]
+    assert page.evaluate(place, [[prev(11)], prev(10), real(9)]) == ["past", [prev(11)]]
+    # no preview (a VAE, --no-preview): queued as ever
+    assert page.evaluate(place, [[real(9)], real(9) | {"chunk": 1}, real(10)]) == ["queued", [real(9), real(10)]]
+
+    report = f"([requests, item, now]) => [{P}.policy.screenReport(requests, item, now, 16), requests]"
+    asked = {"2": {"sentAt": 1000, "arrivedAt": 1900, "previewAt": 1300, "keyChange": 500}}
+    shown, left = page.evaluate(report, [asked, prev(9), 1400])
+    assert shown == {"op": "timing", "chunk": 2, "request_to_preview_s": 0.4, "key_to_preview_s": 0.9}
+    assert page.evaluate(report, [left, prev(10), 1450])[0] is None  # once per chunk
+    shown, left = page.evaluate(report, [left, real(9), 2000])
+    assert shown == {"op": "timing", "chunk": 2, "request_to_arrival_s": 0.9, "request_to_screen_s": 1.0,
+                     "key_to_screen_s": 1.5, "fps": 16} and left == {}
+    # the real frames overtook a preview that never reached the screen: they were the chunk's first picture
+    shown, _ = page.evaluate(report, [asked, real(9), 2000])
+    assert shown["key_to_preview_s"] == shown["key_to_screen_s"] == 1.5
+    assert not errors
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def preview_server(cache, tmp_path_factory):
+    from lingbot_world.loaders.demo_checkpoint import write_random_tiny_vae
+
+    folder = tmp_path_factory.mktemp("player_browser_preview")
+    tiny = write_random_tiny_vae(folder / "taew2_1.safetensors")
+    srv = support.PlayServer(cache, folder / "out", "--tiny-vae", str(tiny))
+    srv.tiny_vae = tiny
+    yield srv
+    srv.stop()
+
+
+class _Gate:
+    """The page's WebSocket through Playwright: the server's messages pass, but from the first real frame of chunk
+    `at` on they are held, in order, until `release()`. The page has the chunk's preview and nothing of its real
+    frames for as long as the test looks, however fast the server is."""
+
+    def __init__(self, page):
+        self.at, self.closed, self.held, self.route = None, False, [], None
+        page.route_web_socket(lambda url: "/ws?" in url, self._connect)
+
+    def _connect(self, ws) -> None:
+        self.route = ws
+        ws.connect_to_server().on_message(self._from_server)
+
+    def _from_server(self, message) -> None:
+        from lingbot_world.player.frames import is_preview, read_frame_message
+
+        if self.at is not None and isinstance(message, bytes) and not is_preview(message) \
+                and read_frame_message(message)[0] == self.at:
+            self.closed = True
+        if self.closed:
+            self.held.append(message)
+        else:
+            self.route.send(message)
+
+    def release(self) -> None:
+        self.at, self.closed = None, False
+        for message in self.held:
+            self.route.send(message)
+        self.held.clear()
+
+
+def test_a_chunks_preview_is_shown_marked_then_its_real_frames(browser, preview_server, cache, tmp_path):
+    page, errors = _page(browser, None)
+    gate = _Gate(page)
+    page.goto(preview_server.url_for("/"))
+    page.wait_for_function(f"{P}.state && {P}.state.started && {P}.state.chunks === 0")
+    page.click("#pause")  # the first chunk, without keys
+    _wait_ends(page, 1)
+    page.click("#pause")
+    page.wait_for_function(f"{P}.paused && !{P}.inFlight")
+    assert page.evaluate(f"{P}.previewFrames") >= 9  # the first chunk's preview came too
+    n = page.evaluate(f"{P}.state.chunks") + 1
+    gate.at = n
+    page.keyboard.down("w")  # a key change, sampled at Play: chunk n is steered by it
+    page.click("#pause")
+    # the preview of chunk n is on screen, marked, while its real frames are still held back
+    page.wait_for_function(f"{P}.onScreen && {P}.onScreen.preview && {P}.onScreen.chunk === {n}")
+    assert page.is_visible("#preview-badge") and page.inner_text("#preview-badge") == "preview"
+    page.click("#pause")  # paused, nothing more is asked for: the real frames of chunk n are the last to come
+    page.keyboard.up("w")
+    gate.release()
+    page.wait_for_function(f"{P}.onScreen.chunk === {n} && !{P}.onScreen.preview && !{P}.inFlight")
+    assert page.is_hidden("#preview-badge")  # the real frame replaced the preview on screen
+    page.wait_for_function(f"{P}.timings[{n}] && {P}.timings[{n}].key_to_preview_s !== null && "
+                           f"{P}.timings[{n}].key_to_screen_s !== null && {P}.timings[{n}].server_total_s !== null")
+    row = page.evaluate(f"{P}.timings[{n}]")
+    assert 0 < row["key_to_preview_s"] < row["key_to_screen_s"], row
+    assert row["request_to_preview_s"] < row["request_to_screen_s"], row
+    assert row["server_preview_s"] <= row["server_first_frame_s"] <= row["request_to_arrival_s"], row
+    assert page.evaluate(f"{P}.timingSummary.key_to_preview_s.n") >= 1
+    assert "median" in page.inner_text("#s-key-preview")
+
+    page.click("#save")  # the clip holds the real frames only: the batch run of its keys with the tiny decoder
+    page.wait_for_function(f"{P}.saved")
+    video = next(p for p in page.evaluate(f"{P}.saved") if p.endswith(".mp4"))
+    actions = page.evaluate(f"{P}.state.action_string")
+    assert not errors and not page.evaluate(f"{P}.errors")
+    page.close()
+
+    import imageio.v3 as iio
+
+    batch = tmp_path / "batch.mp4"
+    support.run_batch(["generate", "--demo", "--model", "fast", "--rule", "continuable", "--actions", actions,
+                       "--window", "21", "--sink", "3", "--seed", "42", "--tiny-vae", str(preview_server.tiny_vae),
+                       "--cache-dir", str(cache / "text"), "--out", str(batch), "--quiet"], cache)
+    played, expected = iio.imread(video), iio.imread(batch)
+    assert played.shape == expected.shape and np.array_equal(played, expected)
+

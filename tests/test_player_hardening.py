@@ -335,7 +335,7 @@ def test_a_long_load_prints_its_progress_and_the_page_shows_it(capsys):
 def test_the_page_url_is_printed_before_the_load_and_loopback_needs_no_warning(server):
     lines = server.output().splitlines()
     page = next(i for i, line in enumerate(lines) if line.startswith("player page: http://127.0.0.1:"))
-    load = next(i for i, line in enumerate(lines) if line.startswith("loading the Fast model"))
+    load = next(i for i, line in enumerate(lines) if line.startswith("loading LingBot-World Fast..."))
     ready = next(i for i, line in enumerate(lines) if line.startswith("player ready: "))
     assert page < load < ready and not any("warning: --host" in line for line in lines)
 

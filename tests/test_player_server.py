@@ -47,17 +47,19 @@ class Tab:
     def __init__(self, ws):
         self.ws = ws
         self.frames: list[tuple[int, int, bytes]] = []
+        self.previews = 0  # preview frames received (a server without a tiny decoder sends none)
 
     async def send(self, **op) -> None:
         await self.ws.send_str(json.dumps(op))
 
     async def until(self, *types: str) -> dict:
         """The next JSON message of one of `types` (frames on the way are kept; errors raise unless asked for)."""
-        from lingbot_world.player.frames import read_frame_message
+        from lingbot_world.player.frames import is_preview, read_frame_message
 
         while True:
             msg = await self.ws.receive(timeout=WAIT_S)
             if msg.type == aiohttp.WSMsgType.BINARY:
+                self.previews += is_preview(msg.data)
                 self.frames.append(read_frame_message(msg.data))
                 continue
             if msg.type != aiohttp.WSMsgType.TEXT:
@@ -151,6 +153,7 @@ def test_chunks_rewind_save_and_render_equal_the_batch_run(server):
             assert end["state"]["chunks"] == 1 and end["state"]["next_keys"] == 12 and end["frames"] == 9
             assert end["state"]["minimap"].startswith("data:image/png;base64,")
             assert end["first_frame_s"] <= end["total_s"] and set(end["seconds"]) == {"dit", "decode", "total"}
+            assert end["preview_s"] is None and tab.previews == 0  # decoded by the VAE: no preview
             _, second = await tab.step("j-6,jw-6")
             assert [f for _, f, _ in second] == list(range(9, 21))
             await tab.send(op="rewind", chunks=1)

@@ -56,3 +56,21 @@ def test_the_json_record_is_written_whole(tmp_path):
     data = json.loads(target.read_text())
     assert data["summary"]["chunks"] == 3 and [r["chunk"] for r in data["chunks"]] == [1, 2, 3]
     assert [p.name for p in tmp_path.iterdir()] == ["timings.json"]
+
+
+def test_previews_add_their_own_moments_and_a_run_without_them_reads_as_before():
+    t = _played(4)
+    without = t.line()
+    assert "preview" not in without and t.summary()["key_to_preview_s"] is None
+    for c in (1, 2):
+        t.server(c, first_frame_s=0.5, total_s=0.6, preview_s=0.2)
+        t.page({"chunk": c, "request_to_preview_s": 0.25, "key_to_preview_s": 0.3 * c})
+    row = t.row(2)
+    assert (row.server_preview_s, row.request_to_preview_s, row.key_to_preview_s) == (0.2, 0.25, 0.6)
+    assert row.request_to_screen_s == pytest.approx(0.7)  # the real frames' moment is kept beside the preview's
+    s = t.summary()
+    assert s["key_to_preview_s"]["n"] == 2 and s["server_preview_s"]["median"] == pytest.approx(0.2)
+    line = t.line()
+    assert "key -> preview 0.45 s (p90 0.60), server preview 0.20 s (p90 0.20), page 16.0 fps" in line, line
+    with pytest.raises(ValueError, match="key_to_preview_s"):
+        t.page({"chunk": 1, "key_to_preview_s": -0.1})

@@ -1,4 +1,4 @@
-"""Whole-clip latent previews (nodes/previews.py): every latent frame, in order, decoded by the previewer, within
+"""Whole-clip latent previews (nodes/adapters/previews.py): every latent frame, in order, decoded by the previewer, within
 ComfyUI's preview size."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lingbot_world.nodes.previews import GAP, ClipPreview, grid_layout
+from lingbot_world.nodes.adapters.previews import GAP, ClipPreview, grid_layout
 
 
 def latent_to_rgb(weights: torch.Tensor):
@@ -113,7 +113,7 @@ def _fake_latent_preview(method: str):
 
 
 def test_previews_are_on_when_comfyui_has_them_off_and_the_switch_turns_them_off():
-    from lingbot_world.nodes.previews import preview_decoder
+    from lingbot_world.nodes.adapters.previews import preview_decoder
 
     lp = _fake_latent_preview("none")  # ComfyUI's default: --preview-method none
     decode = preview_decoder(lp, "cpu", _Format())
@@ -124,7 +124,7 @@ def test_previews_are_on_when_comfyui_has_them_off_and_the_switch_turns_them_off
 
 
 def test_a_video_tae_previewer_gets_five_d_latents():
-    from lingbot_world.nodes.previews import preview_decoder
+    from lingbot_world.nodes.adapters.previews import preview_decoder
 
     lp = _fake_latent_preview("taesd")
     decode = preview_decoder(lp, "cpu", _Format())

@@ -164,7 +164,7 @@ def test_cli_has_the_speed_flags():
 
 
 def test_speed_node_declares_the_choices():
-    from lingbot_world.nodes.speed_node import LingBotSpeedOptions
+    from lingbot_world.nodes.speed import LingBotSpeedOptions
 
     req = LingBotSpeedOptions.INPUT_TYPES()["required"]
     assert req["compile"][0] == list(options.COMPILE_CHOICES)

@@ -129,7 +129,7 @@ def _planned_by_the_node(monkeypatch, speed_node) -> list:
 
 
 def test_speed_node_offers_the_presets(monkeypatch):
-    from lingbot_world.nodes import speed_node
+    from lingbot_world.nodes import speed as speed_node
 
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["speed"]
     assert opt[0] == ["custom", "exact", "fast", "draft", "auto"] and opt[1]["default"] == "custom"
@@ -181,7 +181,7 @@ def test_cli_chunk_steps_reach_the_plan_and_are_a_fast_model_flag():
 
 
 def test_speed_node_chunk_steps_widget(monkeypatch):
-    from lingbot_world.nodes import speed_node
+    from lingbot_world.nodes import speed as speed_node
 
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["chunk_steps"]
     assert opt[0] == ["from preset", "4", "3", "2"] and opt[1]["default"] == "from preset"
@@ -216,3 +216,21 @@ def test_the_players_fast_render_replays_the_played_chunk_steps(tmp_path):
         got = fast[fast.index("--chunk-steps"):fast.index("--chunk-steps") + 2] if "--chunk-steps" in fast else []
         assert got == want and "--chunk-steps" not in cam
         assert fast[fast.index("--speed") + 1] == "draft"
+
+
+def test_compile_auto_runs_a_narrow_model_eagerly_and_an_explicit_choice_stays():
+    """The v2 1.3B's small kernels wait on the host: compiled per-token work made its chunk slower on an H200
+    (0.905 against 0.657 s of DiT), so `--compile auto` (the presets') runs it eagerly; the 14B keeps its compile, and
+    an explicit --compile blocks is kept for every model."""
+    import dataclasses
+
+    from lingbot_world.speed.options import SpeedPlan, fit_to_model
+    from lingbot_world.world.models import V1_FAST, V2_14B, V2_1_3B
+
+    auto = SpeedPlan("blocks", "bf16", "sdpa", "cuda:0", notes=["compile auto: blocks (...)"], compile_requested="auto")
+    narrow = fit_to_model(auto, V2_1_3B.dit)
+    assert narrow.compile == "off" and narrow.notes[0].startswith("compile auto: off for a model 1536 wide")
+    assert not any(n.startswith("compile auto: blocks") for n in narrow.notes)
+    assert fit_to_model(auto, V1_FAST.dit) is auto and fit_to_model(auto, V2_14B.dit) is auto
+    explicit = dataclasses.replace(auto, compile_requested="blocks")
+    assert fit_to_model(explicit, V2_1_3B.dit) is explicit and fit_to_model(None, V2_1_3B.dit) is None

@@ -248,16 +248,16 @@ def _frames(folder):
 def cli_host_plan(monkeypatch):
     """The CLI's memory plan with the cache streamed from host memory (a CPU plan keeps it all in RAM), and the
     latents it returns."""
-    from lingbot_world.cli import fast_parts
+    from lingbot_world.world import assembly
     from lingbot_world.world.plan import session_layout
     from lingbot_world.world.session import WorldSession
 
-    real_plan, real_run = fast_parts.memory_plan, WorldSession.run_part
+    real_plan, real_run = assembly.plan_memory, WorldSession.run_part
     latents = []
 
-    def plan(request, cfg, settings, latent_frames, device, *a, **kw):
-        _, stream = real_plan(request, cfg, settings, latent_frames, device, *a, **kw)
-        return plan_fast_memory(settings.height, settings.width, cfg, session_layout(settings, latent_frames),
+    def plan(checked, video, device, settings, *a, latent_frames=0, **kw):
+        _, stream = real_plan(checked, video, device, settings, *a, latent_frames=latent_frames, **kw)
+        return plan_fast_memory(video.height, video.width, checked.config, session_layout(video, latent_frames),
                                 1 << 40, 1 << 40, cache="host", cache_layers_on_gpu=1), stream
 
     def run_part(self, *a, **kw):
@@ -265,7 +265,7 @@ def cli_host_plan(monkeypatch):
         latents.append(latent)
         return latent
 
-    monkeypatch.setattr(fast_parts, "memory_plan", plan)
+    monkeypatch.setattr(assembly, "plan_memory", plan)
     monkeypatch.setattr(WorldSession, "run_part", run_part)
     return latents
 

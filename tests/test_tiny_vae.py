@@ -105,6 +105,26 @@ def test_a_decoder_started_mid_video_with_its_context_continues_exactly():
     assert tiny_context_latents(CFG, 2) == 2
 
 
+def test_a_fork_decodes_from_where_the_decoder_is_and_leaves_it_as_it_was():
+    m = model_of(random_state(seed=5))
+    z, other = latent(9, seed=6), latent(3, seed=7)
+    whole = TinyStreamingDecoder(m).decode(z)
+    for before in (0, 3):  # a fork of a fresh decoder trims the video's first frames like the decoder would
+        d = TinyStreamingDecoder(m)
+        head = d.decode(z[:, :, :before]) if before else None
+        memory = {k: v.clone() for k, v in d.memory.items()}
+        fork = d.fork()
+        first = 0 if before == 0 else 1 + 4 * (before - 1)
+        preview = fork.decode(z[:, :, before:before + 3])
+        assert torch.equal(preview, whole[:, :, first:fork.frames])
+        fork.decode(other)  # the fork goes on with latents the video never has
+        fork.close()
+        assert d.latent_frames == before and d.memory.keys() == memory.keys()
+        assert all(torch.equal(d.memory[k], v) for k, v in memory.items())
+        rest = d.decode(z[:, :, before:])  # the decoder itself goes on exactly as if there had been no fork
+        assert torch.equal(rest if head is None else torch.cat([head, rest], 2), whole)
+
+
 def test_a_chunk_that_does_not_continue_the_video_is_refused():
     d = TinyStreamingDecoder(model_of(random_state()))
     d.decode(latent(3))

@@ -408,3 +408,58 @@ def test_a_tiny_decoder_played_on_the_gpu_equals_its_batch_run(files, demo_ckpt,
     batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--tiny-vae", str(tiny_vae),
                    "--device", "cuda", "--noise", "cpu")
     assert np.array_equal(played, batch)
+
+
+def test_a_chunks_preview_is_its_first_steps_x0_and_changes_no_frame(files, demo_ckpt, tmp_path, tiny_vae):
+    """step(on_preview=...) with a tiny decoder: once per chunk, from inside its run right after the first model
+    call, the chunk's frames as a fork of the tiny decoder decodes that call's x0; the real frames (through a rewind)
+    are still the batch run's bit for bit, and the session's own callback sees every step."""
+    from lingbot_world.wan.vae.tiny import TinyStreamingDecoder
+    from lingbot_world.world.frames import to_uint8
+
+    events, steps, first_x0 = [], [], []
+
+    def callback(info):
+        steps.append(info.step)
+        if info.step == 0:
+            first_x0.append(info.x0.clone())
+
+    def play(s, keys) -> np.ndarray:
+        out = []
+        for k in keys:
+            made, before = s.chunks, (s.latent() if s.chunks else None)
+            for batch in s.step(k, on_preview=lambda p: events.append(("preview", p, s.chunks))):
+                assert not batch.preview
+                events.append(("frames", batch, s.chunks))
+                out.append(batch.frames)
+            kinds = [e[0] for e in events]
+            assert kinds[0] == "preview" and kinds.count("preview") == 1, kinds  # first, and once
+            preview, during = events[0][1], events[0][2]
+            real = np.concatenate([e[1].frames for e in events[1:]])
+            assert during == made and preview.preview and preview.chunk == made  # called inside the run
+            assert preview.first_frame == events[1][1].first_frame and preview.frames.shape == real.shape
+            fork = TinyStreamingDecoder(s.tiny_decoder)  # where the session's decoder was: the video before
+            if before is not None:
+                fork.decode(before)
+            assert np.array_equal(preview.frames, to_uint8(fork.decode(first_x0[-1])))
+            assert not np.array_equal(preview.frames, real)  # one step of several: a rougher picture
+            assert s.last_times.preview > 0 and "preview" in s.last_times.to_json()
+            events.clear()
+        return np.concatenate(out)
+
+    with _open(files, tmp_path, window=6, sink=3, tiny_vae=tiny_vae) as s:
+        s.callback = callback
+        played = play(s, KEYS)
+        assert steps == list(range(s.steps_per_chunk)) * len(KEYS)
+        s.rewind(2)  # a new decoder, warmed up on the frames before: its fork previews from there
+        assert np.array_equal(play(s, KEYS[2:]), played[21:])
+        actions = s.action_string()
+    window = ("--window", "6", "--sink", "3")
+    assert np.array_equal(played, _batch(demo_ckpt, tmp_path, actions, *window, "--tiny-vae", str(tiny_vae)))
+
+
+def test_a_session_decoding_with_the_vae_makes_no_preview(files, tmp_path):
+    previews = []
+    with _open(files, tmp_path) as s:
+        frames = [b for b in s.step("w-8", on_preview=previews.append)]
+        assert frames and not previews and "preview" not in s.last_times.to_json()

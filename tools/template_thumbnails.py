@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageOps
 
 from ..loaders.action_files import read_act_folder
 from ..loaders.camera_files import load_camera
-from ..nodes.example_inputs import shipped_files
+from ..nodes.adapters.example_inputs import shipped_files
 from ..wan.control.act_to_camera import keys_to_camera
 from ..wan.control.actions import KeyTimeline
 from ..wan.control.camera_presets import preset_camera

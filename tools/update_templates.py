@@ -61,7 +61,7 @@ def node_defs() -> dict:
     import logging
 
     from ..nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-    from ..nodes.workflow_convert import v1_node_info
+    from ..nodes.adapters.workflow_convert import v1_node_info
 
     logging.disable(logging.ERROR)  # outside ComfyUI the model lists are empty (and say so): only widgets matter here
     try:
@@ -71,7 +71,7 @@ def node_defs() -> dict:
 
 
 def widget_index(node_def: dict, name: str) -> int:
-    from ..nodes.workflow_convert import extra_values, widget_inputs
+    from ..nodes.adapters.workflow_convert import extra_values, widget_inputs
 
     pos = 0
     for widget, spec in widget_inputs(node_def):
@@ -91,7 +91,7 @@ def get_widget(node: dict, name: str, defs: dict):
 
 def fill_defaults(ui: dict, defs: dict) -> None:
     """Widgets the node declares after the saved values (added later) get their defaults."""
-    from ..nodes.workflow_convert import extra_values, widget_inputs
+    from ..nodes.adapters.workflow_convert import extra_values, widget_inputs
 
     for node in ui["nodes"]:
         if node["type"] not in defs:

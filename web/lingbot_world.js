@@ -1,4 +1,4 @@
-// LingBot-World frontend extension: acts on hints that nodes declare in their input options (nodes/ui_hints.py), so
+// LingBot-World frontend extension: acts on hints that nodes declare in their input options (nodes/adapters/ui_hints.py), so
 // any node of the pack gets the behaviour from one line in its INPUT_TYPES:
 //   lingbot_show_if: {widget: [values]}  the widget is shown only while each named widget holds one of the values
 //   lingbot_hide_if: {widget: [values]}  the widget is hidden while any named widget holds one of the values
@@ -7,7 +7,7 @@
 // It also sorts the pack's templates (demos first) and keeps the node text from breaking words apart.
 // Nothing here changes what a workflow stores or what the server receives. Works with the classic canvas and with
 // the Vue node renderer ("Nodes 2.0"), whose widgets also follow `widget.hidden` (current ComfyUI's own extensions
-// set it); there the conditional widgets are "advanced" ones too (nodes/ui_hints.py).
+// set it); there the conditional widgets are "advanced" ones too (nodes/adapters/ui_hints.py).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 

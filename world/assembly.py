@@ -17,7 +17,7 @@ FastSettings, caps a window or calls the memory planner itself.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -227,6 +227,13 @@ def model_loader(checked: Checked, settings: WorldSettings, device: torch.device
     return load
 
 
+def fit_speed(checked: Checked, speed):
+    """The speed plan for this model (speed.options.fit_to_model: a narrow model runs `--compile auto` eagerly)."""
+    from ..speed.options import fit_to_model
+
+    return fit_to_model(speed, checked.config)
+
+
 def speed_preparer(speed):
     """prepare_model for a session: the speed plan's compile / GEMM / attention choices put on the loaded model."""
     if speed is None:
@@ -258,6 +265,7 @@ def open_session(files: WorldFiles, settings: Optional[WorldSettings] = None, *,
     device = compute_device(device)
     check_weights_mode(settings.weights, device)
     checked = check(files, settings, device)
+    settings = replace(settings, speed=fit_speed(checked, settings.speed))
     height, width = planning_size(settings.size)
     probe = video_settings(checked, settings, device, height, width)
     plan, _ = plan_memory(checked, probe, device, settings, play=play, stream_decode="on",

@@ -132,6 +132,7 @@ class Continuation:
         flags, available = self.speed_flags, self._available
         self.speed = follow_started_compile(fast_compile_policy(available, flags, self.part.chunks), available, flags,
                                             self.started.compile)
+        self.speed = assembly.fit_speed(self.checked, self.speed)  # a narrow model runs --compile auto eagerly
         log_speed_plan(self.speed, self.log)
         self.settings = s = replace(self.settings, speed=self.speed)
         try:

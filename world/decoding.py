@@ -1,8 +1,10 @@
 """Decoding in a World session: the streaming decoder of the VAE or the tiny decoder, warmed up on the frames before
-a chunk, and the whole video decoded again from its latents (a mixin of WorldSession, world/session.py)."""
+a chunk, a played chunk's preview, and the whole video decoded again from its latents (a mixin of WorldSession,
+world/session.py)."""
 from __future__ import annotations
 
-from typing import Iterator
+import time
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -10,7 +12,7 @@ import torch
 from ..wan.vae.streaming import StreamingDecoder, context_latents
 from ..wan.vae.tiny import TinyStreamingDecoder, tiny_context_latents
 from .errors import WorldError
-from .frames import to_uint8
+from .frames import ChunkFrames, to_uint8
 
 
 class SessionDecoding:
@@ -56,6 +58,14 @@ class SessionDecoding:
                     self._decode(self.decoder, z[:, :, z.shape[2] - n:].to(self.device))
         return self.decoder
 
+    def _chunk_preview(self, decoder, chunk: int, first_frame: int,
+                       on_preview: Optional[Callable[[ChunkFrames], None]]) -> Optional["ChunkPreview"]:
+        """The step callback that previews one played chunk (None: no preview asked for, or the frames come from the
+        VAE, whose decode costs too much to make twice)."""
+        if on_preview is None or not isinstance(decoder, TinyStreamingDecoder):
+            return None
+        return ChunkPreview(self, decoder, chunk, first_frame, on_preview, self.callback)
+
     def _new_decoder(self):
         """The tiny decoder's streaming decoder, or the VAE's with the device's norm + SiLU (speed/vae_norm.py:
         fused on a CUDA GPU with Triton)."""
@@ -77,3 +87,32 @@ class SessionDecoding:
         if self.decoder is not None:
             self.decoder.close()
         self.decoder = None
+
+
+class ChunkPreview:
+    """A played chunk's run callback: after the chunk's first model call its x0 is decoded by a fork of the session's
+    tiny decoder and handed to `on_preview` as ChunkFrames(preview=True); then the session's own callback runs.
+
+    The fork starts from the decoder's memory and leaves the decoder where it was, so the chunk's real frames are
+    decoded exactly as without a preview; the preview's x0 is never written anywhere (the K/V cache, the latents and
+    every saved file hold the finished chunk only)."""
+
+    def __init__(self, session, decoder: TinyStreamingDecoder, chunk: int, first_frame: int,
+                 on_preview: Callable[[ChunkFrames], None], callback: Optional[Callable] = None):
+        self.session, self.decoder, self.chunk, self.first_frame = session, decoder, chunk, first_frame
+        self.on_preview, self.callback = on_preview, callback
+        self.seconds = 0.0  # the preview's decode (the chunk's run took this much longer)
+
+    def __call__(self, info) -> None:
+        if info.step == 0:
+            t = time.perf_counter()
+            fork = self.decoder.fork()
+            try:
+                with torch.inference_mode():
+                    frames = to_uint8(self.session._decode(fork, info.x0))
+            finally:
+                fork.close()
+            self.seconds += time.perf_counter() - t
+            self.on_preview(ChunkFrames(self.chunk, self.first_frame, frames, preview=True))
+        if self.callback is not None:
+            self.callback(info)

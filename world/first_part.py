@@ -142,6 +142,7 @@ class FirstPart:
         self.camera, self.frames = controls.camera_source(self.steering, self.steering.frames)
         self.part = part = plan_first_part(self.camera, self.frames, probe)
         self.speed = fast_speed_plan(self.request.speed, device, part.chunks, before_compiler_check=self._wait_imports)
+        self.speed = assembly.fit_speed(checked, self.speed)  # a narrow model runs --compile auto eagerly
         log_speed_plan(self.speed, self.log)
         self.settings = s = replace(s, speed=self.speed)
         self.video = assembly.video_settings(checked, s, device, self.height, self.width, keep=self.keep,

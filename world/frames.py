@@ -11,11 +11,14 @@ from .errors import WorldError
 
 @dataclass
 class ChunkFrames:
-    """Frames of the video as they are decoded: `frames` uint8 [n, H, W, 3], the first at `first_frame`."""
+    """Frames of the video as they are decoded: `frames` uint8 [n, H, W, 3], the first at `first_frame`. A preview
+    (`WorldSession.step(on_preview=...)`) is the chunk's frames as its first denoising step saw them: shown until the
+    real frames of the same numbers come, never part of the video."""
 
     chunk: int
     first_frame: int
     frames: np.ndarray
+    preview: bool = False
 
 
 class FixedCondition:
@@ -44,6 +47,10 @@ class ChunkTimes:
     dit: float = 0.0
     decode: float = 0.0
     total: float = 0.0
+    preview: float = 0.0  # decoding a played chunk's preview (inside the model's run, not counted in `dit`)
 
     def to_json(self) -> dict:
-        return {"dit": round(self.dit, 4), "decode": round(self.decode, 4), "total": round(self.total, 4)}
+        out = {"dit": round(self.dit, 4), "decode": round(self.decode, 4), "total": round(self.total, 4)}
+        if self.preview:
+            out["preview"] = round(self.preview, 4)
+        return out

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..wan.control.actions import KeyTimeline
+from ..wan.control.actions import KeyInputError, KeyTimeline
 
 
 class PlayedVideo:
@@ -19,6 +19,18 @@ class PlayedVideo:
         from .saving import save_session
 
         return save_session(self, prefix, write_video=write_video, state=state, fps=fps)
+
+    def _keys(self, keys, need: int) -> KeyTimeline:
+        """A step's keys (a KeyTimeline, an action string or None) as the `need` frames of keys its chunk takes."""
+        if keys is None:
+            return KeyTimeline.none(need)
+        if isinstance(keys, str):
+            keys = KeyTimeline.from_string(keys) if keys.strip() else KeyTimeline.none(need)
+        if not isinstance(keys, KeyTimeline):
+            raise KeyInputError(f"keys must be an action string or a KeyTimeline, got {type(keys).__name__}")
+        if keys.frames > need:
+            raise KeyInputError(f"{keys.frames} frames of keys for one chunk, which takes {need}; give at most {need}")
+        return keys.padded(need)
 
     def trajectory_picture(self, size: tuple[int, int] = (320, 320)):
         """A PIL picture of the camera path so far (top and side views), None before the first chunk."""

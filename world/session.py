@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
-from ..wan.control.actions import KeyInputError, KeyTimeline
+from ..wan.control.actions import KeyTimeline
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun
 from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
@@ -61,7 +61,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
 
     placement: where the model and cache live, as the door manages them: `plan` (a FastMemoryPlan whose layout may
     be replaced here), `make_cache(fill=None)` -> KVCache, `placement` (the CachePlacement made), `release_cache()`,
-    `close()`; the CLI's `memory.kv_placement.FastPlacement`, or ComfyUI's (nodes/fast_host.py).
+    `close()`; the CLI's `memory.kv_placement.FastPlacement`, or ComfyUI's (nodes/adapters/fast_host.py).
     load_model(): the model, loaded as the plan says (called once, when the first part needs it).
     prepare_model(model) -> model: speed options, a parallel layout (called once after the load).
     vae: a WanVAE on the device for streaming decode (None: the door decodes the latents itself).
@@ -230,7 +230,8 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
                  on_frames: Optional[Callable[[torch.Tensor], None]] = None, final_context: bool = True,
                  release_cache_after: bool = False,
                  on_done: Optional[Callable[[FastState], None]] = None, label: str = "",
-                 on_latent: Optional[Callable[[int, torch.Tensor], None]] = None) -> torch.Tensor:
+                 on_latent: Optional[Callable[[int, torch.Tensor], None]] = None,
+                 step_callback: Optional[Callable] = None) -> torch.Tensor:
         """Make every chunk of `part` (planned by `plan_part` from `source` and `frames`); returns its latent
         [1, 16, F, h, w] (normalised, on the device).
 
@@ -238,7 +239,8 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         final_context=False skips the last chunk's context pass (only a later part reads it; the latent is the
         same) -- then the video cannot be continued. release_cache_after: free the cache when its last chunk is done
         with it (the end of a batch run). on_done(state): called after the last chunk while the cache is still
-        there (saving a state file). on_latent(index, x0): each chunk's latent as it is done (previews)."""
+        there (saving a state file). on_latent(index, x0): each chunk's latent as it is done (previews).
+        step_callback: this part's callback after every model call, instead of `self.callback`."""
         with self.model_lock:  # one user of the model at a time (a door may share it between sessions)
             self._check_open()
             latent_start = self.state.latent_frames if self.parts else 0
@@ -265,7 +267,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
             t0 = time.perf_counter()
             film = self._film() if part.camera is not None else None
             run = start_part(model, part, self.settings, y, ctx, self.cache, self.state, device=self.device,
-                             final_context=final_context, callback=self.callback, on_chunk=on_chunk,
+                             final_context=final_context, callback=step_callback or self.callback, on_chunk=on_chunk,
                              cancel_check=self.cancel_check, film=film, **self._run_options())
             try:
                 with torch.inference_mode():
@@ -292,10 +294,17 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
             self.last_times = ChunkTimes(total - t_decode, t_decode, total)
             return latent
 
-    def step(self, keys: Union[KeyTimeline, str, None] = None) -> Iterator[ChunkFrames]:
+    def step(self, keys: Union[KeyTimeline, str, None] = None,
+             on_preview: Optional[Callable[[ChunkFrames], None]] = None) -> Iterator[ChunkFrames]:
         """One chunk steered by `keys` (a KeyTimeline, an action string, or None: no key pressed), yielding its
         frames latent frame by latent frame as they are decoded. Keys shorter than `keys_for_next_chunk()` are
-        padded with frames without keys."""
+        padded with frames without keys.
+
+        on_preview(ChunkFrames with preview=True): the whole chunk's frames as its first denoising step sees them,
+        called on this thread from inside the chunk's run right after its first model call, before any frame is
+        yielded. Only a session that decodes with a tiny decoder previews (a second VAE decode would cost more than
+        it saves: with the VAE on_preview is never called). The preview is decoded by a fork of the tiny decoder
+        and changes nothing else: the yielded frames, the cache and every saved file are the same without it."""
         with self.model_lock:  # held across the yields: the consumer decodes on this thread
             need = self.keys_for_next_chunk()
             timeline = self._keys(keys, need)
@@ -309,10 +318,12 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
             start_frame = self.frames
             chunk = self.chunks
             decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on it)
+            preview = self._chunk_preview(decoder, chunk, start_frame, on_preview)
             t0 = time.perf_counter()
             self._grow_ahead = True
-            self.run_part(part, source, frames)
-            t_dit = time.perf_counter() - t0
+            self.run_part(part, source, frames, step_callback=preview)
+            t_preview = preview.seconds if preview is not None else 0.0
+            t_dit = time.perf_counter() - t0 - t_preview
             latent = self.state.latents[-1]
             decoded = 0.0
             first = start_frame
@@ -321,20 +332,9 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
                 with torch.inference_mode():
                     frames_i = to_uint8(self._decode(decoder, latent[:, :, i:i + 1].to(self.device)))
                 decoded += time.perf_counter() - t
-                self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0)
+                self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0, t_preview)
                 yield ChunkFrames(chunk, first, frames_i)
                 first += frames_i.shape[0]
-
-    def _keys(self, keys, need: int) -> KeyTimeline:
-        if keys is None:
-            return KeyTimeline.none(need)
-        if isinstance(keys, str):
-            keys = KeyTimeline.from_string(keys) if keys.strip() else KeyTimeline.none(need)
-        if not isinstance(keys, KeyTimeline):
-            raise KeyInputError(f"keys must be an action string or a KeyTimeline, got {type(keys).__name__}")
-        if keys.frames > need:
-            raise KeyInputError(f"{keys.frames} frames of keys for one chunk, which takes {need}; give at most {need}")
-        return keys.padded(need)
 
     def _run_options(self) -> dict:
         return self.speed.fast_run_options(self.settings.recipe) if self.speed is not None else {}

@@ -1,10 +1,12 @@
 // LingBot-World player page: plays chunks at 16 fps as they arrive, samples the keys once per video frame (keys.js),
 // asks for the next chunk as soon as the server is free (the keys sampled since the last request are its key
 // timeline), and drives the server's one world session over a WebSocket (protocol: player/routes.py; frames:
-// player/frames.py).
+// player/frames.py). A chunk's preview, where the server sends one, is shown marked until its real frames come
+// (screen.js).
 "use strict";
 (() => {
   const { FRAME_MS, KEYS, foldTo, actionString, takeKeys, asksNow, frameClock } = window.lingbotKeys;
+  const { header, placeReal, screenReport, HEADER_BYTES } = window.lingbotScreen;
   const TOKEN = document.body.dataset.token;
   const $ = (id) => document.getElementById(id);
   const screen = $("screen");
@@ -14,7 +16,9 @@
   const P = {
     state: null, running: false, paused: true, inFlight: false, discard: false,
     need: 0, pending: [], sent: [], shown: 0, shownChunk: 0, chunkEnds: [],
-    requests: {}, // chunk -> {sentAt, arrivedAt, keyChange}: the page's clock for a chunk until it is on screen
+    requests: {}, // chunk -> its clock until its real frames are on screen (screen.js screenReport)
+    onScreen: null, // {chunk, frame, preview} of the frame drawn last
+    previewFrames: 0, // preview frames received
     lead: Infinity, // seconds from a request to its first frame, as last measured (the server's latency)
     notes: [], errors: [], saved: null, render: null, busy: false, connected: false,
     timings: {}, timingSummary: null, // chunk -> its latest row (both clocks: player/timings.py)
@@ -62,18 +66,22 @@
   }
   function fmt(s) { return s == null ? "-" : `${Number(s).toFixed(2)} s`; }
   function resetStats() { // a new video: no number of the last one stays on screen
-    for (const id of ["s-chunk-time", "s-first", "s-key", "s-key-median", "s-fps"]) $(id).textContent = "-";
+    for (const id of ["s-chunk-time", "s-first", "s-key", "s-key-median", "s-key-preview", "s-fps"]) {
+      $(id).textContent = "-";
+    }
     P.timings = {}; P.timingSummary = null; P.lastServerFirst = null; P.chunkEnds = []; P.sent = [];
     shownTimes.length = 0;
   }
 
   // ---- display ----
-  function draw(bmp) {
+  function draw(bmp, item) {
     if (!bmp) return;
     if (screen.width !== bmp.width || screen.height !== bmp.height) {
       screen.width = bmp.width; screen.height = bmp.height;
     }
     ctx.drawImage(bmp, 0, 0);
+    P.onScreen = item ? { chunk: item.chunk, frame: item.frame, preview: item.preview } : null;
+    $("preview-badge").hidden = !(item && item.preview);
   }
   function showKeys() {
     const on = new Set([...held, ...latched]);
@@ -107,11 +115,10 @@
       for (let n = 0; n < due && queue.length; n += 1) {
         last = queue.shift();
         P.shown += 1;
-        P.shownChunk = last.chunk;
         shownTimes.push(now);
-        reportShown(last.chunk, now);
+        onScreen(last, now);
       }
-      if (last) draw(last.bmp);
+      if (last) draw(last.bmp, last);
       if (!P.discard) {
         for (let n = 0; n < due; n += 1) sample(now);
         trySend();
@@ -136,7 +143,7 @@
     foldTo(P.pending, MAX_PENDING);
   }
 
-  P.policy = { takeKeys, asksNow, frameClock }; // for the page's tests
+  P.policy = { takeKeys, asksNow, frameClock, placeReal, screenReport }; // for the page's tests
 
   function trySend() {
     if (!P.running || P.paused || P.inFlight || P.discard) return;
@@ -153,18 +160,14 @@
     send({ op: "step", keys });
   }
 
-  function reportShown(chunk, now) {
-    const r = P.requests[chunk];
-    if (!r) return; // the page's clock runs once per chunk: from its request to its first frame on screen
-    delete P.requests[chunk];
-    const arrived = r.arrivedAt || now;
-    $("s-first").textContent = `${fmt((arrived - r.sentAt) / 1000)} (server ${fmt(P.lastServerFirst)})`;
-    const report = {
-      op: "timing", chunk, request_to_arrival_s: (arrived - r.sentAt) / 1000,
-      request_to_screen_s: (now - r.sentAt) / 1000, fps: shownTimes.length > 1 ? shownTimes.length / 2 : null,
-      key_to_screen_s: r.keyChange ? (now - r.keyChange) / 1000 : null,
-    };
-    if (r.keyChange) $("s-key").textContent = fmt(report.key_to_screen_s);
+  function onScreen(item, now) { // a frame reached the screen: the page's clock (screen.js) reports it
+    if (!item.preview) P.shownChunk = item.chunk;
+    const report = screenReport(P.requests, item, now, shownTimes.length > 1 ? shownTimes.length / 2 : null);
+    if (!report) return;
+    if (!item.preview) {
+      $("s-first").textContent = `${fmt(report.request_to_arrival_s)} (server ${fmt(P.lastServerFirst)})`;
+      if (report.key_to_screen_s !== null) $("s-key").textContent = fmt(report.key_to_screen_s);
+    }
     send(report); // the server keeps the page's clock beside its own (player/timings.py)
   }
 
@@ -182,30 +185,36 @@
     P.inFlight = false;
     lastSample = null; keyChangeAt = 0;
     frames.start(performance.now());
-    if (frame) draw(frame);
+    if (frame) draw(frame, { chunk: state.chunks, frame: state.frames - 1, preview: false });
     showState();
   }
 
   // ---- socket ----
   function onFrame(buf) {
-    const view = new DataView(buf);
-    const chunk = view.getUint32(0), frame = view.getUint32(4);
-    const blob = new Blob([buf.slice(8)], { type: "image/jpeg" });
+    const { chunk, frame, preview } = header(buf);
+    const blob = new Blob([buf.slice(HEADER_BYTES)], { type: "image/jpeg" });
     const myEpoch = epoch;
     const r = P.requests[chunk];
-    if (r && !r.arrivedAt) {
+    if (preview) {
+      P.previewFrames += 1;
+      if (r && r.previewAt === undefined) r.previewAt = performance.now();
+    } else if (r && !r.arrivedAt) { // the lead (when to ask) follows the real frames: previews only fill gaps
       r.arrivedAt = performance.now();
       P.lead = (r.arrivedAt - r.sentAt) / 1000;
     }
     decodeChain = decodeChain.then(() => createImageBitmap(blob)).then((bmp) => {
-      boundary[chunk] = bmp;
+      if (!preview) boundary[chunk] = bmp;
       if (myEpoch !== epoch || P.discard) return;
+      const item = { chunk, frame, bmp, preview };
       if (chunk === 0 || P.pendingStill) { // the start image, or the last frame shown to a tab that reconnects
         P.pendingStill = false;
-        draw(bmp);
-        return;
+        draw(bmp, item);
+      } else if (preview) {
+        queue.push(item);
+      } else if (placeReal(queue, P.onScreen, item) === "redraw") {
+        draw(bmp, item);
+        onScreen(item, performance.now());
       }
-      queue.push({ chunk, frame, bmp });
     }).catch((e) => note(`a frame could not be decoded: ${e}`, true));
   }
 
@@ -275,6 +284,8 @@
         P.timingSummary = m.summary;
         const k = m.summary.key_to_screen_s;
         if (k) $("s-key-median").textContent = `${fmt(k.median)} (p90 ${fmt(k.p90)}, ${k.n} changes)`;
+        const kp = m.summary.key_to_preview_s;
+        if (kp) $("s-key-preview").textContent = `${fmt(kp.median)} median (p90 ${fmt(kp.p90)})`;
         break;
       }
       case "note":

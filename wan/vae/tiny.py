@@ -167,6 +167,15 @@ class TinyStreamingDecoder:
                 out.append(frames.float().mul_(2).sub_(1))
         return torch.cat(out, 1).transpose(1, 2)
 
+    def fork(self) -> "TinyStreamingDecoder":
+        """A decoder that goes on from where this one is, leaving this one as it is (a preview of frames that may be
+        replaced). The memory dict is copied shallowly: `TinyDecoder.frame` only ever assigns its entries anew, never
+        writes into the tensors, so the two decoders share what they had and part ways from there."""
+        twin = TinyStreamingDecoder(self.model)
+        twin.memory = dict(self.memory)
+        twin.latent_frames, twin.shape = self.latent_frames, self.shape
+        return twin
+
     def close(self) -> None:
         self.memory.clear()
 

@@ -1,0 +1,104 @@
+"""LingBot Speed Options: a speed preset, or compile, GEMM precision and attention kernel for the experts, checked
+against the GPU when the node runs (before any expert loads) and applied by the Expert Loader's experts on every
+load. The preset's chunk levers (draft) travel on the plan to the Fast model's chunk loop."""
+from __future__ import annotations
+
+import logging
+
+from ..speed.options import (
+    ATTENTION_CHOICES,
+    COMPILE_CHOICES,
+    COMPUTE_CHOICES,
+    DEFAULTS,
+    SpeedOptionError,
+    SpeedOptions,
+    SpeedPlan,
+    resolve_speed,
+)
+from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS, attach_preset, preset_options
+from .adapters.payloads import CATEGORY, SPEED
+from .adapters.progress import show_on_node
+
+log = logging.getLogger(__name__)
+
+CUSTOM = "custom"  # the speed widget's value that leaves the three widgets in charge
+SPEED_CHOICES = (CUSTOM,) + PRESET_NAMES
+FROM_PRESET = "from preset"  # the chunk_steps widget's value that keeps the preset's steps (draft 3, else 4)
+CHUNK_STEP_WIDGET = (FROM_PRESET,) + tuple(str(n) for n in CHUNK_STEP_CHOICES)
+
+
+def plan_speed(options: SpeedOptions, weights: str = "nf4", preset: str | None = None,
+               chunk_steps: int | None = None) -> SpeedPlan:
+    """Resolve options for ComfyUI's torch device (a preset's chunk levers, and chunk_steps over its step count,
+    recorded on the plan); an explicit choice the GPU cannot run raises one line."""
+    import comfy.model_management as mm
+
+    try:
+        plan = attach_preset(resolve_speed(options, mm.get_torch_device(), weights=weights), preset, chunk_steps)
+    except SpeedOptionError as e:
+        raise ValueError(f"LingBot Speed Options: {e}") from None
+    for note in plan.notes:
+        log.info("LingBot-World speed: %s", note)
+    log.info("LingBot-World speed: %s", plan.summary())
+    return plan
+
+
+class LingBotSpeedOptions:
+    """Speed settings for LingBot Expert Loader (without this node: compile auto, compute bf16, attention auto)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "compile": (list(COMPILE_CHOICES), {"default": DEFAULTS["compile"], "tooltip": (
+                    "torch.compile of the DiT's per-token work (norms, modulation, RoPE, gated residuals). auto: on "
+                    "when the GPU has Triton. The first run compiles (about a minute, shown in the log); later runs "
+                    "load the kernels from ~/.cache/lingbot-world/inductor. Same results to bf16 rounding.")}),
+                "compute": (list(COMPUTE_CHOICES), {"default": DEFAULTS["compute"], "tooltip": (
+                    "Precision of the big matrix multiplies. bf16: exact (the reference's). fp8: RTX 40xx / Ada, "
+                    "Hopper and newer, faster, slightly different output. int8: Ampere (RTX 30xx) and newer, "
+                    "faster, slightly different output. fp16acc: fp16 multiplies with fp16 accumulation, 2x on RTX "
+                    "cards, slightly different output. auto: the fastest the card has.")}),
+                "attention": (list(ATTENTION_CHOICES), {"default": DEFAULTS["attention"], "tooltip": (
+                    "auto / sdpa: torch's attention with the fastest exact kernel for the GPU (cuDNN on H100, "
+                    "FlashAttention-2 on RTX cards). sage: SageAttention (installed separately; approximate, faster "
+                    "on RTX 30xx/40xx; checked against sdpa on the first call). flash: the flash-attn package. fp8: "
+                    "cuDNN FP8 attention for the video tokens (H100 and newer, pip install nvidia-cudnn-frontend; "
+                    "approximate, ~1.6x faster attention); auto picks it when compute is fp8 on such a GPU. cudnn: "
+                    "exact, through the same package, with cuDNN's fastest plan for each shape.")}),
+            },
+            "optional": {
+                "speed": (list(SPEED_CHOICES), {"default": CUSTOM, "tooltip": (
+                    "A speed preset; anything but custom replaces the three settings above. "
+                    + " ".join(f"{name}: {PRESETS[name].summary}." for name in PRESET_NAMES)
+                    + " The draft levers apply to the Fast model's chunks.")}),
+                "chunk_steps": (list(CHUNK_STEP_WIDGET), {"default": FROM_PRESET, "tooltip": (
+                    "Fast model only: denoising calls per 12-frame chunk. from preset: 3 with draft, else 4 (the "
+                    "release's). 2: about a quarter faster than draft's 3 on an H100, rougher; for play on "
+                    "slower cards.")}),
+            },
+        }
+
+    RETURN_TYPES = (SPEED,)
+    RETURN_NAMES = ("speed",)
+    OUTPUT_TOOLTIPS = ("Speed settings; connect to LingBot Expert Loader's speed input",)
+    FUNCTION = "choose"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Chooses torch.compile, FP8/INT8 matrix multiplies and the attention kernel for the LingBot-World "
+                   "experts; refuses a choice this GPU cannot run before anything loads.")
+
+    def choose(self, compile: str = DEFAULTS["compile"], compute: str = DEFAULTS["compute"],
+               attention: str = DEFAULTS["attention"], speed: str = CUSTOM, chunk_steps: str = FROM_PRESET):
+        if str(chunk_steps) not in CHUNK_STEP_WIDGET:
+            raise ValueError(f"LingBot Speed Options: chunk_steps={chunk_steps!r}; choose one of "
+                             f"{', '.join(CHUNK_STEP_WIDGET)}")
+        steps = None if str(chunk_steps) == FROM_PRESET else int(chunk_steps)
+        if speed == CUSTOM:
+            plan = plan_speed(SpeedOptions(compile, compute, attention), chunk_steps=steps)
+        elif speed in PRESETS:
+            plan = plan_speed(preset_options(speed), preset=speed, chunk_steps=steps)
+        else:
+            raise ValueError(f"LingBot Speed Options: speed={speed!r} is not a preset; choose one of "
+                             f"{', '.join(SPEED_CHOICES)}")
+        show_on_node("\n".join([plan.summary()] + list(plan.notes)))  # what auto picked on this GPU, and why
+        return (plan,)
