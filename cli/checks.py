@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ..wan.sizes import MAX_FRAMES, VAE_TEMPORAL_STRIDE, check_frames, max_area_for
+from ..world.sizes import MAX_FRAMES, MAX_LATENT_FRAMES, check_frames, max_area_for
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA
 FPS_MAX = 240
 TIMEOUT_MAX_S = 30 * 24 * 3600.0  # 30 days: beyond it a timeout means "none" (and overflows datetime.timedelta)
 INT32_MAX = 2**31 - 1
-MAX_LATENT_FRAMES = (MAX_FRAMES - 1) // VAE_TEMPORAL_STRIDE + 1
 
 
 @dataclass(frozen=True)

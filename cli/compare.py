@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..speed.options import ATTENTION_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES
-from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES
+from ..world.speed import ATTENTION_CHOICES, CHUNK_STEP_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES, PRESET_NAMES
 from .errors import UsageError
 from .requests import DEFAULT_CHUNKS, CompareRequest
 
@@ -247,16 +246,15 @@ def _check_tiny_vae(specs: list[PresetSpec], path) -> None:
 
 def _variants(specs: list[PresetSpec], request: CompareRequest, device) -> list:
     """Each spec's speed plan on this device (a choice it cannot run: one line naming the preset)."""
-    from ..speed.options import DEFAULTS
     from ..world.compare import Variant
-    from ..speed.plans import FAST_COMPILE_MIN_CHUNKS, SpeedFlags, fast_speed_plan
+    from ..world.speed import DEFAULTS, SpeedFlags, played_speed_plan
 
     out = []
     for spec in specs:
         flags = dict(spec.flags)
         given = SpeedFlags.given(spec.preset, {**DEFAULTS, **flags}, tuple(flags), request.weights, spec.steps)
         try:  # the presets as they are played: --compile auto compiles where the compiler runs
-            plan = fast_speed_plan(given, device, FAST_COMPILE_MIN_CHUNKS)
+            plan = played_speed_plan(given, device)
         except ValueError as e:
             raise UsageError(f"--preset {spec.label}: {e}") from None
         out.append(Variant(spec.label, plan, Path(request.tiny_vae).expanduser().resolve() if spec.tiny_vae else None))

@@ -12,10 +12,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from ..memory.camera_cache import CAMERA_CACHE_CHOICES
-from ..wan.control.camera import DEFAULT_POSE_PRECISION, POSE_PRECISIONS
-from ..wan.sampling.fast_state import FAST_MODES
-from ..wan.sampling.sampler import CFG_MODES
+from ..world.settings import CAMERA_CACHE_CHOICES, CFG_MODES, DEFAULT_POSE_PRECISION, FAST_MODES, POSE_PRECISIONS
 from . import parallel_flags
 from .outputs import PICTURE_NEXT_TO_VIDEO
 from .progress import cli_logging

@@ -59,7 +59,7 @@ def _generate(request: GenerateRequest, session, stats: RunStats) -> int:
 def preflight(request: GenerateRequest, session):
     """Every check, in order; returns (the checked world, the video's target). Builds the demo checkpoint when
     --demo asks for it."""
-    from ..speed.plans import log_speed_plan, speed_plan
+    from ..world.speed import log_speed_plan, speed_plan
     from ..world.base import BaseWorld
     from ..world.settings import BaseSettings, ExpertLora, ModelSource, Steering, VideoRequest
 

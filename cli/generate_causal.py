@@ -294,7 +294,7 @@ def run_part(world, part, source, frames, *, fps: int, quiet: bool, target, stat
              on_done: Optional[Callable] = None, keep_cache: bool = True, label: str = "") -> tuple:
     """A part through the World session with the CLI's progress line and (streaming, at `fps`) video writer; returns
     (latent, written path or None when the video is decoded afterwards). Ctrl-C keeps the frames decoded so far."""
-    from ..wan.sampling.sampler import Cancelled
+    from ..world.errors import Cancelled
 
     writer: Optional[VideoWriter] = VideoWriter(target, fps) if stream else None
     steps = world.steps_per_chunk

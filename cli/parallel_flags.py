@@ -15,8 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..parallel.group import DEFAULT_TIMEOUT_S, LaunchError, Session, env_world_size, launched_by_torchrun
-from ..parallel.layout import MODES, plan_layout
+from ..world import launch
+from ..world.launch import DEFAULT_TIMEOUT_S, LAYOUTS, Session
 from .errors import USAGE_ERRORS, UsageError
 
 
@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
     g = p.add_argument_group(
         "several GPUs (README 'Several GPUs')",
         "Start one process per GPU with torchrun: torchrun --nproc_per_node=2 -m lingbot_world.cli generate ...")
-    g.add_argument("--parallel", choices=MODES, default="auto",
+    g.add_argument("--parallel", choices=LAYOUTS, default="auto",
                    help="how the processes torchrun started share the work: cfg (the two guidance passes on two "
                         "GPUs; base model), ulysses (every forward's tokens split over the GPUs; base and Fast), "
                         "auto (cfg for the base model with guidance, ulysses otherwise; 4+ GPUs: cfg x ulysses), "
@@ -55,21 +55,16 @@ class _RankPrefix(logging.Filter):
 
 
 def start(flags: ParallelFlags, log: logging.Logger) -> Session:
-    """The session of this process: `Session.single()` without torchrun, else joined to the others (the session
+    """The session of this process (world/launch.py: alone without torchrun, else joined to the others; the session
     holds this rank's device, which the caller's request takes: GenerateRequest.on_rank). Raises UsageError (every
-    rank the same) for a launch that cannot work."""
-    if not launched_by_torchrun():
-        if flags.mode in ("cfg", "ulysses"):
-            plan_layout(flags.mode, 1, 1)  # raises: needs several processes
-        return Session.single()
-    if flags.mode == "off":
-        plan_layout("off", 2, 1)  # raises with the explanation
-    kind = _device_kind(flags.device)
+    rank the same) for a launch that cannot work; the other ranks then log warnings only, prefixed with their rank."""
     try:
-        session = Session.start(kind, flags.timeout_s)
-        session.usage_errors = USAGE_ERRORS
-    except LaunchError as e:
+        session = launch.start(flags.mode, flags.timeout_s, lambda: _device_kind(flags.device))
+    except (launch.LaunchError, ValueError) as e:
         raise UsageError(str(e)) from None
+    if not launch.launched_by_torchrun():
+        return session
+    session.usage_errors = USAGE_ERRORS
     if not session.is_main:
         root = logging.getLogger()
         root.setLevel(logging.WARNING)
@@ -80,19 +75,9 @@ def start(flags: ParallelFlags, log: logging.Logger) -> Session:
 
 
 def refuse_layout_alone(mode: str, heads: Callable[[], Optional[int]], model: str, guidance: bool) -> None:
-    """A layout that cannot work (e.g. 4 heads over 3 ranks) refused BEFORE the processes join: every rank reaches
-    the verdict from its own flags and the model's head count, so no rank waits for another and no process group
-    exists to tear down. (Refused after joining, right behind the pre-flight's last collective, a rank leaving the
-    group could close its connections while gloo on another rank still finished that collective's last transfer,
-    which aborted that process.) heads(): the model's head count, None when it is not known without building or
-    loading anything (then the pre-flight decides, after joining)."""
-    if not launched_by_torchrun():
-        return
-    count = heads()
-    if count is None:
-        return
+    """--parallel's layout refused before the processes join (world/launch.refuse_layout_alone says why)."""
     try:
-        plan_layout(mode, env_world_size(), count, model=model, guidance=guidance)
+        launch.refuse_layout_alone(mode, heads, model, guidance)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

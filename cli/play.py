@@ -105,7 +105,7 @@ def _run(request: PlayRequest) -> int:
     from ..player.loading import LoadingServer
     from ..player.options import PlayerOptions
     from ..player.standalone import bind, host_check, page_url, serve
-    from ..speed.plans import FAST_COMPILE_MIN_CHUNKS, fast_speed_plan, log_speed_plan
+    from ..world.speed import log_speed_plan, played_speed_plan
     from ..world.assembly import check_start_image, check_tiny_vae
     from .checks import check_cache_dir, check_size, noise_source, resolve_device
 
@@ -136,7 +136,7 @@ def _run(request: PlayRequest) -> int:
     if request.tiny_vae is not None:
         check_tiny_vae(request.tiny_vae, "--tiny-vae")
     noise = noise_source(request.noise, device)
-    speed = fast_speed_plan(request.speed_flags, device, FAST_COMPILE_MIN_CHUNKS)  # a played video is long: compile pays off
+    speed = played_speed_plan(request.speed_flags, device)  # a played video is long: compile pays off
     if image is not None:
         image = check_start_image(image)  # unreadable or not a picture: one line now
     out_dir = _out_dir(request.out_dir)

@@ -13,12 +13,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from ..parallel.group import DEFAULT_TIMEOUT_S
 from ..player.options import DEFAULT_PORT, LOCAL_HOST
-from ..speed.options import ATTENTION_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES, DEFAULTS as SPEED_DEFAULTS
-from ..speed.plans import SpeedFlags
-from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES
+from ..world.launch import DEFAULT_TIMEOUT_S
 from ..world.settings import DEFAULT_POSE_PRECISION
+from ..world.speed import (ATTENTION_CHOICES, CHUNK_STEP_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES, PRESET_NAMES,
+                           DEFAULTS as SPEED_DEFAULTS, SpeedFlags)
 
 if TYPE_CHECKING:
     from ..world.settings import TextSettings

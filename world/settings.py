@@ -6,7 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from ..wan.control.camera import DEFAULT_POSE_PRECISION
+# The values a door may offer for a setting (a flag's choices, a widget's combo), from the layer that owns each.
+from ..memory.camera_cache import CAMERA_CACHE_CHOICES  # BaseSettings.camera_cache
+from ..memory.kv_placement import CACHE_PLACEMENTS  # WorldSettings.kv_cache
+from ..quant.lowp_kinds import LOWP_WEIGHTS  # the stored low-precision weights among `weights`
+from ..wan.control.camera import DEFAULT_POSE_PRECISION, POSE_PRECISIONS  # precision
+from ..wan.sampling.fast_state import FAST_MODES  # WorldSettings.rule
+from ..wan.sampling.sampler import CFG_MODES  # BaseSettings.cfg_mode
+
+__all__ = ["BaseSettings", "CACHE_PLACEMENTS", "CAMERA_CACHE_CHOICES", "CFG_MODES", "DEFAULT_POSE_PRECISION",
+           "ExpertLora", "FAST_MODES", "LOWP_WEIGHTS", "MODEL_DEFAULT", "ModelSource", "POSE_PRECISIONS", "Steering",
+           "TextSettings", "VideoRequest", "WorldSettings"]
 
 
 @dataclass(frozen=True)
