@@ -93,7 +93,7 @@ class LingBotExpertLoader:
              blocks_on_gpu: int = -1, speed=None):
         import comfy.model_management as mm
 
-        from ..speed.options import SpeedOptions
+        from ..world.speed import SpeedOptions
         from .adapters.patchers import ExpertContainer, ExpertPatcher
         from .speed import plan_speed
 

@@ -24,12 +24,11 @@ from typing import Optional
 import torch
 
 from ..memory.kv_park import ParkedKVError
-from ..memory.kv_placement import CACHE_PLACEMENTS
-from ..wan.control.camera import usable_frames
-from ..wan.sampling.fast_state import FAST_MODES, plan_first_part, plan_next_part
+from ..wan.sampling.fast_state import plan_first_part, plan_next_part
 from ..world import assembly
+from ..world.cameras import usable_frames
 from ..world.session import FixedCondition
-from ..world.settings import MODEL_DEFAULT, WorldSettings
+from ..world.settings import CACHE_PLACEMENTS, FAST_MODES, MODEL_DEFAULT, WorldSettings
 from .adapters import comfy_paths, host_memory, model_check
 from .adapters.expert_weights import ExpertWeights
 from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text,

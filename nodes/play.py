@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..memory.kv_placement import RAM_MARGIN
-from ..memory.placement import _gb, available_ram_bytes
+from ..world.machine import RAM_MARGIN, available_ram_bytes, gb
 from ..world.settings import MODEL_DEFAULT
 from .adapters.comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
 from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track,
@@ -161,8 +160,8 @@ def _played(session, keep: bool):
         window = session.settings.window
         fix = ("set window (21 with sink 3 keeps it bounded)" if window is None
                else f"lower window ({window} latent frames kept)")
-        raise MemoryError(f"LingBot Play: its state output would copy the video's K/V cache ({_gb(need)}) into RAM but "
-                          f"{_gb(free)} is free (keeping {_gb(RAM_MARGIN)}): {fix}, which starts a new session, or "
+        raise MemoryError(f"LingBot Play: its state output would copy the video's K/V cache ({gb(need)}) into RAM but "
+                          f"{gb(free)} is free (keeping {gb(RAM_MARGIN)}): {fix}, which starts a new session, or "
                           "disconnect the state output")
     return actions, session.snapshot()
 
@@ -175,8 +174,9 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     from ..player.driver import SessionDriver
     from ..player.options import PlayerOptions
     from ..player.routes import Player
-    from ..wan.control.actions import KeyTimeline
-    from ..wan.sampling.fast_state import CameraSource, plan_first_part
+    from ..wan.sampling.fast_state import plan_first_part
+    from ..world.controls import CameraSource
+    from ..world.keys import KeyTimeline
     from .adapters.progress import show_on_node
 
     if i2v.vae is None or i2v.image is None:

@@ -18,9 +18,18 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..wan.control.act_control import act_condition
 from ..wan.control.control_kind import ACT, CAMERA, check_control
 from ..wan.sampling.fast_state import CameraSource
+from .cameras import camera_condition
 from .settings import Steering
+
+# What a door that holds its own camera or keys (a ComfyUI node's inputs) builds a base model's control with: the
+# model's control kinds and their check, the Act tensor, the Plücker tensor; a causal part's CameraSource.
+__all__ = ["ACT", "CAMERA", "BaseControl", "CameraSource", "PathPicture", "act_condition", "base_control",
+           "base_kind", "camera_condition", "camera_path", "camera_source", "check_actions", "check_control",
+           "control_label", "input_file", "model_kind", "part_picture", "read_keys", "requested_frames",
+           "sets_its_length", "short", "trajectory_picture"]
 
 DEFAULT_STEPS = {CAMERA: 70, ACT: 20}  # Act: the release's README runs 20 steps
 DEFAULT_FRAMES = 81  # the release's default, and what key files are cut to (the release reads keys[:frame_num])
@@ -103,15 +112,14 @@ def camera_path(spec: str, frames: int, speed: float):
     ('+'-combinations allowed). Zoom lives in the intrinsics, so zoom presets follow them per frame (as the camera
     preset node does)."""
     from ..loaders.action_files import path_exists
-    from ..loaders.camera_files import CameraFileNotFoundError, load_camera
-    from ..wan.control.camera_presets import PRESETS, parse_preset, preset_camera
+    from .cameras import CameraFileNotFoundError, load_camera, preset_path
 
     if path_exists(spec):
         return load_camera(Path(spec).expanduser()), False
     if _names_a_path(spec):  # a typo in a folder's name is not an unknown preset
         raise CameraFileNotFoundError(f"--camera {spec}: no such folder; give a trajectory folder holding "
                                       f"poses.npy and intrinsics.npy, or a preset such as dolly_in")
-    return preset_camera(spec, frames=frames, speed=speed), any(PRESETS[n].zoom for n in parse_preset(spec))
+    return preset_path(spec, frames, speed)
 
 
 def _names_a_path(spec: str) -> bool:
@@ -188,8 +196,6 @@ def base_control(steering: Steering, precision: str, kind: str, frames: int, hei
                  log: logging.Logger) -> BaseControl:
     """The control of a base video: a trajectory or preset (Plücker), or keys (a camera path for Cam, the 7-channel
     tensor for Act); `frames` the video's frames without keys."""
-    from ..wan.control.camera import camera_condition
-
     if steering.actions:
         return _key_control(steering.actions, steering.frames, precision, kind, height, width, log)
     spec = steering.camera
@@ -205,11 +211,8 @@ def base_control(steering: Steering, precision: str, kind: str, frames: int, hei
 def _key_control(spec: str, frames: Optional[int], precision: str, kind: str, height: int, width: int,
                  log: logging.Logger) -> BaseControl:
     """Keys `spec` (`frames`: the frames asked for): the Plücker tensor (Cam) or the Act tensor."""
-    from ..loaders.action_files import has_act_files, read_act_folder, read_key_source
-    from ..wan.control.act_control import act_condition
-    from ..wan.control.act_to_camera import keys_to_camera
-    from ..wan.control.actions import keys_for_video
-    from ..wan.control.camera import camera_condition
+    from ..loaders.action_files import read_key_source
+    from .keys import KeyTimeline, has_act_files, keys_for_video, keys_to_camera, read_act_folder
 
     if kind == ACT and has_act_files(Path(spec).expanduser()):
         act = read_act_folder(spec)
@@ -217,8 +220,6 @@ def _key_control(spec: str, frames: Optional[int], precision: str, kind: str, he
                              frames or DEFAULT_FRAMES, precision=precision, actions_name=f"{spec}/action.npy")
         if cond.message:
             log.warning("actions: %s", cond.message)
-        from ..wan.control.actions import KeyTimeline
-
         keys = KeyTimeline.from_arrays(wasd=act.actions[:cond.frames])  # the W/A/S/D channels as a timeline
         line = f"actions: {spec} (action.npy + poses.npy) -> {cond.frames} frames, {cond.latent_frames} latent"
         return BaseControl(cond.tensor, cond.frames, line=line, picture=PathPicture(
@@ -249,7 +250,7 @@ def _key_control(spec: str, frames: Optional[int], precision: str, kind: str, he
 # ---- pictures ----------------------------------------------------------------------------------------------------
 def trajectory_picture(picture: PathPicture):
     """The path drawn (a PIL image), with the key timeline under it for keys."""
-    from ..wan.control.trajectory_plot import plot_trajectory
+    from .cameras import plot_trajectory
 
     return plot_trajectory(picture.poses, picture.intrinsics, title=picture.title, keys=picture.keys)
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 
 from ..speed.options import (ATTENTION_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES, DEFAULTS, SpeedOptionError,
-                             SpeedPlan, apply_speed)
+                             SpeedOptions, SpeedPlan, apply_speed)
 from ..speed.plans import FAST_COMPILE_MIN_CHUNKS, SpeedFlags, fast_speed_plan, log_speed_plan, speed_plan
-from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS
+from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS, preset_options
 
 __all__ = ["ATTENTION_CHOICES", "CHUNK_STEP_CHOICES", "COMPILE_CHOICES", "COMPUTE_CHOICES", "DEFAULTS", "PRESETS",
-           "PRESET_NAMES", "SpeedFlags", "SpeedOptionError", "SpeedPlan", "apply_speed", "log_speed_plan",
-           "played_speed_plan", "speed_plan"]
+           "PRESET_NAMES", "SpeedFlags", "SpeedOptionError", "SpeedOptions", "SpeedPlan", "apply_speed",
+           "log_speed_plan", "played_speed_plan", "preset_options", "speed_plan"]
 
 
 def played_speed_plan(flags: SpeedFlags, device: torch.device) -> SpeedPlan:

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ...memory.block_swap import BlockSwapper, streamed_block_keys
-from ...quant.lowp_kinds import LOWP_WEIGHTS
+from ...world.settings import LOWP_WEIGHTS
 from ...loaders.expert_format import ExpertFormat
 from ...loaders.expert_loader import load_expert
 from ...quant.nf4 import default_compute_dtype
@@ -102,7 +102,7 @@ class ExpertWeights:
             model = load_expert(self.fmt, device, self.mode, progress=self.progress)
             self.loads_from_disk += 1
         if self.speed is not None:
-            from ...speed.options import apply_speed
+            from ...world.speed import apply_speed
 
             apply_speed(model, self.speed)
         return model

@@ -17,11 +17,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from ...memory.kv_placement import FastMemoryError, place_kv_cache
-from ...memory.placement import _gb
+from ...world.machine import gb
 from ...speed.levers import plan_levers
-from ...wan.sampling.fast_state import CameraSource, FastSettings
-from ...wan.sampling.sampler import Cancelled
+from ...wan.sampling.fast_state import FastSettings
 from ...world import assembly
+from ...world.controls import CameraSource
+from ...world.errors import Cancelled
 from ...world.session import WorldSession
 from ...world.settings import WorldSettings
 from .memory import vram_comfy_can_free
@@ -80,11 +81,11 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
         line = (f"{width}x{height}, {frames.frames} frames ({frames.frames / FPS:.1f} s at {FPS} fps): "
                 f"{count(frames.chunks, 'chunk')} x {steps} steps")
     if est.get("vram_free") is None:
-        where = f"model and K/V cache ({_gb(est['cache_bytes'])}) in RAM (CPU run)"
+        where = f"model and K/V cache ({gb(est['cache_bytes'])}) in RAM (CPU run)"
     elif plan.cache == "gpu":
-        where = f"K/V cache ({_gb(est['cache_bytes'])}) on the GPU"
+        where = f"K/V cache ({gb(est['cache_bytes'])}) on the GPU"
     else:
-        where = (f"K/V cache ({_gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
+        where = (f"K/V cache ({gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
                  f"layers on the GPU" + (f" ({plan.code_layers_on_gpu} as FP8 codes)" if plan.code_layers_on_gpu else ""))
     if plan.blocks_on_gpu is not None:
         where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
