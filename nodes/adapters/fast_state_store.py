@@ -20,9 +20,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ...memory.kv_park import ParkedKV
+from ...world.hosted import FastState, ParkedKV
 from ...world.machine import gb
-from ...wan.sampling.fast_state import FastState
 
 _ids = itertools.count(1)
 
