@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
+from ..world.detect import check_control_pair, check_model_kind, detect_format
 from .adapters import comfy_paths, host_memory, model_check
 from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for

@@ -40,7 +40,7 @@ def expert(widget: str, name: Optional[str], want: str = "base") -> Verdict:
 
 
 def expert_kind(widget: str, path: Path, want: str) -> Verdict:
-    from ...loaders.expert_format import check_model_kind, detect_format
+    from ...world.detect import check_model_kind, detect_format
 
     try:
         check_model_kind(detect_format(path), want)
