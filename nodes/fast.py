@@ -187,12 +187,13 @@ class LingBotFastSampler:
 
         if noise_source not in NOISE_SOURCES:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
+        fast_model.check_text(text.positive)
+        keep = state_output_used(prompt, unique_id)
+        # the node's inputs as the world's typed settings
         settings = fast_model.settings(seed=int(seed), noise=noise_source, rule=rule, window=window or MODEL_DEFAULT,
                                        sink=sink if window else MODEL_DEFAULT, max_attention=max_attention or None,
                                        vae_tiled=i2v.tiled)
         world = HostedWorld(fast_model.checked, settings, mm.get_torch_device())
-        fast_model.check_text(text.positive)
-        keep = state_output_used(prompt, unique_id)
         request = PartRequest(height=i2v.height, width=i2v.width, frames=i2v.frames, keep=keep)
         video = world.video(request)
         source = camera_source(camera)

@@ -6,7 +6,7 @@ shows the keys' path itself (a ComfyUI node) uses them directly.
 """
 from ..loaders.action_files import (ACT_FILE, IJKL_FILE, WASD_FILE, ActFiles, KeySource, has_act_files,
                                     read_act_folder, read_key_files)
-from ..wan.control.act_control import check_actions as check_act_keys  # an Act input's keys: [N, 4] w, a, s, d per frame
+from ..wan.control.act_control import check_actions as check_act_keys  # an Act input's [N, 4] w a s d
 from ..wan.control.act_to_camera import keys_to_camera
 from ..wan.control.actions import GRAMMAR, KeyTimeline, keys_for_video
 
