@@ -15,6 +15,16 @@ def examples_dir() -> Path:
     return EXAMPLES
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _history_in_a_temp_folder(tmp_path_factory):
+    """Long played videos in tests move old chunks to disk (world/history.py): into the test run's temp folder,
+    never the user's ~/.cache."""
+    import os
+
+    os.environ.setdefault("LINGBOT_HISTORY_DIR", str(tmp_path_factory.mktemp("history")))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

@@ -147,6 +147,19 @@ def test_unusable_targets_are_found_before_the_run(capsys, demo_ckpt, tmp_path, 
     assert ".tmp" not in line and not no_work and old_video.read_bytes() == b"complete earlier video"
 
 
+def test_a_refused_target_is_the_only_line_even_when_the_frames_are_off_the_grid(capsys, demo_ckpt, tmp_path, no_work,
+                                                                                 old_video):
+    """Checks first, notes after: 17 frames would be padded (to 21) to the chunk grid, but the unusable --save-state is the
+    one line the user gets."""
+    target = tmp_path / "a_folder"
+    target.mkdir()
+    rc, out, err = _run(capsys, _fast(demo_ckpt, tmp_path / "cache", "--out", old_video, "--frames", "17",
+                                      "--save-state", target))
+    line = _one_line(err)
+    assert rc == 2 and line.startswith(f"lingbot-world generate: error: --save-state {target}"), line
+    assert "instead of the requested" not in out + err and not no_work
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MB tmpfs (root only: `mount -t tmpfs`), unmounted afterwards."""
@@ -311,6 +324,7 @@ def state(demo_ckpt, demo_text_cache, tmp_path_factory):
     (["--camera", "dolly_in", "--actions", "w-8"], "give either --camera (a trajectory) or --actions"),
     (["--seed", "7"], "--seed: a continuation takes the image, size, seed, noise and rule from the state"),
     (["--size", "480*480"], "--size: a continuation takes"),
+    (["--size", "480*832"], "--size: a continuation takes"),  # the default, given: refused too, never ignored
     (["--fps", "0"], "--fps 0"),
 ])
 def test_continuation_refusals(capsys, demo_ckpt, demo_text_cache, state, tmp_path, no_work, argv, expect):

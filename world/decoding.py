@@ -29,14 +29,29 @@ class SessionDecoding:
         batch run writes."""
         if not self.decodes:
             raise WorldError("this session has no VAE to decode with")
-        z = self.latent()
+        if not self.parts:
+            raise WorldError("no chunk made yet")
         decoder = self._new_decoder()
         try:
-            for i in range(z.shape[2]):
-                with torch.inference_mode():
-                    yield to_uint8(self._decode(decoder, z[:, :, i:i + 1].to(self.device)))
+            for z in self.state.latents:  # part by part: a long video's latents are never all in RAM at once
+                for i in range(z.shape[2]):
+                    with torch.inference_mode():
+                        yield to_uint8(self._decode(decoder, z[:, :, i:i + 1].to(self.device)))
         finally:
             decoder.close()
+
+    def _last_latent_frames(self, n: int) -> torch.Tensor:
+        """The video's last `n` latent frames, read from the newest parts only."""
+        if n <= 0:
+            return self.state.latents[-1][:, :, :0]
+        pieces, have = [], 0
+        for z in reversed(self.state.latents):
+            if have >= n:
+                break
+            pieces.append(z)
+            have += z.shape[2]
+        z = torch.cat(pieces[::-1], dim=2)
+        return z[:, :, z.shape[2] - n:]
 
     @property
     def decodes(self) -> bool:
@@ -49,13 +64,13 @@ class SessionDecoding:
         if self.decoder is None:
             self.decoder = self._new_decoder()
             if self.parts:  # start from the frames before (decoded as they were: maybe in bf16)
-                z = self.latent()
+                total = self.state.latent_frames
                 if self.tiny_decoder is not None:
-                    n = tiny_context_latents(self.tiny_decoder.cfg, z.shape[2])
+                    n = tiny_context_latents(self.tiny_decoder.cfg, total)
                 else:
-                    n = context_latents(self.vae.cfg, z.shape[2])
+                    n = context_latents(self.vae.cfg, total)
                 with torch.inference_mode():
-                    self._decode(self.decoder, z[:, :, z.shape[2] - n:].to(self.device))
+                    self._decode(self.decoder, self._last_latent_frames(n).to(self.device))
         return self.decoder
 
     def _chunk_preview(self, decoder, chunk: int, first_frame: int,

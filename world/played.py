@@ -91,13 +91,10 @@ class PlayedVideo:
 
     def keys(self) -> Optional[KeyTimeline]:
         """Every key frame of the video so far (None when a part had a camera or no keys)."""
-        out: Optional[KeyTimeline] = None
-        for p in self.parts:
-            k = p.plan_keys
-            if k is None:
-                return None
-            out = k if out is None else out + k
-        return out
+        keys = [p.plan_keys for p in self.parts]
+        if not keys or any(k is None for k in keys):
+            return None
+        return keys[0] if len(keys) == 1 else KeyTimeline(np.concatenate([k.pressed for k in keys]))  # one copy
 
     def action_string(self) -> str:
         """The keys so far as one action string: `generate --model fast --rule continuable --actions` of it makes

@@ -28,7 +28,7 @@ class Rewinding:
 
     def _rewind(self, parts: int) -> None:
         if parts == 0:
-            self.parts = []
+            self._new_history()
             self._reset_cache()
             self._reset_decoder()
             return
@@ -63,7 +63,7 @@ class Rewinding:
                         else plan_next_part(before, p.source, p.frames))
                 y = self.condition.frames(start, part.latent_frames)
                 ctx = pad_context([p.state.context], text_len).to(self.device)
-                latent = p.state.latents[-1]
+                latent = p.latents[-1]
                 for c in range(part.chunks):
                     sl = slice(c * self.chunk_frames, (c + 1) * self.chunk_frames)
                     cam = None if part.camera is None else part.camera[:, :, sl].to(self.device)

@@ -1,7 +1,8 @@
 """The World session: one loaded causal model and one video, driven part by part or chunk by chunk.
 
-Its sections live in files of their own: playing it chunk by chunk, what was played and saving it (played.py), going
-back (rewinding.py), decoding (decoding.py); the K/V cache's placement is cache.py.
+Its sections live in files of their own: the parts and their tensors, old ones on disk (history.py), playing it chunk
+by chunk, what was played and saving it (played.py), going back (rewinding.py), decoding (decoding.py); the K/V
+cache's placement is cache.py.
 
 Every door (the CLI's generate / continue, the ComfyUI nodes, the live player) runs the Fast model through this
 object, so a played video and a batch run are the same calls and give the same frames.
@@ -22,13 +23,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
-from ..wan.control.actions import KeyTimeline
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun
 from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
@@ -38,25 +38,14 @@ from .cache import SessionCache
 from .decoding import SessionDecoding
 from .errors import WorldError
 from .frames import ChunkTimes, FixedCondition
+from .history import PartHistory
 from .played import PlayedVideo
 from .rewinding import Rewinding
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Part:
-    """One part of the video and how it was asked for (enough to plan it again identically)."""
-
-    state: FastState  # the video after this part
-    source: CameraSource
-    frames: Optional[int]  # the frames asked for (None: as long as the keys / camera)
-    plan_keys: Optional[KeyTimeline]  # the keys the part used, padded (None for a camera or no input)
-    resumed: bool = False  # the saved video a continuation started from (its parts are not known here)
-    folded: list = field(default_factory=list)  # (x, t) of each chunk's K/V-writing call with a folded context pass
-
-
-class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
+class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
     """One Fast video at a time on one loaded model. Not thread-safe: drive it from one thread.
 
     placement: where the model and cache live, as the door manages them: `plan` (a FastMemoryPlan whose layout may
@@ -94,7 +83,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         self.condition = None
         self.context: Optional[torch.Tensor] = None  # [L, dim] float32, CPU (trimmed)
         self.prompt = ""
-        self.parts: list[_Part] = []
+        self._init_history()  # self.parts: the video's parts (world/history.py)
         self.callback = None  # FastStepInfo after every model call
         self.cancel_check: Optional[Callable[[], bool]] = None
         self.last_times = ChunkTimes()
@@ -144,7 +133,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         self.condition = condition
         self.context = context.detach().to("cpu", torch.float32)
         self.prompt = prompt
-        self.parts = []
+        self._new_history()
         self._reset_cache()
         self._reset_decoder()
 
@@ -160,7 +149,8 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         self.prompt = state.prompt
         self._reset_cache()
         self._reset_decoder()
-        self.parts = [_Part(state, CameraSource(), None, None, resumed=True)]
+        self._new_history()
+        self._add_part(state, CameraSource(), None, None, resumed=True, added=len(state.latents))
         self._restore = restore
 
     def _made_with(self) -> FastSettings:
@@ -172,11 +162,6 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
         return replace(self.settings, compile=getattr(self.speed, "compile", None) or self.settings.compile,
                        speed=getattr(self.speed, "preset", None) or "",
                        chunk_steps=levers.steps if levers is not None else self.settings.chunk_steps)
-
-    @property
-    def state(self) -> Optional[FastState]:
-        """The video after its last part (None before the first)."""
-        return self.parts[-1].state if self.parts else None
 
     @property
     def chunks(self) -> int:
@@ -282,7 +267,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
                                 label=label or source.label or source.kind)
             state.condition = self.condition if not isinstance(self.condition, FixedCondition) else None
             folded = [(x.detach().to("cpu"), t) for x, t in getattr(run, "folded_inputs", [])]
-            self.parts.append(_Part(state, source, frames, part.keys, folded=folded))
+            self._add_part(state, source, frames, part.keys, folded=folded)
             if not final_context:
                 self._unfinished = True
             if on_done is not None:
@@ -367,6 +352,7 @@ class WorldSession(PlayedVideo, Rewinding, SessionDecoding):
             return
         self._closed = True
         self._reset_decoder()
+        self._close_history()
         self.kv.cache = None
         self._close_film_store()
         self.model = None
