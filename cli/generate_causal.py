@@ -13,8 +13,9 @@ A continuation goes on with new keys (`--actions`), a new camera (`--camera`) or
 optionally the whole video so far (`--whole-video`), and with `--save-state` the state after it (the same path may
 be given to both). Everything a state fixes comes from the state; the flags that would change it are refused.
 
-This door translates the flags into the world's typed settings at its edge (`_source`, `_settings`, `_steering`),
-and turns what comes back into files and lines.
+This door translates the flags into the world's typed settings at its edge: `_first_part` and `_continue` each build
+their ModelSource, WorldSettings, Steering and VideoRequest right where they hand them to the world (the two differ
+in the model and the noise: a continuation's come from its state), and turn what comes back into files and lines.
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def with_demo_defaults(request: GenerateRequest) -> GenerateRequest:
 # ---- the first part ----------------------------------------------------------------------------------------------
 def _first_part(request: GenerateRequest, session, imports, stats: RunStats) -> int:
     from ..world.first_part import FirstPart
-    from ..world.settings import VideoRequest
+    from ..world.settings import ModelSource, Steering, VideoRequest, WorldSettings
 
     if request.save_state and session.parallel:
         raise UsageError("--save-state runs in one process: start it without torchrun (a saved state holds every "
@@ -100,10 +101,22 @@ def _first_part(request: GenerateRequest, session, imports, stats: RunStats) -> 
     noise = noise_source(request.noise, device)
     target = plan_output(request.out if request.out is not None
                          else default_output_name(request.prompt, "lingbot_fast_"))
-    inputs = VideoRequest(image=request.image, prompt=request.prompt, steering=_steering(request), device=device,
+    window = _window(request)
+    loras = tuple((*_lora(spec), f"--lora {spec}") for spec in request.lora)
+    source = ModelSource(model=request.model, ckpt_dir=request.ckpt_dir, demo=bool(request.demo),
+                         demo_dir=request.demo_dir, dit=request.fast_model, t5=request.t5, vae=request.vae,
+                         tokenizer=request.tokenizer, assets_dir=request.assets_dir)
+    settings = WorldSettings(size=request.size, seed=request.seed, noise=noise, rule=request.rule, window=window,
+                             sink=_sink(request), max_attention=request.max_attention,
+                             precision=request.camera_precision, weights=request.weights, kv_cache=request.kv_cache,
+                             kv_layers_on_gpu=request.kv_layers_on_gpu, vae_tiled=bool(request.vae_tiled),
+                             tiny_vae=request.tiny_vae, loras=loras, text=request.text,
+                             stream_decode=request.stream_decode)
+    steering = Steering(actions=request.actions, camera=request.camera, camera_speed=request.camera_speed,
+                        per_frame_intrinsics=bool(request.per_frame_intrinsics), frames=request.frames)
+    inputs = VideoRequest(image=request.image, prompt=request.prompt, steering=steering, device=device,
                           parallel=request.parallel, speed=request.speed_flags, save_to=request.save_state)
-    video = FirstPart(_source(request, request.model), _settings(request, noise), inputs, session, imports=imports,
-                      stages=stats, log=log)
+    video = FirstPart(source, settings, inputs, session, imports=imports, stages=stats, log=log)
     video.check()
     part = video.plan()
     save = video.state_target()  # --save-state: checked with the other outputs before the run
@@ -147,18 +160,29 @@ def _first_part(request: GenerateRequest, session, imports, stats: RunStats) -> 
 def _continue(request: GenerateRequest) -> int:
     """generate --model fast --continue-from PATH."""
     from ..world.continuation import Continuation
-    from ..world.settings import VideoRequest
+    from ..world.settings import ModelSource, Steering, VideoRequest, WorldSettings
 
     stats = RunStats()
     if request.demo and request.device == "auto":
         request = replace(request, device="cpu")  # the demo's default
     warn_base_only_flags(request, log)
     device = resolve_device(request.device)
-    inputs = VideoRequest(prompt=request.prompt, steering=_steering(request), device=device, speed=request.speed_flags,
+    loras = tuple((*_lora(spec), f"--lora {spec}") for spec in request.lora)
+    source = ModelSource(model=None if request.model == "fast" else request.model,  # the state says which model
+                         ckpt_dir=request.ckpt_dir, demo=bool(request.demo), demo_dir=request.demo_dir,
+                         dit=request.fast_model, t5=request.t5, vae=request.vae, tokenizer=request.tokenizer,
+                         assets_dir=request.assets_dir)
+    settings = WorldSettings(size=request.size, seed=request.seed, noise=request.noise, rule=request.rule,
+                             window=_window(request), sink=_sink(request), max_attention=request.max_attention,
+                             precision=request.camera_precision, weights=request.weights, kv_cache=request.kv_cache,
+                             kv_layers_on_gpu=request.kv_layers_on_gpu, vae_tiled=bool(request.vae_tiled),
+                             tiny_vae=request.tiny_vae, loras=loras, text=request.text,
+                             stream_decode=request.stream_decode)
+    steering = Steering(actions=request.actions, camera=request.camera, camera_speed=request.camera_speed,
+                        per_frame_intrinsics=bool(request.per_frame_intrinsics), frames=request.frames)
+    inputs = VideoRequest(prompt=request.prompt, steering=steering, device=device, speed=request.speed_flags,
                           save_to=request.save_state, continue_from=request.continue_from)
-    # the state says which model (--model fast, the default, names none); its noise is the state's
-    video = Continuation(_source(request, None if request.model == "fast" else request.model),
-                         _settings(request, request.noise), inputs, stages=stats, log=log)
+    video = Continuation(source, settings, inputs, stages=stats, log=log)
     video.open()  # format, version, damage: refused here, before anything loads
     _refuse_other_settings(request, video.started)
     part = video.check()
@@ -219,35 +243,6 @@ def _refuse_other_settings(request: GenerateRequest, st) -> None:
 
 
 # ---- flags -> the world's typed settings -------------------------------------------------------------------------
-def _source(request: GenerateRequest, model: Optional[str]):
-    """Which model (`model`: a registry name, None: told from the weights or the state) and where its files are."""
-    from ..world.settings import ModelSource
-
-    return ModelSource(model=model, ckpt_dir=request.ckpt_dir, demo=bool(request.demo), demo_dir=request.demo_dir,
-                       dit=request.fast_model, t5=request.t5, vae=request.vae, tokenizer=request.tokenizer,
-                       assets_dir=request.assets_dir)
-
-
-def _settings(request: GenerateRequest, noise: str):
-    """The world's choices from the flags (`noise`: the generator the device resolved)."""
-    from ..world.settings import WorldSettings
-
-    return WorldSettings(size=request.size, seed=request.seed, noise=noise, rule=request.rule, window=_window(request),
-                         sink=_sink(request), max_attention=request.max_attention, precision=request.camera_precision,
-                         weights=request.weights, kv_cache=request.kv_cache, kv_layers_on_gpu=request.kv_layers_on_gpu,
-                         vae_tiled=bool(request.vae_tiled), tiny_vae=request.tiny_vae,
-                         loras=tuple((*_lora(spec), f"--lora {spec}") for spec in request.lora), text=request.text,
-                         stream_decode=request.stream_decode)
-
-
-def _steering(request: GenerateRequest):
-    """What steers the video: keys, a camera path or neither, and the frames asked for."""
-    from ..world.settings import Steering
-
-    return Steering(actions=request.actions, camera=request.camera, camera_speed=request.camera_speed,
-                    per_frame_intrinsics=bool(request.per_frame_intrinsics), frames=request.frames)
-
-
 def _window(request: GenerateRequest):
     """--window: the model's default when not given (world/settings.MODEL_DEFAULT), None for 0 (the whole video)."""
     from ..world.settings import MODEL_DEFAULT
