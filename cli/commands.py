@@ -2,7 +2,7 @@
 
 
 def register(sub) -> None:
-    from . import check_expert, compare, convert_expert, convert_lowp, generate, play, smoke
+    from . import check_expert, compare, convert, generate, play, smoke
 
-    for mod in (generate, play, compare, check_expert, convert_expert, convert_lowp, smoke):
+    for mod in (generate, play, compare, check_expert, convert, smoke):
         mod.add_parser(sub)

@@ -1,30 +1,116 @@
 """`lingbot-world compare`: what each speed preset costs in quality, measured on your own weights.
 
-The same image, prompt, keys and seed run through two or more presets (`--preset`, cli/compare_request.py) for
+The same image, prompt, keys and seed run through two or more presets (`--preset`, below) for
 `--chunks` chunks, one model in memory at a time (world/compare.py); every chunk of every preset is compared with
 the first preset's: PSNR and SSIM of the decoded frames, the drift of the K/V cache (cosine and relative L2,
 averaged over layers). Prints the table, writes `compare.json` (every number) and `compare.png` (both over the
 chunks) in `--out-dir`. Everything that is quick is checked before the first model loads.
+
+A `--preset` spec is a speed preset's name, optionally followed by a colon and comma-separated options that change it:
+
+    exact                       draft:steps=2               draft:steps=2,tiny-vae
+    auto:compile=off            fast:compute=bf16           exact:tiny-vae
+
+- steps=2|3|4: denoising calls per chunk over the preset's (`--chunk-steps`);
+- tiny-vae: decode with the tiny decoder given by `--tiny-vae PATH` (`--tiny-vae` on `play` / `generate`);
+- compile=, compute=, attention=: the speed flag of that name over the preset's (`--compile` ...).
+
+The label of a preset in the table, the JSON and the plot is its spec as written (options in the order given).
 """
 from __future__ import annotations
 
 import logging
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from .compare_request import DEFAULT_CHUNKS, DEFAULT_PRESETS, SPEC_HELP, CompareRequest, PresetSpec, parse_presets
+from ..world.speed import ATTENTION_CHOICES, CHUNK_STEP_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES, PRESET_NAMES
 from .errors import UsageError
+from .requests import DEFAULT_CHUNKS, CompareRequest
 
 log = logging.getLogger("lingbot_world.compare")
 DEMO_SIZE = "64*112"
 JSON_NAME, PNG_NAME = "compare.json", "compare.png"
 JSON_ESTIMATE_BYTES = 4 * 1024**2
 PNG_ESTIMATE_BYTES = 2 * 1024**2
+DEFAULT_PRESETS = ("exact", "draft", "draft:steps=2")
+FLAG_CHOICES = {"compile": COMPILE_CHOICES, "compute": COMPUTE_CHOICES, "attention": ATTENTION_CHOICES}
+SPEC_HELP = ("NAME[:OPTION,...]: a speed preset (exact, auto, fast, draft) and what changes in it: steps=2|3|4, "
+             "tiny-vae (decode with --tiny-vae PATH), compile=, compute=, attention= (the speed flags)")
+
+
+@dataclass(frozen=True)
+class PresetSpec:
+    """One `--preset`: the preset, its steps per chunk (None: the preset's), the speed flags put over it, whether
+    it decodes with the tiny decoder, and its label (the spec as given)."""
+
+    label: str
+    preset: str
+    steps: Optional[int] = None
+    flags: tuple = ()  # ((name, value), ...) over the preset's options
+    tiny_vae: bool = False
+
+
+def parse_preset(spec: str) -> PresetSpec:
+    """A `--preset` value -> PresetSpec; UsageError (one line) for anything else."""
+    text = spec.strip()
+    name, _, rest = text.partition(":")
+    name = name.strip().lower()
+    if name not in PRESET_NAMES:
+        raise UsageError(f"--preset {spec!r}: no preset {name!r}; use one of {', '.join(PRESET_NAMES)}, optionally "
+                         "with options, e.g. draft:steps=2,tiny-vae")
+    steps, flags, tiny, options = None, {}, False, []
+    if ":" in text and not rest.strip():
+        raise UsageError(f"--preset {spec!r}: nothing after the colon; give options (steps=2, tiny-vae, ...) or "
+                         f"drop it")
+    for raw in rest.split(",") if rest.strip() else ():
+        option = raw.strip().lower()
+        key, eq, value = (part.strip() for part in option.partition("="))
+        if key == "tiny-vae" and not eq:
+            tiny = _once(spec, key, tiny, True)
+        elif key == "steps" and eq:
+            if value not in {str(s) for s in CHUNK_STEP_CHOICES}:
+                raise UsageError(f"--preset {spec!r}: steps={value}; a chunk takes "
+                                 f"{', '.join(map(str, CHUNK_STEP_CHOICES))} steps")
+            steps = _once(spec, key, steps, int(value))
+        elif key in FLAG_CHOICES and eq:
+            if value not in FLAG_CHOICES[key]:
+                raise UsageError(f"--preset {spec!r}: {key}={value}; use one of {', '.join(FLAG_CHOICES[key])}")
+            flags[key] = _once(spec, key, flags.get(key), value)
+        else:
+            raise UsageError(f"--preset {spec!r}: unknown option {raw.strip()!r}; use steps=2|3|4, tiny-vae, "
+                             "compile=, compute= or attention=")
+        options.append(f"{key}={value}" if eq else key)
+    label = name + (":" + ",".join(options) if options else "")
+    return PresetSpec(label, name, steps, tuple(flags.items()), tiny)
+
+
+def _once(spec: str, key: str, old, new):
+    if old not in (None, False):
+        raise UsageError(f"--preset {spec!r}: {key} given twice")
+    return new
+
+
+def parse_presets(specs) -> list[PresetSpec]:
+    """Every `--preset` (the defaults without one); two or more, each label once."""
+    parsed = [parse_preset(s) for s in (specs or DEFAULT_PRESETS)]
+    if len(parsed) < 2:
+        raise UsageError(f"--preset {parsed[0].label}: give two presets or more (the first is the reference the "
+                         "others are compared with), e.g. --preset exact --preset draft:steps=2")
+    seen = set()
+    for p in parsed:
+        if p.label in seen:
+            raise UsageError(f"--preset {p.label} given twice; each preset once")
+        seen.add(p.label)
+    return parsed
+
+
 
 
 def add_parser(sub) -> None:
-    from .fast_args import model_choices
+    from .requests import model_choices
 
     p = sub.add_parser(
         "compare", help="what each speed preset costs in quality: PSNR / SSIM and K/V drift per chunk",
@@ -96,7 +182,8 @@ def _run(request: CompareRequest) -> int:
     from ..world import ModelSource, TextSettings, WorldFiles, WorldSettings
     from ..world.assembly import check_weights_mode
     from ..world.compare import compare_presets
-    from .preflight import check_t5_device, noise_source, resolve_device
+    from ..world.assembly import check_start_image
+    from .checks import check_size, check_t5_device, noise_source, resolve_device
 
     specs = parse_presets(request.preset)
     if request.chunks < 1:
@@ -107,23 +194,21 @@ def _run(request: CompareRequest) -> int:
         raise UsageError("--ckpt-dir is required (the folder with the model), or use --demo")
     image, prompt, size, device_name = request.image, request.prompt, request.size, request.device
     if request.demo:
-        from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
+        from ..world.demos import demo_inputs
 
-        image, prompt, size = image or DEMO_IMAGE, prompt or DEMO_PROMPT, size or DEMO_SIZE
+        demo_image, demo_prompt = demo_inputs()
+        image, prompt, size = image or demo_image, prompt or demo_prompt, size or DEMO_SIZE
         device_name = "cpu" if device_name == "auto" else device_name
     elif image is None or prompt is None:
         raise UsageError("--image and --prompt are required (or use --demo)")
     size = size or "480*832"
-    _check_size(size)
+    check_size(size)
     _check_tiny_vae(specs, request.tiny_vae)
     device = resolve_device(device_name)
     check_t5_device(request.t5_device)
     noise = noise_source(request.noise, device)
     variants = _variants(specs, request, device)
-    from ..loaders.image_files import load_image
-
-    image = Path(image).expanduser().resolve()
-    load_image(image)  # unreadable or not a picture: one line now
+    image = check_start_image(image)  # unreadable or not a picture: one line now
     keys = _keys(request.actions)
     targets = _targets(request, image)
     check_weights_mode(request.weights, device)  # one line before the demo is built or a header read
@@ -146,15 +231,6 @@ def _run(request: CompareRequest) -> int:
     return 0
 
 
-def _check_size(size: str) -> None:
-    from ..wan.sizes import max_area_for
-
-    try:
-        max_area_for(size)
-    except ValueError as e:
-        raise UsageError(f"--size {size!r}: {e}") from None
-
-
 def _check_tiny_vae(specs: list[PresetSpec], path) -> None:
     users = [s.label for s in specs if s.tiny_vae]
     if users and path is None:
@@ -163,23 +239,22 @@ def _check_tiny_vae(specs: list[PresetSpec], path) -> None:
         raise UsageError(f"--tiny-vae {path}: no --preset uses it; add the tiny-vae option to one, e.g. "
                          f"--preset {specs[-1].label}{',' if ':' in specs[-1].label else ':'}tiny-vae")
     if path is not None:
-        from .fast_parts import check_tiny_vae
+        from ..world.assembly import check_tiny_vae
 
-        check_tiny_vae(path)
+        check_tiny_vae(path, "--tiny-vae")
 
 
 def _variants(specs: list[PresetSpec], request: CompareRequest, device) -> list:
     """Each spec's speed plan on this device (a choice it cannot run: one line naming the preset)."""
-    from ..speed.options import DEFAULTS
     from ..world.compare import Variant
-    from .speed_flags import FAST_COMPILE_MIN_CHUNKS, SpeedFlags, fast_speed_plan
+    from ..world.speed import DEFAULTS, SpeedFlags, played_speed_plan
 
     out = []
     for spec in specs:
         flags = dict(spec.flags)
         given = SpeedFlags.given(spec.preset, {**DEFAULTS, **flags}, tuple(flags), request.weights, spec.steps)
         try:  # the presets as they are played: --compile auto compiles where the compiler runs
-            plan = fast_speed_plan(given, device, FAST_COMPILE_MIN_CHUNKS)
+            plan = played_speed_plan(given, device)
         except ValueError as e:
             raise UsageError(f"--preset {spec.label}: {e}") from None
         out.append(Variant(spec.label, plan, Path(request.tiny_vae).expanduser().resolve() if spec.tiny_vae else None))
@@ -189,10 +264,10 @@ def _variants(specs: list[PresetSpec], request: CompareRequest, device) -> list:
 def _keys(actions):
     if actions is None:
         return None
-    from ..loaders.action_files import read_key_source
+    from ..world.controls import read_keys
 
     try:
-        return read_key_source(actions).keys
+        return read_keys(actions)
     except ValueError as e:
         raise UsageError(f"--actions: {e}") from None
 

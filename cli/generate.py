@@ -1,33 +1,27 @@
-"""`lingbot-world generate`: one camera-controlled image-to-video run, without ComfyUI.
+"""`lingbot-world generate`: one image-to-video run without ComfyUI, by the base models (the two v1 experts,
+cli/generate_base.py) or a causal model of the registry (`--model fast|v2-14b|v2-1.3b`, and `--continue-from`:
+cli/generate_causal.py).
 
-Same library calls the ComfyUI nodes make: T5 in a child process (cached), camera -> Plücker, VAE encode
-of the first frame, dual-expert sampling with a memory policy, VAE decode, mp4 (or PNG frames).
+Here: the command's flags and the dispatch. Same library calls the ComfyUI nodes make: T5 in a child process
+(cached), camera -> Plücker, VAE encode of the first frame, sampling with a memory policy, VAE decode, mp4 (or PNG
+frames).
 """
 from __future__ import annotations
 
 import logging
-import random
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from . import actions_arg
-from . import fast_args, fast_run
+from ..world.settings import CAMERA_CACHE_CHOICES, CFG_MODES, DEFAULT_POSE_PRECISION, FAST_MODES, POSE_PRECISIONS
 from . import parallel_flags
-from .generate_request import GenerateRequest
-from .lora_run import add_lora_arguments, lora_loader
-from .preflight import prepare
-from .progress import ProgressLine, RunStats, cli_logging
-from .request_base import Given
-from .speed_flags import add_speed_args, report_compile
-from .video_out import write_video
-from ..memory.camera_cache import CAMERA_CACHE_CHOICES
-from ..wan.sampling.sampler import CFG_MODES
+from .outputs import PICTURE_NEXT_TO_VIDEO
+from .progress import cli_logging
+from .requests import BASE, Given, GenerateRequest, add_speed_args, model_choices
 
 log = logging.getLogger("lingbot_world.generate")
 
 MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
+STREAM_DECODE = ("auto", "on", "off")
 
 
 def add_parser(sub) -> None:
@@ -119,7 +113,7 @@ def add_parser(sub) -> None:
     add_speed_args(p)
     parallel_flags.add_arguments(p)
 
-    add_lora_arguments(p)
+    _add_lora_arguments(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
@@ -127,8 +121,8 @@ def add_parser(sub) -> None:
                           "(default: lingbot_<prompt>_<time>.mp4); written atomically, checked before the run")
     out.add_argument("--fps", type=int, default=16, help="frames per second of the output video")
     out.add_argument("--quiet", action="store_true", help="only warnings and the final summary")
-    actions_arg.add_arguments(p)
-    fast_args.add_arguments(p)
+    _add_key_arguments(p)
+    _add_causal_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -136,204 +130,123 @@ def run(args) -> int:
     """The one reader of `generate`'s namespace: everything below takes the typed request."""
     request = GenerateRequest.from_args(args)
     with cli_logging(request.quiet):
-        fast = request.model != "base"  # a causal model of the registry
+        fast = request.model != BASE  # a causal model of the registry
         guidance = not fast and not (request.guide_scale[0] == 1.0 and request.guide_scale[-1] == 1.0)
         parallel_flags.refuse_layout_alone(request.parallel, lambda: _heads_without_building(request),
                                            "fast" if fast else "base", guidance)
         if fast:
-            return fast_run.run(request)
-        return _run(request)
+            from .generate_causal import run as run_causal
+
+            return run_causal(request)
+        from .generate_base import run as run_base
+
+        return run_base(request)
 
 
 def _heads_without_building(request: GenerateRequest) -> Optional[int]:
     """The attention heads of the model this run would load, where they are known without building or loading
     anything (the demo's configuration, a checkpoint's config.json); None otherwise."""
-    try:
-        causal = request.model != "base"
-        if request.demo and causal:
-            from ..world.demos import demo_config
-            from ..world.models import model
+    from ..world.files import heads_without_building
+    from ..world.settings import ModelSource
 
-            return demo_config(model(request.model)).num_heads
-        if request.demo:
-            from ..loaders.demo_checkpoint import demo_configs
-
-            return demo_configs(request.demo)[0].num_heads
-        if request.ckpt_dir is None and request.high is None:
-            return None
-        from ..memory.placement import read_expert_config
-
-        if causal:
-            from ..world.files import find_in_folder
-
-            return read_expert_config(find_in_folder(Path(request.ckpt_dir), request.model, request.weights).dit
-                                      ).num_heads
-        if request.high is not None:
-            return read_expert_config(request.high).num_heads
-        from ..loaders.checkpoint_dir import find_checkpoint_files
-
-        return read_expert_config(find_checkpoint_files(request.ckpt_dir).high).num_heads
-    except Exception:  # noqa: BLE001 - a missing or damaged file is the pre-flight's to report, in its words
-        return None
+    causal = request.model != BASE
+    source = ModelSource(model=request.model if causal else ("v1-base-act" if request.demo == "act" else None),
+                         ckpt_dir=request.ckpt_dir, demo=bool(request.demo), high=request.high)
+    return heads_without_building(source, request.weights)
 
 
-def _run(request: GenerateRequest) -> int:
-    if request.demo:
-        request = request.with_demo_defaults()
-    stats = RunStats()
-    # one process, or one rank of a torchrun launch (the request takes its device)
-    session = parallel_flags.start(request.parallel_flags, request.device, log)
-    request = request.on_rank(session)
-    failed = True
-    try:
-        code = _generate(request, session, stats)
-        failed = False
-        return code
-    finally:
-        session.close(failed)
+def _add_lora_arguments(p) -> None:
+    g = p.add_argument_group("LoRA (Wan 2.1/2.2 14B LoRAs, .safetensors)")
+    g.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="a LoRA on both experts (repeat to stack; strength default 1)")
+    g.add_argument("--lora-high", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="a LoRA on the high-noise expert only")
+    g.add_argument("--lora-low", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="a LoRA on the low-noise expert only")
 
 
-def _generate(request: GenerateRequest, session, stats: RunStats) -> int:
-    from ..loaders.vae_files import load_vae
-    from ..wan.dit.model import pad_context
-    from ..wan.i2v import build_i2v_condition
-    from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
-    from ..wan.sampling.sampler import SamplingSettings, make_noise, sample
-    from ..wan.sizes import latent_size
-
-    # Everything that can be checked in seconds is checked before anything that takes minutes (on every rank;
-    # rank 0 first, as it may build the demo checkpoint the others read).
-    with session.main_first("the pre-flight"):
-        pre = prepare(request, log)
-    device, files, frames, height, width, camera = pre.device, pre.files, pre.frames, pre.height, pre.width, pre.camera
-    speed = pre.speed
-    guidance = not (request.guide_scale[0] == 1.0 and request.guide_scale[-1] == 1.0)
-    parallel_flags.set_layout(session, request.parallel, pre.num_heads, "base", guidance, log)
-    parallel_flags.check_same_models(session, {"high-noise expert": files.high, "low-noise expert": files.low}, log,
-                                     request.loras)
-    if pre.camera_note:
-        log.warning("camera: %s", pre.camera_note)
-    lat_h, lat_w = latent_size(height, width)
-    log.info("size %dx%d, %d frames (latent %dx%d x %d), camera: %s", height, width, frames, lat_h, lat_w,
-             (frames - 1) // 4 + 1, request.camera or "none")
-    stats.mark("checks")
-
-    # Text: child process (or the cache); nothing of T5 stays in this process. Several ranks: rank 0 encodes.
-    # The image's VAE encode runs beside the encoder when both fit in VRAM; the experts load after it.
-    from ..wan.vae.model import VAEConfig
-    from ..world import text_stage
-
-    negative = request.negative_prompt if request.negative_prompt else DEFAULT_NEGATIVE_PROMPT
-    vae_step = text_stage.vae_encode_step(pre.vae_config or VAEConfig(), height, width, frames, request.vae_tiled,
-                                          keeps_vae=False)
-    text = text_stage.start(request.text, files, [request.prompt, negative], device, [vae_step], session, log)
-    if not text.background:
-        stats.mark("text")
-
-    # I2V conditioning on the compute device; the VAE leaves the GPU while the experts run (rank 0 only).
-    vae = None
-
-    def encode_image():
-        nonlocal vae
-        vae = load_vae(files.vae, device, config=pre.vae_config)
-        with torch.inference_mode():
-            cond = build_i2v_condition(vae, pre.image, height, width, frames, tiled=request.vae_tiled)
-        vae.to("cpu")
-        _empty_cache(device)
-        return [cond]
-
-    try:
-        text.before(text_stage.ENCODE_STEP)
-        (y,) = session.from_main(encode_image, "the first frame's encoding")
-        stats.mark("vae_encode")
-        pos, neg = text.embeddings()
-        if text.background:
-            stats.mark("waiting for the text encoder")
-    finally:
-        text.stop()
-
-    settings = SamplingSettings(
-        steps=pre.steps, shift=request.shift, boundary=request.boundary, solver=request.solver,
-        cfg_mode=request.cfg_mode, guide_low=request.guide_scale[0], guide_high=request.guide_scale[-1],
-    )
-    seed = session.same_value(request.seed if request.seed >= 0 else random.randrange(2**31), "the seed")
-    noise = make_noise((1, 16, y.shape[2], lat_h, lat_w), seed, pre.noise, device=device)
-    velocity = parallel_flags.velocity(session)
-    cfg_mode = parallel_flags.planned_cfg_mode(request.cfg_mode, session.parallel, velocity is not None, log)
-    parallel_flags.check_same_inputs(session, {"noise": noise, "conditioning": y, "text": pos, "negative text": neg,
-                                               "camera": camera})
-    provider = _provider(request, files, device, frames, height, width, camera is not None, speed, session, cfg_mode,
-                         loader=lora_loader(pre.loras, {"high": files.high, "low": files.low}))
-    batch = parallel_flags.agree_on_plans(session, provider.plan.reason, provider.plan.cfg_batch, log)
-    settings.cfg_mode = parallel_flags.sampling_cfg_mode(cfg_mode, session.parallel, velocity is not None,
-                                                         provider.plan.cfg_mode, batch)
-    camera_cache = _camera_cache(request, files, device, (frames, height, width), camera is not None and velocity is None,
-                                 settings, provider.plan, session)
-    bar = ProgressLine(settings.steps, enabled=not request.quiet)
-    try:
-        with torch.inference_mode():
-            latent = sample(
-                provider, noise, pad_context([pos], 512).to(device), pad_context([neg], 512).to(device), y,
-                camera, settings, device=device, callback=bar.update, velocity=velocity, camera_cache=camera_cache,
-            )
-    finally:
-        if camera_cache is not None:
-            camera_cache.close()
-        bar.close()
-        close = getattr(provider, "close", None)
-        if close is not None:
-            close()
-        del provider
-        _empty_cache(device)
-    stats.mark("sampling")
-    report_compile(speed, log)
-    if not session.is_main:
-        return 0  # rank 0 decodes and writes the video
-
-    from ..speed.vae_norm import decoder_norm_silu
-
-    vae.to(device)
-    with torch.inference_mode():  # [3, F, H, W] in [-1, 1]
-        video = vae.decode(latent, tiled=request.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
-    del vae
-    stats.mark("vae_decode")
-    out = write_video(video, pre.output, request.fps)
-    stats.mark("write")
-    print(stats.summary(out, seed=seed, device=device))
-    return 0
+def _add_key_arguments(p) -> None:
+    g = p.add_argument_group(
+        "keys and actions", "steer with keys: every model takes --actions (the Act model needs it for its control)")
+    g.add_argument("--actions", default=None, metavar="KEYS_OR_PATH",
+                   help="an action string, e.g. 'w-10,a-10,d-10,iw-15,none-10' (KEYS-FRAMES segments; keys w a s d move, "
+                        "i k look up/down, j l turn; 'none' = no key; padded to 4n+1 frames), or key files: a folder "
+                        "with wasd_action.npy / ijkl_action.npy (Cam, Fast) or action.npy + poses.npy (Act), or one "
+                        "[N, 4] .npy key file. Without --frames the video is as long as the keys.")
+    g.add_argument("--trajectory-picture", nargs="?", const=PICTURE_NEXT_TO_VIDEO, default=None, type=str,
+                   metavar="PNG", help="write a picture of the camera path (with the key timeline for --actions); "
+                   "without a file name it goes next to the video")
+    g.add_argument("--camera-precision", choices=POSE_PRECISIONS, default=DEFAULT_POSE_PRECISION,
+                   help="arithmetic of the relative camera poses: float32 reproduces the reference (default), "
+                        "float64 is exact (differs from the reference's float32 noise far from the world origin)")
 
 
-def _provider(request: GenerateRequest, files, device, frames, height, width, with_camera: bool, speed=None, session=None,
-              cfg_mode=None, loader=None):
-    from ..memory.placement import make_provider
-    from ..speed.options import apply_speed
+def _model_help() -> str:
+    from ..world.models import causal_models
 
-    def prepare_model(model):
-        if speed is not None:
-            apply_speed(model, speed)
-        if session is not None:
-            parallel_flags.attach(session, model)  # this rank's share of the tokens (Ulysses)
-
-    return make_provider(
-        request.memory_mode, files.high, files.low, device, weights=request.weights,
-        blocks_on_gpu=request.blocks_on_gpu, video=(frames, height, width), cfg_mode=cfg_mode or request.cfg_mode, camera=with_camera, log=log,
-        loader=loader, prepare=prepare_model, seq_parallel=1 if session is None else session.sp_degree,
-    )
+    lines = [f"{BASE}: the two v1 experts, flow-UniPC with CFG (default)"]
+    for e in causal_models():
+        alias = f" (or {', '.join(e.aliases)})" if e.aliases else ""
+        lines.append(f"{e.name}{alias}: {e.title}, {e.recipe.describe()}, no CFG; {e.licence.line()}")
+    return ". ".join(lines)
 
 
-def _camera_cache(request: GenerateRequest, files, device, video, with_camera: bool, settings, plan, session):
-    """The camera FiLM cache the memory plan leaves room for (memory/camera_cache.py), logged in one line."""
-    from ..memory.camera_cache import camera_cache_for_run
-    from ..memory.placement import read_expert_config
-    from ..quant.nf4_format import default_compute_dtype
+def _add_causal_arguments(p) -> None:
+    """The causal models' flags; the inputs, size, frames, seed, noise, device, weights, T5, VAE and output flags are
+    shared with the base model."""
+    p.add_argument("--model", choices=model_choices(), default=BASE, help=_model_help())
+    g = p.add_argument_group(
+        "causal models (--model fast, v2-14b, v2-1.3b)",
+        "--steps, --guide-scale, --boundary, --solver, --cfg-mode, --memory-mode, --camera-cache and --negative-prompt "
+        "do not apply: "
+        "a causal model always runs its distilled steps per chunk without guidance.")
+    g.add_argument("--fast-model", type=Path, default=None,
+                   help="override: the causal model's DiT folder/file (default: its NF4 copy or its release folder in "
+                        "--ckpt-dir, e.g. lingbot_world_fast_bnb_nf4/ or transformers/)")
+    g.add_argument("--assets-dir", type=Path, default=None, metavar="DIR",
+                   help="a LingBot-World download holding the umT5 encoder, tokenizer and VAE, when --ckpt-dir lacks "
+                        "them (the v2 1.3B ships its DiT only; default: --ckpt-dir, then the folders beside it)")
+    g.add_argument("--kv-cache", choices=("auto", "gpu", "host"), default="auto",
+                   help="where the K/V cache lives: gpu (the reference's layout; 26.8 GB at 480x832x81), host "
+                        "(pinned RAM, each layer streamed to the GPU one layer ahead), auto (GPU when it fits)")
+    g.add_argument("--kv-layers-on-gpu", type=int, default=None,
+                   help="host cache: layers whose K/V stay on the GPU (default: as many as fit)")
+    g.add_argument("--max-attention", type=int, default=None, metavar="TOKENS",
+                   help="each chunk attends to the latest TOKENS cached tokens only (the reference's "
+                        "--max_attention_size; same output as the reference with that flag, in bounded memory). "
+                        "1560 tokens = one latent frame at 480x832")
+    g.add_argument("--window", type=int, default=None, metavar="LATENT_FRAMES",
+                   help="keep only the latest LATENT_FRAMES latent frames (4 video frames each) in the cache, for long "
+                        "videos in bounded memory; 0: the whole video. Default: the model's release (v1 Fast caches "
+                        "the whole video; v2 keeps 18 with a sink of 6)")
+    g.add_argument("--sink", type=int, default=None, metavar="LATENT_FRAMES",
+                   help="with a window: the first LATENT_FRAMES latent frames are never evicted (default: the "
+                        "model's, v1 Fast 0, v2 6)")
+    _add_continuation_arguments(g)
+    g.add_argument("--stream-decode", choices=STREAM_DECODE, default="auto",
+                   help="decode each chunk as soon as it is done and append it to the output (partial output when "
+                        "interrupted): on, off (decode at the end), auto (on when the VAE fits beside the model)")
+    g.add_argument("--tiny-vae", type=Path, default=None, metavar="PATH",
+                   help="decode with a tiny decoder instead of the VAE: TAEHV's taew2_1.safetensors or lightx2v's "
+                        "lighttaew2_1.safetensors (ComfyUI's models/vae_approx). Preview quality, a fraction of the "
+                        "VAE's decode time and about 1 GB instead of 6-7 GB of VRAM (more of the K/V cache stays on "
+                        "the card); always decodes chunk by chunk")
 
-    cdt = torch.bfloat16 if request.weights == "bf16" else default_compute_dtype(device)
-    return camera_cache_for_run(
-        request.camera_cache, video, read_expert_config(files.high), plan, camera=with_camera, steps=settings.steps,
-        cfg_mode=settings.cfg_mode, device=device, compute_bytes=torch.empty(0, dtype=cdt).element_size(),
-        seq_parallel=1 if session is None else session.sp_degree, log=lambda line: log.info("camera cache: %s", line))
 
-
-def _empty_cache(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+def _add_continuation_arguments(g) -> None:
+    g.add_argument("--rule", choices=FAST_MODES, default="reference", action=Given,
+                   help="reference (default): the first part is the released pipeline's run (noise for the whole "
+                        "part up front, camera normalised over the whole part); continuations follow the "
+                        "continuable rule. continuable: every part, the first too, follows rules that never look "
+                        "ahead, so a chain of continuations equals one run of the concatenated keys (README 'Continue "
+                        "a Fast run')")
+    g.add_argument("--save-state", type=Path, default=None, metavar="PATH",
+                   help="after the run, save the video's state (K/V cache, generator, camera, ...) to PATH (a "
+                        "safetensors file; 26.8 GB for 81 frames at 480x832 without --max-attention: the size is "
+                        "printed before the run) to continue it later with --continue-from")
+    g.add_argument("--continue-from", type=Path, default=None, metavar="PATH",
+                   help="continue the video saved in PATH with new keys (--actions), a new camera (--camera) or "
+                        "neither (the camera stands still); --frames counts the new frames (12 per chunk; default "
+                        "as long as the keys, one chunk without keys). --out gets the new part's video")
+    g.add_argument("--whole-video", type=Path, default=None, metavar="PATH",
+                   help="with --continue-from: also write the whole video so far to PATH")

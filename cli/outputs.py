@@ -1,4 +1,4 @@
-"""Every output target of a run, checked together before any work: `check_outputs`.
+"""Every output target of a run, checked together before any work (`check_outputs`), and the pictures written.
 
 One call with every file or folder a run will write (the video or PNG folder, the saved state, the whole video,
 the trajectory picture, ...) and every file it reads. Refused with one line naming the flag, before the model,
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from .generate_request import GenerateRequest
+    from .requests import GenerateRequest
 
 PathLike = Union[str, os.PathLike]
 # Free space wanted beyond the estimates (file-system metadata, rounding): 2% and 256 kB.
@@ -39,6 +39,7 @@ SPACE_MARGIN_BYTES = 256 * 1024
 VIDEO_BYTES_PER_PIXEL = {".mp4": 1.0, ".webm": 1.0, ".gif": 1.5, None: 3.2}
 
 
+PICTURE_NEXT_TO_VIDEO = "next-to-video"  # --trajectory-picture without a file name
 EXAMPLE_NAMES = {"--save-state": "video.state", "--trajectory-picture": "trajectory.png", "--timings": "timings.json"}
 
 
@@ -202,8 +203,6 @@ def video_spec(flag: str, target, frames: int, height: int, width: int) -> Outpu
 
 def picture_spec(picture: Optional[str], video_path: PathLike) -> list[OutputSpec]:
     """--trajectory-picture's target (`picture`: the flag's value; next to the video by default), or nothing."""
-    from .actions_arg import picture_path
-
     path = picture_path(picture, Path(video_path))
     return [] if path is None else [OutputSpec("--trajectory-picture", path, 2 * 1024**2)]
 
@@ -211,13 +210,13 @@ def picture_spec(picture: Optional[str], video_path: PathLike) -> list[OutputSpe
 def generate_inputs(request: "GenerateRequest", files=None) -> list[tuple[str, PathLike]]:
     """(flag, path) of every file `generate` reads: the image, key/trajectory files, LoRAs, a state to continue, the
     model files (`files`: the checkpoint's, when found)."""
-    from ..loaders.action_files import path_exists
-    from .lora_run import parse_spec
+    from ..world.controls import input_file
+    from .checks import parse_spec
 
     found = []
     for flag in ("--image", "--continue-from", "--camera", "--actions"):
         value = getattr(request, flag.lstrip("-").replace("-", "_"))
-        if value and path_exists(str(value)):  # an action string is no file name, however long
+        if value and input_file(value) is not None:  # an action string is no file name, however long
             found.append((flag, value))
     for flag in ("--lora", "--lora-high", "--lora-low"):
         for spec in getattr(request, flag.lstrip("-").replace("-", "_")):
@@ -227,3 +226,50 @@ def generate_inputs(request: "GenerateRequest", files=None) -> list[tuple[str, P
         if value is not None:
             found.append((f"the model file ({name})", value))
     return found
+
+
+def check_targets(request: "GenerateRequest", target, frames: int, height: int, width: int, *, save=None, whole=None,
+                  whole_frames: int = 0, files=None) -> None:
+    """Every output of a causal part, checked together before anything is written: `target` the part's video
+    (cli/video_out.OutputTarget), `save` the --save-state target (world/saving.StateTarget), `whole` the
+    --whole-video target of a continuation (`whole_frames` long)."""
+    specs = [video_spec("--out", target, frames, height, width)]
+    if whole is not None:
+        specs.append(video_spec("--whole-video", whole, whole_frames, height, width))
+    if save is not None:
+        specs.append(OutputSpec("--save-state", save.path, save.estimate, may_replace=("--continue-from",)))
+    specs += picture_spec(request.trajectory_picture, picture_video(request, target))
+    check_outputs(specs, inputs=generate_inputs(request, files))
+
+
+def picture_video(request: "GenerateRequest", target) -> Path:
+    """The video --trajectory-picture goes next to: --out as given, else the planned target's path."""
+    return Path(request.out) if request.out is not None else target.path
+
+
+# ---- the trajectory picture ---------------------------------------------------------------------------------------
+def picture_path(picture: Optional[str], video: Optional[Path] = None) -> Optional[Path]:
+    """--trajectory-picture's file (`picture`: the flag's value): the name given, or `<video>_trajectory.png` next
+    to the video (without one, a timestamped name in the current folder)."""
+    import time
+
+    if picture is None:
+        return None
+    if picture != PICTURE_NEXT_TO_VIDEO:
+        return Path(picture).expanduser()
+    out = video or Path(f"lingbot_{time.strftime('%Y%m%d_%H%M%S')}.mp4")
+    return out.with_name(out.stem + "_trajectory.png")
+
+
+def write_picture(target: Optional[Path], picture) -> Optional[Path]:
+    """The path a video follows (a world.controls.PathPicture) drawn at `target` (picture_path's), atomically (the
+    folder was checked with every output); nothing without a target or a path."""
+    if target is None or picture is None:
+        return None
+    from ..loaders.atomic import atomic_path
+    from ..world.controls import trajectory_picture
+
+    image = trajectory_picture(picture)
+    with atomic_path(target) as tmp:
+        image.save(tmp, format="PNG")
+    return target

@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..world.models import causal_models
 from .errors import UsageError
-from .play_request import PlayRequest
+from .requests import PlayRequest
 
 TIMINGS_ESTIMATE_BYTES = 32 * 1024**2  # ~250 bytes a row, 100k rows at most (player/timings.py)
 
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
         "while a chunk plays decide the next one. The page can pause, rewind to a chunk boundary, save the clip "
         "and render the played path with the base Cam model or the Fast model at 720p. `--demo` plays the tiny "
         "random-weight demo checkpoint on the CPU (the picture is noise; the whole path is real).")
-    from .fast_args import model_choices
+    from .requests import add_speed_args, model_choices
 
     src = p.add_argument_group("inputs")
     src.add_argument("--model", choices=model_choices()[1:], default="fast",
@@ -75,8 +75,6 @@ def add_parser(sub) -> None:
     gen.add_argument("--no-preview", action="store_true",
                      help="with --tiny-vae, do not show each chunk's preview (its frames after the first denoising "
                           "step, replaced by the real ones when they come)")
-    from .speed_flags import add_speed_args
-
     add_speed_args(p)  # --speed draft: the preset made for real-time play (3 steps, window 15, bf16 decode);
     # --chunk-steps 2 plays it about a quarter faster
     srv = p.add_argument_group("server")
@@ -107,8 +105,9 @@ def _run(request: PlayRequest) -> int:
     from ..player.loading import LoadingServer
     from ..player.options import PlayerOptions
     from ..player.standalone import bind, host_check, page_url, serve
-    from .flag_checks import check_cache_dir
-    from .preflight import noise_source, resolve_device
+    from ..world.speed import log_speed_plan, played_speed_plan
+    from ..world.assembly import check_start_image, check_tiny_vae
+    from .checks import check_cache_dir, check_size, noise_source, resolve_device
 
     # quick checks first: flags, image, out dir, port, model files (headers); the model loads last
     if request.demo and request.ckpt_dir is not None:
@@ -124,28 +123,22 @@ def _run(request: PlayRequest) -> int:
     image, prompt = request.image, request.prompt
     size, device_name = request.size, request.device
     if request.demo:
-        from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
+        from ..world.demos import demo_inputs
 
-        image, prompt = image or DEMO_IMAGE, prompt or DEMO_PROMPT
+        demo_image, demo_prompt = demo_inputs()
+        image, prompt = image or demo_image, prompt or demo_prompt
         size = size or DEMO_SIZE
         device_name = "cpu" if device_name == "auto" else device_name
     size = size or "480*832"
-    _check_size(size)
+    check_size(size)
     check_cache_dir(request.cache_dir)
     device = resolve_device(device_name)
     if request.tiny_vae is not None:
-        from .fast_parts import check_tiny_vae
-
-        check_tiny_vae(request.tiny_vae)
+        check_tiny_vae(request.tiny_vae, "--tiny-vae")
     noise = noise_source(request.noise, device)
-    from .speed_flags import FAST_COMPILE_MIN_CHUNKS, fast_speed_plan, log_speed_plan
-
-    speed = fast_speed_plan(request.speed_flags, device, FAST_COMPILE_MIN_CHUNKS)  # a played video is long: compile pays off
+    speed = played_speed_plan(request.speed_flags, device)  # a played video is long: compile pays off
     if image is not None:
-        from ..loaders.image_files import load_image
-
-        image = Path(image).expanduser().resolve()
-        load_image(image)  # unreadable or not a picture: one line now
+        image = check_start_image(image)  # unreadable or not a picture: one line now
     out_dir = _out_dir(request.out_dir)
     timings = _timings_target(request.timings, image)
     if not is_loopback(request.host):
@@ -274,15 +267,6 @@ def write_frames(frames, path: Path, fps: int) -> Path:
         writer.abort()
         raise
     return writer.close()
-
-
-def _check_size(size: str) -> None:
-    from ..wan.sizes import max_area_for
-
-    try:
-        max_area_for(size)
-    except ValueError as e:
-        raise UsageError(f"--size {size!r}: {e}") from None
 
 
 def _timings_target(path: Optional[Path], image: Optional[Path]) -> Optional[Path]:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ..memory.memstats import peak_rss_bytes
+from ..world.machine import peak_rss_bytes
 
 
 _active: Optional["ProgressLine"] = None  # the line currently drawn on the terminal, if any

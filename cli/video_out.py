@@ -70,6 +70,14 @@ def find_ffmpeg() -> Optional[str]:
         return None
 
 
+def default_output_name(prompt: str, prefix: str = "lingbot_") -> Path:
+    """--out without a value: `<prefix><the prompt's first 50 characters>_<time>.mp4` in the current folder."""
+    import time
+
+    stem = "".join(c if c.isalnum() else "_" for c in prompt[:50]).strip("_") or "video"
+    return Path(f"{prefix}{stem}_{time.strftime('%Y%m%d_%H%M%S')}.mp4")
+
+
 def plan_output(out: Path, ffmpeg: Optional[str] = "auto", flag: str = "--out") -> OutputTarget:
     """Check an output path before any work: a known extension (or none, for PNG frames), not a folder where a
     file is wanted, an existing, writable parent folder. ffmpeg="auto" looks for imageio-ffmpeg's binary;

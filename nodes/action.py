@@ -9,21 +9,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..loaders.action_files import (
-    ACT_FILE,
-    IJKL_FILE,
-    WASD_FILE,
-    ActFiles,
-    KeySource,
-    has_act_files,
-    read_act_folder,
-    read_key_files,
-)
-from ..wan.control.act_control import check_actions
-from ..wan.control.act_to_camera import keys_to_camera
-from ..wan.control.actions import GRAMMAR, KeyTimeline, keys_for_video
-from ..wan.control.camera import usable_frames
-from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
+from ..world.cameras import image_to_tensor, plot_trajectory, usable_frames
+from ..world.keys import (ACT_FILE, GRAMMAR, IJKL_FILE, WASD_FILE, ActFiles, KeySource, KeyTimeline, check_act_keys,
+                          has_act_files, keys_for_video, keys_to_camera, read_act_folder, read_key_files)
 from .adapters import comfy_paths
 from .adapters.payloads import ACT, CAMERA, CATEGORY, ActInput, CameraInput
 from .adapters.progress import show_on_node
@@ -156,7 +144,7 @@ class LingBotActions:
             lines.append(f"{_short(label, 60)}: {frames_out} frames ({frames_out / FPS:.1f} s at {FPS} fps)")
             lines += [note] if note else []
         if act_files is not None:
-            acts = check_actions(act_files.actions, str(source / ACT_FILE))
+            acts = check_act_keys(act_files.actions, str(source / ACT_FILE))
             n = min(act_files.path.poses.shape[0], acts.shape[0])
             act_frames, note = usable_frames(n, want or (frames_out if src is not None else FILE_FRAMES))
             if note:

@@ -11,12 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
-
-from ..loaders.camera_files import INTRINSICS_FILE, POSES_FILE, load_camera, load_camera_files
-from ..wan.control.camera import usable_frames
-from ..wan.control.camera_presets import PRESET_NAMES, PRESETS, preset_camera
-from ..wan.control.trajectory_plot import image_to_tensor, plot_trajectory
+from ..world.cameras import (INTRINSICS_FILE, POSES_FILE, PRESET_NAMES, image_to_tensor, plot_trajectory, preset_path,
+                             read_camera, usable_frames)
 from .adapters import comfy_paths
 from .adapters.conditioning import SPATIAL, camera_for_latent, with_values
 from .adapters.example_inputs import EXAMPLE_TRAJECTORY
@@ -45,17 +41,6 @@ def frames_note(num_poses: int) -> str:
     except ValueError:
         return "too few for a moving camera (at least 5 are needed)"
     return f"enough for {covered} video frames ({covered / 16:.1f} s at 16 fps)"
-
-
-def load_camera_input(path: Path, intrinsics: Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """A folder, a poses file + intrinsics file, or a poses.npy whose intrinsics.npy sits beside it."""
-    if intrinsics is not None:
-        cam = load_camera_files(path, intrinsics)
-    elif path.is_file() and (path.parent / INTRINSICS_FILE).is_file() and path.name != INTRINSICS_FILE:
-        cam = load_camera_files(path, path.parent / INTRINSICS_FILE)
-    else:
-        cam = load_camera(path)
-    return cam.poses, cam.intrinsics
 
 
 def _mtimes(*paths: Path) -> str:
@@ -127,8 +112,8 @@ class LingBotCameraFromFiles:
         if intrinsics not in INTRINSICS_MODES:
             raise ValueError(f"intrinsics must be one of {INTRINSICS_MODES}, got {intrinsics!r}")
         p, k = self._sources(trajectory, path, intrinsics_path)
-        poses, ks = load_camera_input(p, k)
-        cam = CameraInput(poses, ks, intrinsics == "per_frame", label=p.name if p.is_dir() else p.stem)
+        path = read_camera(p, k)  # a folder, a poses file + intrinsics file, or a poses.npy beside its intrinsics
+        cam = CameraInput(path.poses, path.intrinsics, intrinsics == "per_frame", label=p.name if p.is_dir() else p.stem)
         show_on_node(f"{p.name}: {cam.num_frames} poses, {frames_note(cam.num_frames)}")
         return (cam, trajectory_image(cam))
 
@@ -161,8 +146,7 @@ class LingBotCameraPreset:
 
     def make(self, preset: str, combine_with: str = NO_PRESET, speed: float = 1.0, frames: int = 81):
         names = [preset] if combine_with in (NO_PRESET, "", None) else [preset, combine_with]
-        path = preset_camera(names, frames=int(frames), speed=float(speed))
-        zoom = any(PRESETS[n].zoom for n in names)  # zoom lives in the intrinsics: follow them per frame
+        path, zoom = preset_path(names, int(frames), float(speed))  # a zoom is followed frame by frame
         cam = CameraInput(path.poses, path.intrinsics, per_frame_intrinsics=zoom,
                           label="+".join(names) + (f" x{speed:g}" if speed != 1.0 else ""))
         show_on_node(f"{cam.label}: {cam.num_frames} poses, {frames_note(cam.num_frames)}")

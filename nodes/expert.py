@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..loaders.expert_format import check_control_pair, check_model_kind, detect_format
+from ..world.detect import check_control_pair, check_model_kind, detect_format
 from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for
@@ -95,7 +95,7 @@ class LingBotExpertLoader:
              blocks_on_gpu: int = -1, speed=None, download: bool = False):
         import comfy.model_management as mm
 
-        from ..speed.options import SpeedOptions
+        from ..world.speed import SpeedOptions
         from .adapters.patchers import ExpertContainer, ExpertPatcher
         from .speed import plan_speed
 

@@ -23,17 +23,15 @@ from typing import Optional
 
 import torch
 
-from ..memory.kv_park import ParkedKVError
-from ..memory.kv_placement import CACHE_PLACEMENTS
-from ..wan.control.camera import usable_frames
-from ..wan.sampling.fast_state import FAST_MODES, plan_first_part, plan_next_part
 from ..world import assembly
+from ..world.cameras import usable_frames
+from ..world.hosted import HostedWorld, ParkedKVError, PartRequest
 from ..world.session import FixedCondition
-from ..world.settings import MODEL_DEFAULT, WorldSettings
+from ..world.settings import CACHE_PLACEMENTS, FAST_MODES, MODEL_DEFAULT, WorldSettings
 from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.expert_weights import ExpertWeights
-from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, check_text,
-                                 condition_track, fast_settings, open_fast_world, run_fast_part)
+from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, condition_track,
+                                 open_fast_world, run_fast_part)
 from .adapters.fast_state_store import FastStateHandle, KVStore, state_line, state_output_used
 from .adapters.lora_attach import patcher_with_lora
 from .adapters.model_fetch import DOWNLOAD
@@ -200,13 +198,15 @@ class LingBotFastSampler:
 
         if noise_source not in NOISE_SOURCES:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
-        cfg = fast_model.config
-        check_text(text, cfg)
+        fast_model.check_text(text.positive)
         keep = state_output_used(prompt, unique_id)
-        device = mm.get_torch_device()
-        settings = fast_settings(fast_model, device, i2v.height, i2v.width, int(seed), noise_source, rule,
-                                 window or MODEL_DEFAULT, sink if window else MODEL_DEFAULT, max_attention or None,
-                                 keep=keep, tiled=i2v.tiled)
+        # the node's inputs as the world's typed settings
+        settings = fast_model.settings(seed=int(seed), noise=noise_source, rule=rule, window=window or MODEL_DEFAULT,
+                                       sink=sink if window else MODEL_DEFAULT, max_attention=max_attention or None,
+                                       vae_tiled=i2v.tiled)
+        world = HostedWorld(fast_model.checked, settings, mm.get_torch_device())
+        request = PartRequest(height=i2v.height, width=i2v.width, frames=i2v.frames, keep=keep)
+        video = world.video(request)
         source = camera_source(camera)
         if camera is not None:
             covered, _ = usable_frames(camera.num_frames, i2v.frames)
@@ -214,24 +214,24 @@ class LingBotFastSampler:
                 raise ValueError(
                     f"the camera trajectory covers {covered} frames but the video has {i2v.frames}: connect the "
                     f"camera to LingBot Image To Video too (it then limits the frames), or set its frames to {covered}")
-        part = plan_first_part(source, i2v.frames, settings)
+        part = world.first_part(source, request, video)
         if part.note:
             log.warning("LingBot-World Fast: %s", part.note)
         label = camera.label if camera is not None else "none"
         log.info("LingBot-World Fast: %dx%d, %d frames (%d chunks), camera=%s, rule=%s", i2v.width, i2v.height,
                  part.frames, part.chunks, label, rule)
-        world, summary = open_fast_world(fast_model, settings, part.latent_frames, part, preview_vae,
-                                         show=show_on_node)
+        session, summary = open_fast_world(fast_model, world, video, part.latent_frames, part, preview_vae,
+                                           show=show_on_node)
         # The causal VAE encoder makes the first latent frames of the longer conditioning exactly these.
-        world.begin(FixedCondition(i2v.y[:, :, :part.latent_frames]), text.positive, text.prompt)
+        session.begin(FixedCondition(i2v.y[:, :, :part.latent_frames]), text.positive, text.prompt)
         handle = None
 
-        def after(world, ok: bool):
+        def after(session, ok: bool):
             nonlocal handle
             if ok and keep:
-                handle = FastStateHandle.first(world.state, world.park(), fast_model, i2v)
+                handle = FastStateHandle.first(session.state, session.park(), fast_model, i2v)
 
-        z = run_fast_part(world, part, source, i2v.frames, preview_vae, keep=keep, after=after, label=label,
+        z = run_fast_part(session, part, source, i2v.frames, preview_vae, keep=keep, after=after, label=label,
                           previews=previews)
         if handle is not None:
             show_on_node(f"{summary}\n{state_line(handle.store.nbytes, shared=not handle.store.evicting)}")
@@ -307,10 +307,12 @@ class LingBotFastContinue:
         handle.store.check(handle)
         st = handle.state
         fast_model = handle.model
+        # the video's own settings come from its state; the model's (weights, cache, speed) from the loader
+        world = HostedWorld(fast_model.checked, fast_model.settings(), mm.get_torch_device())
         if text is not None:
-            check_text(text, fast_model.config)
+            fast_model.check_text(text.positive)
         source = camera_source(camera)
-        part = plan_next_part(st, source, int(frames) or None)
+        part = world.next_part(st, source, int(frames) or None)
         if part.note:
             log.warning("LingBot-World Fast Continue: %s", part.note)
         st.condition = self._condition(handle)
@@ -323,32 +325,32 @@ class LingBotFastContinue:
         log.info("LingBot-World Fast Continue: %d frames so far + %d (%d chunks), camera=%s", st.frames, part.frames,
                  part.chunks, label)
 
-        def after(world, ok: bool):
+        def after(session, ok: bool):
             nonlocal new_handle
             if ok:
-                new_handle = FastStateHandle(world.state, fast_model, handle.i2v)
+                new_handle = FastStateHandle(session.state, fast_model, handle.i2v)
                 if move and keep:  # the chain's cache grows by this part
-                    store.put(world.park(), new_handle.id)
+                    store.put(session.park(), new_handle.id)
                     new_handle.store = store
                 elif move:  # nobody continues this part: the cache goes back as the input state had it
-                    world.rewind(1)
-                    store.put(world.park(), None)
+                    session.rewind(1)
+                    store.put(session.park(), None)
                 elif keep:  # a window: this state gets its own copy
-                    new_handle.store = KVStore(world.park(), new_handle.id, True)
-            elif move and world.cache is not None:  # stopped: the input state keeps its cache (nothing evicted)
+                    new_handle.store = KVStore(session.park(), new_handle.id, True)
+            elif move and session.cache is not None:  # stopped: the input state keeps its cache (nothing evicted)
                 try:
-                    store.put(world.park(), None)
+                    store.put(session.park(), None)
                 except (ParkedKVError, ValueError) as e:
                     store.lost = str(e)
 
         z_before = st.latent()
         try:
-            world, summary = open_fast_world(fast_model, st.settings, st.latent_frames + part.latent_frames, part,
-                                             preview_vae, so_far=st.frames, show=show_on_node)
-            world.resume(st, _Restore(parked, move))
+            session, summary = open_fast_world(fast_model, world, st.settings, st.latent_frames + part.latent_frames,
+                                               part, preview_vae, so_far=st.frames, show=show_on_node)
+            session.resume(st, _Restore(parked, move))
             if text is not None:
-                world.context, world.prompt = text.positive.detach().to("cpu", torch.float32), text.prompt
-            z = run_fast_part(world, part, source, int(frames) or None, preview_vae, keep=keep, after=after,
+                session.context, session.prompt = text.positive.detach().to("cpu", torch.float32), text.prompt
+            z = run_fast_part(session, part, source, int(frames) or None, preview_vae, keep=keep, after=after,
                               z_before=z_before, label=label)
         except BaseException as e:
             if move and store.parked is None:
@@ -360,7 +362,7 @@ class LingBotFastContinue:
         z = z.detach().to("cpu", torch.float32)
         i2v = handle.i2v
         whole = torch.cat([z_before, z], dim=2)
-        from ..wan.vae.streaming import context_latents
+        from ..world.vae import context_latents
 
         n_ctx = context_latents(i2v.vae.model.cfg, z_before.shape[2]) if i2v.vae is not None else z_before.shape[2]
         segment = {"samples": i2v.to_raw_latent(torch.cat([z_before[:, :, z_before.shape[2] - n_ctx:], z], dim=2)),

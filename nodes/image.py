@@ -13,9 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..wan.i2v import build_i2v_condition, first_frame_mask, image_to_model_range
-from ..wan.vae.footprint import vae_work_bytes
-from ..wan.vae.model import VAEConfig
+from ..world.vae import VAEConfig, build_i2v_condition, first_frame_mask, image_to_model_range, vae_work_bytes
 from .adapters.conditioning import SPATIAL, TEMPORAL, plucker_for_latent, with_values
 from .adapters.payloads import CAMERA, CATEGORY, I2V, VAE, CameraInput, I2VCondition, VAEHandle
 from .adapters.progress import show_on_node
@@ -43,8 +41,6 @@ def encode_first_frame_video(vae, video: torch.Tensor) -> torch.Tensor:
     the pack's (LINGBOT_VAE: float32, the reference's maths; the tiny demo's VAE is one)."""
     if not isinstance(vae, VAEHandle):
         return vae.encode(video)
-    from ..wan.vae.footprint import vae_work_bytes
-
     f, h, w = video.shape[0], video.shape[1], video.shape[2]
     model = load_vae_to_device(vae, vae_work_bytes(vae.model.cfg, h, w, f, False, 256))
     pixels = (video * 2.0 - 1.0).permute(3, 0, 1, 2)[None].to(model.device, torch.float32)

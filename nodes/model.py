@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ..loaders.expert_format import detect_format
+from ..world.detect import detect_format
 from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _expert_combo
 from .adapters.expert_weights import ExpertWeights, compute_dtype_for

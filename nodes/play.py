@@ -22,12 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..memory.kv_placement import RAM_MARGIN
-from ..memory.placement import _gb, available_ram_bytes
+from ..world.machine import RAM_MARGIN, available_ram_bytes, gb
 from ..world.settings import MODEL_DEFAULT
 from .adapters.comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
-from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, check_text, condition_track,
-                                 fast_settings, open_fast_world)
+from .adapters.fast_host import FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, condition_track, open_fast_world
 from .adapters.fast_state_store import FastStateHandle, state_line, state_output_used
 from .adapters.payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
 from .adapters.ui_hints import hide_if
@@ -127,7 +125,7 @@ class LingBotPlay:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
         if window and not 0 <= sink < window:  # window 0: the model's play window and sink
             raise ValueError(f"sink {sink}: use 0 .. window - 1 ({window - 1})")
-        check_text(text, fast_model.config)
+        fast_model.check_text(text.positive)
         node = str(unique_id)
         key = (id(fast_model), id(text), id(i2v), int(seed), noise_source, int(window), int(sink), tiny_vae)
         current = _open.get(node)
@@ -161,8 +159,8 @@ def _played(session, keep: bool):
         window = session.settings.window
         fix = ("set window (21 with sink 3 keeps it bounded)" if window is None
                else f"lower window ({window} latent frames kept)")
-        raise MemoryError(f"LingBot Play: its state output would copy the video's K/V cache ({_gb(need)}) into RAM but "
-                          f"{_gb(free)} is free (keeping {_gb(RAM_MARGIN)}): {fix}, which starts a new session, or "
+        raise MemoryError(f"LingBot Play: its state output would copy the video's K/V cache ({gb(need)}) into RAM but "
+                          f"{gb(free)} is free (keeping {gb(RAM_MARGIN)}): {fix}, which starts a new session, or "
                           "disconnect the state output")
     return actions, session.snapshot()
 
@@ -175,8 +173,9 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     from ..player.driver import SessionDriver
     from ..player.options import PlayerOptions
     from ..player.routes import Player
-    from ..wan.control.actions import KeyTimeline
-    from ..wan.sampling.fast_state import CameraSource, plan_first_part
+    from ..world.controls import CameraSource
+    from ..world.hosted import HostedWorld, PartRequest
+    from ..world.keys import KeyTimeline
     from .adapters.progress import show_on_node
 
     if i2v.vae is None or i2v.image is None:
@@ -185,12 +184,14 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
     opening = OpeningProgress()
     device = mm.get_torch_device()
     tiny = _load_tiny(tiny_vae, device)
-    settings = fast_settings(fast_model, device, i2v.height, i2v.width, seed, noise_source, "continuable", window,
-                             sink, None, keep=False, tiled=i2v.tiled, play=True)
-    recipe = settings.recipe
-    first = plan_first_part(CameraSource(keys=KeyTimeline.none(recipe.first_part_frames(1) - 1)),
-                            recipe.first_part_frames(1), settings)
-    world, _ = open_fast_world(fast_model, settings, first.latent_frames, first, i2v.vae, show=show_on_node,
+    hosted = HostedWorld(fast_model.checked, fast_model.settings(seed=seed, noise=noise_source, rule="continuable",
+                                                                  window=window, sink=sink, vae_tiled=i2v.tiled,
+                                                                  play=True), device)
+    settings = hosted.video(PartRequest(height=i2v.height, width=i2v.width))
+    frames = settings.recipe.first_part_frames(1)  # a played video's first part: one chunk without keys
+    first = hosted.first_part(CameraSource(keys=KeyTimeline.none(frames - 1)),
+                              PartRequest(height=i2v.height, width=i2v.width, frames=frames), settings)
+    world, _ = open_fast_world(fast_model, hosted, settings, first.latent_frames, first, i2v.vae, show=show_on_node,
                                tiny_decoder=tiny)
     try:
         if tiny is None:

@@ -6,12 +6,11 @@ from typing import Optional
 
 import torch
 
-from ..memory.camera_cache import CAMERA_CACHE_CHOICES
-from ..wan.control.act_control import act_condition
-from ..wan.control.camera import camera_condition
-from ..wan.control.control_kind import ACT as ACT_KIND, CAMERA as CAMERA_KIND, check_control
+from ..world.controls import ACT as ACT_KIND, CAMERA as CAMERA_KIND, act_condition, camera_condition, check_control
 from ..wan.dit.model import pad_context
-from ..wan.sampling.sampler import CFG_MODES, Cancelled, SamplingSettings, make_noise, sample
+from ..wan.sampling.sampler import SamplingSettings, make_noise, sample
+from ..world.errors import Cancelled
+from ..world.settings import CAMERA_CACHE_CHOICES, CFG_MODES
 from .adapters import cfg_parallel as cfg_parallel_mod
 from .adapters.conditioning import text_from_conditioning
 from .adapters.memory import ComfyExpertProvider, camera_cache_for, plan_for, vram_comfy_can_free

@@ -6,7 +6,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..loaders.camera_files import save_camera_folder
+from ..world.cameras import save_camera_folder
 from .adapters.payloads import CAMERA, CATEGORY, CameraInput
 from .adapters.progress import show_on_node
 

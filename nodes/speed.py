@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from ..speed.options import (
-    ATTENTION_CHOICES,
-    COMPILE_CHOICES,
-    COMPUTE_CHOICES,
-    DEFAULTS,
-    SpeedOptionError,
-    SpeedOptions,
-    SpeedPlan,
-    resolve_speed,
-)
-from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS, attach_preset, preset_options
+from ..world.speed import (ATTENTION_CHOICES, CHUNK_STEP_CHOICES, COMPILE_CHOICES, COMPUTE_CHOICES, DEFAULTS,
+                           PRESET_NAMES, PRESETS, SpeedFlags, SpeedOptionError, SpeedOptions, SpeedPlan,
+                           preset_options, speed_plan)
 from .adapters.payloads import CATEGORY, SPEED
 from .adapters.progress import show_on_node
 
@@ -34,7 +26,8 @@ def plan_speed(options: SpeedOptions, weights: str = "nf4", preset: str | None =
     import comfy.model_management as mm
 
     try:
-        plan = attach_preset(resolve_speed(options, mm.get_torch_device(), weights=weights), preset, chunk_steps)
+        flags = SpeedFlags(options.compile, options.compute, options.attention, weights, preset, chunk_steps)
+        plan = speed_plan(flags, mm.get_torch_device())
     except SpeedOptionError as e:
         raise ValueError(f"LingBot Speed Options: {e}") from None
     for note in plan.notes:

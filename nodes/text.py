@@ -2,15 +2,11 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Optional
 
 import torch
 
-from ..text_encoder.cache import CacheKey, EmbeddingCache, file_identity
-from ..loaders.t5_tokenizer import MAX_LENGTH, resolve_tokenizer_source
-from ..text_encoder.encode import TextEncoderStopped, encode_prompts
-from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
+from ..world.text import (DEFAULT_NEGATIVE_PROMPT, EMBEDDING_DTYPE, TEXT_LENGTH, TextEncoderStopped, all_cached,
+                          encode_prompts, estimate_child_vram_bytes)
 from .adapters import comfy_paths
 from .adapters.model_fetch import DOWNLOAD
 from .adapters.conditioning import to_conditioning
@@ -21,23 +17,10 @@ from .adapters.ui_hints import short_labels
 log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cuda", "cpu")
-EMBED_DTYPE = "bfloat16"
-CHILD_MARGIN_BYTES = 1 << 30  # activations + CUDA context of the child
 
 
 class FreeMemoryRequested(RuntimeError):
     """The user asked ComfyUI to free memory while the text encoder was running."""
-
-
-def all_cached(encoder: Path, tokenizer: Optional[Path], texts: list[str], cache_dir: Path) -> bool:
-    """Would `encode_prompts` serve every text from the cache (so no child and no VRAM is needed)?"""
-    try:
-        tok = resolve_tokenizer_source(tokenizer, encoder)
-        enc_id, tok_id = file_identity(encoder), tok.identity()
-    except (OSError, ValueError):
-        return False
-    cache = EmbeddingCache(cache_dir)
-    return all(cache.path_for(CacheKey(enc_id, tok_id, t, EMBED_DTYPE, MAX_LENGTH)).is_file() for t in texts)
 
 
 def encode_summary(stats: dict) -> str:
@@ -69,12 +52,6 @@ def free_memory_requested() -> bool:
     except Exception:  # no server (tests, scripts)
         return False
     return bool(flags.get("free_memory") or flags.get("unload_models"))
-
-
-def _child_vram_bytes(encoder: Path) -> int:
-    from ..loaders.t5_files import inspect_t5_file
-
-    return inspect_t5_file(encoder).device_bytes(getattr(torch, EMBED_DTYPE)) + CHILD_MARGIN_BYTES
 
 
 class LingBotTextEncode:
@@ -150,7 +127,8 @@ class LingBotTextEncode:
         slot = None
         if dev != "cpu" and not mm.cpu_mode() and not (cache and all_cached(encoder, tok, texts, cache_dir)):
             # Make room on the GPU the way ComfyUI does for its own models, and be unloadable meanwhile.
-            slot = TextEncoderSlot(_child_vram_bytes(encoder), mm.get_torch_device(), torch.device("cpu"))
+            slot = TextEncoderSlot(estimate_child_vram_bytes(encoder, EMBEDDING_DTYPE), mm.get_torch_device(),
+                                   torch.device("cpu"))
             mm.load_models_gpu([slot], force_full_load=True)
 
         # A /free posted while ComfyUI was idle waits for the next prompt to end: it is not a request to stop this
@@ -166,7 +144,7 @@ class LingBotTextEncode:
         progress = TextEncodeProgress(len(set(texts)))
         stats: dict = {}
         try:
-            positive_emb, negative_emb = encode_prompts(encoder, tok, texts, device=dev, dtype=EMBED_DTYPE,
+            positive_emb, negative_emb = encode_prompts(encoder, tok, texts, device=dev, dtype=EMBEDDING_DTYPE,
                                                         cache_dir=cache_dir, use_cache=cache, cancel_check=cancel,
                                                         stats=stats, progress=progress)
         except TextEncoderStopped:
@@ -180,5 +158,5 @@ class LingBotTextEncode:
             if slot is not None:
                 unload_patcher(slot)
         progress.finish(encode_summary(stats))
-        return (TextEmbeds(positive_emb, negative_emb, prompt, negative), to_conditioning(positive_emb, MAX_LENGTH),
-                to_conditioning(negative_emb, MAX_LENGTH))
+        return (TextEmbeds(positive_emb, negative_emb, prompt, negative), to_conditioning(positive_emb, TEXT_LENGTH),
+                to_conditioning(negative_emb, TEXT_LENGTH))

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..loaders.vae_files import load_vae
-from ..loaders.vae_shapes import vae_config_for_file
-from ..wan.vae.footprint import vae_work_bytes
-from ..wan.vae.model import DEFAULT_OVERLAP
+from ..world.vae import DEFAULT_OVERLAP, decoder_norm_silu, read_vae, vae_work_bytes
 from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _combo
 from .adapters.payloads import CATEGORY, CONTEXT_KEY, VAE, VAEHandle
@@ -50,8 +47,7 @@ class LingBotVAELoader:
         from .adapters.patchers import VAEContainer
 
         path = model_fetch.resolve(vae_name, "vae_name", comfy_paths.resolve_vae, bool(download))
-        cfg = vae_config_for_file(path)
-        vae = load_vae(path, device=mm.vae_offload_device(), config=cfg)
+        vae = read_vae(path, mm.vae_offload_device())
         host_memory.track(vae)
         patcher = comfy.model_patcher.ModelPatcher(VAEContainer(vae), mm.vae_device(), mm.vae_offload_device())
         return (VAEHandle(patcher, path),)
@@ -96,8 +92,6 @@ class LingBotVAEDecode:
         overlap = min(DEFAULT_OVERLAP, max(int(tile_size) // 4, 1))
         work = vae_work_bytes(cfg, mu.shape[3] * s, mu.shape[4] * s, frames, tiled, int(tile_size) * s)
         model = load_vae_to_device(vae, work)
-        from ..speed.vae_norm import decoder_norm_silu
-
         norm_silu = decoder_norm_silu(model.device)  # as the pack's other decodes on this device (fused on CUDA)
         out = []
         for b in range(mu.shape[0]):

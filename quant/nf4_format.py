@@ -3,7 +3,7 @@ names, dtypes and shapes, the quant-state JSON, and the compute dtype per device
 
 Kept apart from quant/nf4.py (the bitsandbytes module) so the checks that run before a model loads (file
 headers, key plans, memory plans) do not import bitsandbytes, whose import pulls in torch._dynamo and
-torch._inductor (seconds): the CLI imports it on a background thread meanwhile (cli/heavy_imports.py).
+torch._inductor (seconds): the CLI imports it on a background thread meanwhile (world/heavy_imports.py).
 """
 from __future__ import annotations
 

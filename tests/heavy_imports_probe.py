@@ -24,7 +24,7 @@ mode, out = sys.argv[1], sys.argv[2]
 argv = sys.argv[sys.argv.index("--") + 1:]
 
 from lingbot_world import cli  # noqa: E402
-from lingbot_world.cli import heavy_imports  # noqa: E402
+from lingbot_world.world import heavy_imports  # noqa: E402
 
 record: dict = {"mode": mode}
 Base = heavy_imports.BackgroundImports

@@ -11,7 +11,7 @@ from pathlib import Path
 CLI = Path(__file__).resolve().parent.parent / "cli"
 
 # The module whose job is reading a namespace into a typed request.
-REQUEST_MODULES = {"request_base.py"}  # FlagRequest.from_args: the requests of generate and play
+REQUEST_MODULES = {"requests.py"}  # FlagRequest.from_args: the requests of generate, play and compare
 # Functions that receive the namespace from argparse and turn it into a request (or, for the one-call commands,
 # read their few flags) at once.
 ENTRY_POINTS = {
@@ -20,8 +20,7 @@ ENTRY_POINTS = {
     ("play.py", "run"),
     ("compare.py", "run"),
     ("check_expert.py", "run"),
-    ("convert_expert.py", "run"),
-    ("convert_lowp.py", "run"),
+    ("convert.py", "run"),
     ("smoke.py", "run"),
 }
 

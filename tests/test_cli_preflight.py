@@ -209,12 +209,12 @@ def test_debug_shows_the_traceback_and_bugs_always_do(capsys, demo_ckpt, tmp_pat
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" in err and err.strip().endswith("use auto, cpu, cuda or cuda:N")
 
-    from lingbot_world.cli import generate
+    from lingbot_world.cli import generate_base
 
-    def bug(args, log):
+    def bug(request, session):
         return 1 / 0
 
-    monkeypatch.setattr(generate, "prepare", bug)
+    monkeypatch.setattr(generate_base, "preflight", bug)
     rc = main(["generate", "--demo", "--demo-dir", str(demo_ckpt)])
     err = capsys.readouterr().err
     assert rc == 1 and "ZeroDivisionError" in err and "Traceback" in err and "please report it" in err

@@ -1,4 +1,4 @@
-"""The typed requests the CLI reads its flags into (cli/generate_request.py, cli/play_request.py): frozen, read once,
+"""The typed requests the CLI reads its flags into (cli/requests.py): frozen, read once,
 and changed only by making a new one."""
 import dataclasses
 from pathlib import Path
@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from lingbot_world.cli import build_parser
-from lingbot_world.cli.generate_request import DEMO_FRAMES, DEMO_SIZE, GenerateRequest
-from lingbot_world.cli.play_request import PlayRequest
+from lingbot_world.cli.requests import DEMO_FRAMES, DEMO_SIZE, GenerateRequest, PlayRequest
 
 
 def _generate(*argv) -> GenerateRequest:
@@ -38,7 +37,7 @@ def test_demo_defaults_make_a_new_request():
 
 def test_each_demo_writes_a_video_of_its_own_name():
     """A Fast or v2 demo never replaces the base demo's lingbot_demo.mp4 (nor another model's)."""
-    from lingbot_world.cli.fast_run import with_fast_demo_defaults
+    from lingbot_world.cli.generate_causal import with_demo_defaults as with_fast_demo_defaults
 
     outs = {m: with_fast_demo_defaults(_generate("--demo", "--model", m)).out for m in ("fast", "v2-14b", "v2-1.3b")}
     assert outs == {"fast": Path("lingbot_demo_fast.mp4"), "v2-14b": Path("lingbot_demo_v2-14b.mp4"),

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from lingbot_world.cli import main
-from lingbot_world.cli.compare_request import parse_preset, parse_presets
+from lingbot_world.cli.compare import parse_preset, parse_presets
 from lingbot_world.cli.errors import UsageError
 from lingbot_world.world import quality as q
 from lingbot_world.world.compare_plot import BACKGROUND, colour, panel_boxes

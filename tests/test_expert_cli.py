@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from lingbot_world.cli import check_expert, convert_expert
+from lingbot_world.cli import check_expert, convert
 from lingbot_world.loaders.nf4_writer import random_expert_state, write_official_expert
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
@@ -13,7 +13,7 @@ def _cli(argv):
     parser = argparse.ArgumentParser(prog="lingbot-world")
     sub = parser.add_subparsers(dest="command", required=True)
     check_expert.add_parser(sub)
-    convert_expert.add_parser(sub)
+    convert.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

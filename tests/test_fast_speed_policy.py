@@ -1,7 +1,7 @@
 """--compile auto for the Fast model: a short video runs eagerly (the compile warm-up outweighs what it saves)."""
 from dataclasses import replace
 
-from lingbot_world.cli.speed_flags import FAST_COMPILE_MIN_CHUNKS, SpeedFlags, fast_compile_policy
+from lingbot_world.speed.plans import FAST_COMPILE_MIN_CHUNKS, SpeedFlags, fast_compile_policy
 from lingbot_world.speed.options import SpeedPlan
 
 
@@ -27,7 +27,7 @@ def test_long_videos_and_explicit_choices_keep_compile():
 def test_the_compiler_check_waits_for_the_background_imports_only_when_it_runs(monkeypatch):
     import torch
 
-    from lingbot_world.cli import speed_flags
+    from lingbot_world.speed import plans as speed_flags
     from lingbot_world.speed import compile as compile_mod
 
     waited = []
@@ -43,7 +43,7 @@ def test_the_compiler_check_waits_for_the_background_imports_only_when_it_runs(m
 def test_a_short_video_on_a_gpu_never_asks_the_compiler(monkeypatch):
     import torch
 
-    from lingbot_world.cli import speed_flags
+    from lingbot_world.speed import plans as speed_flags
 
     asked = []
     monkeypatch.setattr(speed_flags, "speed_plan",
@@ -58,7 +58,7 @@ def test_a_short_video_on_a_gpu_never_asks_the_compiler(monkeypatch):
 
 
 def test_a_continuation_follows_the_kernels_its_video_was_made_with():
-    from lingbot_world.cli.speed_flags import follow_started_compile
+    from lingbot_world.speed.plans import follow_started_compile
 
     auto = SpeedFlags(compile="auto")
     available = _plan()  # the compiler runs here

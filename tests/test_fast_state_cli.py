@@ -162,7 +162,7 @@ def test_a_continuation_follows_the_speed_preset_and_steps_the_video_was_made_wi
 
 
 def test_follow_started_speed_rules():
-    from lingbot_world.cli.speed_flags import follow_started_speed
+    from lingbot_world.speed.plans import follow_started_speed
 
     assert follow_started_speed(None, None, "", 0) == (None, None, None, False)  # an older state: as given
     assert follow_started_speed("fast", 2, "", 0)[:2] == ("fast", 2)

@@ -158,7 +158,7 @@ def test_conversion_is_atomic(release, tmp_path, monkeypatch):
 
 
 def test_convert_fp8_cli(release, tmp_path, capsys):
-    from lingbot_world.cli import convert_lowp as convert_fp8
+    from lingbot_world.cli import convert as convert_fp8
 
     parser = argparse.ArgumentParser(prog="lingbot-world")
     convert_fp8.add_parser(parser.add_subparsers(dest="command", required=True))

@@ -1,4 +1,4 @@
-"""The background imports (cli/heavy_imports.py): their lifecycle, and on the real CLI in fresh processes that the
+"""The background imports (world/heavy_imports.py): their lifecycle, and on the real CLI in fresh processes that the
 main thread and the import thread never import the same modules, that the run neither deadlocks nor sees a
 half-imported module while both import at once, and that the video is the same as with the imports in turn."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lingbot_world.cli.heavy_imports import BackgroundImports
+from lingbot_world.world.heavy_imports import BackgroundImports
 
 PROBE = Path(__file__).with_name("heavy_imports_probe.py")
 

@@ -252,7 +252,7 @@ def test_cli_offers_layered_and_maps_it_where_a_layout_decides(caplog):
     import logging
 
     from lingbot_world.cli import build_parser
-    from lingbot_world.cli.parallel_flags import planned_cfg_mode, sampling_cfg_mode
+    from lingbot_world.parallel.ranks import planned_cfg_mode, sampling_cfg_mode
 
     assert build_parser().parse_args(["generate", "--cfg-mode", "layered"]).cfg_mode == "layered"
     with pytest.raises(SystemExit):

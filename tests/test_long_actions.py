@@ -20,10 +20,10 @@ def long_string(segments: int, frames: int) -> str:
 def test_an_hour_of_keys_passes_every_check_inline_and_from_a_file(tmp_path):
     """10,000 segments of 6 frames: 60,000 frames, an hour and two minutes at 16 fps, 47 kB of text."""
     from lingbot_world.cli import build_parser
-    from lingbot_world.cli.fast_request import requested_frames
-    from lingbot_world.cli.flag_checks import check_text_flags
-    from lingbot_world.cli.generate_request import GenerateRequest
+    from lingbot_world.cli.checks import check_text_flags
     from lingbot_world.cli.outputs import generate_inputs
+    from lingbot_world.cli.requests import GenerateRequest
+    from lingbot_world.world.controls import requested_frames
     from lingbot_world.loaders.action_files import action_string_of, looks_like_path, path_exists, read_key_source
 
     text = long_string(10_000, 6)
@@ -36,7 +36,7 @@ def test_an_hour_of_keys_passes_every_check_inline_and_from_a_file(tmp_path):
         request = GenerateRequest.from_args(build_parser().parse_args(
             ["generate", "--demo", "--model", "fast", f"--actions={spec}", "--out", str(tmp_path / "o.mp4")]))
         check_text_flags(request)
-        assert requested_frames(request) == pad_to_4n1(60_000)
+        assert requested_frames(request.actions, request.frames) == pad_to_4n1(60_000)
         assert action_string_of(spec) == text
         assert np.array_equal(read_key_source(spec).keys.pressed, keys.pressed)
         assert [flag for flag, _ in generate_inputs(request)] == ([] if spec == text else ["--actions"])
@@ -44,7 +44,7 @@ def test_an_hour_of_keys_passes_every_check_inline_and_from_a_file(tmp_path):
 
 
 def test_a_long_preset_combination_is_a_preset_not_a_file():
-    from lingbot_world.cli.preflight import camera_path
+    from lingbot_world.world.controls import camera_path
 
     spec = "+".join(["dolly_in", "pan_left"] * 30)  # 509 characters
     path, zoom = camera_path(spec, 9, 1.0)

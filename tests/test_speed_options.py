@@ -141,9 +141,9 @@ def test_cli_refuses_before_loading(monkeypatch, tmp_path, capsys):
     from lingbot_world.cli import main
 
     touched = []
-    import lingbot_world.cli.preflight as preflight
+    import lingbot_world.world.base as base
 
-    monkeypatch.setattr(preflight, "_files", lambda args: touched.append("files"))
+    monkeypatch.setattr(base, "base_files", lambda source: touched.append("files"))
     assert main(["generate", "--demo", "--compute", "fp8", "--out", str(tmp_path / "x.mp4")]) == 2
     err = capsys.readouterr().err.strip()
     assert "--compute fp8" in err and "\n" not in err

@@ -77,13 +77,13 @@ def _parse(argv):
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    from lingbot_world.cli.generate_request import GenerateRequest
+    from lingbot_world.cli.requests import GenerateRequest
 
     return GenerateRequest.from_args(parser.parse_args(["generate"] + argv))
 
 
 def test_cli_speed_flag_and_explicit_overrides():
-    from lingbot_world.cli import speed_flags
+    from lingbot_world.speed import plans as speed_flags
 
     request = _parse(["--speed", "draft"])
     assert request.speed == "draft"
@@ -100,7 +100,7 @@ def test_cli_speed_flag_and_explicit_overrides():
 
 
 def test_fast_speed_plan_keeps_its_signature_and_carries_the_preset(monkeypatch):
-    from lingbot_world.cli import speed_flags
+    from lingbot_world.speed import plans as speed_flags
 
     flags = speed_flags.SpeedFlags.given("draft", {"compile": "auto", "compute": "bf16", "attention": "auto"})
     plan = speed_flags.fast_speed_plan(flags, CPU, 7, before_compiler_check=None)
@@ -162,9 +162,9 @@ def test_chunk_steps_replace_the_presets_step_count_and_say_so():
 
 
 def test_cli_chunk_steps_reach_the_plan_and_are_a_fast_model_flag():
-    from lingbot_world.cli import speed_flags
+    from lingbot_world.speed import plans as speed_flags
     from lingbot_world.cli.errors import UsageError
-    from lingbot_world.cli.flag_checks import check_model_flags
+    from lingbot_world.cli.checks import check_model_flags
 
     request = _parse(["--model", "fast", "--speed", "draft", "--chunk-steps", "2"])
     assert request.chunk_steps == 2 and request.speed_flags.chunk_steps == 2
@@ -203,7 +203,7 @@ def test_the_players_fast_render_replays_the_played_chunk_steps(tmp_path):
     from types import SimpleNamespace
 
     from lingbot_world.cli.play import _render_source
-    from lingbot_world.cli.play_request import PlayRequest
+    from lingbot_world.cli.requests import PlayRequest
     from lingbot_world.player.render_job import render_command
 
     speed = resolve_preset("draft", CPU, chunk_steps=2)

@@ -9,8 +9,9 @@
     load     = model_loader(checked, settings, device)   # load (NF4 / FP8 / INT8 / bf16), then the LoRAs
     session  = open_session(...)                         # a WorldSession on them (world/session.py)
 
-The CLI runs these steps with its start-up overlap (world/startup.py), ComfyUI with its own placement (the model
-through its model management) and the VRAM it can free, the player through `open_session`. None of them builds a
+The CLI runs these steps with its start-up overlap (world/first_part.py; a continuation: world/continuation.py),
+ComfyUI with its own placement (the model through its model management) and the VRAM it can free, the player
+through `open_session`. The base models' two experts have their own assembly (world/base.py). None of them builds a
 FastSettings, caps a window or calls the memory planner itself.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..speed.levers import plan_levers
 from ..wan.sampling.fast_state import FastSettings
 from ..wan.sizes import max_area_for, target_size
+from .errors import WorldError
 from .files import WorldFiles
 from .models import ModelEntry
 from .plan import compute_dtype, play_layout, plan_world_memory, session_layout
@@ -51,6 +53,13 @@ class Checked:
     @property
     def config(self):
         return self.fmt.config
+
+
+def compute_device(device=None) -> torch.device:
+    """The device a world computes on: the one given, else CUDA when available, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def check_weights_mode(weights: str, device: torch.device) -> None:
@@ -78,6 +87,17 @@ def check_dit(path, settings: WorldSettings, device: torch.device, wanted: Optio
     own): its headers, which registry model it is, every tensor; the LoRAs of the settings."""
     files = WorldFiles(Path(path).parent, Path(path), None, None, None, wanted)
     return check(files, settings, device, tiny=False)
+
+
+def check_tiny_vae(path, label: str = "the tiny decoder") -> None:
+    """A tiny decoder's file read and checked (a few MB) without building the decoder: one line beginning with
+    `label` (the flag or input that named it) when it cannot be used."""
+    from ..loaders.tiny_vae_files import TinyVAEFileError, check_tiny_decoder_file
+
+    try:
+        check_tiny_decoder_file(path)
+    except (TinyVAEFileError, FileNotFoundError) as e:
+        raise WorldError(f"{label}: {e}") from None
 
 
 def read_loras(loras, cfg) -> list:
@@ -242,8 +262,7 @@ def open_session(files: WorldFiles, settings: Optional[WorldSettings] = None, *,
     from .session import WorldSession
 
     settings = settings or WorldSettings()
-    device = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu")
+    device = compute_device(device)
     check_weights_mode(settings.weights, device)
     checked = check(files, settings, device)
     settings = replace(settings, speed=fit_speed(checked, settings.speed))
@@ -277,6 +296,16 @@ class Opened:
         h, w, condition, context = start_inputs(self.checked.files, self.settings, vae, load_start_image(image),
                                                 prompt, device)
         return h, w, condition, context, video_settings(self.checked, self.settings, device, h, w)
+
+
+def check_start_image(path) -> Path:
+    """A start image's file read now (unreadable or not a picture: one line), before anything loads; its absolute
+    path."""
+    from ..loaders.image_files import load_image
+
+    path = Path(path).expanduser().resolve()
+    load_image(path)
+    return path
 
 
 def load_start_image(image: Union[str, Path, torch.Tensor]) -> torch.Tensor:

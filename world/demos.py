@@ -151,3 +151,41 @@ def _convert(source: Path, out: Path, weights: str, entry: ModelEntry) -> None:
         convert_to_lowp(source, out, weights, device="cpu", tags=model_tags(entry))
     except FileExistsError:  # another process converted it first
         pass
+
+
+def demo_inputs() -> tuple[Path, str]:
+    """The demos' start image and prompt (the release's example); its Act input (action.npy + poses.npy) is in
+    `act_example()`."""
+    from ..loaders.demo_checkpoint import DEMO_IMAGE, DEMO_PROMPT
+
+    return DEMO_IMAGE, DEMO_PROMPT
+
+
+def act_example() -> Path:
+    """The release's Act example input (examples/05: action.npy + poses.npy + intrinsics.npy)."""
+    from ..loaders.demo_checkpoint import DEMO_IMAGE
+
+    return DEMO_IMAGE.parent / "examples" / "05"
+
+
+def tiny_forward() -> tuple[tuple, bool, float]:
+    """The install check: a tiny random-weight DiT's forward on the CPU; (the output's shape, whether it is finite,
+    seconds)."""
+    import time
+
+    import torch
+
+    from ..wan.dit.model import DiTConfig, WanDiT
+
+    torch.manual_seed(0)
+    cfg = DiTConfig.tiny()
+    model = WanDiT(cfg).eval()
+    f, h, w = 3, 8, 8
+    x = torch.randn(1, cfg.out_dim, f, h, w)
+    y = torch.randn(1, cfg.in_dim - cfg.out_dim, f, h, w)
+    ctx = torch.randn(1, 7, cfg.text_dim)
+    cam = torch.randn(1, 384, f, h, w)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model(x, torch.tensor([999]), ctx, y, camera=cam)
+    return tuple(out.shape), bool(out.isfinite().all()), time.perf_counter() - t0

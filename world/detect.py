@@ -16,9 +16,14 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..loaders.expert_format import ExpertFormat, ExpertLoadError, model_kind
+# An expert's headers read and checked (a door checks a file a user picked with these, before anything loads).
+from ..loaders.expert_format import (ExpertFormat, ExpertLoadError, check_control_pair, check_model_kind, detect_format,
+                                     model_kind)
 from . import models as registry
 from .models import ModelEntry
+
+__all__ = ["ExpertFormat", "ExpertLoadError", "LICENCE_TAG", "MODEL_TAG", "V2_INDEX", "check_control_pair",
+           "check_model_kind", "describe_folder", "detect_format", "identify", "model_tags", "recorded_model"]
 
 MODEL_TAG = "lingbot_model"  # our writers' record of the model's registry name
 LICENCE_TAG = "lingbot_licence"

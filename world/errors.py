@@ -1,4 +1,7 @@
-"""The World session's own error: a request it cannot carry out as given (one line that says what to do)."""
+"""What a world raises at a door: a request it cannot carry out as given, and a run stopped on request."""
+from ..wan.sampling.sampler import Cancelled  # a run's cancel check said stop (between two model calls)
+
+__all__ = ["Cancelled", "WorldError"]
 
 
 class WorldError(ValueError):

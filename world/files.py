@@ -136,3 +136,34 @@ def _missing_dit(root: Path, entries: list[ModelEntry], weights: str) -> str:
         e = entries[0]
         msg += f" Download {e.files.hub_repo} into {root}" + (f" ({e.files.hub_note})" if e.files.hub_note else "") + "."
     return msg
+
+
+def heads_without_building(source: ModelSource, weights: str = "nf4") -> Optional[int]:
+    """The attention heads of the model `source` names, where they are known without building or loading anything
+    (a demo's configuration, a checkpoint's config.json or headers); None otherwise, or when a file is missing or
+    damaged (the pre-flight reports that, in its words). source.model: a causal model of the registry, or a base
+    model (None: Cam or Act, told from the experts)."""
+    try:
+        entry = registry.model(source.model) if source.model else None
+        causal = entry is not None and entry.causal
+        if source.demo and causal:
+            from .demos import demo_config
+
+            return demo_config(entry).num_heads
+        if source.demo:
+            from ..loaders.demo_checkpoint import demo_configs
+
+            return demo_configs(entry.control if entry is not None else "camera")[0].num_heads
+        if source.ckpt_dir is None and source.high is None:
+            return None
+        from ..memory.placement import read_expert_config
+
+        if causal:
+            return read_expert_config(find_in_folder(Path(source.ckpt_dir), source.model, weights).dit).num_heads
+        if source.high is not None:
+            return read_expert_config(source.high).num_heads
+        from ..loaders.checkpoint_dir import find_checkpoint_files
+
+        return read_expert_config(find_checkpoint_files(source.ckpt_dir).high).num_heads
+    except Exception:  # noqa: BLE001 - a missing or damaged file is the pre-flight's to report, in its words
+        return None

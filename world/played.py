@@ -1,16 +1,64 @@
-"""What a World session has played: its keys, its camera path, the picture of it, and saving it to files (a mixin of
-WorldSession, world/session.py)."""
+"""Playing a World session chunk by chunk (`step`), and what it has played: its keys, its camera path, the picture
+of it, and saving it to files (a mixin of WorldSession, world/session.py)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+import time
+from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
+import torch
 
 from ..wan.control.actions import KeyInputError, KeyTimeline
+from ..wan.sampling.fast_state import CameraSource
+from .errors import WorldError
+from .frames import ChunkFrames, ChunkTimes, to_uint8
 
 
 class PlayedVideo:
-    """The video so far as keys, a camera path and files. Uses the session's `parts` and `_walked`."""
+    """The video played chunk by chunk, and the video so far as keys, a camera path and files. Uses the session's
+    parts, its decoder, `run_part` and `_walked`."""
+
+    def step(self, keys: Union[KeyTimeline, str, None] = None,
+             on_preview: Optional[Callable[[ChunkFrames], None]] = None) -> Iterator[ChunkFrames]:
+        """One chunk steered by `keys` (a KeyTimeline, an action string, or None: no key pressed), yielding its
+        frames latent frame by latent frame as they are decoded. Keys shorter than `keys_for_next_chunk()` are
+        padded with frames without keys.
+
+        on_preview(ChunkFrames with preview=True): the whole chunk's frames as its first denoising step sees them,
+        called on this thread from inside the chunk's run right after its first model call, before any frame is
+        yielded. Only a session that decodes with a tiny decoder previews (a second VAE decode would cost more than
+        it saves: with the VAE on_preview is never called). The preview is decoded by a fork of the tiny decoder
+        and changes nothing else: the yielded frames, the cache and every saved file are the same without it."""
+        with self.model_lock:  # held across the yields: the consumer decodes on this thread
+            need = self.keys_for_next_chunk()
+            timeline = self._keys(keys, need)
+            if not self.decodes:
+                raise WorldError("this session has no VAE: step() decodes the frames as they are made")
+            if self._unfinished:
+                raise WorldError("the last part skipped its final context pass; the video cannot go on")
+            source = CameraSource(keys=timeline, label="keys")
+            frames = self.settings.recipe.first_part_frames(1) if not self.parts else self.chunk_video_frames
+            part = self.plan_part(source, frames)
+            start_frame = self.frames
+            chunk = self.chunks
+            decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on it)
+            preview = self._chunk_preview(decoder, chunk, start_frame, on_preview)
+            t0 = time.perf_counter()
+            self._grow_ahead = True
+            self.run_part(part, source, frames, step_callback=preview)
+            t_preview = preview.seconds if preview is not None else 0.0
+            t_dit = time.perf_counter() - t0 - t_preview
+            latent = self.state.latents[-1]
+            decoded = 0.0
+            first = start_frame
+            for i in range(latent.shape[2]):
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    frames_i = to_uint8(self._decode(decoder, latent[:, :, i:i + 1].to(self.device)))
+                decoded += time.perf_counter() - t
+                self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0, t_preview)
+                yield ChunkFrames(chunk, first, frames_i)
+                first += frames_i.shape[0]
 
     def save(self, prefix, *, write_video: Optional[Callable] = None, state: bool = False, fps: int = 16):
         """Write what was made: prefix.mp4 (with `write_video(frames, path, fps)`, frames an iterator of uint8

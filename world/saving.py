@@ -49,3 +49,49 @@ def save_session(session, prefix, *, write_video: Optional[Callable] = None, sta
     if write_video is not None:
         out.video = Path(write_video(session.video_frames(), prefix.with_name(prefix.name + ".mp4"), fps))
     return out
+
+
+@dataclass
+class StateTarget:
+    """Where a video's state is saved after a part (to continue it later), and the size it will have: the K/V cache
+    of `tokens` tokens x `layers` layers in `cache_dtype` (`kv_bytes`) and the rest (`estimate` in all), so a door
+    can check the target with its other outputs before the run."""
+
+    path: Path
+    estimate: int
+    tokens: int
+    layers: int
+    cache_dtype: str
+    kv_bytes: int
+    written: Optional[Path] = None
+
+    @classmethod
+    def plan(cls, path, settings, cfg, latent_frames: int) -> "StateTarget":
+        """The target of a video with these settings (a FastSettings) after `latent_frames` latent frames."""
+        import torch
+
+        from ..loaders.fast_state_file import HEADER_RESERVE_BYTES, kv_bytes
+
+        path = Path(path).expanduser()
+        layout = settings.layout(latent_frames)
+        tokens = min(layout.capacity, latent_frames * settings.frame_tokens)
+        kv = kv_bytes(tokens, cfg.num_layers, cfg.num_heads, cfg.head_dim, getattr(torch, settings.cache_dtype))
+        lat_h, lat_w = settings.height // 8, settings.width // 8
+        small = (4 * lat_h * lat_w * (16 * latent_frames + 20 * 32) + cfg.text_len * cfg.text_dim * 4
+                 + HEADER_RESERVE_BYTES)
+        return cls(path, kv + small, tokens, cfg.num_layers, settings.cache_dtype, kv)
+
+    def write(self, state, placement) -> Path:
+        """The state after the part, with the K/V cache as `placement` (a memory CachePlacement) holds it."""
+        from ..loaders.fast_state_file import save_state
+        from ..memory.kv_park import placement_layers
+
+        self.written = save_state(self.path, state, placement_layers(placement, state.kv_local_end))
+        return self.written
+
+    @staticmethod
+    def size_text(n: int) -> str:
+        """A state's size in words ("26.8 GB")."""
+        from ..loaders.fast_state_file import describe_size
+
+        return describe_size(n)

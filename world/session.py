@@ -1,7 +1,8 @@
 """The World session: one loaded causal model and one video, driven part by part or chunk by chunk.
 
-Its sections live in files of their own: the parts and their tensors, old ones on disk (history.py), what was played
-and saving it (played.py), going back (rewinding.py), decoding (decoding.py); the K/V cache's placement is cache.py.
+Its sections live in files of their own: the parts and their tensors, old ones on disk (history.py), playing it chunk
+by chunk, what was played and saving it (played.py), going back (rewinding.py), decoding (decoding.py); the K/V
+cache's placement is cache.py.
 
 Every door (the CLI's generate / continue, the ComfyUI nodes, the live player) runs the Fast model through this
 object, so a played video and a batch run are the same calls and give the same frames.
@@ -23,12 +24,11 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
-from ..wan.control.actions import KeyTimeline
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun
 from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
@@ -37,7 +37,7 @@ from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from .cache import SessionCache
 from .decoding import SessionDecoding
 from .errors import WorldError
-from .frames import ChunkFrames, ChunkTimes, FixedCondition, to_uint8
+from .frames import ChunkTimes, FixedCondition
 from .history import PartHistory
 from .played import PlayedVideo
 from .rewinding import Rewinding
@@ -278,48 +278,6 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
             total = time.perf_counter() - t0
             self.last_times = ChunkTimes(total - t_decode, t_decode, total)
             return latent
-
-    def step(self, keys: Union[KeyTimeline, str, None] = None,
-             on_preview: Optional[Callable[[ChunkFrames], None]] = None) -> Iterator[ChunkFrames]:
-        """One chunk steered by `keys` (a KeyTimeline, an action string, or None: no key pressed), yielding its
-        frames latent frame by latent frame as they are decoded. Keys shorter than `keys_for_next_chunk()` are
-        padded with frames without keys.
-
-        on_preview(ChunkFrames with preview=True): the whole chunk's frames as its first denoising step sees them,
-        called on this thread from inside the chunk's run right after its first model call, before any frame is
-        yielded. Only a session that decodes with a tiny decoder previews (a second VAE decode would cost more than
-        it saves: with the VAE on_preview is never called). The preview is decoded by a fork of the tiny decoder
-        and changes nothing else: the yielded frames, the cache and every saved file are the same without it."""
-        with self.model_lock:  # held across the yields: the consumer decodes on this thread
-            need = self.keys_for_next_chunk()
-            timeline = self._keys(keys, need)
-            if not self.decodes:
-                raise WorldError("this session has no VAE: step() decodes the frames as they are made")
-            if self._unfinished:
-                raise WorldError("the last part skipped its final context pass; the video cannot go on")
-            source = CameraSource(keys=timeline, label="keys")
-            frames = self.settings.recipe.first_part_frames(1) if not self.parts else self.chunk_video_frames
-            part = self.plan_part(source, frames)
-            start_frame = self.frames
-            chunk = self.chunks
-            decoder = self._decoder_for(True)  # before the chunk joins the video (a new decoder warms up on it)
-            preview = self._chunk_preview(decoder, chunk, start_frame, on_preview)
-            t0 = time.perf_counter()
-            self._grow_ahead = True
-            self.run_part(part, source, frames, step_callback=preview)
-            t_preview = preview.seconds if preview is not None else 0.0
-            t_dit = time.perf_counter() - t0 - t_preview
-            latent = self.state.latents[-1]
-            decoded = 0.0
-            first = start_frame
-            for i in range(latent.shape[2]):
-                t = time.perf_counter()
-                with torch.inference_mode():
-                    frames_i = to_uint8(self._decode(decoder, latent[:, :, i:i + 1].to(self.device)))
-                decoded += time.perf_counter() - t
-                self.last_times = ChunkTimes(t_dit, decoded, time.perf_counter() - t0, t_preview)
-                yield ChunkFrames(chunk, first, frames_i)
-                first += frames_i.shape[0]
 
     def _run_options(self) -> dict:
         return self.speed.fast_run_options(self.settings.recipe) if self.speed is not None else {}

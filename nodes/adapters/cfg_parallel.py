@@ -54,7 +54,7 @@ def two_device_provider(main_provider, experts, device: torch.device, video: tup
                         ) -> TwoDeviceCFG:
     """Wrap the sampler's ComfyUI provider: the second GPU's copy of each expert is placed by the pack's planner."""
     from ...memory.placement import make_provider
-    from ...speed.options import apply_speed
+    from ...world.speed import apply_speed
 
     speed = experts.speed if experts.speed is not None else experts.high.weights.speed
     blocks = experts.blocks_on_gpu if experts.blocks_on_gpu >= 0 else None

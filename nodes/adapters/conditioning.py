@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from ...wan.control.camera import camera_condition
+from ...world.cameras import camera_condition
 from ...wan.dit.model import pad_context
 from .payloads import CameraInput, TextEmbeds
 from .video_setup import LATENT_CHANNELS

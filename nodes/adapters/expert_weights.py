@@ -14,14 +14,14 @@ from typing import Callable, Optional
 
 import torch
 
-from ...memory.block_swap import BlockSwapper, streamed_block_keys
-from ...quant.lowp_kinds import LOWP_WEIGHTS
-from ...loaders.expert_format import ExpertFormat
 from ...loaders.expert_loader import load_expert
-from ...quant.nf4 import default_compute_dtype
+from ...memory.block_swap import BlockSwapper, streamed_block_keys
 from ...memory.pinned import park_on_host, unpark
 from ...memory.placement import expert_sizes
+from ...quant.nf4 import default_compute_dtype
 from ...wan.dit.model import WanDiT
+from ...world.detect import ExpertFormat
+from ...world.settings import LOWP_WEIGHTS
 from . import host_memory
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class ExpertWeights:
             model = load_expert(self.fmt, device, self.mode, progress=self.progress)
             self.loads_from_disk += 1
         if self.speed is not None:
-            from ...speed.options import apply_speed
+            from ...world.speed import apply_speed
 
             apply_speed(model, self.speed)
         return model

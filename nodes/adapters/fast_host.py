@@ -1,11 +1,12 @@
-"""The Fast model in ComfyUI's process: its payload, settings from node inputs, and one part of a video run
-through the World session (world/session.py) with the model placed by ComfyUI's model management.
+"""The Fast model in ComfyUI's process: its payload, and one part of a video run through the World session with the
+model placed by ComfyUI's model management (world/hosted.py: the world a host places).
 
 `ComfyFastPlacement` is the session's placement here: the model is loaded by `comfy.model_management` (the
 experts' ExpertPatcher, so "free memory" and other models evict it like an expert) and the K/V cache is placed by
-the memory plan next to it (GPU, or pinned RAM streamed one layer ahead). `run_fast_part` plans the memory, shows
-the plan on the node, runs the part with ComfyUI's progress bar, previews and cancel, and frees the cache when the
-part ends or is cancelled (a state keeps it parked in RAM: nodes/adapters/fast_state_store.py).
+the memory plan next to it (GPU, or pinned RAM streamed one layer ahead). `open_fast_world` plans the memory for
+what ComfyUI can free and shows the plan on the node; `run_fast_part` runs the part with ComfyUI's progress bar,
+previews and cancel, and frees the cache when the part ends or is cancelled (a state keeps it parked in RAM:
+nodes/adapters/fast_state_store.py).
 """
 from __future__ import annotations
 
@@ -16,16 +17,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...memory.kv_placement import FastMemoryError, place_kv_cache
-from ...memory.placement import _gb
-from ...speed.levers import plan_levers
-from ...wan.sampling.fast_state import CameraSource, FastSettings
-from ...wan.sampling.sampler import Cancelled
-from ...world import assembly
+from ...world.controls import CameraSource
+from ...world.errors import Cancelled
+from ...world.hosted import FastSettings, HostedWorld, HostPlacement, check_text
+from ...world.machine import gb
 from ...world.session import WorldSession
 from ...world.settings import WorldSettings
 from .memory import vram_comfy_can_free
-from .payloads import CameraInput, TextEmbeds, VAEHandle
+from .payloads import CameraInput, VAEHandle
 from .progress import count
 
 log = logging.getLogger(__name__)
@@ -67,6 +66,10 @@ class FastModel:
         """The world settings of a video of this model (node inputs as keywords)."""
         return WorldSettings(weights=self.weights, kv_cache=self.kv_cache, speed=self.speed, **kw)
 
+    def check_text(self, embedding) -> None:
+        """A prompt embedding from the text encoder this model takes."""
+        check_text(self.checked, embedding)
+
 
 def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int = 0, steps: int = 4) -> str:
     """The Fast nodes' text: what they generate (after the chunk rounding; `so_far` frames before it for a
@@ -80,11 +83,11 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
         line = (f"{width}x{height}, {frames.frames} frames ({frames.frames / FPS:.1f} s at {FPS} fps): "
                 f"{count(frames.chunks, 'chunk')} x {steps} steps")
     if est.get("vram_free") is None:
-        where = f"model and K/V cache ({_gb(est['cache_bytes'])}) in RAM (CPU run)"
+        where = f"model and K/V cache ({gb(est['cache_bytes'])}) in RAM (CPU run)"
     elif plan.cache == "gpu":
-        where = f"K/V cache ({_gb(est['cache_bytes'])}) on the GPU"
+        where = f"K/V cache ({gb(est['cache_bytes'])}) on the GPU"
     else:
-        where = (f"K/V cache ({_gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
+        where = (f"K/V cache ({gb(est['cache_bytes'])}) in pinned RAM, {plan.cache_layers_on_gpu}/{est['num_layers']} "
                  f"layers on the GPU" + (f" ({plan.code_layers_on_gpu} as FP8 codes)" if plan.code_layers_on_gpu else ""))
     if plan.blocks_on_gpu is not None:
         where += f", model block swap ({plan.blocks_on_gpu} blocks on the GPU)"
@@ -94,22 +97,6 @@ def fast_summary(frames, width: int, height: int, plan, notes: list, so_far: int
             kept.append(f"{plan.film_host_blocks} in pinned RAM")
         where += f", camera FiLM kept per chunk for {' and '.join(kept)}"
     return "\n".join([line, f"memory: {where}"] + [n for n in notes if n])
-
-
-def check_text(text: TextEmbeds, cfg) -> None:
-    if text.positive.dim() != 2 or text.positive.shape[1] != cfg.text_dim:
-        raise ValueError(f"the prompt embedding is {tuple(text.positive.shape)} but the Fast model takes "
-                         f"[L, {cfg.text_dim}]: the text encoder does not belong to it (umT5-XXL gives 4096)")
-
-
-def fast_settings(fast_model: FastModel, device, height: int, width: int, seed: int, noise_source: str, rule: str,
-                  window: Optional[int], sink: int, max_attention: Optional[int], *, keep: bool,
-                  tiled: bool = False, play: bool = False) -> FastSettings:
-    """The video's settings from the node's inputs (through the world assembly: the model's recipe, window and sink
-    defaults for MODEL_DEFAULT, the speed preset's window cap)."""
-    settings = fast_model.settings(seed=seed, noise=noise_source, rule=rule, window=window, sink=sink,
-                                   max_attention=max_attention, vae_tiled=tiled, play=play)
-    return assembly.video_settings(fast_model.checked, settings, device, height, width, keep=keep)
 
 
 def camera_source(camera: Optional[CameraInput]) -> CameraSource:
@@ -122,18 +109,15 @@ def camera_source(camera: Optional[CameraInput]) -> CameraSource:
                         per_frame_intrinsics=camera.per_frame_intrinsics, label=camera.label)
 
 
-class ComfyFastPlacement:
+class ComfyFastPlacement(HostPlacement):
     """The World session's placement in ComfyUI: the model through model management, the cache by the plan."""
 
     def __init__(self, fast_model: FastModel, plan, device, preview_vae: Optional[VAEHandle] = None,
                  extra_vram: int = 0):
+        super().__init__(plan, device)
         self.fast_model = fast_model
-        self.plan = plan
-        self.device = torch.device(device)
         self.preview_vae = preview_vae
         self.extra_vram = extra_vram
-        self.model = None
-        self.placement = None
 
     def load_model(self):
         import comfy.model_management as mm
@@ -168,28 +152,16 @@ class ComfyFastPlacement:
         self.model = model
         return model
 
-    def make_cache(self, fill: Optional[Callable] = None):
-        if self.model is None:
-            raise RuntimeError("load_model() first: the cache hooks into the model")
-        self.placement = place_kv_cache(self.plan, self.model, self.device, self.model.dtype_for_compute(), fill=fill)
-        return self.placement.cache
-
-    def release_cache(self) -> None:
-        if self.placement is not None:
-            self.placement.close()
-            self.placement = None
-
     def close(self) -> None:
         """The cache goes; the model stays with ComfyUI's model management."""
         import comfy.model_management as mm
 
-        self.release_cache()
-        self.model = None
+        super().close()
         mm.soft_empty_cache()
 
 
-def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames: int, part, preview_vae, *,
-                    so_far: int = 0, show: Callable[[str], None] = lambda s: None,
+def open_fast_world(fast_model: FastModel, world: HostedWorld, video: FastSettings, latent_frames: int, part,
+                    preview_vae, *, so_far: int = 0, show: Callable[[str], None] = lambda s: None,
                     tiny_decoder=None) -> tuple[WorldSession, str]:
     """A World session for a video of `latent_frames` (so far + this part), its memory planned for what ComfyUI
     can free; the plan is shown on the node (returned too). tiny_decoder (a wan.vae.tiny.TinyDecoder on ComfyUI's
@@ -197,31 +169,24 @@ def open_fast_world(fast_model: FastModel, settings: FastSettings, latent_frames
     VAE's streaming decode, and the VAE is not loaded beside the model."""
     import comfy.model_management as mm
 
-    device = mm.get_torch_device()
-    h, w = settings.height, settings.width
-    levers = plan_levers(fast_model.speed)
+    h, w = video.height, video.width
     extra = 0
     if tiny_decoder is not None:
-        extra = assembly.tiny_bytes(tiny_decoder, h, w)
+        extra = world.tiny_bytes(tiny_decoder, h, w)
         preview_vae = None  # the tiny decoder makes every frame: the VAE's weights stay off the card
     elif preview_vae is not None:
-        from ...wan.vae.streaming import streaming_decode_bytes
-
-        extra = streaming_decode_bytes(preview_vae.model.cfg, h, w, bf16=levers["decode_bf16"])
-    try:  # the world's planner (world/assembly.py), with what ComfyUI can free and the decoder's bytes above
-        plan, _ = assembly.plan_memory(fast_model.checked, settings, device, fast_model.settings(),
-                                       latent_frames=latent_frames, with_camera=part.camera is not None,
-                                       stream_decode="on" if extra else "off", decode_bytes=extra or None,
-                                       vram=vram_comfy_can_free(mm, device, fast_model.patcher))
-    except FastMemoryError as e:
+        extra = world.preview_bytes(preview_vae.model.cfg, h, w)
+    try:
+        plan = world.plan(video, latent_frames, part, decode_bytes=extra,
+                          vram=vram_comfy_can_free(mm, world.device, fast_model.patcher))
+    except MemoryError as e:
         raise MemoryError(f"LingBot-World Fast: {e}") from None
-    placement = ComfyFastPlacement(fast_model, plan, device, preview_vae, extra)
-    world = WorldSession(placement, settings, device=device, load_model=placement.load_model,
-                         speed=fast_model.speed, model_lock=fast_model.lock, tiny_decoder=tiny_decoder)
-    summary = fast_summary(part, w, h, plan, [part.note, settings.layout(latent_frames).note], so_far,
-                           world.steps_per_chunk)
+    session = world.open(ComfyFastPlacement(fast_model, plan, world.device, preview_vae, extra), video,
+                         model_lock=fast_model.lock, tiny_decoder=tiny_decoder)
+    summary = fast_summary(part, w, h, plan, [part.note, video.layout(latent_frames).note], so_far,
+                           session.steps_per_chunk)
     show(summary)
-    return world, summary
+    return session, summary
 
 
 def run_fast_part(world: WorldSession, part, source: CameraSource, frames: Optional[int],
@@ -271,24 +236,21 @@ class FastProgress:
         self.decoder = None
         self.failed = False
         self.finished: list[torch.Tensor] = []  # x0 of the finished chunks (FastRun keeps them anyway)
+        self.decoded = vae is not None  # each finished chunk decoded, instead of the latent previews
         if vae is not None:
-            from ...speed.vae_norm import decoder_norm_silu
-            from ...wan.vae.streaming import StreamingDecoder, warm_up
+            from ...world.vae import chunk_decoder
 
-            self.decoder = StreamingDecoder(vae.model, norm_silu=decoder_norm_silu(vae.model.device))
-            if z_before is not None:  # a continued video: its chunks decode as in the whole video
-                try:
-                    with torch.inference_mode():
-                        warm_up(self.decoder, z_before.to(vae.model.device))
-                except Exception as e:  # a preview must never stop a generation
-                    self.failed = True
-                    log.warning("LingBot-World: chunk previews disabled for this run: %s", e)
+            try:  # a continued video's decoder is warmed up on it: its chunks decode as in the whole video
+                self.decoder = chunk_decoder(vae.model, z_before)
+            except Exception as e:  # a preview must never stop a generation
+                self.failed = True
+                log.warning("LingBot-World: chunk previews disabled for this run: %s", e)
         self.done = 0
 
     def step(self, info) -> None:
         self.done = info.index + 1
         preview = None
-        if self.decoder is None and self.previews:
+        if not self.decoded and self.previews:
             preview = self.bar.preview(torch.cat(self.finished + [info.x0], dim=2))
         self.pbar.update_absolute(self.done, self.total, preview)
 
@@ -354,13 +316,9 @@ def condition_track(i2v):
         raise ValueError("the video's LingBot Image To Video input was not made with LingBot VAE Loader's VAE (a "
                          "native Load VAE cannot encode the later frames' conditioning); connect LingBot VAE Loader "
                          "to LingBot Image To Video and queue again")
-    from ...wan.i2v import ConditionTrack
-    from ...wan.vae.footprint import vae_work_bytes
-    from ...wan.vae.reach import encoder_reach
+    from ...world.vae import ConditionTrack, track_work_bytes
     from .video_setup import load_vae_to_device
 
-    cfg = i2v.vae.model.cfg
-    frames = cfg.temporal_factor * (encoder_reach(cfg) + 1) + 1
-    model = load_vae_to_device(i2v.vae, vae_work_bytes(cfg, i2v.height, i2v.width, frames, i2v.tiled, 256))
+    model = load_vae_to_device(i2v.vae, track_work_bytes(i2v.vae.model.cfg, i2v.height, i2v.width, i2v.tiled))
     i2v.track = ConditionTrack.build(model, i2v.image, i2v.height, i2v.width, tiled=i2v.tiled, have=i2v.y)
     return i2v.track

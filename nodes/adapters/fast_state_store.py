@@ -20,9 +20,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ...memory.kv_park import ParkedKV
-from ...memory.placement import _gb
-from ...wan.sampling.fast_state import FastState
+from ...world.hosted import FastState, ParkedKV
+from ...world.machine import gb
 
 _ids = itertools.count(1)
 
@@ -131,4 +130,4 @@ def state_output_used(prompt: Optional[dict], unique_id: Optional[str], output: 
 def state_line(parked_bytes: int, shared: bool) -> str:
     """The node text's last line when a node keeps its state (the RAM it holds until ComfyUI drops it)."""
     whose = "the chain's K/V cache (shared by its states)" if shared else "its own K/V cache"
-    return f"state kept for LingBot Fast Continue: {whose}, {_gb(parked_bytes)} in RAM"
+    return f"state kept for LingBot Fast Continue: {whose}, {gb(parked_bytes)} in RAM"

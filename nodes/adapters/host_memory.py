@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from ...memory.pinned import return_freed_host_memory
+from ...world.machine import return_freed_host_memory
 
 _pending = False
 

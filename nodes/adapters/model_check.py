@@ -67,7 +67,7 @@ def _not_found(widget: str, name: str, want: str, message: str) -> str:
 
 
 def expert_kind(widget: str, path: Path, want: str) -> Verdict:
-    from ...loaders.expert_format import check_model_kind, detect_format
+    from ...world.detect import check_model_kind, detect_format
 
     try:
         check_model_kind(detect_format(path), want)

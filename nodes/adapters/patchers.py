@@ -26,7 +26,7 @@ import comfy.utils
 from comfy.patcher_extension import CallbacksMP
 
 from ...memory.placement import expert_sizes
-from ...text_encoder.encode import stop_all_text_encoders
+from ...world.text import stop_all_text_encoders
 from . import host_memory
 from .dit_slot import DiTSlot
 from .expert_weights import ExpertWeights, compute_bytes_for

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ...loaders.expert_format import ExpertFormat
-from ...quant.lowp_kinds import LOWP_WEIGHTS
+from ...world.detect import ExpertFormat
+from ...world.settings import LOWP_WEIGHTS
 
 # Custom link types; native IMAGE / LATENT are used wherever they fit.
 EXPERTS = "LINGBOT_EXPERTS"

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from ...wan.sampling.sampler import StepInfo
-
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +43,7 @@ class SamplingProgress:
             log.warning("LingBot-World: latent preview disabled for this run: %s", e)
             return None
 
-    def __call__(self, info: StepInfo) -> None:
+    def __call__(self, info) -> None:  # a sampler's StepInfo
         self.pbar.update_absolute(info.index + 1, info.total, self.preview(info.x0))
 
     def finish(self, total: int) -> None:

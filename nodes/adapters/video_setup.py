@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ...wan.control.camera import usable_frames
-from ...wan.i2v import image_to_model_range, resize_first_frame
-from ...wan.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
+from ...world.cameras import usable_frames
+from ...world.sizes import SIZE_AREAS, frames_at_most, latent_frames, latent_size, target_size
+from ...world.vae import image_to_model_range, resize_first_frame
 from .payloads import VAEHandle
 
 CUSTOM_SIZE = "custom"

@@ -1,34 +1,40 @@
-"""Every `generate` flag's constraints in one place, checked before any file is read or anything starts.
+"""The pre-flight checks of the commands' flags: every check that needs no model file, run before any file is read
+or anything starts; each problem is one UsageError line naming the flag, the value and what to use (exit code 2).
 
 - NUMBERS: each numeric flag's range; a value out of range, NaN or infinite is one line naming the flag, the value
   and the range (a huge --seed, --fps 0, a negative timeout, --frames beyond the longest video).
 - Text flags that may not be empty: `--actions ""` (an unset shell variable) would otherwise mean "no keys".
-- The action string itself, parsed here so its message names --actions; LoRA strengths (cli/lora_run.parse_spec).
+- The action string itself, parsed here so its message names --actions; LoRA strengths (`parse_spec`).
 - Flags that do not apply to the chosen model or to a continuation, refused rather than silently ignored
   (`--save-state` without `--model fast` used to make a fresh base video and say nothing).
-`check_generate_flags(request)` runs them all (on the typed request, cli/generate_request.py: the tables name
-each flag by its dest, the request's field); the base path calls it from cli/preflight.py, the Fast path from its
-request (cli/fast_request.py).
+- The machine: the device and noise source asked for exist here (`resolve_device`, `noise_source`).
+`check_base_flags(request)` / `check_causal_flags(request)` run them for `generate` (on the typed request,
+cli/requests.py: the tables name each flag by its dest, the request's field); `play` and `compare` take the pieces
+they need. What needs the model's files is checked by the world's assembly, the outputs by cli/outputs.py.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from ..quant.lowp_kinds import LOWP_WEIGHTS
-from ..wan.sizes import MAX_FRAMES, VAE_TEMPORAL_STRIDE
+import torch
+
+from ..world.sizes import MAX_FRAMES, MAX_LATENT_FRAMES, check_frames, max_area_for
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from .generate_request import GenerateRequest
+    from .requests import GenerateRequest
+
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+STRENGTH_MAX = 100.0  # |strength| of a LoRA beyond this swamps the weights (and overflows bf16 towards inf)
 
 SEED_MAX = 2**64 - 1  # torch generators take any unsigned 64-bit seed (the CUDA Philox seed is uint64)
 FPS_MAX = 240
 TIMEOUT_MAX_S = 30 * 24 * 3600.0  # 30 days: beyond it a timeout means "none" (and overflows datetime.timedelta)
 INT32_MAX = 2**31 - 1
-MAX_LATENT_FRAMES = (MAX_FRAMES - 1) // VAE_TEMPORAL_STRIDE + 1
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ def _dest(flag: str) -> str:
 
 def _given(request: "GenerateRequest", table) -> list[str]:
     """The flags of `table` given on the command line: whose value differs from their default, or (flags that record
-    it, request_base.Given) given at all."""
+    it, requests.Given) given at all."""
     given = getattr(request, "given_flags", frozenset())
     return [flag for flag, default in table if getattr(request, _dest(flag)) != default or _dest(flag) in given]
 
@@ -126,8 +132,7 @@ def check_numbers(request: "GenerateRequest", numbers=NUMBERS) -> None:
 
 def check_text_flags(request: "GenerateRequest") -> None:
     """--actions / --camera given as an empty (or blank) string, and the action string's grammar."""
-    from ..loaders.action_files import action_string_of
-    from ..wan.control.actions import parse_action_string
+    from ..world.controls import check_actions
 
     for flag in ("--actions", "--camera"):
         value = getattr(request, _dest(flag))
@@ -138,19 +143,32 @@ def check_text_flags(request: "GenerateRequest") -> None:
     actions = request.actions
     if actions:
         try:
-            text = action_string_of(actions)  # a .txt file's string is read and checked here too
-            if text is not None:
-                parse_action_string(text)
+            check_actions(actions)  # a .txt file's string is read and checked here too
         except (ValueError, OSError) as e:
             raise UsageError(f"--actions: {e}") from None
 
 
 def check_lora_specs(request: "GenerateRequest") -> None:
-    from .lora_run import parse_spec
-
     for flag, _ in LORA_FLAGS:
         for spec in getattr(request, _dest(flag)):
             parse_spec(spec, flag)
+
+
+def parse_spec(spec: str, flag: str = "--lora") -> tuple[Path, float]:
+    """FILE or FILE:STRENGTH -> (path, strength). An existing file whose name holds ':' is taken whole; a strength
+    that is not a finite number in -100..100 is a UsageError naming the flag (nan would make every frame black)."""
+    path, sep, strength = spec.rpartition(":")
+    if not sep or not path or strength.startswith(("/", "\\")) or Path(spec).expanduser().is_file():
+        return Path(spec), 1.0
+    try:
+        value = float(strength)
+    except ValueError:
+        raise UsageError(f"{flag} {spec}: strength {strength!r} is not a number; write FILE:STRENGTH, e.g. "
+                         f"{path}:0.8") from None
+    if not math.isfinite(value) or abs(value) > STRENGTH_MAX:
+        raise UsageError(f"{flag} {spec}: strength {strength} must be a finite number from -{STRENGTH_MAX:g} to "
+                         f"{STRENGTH_MAX:g} (1 = the LoRA as trained)")
+    return Path(path), value
 
 
 def check_model_flags(request: "GenerateRequest") -> None:
@@ -159,7 +177,9 @@ def check_model_flags(request: "GenerateRequest") -> None:
         given = _given(request, FAST_ONLY)
         if given:
             raise UsageError(f"{given[0]} is a flag of the Fast model: add --model fast, or leave {given[0]} out")
-        if request.weights in LOWP_WEIGHTS:
+        from ..world.base import BASE_WEIGHTS
+
+        if request.weights not in BASE_WEIGHTS:
             raise UsageError(f"--weights {request.weights} is for the Fast model (add --model fast); the base "
                              "experts run with --weights nf4 or bf16")
         return
@@ -206,3 +226,85 @@ def check_cache_dir(path: Optional[Path], flag: str = "--cache-dir") -> None:
     if there is not None and not there.is_dir():
         what = "is a file" if there == p else f"is inside {there}, which is a file"
         raise UsageError(f"{flag} {path} {what}; give a folder for the prompt-embedding cache (made if missing)")
+
+
+# ---- `generate` --------------------------------------------------------------------------------------------------
+def check_base_flags(request: "GenerateRequest") -> None:
+    """The base models' flags: values that are wrong whatever the machine (no I/O)."""
+    check_generate_flags(request)
+    if len(request.guide_scale) > 2:
+        raise UsageError(f"--guide-scale takes one value or two (LOW HIGH), got {len(request.guide_scale)}")
+    try:
+        if request.frames is not None:  # None: 81, or as long as --actions
+            check_frames(request.frames)
+        max_area_for(request.size)
+    except ValueError as e:
+        flag = "--frames" if "frame" in str(e) else "--size"
+        raise UsageError(f"{flag}: {e}") from None
+    if request.image is None or request.prompt is None:
+        raise UsageError("--image and --prompt are required (or use --demo)")
+    if request.demo and request.ckpt_dir is not None:
+        raise UsageError("--demo and --ckpt-dir exclude each other: the demo uses its own tiny checkpoint")
+
+
+def check_causal_flags(request: "GenerateRequest") -> None:
+    """The causal models' flags, first thing (before the demo defaults, the parallel session or any import of the
+    model's modules): what does not apply to them or to a continuation, every number's range, the action string,
+    LoRA strengths, the size and frame count."""
+    check_generate_flags(request)
+    try:
+        if request.frames is not None:
+            check_frames(request.frames)
+    except ValueError as e:
+        raise UsageError(f"--frames: {e}") from None
+    if request.continue_from is None:
+        check_size(request.size, quote=False)
+
+
+def warn_base_only_flags(request: "GenerateRequest", log) -> None:
+    """The base model's own flags are refused before this (BASE_ONLY); --shift applies to a causal model but warns."""
+    if request.shift != 10.0:
+        log.warning("--shift %.3g: the Fast model was distilled at shift 10; other values change its timesteps",
+                    request.shift)
+
+
+# ---- every command -----------------------------------------------------------------------------------------------
+def check_size(size: str, quote: bool = True) -> None:
+    """--size names a pixel budget ("480*832", "720p")."""
+    try:
+        max_area_for(size)
+    except ValueError as e:
+        raise UsageError(f"--size {size!r}: {e}" if quote else f"--size: {e}") from None
+
+
+def resolve_device(name: str, flag: str = "--device") -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device that exists here (UsageError otherwise)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = _DEVICE.fullmatch(name.strip().lower())
+    if m is None:
+        raise UsageError(f"{flag} {name!r}: use auto, cpu, cuda or cuda:N")
+    if m.group(1) == "cpu":
+        if m.group(2) is not None:
+            raise UsageError(f"{flag} {name!r}: the CPU has no index; use cpu")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{flag} {name}: no CUDA GPU is available here; use {flag} cpu")
+    index = int(m.group(2)) if m.group(2) is not None else None
+    if index is not None and index >= torch.cuda.device_count():
+        raise UsageError(f"{flag} {name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 .. "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    return torch.device("cuda", index) if index is not None else torch.device("cuda")
+
+
+def noise_source(choice: str, device: torch.device) -> str:
+    if choice == "auto":
+        return "cuda" if device.type == "cuda" else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--noise cuda needs a CUDA GPU (it reproduces the reference's GPU noise); use --noise cpu")
+    return choice
+
+
+def check_t5_device(choice: str) -> None:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--t5-device cuda: no CUDA GPU is available here; use --t5-device cpu or auto")

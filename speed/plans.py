@@ -1,75 +1,24 @@
-"""`generate`'s speed flags (--speed, --compile, --compute, --attention): parsed into SpeedOptions and checked
-against the device before anything loads (speed/options.py and speed/presets.py do the work).
+"""A run's speed plan from its speed flags: the preset folded in, checked against the device before anything loads
+(speed/options.py and speed/presets.py do the work), and the policies a causal video adds on top.
 
---speed names a preset (exact / fast / draft / auto); a flag given explicitly wins over the preset's value for it.
-Without --speed the three flags alone decide, as before (their defaults are the `auto` preset's options).
---chunk-steps (Fast model) replaces the preset's denoising calls per chunk (draft: 3, the others: 4).
+`SpeedFlags` are the effective --compile / --compute / --attention: a --speed preset (exact / fast / draft / auto) with
+the flags given explicitly over its values; without a preset the three flags alone decide (their defaults are the
+`auto` preset's options). --chunk-steps (causal models) replaces the preset's denoising calls per chunk (draft: 3,
+the others: 4). A causal video compiles only when it is long enough to pay for it (`fast_speed_plan`), and a
+continuation follows the preset, steps and kernels its video was made with (`follow_started_speed`,
+`follow_started_compile`).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 from typing import NamedTuple, Optional
 
 import torch
 
-from ..speed.options import (
-    ATTENTION_CHOICES,
-    COMPILE_CHOICES,
-    COMPUTE_CHOICES,
-    DEFAULTS,
-    SpeedOptions,
-    SpeedPlan,
-    resolve_speed,
-)
-from ..speed.levers import ChunkLevers
-from ..speed.presets import CHUNK_STEP_CHOICES, PRESET_NAMES, PRESETS, attach_preset, preset_options
-
-EXPLICIT = "speed_explicit"  # the namespace attribute naming the speed flags the user gave (cli/*_request.py)
-
-
-class _Explicit(argparse.Action):
-    """Stores the value and records that the flag was given (so it wins over a --speed preset)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        given = set(getattr(namespace, EXPLICIT, None) or ())
-        given.add(self.dest)
-        setattr(namespace, EXPLICIT, given)
-
-
-def add_speed_args(parser) -> None:
-    g = parser.add_argument_group("speed")
-    g.add_argument("--speed", choices=PRESET_NAMES, default=None,
-                   help="speed preset: exact (eager, bf16, exact attention: the reference numerics), auto (the "
-                        "fastest exact path for the card: compiled per-token work, bf16, exact attention), fast (FP8 "
-                        "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, exact attention, the Fast model's K/V cache in "
-                        "FP8; approximate), draft (fast + 3 steps per chunk, the context pass folded into the last "
-                        "step, a 15-frame K/V window and a bf16 VAE decode for the Fast model; for previews and "
-                        "real-time play). --compile/--compute/--attention/--chunk-steps given explicitly override the "
-                        "preset; a continuation without --speed runs the preset its video was made with")
-    g.add_argument("--chunk-steps", type=int, choices=CHUNK_STEP_CHOICES, default=None,
-                   help="Fast model: denoising calls per 12-frame chunk: 4 (the release's), 3 (the draft preset's) "
-                        "or 2 (about a quarter faster than 3 with draft, rougher; for play on slower "
-                        "cards); default: the --speed preset's, or on a continuation the continued video's")
-    g.add_argument("--compile", choices=COMPILE_CHOICES, default=DEFAULTS["compile"], action=_Explicit,
-                   help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "
-                        "Triton; same results to bf16 rounding; the first run compiles, later runs use the cache in "
-                        "~/.cache/lingbot-world/inductor)")
-    g.add_argument("--compute", choices=COMPUTE_CHOICES, default=DEFAULTS["compute"], action=_Explicit,
-                   help="GEMM precision of the NF4 linears: bf16 (exact, default), fp8 (RTX 40xx/Ada, Hopper+), "
-                        "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards), or auto (fp8 "
-                        "where the card has it, else int8 on Ampere, else bf16); all but bf16 change the output "
-                        "slightly")
-    g.add_argument("--attention", choices=ATTENTION_CHOICES, default=DEFAULTS["attention"], action=_Explicit,
-                   help="attention kernel: auto (torch SDPA with the fastest exact kernel for the GPU: cuDNN on "
-                        "Hopper, FlashAttention-2 on Ampere/Ada; with --compute fp8 on Hopper+ it picks fp8), sdpa "
-                        "(the same, always exact), sage (SageAttention, approximate), flash (flash-attn package), "
-                        "fp8 (cuDNN FP8 attention for the video self-attention: Hopper and newer with the "
-                        "nvidia-cudnn-frontend package; ~1.6x faster attention, approximate), cudnn (exact bf16 "
-                        "attention through nvidia-cudnn-frontend with cuDNN's fastest plan for each shape, timed on "
-                        "the first call)")
+from .levers import ChunkLevers
+from .options import DEFAULTS, SpeedOptions, SpeedPlan, resolve_speed
+from .presets import PRESETS, attach_preset, preset_options
 
 
 def speed_plan(flags: "SpeedFlags", device: torch.device) -> SpeedPlan:
@@ -90,7 +39,7 @@ def log_speed_plan(plan: SpeedPlan, log: logging.Logger) -> None:
 def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:
     """After sampling: how long compiling took (the warm-up a cached second run mostly skips)."""
     if plan.compile == "blocks":
-        from ..speed.compile import STATS
+        from .compile import STATS
 
         log.info("speed: %s", STATS.summary())
 
@@ -104,7 +53,7 @@ def fast_speed_plan(flags: "SpeedFlags", device: torch.device, chunks: int, befo
     """`speed_plan` + `fast_compile_policy` for a Fast video of `chunks` chunks, with --compile auto decided from the
     length first: a short video never asks whether the compiler can run, since that check imports torch._dynamo
     (seconds). Any other compile choice calls before_compiler_check() first (the CLI waits there for its
-    background imports, which import torch._dynamo too: cli/heavy_imports.py)."""
+    background imports, which import torch._dynamo too: world/heavy_imports.py)."""
     device = torch.device(device)
     if flags.compile == "auto" and chunks < FAST_COMPILE_MIN_CHUNKS and device.type == "cuda":
         plan = speed_plan(dataclasses.replace(flags, compile="off"), device)
@@ -126,6 +75,7 @@ class SpeedFlags:
     weights: str = "nf4"
     speed: Optional[str] = None  # the preset's name, recorded on the plan
     chunk_steps: Optional[int] = None  # --chunk-steps over the preset's (None: the preset's, or 4)
+    explicit: tuple = ()  # the flags given explicitly (over a preset's values)
 
     @classmethod
     def given(cls, speed: Optional[str], values: dict, explicit=(), weights: str = "nf4",
@@ -134,7 +84,19 @@ class SpeedFlags:
         them; without --speed the three values as they are."""
         if speed is not None:
             values = dataclasses.asdict(preset_options(speed, {k: values[k] for k in explicit}))
-        return cls(values["compile"], values["compute"], values["attention"], weights, speed, chunk_steps)
+        return cls(values["compile"], values["compute"], values["attention"], weights, speed, chunk_steps,
+                   tuple(sorted(explicit)))
+
+    def with_preset(self, speed: Optional[str], chunk_steps: Optional[int]) -> "SpeedFlags":
+        """These flags under the preset `speed` and the steps per chunk `chunk_steps` (what a continuation follows,
+        `follow_started_speed`): the same preset keeps its values; a preset where none was named folds its options
+        in under the flags given explicitly, as `given` does."""
+        if speed == self.speed:
+            return dataclasses.replace(self, chunk_steps=chunk_steps)
+        if self.speed is not None:
+            raise ValueError(f"speed flags of the preset {self.speed!r} cannot take the preset {speed!r}")
+        return SpeedFlags.given(speed, {"compile": self.compile, "compute": self.compute, "attention": self.attention},
+                                self.explicit, self.weights, chunk_steps)
 
 
 def _short_video_note(chunks: int) -> str:
