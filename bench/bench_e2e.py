@@ -52,13 +52,35 @@ TARGET = 20.0  # issue #14: Fast >= 20x faster than the base model end to end
 
 
 # ---- the files -------------------------------------------------------------------------------------------------
+def build_shared_files(folder: Path, tiny: bool, device: str) -> dict:
+    """The files every LingBot-World download shares, random but in the release's formats: the umT5 .pth (bf16,
+    11.4 GB at full size), the Wan2.1 VAE .pth and a small trained tokenizer. Reused when present."""
+    from ..wan.text.umt5 import UMT5Config
+    from ..wan.vae.model import VAEConfig, WanVAE
+    from .bench_t5 import build_release_file, train_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    t5 = folder / "models_t5_umt5-xxl-enc-bf16.pth"
+    if not t5.is_file():
+        tmp = t5.with_suffix(".tmp")
+        build_release_file(tmp, UMT5Config.tiny() if tiny else UMT5Config(), device)
+        os.replace(tmp, t5)
+    vae = folder / "Wan2.1_VAE.pth"
+    if not vae.is_file():
+        torch.manual_seed(20)
+        model = WanVAE(VAEConfig())  # the CLI knows the real VAE only (outside a demo folder)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, vae.with_suffix(".tmp"))
+        os.replace(vae.with_suffix(".tmp"), vae)
+    tok = folder / "tokenizer" / "spiece.model"
+    if not tok.is_file():
+        train_tokenizer(tok.parent, 400 if tiny else 2000)
+    return {"t5": t5, "vae": vae, "tokenizer": tok}
+
+
 def build_files(workdir: Path, tiny: bool, device: str) -> dict:
     """Reused when present (config.json of the experts matches; the other files exist)."""
     from ..wan.dit.model import DiTConfig
-    from ..wan.text.umt5 import UMT5Config
-    from ..wan.vae.model import VAEConfig, WanVAE
     from .bench_pipeline import bench_config, write_random_experts
-    from .bench_t5 import build_release_file, train_tokenizer
 
     t0 = time.perf_counter()
     base = bench_config(tiny)
@@ -68,21 +90,8 @@ def build_files(workdir: Path, tiny: bool, device: str) -> dict:
     low = workdir / "low_noise_model_bnb_nf4"
     if not low.exists():
         low.symlink_to(paths["base"].name)
-    t5 = workdir / "models_t5_umt5-xxl-enc-bf16.pth"
-    if not t5.is_file():
-        tmp = t5.with_suffix(".tmp")
-        build_release_file(tmp, UMT5Config.tiny() if tiny else UMT5Config(), device)
-        os.replace(tmp, t5)
-    vae = workdir / "Wan2.1_VAE.pth"
-    if not vae.is_file():
-        torch.manual_seed(20)
-        model = WanVAE(VAEConfig())  # the CLI knows the real VAE only (outside a demo folder)
-        torch.save({k: v.clone() for k, v in model.state_dict().items()}, vae.with_suffix(".tmp"))
-        os.replace(vae.with_suffix(".tmp"), vae)
-    tok = workdir / "tokenizer" / "spiece.model"
-    if not tok.is_file():
-        train_tokenizer(tok.parent, 400 if tiny else 2000)
-    return {"fast": paths["fast"], "high": paths["base"], "low": low, "t5": t5, "vae": vae, "tokenizer": tok,
+    shared = build_shared_files(workdir, tiny, device)
+    return {"fast": paths["fast"], "high": paths["base"], "low": low, **shared,
             "seconds": round(time.perf_counter() - t0, 1)}
 
 

@@ -123,6 +123,17 @@ def add_model_argument(p) -> None:
                         "v1 Fast); its full-size DiT with random weights, its chunk recipe, window and sink")
 
 
+def parse_bench_size(p, text: str) -> tuple[int, int]:
+    """--size H*W as (height, width), both multiples of 16 (the latent's 8x and the patch's 2x); else one usage line."""
+    try:
+        h, w = (int(v) for v in text.lower().replace("x", "*").split("*"))
+    except ValueError:
+        p.error(f"--size {text}: give H*W, e.g. 304*528")
+    if h <= 0 or w <= 0 or h % 16 or w % 16:
+        p.error(f"--size {text}: height and width must be positive multiples of 16 (e.g. 304*528, 480*832)")
+    return h, w
+
+
 def parse_model(p, name: str, tiny: bool) -> BenchModel:
     """--model as a BenchModel; an unknown or base model ends the call with one usage line."""
     try:

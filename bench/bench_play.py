@@ -46,13 +46,14 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import torch
 
 from ..speed.levers import plan_levers
-from .bench_models import BenchModel, add_model_argument, parse_model
+from .bench_models import BenchModel, add_model_argument, parse_bench_size, parse_model
 from .bench_pipeline import apply_cap, sync, write_random_experts
 from .common import SmiPoller, machine_info, rss_bytes, tiny_children, write_json
 
@@ -308,9 +309,14 @@ def main(argv=None) -> int:
                    help="where the random model is written (each model its own folder: bench_models.py)")
     p.add_argument("--keep", action="store_true", help="keep the random model for the next call")
     p.add_argument("--out", default=None, help="results JSON")
+    p.add_argument("--size", default=None, metavar="H*W",
+                   help="video size (default the model's benchmark size, 480*832; tiny 64*112), e.g. 304*528 for an "
+                        "8 GB card")
     add_model_argument(p)
     args = p.parse_args(argv)
     bm = parse_model(p, args.model, args.tiny)
+    if args.size is not None:
+        bm = replace(bm, size=parse_bench_size(p, args.size))
     defaults = dict(chunks=(8, 200), warmup=(2, 5), window=(bm.window,) * 2, sink=(bm.sink,) * 2)
     for name, (tiny, full) in defaults.items():
         if getattr(args, name) is None:

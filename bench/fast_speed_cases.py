@@ -128,6 +128,25 @@ CASES: dict[str, dict] = {
     # the presets as the doors resolve them for the model (no compile forced: --compile auto per model)
     "auto_rolling_as_played": dict(preset="auto", chunks=16),
     "draft_rolling_steps2_tiny_vae_as_played": dict(preset="draft", levers=dict(steps=2), tiny_vae=True, chunks=16),
+    # the v2 1.3B's exact and auto levers (issue 48): the decode on a side stream beside the next chunk's DiT (the
+    # same frames, later), and auto's compiled per-token work replayed from CUDA graphs, with and without it
+    "exact_rolling_overlap": dict(preset="exact", chunks=16, levers=dict(decode_overlap=True),
+                                  reference="exact_rolling"),
+    "auto_rolling_compiled_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True,
+                                         reference="exact_rolling"),
+    "auto_rolling_compiled_graphs_overlap": dict(preset="auto", compile="blocks", chunks=16, graphs=True,
+                                                 levers=dict(decode_overlap=True), reference="exact_rolling"),
+    # 8-bit attention that runs on Ada and Ampere (SageAttention's Triton kernel: INT8 q.k, fp16 p.v): its error
+    # against the same preset with exact attention, its time, and a profile for the consumer-card projection; and
+    # the 2-step chunk with bf16 GEMMs (its error per forward against exact: no FP8 GEMM rounding in it)
+    "draft_steps2_tiny_vae_sage": _draft2_tiny(attention="sage", reference="draft_steps2_tiny_vae"),
+    "draft_steps2_tiny_vae_sage_profile": _draft2_tiny(attention="sage", profile=True),
+    "draft_rolling_steps2_tiny_vae_sage_as_played": dict(preset="draft", levers=dict(steps=2), tiny_vae=True,
+                                                         chunks=16, attention="sage",
+                                                         reference="draft_rolling_steps2_tiny_vae_as_played"),
+    "draft_steps2_bf16_tiny_vae": _draft2_tiny(compute="bf16"),
+    "draft_steps2_bf16_sage_tiny_vae": _draft2_tiny(compute="bf16", attention="sage"),
+    "draft_steps2_bf16_sage_tiny_vae_profile": _draft2_tiny(compute="bf16", attention="sage", profile=True),
     "auto_rolling": dict(preset="auto", compile="blocks", chunks=16),
     "auto_rolling_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True, reference="auto_rolling"),
     "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),
