@@ -52,6 +52,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FILM_GEMM_SHARE = 0.26  # the camera FiLM's 4 GEMMs in a block's GEMM FLOPs on the video tokens
@@ -79,10 +80,12 @@ def source_card(gpu: str) -> str:
 
 def project(split: dict, host_s: float, decode_s: float, uploaded_gb: float, card: dict, *,
             gemm_h100: str = "bf16", gemm_card: str = "bf16", gemm_share: float = 1.0,
-            film_calls: int = 0, source: str = "H100 SXM") -> dict:
+            film_calls: int = 0, source: str = "H100 SXM", attention: str = "bf16") -> dict:
     """One chunk on `card` from the `source` card's kernel split (seconds; the H100's by default). Its GEMM seconds
-    (times gemm_share) ran at its `gemm_h100` rate and run at the card's `gemm_card` rate; attention in bf16.
-    film_calls: the chunk's model calls when the camera FiLM is kept in RAM (0: as profiled)."""
+    (times gemm_share) ran at its `gemm_h100` rate and run at the card's `gemm_card` rate; attention in bf16, or
+    "int8" (SageAttention: INT8 q.k and fp16 p.v with fp16 accumulation, scaled by the INT8 rates; on these cards
+    fp16 with fp16 accumulation has the same ratio as INT8: 989/330 on the RTX 4090, 989/142 on the 3090, 989/419 on
+    the 5090). film_calls: the chunk's model calls when the camera FiLM is kept in RAM (0: as profiled)."""
     if film_calls:
         gemm_share *= 1 - FILM_GEMM_SHARE * (film_calls - 1) / film_calls
         uploaded_gb += FILM_GB_PER_CALL * (film_calls - 1)
@@ -92,7 +95,8 @@ def project(split: dict, host_s: float, decode_s: float, uploaded_gb: float, car
     tc = h100["bf16"] / card["bf16"]
     bw = h100["bandwidth"] / card["bandwidth"]
     gemm = split["gemm"] * gemm_share * h100[gemm_h100] / card[gemm_card]
-    compute = gemm + split["attention"] * tc + (split["dequant"] + split["elementwise"]) * bw + max(0.0, host_s)
+    attn = h100["int8"] / card["int8"] if attention == "int8" else tc
+    compute = gemm + split["attention"] * attn + (split["dequant"] + split["elementwise"]) * bw + max(0.0, host_s)
     copies = uploaded_gb / card["link"]
     dit = max(compute, copies)
     return {"dit_s": round(dit, 2), "compute_s": round(compute, 2), "copies_s": round(copies, 2),
@@ -161,10 +165,13 @@ def run() -> dict:
     return out
 
 
-def run_results(model: str, paths) -> dict:
+def run_results(model: str, paths, rows_for: Optional[dict] = None) -> dict:
     """The projection of every preset of `model` that has a row and a `<preset>_profile` case in the
     bench_fast_speed results `paths` (one GPU: the first file's); ValueError for another model's file or when no
-    preset has both."""
+    preset has both. rows_for: {preset: case} takes a profiled preset's host, decode and upload seconds from
+    another case's row (the same kernels run another way, e.g. replayed from CUDA graphs once the window rolled,
+    as played). A preset whose GEMMs ran in FP8 is also projected with bf16 GEMMs (its GEMM seconds at the FP8 rate
+    turned into the card's bf16 rate: an upper bound, small GEMMs reach less of FP8's peak than of bf16's)."""
     summary: dict = {}
     source = None
     for path in paths:
@@ -181,16 +188,26 @@ def run_results(model: str, paths) -> dict:
             continue
         preset = name[:-len("_profile")]
         split = prof["device_split_s"]
-        gemm = (row.get("speed") or {}).get("compute", "bf16")
-        host = row["mean_dit_s"] - _kernels(split)
+        speed = row.get("speed") or {}
+        gemm = speed.get("compute", "bf16")
+        attention = "int8" if speed.get("attention") == "sage" else "bf16"
+        timed = row
+        if (rows_for or {}).get(preset):
+            timed = summary.get(rows_for[preset])
+            if not timed or "mean_dit_s" not in timed:
+                raise ValueError(f"no row {rows_for[preset]!r} for {preset}'s host seconds in {', '.join(map(str, paths))}")
+        host = timed["mean_dit_s"] - _kernels(split)
         out["split_s"][preset], out["host_s"][preset] = split, round(host, 3)
-        out["measured"][preset] = row["mean_chunk_s"]
+        out["measured"][preset] = timed["mean_chunk_s"]
         for card_name in PROJECTED:
             card = CARDS[card_name]
             low = gemm if gemm == "bf16" or card.get(gemm) else "int8"  # INT8 where the card has no FP8
-            out["rows"][card_name][f"{preset} ({low} GEMMs)"] = project(
-                split, host, row["mean_decode_s"], row.get("uploaded_gb_per_chunk", 0.0), card, gemm_h100=gemm,
-                gemm_card=low, source=source)
+            tag = f"{preset} ({low} GEMMs{', SageAttention INT8' if attention == 'int8' else ''})"
+            variants = [(tag, low)] + ([(tag.replace(f"({low} GEMMs", "(bf16 GEMMs"), "bf16")] if gemm != "bf16" else [])
+            for label, card_gemm in variants:
+                out["rows"][card_name][label] = project(
+                    split, host, timed["mean_decode_s"], timed.get("uploaded_gb_per_chunk", 0.0), card, gemm_h100=gemm,
+                    gemm_card=card_gemm, source=source, attention=attention)
     if not out["measured"]:
         raise ValueError(f"no preset of {model} has both its row and its <preset>_profile case in "
                          f"{', '.join(map(str, paths))}")
@@ -205,7 +222,16 @@ def main(argv=None) -> int:
     p.add_argument("--results", action="append", default=None,
                    help="a bench_fast_speed results JSON of --model (repeat for several); each preset needs its row "
                         "and its <preset>_profile case")
+    p.add_argument("--row", action="append", default=[], metavar="PRESET=CASE",
+                   help="take a profiled preset's host and decode seconds from another case's row (repeatable), e.g. "
+                        "draft_steps2_tiny_vae=draft_rolling_steps2_tiny_vae_as_played")
     args = p.parse_args(argv)
+    rows_for = {}
+    for spec in args.row:
+        preset, sep, case = spec.partition("=")
+        if not sep or not preset or not case:
+            p.error(f"--row {spec}: give PRESET=CASE")
+        rows_for[preset] = case
     from ..world.models import model as registry_model
 
     try:
@@ -214,7 +240,7 @@ def main(argv=None) -> int:
         p.error(str(e).strip("'\""))
     if args.results:
         try:
-            res = run_results(name, args.results)
+            res = run_results(name, args.results, rows_for)
         except (OSError, ValueError) as e:
             p.error(str(e))
     elif name == "v1-fast":

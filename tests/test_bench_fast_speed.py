@@ -179,3 +179,31 @@ def test_projection_refuses_another_models_results(tmp_path, capsys):
     assert fast_projection.main(["--model", "v2-14b", "--results", str(rows), "--results", str(profiles),
                                  "--out", str(out)]) == 0
     assert json.loads(out.read_text())["model"] == "v2-14b"
+
+
+def test_projection_of_sage_attention_and_a_row_played_another_way(tmp_path):
+    """SageAttention's seconds scale by the cards' INT8 rates (not bf16's), a profiled preset can take its host
+    seconds from another case's row (--row), and an FP8-GEMM preset gets a bf16-GEMM variant."""
+    split = {"attention": 0.1, "gemm": 0.03, "dequant": 0.0, "elementwise": 0.06}
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({"model": "v2-1.3b", "machine": {"gpu": "NVIDIA H200"}, "summary": {
+        "draft_sage": {"mean_dit_s": 0.5, "mean_chunk_s": 0.52, "mean_decode_s": 0.02,
+                       "speed": {"compute": "fp8", "attention": "sage"}},
+        "draft_sage_played": {"mean_dit_s": 0.3, "mean_chunk_s": 0.32, "mean_decode_s": 0.02},
+        "draft_sage_profile": {"device_split_s": split}}}))
+    res = fast_projection.run_results("v2-1.3b", [rows], {"draft_sage": "draft_sage_played"})
+    assert res["host_s"]["draft_sage"] == pytest.approx(0.3 - 0.19, abs=1e-3)
+    assert res["measured"]["draft_sage"] == 0.32
+    cards, h200 = res["cards"], res["cards"]["H200 SXM"]
+    c4090 = cards["RTX 4090"]
+    row = res["rows"]["RTX 4090"]["draft_sage (fp8 GEMMs, SageAttention INT8)"]
+    expected = (split["gemm"] * h200["fp8"] / c4090["fp8"] + split["attention"] * h200["int8"] / c4090["int8"]
+                + split["elementwise"] * h200["bandwidth"] / c4090["bandwidth"] + 0.11)
+    assert row["compute_s"] == pytest.approx(expected, abs=0.01)
+    bf16 = res["rows"]["RTX 4090"]["draft_sage (bf16 GEMMs, SageAttention INT8)"]
+    assert bf16["compute_s"] == pytest.approx(expected + split["gemm"] * (h200["fp8"] / c4090["bf16"]
+                                                                        - h200["fp8"] / c4090["fp8"]), abs=0.01)
+    with pytest.raises(SystemExit):
+        fast_projection.main(["--model", "v2-1.3b", "--results", str(rows), "--row", "draft_sage"])
+    with pytest.raises(ValueError, match="no row 'nothing'"):
+        fast_projection.run_results("v2-1.3b", [rows], {"draft_sage": "nothing"})

@@ -47,3 +47,15 @@ def test_tiny_setups_evict_and_are_valid_layouts():
         layout = cache_layout(fr.latent_frames, 4 * 7, bm.chunk_frames, window_frames=window, sink_frames=sink)
         assert layout.evict and bm.chunk_frames * 3 > window >= bm.chunk_frames * 2  # the 3rd chunk rolls
     assert bench_model("v2-1.3b", tiny=True).describe()["recipe"]["chunk_frames"] == 4
+
+
+def test_bench_size_takes_h_times_w_in_multiples_of_16():
+    import argparse
+
+    from lingbot_world.bench.bench_models import parse_bench_size
+
+    p = argparse.ArgumentParser()
+    assert parse_bench_size(p, "304*528") == (304, 528) and parse_bench_size(p, "480x832") == (480, 832)
+    for bad in ("300*528", "304", "a*b", "0*16"):
+        with pytest.raises(SystemExit):
+            parse_bench_size(p, bad)
