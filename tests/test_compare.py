@@ -15,7 +15,8 @@ from lingbot_world.cli import main
 from lingbot_world.cli.compare import parse_preset, parse_presets
 from lingbot_world.cli.errors import UsageError
 from lingbot_world.world import quality as q
-from lingbot_world.world.compare_plot import BACKGROUND, colour, panel_boxes
+from lingbot_world.world.compare import Comparison
+from lingbot_world.world.compare_plot import BACKGROUND, colour, panel_boxes, plot_comparison
 from lingbot_world.world.compare_store import FOLDER_PREFIX
 from lingbot_world.world.models import V1_FAST, model
 
@@ -206,6 +207,22 @@ def test_exact_against_draft_in_two_steps_on_the_demo(demos, model_name, tmp_pat
         assert (inside == BACKGROUND).all(1).mean() > 0.5
     assert not list(out.glob(f"{FOLDER_PREFIX}*"))  # the reference's frames and cache are gone
 
+    # compare.json reads back (Comparison.from_json) with every number, the means from the per-layer values to the
+    # last bits, and draws the same picture from the file alone
+    back = Comparison.from_json(report).to_json()
+    assert [p["levers"] for p in back["presets"]] == [p["levers"] for p in report["presets"]]
+    for a, b in zip(report["presets"], back["presets"]):
+        for ca, cb in zip(a["chunks"], b["chunks"]):
+            assert ca.keys() == cb.keys()
+            for key, value in ca.items():
+                if isinstance(value, float):
+                    assert cb[key] == pytest.approx(value, rel=1e-12, abs=1e-15)
+                elif key != "kv_layers":
+                    assert cb[key] == value
+    assert np.array_equal(np.asarray(plot_comparison(Comparison.from_json(report))), pixels)
+    with pytest.raises(ValueError, match="not a lingbot-world compare file"):
+        Comparison.from_json({"format": "other"})
+
 
 def test_a_failed_run_keeps_the_old_outputs_and_leaves_no_reference_behind(demos, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
@@ -289,6 +306,34 @@ def test_the_picture_of_presets_identical_to_the_reference():
     assert (bottom_band == colour(1)).all(1).sum() > 20
 
 
+def test_a_long_preset_summary_is_cut_to_the_pictures_width():
+    """The legend's rows end with an ellipsis inside the picture instead of running off its right edge (a full-size
+    run's summaries are longer than 960 pixels)."""
+    from PIL import Image, ImageDraw
+
+    from lingbot_world.world.compare import ChunkResult, Comparison, Variant, VariantResult
+    from lingbot_world.world.compare_plot import LEFT, _font, fit_text, plot_comparison
+
+    quality = q.FrameQuality(30.0, 0.9, (30.0,), (0.9,))
+    drift = q.CacheDrift((q.LayerDrift(q.Drift(0.9, 0.2), q.Drift(0.9, 0.2)),), 10)
+    long_summary = ", ".join(["preset=draft, compile=blocks, compute=fp8, attention=sdpa (cudnn>flash>efficient>math)"]
+                             * 3)
+    result = Comparison("v2-1.3b", "a model", 16, 48, 42, "p", ["w-12", "w-16"])
+    for label in ("exact", "draft:steps=2,tiny-vae"):
+        v = VariantResult(Variant(label, None), 18, 6, 4, long_summary)
+        v.chunks = [ChunkResult(c, 1, quality, drift, 0.1) for c in range(2)]
+        result.variants.append(v)
+    picture = plot_comparison(result)
+    pixels = np.asarray(picture)
+    legend = pixels[-60:, :]  # the legend's rows under the K/V panel
+    ink = np.nonzero((legend != 255).any(-1))[1]
+    assert ink.min() >= LEFT - 1 and ink.max() < picture.size[0] - 8
+    draw = ImageDraw.Draw(Image.new("RGB", (10, 10)))
+    cut = fit_text(draw, "draft (" + long_summary + ")", _font(12), 400)
+    assert cut.endswith("…") and draw.textlength(cut, font=_font(12)) <= 400 and cut.startswith("draft (preset=")
+    assert fit_text(draw, "short", _font(12), 400) == "short"
+
+
 def test_the_reference_store_is_checked_against_the_free_space(demos, tmp_path, monkeypatch, capsys):
     """Too little room for the reference's caches: one line before the model loads, naming the way out; with
     --kv-drift off only the frames are kept and compared."""
@@ -315,3 +360,26 @@ def test_the_reference_store_is_checked_against_the_free_space(demos, tmp_path, 
     draft = report["presets"][1]["chunks"][0]
     assert draft["kv_cosine"] is draft["kv_rel_l2"] is draft["kv_tokens"] is None and draft["kv_layers"] == []
     assert 0 < draft["psnr"] < 100
+
+
+
+def test_a_preset_is_recorded_as_it_ran_on_the_model(demos, tmp_path, monkeypatch):
+    """`auto` compiles where the compiler runs, but a model narrower than the 14B runs it eagerly
+    (speed.options.fit_to_model): the table, JSON and picture say what ran (here, as a GPU would resolve `auto`
+    before that fit, on the narrow demo model), not the preset's request."""
+    import dataclasses
+
+    import lingbot_world.world.speed as world_speed
+
+    real = world_speed.played_speed_plan
+
+    def as_on_a_gpu(given, device):
+        plan = real(given, device)
+        return dataclasses.replace(plan, compile="blocks", compile_requested="auto") if given.speed == "auto" else plan
+
+    monkeypatch.setattr(world_speed, "played_speed_plan", as_on_a_gpu)
+    out = tmp_path / "out"
+    assert _compare(demos, "v2-1.3b", out, "--preset", "exact", "--preset", "auto", "--chunks", "1") == 0
+    auto = json.loads((out / "compare.json").read_text())["presets"][1]
+    assert auto["levers"]["compile"] == "off" and "compile=off" in auto["speed"]
+    assert auto["chunks"][0]["psnr"] is None  # eager auto makes exact's frames

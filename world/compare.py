@@ -28,7 +28,7 @@ import torch
 
 from ..wan.control.actions import KeyTimeline
 from .compare_store import ReferenceStore, reference_bytes
-from .quality import CacheDrift, CacheSpan, FrameQuality, cache_drift, frame_quality
+from .quality import CacheDrift, CacheSpan, Drift, FrameQuality, LayerDrift, cache_drift, frame_quality
 from .settings import WorldSettings
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class VariantResult:
     steps: int  # denoising calls per chunk
     summary: str  # the speed plan in one line
     chunks: list[ChunkResult] = field(default_factory=list)
+    levers: Optional[dict] = None  # read back from a compare.json (its speed plan is not rebuilt)
 
 
 @dataclass
@@ -101,6 +102,39 @@ class Comparison:
         }
 
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Comparison":
+        """A comparison read back from its compare.json (to draw its picture again); the presets' speed plans are
+        not rebuilt: each variant keeps its label, tiny decoder and one-line summary. ValueError for another file."""
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise ValueError(f"not a {FORMAT} file of version {VERSION}")
+        h, w = data["size"]
+        out = cls(data["model"], data["title"], int(h), int(w), int(data["seed"]), data["prompt"],
+                  list(data["chunk_keys"]), data.get("image", ""), data.get("device", ""), data.get("weights", ""),
+                  notes=list(data.get("notes", [])))
+        for p in data["presets"]:
+            tiny = Path(p["tiny_vae"]) if p.get("tiny_vae") else None
+            v = VariantResult(Variant(p["label"], None, tiny), p["window"], p["sink"], p["steps_per_chunk"], p["speed"])
+            v.chunks = [_chunk_from_json(c) for c in p["chunks"]]
+            v.levers = p.get("levers")
+            out.variants.append(v)
+        return out
+
+
+def _inf(x) -> float:
+    return float("inf") if x is None else float(x)
+
+
+def _chunk_from_json(c: dict) -> ChunkResult:
+    quality = FrameQuality(_inf(c["psnr"]), c["ssim"], tuple(_inf(p) for p in c["psnr_per_frame"]),
+                           tuple(c["ssim_per_frame"]))
+    drift = None
+    if c.get("kv_tokens") is not None:
+        drift = CacheDrift(tuple(LayerDrift(Drift(d["k_cosine"], d["k_rel_l2"]), Drift(d["v_cosine"], d["v_rel_l2"]))
+                                 for d in c["kv_layers"]), c["kv_tokens"])
+    return ChunkResult(c["chunk"], c["frames"], quality, drift, c["seconds"])
+
+
 METRICS_DOC = {
     "psnr": "dB of the chunk's uint8 frames against the reference's, peak 255, from the mean squared error over "
             "all their pixels and channels; null: identical frames (infinite)",
@@ -121,7 +155,8 @@ def _num(x: float):
 
 def _variant_json(v: VariantResult) -> dict:
     return {
-        "label": v.variant.label, "speed": v.summary, "levers": _levers(v.variant.speed),
+        "label": v.variant.label, "speed": v.summary,
+        "levers": v.levers if v.variant.speed is None else _levers(v.variant.speed),
         "tiny_vae": str(v.variant.tiny_vae) if v.variant.tiny_vae else None,
         "window": v.window, "sink": v.sink, "steps_per_chunk": v.steps,
         "chunks": [{
@@ -227,8 +262,9 @@ def compare_presets(files, settings: WorldSettings, variants: Sequence[Variant],
                     for note in notes:
                         log.warning("keys: %s", note)
                 session.load()
-                vr = VariantResult(variant, session.settings.window, session.settings.sink, session.steps_per_chunk,
-                                   _summary(variant))
+                ran = replace(variant, speed=session.opened.settings.speed)  # as fitted to the model (its compile)
+                vr = VariantResult(ran, session.settings.window, session.settings.sink, session.steps_per_chunk,
+                                   _summary(ran))
                 result.variants.append(vr)
                 for c in range(chunks):
                     chunk = _run_chunk(session, per_chunk[c], c, store, reference=n == 0, kv_drift=kv_drift)

@@ -180,13 +180,31 @@ def plot_comparison(result, size: tuple[int, int] = SIZE) -> Image.Image:
     return img
 
 
+def fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: float) -> str:
+    """`text`, cut at the end with an ellipsis where it is wider than `width` pixels (a preset's whole settings are
+    in compare.json; the picture keeps its label and as much of them as fits)."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # the longest prefix that fits with the ellipsis
+        mid = (lo + hi + 1) // 2
+        if draw.textlength(text[:mid].rstrip() + "…", font=font) <= width:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo].rstrip() + "…"
+
+
 def _legend(draw: ImageDraw.ImageDraw, result, y: float) -> None:
     font = _font(12)
+    room = draw.im.size[0] - LEFT - 30 - 12
     for i, v in enumerate(result.variants):
         row = y + i * LEGEND_ROW
         if i == 0:
-            draw.text((LEFT + 30, row), f"{v.variant.label}: the reference ({v.summary})", fill=TEXT, font=font)
+            draw.text((LEFT + 30, row), fit_text(draw, f"{v.variant.label}: the reference ({v.summary})", font, room),
+                      fill=TEXT, font=font)
             continue
         fill = colour(i)
         draw.line([(LEFT, row + 7), (LEFT + 22, row + 7)], fill=fill, width=3)
-        draw.text((LEFT + 30, row), f"{v.variant.label} ({v.summary})", fill=TEXT, font=font)
+        draw.text((LEFT + 30, row), fit_text(draw, f"{v.variant.label} ({v.summary})", font, room), fill=TEXT,
+                  font=font)
