@@ -1,9 +1,29 @@
 """Shared fixtures. The official example inputs the tests use ship in the repository (assets/examples, see its
 NOTICE.md), so a fresh clone runs every CPU test."""
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+
+def _share_the_cores() -> None:
+    """pytest-xdist's workers (`python -m pytest -n 2`) split the machine's cores between them: each worker, and every
+    process it starts (OMP_NUM_THREADS is inherited), computes with its share. Two workers computing with every core
+    each oversubscribe them: torch's OpenMP threads spin waiting for a thread the other worker keeps off the CPU, and
+    a tiny model's tests took 4 to 20 times as long (five of the slowest files on 2 cores: 368 s, 98 s so shared).
+    One thread count in a worker and its children also keeps their results comparable bit for bit (an in-process
+    batch run beside a player server). An OMP_NUM_THREADS set by the caller is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+_share_the_cores()
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "assets" / "examples"
 
@@ -19,8 +39,6 @@ def examples_dir() -> Path:
 def _history_in_a_temp_folder(tmp_path_factory):
     """Long played videos in tests move old chunks to disk (world/history.py): into the test run's temp folder,
     never the user's ~/.cache."""
-    import os
-
     os.environ.setdefault("LINGBOT_HISTORY_DIR", str(tmp_path_factory.mktemp("history")))
     yield
 

@@ -9,10 +9,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_bench_play_tiny_writes_per_chunk_latency_fps_and_memory(tmp_path):
+def test_bench_play_tiny_writes_per_chunk_latency_fps_and_memory(tmp_path, monkeypatch):
     from lingbot_world.bench.bench_play import main
 
     out = tmp_path / "play.json"
+    # as a caller that chose no thread count (the suite's workers choose one, tests/conftest.py): --tiny sets one
+    # for its children, and must take it away again
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     env = dict(os.environ)
     assert main(["--tiny", "--chunks", "5", "--warmup", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]) == 0
     # its child processes ran with one thread, this process's environment is as it was: processes started later

@@ -234,8 +234,8 @@ def test_show_command_has_no_bar_and_a_restart_clears_the_numbers(browser, serve
 
 
 def test_a_slow_page_records_keys_by_the_videos_frames(browser, server):
-    """The page's clock is Playwright's (nothing waits on the real one): a page that manages 8 ticks a second
-    still takes 16 key samples a second, so a key held 2 s is 32 frames of keys (it was 16)."""
+    """The page's clock is Playwright's, paused (its time moves only when told): a page that manages 8 ticks a
+    second still takes 16 key samples a second, so a key held 2 s is 32 frames of keys (it was 16)."""
     import time
 
     page = browser.new_page()
@@ -243,14 +243,21 @@ def test_a_slow_page_records_keys_by_the_videos_frames(browser, server):
     page.clock.install()
     page.goto(server.url_for("/"))
 
-    def until(condition: str) -> None:  # fake time moves only when told; the socket is real
+    def until(condition: str) -> None:  # the socket is real
         deadline = time.monotonic() + WAIT_MS / 1000
         while not page.evaluate(condition):
             assert time.monotonic() < deadline, condition
             page.clock.run_for(100)
 
     until(f"{P}.state && {P}.state.started && {P}.connected")
+    # An installed clock also runs with the real one: the samples counted grew with the time the test's own calls
+    # took (up to 40 in 2 s of the page's time). Paused, it moves by run_for alone.
+    page.clock.pause_at(page.evaluate("Date.now()") / 1000 + 1)
     page.evaluate(f"{P}.tickEvery = 125")
+    # Nor does a request leave while the samples are counted: a request takes one sample ahead of its frame (the
+    # keys of its moment), and one sent when the real socket's answer landed just before the first read moved a
+    # sample out of the count (31). Paused, this page has sent none; one marked in flight keeps it from sending.
+    page.evaluate(f"{P}.inFlight = true")
     page.click("#pause")
     until(f"!{P}.paused")
     page.keyboard.down("w")
@@ -259,7 +266,7 @@ def test_a_slow_page_records_keys_by_the_videos_frames(browser, server):
     page.clock.run_for(2000)
     taken = page.evaluate(f"{P}.sampledFrames") - before
     page.keyboard.up("w")
-    assert 32 <= taken <= 34, taken  # one more per request sent meanwhile (the keys of that moment)
+    assert taken == 32, taken  # 16 ticks of the page, 2 video frames each
     page.close()
 
 
