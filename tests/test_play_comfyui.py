@@ -207,8 +207,8 @@ def test_play_state_continues_in_fast_continue_as_the_batch_run(server):
 def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_path, renderer):
     """The frontend: queueing opens the panel (web/lingbot_play.js) with the player's page in it; keys held in it
     steer the session; "Send keys to graph" re-runs the node with them; Free closes the session (the page says so).
-    With the Vue node renderer ("Nodes 2.0") on as well as off, where the frontend has one (LINGBOT_COMFY_ARGS'
-    --front-end-root: the newest frontend; 0.3.64's 1.27 has none and skips the vue case)."""
+    With the Vue node renderer ("Nodes 2.0") on as well as off, where the frontend has one: the newest
+    (LINGBOT_COMFY_ARGS' --front-end-root), and 0.3.64's 1.27 as its hidden experimental setting (1.27.1 on)."""
     import os
     import shutil
     from urllib.parse import urlsplit
@@ -234,20 +234,28 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             context.route("**/*", only_local)
             page = context.pages[0] if context.pages else context.new_page()
             page.set_default_timeout(WAIT_S * 1000)
+
+            def open_page():
+                page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
+                                       "window.LiteGraph.registered_node_types.LingBotPlay")
+                for _ in range(10):  # a fresh profile opens the template browser over the graph: close it
+                    if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
+                        break
+                    page.keyboard.press("Escape")
+                    page.wait_for_timeout(300)
+
             page.goto(server.url, wait_until="domcontentloaded")
-            page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
-                                   "window.LiteGraph.registered_node_types.LingBotPlay")
-            for _ in range(10):  # a fresh profile opens the template browser over the graph: close it
-                if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
-                    break
-                page.keyboard.press("Escape")
-                page.wait_for_timeout(300)
+            open_page()
             if renderer == "vue":
                 has_vue = page.evaluate("""() => { try { return window.app.extensionManager?.setting?.get(
                     'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
                 if not has_vue:
                     pytest.skip("this frontend has no Vue node renderer (Comfy.VueNodes.Enabled)")
+                # As a user who turned it on earlier opens ComfyUI: the setting is kept on the server, the page
+                # starts with it (1.27's renderer, switched on over an empty graph, draws no node of a later load).
                 page.evaluate("() => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true)")
+                page.reload(wait_until="domcontentloaded")
+                open_page()
             page.evaluate("async (p) => { await window.app.loadApiJson(p, 'play'); await window.app.queuePrompt(0, 1); }",
                           _play_prompt())
             if renderer == "vue":  # the graph is drawn by Vue: LingBot Play is a DOM node
@@ -297,6 +305,8 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             assert page.locator("#lingbot-play-panel button:has-text('Send keys to graph')").is_enabled()
         finally:
             context.close()
+            if renderer == "vue":  # the server keeps the setting: the module's later pages draw on the canvas
+                server.post("/settings/Comfy.VueNodes.Enabled", False)
 
 
 def test_play_with_a_tiny_decoder_from_vae_approx(server):
