@@ -244,7 +244,8 @@ def test_a_missing_node_is_caught(page):
 
 
 def _vue(page, on: bool) -> None:
-    """The Vue node renderer ("Nodes 2.0") on or off; skips where the frontend has none (0.3.64's 1.27)."""
+    """The Vue node renderer ("Nodes 2.0") on or off; skips where the frontend has none (before 1.27.1; 0.3.64's
+    1.27.10 has it as a hidden experimental setting)."""
     has_vue = page.evaluate("""() => { try { return window.app.extensionManager?.setting?.get(
         'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
     if not has_vue:
@@ -658,7 +659,7 @@ def test_the_template_browser_names_the_pack_lists_the_first_template_first_and_
 
 def test_widgets_hide_in_the_vue_node_renderer_too(page):
     """Current frontends draw nodes with Vue ("Nodes 2.0") when Comfy.VueNodes.Enabled is on; the extension's
-    hiding must hold there as well (0.3.64's frontend has no such renderer: skipped)."""
+    hiding must hold there as well (0.3.64's 1.27.10 has it as a hidden experimental setting; older ones skip)."""
     settings = page.evaluate("() => window.app.extensionManager?.setting ? true : false")
     has_vue = settings and page.evaluate("""() => { try { return window.app.extensionManager.setting.get(
         'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
