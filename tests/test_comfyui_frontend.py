@@ -432,9 +432,18 @@ def test_node_search_finds_the_pack(page, server, query):
     _close_dialogs(page)
     page.problems.clear()  # the frontend's own start-up errors (see the page fixture)
     _fresh_graph(page)  # the reloaded page restores the last graph: (800, 700) must be empty canvas
-    page.mouse.dblclick(800, 700)  # an empty spot of the canvas opens the node search
     box = page.locator(".comfy-vue-node-search-container input").first
-    box.wait_for(timeout=10_000)
+    for attempt in range(3):
+        # An empty spot of the canvas opens the node search. Right after the reload, 1.27.10's canvas sometimes
+        # gets the double click (both pointer events and the dblclick reach it) and opens nothing (about one run
+        # in three on a busy 2-core machine); the next double click opens it, as a user would try again.
+        page.mouse.dblclick(800, 700)
+        try:
+            box.wait_for(timeout=5_000)
+            break
+        except sync_api.TimeoutError:
+            if attempt == 2:
+                raise
     box.fill(query)
     options = page.locator(".comfy-vue-node-search-container .p-autocomplete-option")
     shown: set = set()
