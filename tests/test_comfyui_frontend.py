@@ -699,8 +699,7 @@ DEMO_TEMPLATES = ("Tiny CPU demo (random weights)", "Tiny CPU demo with native K
 @pytest.mark.parametrize("name", DEMO_TEMPLATES)
 def test_each_demo_template_runs_from_the_frontend_with_previews(page, server, name, tmp_path):
     """Press Run on each demo template; it makes a video, and the screenshot after the run shows the previews."""
-    server.post("/free", {"unload_models": True, "free_memory": True})  # no cached results: the samplers run again
-    page.wait_for_timeout(3000)
+    server.free()  # no cached results: the samplers run again
     ui = json.loads((comfy.REPO / "example_workflows" / f"{name}.json").read_text())
     page.evaluate("(ui) => window.app.loadGraphData(ui)", ui)
     _close_dialogs(page)
