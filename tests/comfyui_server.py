@@ -18,7 +18,7 @@ import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 
@@ -121,6 +121,39 @@ class Server:
         with urllib.request.urlopen(req, timeout=60) as r:
             data = r.read()
         return json.loads(data) if data else None
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Until no prompt runs or waits in ComfyUI's queue."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            q = self.get("/queue")
+            if not q["queue_running"] and not q["queue_pending"]:
+                return
+            time.sleep(0.5)
+        raise AssertionError("the queue did not become idle")
+
+    def free(self, until: Optional[Callable[[], bool]] = None, timeout: float = 120, **flags) -> bool:
+        """ComfyUI's "Free model and node cache": POST /free (both flags, unless `flags` names them) once the prompt
+        worker waits for work again. 0.3.64's worker reads the flags after each prompt, then waits; a /free that
+        lands in between (the prompt's end already reported, its flags already read) wakes nobody and is read only
+        after the next prompt. So it is sent when the queue is idle and 2 s later; with `until` (what the free does,
+        seen from outside) it is sent again every 10 s until that holds or `timeout` passes. Returns until()."""
+        body = flags or {"unload_models": True, "free_memory": True}
+        self.wait_idle()
+        time.sleep(2)
+        self.post("/free", body)
+        if until is None:
+            time.sleep(3)
+            return True
+        t0 = sent = time.monotonic()
+        while not until():
+            if time.monotonic() - t0 > timeout:
+                return False
+            if time.monotonic() - sent >= 10:
+                self.post("/free", body)
+                sent = time.monotonic()
+            time.sleep(0.5)
+        return True
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

@@ -114,11 +114,7 @@ def test_a_template_downloads_converts_once_and_runs(hub_and_server):
     assert (srv.base / "output" / video["subfolder"] / video["filename"]).stat().st_size > 1000
 
     fetched = len(hub.gets(".safetensors"))
-    import time
-
-    time.sleep(2)  # the worker waits for the next prompt again: it reads the flags then (tests/test_comfyui_server.py)
-    srv.post("/free", {"unload_models": True, "free_memory": True})  # ComfyUI drops its node cache: the loader reruns
-    time.sleep(3)
+    srv.free()  # ComfyUI drops its node cache: the loader reruns
     again = srv.run(_small(FAST, 33, True), timeout=900)  # the next load reads the copy; nothing is fetched
     assert again["end"] == "done", again["error"]
     assert "read the NF4 copy lingbot_world_fast_bnb_nf4" in _node_texts(again, prompt, "LingBotFastLoader")

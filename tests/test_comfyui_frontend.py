@@ -244,7 +244,8 @@ def test_a_missing_node_is_caught(page):
 
 
 def _vue(page, on: bool) -> None:
-    """The Vue node renderer ("Nodes 2.0") on or off; skips where the frontend has none (0.3.64's 1.27)."""
+    """The Vue node renderer ("Nodes 2.0") on or off; skips where the frontend has none (before 1.27.1; 0.3.64's
+    1.27.10 has it as a hidden experimental setting)."""
     has_vue = page.evaluate("""() => { try { return window.app.extensionManager?.setting?.get(
         'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
     if not has_vue:
@@ -431,9 +432,18 @@ def test_node_search_finds_the_pack(page, server, query):
     _close_dialogs(page)
     page.problems.clear()  # the frontend's own start-up errors (see the page fixture)
     _fresh_graph(page)  # the reloaded page restores the last graph: (800, 700) must be empty canvas
-    page.mouse.dblclick(800, 700)  # an empty spot of the canvas opens the node search
     box = page.locator(".comfy-vue-node-search-container input").first
-    box.wait_for(timeout=10_000)
+    for attempt in range(3):
+        # An empty spot of the canvas opens the node search. Right after the reload, 1.27.10's canvas sometimes
+        # gets the double click (both pointer events and the dblclick reach it) and opens nothing (about one run
+        # in three on a busy 2-core machine); the next double click opens it, as a user would try again.
+        page.mouse.dblclick(800, 700)
+        try:
+            box.wait_for(timeout=5_000)
+            break
+        except sync_api.TimeoutError:
+            if attempt == 2:
+                raise
     box.fill(query)
     options = page.locator(".comfy-vue-node-search-container .p-autocomplete-option")
     shown: set = set()
@@ -658,7 +668,7 @@ def test_the_template_browser_names_the_pack_lists_the_first_template_first_and_
 
 def test_widgets_hide_in_the_vue_node_renderer_too(page):
     """Current frontends draw nodes with Vue ("Nodes 2.0") when Comfy.VueNodes.Enabled is on; the extension's
-    hiding must hold there as well (0.3.64's frontend has no such renderer: skipped)."""
+    hiding must hold there as well (0.3.64's 1.27.10 has it as a hidden experimental setting; older ones skip)."""
     settings = page.evaluate("() => window.app.extensionManager?.setting ? true : false")
     has_vue = settings and page.evaluate("""() => { try { return window.app.extensionManager.setting.get(
         'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
@@ -689,8 +699,7 @@ DEMO_TEMPLATES = ("Tiny CPU demo (random weights)", "Tiny CPU demo with native K
 @pytest.mark.parametrize("name", DEMO_TEMPLATES)
 def test_each_demo_template_runs_from_the_frontend_with_previews(page, server, name, tmp_path):
     """Press Run on each demo template; it makes a video, and the screenshot after the run shows the previews."""
-    server.post("/free", {"unload_models": True, "free_memory": True})  # no cached results: the samplers run again
-    page.wait_for_timeout(3000)
+    server.free()  # no cached results: the samplers run again
     ui = json.loads((comfy.REPO / "example_workflows" / f"{name}.json").read_text())
     page.evaluate("(ui) => window.app.loadGraphData(ui)", ui)
     _close_dialogs(page)

@@ -475,20 +475,10 @@ def _medium_prompt(steps: int, seed: int, memory_mode: str) -> dict:
     return prompt
 
 
-def _wait_idle(server, timeout: float = 60) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        q = server.get("/queue")
-        if not q["queue_running"] and not q["queue_pending"]:
-            return
-        time.sleep(0.5)
-    raise AssertionError("the queue did not become idle")
-
-
 def _interrupted_run(server, seed: int) -> dict:
     """A medium run in swap mode, interrupted at sampler step 2; memory (RSS, or VRAM on a GPU) before, during and
     after (post /free)."""
-    _free(server)
+    server.free()
     out = {"before": server.memory_in_use(), "mid": 0, "sent": False}
     samp_id, _ = _by_type(_demo_prompt(), "LingBotSampler")
 
@@ -504,7 +494,7 @@ def _interrupted_run(server, seed: int) -> dict:
     out["last"] = max(v for node, v, m in res["progress"] if node == samp_id and m == 40)
     assert out["last"] < 40, "the run finished instead of stopping"
     # Released: swap mode drops the expert in the sampler's finally; /free drops ComfyUI's caches too.
-    _free(server)
+    server.free()
     out["after"] = _settled_memory(server, below=out["before"] + 0.25 * server.medium_bytes)
     out["seconds"] = res["seconds"]
     return out
@@ -524,16 +514,6 @@ def _settled_memory(server, below: float, seconds: float = 45.0) -> int:
         time.sleep(1)
         used = server.memory_in_use()
     return used
-
-
-def _free(server, **flags) -> None:
-    """POST /free once the prompt worker is waiting again. ComfyUI 0.3.64 reads the flags between prompts; a
-    /free that lands while the worker finishes a prompt (after it read the flags, before it waits) is only
-    seen after the *next* prompt, so give the worker a moment first."""
-    _wait_idle(server)
-    time.sleep(2)
-    server.post("/free", flags or {"unload_models": True, "free_memory": True})
-    time.sleep(3)
 
 
 def test_interrupt_mid_sampling_keeps_server_healthy_and_frees_memory(server):
@@ -566,13 +546,13 @@ def test_free_model_and_node_cache_gives_the_ram_back(server):
 
     run(21)  # one-time costs (thread pools, kernels, allocator arenas) before measuring
     first = server.rss()
-    _free(server)
+    server.free()
     # the baseline once that /free has given run 21's two experts back (it may be read only after a while)
     before = _settled_memory(server, below=first - server.medium_bytes)
     assert first - before > server.medium_bytes, "the first /free did not give the experts back"
     run(22)
     loaded = server.rss()
-    _free(server)
+    server.free()
     after = _settled_memory(server, below=before + server.medium_bytes, seconds=30)  # the test runs without a GPU: RSS
     mb = 1 / 2**20
     print(f"\nresident run + free: RSS before {before * mb:.0f} MB, after the run {loaded * mb:.0f} MB, after /free "
@@ -585,7 +565,7 @@ def test_free_model_and_node_cache_gives_the_ram_back(server):
 
 
 def test_resident_experts_stay_loaded_until_free_memory(server):
-    _free(server)
+    server.free()
 
     def loads() -> int:
         return server.log().count("Requested to load ExpertContainer")
@@ -603,7 +583,7 @@ def test_resident_experts_stay_loaded_until_free_memory(server):
     n1 = loads()
     run(12)
     n2 = loads()
-    _free(server, unload_models=True)
+    server.free(unload_models=True)
     run(13)
     n3 = loads()
     assert (n1 - n0, n2 - n1, n3 - n2) == (2, 0, 2), (

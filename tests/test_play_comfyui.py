@@ -119,20 +119,18 @@ def test_play_node_plays_returns_the_keys_and_free_closes_it(server):
     again = _played(server, prompt)  # queued again: the node re-runs with the keys played since
     assert again["url"] == first["url"] and again["actions"] == "w-8,wj-12"
     assert server.proc.poll() is None
-    server.post("/free", {"unload_models": True, "free_memory": True})
-    t0 = time.monotonic()
-    status = 200
     import urllib.error
     import urllib.request
 
-    while status == 200 and time.monotonic() - t0 < WAIT_S:  # the worker frees the cache between prompts
+    def closed() -> bool:  # the page's URL answers 404 once the session is gone
         try:
-            with urllib.request.urlopen(server.url + first["url"], timeout=30) as r:
-                status = r.status
-            time.sleep(1)
+            with urllib.request.urlopen(server.url + first["url"], timeout=30):
+                return False
         except urllib.error.HTTPError as e:
-            status = e.code
-    assert status == 404, "the session was not closed by Free model and node cache"
+            assert e.code == 404, e
+            return True
+
+    assert server.free(until=closed, timeout=WAIT_S), "the session was not closed by Free model and node cache"
     assert "LingBot Play: session 50 closed" in server.log()
 
 
@@ -188,7 +186,7 @@ def _frames(server, images: list) -> list:
 def test_play_state_continues_in_fast_continue_as_the_batch_run(server):
     """Play -> LingBot Fast Continue in the graph: refused in one line before the first chunk; after playing, the
     continued video's frames equal the Fast Sampler's batch run of the played keys and the new ones."""
-    server.post("/free", {"unload_models": True, "free_memory": True})  # the first test's session, if any
+    server.free()  # the first test's session, if any
     res = server.run(_continue_prompt(), timeout=WAIT_S * 2)
     assert res["end"] == "error", res
     assert "LingBot Play had played no chunk when it ran" in res["error"]["exception_message"]
@@ -207,8 +205,8 @@ def test_play_state_continues_in_fast_continue_as_the_batch_run(server):
 def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_path, renderer):
     """The frontend: queueing opens the panel (web/lingbot_play.js) with the player's page in it; keys held in it
     steer the session; "Send keys to graph" re-runs the node with them; Free closes the session (the page says so).
-    With the Vue node renderer ("Nodes 2.0") on as well as off, where the frontend has one (LINGBOT_COMFY_ARGS'
-    --front-end-root: the newest frontend; 0.3.64's 1.27 has none and skips the vue case)."""
+    With the Vue node renderer ("Nodes 2.0") on as well as off, where the frontend has one: the newest
+    (LINGBOT_COMFY_ARGS' --front-end-root), and 0.3.64's 1.27 as its hidden experimental setting (1.27.1 on)."""
     import os
     import shutil
     from urllib.parse import urlsplit
@@ -217,7 +215,7 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
     exe = os.environ.get("LINGBOT_CHROMIUM") or shutil.which("chromium")
     if not exe:
         pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)")
-    server.post("/free", {"unload_models": True, "free_memory": True})  # the first test's session, if any
+    server.free()  # the first test's session, if any
 
     def only_local(route):
         url = urlsplit(route.request.url)
@@ -234,20 +232,28 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             context.route("**/*", only_local)
             page = context.pages[0] if context.pages else context.new_page()
             page.set_default_timeout(WAIT_S * 1000)
+
+            def open_page():
+                page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
+                                       "window.LiteGraph.registered_node_types.LingBotPlay")
+                for _ in range(10):  # a fresh profile opens the template browser over the graph: close it
+                    if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
+                        break
+                    page.keyboard.press("Escape")
+                    page.wait_for_timeout(300)
+
             page.goto(server.url, wait_until="domcontentloaded")
-            page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph && "
-                                   "window.LiteGraph.registered_node_types.LingBotPlay")
-            for _ in range(10):  # a fresh profile opens the template browser over the graph: close it
-                if page.locator("[role=dialog][data-state=open], .p-dialog").count() == 0:
-                    break
-                page.keyboard.press("Escape")
-                page.wait_for_timeout(300)
+            open_page()
             if renderer == "vue":
                 has_vue = page.evaluate("""() => { try { return window.app.extensionManager?.setting?.get(
                     'Comfy.VueNodes.Enabled') !== undefined } catch (e) { return false } }""")
                 if not has_vue:
                     pytest.skip("this frontend has no Vue node renderer (Comfy.VueNodes.Enabled)")
+                # As a user who turned it on earlier opens ComfyUI: the setting is kept on the server, the page
+                # starts with it (1.27's renderer, switched on over an empty graph, draws no node of a later load).
                 page.evaluate("() => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true)")
+                page.reload(wait_until="domcontentloaded")
+                open_page()
             page.evaluate("async (p) => { await window.app.loadApiJson(p, 'play'); await window.app.queuePrompt(0, 1); }",
                           _play_prompt())
             if renderer == "vue":  # the graph is drawn by Vue: LingBot Play is a DOM node
@@ -279,8 +285,8 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             plays = [{k: v for k, v in n["inputs"].items() if not isinstance(v, list)} for h in new.values()
                      for n in h["prompt"][2].values() if n["class_type"] == "LingBotPlay"]
             assert outs and outs[0]["actions"] == played, (outs, plays)
-            server.post("/free", {"unload_models": True, "free_memory": True})
-            frame.wait_for_function(f"!{P}.connected")  # the session closed its page's socket
+            assert server.free(until=lambda: frame.evaluate(f"!{P}.connected"), timeout=WAIT_S), \
+                "Free model and node cache did not close the session's page socket"
             # the panel says why, not "disconnected": the server is fine, the session and its models are gone
             cover = page.wait_for_selector("#lingbot-play-closed")
             assert cover.inner_text() == "Session closed, models freed: press Run to play again."
@@ -297,6 +303,8 @@ def test_play_panel_opens_in_comfyuis_page_plays_and_sends_the_keys(server, tmp_
             assert page.locator("#lingbot-play-panel button:has-text('Send keys to graph')").is_enabled()
         finally:
             context.close()
+            if renderer == "vue":  # the server keeps the setting: the module's later pages draw on the canvas
+                server.post("/settings/Comfy.VueNodes.Enabled", False)
 
 
 def test_play_with_a_tiny_decoder_from_vae_approx(server):
@@ -304,7 +312,7 @@ def test_play_with_a_tiny_decoder_from_vae_approx(server):
     is not a tiny decoder stops the node in one line naming the input, and ComfyUI keeps running."""
     info = server.get("/object_info/LingBotPlay")["LingBotPlay"]["input"]["optional"]["tiny_vae"]
     assert info[0][0] == "none" and {"taew2_1.safetensors", "broken.safetensors"} <= set(info[0])
-    server.post("/free", {"unload_models": True, "free_memory": True})
+    server.free()
     prompt = _play_prompt()
     prompt["50"]["inputs"]["tiny_vae"] = "broken.safetensors"
     res = server.run(prompt, timeout=WAIT_S * 2)
