@@ -62,7 +62,7 @@ class LingBotTextEncode:
         encoders = comfy_paths.list_text_encoders()
         from ..loaders.model_folders import pick_default
 
-        from .adapters.model_fetch import is_installed
+        from .adapters.comfy_paths import is_installed
 
         there = [n for n in encoders if is_installed(n)]  # not a download offered before it is made
         default = pick_default(there, "umt5", avoid=("demo",)) or pick_default(there, "t5", avoid=("demo",))

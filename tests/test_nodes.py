@@ -301,15 +301,15 @@ def test_comfy_paths_lists_and_resolves_across_folders(fake_folder_paths):
     (base / "models" / "vae" / "wan_2.1_vae.safetensors").write_bytes(b"x")
 
     from lingbot_world.nodes.adapters.demo_models import demo_entries
-    from lingbot_world.nodes.adapters.model_fetch import downloadable
+    from lingbot_world.world.hub import release_names
 
     # the demo's entries (built on first use) and the releases the loaders download come last
     assert comfy_paths.list_experts() == ["ckpt/high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4",
-                                          *demo_entries("experts"), *demo_entries("fast"), *downloadable("experts"),
-                                          *downloadable("fast")]
+                                          *demo_entries("experts"), *demo_entries("fast"), *release_names("experts"),
+                                          *release_names("fast")]
     assert comfy_paths.list_text_encoders() == ["umt5_xxl_fp16.safetensors", "ckpt/models_t5_umt5-xxl-enc-bf16.pth",
-                                                *demo_entries("text_encoder"), *downloadable("text_encoder")]
-    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors", *demo_entries("vae"), *downloadable("vae")]
+                                                *demo_entries("text_encoder"), *release_names("text_encoder")]
+    assert comfy_paths.list_vaes() == ["wan_2.1_vae.safetensors", *demo_entries("vae"), *release_names("vae")]
     assert comfy_paths.resolve_expert("low_noise_model_bnb_nf4") == base / "models/diffusion_models/low_noise_model_bnb_nf4"
     assert comfy_paths.resolve_text_encoder("ckpt/models_t5_umt5-xxl-enc-bf16.pth").parent == lingbot / "ckpt"
     assert comfy_paths.resolve_tokenizer("auto") is None

@@ -218,3 +218,22 @@ def _bar_class(on_bytes: Callable[[int], None]):
             return super().update(n)
 
     return Bar
+
+
+def release_names(kind: str) -> list[str]:
+    """The release parts of every registry model, named as a model folder lists them (`<hub dir>/<part>`), by the
+    kind of file a loader picks: "experts", "fast", "text_encoder", "vae". The nodes offer them before they exist."""
+    out = []
+    for e in entries():
+        top = e.hub_dir
+        if kind == "experts":
+            out += [f"{top}/{dirs[-1]}" for _, dirs in e.files.experts]
+        elif kind == "fast" and e.causal:
+            official = e.files.official_dir
+            out.append(top if top.rsplit("/", 1)[-1] == official or not official or "" in e.files.official
+                       else f"{top}/{official}")
+        elif kind == "text_encoder" and e.files.shared_files and e.files.experts:
+            out.append(f"{top}/{T5_FILE}")
+        elif kind == "vae" and e.files.shared_files and e.files.experts:
+            out.append(f"{top}/{VAE_FILE}")
+    return list(dict.fromkeys(out))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ...loaders import model_folders as mf
+from ...world import hub
 from . import demo_models
 
 log = logging.getLogger(__name__)
@@ -89,19 +90,15 @@ def _unique(*lists: list[str]) -> list[str]:
 def list_experts() -> list[str]:
     def scan() -> list[str]:
         roots = expert_roots()
-        from .model_fetch import downloadable
-
         return _unique(mf.scan_expert_dirs(roots), mf.scan_expert_files(roots), demo_models.demo_entries("experts"),
-                       demo_models.demo_entries("fast"), downloadable("experts"), downloadable("fast"))
+                       demo_models.demo_entries("fast"), hub.release_names("experts"), hub.release_names("fast"))
 
     return _safe(scan, "experts")
 
 
 def list_text_encoders() -> list[str]:
-    from .model_fetch import downloadable
-
     return _safe(lambda: _unique(_fp().get_filename_list("text_encoders"), mf.scan_t5_files(lingbot_roots()),
-                                 demo_models.demo_entries("text_encoder"), downloadable("text_encoder")),
+                                 demo_models.demo_entries("text_encoder"), hub.release_names("text_encoder")),
                  "text encoders")
 
 
@@ -111,10 +108,8 @@ def list_tokenizers() -> list[str]:
 
 
 def list_vaes() -> list[str]:
-    from .model_fetch import downloadable
-
     return _safe(lambda: _unique(_fp().get_filename_list("vae"), mf.scan_vae_files(lingbot_roots()),
-                                 demo_models.demo_entries("vae"), downloadable("vae")), "VAEs")
+                                 demo_models.demo_entries("vae"), hub.release_names("vae")), "VAEs")
 
 
 def list_loras() -> list[str]:
@@ -270,10 +265,16 @@ def output_directory() -> Path:
     return Path(_fp().get_output_directory())
 
 
+def is_installed(name: str) -> bool:
+    """False for a release name listed as a download offer that is not on disk yet."""
+    if name not in set(hub.release_names("experts") + hub.release_names("fast") + hub.release_names("text_encoder") +
+                       hub.release_names("vae")):
+        return True
+    return mf.resolve_in_roots(expert_roots(), name) is not None
+
+
 def _combo(names: list[str], *hints: str, avoid: tuple = ()) -> tuple:
     from ...loaders.model_folders import pick_default
-
-    from .model_fetch import is_installed
 
     opts: dict = {}
     there = [n for n in names if is_installed(n)]  # not a download offered before it is made

@@ -59,7 +59,7 @@ def _not_found(widget: str, name: str, want: str, message: str) -> str:
     """A missing choice no download provides; the Fast loader's line names the Fast models' folders."""
     if want != "fast":
         return message
-    offers = ", ".join(model_fetch.downloadable("fast"))
+    offers = ", ".join(hub.release_names("fast"))
     return (f"{widget}: '{name}' was not found in {comfy_paths.expert_roots()[0] if comfy_paths.expert_roots() else '(no folders)'}. "
             f"The Fast model is a folder of the release's DiT (config.json and its *.safetensors shards, or their "
             f"NF4 / FP8 / INT8 copy): pick one of {offers} and turn on the node's download switch, or put the "

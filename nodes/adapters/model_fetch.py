@@ -28,39 +28,9 @@ DOWNLOAD = ("BOOLEAN", {"default": False, "label_on": "download if missing", "la
     "model's licence first (the v2 models are CC BY-NC-SA 4.0: non-commercial).")})
 
 
-def downloadable(kind: str) -> list[str]:
-    """Names of release files the loaders offer before they exist: "experts", "fast", "text_encoder", "vae"."""
-    from ...world.models import entries
-
-    out = []
-    for e in entries():
-        top = e.hub_dir
-        if kind == "experts":
-            out += [f"{top}/{dirs[-1]}" for _, dirs in e.files.experts]
-        elif kind == "fast" and e.causal:
-            official = e.files.official_dir
-            out.append(top if top.rsplit("/", 1)[-1] == official or not official or "" in e.files.official
-                       else f"{top}/{official}")
-        elif kind == "text_encoder" and e.files.shared_files and e.files.experts:
-            out.append(f"{top}/{hub.T5_FILE}")
-        elif kind == "vae" and e.files.shared_files and e.files.experts:
-            out.append(f"{top}/{hub.VAE_FILE}")
-    return list(dict.fromkeys(out))
-
-
 def is_offer(name: str) -> bool:
     """A release name the loaders list before it is installed (picked as a default only when nothing else is)."""
     return hub.part_for(name) is not None
-
-
-def is_installed(name: str) -> bool:
-    """False for a release name listed as a download offer that is not on disk yet."""
-    if name not in set(downloadable("experts") + downloadable("fast") + downloadable("text_encoder") +
-                       downloadable("vae")):
-        return True
-    from ...loaders.model_folders import resolve_in_roots
-
-    return resolve_in_roots(comfy_paths.expert_roots(), name) is not None
 
 
 def _root() -> Optional[Path]:
