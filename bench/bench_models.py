@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..wan.dit.model import DiTConfig
+from ..wan.sizes import height_width
 from ..wan.sampling.recipe import ChunkRecipe
 from ..world.models import V1_FAST, ModelEntry, causal_models, model
 
@@ -125,11 +126,11 @@ def add_model_argument(p) -> None:
 
 def parse_bench_size(p, text: str) -> tuple[int, int]:
     """--size H*W as (height, width), both multiples of 16 (the latent's 8x and the patch's 2x); else one usage line."""
-    try:
-        h, w = (int(v) for v in text.lower().replace("x", "*").split("*"))
-    except ValueError:
+    hw = height_width(text)
+    if hw is None:
         p.error(f"--size {text}: give H*W, e.g. 304*528")
-    if h <= 0 or w <= 0 or h % 16 or w % 16:
+    h, w = hw
+    if h % 16 or w % 16:
         p.error(f"--size {text}: height and width must be positive multiples of 16 (e.g. 304*528, 480*832)")
     return h, w
 

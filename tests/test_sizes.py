@@ -84,3 +84,10 @@ def test_latent_size_and_size_names():
     assert max_area_for("480*832") == 399_360 and max_area_for("720x1280") == 921_600
     with pytest.raises(ValueError, match="unknown size"):
         max_area_for("huge")
+
+
+def test_height_width_of_a_size_string():
+    from lingbot_world.wan.sizes import height_width
+
+    assert height_width("480*832") == (480, 832) and height_width(" 304X528 ") == (304, 528)
+    assert height_width("480p") is None and height_width("0*16") is None and height_width("a*b") is None

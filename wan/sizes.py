@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Optional
 
 VAE_STRIDE = 8  # pixels per latent cell (spatial)
 VAE_TEMPORAL_STRIDE = 4  # frames per latent frame after the first
@@ -20,16 +21,24 @@ SIZE_AREAS: dict[str, int] = {
 }
 
 
+def height_width(size: str) -> Optional[tuple[int, int]]:
+    """(H, W) of an "H*W" / "HxW" string such as "480*832" (both positive), else None (a size name, or no size)."""
+    key = size.strip().lower()
+    for sep in ("*", "x"):
+        a, _, b = key.partition(sep)
+        if b and a.strip().isdigit() and b.strip().isdigit() and int(a) > 0 and int(b) > 0:
+            return int(a), int(b)
+    return None
+
+
 def max_area_for(size: str) -> int:
     """Pixel budget for a size name ("480p", "720p") or an "H*W" / "HxW" string such as "480*832"."""
     key = size.strip().lower()
     if key in SIZE_AREAS:
         return SIZE_AREAS[key]
-    for sep in ("*", "x"):
-        if sep in key:
-            a, _, b = key.partition(sep)
-            if a.strip().isdigit() and b.strip().isdigit() and int(a) > 0 and int(b) > 0:
-                return int(a) * int(b)
+    hw = height_width(key)
+    if hw is not None:
+        return hw[0] * hw[1]
     raise ValueError(f"unknown size {size!r}: use one of {sorted(SIZE_AREAS)} or 'H*W' such as '480*832'")
 
 

@@ -28,7 +28,7 @@ from ..loaders.fast_state_file import model_fingerprint, model_label
 from ..quant.lowp_kinds import LOWP_WEIGHTS
 from ..speed.levers import plan_levers
 from ..wan.sampling.fast_state import FastSettings
-from ..wan.sizes import max_area_for, target_size
+from ..wan.sizes import height_width, max_area_for, target_size
 from .errors import WorldError
 from .files import WorldFiles
 from .models import ModelEntry
@@ -245,12 +245,8 @@ def speed_preparer(speed):
 
 def planning_size(size: str) -> tuple[int, int]:
     """The (height, width) the memory is planned for: an "H*W" size as given, a named one as 16:9 landscape."""
-    key = size.strip().lower()
-    for sep in ("*", "x"):
-        a, _, b = key.partition(sep)
-        if b and a.strip().isdigit() and b.strip().isdigit():
-            return target_size(int(a), int(b), max_area_for(size))
-    return target_size(9, 16, max_area_for(size))
+    hw = height_width(size)
+    return target_size(*(hw or (9, 16)), max_area_for(size))
 
 
 def open_session(files: WorldFiles, settings: Optional[WorldSettings] = None, *, device=None, play: bool = True):
