@@ -202,9 +202,8 @@ def run_results(model: str, paths, rows_for: Optional[dict] = None) -> dict:
         for card_name in PROJECTED:
             card = CARDS[card_name]
             low = gemm if gemm == "bf16" or card.get(gemm) else "int8"  # INT8 where the card has no FP8
-            tag = f"{preset} ({low} GEMMs{', SageAttention INT8' if attention == 'int8' else ''})"
-            variants = [(tag, low)] + ([(tag.replace(f"({low} GEMMs", "(bf16 GEMMs"), "bf16")] if gemm != "bf16" else [])
-            for label, card_gemm in variants:
+            for card_gemm in dict.fromkeys((low, "bf16" if gemm != "bf16" else low)):
+                label = f"{preset} ({card_gemm} GEMMs{', SageAttention INT8' if attention == 'int8' else ''})"
                 out["rows"][card_name][label] = project(
                     split, host, timed["mean_decode_s"], timed.get("uploaded_gb_per_chunk", 0.0), card, gemm_h100=gemm,
                     gemm_card=card_gemm, source=source, attention=attention)

@@ -176,7 +176,7 @@ def plot_comparison(result, size: tuple[int, int] = SIZE) -> Image.Image:
         if measured:
             kv.series(drifts[i], kv.lo, kv.hi, fill)
             kv.series(angles[i], kv.lo, kv.hi, fill, dashed=True)
-    _legend(draw, result, boxes[1][3] + 44)
+    _legend(draw, result, boxes[1][3] + 44, size[0])
     return img
 
 
@@ -195,9 +195,9 @@ def fit_text(draw: ImageDraw.ImageDraw, text: str, font, width: float) -> str:
     return text[:lo].rstrip() + "…"
 
 
-def _legend(draw: ImageDraw.ImageDraw, result, y: float) -> None:
+def _legend(draw: ImageDraw.ImageDraw, result, y: float, width: int) -> None:
     font = _font(12)
-    room = draw.im.size[0] - LEFT - 30 - 12
+    room = width - LEFT - 30 - 12
     for i, v in enumerate(result.variants):
         row = y + i * LEGEND_ROW
         if i == 0:
