@@ -68,9 +68,10 @@ def add_speed_args(parser) -> None:
                         "or 2 (about a quarter faster than 3 with draft, rougher; for play on slower "
                         "cards); default: the --speed preset's, or on a continuation the continued video's")
     g.add_argument("--compile", choices=COMPILE_CHOICES, default=SPEED_DEFAULTS["compile"], action=_Explicit,
-                   help="torch.compile the DiT's per-token work: blocks, off, or auto (blocks on a CUDA GPU with "
-                        "Triton; same results to bf16 rounding; the first run compiles, later runs use the cache in "
-                        "~/.cache/lingbot-world/inductor)")
+                   help="torch.compile the DiT's per-token work: blocks, off, graphs (compiled only into the CUDA "
+                        "graphs that replay a narrow model's blocks once its window rolls), or auto (blocks on a CUDA "
+                        "GPU with Triton, graphs for the v2 1.3B; same results to bf16 rounding; the first run "
+                        "compiles, later runs use the cache in ~/.cache/lingbot-world/inductor)")
     g.add_argument("--compute", choices=COMPUTE_CHOICES, default=SPEED_DEFAULTS["compute"], action=_Explicit,
                    help="GEMM precision of the NF4 linears: bf16 (exact, default), fp8 (RTX 40xx/Ada, Hopper+), "
                         "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards), or auto (fp8 "

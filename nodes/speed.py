@@ -45,8 +45,10 @@ class LingBotSpeedOptions:
             "required": {
                 "compile": (list(COMPILE_CHOICES), {"default": DEFAULTS["compile"], "tooltip": (
                     "torch.compile of the DiT's per-token work (norms, modulation, RoPE, gated residuals). auto: on "
-                    "when the GPU has Triton. The first run compiles (about a minute, shown in the log); later runs "
-                    "load the kernels from ~/.cache/lingbot-world/inductor. Same results to bf16 rounding.")}),
+                    "when the GPU has Triton (for the v2 1.3B: graphs, compiled only into the CUDA graphs that "
+                    "replay its blocks once its window rolls). The first run compiles (about a minute, shown in the "
+                    "log); later runs load the kernels from ~/.cache/lingbot-world/inductor. Same results to bf16 "
+                    "rounding.")}),
                 "compute": (list(COMPUTE_CHOICES), {"default": DEFAULTS["compute"], "tooltip": (
                     "Precision of the big matrix multiplies. bf16: exact (the reference's). fp8: RTX 40xx / Ada, "
                     "Hopper and newer, faster, slightly different output. int8: Ampere (RTX 30xx) and newer, "

@@ -133,8 +133,12 @@ class BlockGraphs:
     capture: the capturing backend (CudaCapture on a GPU; tests give a stand-in that runs on the CPU).
     """
 
-    def __init__(self, device, capture=None):
+    def __init__(self, device, capture=None, ops=None):
         device = torch.device(device)
+        # The per-token phases the rolled forwards run (compiled ones: `compile="graphs"`, a narrow model's `auto`),
+        # None: each block's own. Replays launch no Python, so compiled phases cost no host time there, while the
+        # forwards before the window rolls (no graphs) keep the blocks' eager phases and their cheap launches.
+        self.ops = ops
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
@@ -177,7 +181,7 @@ class BlockGraphs:
         if key != self.shape_key:
             if self._warmed != key:  # first sight of this shape: run eagerly, so every kernel is built
                 self._warmed = key
-                return None
+                return None if self.ops is None else UncapturedForward(self.ops, dtype, hs[0], e0s[0], cam, rope)
             self.reset()
             self.shape_key = key
             self.statics = _Statics(hs[0], e0s[0], cam, rope)
@@ -233,8 +237,7 @@ class GraphedForward:
 
     def _eager(self, block, kv, x: torch.Tensor) -> torch.Tensor:
         s = self.statics
-        return block.forward_layered([x], [s.e0], [None], s.cam, s.rope, self.dtype, inplace=True, kv=kv,
-                                     film=None)[0]
+        return _run_block(block, self.graphs.ops, x, s.e0, s.cam, s.rope, self.dtype, kv)
 
     def _fingerprint(self, i: int, block) -> tuple:
         c = self.kv_cache
@@ -264,3 +267,27 @@ class GraphedForward:
             replay()
             g.replays += 1
         return entry
+
+
+class UncapturedForward:
+    """The first forward of a rolled shape when the graphs run their own phases (BlockGraphs.ops): each block runs
+    once with them, uncaptured, so their kernels are built (compiled) before a capture records them."""
+
+    def __init__(self, ops, dtype: torch.dtype, x: torch.Tensor, e0: torch.Tensor, cam: Optional[torch.Tensor],
+                 rope: tuple):
+        self.ops, self.dtype, self.x, self.e0, self.cam, self.rope = ops, dtype, x, e0, cam, rope
+
+    def run(self, i: int, block: torch.nn.Module, kv) -> list:
+        self.x = _run_block(block, self.ops, self.x, self.e0, self.cam, self.rope, self.dtype, kv)
+        return [self.x]
+
+
+def _run_block(block, ops, x, e0, cam, rope, dtype, kv) -> torch.Tensor:
+    """block's forward over one causal chunk with the per-token phases `ops` (None: the block's own)."""
+    own = block.ops
+    if ops is not None:
+        block.ops = ops
+    try:
+        return block.forward_layered([x], [e0], [None], cam, rope, dtype, inplace=True, kv=kv, film=None)[0]
+    finally:
+        block.ops = own

@@ -31,7 +31,7 @@ from .levers import ChunkLevers
 
 log = logging.getLogger(__name__)
 
-COMPILE_CHOICES = ("auto", "off", "blocks")
+COMPILE_CHOICES = ("auto", "off", "blocks", "graphs")
 COMPUTE_CHOICES = ("auto", "bf16", "fp8", "int8", "fp16acc")
 ATTENTION_CHOICES = attn.CHOICES  # auto, sdpa, sage, flash, fp8, cudnn
 DEFAULTS = {"compile": "auto", "compute": "bf16", "attention": "auto"}
@@ -57,7 +57,7 @@ class SpeedOptions:
 
 @dataclass
 class SpeedPlan:
-    """What runs: compile "off"/"blocks", compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"/"fp8"/
+    """What runs: compile "off"/"blocks"/"graphs" (compiled only inside CUDA graphs: fit_to_model), compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"/"fp8"/
     "cudnn"."""
 
     compile: str
@@ -101,10 +101,10 @@ def _resolve_compile(choice: str, device: torch.device, notes: list) -> str:
         notes.append("compile auto: off on the CPU (building the kernels takes longer than they save here)")
         return "off"
     reason = compile_mod.unavailable_reason(device)
-    if choice == "blocks":
+    if choice in ("blocks", "graphs"):  # graphs: compiled only where CUDA graphs replay the blocks (fit_to_model)
         if reason:
-            raise SpeedOptionError(f"--compile blocks: {reason}; use --compile off (or auto)")
-        return "blocks"
+            raise SpeedOptionError(f"--compile {choice}: {reason}; use --compile off (or auto)")
+        return choice
     if reason:
         notes.append(f"compile auto: off, {reason}; running eagerly (same results)")
         return "off"
@@ -213,15 +213,20 @@ GRAPHS_BELOW_DIM = 5120
 
 
 def fit_to_model(plan: Optional[SpeedPlan], cfg) -> Optional[SpeedPlan]:
-    """The plan for a model of `cfg`: `--compile auto` runs a model narrower than the 14B eagerly. Its kernels are
-    small, so compiled per-token work costs the host more than it saves the GPU (v2 1.3B on an H200: 0.905 s of DiT
-    per chunk compiled against 0.657 s eager); CUDA graphs replay its blocks instead (graphs_enabled)."""
+    """The plan for a model of `cfg`: `--compile auto` on a model narrower than the 14B compiles its per-token work
+    only where CUDA graphs replay it ("graphs"), and runs it eagerly before the window rolls and without graphs
+    ("off"). Its kernels are small: launched from Python, compiled phases cost the host more than they save the GPU
+    (v2 1.3B on an H200: 0.905 s of DiT per chunk compiled against 0.657 s eager), while replayed from graphs
+    they cost no launches and save it 14 % of a rolled `auto` chunk (0.572 against 0.665 s; BENCHMARKS)."""
     if plan is None or plan.compile != "blocks" or plan.compile_requested != "auto" or cfg.dim >= GRAPHS_BELOW_DIM:
         return plan
-    note = (f"compile auto: off for a model {cfg.dim} wide (its small kernels wait on the host: compiling its "
-            "per-token work makes a chunk slower); CUDA graphs replay its blocks once its window rolls")
+    graphs = graphs_enabled(plan.device, cfg)
+    note = (f"compile auto: a model {cfg.dim} wide launches small kernels, so its per-token work is compiled only "
+            "into the CUDA graphs that replay its blocks once the window rolls (eager before)" if graphs else
+            f"compile auto: off for a model {cfg.dim} wide without CUDA graphs (its small kernels wait on the host: "
+            "compiling its per-token work makes a chunk slower)")
     notes = [n for n in plan.notes if not n.startswith("compile auto:")]
-    return dataclasses.replace(plan, compile="off", notes=[note] + notes)
+    return dataclasses.replace(plan, compile="graphs" if graphs else "off", notes=[note] + notes)
 
 
 def graphs_enabled(device, cfg=None) -> bool:
@@ -242,7 +247,7 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
     block and the head, compute mode on every NF4 linear, CUDA graphs for a rolling K/V window's blocks where opted
     in. Cheap; call it after each load (a new plan drops the graphs of the old one)."""
     attn.set_backend(plan.attention, torch.device(plan.device), plan.sdpa_order)
-    if plan.compile == "blocks":
+    if plan.compile in ("blocks", "graphs"):
         compile_mod.configure_cache()
     if plan.attention == "fp8":
         from ..wan.dit import attention_fp8
@@ -255,12 +260,13 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
             else attention_fp8.dequantize
     from ..wan.dit.token_ops import EAGER
 
-    ops = EAGER if plan.compile == "off" else compiled_token_ops(plan.strict_compile)
+    ops = compiled_token_ops(plan.strict_compile) if plan.compile == "blocks" else EAGER
     if hasattr(model, "set_token_ops"):
         model.set_token_ops(ops)
     if hasattr(model, "block_runner"):
         on = graphs_enabled(plan.device, getattr(model, "cfg", None))
-        model.block_runner = BlockGraphs(torch.device(plan.device)) if on else None
+        graph_ops = compiled_token_ops(plan.strict_compile) if plan.compile == "graphs" else None
+        model.block_runner = BlockGraphs(torch.device(plan.device), ops=graph_ops) if on else None
         if model.block_runner is not None:
             log.info("speed: CUDA graphs on (%s): once a K/V window rolls, the blocks replay captured graphs",
                      GRAPHS_ENV)

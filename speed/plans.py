@@ -38,7 +38,7 @@ def log_speed_plan(plan: SpeedPlan, log: logging.Logger) -> None:
 
 def report_compile(plan: SpeedPlan, log: logging.Logger) -> None:
     """After sampling: how long compiling took (the warm-up a cached second run mostly skips)."""
-    if plan.compile == "blocks":
+    if plan.compile in ("blocks", "graphs"):
         from .compile import STATS
 
         log.info("speed: %s", STATS.summary())
@@ -146,9 +146,9 @@ def follow_started_compile(plan: SpeedPlan, available: SpeedPlan, flags: SpeedFl
     """--compile auto on a continuation: the kernels the video was started with (its state records them), so the
     new part rounds as one run of the whole video would, whatever this part's length; `available` is the plan
     before the length policy (compile "blocks" there: the compiler runs here)."""
-    if flags.compile != "auto" or started == plan.compile or started not in ("blocks", "off"):
+    if flags.compile != "auto" or started == plan.compile or started not in ("blocks", "off", "graphs"):
         return plan
-    if started == "blocks" and available.compile != "blocks":
+    if started in ("blocks", "graphs") and available.compile != "blocks":
         return plan  # the compiler does not run here: the exact path it gives instead is said by the plan
     notes = [n for n in plan.notes if not n.startswith("compile auto:")]
     notes.insert(0, f"compile auto: {started}, as the continued video was made (the same kernels keep the "

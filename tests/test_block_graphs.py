@@ -193,3 +193,42 @@ def test_graphs_are_on_by_default_for_narrow_models_and_switched_by_the_environm
     assert graphs_enabled("cuda:0")
     monkeypatch.setenv(GRAPHS_ENV, "0")
     assert not graphs_enabled(torch.device("cuda", 0)) and not graphs_enabled("cuda:0", V2_1_3B.dit)
+
+
+class CountingOps:
+    """Stand-in for the compiled phases (BlockGraphs.ops): the eager functions, counted."""
+
+    def __init__(self):
+        from lingbot_world.wan.dit import token_ops
+
+        self.calls = 0
+        for phase in token_ops.PHASES:
+            setattr(self, phase, self._counted(getattr(token_ops.EAGER, phase)))
+
+    def _counted(self, fn):
+        def call(*args, **kw):
+            self.calls += 1
+            return fn(*args, **kw)
+
+        return call
+
+
+def test_the_graphs_own_phases_run_every_rolled_forward_and_none_before(model):
+    """compile="graphs": the forwards before the window rolls launch the blocks' own (eager) phases; the first
+    forward of the rolled shape runs the graphs' phases uncaptured (so they compile before a capture), and the
+    captures record them; every output is the eager one (the stand-in phases are the eager functions)."""
+    from lingbot_world.wan.dit import token_ops
+
+    eager = play(model, window_cache())
+    ops = CountingOps()
+    runner = model.block_runner = BlockGraphs("cpu", capture=StandInCapture(), ops=ops)
+    seen = []
+
+    def after_chunk(chunk, cache):
+        seen.append(ops.calls)
+
+    graphed = play(model, window_cache(), between=after_chunk)
+    assert_same(graphed, eager)
+    assert seen[0] == seen[1] == 0  # chunks 0 and 1 fill the window: the blocks' own phases
+    assert seen[2] > 0 and all(b.ops is token_ops.EAGER for b in model.blocks)  # handed back after each block
+    assert runner.captures == CFG.num_layers and runner.graphed_forwards == 4 * 4 - 1

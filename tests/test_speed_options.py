@@ -170,3 +170,16 @@ def test_speed_node_declares_the_choices():
     assert req["compile"][0] == list(options.COMPILE_CHOICES)
     assert req["compute"][0] == list(options.COMPUTE_CHOICES) and req["compute"][1]["default"] == "bf16"
     assert req["attention"][0] == list(options.ATTENTION_CHOICES)
+
+
+def test_compile_graphs_hands_the_compiled_phases_to_the_graphs_only(monkeypatch, tmp_path):
+    """compile="graphs" (a narrow model's `auto`): the blocks keep their eager phases for the forwards launched
+    from Python; the CUDA graphs' runner gets the compiled ones to capture."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(options, "graphs_enabled", lambda device, cfg=None: True)
+    model = WanDiT(DiTConfig.tiny(), device="meta")
+    apply_speed(model, options.SpeedPlan(compile="graphs", compute="bf16", attention="sdpa", device="cpu"))
+    assert all(b.ops is token_ops.EAGER for b in model.blocks) and model.token_ops is token_ops.EAGER
+    assert model.block_runner is not None and model.block_runner.ops.name.startswith("compiled")
+    apply_speed(model, options.SpeedPlan(compile="off", compute="bf16", attention="sdpa", device="cpu"))
+    assert model.block_runner.ops is None
