@@ -173,12 +173,14 @@ def run_results(model: str, paths, rows_for: Optional[dict] = None) -> dict:
     as played). A preset whose GEMMs ran in FP8 is also projected with bf16 GEMMs (its GEMM seconds at the FP8 rate
     turned into the card's bf16 rate: an upper bound, small GEMMs reach less of FP8's peak than of bf16's)."""
     summary: dict = {}
+    rolled: set = set()  # profiles of a chunk after the window rolled: paired with their rows' rolled chunks
     source = None
     for path in paths:
         res = json.loads(Path(path).read_text())
         if res.get("model", "v1-fast") != model:  # results written before --model are v1 Fast's
             raise ValueError(f"{path} holds {res.get('model', 'v1-fast')}'s cases, not {model}'s")
         summary.update(res.get("summary", {}))
+        rolled.update(name for name, case in (res.get("cases") or {}).items() if _profiled_rolled(case))
         source = source or source_card((res.get("machine") or {}).get("gpu", ""))
     out = {"method": __doc__.strip().splitlines()[0], "model": model, "source": source,
            "inputs": [str(p) for p in paths], "cards": CARDS, "split_s": {}, "host_s": {}, "measured": {}, "rows": {name: {} for name in PROJECTED}}
@@ -196,21 +198,30 @@ def run_results(model: str, paths, rows_for: Optional[dict] = None) -> dict:
             timed = summary.get(rows_for[preset])
             if not timed or "mean_dit_s" not in timed:
                 raise ValueError(f"no row {rows_for[preset]!r} for {preset}'s host seconds in {', '.join(map(str, paths))}")
-        host = timed["mean_dit_s"] - _kernels(split)
+        steady = name in rolled and "rolling_dit_s" in timed  # a rolled chunk's kernels: the rolled chunks' times
+        dit_s, decode_s, chunk_s = ((timed["rolling_dit_s"], timed["rolling_decode_s"], timed["rolling_chunk_s"])
+                                    if steady else (timed["mean_dit_s"], timed["mean_decode_s"], timed["mean_chunk_s"]))
+        host = dit_s - _kernels(split)
         out["split_s"][preset], out["host_s"][preset] = split, round(host, 3)
-        out["measured"][preset] = timed["mean_chunk_s"]
+        out["measured"][preset] = chunk_s
         for card_name in PROJECTED:
             card = CARDS[card_name]
             low = gemm if gemm == "bf16" or card.get(gemm) else "int8"  # INT8 where the card has no FP8
             for card_gemm in dict.fromkeys((low, "bf16" if gemm != "bf16" else low)):
                 label = f"{preset} ({card_gemm} GEMMs{', SageAttention INT8' if attention == 'int8' else ''})"
                 out["rows"][card_name][label] = project(
-                    split, host, timed["mean_decode_s"], timed.get("uploaded_gb_per_chunk", 0.0), card, gemm_h100=gemm,
+                    split, host, decode_s, timed.get("uploaded_gb_per_chunk", 0.0), card, gemm_h100=gemm,
                     gemm_card=card_gemm, source=source, attention=attention)
     if not out["measured"]:
         raise ValueError(f"no preset of {model} has both its row and its <preset>_profile case in "
                          f"{', '.join(map(str, paths))}")
     return out
+
+
+def _profiled_rolled(case: dict) -> bool:
+    """Was this case's profiled chunk one after its K/V window rolled (the steady state a player runs in)?"""
+    profile, rolled_from = case.get("profile"), case.get("rolled_from_chunk")
+    return isinstance(profile, dict) and rolled_from is not None and profile.get("chunk", -1) > rolled_from
 
 
 def main(argv=None) -> int:

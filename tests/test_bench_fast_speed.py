@@ -207,3 +207,24 @@ def test_projection_of_sage_attention_and_a_row_played_another_way(tmp_path):
         fast_projection.main(["--model", "v2-1.3b", "--results", str(rows), "--row", "draft_sage"])
     with pytest.raises(ValueError, match="no row 'nothing'"):
         fast_projection.run_results("v2-1.3b", [rows], {"draft_sage": "nothing"})
+
+
+def test_a_rolled_profile_is_paired_with_its_rows_rolled_chunks(tmp_path):
+    """A profile of a chunk after the window rolled (the player's steady state) takes its host and decode seconds
+    from the rolled chunks of its row, not from the whole video's mean (which holds the chunks before the roll,
+    whose attention is shorter and which no graphs replay)."""
+    split = {"attention": 0.1, "gemm": 0.03, "dequant": 0.0, "elementwise": 0.05}
+    row = {"mean_dit_s": 0.4, "mean_chunk_s": 0.45, "mean_decode_s": 0.05, "rolling_dit_s": 0.2,
+           "rolling_decode_s": 0.02, "rolling_chunk_s": 0.22, "speed": {"compute": "bf16"}}
+    res_file = tmp_path / "rolled.json"
+    res_file.write_text(json.dumps({
+        "model": "v2-1.3b", "machine": {"gpu": "NVIDIA H200"},
+        "cases": {"draft_profile": {"rolled_from_chunk": 4, "profile": {"chunk": 8}},
+                  "auto_profile": {"rolled_from_chunk": 4, "profile": {"chunk": 2}}},
+        "summary": {"draft": row, "draft_profile": {"device_split_s": split},
+                    "auto": row, "auto_profile": {"device_split_s": split}}}))
+    res = fast_projection.run_results("v2-1.3b", [res_file])
+    assert res["host_s"]["draft"] == pytest.approx(0.2 - 0.18, abs=1e-3) and res["measured"]["draft"] == 0.22
+    assert res["host_s"]["auto"] == pytest.approx(0.4 - 0.18, abs=1e-3) and res["measured"]["auto"] == 0.45
+    bw = res["cards"]["H200 SXM"]["bandwidth"] / res["cards"]["RTX 4090"]["bandwidth"]
+    assert res["rows"]["RTX 4090"]["draft (bf16 GEMMs)"]["decode_s"][0] == pytest.approx(0.02 * bw, abs=0.01)
