@@ -157,13 +157,9 @@ CASES: dict[str, dict] = {
     "draft_rolling_steps2_bf16_sage_tiny_vae_profile": dict(preset="draft", levers=dict(steps=2), tiny_vae=True,
                                                             chunks=16, compute="bf16", attention="sage",
                                                             profile=True),
-    # issue 48, the joined phases (wan/dit/blocks.JOIN_PHASES): compiled with graphs once the window rolls, the
-    # separate phases against the joined ones, and each with its profile (the rows fast_projection pairs them with)
-    "auto_rolling_compiled_graphs_separate": dict(preset="auto", compile="blocks", chunks=16, graphs=True,
-                                                  join_phases=False, reference="exact_rolling"),
+    # issue 48: the rolled 2-step chunk compiled into CUDA graphs with FP8 / bf16 GEMMs and cuDNN / SageAttention,
+    # each with its profile (the rows fast_projection pairs them with)
     "draft_rolling_steps2_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True, profile=True),
-    "draft_rolling_steps2_tiny_vae_graphs_separate": _draft2_tiny(chunks=16, graphs=True, join_phases=False,
-                                                                  reference="draft_rolling_steps2_tiny_vae_graphs"),
     "draft_rolling_steps2_bf16_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, compute="bf16",
                                                               reference="draft_rolling_steps2_tiny_vae_graphs"),
     "draft_rolling_steps2_bf16_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True, compute="bf16",

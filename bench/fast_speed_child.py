@@ -46,10 +46,6 @@ def child_case(spec: dict) -> dict:
     if spec.get("graphs"):
         os.environ[GRAPHS_ENV] = "1"
     os.environ.update(spec.get("env", {}))  # a switch read where the kernels are picked (LINGBOT_NF4_ROWS=0)
-    if spec.get("join_phases") is False:  # the separate per-token phases (the case against the joined ones)
-        from ..wan.dit import blocks as dit_blocks
-
-        dit_blocks.JOIN_PHASES = False
     if spec.get("fp8_min_query_share"):
         from ..wan.dit import attention as attention_mod
 

@@ -118,12 +118,6 @@ def linear_gelu(linear: nn.Module, x: torch.Tensor, ops: token_ops.TokenOps) -> 
     return y if y is not None else ops.gelu_tanh(linear(x))
 
 
-# A causal chunk whose tokens are one slice runs WanBlock._forward_one_slice: each sub-layer's end joined to the next
-# one's start, one compiled kernel where there were three (v2 1.3B, compiled, one H200: BENCHMARKS). False runs the
-# separate phases (the same bits eager; tests and bench compare the two).
-JOIN_PHASES = True
-
-
 class _AttentionLayers(nn.Module):
     """q/k/v/o projections and the full-width q/k RMSNorms shared by self- and cross-attention (spec §2.2 keys)."""
 
@@ -282,8 +276,6 @@ class WanBlock(nn.Module):
         # e0 [B, 6, dim] fp32 is one row per sample, broadcast over tokens (spec §2.7).
         mods = [self._modulation(e0) for e0 in e0s]
         slices = token_slices(xs[0].shape[1], self.token_chunk)
-        if JOIN_PHASES and kv is not None and len(slices) == 1:  # a causal chunk in one token slice
-            return [self._forward_one_slice(xs[0], mods[0], contexts[0], cam, rope, dtype, inplace, kv, film)]
 
         # Several samples: q/k/v/o prepared once for all. One: held phase by phase only, so the attention's peak
         # does not carry four prepared weights (0.2 GB in bf16 at full size).
@@ -340,18 +332,8 @@ class WanBlock(nn.Module):
     def _self_attention_part(self, x: torch.Tensor, m: tuple, rope: tuple[torch.Tensor, torch.Tensor],
                              dtype: torch.dtype, inplace: bool, kv: Optional["LayerKV"], slices: list) -> torch.Tensor:
         """x + gate * o(self_attention(modulated norm1(x))) as a float32 residual stream (spec §2.4 step 6)."""
-        attn = self._self_attention(x, m, rope, dtype, kv)
-        x = _residual_stream(x, inplace)
-        with weights_held(self.self_attn.o):
-            for sl in slices:
-                self.ops.gated_residual(x[:, sl], self.self_attn.o(as_compute(attn[:, sl], dtype)), m[2])
-        return x
-
-    def _self_attention(self, x: torch.Tensor, m: tuple, rope: tuple[torch.Tensor, torch.Tensor],
-                        dtype: torch.dtype, kv: Optional["LayerKV"]) -> torch.Tensor:
-        """self_attention(modulated norm1(x)) [B, L, dim], before the o projection."""
         ops = self.ops
-        shift_a, scale1_a = m[:2]
+        shift_a, scale1_a, gate_a = m[:3]
 
         def attn_input(sl: slice) -> torch.Tensor:
             return ops.modulate(self.norm1, x[:, sl], shift_a, scale1_a, dtype)
@@ -362,55 +344,17 @@ class WanBlock(nn.Module):
             attn = kv.attend(q, k, v) if sp is None else sp.attend(kv.attend, q, k, v)
         else:  # q is dropped after this: a kernel may write its output there (FP8 attention does)
             attn = self_attention(q, k, v, reuse_q=True) if sp is None else sp.attend(self_attention, q, k, v)
-        return attn.flatten(2)
-
-    def _forward_one_slice(self, x: torch.Tensor, m: tuple, context: torch.Tensor, cam: Optional[torch.Tensor],
-                           rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype, inplace: bool,
-                           kv: "LayerKV", film: Optional["FilmLayer"]) -> torch.Tensor:
-        """The block over a causal chunk whose tokens are one slice: the maths of `forward_layered`, with the end of
-        each sub-layer joined to the start of the next (token_ops.gated_residual_film_norm, residual_modulate) so
-        that compiled they are one kernel each. The camera FiLM is computed (or read) before the o projection it
-        follows: it depends on the camera alone. Eager, the same ops run in the same order: the same bits."""
-        ops = self.ops
-        shift_a, scale1_a, gate_a, shift_f, scale1_f, gate_f = m
-        attn = self._self_attention(x, m, rope, dtype, kv)
-        x = _residual_stream(x, inplace)
-        scale1 = shift = None
-        if film is not None and film.ready:  # stored by an earlier forward over the same camera
-            scale1, shift = film.read()
-        elif cam is not None:
-            film_layers = (self.cam_injector_layer1, self.cam_injector_layer2, self.cam_scale_layer,
-                           self.cam_shift_layer)
-            with weights_held(*film_layers):
-                scale1, shift = self.camera_film(cam, dtype)
-            if film is not None:
-                film.write(slice(None), scale1, shift)
-        elif film is not None:
-            raise ValueError("a camera FiLM cache without its values needs the camera tokens")
+        attn = attn.flatten(2)
+        del q, k, v
+        # The residual stream is float32 from the first gated add on (block 0 receives bf16; spec §2.6).
+        if x.dtype != torch.float32:
+            x = x.float()
+        elif not inplace:
+            x = x.clone()
         with weights_held(self.self_attn.o):
-            y = self.self_attn.o(as_compute(attn, dtype))
-        del attn
-        xn = ops.gated_residual_film_norm(x, y, gate_a, scale1, shift, self.norm3, dtype)
-        del y, scale1, shift
-        if film is not None:
-            film.done() if film.ready else film.written()
-        k_txt, v_txt = kv.text(lambda: self.cross_attn.kv(context, dtype))
-        with weights_held(self.cross_attn.q, self.cross_attn.o):
-            y = self.cross_attn.attend(xn, k_txt, v_txt, dtype, ops)
-        del xn
-        with weights_held(self.ffn[0], self.ffn[2]):
-            h = linear_gelu(self.ffn[0], ops.residual_modulate(x, y, self.norm2, shift_f, scale1_f, dtype), ops)
-            del y
-            ops.gated_residual(x, self.ffn[2](h), gate_f)
+            for sl in slices:
+                ops.gated_residual(x[:, sl], self.self_attn.o(as_compute(attn[:, sl], dtype)), gate_a)
         return x
-
-
-def _residual_stream(x: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """The float32 residual stream of a block: block 0 receives bf16 (spec §2.6); a float32 x is updated in place
-    only when the caller allows it."""
-    if x.dtype != torch.float32:
-        return x.float()
-    return x if inplace else x.clone()
 
 
 class Head(nn.Module):

@@ -94,29 +94,7 @@ def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.gelu_(h, approximate="tanh")
 
 
-# Two phases that join the end of one sub-layer to the start of the next, for a chunk that is one token slice (the
-# causal models' chunks): compiled, each is one kernel where the separate phases were three, and the float32
-# residual stream is read and written once instead of three times. Eager, they are the same ops in the same order
-# as the separate phases, so the bits are the same.
-def gated_residual_film_norm(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale1: Optional[torch.Tensor],
-                             shift: Optional[torch.Tensor], norm: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """After the self-attention's o projection: x += y * gate, the camera FiLM (when scale1 is given), then the
-    cross-attention's norm of x in `dtype` (returned)."""
-    gated_residual(x, y, gate)
-    if scale1 is not None:
-        film(x, scale1, shift)
-    return norm_to(norm, x, dtype)
-
-
-def residual_modulate(x: torch.Tensor, y: torch.Tensor, norm: nn.Module, shift: torch.Tensor, scale1: torch.Tensor,
-                      dtype: torch.dtype) -> torch.Tensor:
-    """After the cross-attention: x += y, then the FFN's modulated norm of x in `dtype` (returned)."""
-    residual(x, y)
-    return modulate(norm, x, shift, scale1, dtype)
-
-
-PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "residual", "film", "gelu_tanh",
-          "gated_residual_film_norm", "residual_modulate")
+PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "residual", "film", "gelu_tanh")
 
 
 class TokenOps:
