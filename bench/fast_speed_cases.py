@@ -126,7 +126,9 @@ CASES: dict[str, dict] = {
                                                        tiny_vae=True, chunks=16, graphs=True,
                                                        reference="draft_rolling_steps2_tiny_vae_eager"),
     # the presets as the doors resolve them for the model (no compile forced: --compile auto per model)
-    "auto_rolling_as_played": dict(preset="auto", chunks=16),
+    "auto_rolling_as_played": dict(preset="auto", chunks=16, reference="exact_rolling"),
+    "auto_rolling_as_played_overlap": dict(preset="auto", chunks=16, levers=dict(decode_overlap=True),
+                                           reference="exact_rolling"),
     "draft_rolling_steps2_tiny_vae_as_played": dict(preset="draft", levers=dict(steps=2), tiny_vae=True, chunks=16),
     # the v2 1.3B's exact and auto levers (issue 48): the decode on a side stream beside the next chunk's DiT (the
     # same frames, later), and auto's compiled per-token work replayed from CUDA graphs, with and without it

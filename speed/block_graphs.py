@@ -31,6 +31,7 @@ How:
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -159,6 +160,38 @@ class BlockGraphs:
         if self._capture is None:
             self._capture = CudaCapture(self.device)
         return self._capture
+
+    def build(self, model) -> None:
+        """Compile the graphs' phases now (at load) rather than at the first rolled chunk, where a first run would
+        stop the played video for the compile (about 15 s on an H200 the first time): one causal forward of a
+        35-token chunk with a scratch K/V cache, the blocks running `ops`. The token count is symbolic from the
+        first compiled call on (speed/compile.py), so these graphs serve every chunk size. Skipped without `ops`
+        and for a model whose blocks are streamed by hooks (their weights move around a forward)."""
+        if self.ops is None or model.before_block is not None or model.after_block is not None:
+            return
+        from ..wan.dit.kv_cache import KVCache
+
+        cfg, device = model.cfg, self.device
+        h, w = 2 * 5, 2 * 7  # 35 tokens: a count no other dimension of the phases' tensors has
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(1, cfg.out_dim, 1, h, w, generator=g).to(device)
+        y = torch.randn(1, cfg.in_dim - cfg.out_dim, 1, h, w, generator=g).to(device)
+        cam = torch.randn(1, cfg.camera_in // math.prod(cfg.patch_size), 1, h, w, generator=g).to(device)
+        ctx = torch.randn(1, 4, cfg.text_dim, generator=g).to(device)
+        cache = KVCache.allocate(cfg.num_layers, 35, cfg.num_heads, cfg.head_dim, dtype=model.dtype_for_compute(),
+                                 device=device)
+        own = [b.ops for b in model.blocks]
+        runner, model.block_runner = model.block_runner, None
+        try:
+            for b in model.blocks:
+                b.ops = self.ops
+            with torch.no_grad():
+                model(x, torch.tensor([999], device=device), ctx, y, camera=cam, kv_cache=cache)
+        finally:
+            for b, ops in zip(model.blocks, own):
+                b.ops = ops
+            model.block_runner = runner
+            del cache
 
     def stats(self) -> dict:
         return {"graphed_forwards": self.graphed_forwards, "captures": self.captures, "replays": self.replays,

@@ -267,6 +267,8 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
         on = graphs_enabled(plan.device, getattr(model, "cfg", None))
         graph_ops = compiled_token_ops(plan.strict_compile) if plan.compile == "graphs" else None
         model.block_runner = BlockGraphs(torch.device(plan.device), ops=graph_ops) if on else None
+        if graph_ops is not None and model.block_runner is not None:
+            model.block_runner.build(model)  # compiled at load, not at the first rolled chunk of a played video
         if model.block_runner is not None:
             log.info("speed: CUDA graphs on (%s): once a K/V window rolls, the blocks replay captured graphs",
                      GRAPHS_ENV)

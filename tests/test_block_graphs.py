@@ -232,3 +232,26 @@ def test_the_graphs_own_phases_run_every_rolled_forward_and_none_before(model):
     assert seen[0] == seen[1] == 0  # chunks 0 and 1 fill the window: the blocks' own phases
     assert seen[2] > 0 and all(b.ops is token_ops.EAGER for b in model.blocks)  # handed back after each block
     assert runner.captures == CFG.num_layers and runner.graphed_forwards == 4 * 4 - 1
+
+
+def test_build_runs_the_graphs_phases_once_at_load_and_leaves_the_model_as_it_was(model):
+    """BlockGraphs.build: one small causal forward with the graphs' phases (they compile at load, not at the first
+    rolled chunk of a played video), on a scratch cache; the blocks' own phases and the runner are handed back and
+    the video is the one without it."""
+    from lingbot_world.wan.dit import token_ops
+
+    eager = play(model, window_cache())
+    ops = CountingOps()
+    runner = model.block_runner = BlockGraphs("cpu", capture=StandInCapture(), ops=ops)
+    runner.build(model)
+    assert ops.calls > 0 and model.block_runner is runner
+    assert all(b.ops is token_ops.EAGER for b in model.blocks)
+    assert runner.graphed_forwards == runner.captures == 0
+    assert_same(play(model, window_cache()), eager)
+    streamed = BlockGraphs("cpu", capture=StandInCapture(), ops=CountingOps())
+    model.before_block = lambda i: None  # blocks moved by hooks (block swap): no build
+    try:
+        streamed.build(model)
+    finally:
+        model.before_block = None
+    assert streamed.ops.calls == 0

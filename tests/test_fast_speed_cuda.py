@@ -171,7 +171,7 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
             latent = FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN, **plan.fast_run_options(V1_FAST.recipe)).run()
         return latent, model.block_runner
 
-    monkeypatch.delenv(GRAPHS_ENV, raising=False)
+    monkeypatch.setenv(GRAPHS_ENV, "0")  # unset, a model this narrow would replay graphs by default
     eager, none = run()
     assert none is None
     monkeypatch.setenv(GRAPHS_ENV, "1")
@@ -180,6 +180,45 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
     # 6 chunks of 5 calls; chunks 2..5 roll the window: one warm-up call, one capture, 18 replayed forwards
     assert runner.captures == cfg.num_layers and runner.graphed_forwards == 19
     assert torch.equal(graphed, eager), f"max |diff| {(graphed - eager).abs().max().item():.3g}"
+
+
+def test_compile_graphs_builds_at_load_and_compiles_only_the_rolled_forwards(monkeypatch):
+    """compile="graphs" (a narrow model's `auto`): the compiled phases are built when the plan is applied (no
+    compile later, at the first rolled chunk); the chunks before the window rolls are the eager run's bit for bit,
+    the rolled ones replay graphs of the compiled phases, within 1e-3 of eager."""
+    from lingbot_world.speed import compile as compile_mod
+    from lingbot_world.speed.options import GRAPHS_ENV, SpeedPlan, apply_speed
+    from lingbot_world.wan.dit.kv_cache import cache_layout
+    from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+
+    if compile_mod.unavailable_reason(CUDA):
+        pytest.skip(compile_mod.unavailable_reason(CUDA))
+    cfg, model = _causal_nf4_model(3)
+    frames = 18
+    g = torch.Generator(device=CUDA).manual_seed(6)
+    y = torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g, device=CUDA)
+    cam = torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g, device=CUDA).bfloat16()
+    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g, device=CUDA).bfloat16()
+    layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=6, sink_frames=1)
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+
+    def run(compile_choice):
+        apply_speed(model, SpeedPlan(compile_choice, "bf16", "sdpa", "cuda", strict_compile=True))
+        compiled_before = compile_mod.STATS.compiling_calls
+        cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
+        gen = make_generator(11, "cuda")
+        noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
+        with torch.inference_mode():
+            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN).run()
+        return latent, model.block_runner, compile_mod.STATS.compiling_calls - compiled_before
+
+    eager, _, _ = run("off")
+    graphed, runner, compiled_while_sampling = run("graphs")
+    assert runner.ops is not None and runner.disabled is None and runner.captures == cfg.num_layers
+    assert compiled_while_sampling == 0  # every phase was built by BlockGraphs.build at load
+    rolled_from = 6  # latent frames: chunks 0 and 1 fill the 6-frame window, chunk 2 rolls it
+    assert torch.equal(graphed[:, :, :rolled_from], eager[:, :, :rolled_from])
+    assert rel_err(graphed, eager) < 1e-3
 
 
 @pytest.mark.parametrize("where", ["device", "host"])

@@ -177,9 +177,12 @@ def test_compile_graphs_hands_the_compiled_phases_to_the_graphs_only(monkeypatch
     from Python; the CUDA graphs' runner gets the compiled ones to capture."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(options, "graphs_enabled", lambda device, cfg=None: True)
+    built = []
+    monkeypatch.setattr(options.BlockGraphs, "build", lambda runner, m: built.append(m))
     model = WanDiT(DiTConfig.tiny(), device="meta")
     apply_speed(model, options.SpeedPlan(compile="graphs", compute="bf16", attention="sdpa", device="cpu"))
     assert all(b.ops is token_ops.EAGER for b in model.blocks) and model.token_ops is token_ops.EAGER
     assert model.block_runner is not None and model.block_runner.ops.name.startswith("compiled")
+    assert built == [model]  # compiled at load (BlockGraphs.build), not at the first rolled chunk
     apply_speed(model, options.SpeedPlan(compile="off", compute="bf16", attention="sdpa", device="cpu"))
-    assert model.block_runner.ops is None
+    assert model.block_runner.ops is None and built == [model]
