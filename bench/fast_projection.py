@@ -57,13 +57,14 @@ from typing import Optional
 RESULTS = Path(__file__).resolve().parent / "results"
 FILM_GEMM_SHARE = 0.26  # the camera FiLM's 4 GEMMs in a block's GEMM FLOPs on the video tokens
 FILM_GB_PER_CALL = 40 * 0.0958  # 40 blocks x 96 MB at 480x832
-# dense tensor TFLOP/s (bf16 with fp32 accumulation; fp8 with fp32 accumulation; int8 TOPS), GB/s, host link GB/s
+# dense tensor TFLOP/s (bf16 with fp32 accumulation; fp8 with fp32 accumulation; int8 TOPS; fp16 with fp16
+# accumulation: --compute fp16acc, twice bf16 on GeForce cards, the same on data-centre ones), GB/s, host link GB/s
 CARDS = {
-    "H100 SXM": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "bandwidth": 3352, "link": 55},
-    "H200 SXM": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "bandwidth": 4800, "link": 55},
-    "RTX 5090": {"bf16": 209.5, "fp8": 419.0, "int8": 838.0, "bandwidth": 1792, "link": 50},
-    "RTX 4090": {"bf16": 165.2, "fp8": 330.3, "int8": 660.6, "bandwidth": 1008, "link": 25},
-    "RTX 3090": {"bf16": 71.0, "fp8": None, "int8": 284.0, "bandwidth": 936, "link": 25},
+    "H100 SXM": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "fp16acc": 989.4, "bandwidth": 3352, "link": 55},
+    "H200 SXM": {"bf16": 989.4, "fp8": 1978.9, "int8": 1978.9, "fp16acc": 989.4, "bandwidth": 4800, "link": 55},
+    "RTX 5090": {"bf16": 209.5, "fp8": 419.0, "int8": 838.0, "fp16acc": 419.0, "bandwidth": 1792, "link": 50},
+    "RTX 4090": {"bf16": 165.2, "fp8": 330.3, "int8": 660.6, "fp16acc": 330.3, "bandwidth": 1008, "link": 25},
+    "RTX 3090": {"bf16": 71.0, "fp8": None, "int8": 284.0, "fp16acc": 142.0, "bandwidth": 936, "link": 25},
 }
 SOURCES = ("H100 SXM", "H200 SXM")  # the cards measured on: what a projection scales from
 PROJECTED = [name for name in CARDS if name not in SOURCES]

@@ -171,6 +171,16 @@ CASES: dict[str, dict] = {
                                                                    reference="draft_rolling_steps2_bf16_tiny_vae_graphs"),
     "draft_rolling_steps2_bf16_sage_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True, compute="bf16",
                                                                            attention="sage", profile=True),
+    # fp16 GEMMs with fp16 accumulation (twice the bf16 rate on GeForce cards; the H200 runs them at bf16's): their
+    # error against bf16 GEMMs, alone and with SageAttention, and a profile for the consumer-card projection
+    "draft_rolling_steps2_fp16acc_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, compute="fp16acc",
+                                                                 reference="draft_rolling_steps2_bf16_tiny_vae_graphs"),
+    "draft_rolling_steps2_fp16acc_sage_tiny_vae_graphs": _draft2_tiny(
+        chunks=16, graphs=True, compute="fp16acc", attention="sage",
+        reference="draft_rolling_steps2_bf16_tiny_vae_graphs"),
+    "draft_rolling_steps2_fp16acc_sage_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True,
+                                                                              compute="fp16acc", attention="sage",
+                                                                              profile=True),
     "draft_rolling_steps2_sage_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, attention="sage",
                                                               reference="draft_rolling_steps2_tiny_vae_graphs"),
     "draft_rolling_steps2_sage_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True, attention="sage",
