@@ -9,6 +9,9 @@ they arrive; stored NF4 / FP8 / INT8 linears are used as stored in their own mod
 A file is not loaded in another quantized mode than its own (`check_mode` says which flag or converter to use).
 On any failure everything already placed is dropped and the CUDA cache emptied before the error propagates, so
 nothing half-loaded stays on the GPU.
+
+This module holds the public load (`load_expert`, `check_mode`, `check_expert_keys`) and the loop that drives it;
+the keys' check and the reading are in expert_keys.py, putting tensors in place in expert_placement.py.
 """
 from __future__ import annotations
 
@@ -18,26 +21,18 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
-import torch.nn as nn
 
+from ..quant.lowp_format import FORMATS
+from ..quant.nf4_format import QUANT_STATE_KEY, default_compute_dtype
 from ..wan.dit.model import StateDictMismatch, WanDiT
-from .expert_format import ExpertFormat, ExpertLoadError, detect_format, load_pt_state_dict
-from ..quant.lowp_format import FORMATS, KIND_OF_DTYPE, SCALE_SUFFIX
-from ..quant.nf4_format import (
-    NF4_COMPONENT_DTYPES,
-    NF4_COMPONENTS,
-    QUANT_STATE_KEY,
-    default_compute_dtype,
-    nf4_linear_names,
-    packed_shapes,
-)
-from .safetensors_stream import iter_tensors, read_header
+from .expert_format import ExpertFormat, ExpertLoadError, detect_format
+from .expert_keys import FLOAT_DTYPES, _file_keys, _lowp_piece, _plan, _stream
+from .expert_placement import _finish_lowp, _finish_packed, _set_param, _weight_to_host, device_bytes
 
 MODES = ("nf4", "bf16", *FORMATS)
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
@@ -78,218 +73,6 @@ class ExpertInfo:
 
 def _is_host_key(name: str) -> bool:
     return name.endswith(QUANT_STATE_KEY)  # the JSON blob is parsed on the CPU by bnb
-
-
-# ---- planning: every file key checked against the model before anything is read -------------------------
-@dataclass
-class _Plan:
-    plain: dict  # key -> expected shape (non-linear params and biases; linear weights in bf16 mode)
-    linears: dict  # linear name -> (out, in)
-    packed: dict  # linear name -> set of stored components ("" = the codes)
-    float_linear: set  # linear names whose weight is stored as a float tensor
-    lowp: dict  # linear name -> stored FP8 / INT8 pieces ("weight", "scale")
-
-
-def _lowp_piece(key: str, dtype: Optional[torch.dtype], linears) -> tuple[Optional[str], Optional[str]]:
-    """(linear, "weight" | "scale") for a stored FP8 / INT8 piece: a linear weight of a stored dtype (e4m3,
-    int8) or a linear's weight_scale."""
-    if key.endswith(SCALE_SUFFIX) and key[: -len(SCALE_SUFFIX)] in linears:
-        return key[: -len(SCALE_SUFFIX)], "scale"
-    if dtype in KIND_OF_DTYPE and key.endswith(".weight") and key[:-7] in linears:
-        return key[:-7], "weight"
-    return None, None
-
-
-def _plan(model: WanDiT, quantized: bool, files: dict[str, tuple[torch.dtype, tuple]], sources: dict[str, Path]) -> _Plan:
-    """quantized: the model's linears are NF4, FP8 or INT8 shells (their weights are not plain parameters)."""
-    linear_names = nf4_linear_names(model.cfg.num_layers)
-    linears = {}
-    for name in linear_names:
-        m = model.get_submodule(name)
-        linears[name] = (m.out_features, m.in_features)
-
-    def linear_weight(k: str) -> bool:
-        return (k.endswith(".weight") and k[:-7] in linears or k.endswith(SCALE_SUFFIX)
-                and k[: -len(SCALE_SUFFIX)] in linears)
-
-    plain = {k: tuple(p.shape) for k, p in model.named_parameters() if not (quantized and linear_weight(k))}
-    packed: dict[str, set] = {}
-    lowp: dict[str, set] = {}
-    float_linear: set = set()
-    problems: list[str] = []
-    unexpected: list[str] = []
-
-    nested_owners = {k.partition(".weight.nested_")[0] for k in files if ".weight.nested_" in k}
-
-    def where(k: str) -> str:
-        return f"{sources[k].name}: {k}"
-
-    for k, (dtype, shape) in files.items():
-        owner, comp = _lowp_piece(k, dtype, linears)
-        if owner is not None:
-            lowp.setdefault(owner, set()).add(comp)
-            out_f, in_f = linears[owner]
-            # a weight piece is one because of its stored dtype; its scale must be float32
-            want_dtype, want_shape = (dtype, (out_f, in_f)) if comp == "weight" else (torch.float32, (out_f,))
-            if dtype != want_dtype:
-                problems.append(f"  {where(k)} has dtype {dtype}, a stored low-precision linear keeps it as "
-                                f"{want_dtype}")
-            if shape != want_shape:
-                problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {want_shape}")
-            continue
-        if k.endswith(".weight") and k[:-7] in linears:
-            owner, comp = k[:-7], ""
-            if k + "." + QUANT_STATE_KEY not in files:
-                owner = None  # a float weight: handled as plain / float_linear below
-        else:
-            head, sep, tail = k.partition(".weight.")
-            if sep and head in linears and tail in NF4_COMPONENTS:
-                owner, comp = head, tail
-        if owner is not None:
-            packed.setdefault(owner, set()).add(comp)
-            want = NF4_COMPONENT_DTYPES[comp]
-            if comp == "absmax" and owner not in nested_owners:
-                want = torch.float32  # single-level statistics
-            if dtype != want:
-                problems.append(f"  {where(k)} has dtype {dtype}, NF4 stores it as {want}")
-            exp = packed_shapes(*linears[owner]).get(comp)
-            if comp in ("", "quant_map", "nested_quant_map") and shape != exp:
-                problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {exp} (NF4 of a {linears[owner]} weight)")
-            continue
-        if k.endswith(".weight") and k[:-7] in linears and quantized:
-            float_linear.add(k[:-7])
-            exp = linears[k[:-7]]
-        elif k in plain:
-            exp = plain[k]
-        else:
-            unexpected.append(f"  unexpected key {where(k)} {shape}")
-            continue
-        if shape != exp:
-            problems.append(f"  shape mismatch for {where(k)}: file {shape} vs model {exp}")
-        if dtype not in FLOAT_DTYPES:
-            problems.append(f"  {where(k)} has dtype {dtype}; expected a float tensor (float32, bfloat16 or float16)")
-
-    missing = []
-    for name, comps in packed.items():
-        need = {"", "absmax", "quant_map", QUANT_STATE_KEY}
-        if comps & {"nested_absmax", "nested_quant_map"}:
-            need |= {"nested_absmax", "nested_quant_map"}
-        for c in sorted(need - comps):
-            label = f"{name}.weight" + (f".{c}" if c else "")
-            missing.append(f"  missing key {label} (a piece of the NF4 linear {name}; the file is incomplete)")
-    for name, comps in lowp.items():
-        for c in sorted({"weight", "scale"} - comps):
-            label = f"{name}.weight" if c == "weight" else name + SCALE_SUFFIX
-            missing.append(f"  missing key {label} (a piece of the stored low-precision linear {name}; the file is "
-                           "incomplete)")
-    for name in linears:
-        if name not in packed and name not in float_linear and name not in lowp and f"{name}.weight" not in files:
-            missing.append(f"  missing key {name}.weight (model expects {linears[name]})")
-    for k, shape in plain.items():
-        if k not in files and not (k.endswith(".weight") and (k[:-7] in packed or k[:-7] in lowp)):
-            missing.append(f"  missing key {k} (model expects shape {shape})")
-    lines = problems + missing + unexpected
-    if lines:
-        files_txt = ", ".join(sorted({str(p) for p in sources.values()}))
-        more = f"\n  ... and {len(lines) - 25} more" if len(lines) > 25 else ""
-        raise StateDictMismatch(
-            f"{files_txt} does not match the model built from its config:\n"
-            + "\n".join(lines[:25])
-            + more
-            + "\nCheck that config.json belongs to these weights and that the files are a complete LingBot-World expert."
-        )
-    return _Plan(plain, linears, packed, float_linear, lowp)
-
-
-# ---- reading ---------------------------------------------------------------------------------------------
-def _file_keys(fmt: ExpertFormat):
-    """key -> (dtype, shape) and key -> file, prefix stripped, plus the reader; no tensor data is touched."""
-    p = fmt.key_prefix
-    keys, sources = {}, {}
-    if fmt.kind == "nf4_pt":
-        sd = load_pt_state_dict(fmt.files[0])
-        for k, v in sd.items():
-            if k.startswith(p):
-                keys[k[len(p):]] = (v.dtype, tuple(v.shape))
-                sources[k[len(p):]] = fmt.files[0]
-            else:
-                keys[k], sources[k] = (v.dtype, tuple(v.shape)), fmt.files[0]
-        return keys, sources, sd
-    for f in fmt.files:
-        h = fmt.headers.get(f) or read_header(f)
-        for k, e in h.entries.items():
-            kk = k[len(p):] if p and k.startswith(p) else k
-            keys[kk], sources[kk] = (e.dtype, e.shape), f
-    return keys, sources, None
-
-
-def _stream(fmt: ExpertFormat, device: torch.device, pt_sd,
-            on_host: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor, int]]:
-    """(key without prefix, tensor, bytes) in file order; keys for which on_host(key) is True stay on the CPU."""
-    p = fmt.key_prefix
-    strip = (lambda k: k[len(p):] if k.startswith(p) else k) if p else (lambda k: k)
-    if pt_sd is not None:  # memory-mapped pickle: pages are touched once, tensor by tensor
-        for k in list(pt_sd):
-            t = pt_sd.pop(k)
-            n = t.numel() * t.element_size()
-            yield strip(k), (t if on_host(strip(k)) else t.to(device)), n
-            del t
-        return
-    for f in fmt.files:
-        header = fmt.headers.get(f) or read_header(f)
-        for k, t in iter_tensors(header, device, host=lambda name: on_host(strip(name))):
-            yield strip(k), t, t.numel() * t.element_size()
-
-
-def _weight_to_host(model: nn.Module, linear: str) -> None:
-    """Move one linear's weight (NF4 codes and their QuantState, an FP8 weight and its scale, or a plain weight)
-    to the CPU."""
-    from ..quant.nf4 import NF4Linear
-
-    mod = model.get_submodule(linear)
-    w = mod._parameters["weight"]
-    if isinstance(mod, NF4Linear):
-        w.quant_state.to("cpu")  # in place: absmax, code and the nested state
-        w.data = w.data.cpu()
-        return
-    for name in ("weight", "weight_scale"):
-        p = mod._parameters.get(name)
-        if p is not None:
-            mod._parameters[name] = nn.Parameter(p.data.cpu(), requires_grad=False)
-
-
-def _set_param(model: nn.Module, key: str, value: torch.Tensor) -> None:
-    mod_name, _, pname = key.rpartition(".")
-    mod = model.get_submodule(mod_name) if mod_name else model
-    mod._parameters[pname] = nn.Parameter(value, requires_grad=False)
-
-
-def device_bytes(model: nn.Module, device: Optional[torch.device] = None) -> tuple[int, int]:
-    """(bytes of the weights incl. NF4 statistics, logical parameter count); with `device`, only the weights
-    that are on it are counted (block swap keeps some in host memory)."""
-    from ..quant.lowp_linear import StoredLowpLinear
-    from ..quant.nf4 import NF4Linear
-
-    nbytes = count = 0
-    for m in model.modules():
-        for name, p in m._parameters.items():
-            if p is None:
-                continue
-            if isinstance(m, NF4Linear) and name == "weight":
-                qs = m.weight.quant_state
-                parts = [p.data, qs.absmax, qs.code]
-                if qs.nested:
-                    parts += [qs.state2.absmax, qs.state2.code, qs.offset]
-                held = sum(t.numel() * t.element_size() for t in parts)
-                count += m.out_features * m.in_features
-            elif name == "weight_scale" and isinstance(m, StoredLowpLinear):
-                held = p.numel() * p.element_size()  # statistics, like NF4's absmax: bytes, no parameters
-            else:
-                held = p.numel() * p.element_size()
-                count += p.numel()
-            if device is None or p.device == device:
-                nbytes += held
-    return nbytes, count
 
 
 def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype: torch.dtype, progress,
@@ -379,34 +162,6 @@ def _load_into(fmt: ExpertFormat, device: torch.device, mode: str, compute_dtype
     info = ExpertInfo(fmt, str(device), mode, str(compute_dtype).replace("torch.", ""), count, nbytes_dev, done, tensors, seconds)
     return model, info
 
-
-def _finish_packed(model: WanDiT, name: str, pieces: dict, nf4: bool, where: str) -> None:
-    from ..quant.nf4 import NF4Linear
-
-    packed = pieces.pop("")
-    if nf4:
-        model.get_submodule(name).load_prequantized(packed, pieces, where)
-        return
-    # bf16 mode from an NF4 file: dequantize on the device with bnb, keep a plain bf16 weight.
-    mod = model.get_submodule(name)
-    tmp = NF4Linear(mod.in_features, mod.out_features, bias=False, compute_dtype=torch.bfloat16)
-    tmp.load_prequantized(packed, pieces, where)
-    _set_param(model, f"{name}.weight", tmp.dequantized_weight(torch.bfloat16))
-
-
-def _finish_lowp(model: WanDiT, name: str, pieces: dict, where: str) -> None:
-    """A stored FP8 / INT8 pair: kept as stored (its own mode; check_mode refused the other) or dequantized to a
-    plain bf16 weight (bf16 mode)."""
-    from ..quant.lowp_linear import LINEAR_CLASSES, StoredLowpLinear, dequantize
-
-    mod = model.get_submodule(name)
-    if isinstance(mod, StoredLowpLinear):
-        mod.load_stored(pieces["weight"], pieces["scale"], where)
-        return
-    kind = KIND_OF_DTYPE[pieces["weight"].dtype]  # checked like the stored mode would, then dequantized
-    LINEAR_CLASSES[kind](mod.in_features, mod.out_features, bias=False).load_stored(pieces["weight"], pieces["scale"],
-                                                                                     where)
-    _set_param(model, f"{name}.weight", dequantize(pieces["weight"], pieces["scale"], torch.bfloat16))
 
 
 def check_mode(fmt: ExpertFormat, mode: str) -> None:

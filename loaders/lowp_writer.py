@@ -30,7 +30,7 @@ from ..quant.nf4_format import QUANT_STATE_KEY
 from ..wan.dit.model import WanDiT
 from .atomic import atomic_dir
 from .expert_format import ExpertFormat, ExpertLoadError, detect_format
-from .expert_loader import _file_keys, _plan, _stream
+from .expert_keys import _file_keys, _plan, _stream
 from .safetensors_stream import SafetensorsWriter
 
 WEIGHTS_FILE = "model.safetensors"
