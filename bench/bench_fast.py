@@ -148,7 +148,7 @@ def child_start(spec: dict):
 
 def child_fast(spec: dict) -> dict:
     from ..memory.kv_placement import FastPlacement, plan_fast_memory
-    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..memory.estimates import available_ram_bytes, free_vram_bytes
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
     from ..wan.vae.model import VAEConfig, WanVAE

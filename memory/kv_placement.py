@@ -18,7 +18,7 @@ RAM (memory/film_stream.py) when RAM has room beside the pinned cache and RAM_RE
 streamed back ahead of the blocks in its later calls, through two blocks' device buffers.
 
 `plan_fast_memory` decides from free VRAM / RAM, the video size and the cache layout (window, max attention),
-with the expert planner's helpers and margins (memory/placement.py), and logs why in one line; it refuses with the
+with the expert planner's estimates and margins (memory/estimates.py), and logs why in one line; it refuses with the
 numbers when the cache cannot fit even in host RAM, before anything is allocated. Nothing here imports ComfyUI.
 """
 from __future__ import annotations
@@ -42,8 +42,9 @@ from .camera_cache import film_block_bytes
 from .film_stream import HostFilmStore
 from .kv_stream import HostLayers, KVStreamer, host_indices
 from .pinned import free_device_memory
-from .placement import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _drop_model, _fits_line, _gb,
-                        estimate_activation_bytes, expert_sizes, vram_headroom)
+from .estimates import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _fits_line, _gb, estimate_activation_bytes,
+                        expert_sizes, vram_headroom)
+from .placement import _drop_model
 
 log = logging.getLogger(__name__)
 

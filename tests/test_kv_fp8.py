@@ -19,7 +19,7 @@ import torch
 
 from lingbot_world.memory.kv_park import ParkedKV, park
 from lingbot_world.memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
-from lingbot_world.memory.placement import RAM_RESERVE
+from lingbot_world.memory.estimates import RAM_RESERVE
 from lingbot_world.memory.kv_stream import KVStreamer, layer_places
 from lingbot_world.speed.levers import ChunkLevers, plan_levers
 from lingbot_world.speed.presets import PRESETS

@@ -91,7 +91,7 @@ def test_encode_summary():
 
 
 def test_sampler_node_text_says_what_auto_picked():
-    from lingbot_world.memory.placement import MemoryPlan
+    from lingbot_world.memory.expert_plan import MemoryPlan
     from lingbot_world.nodes.sampler import plan_summary
     from lingbot_world.wan.sampling.sampler import SamplingSettings
 

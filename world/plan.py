@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..memory.kv_placement import FastMemoryPlan, plan_fast_memory
-from ..memory.placement import available_ram_bytes, free_vram_bytes
+from ..memory.estimates import available_ram_bytes, free_vram_bytes
 from ..quant.nf4_format import default_compute_dtype
 from ..speed.options import graphs_enabled
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
