@@ -40,7 +40,8 @@ from ..wan.sizes import VAE_TEMPORAL_STRIDE, latent_size
 from .block_swap import BlockSwapper, streamed_block_keys
 from .camera_cache import film_block_bytes
 from .film_stream import HostFilmStore
-from .kv_stream import HostLayers, KVStreamer, host_indices
+from .kv_host_alloc import HostLayers
+from .kv_stream import KVStreamer, host_indices
 from .pinned import free_device_memory
 from .estimates import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _fits_line, _gb, estimate_activation_bytes,
                         expert_sizes, vram_headroom)

@@ -337,7 +337,7 @@ def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw, frames
 
 
 def test_host_ring_maps_slots_like_the_shifted_cache():
-    from lingbot_world.memory.kv_stream import _SlotMap
+    from lingbot_world.memory.kv_host_layers import _SlotMap
 
     cap, sink = 10, 3
     m = _SlotMap(cap, sink)

@@ -1,4 +1,4 @@
-"""The FP8 K/V cache (the `draft` preset's kv_fp8 lever; wan/dit/kv_fp8.py, memory/kv_stream.py).
+"""The FP8 K/V cache (the `draft` preset's kv_fp8 lever; wan/dit/kv_fp8.py, memory/kv_fp8_layers.py).
 
 - The rounding against an independent one: every e4m3 value enumerated from its bits, the nearest (ties to an even
   code) taken for each value over a power-of-two scale found by a float64 loop.
