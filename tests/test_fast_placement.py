@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lingbot_world.memory.kv_placement import (
-    CACHE_VRAM_SPARE, FastMemoryError, FastPlacement, place_kv_cache, plan_fast_memory)
+from lingbot_world.memory.fast_plan import FastMemoryError
+from lingbot_world.memory.fast_planner import CACHE_VRAM_SPARE, plan_fast_memory
+from lingbot_world.memory.kv_placement import FastPlacement, place_kv_cache
 from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.memory.estimates import VRAM_HEADROOM
 from lingbot_world.memory.pinned import clear_device_caches
@@ -64,7 +65,7 @@ def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
 
 
 def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
-    from lingbot_world.memory.kv_placement import GRAPH_POOL_FACTOR
+    from lingbot_world.memory.fast_planner import GRAPH_POOL_FACTOR
 
     vram = int(23.5 * GiB)
     rolling = layout480(window_frames=15, sink_frames=3)
@@ -133,7 +134,7 @@ def test_the_blocks_the_card_has_no_room_for_keep_their_film_in_pinned_ram():
     in the chunk's later calls through FILM_HOST_SLOTS device buffers, for as many blocks as RAM holds beside the
     pinned cache and the RAM reserve. The buffers and the allocator's slack beside them (FILM_HOST_SLACK, measured)
     come before the cache layers and the device-kept blocks, and the plan still leaves the card's spare free."""
-    from lingbot_world.memory.kv_placement import FILM_HOST_SLACK, FILM_HOST_SLOTS, _film_places
+    from lingbot_world.memory.fast_planner import FILM_HOST_SLACK, FILM_HOST_SLOTS, _film_places
     from lingbot_world.memory.estimates import RAM_RESERVE
 
     vram, decoder = int(23.5 * GiB), int(7.0e9)

@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from lingbot_world.memory.kv_park import ParkedKV, park
-from lingbot_world.memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
+from lingbot_world.memory.fast_plan import FastMemoryError
+from lingbot_world.memory.fast_planner import plan_fast_memory
+from lingbot_world.memory.kv_placement import place_kv_cache
 from lingbot_world.memory.estimates import RAM_RESERVE
 from lingbot_world.memory.kv_stream import KVStreamer, layer_places
 from lingbot_world.speed.levers import ChunkLevers, plan_levers

@@ -15,7 +15,8 @@ from PIL import Image
 from lingbot_world.cli import main
 from lingbot_world.world.model_load import LoadStopped, ModelLoad
 from lingbot_world.memory import kv_host_alloc
-from lingbot_world.memory.kv_placement import FastPlacement, plan_fast_memory
+from lingbot_world.memory.fast_planner import plan_fast_memory
+from lingbot_world.memory.kv_placement import FastPlacement
 from lingbot_world.memory.kv_host_alloc import HostLayers, KVHostMemoryError, release_host_layers
 from lingbot_world.memory.overlap import Step, plan_overlap
 from lingbot_world.memory.pinned import discard_host_pages
