@@ -147,8 +147,9 @@ def child_start(spec: dict):
 
 
 def child_fast(spec: dict) -> dict:
-    from ..memory.kv_placement import FastPlacement, plan_fast_memory
-    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..memory.fast_planner import plan_fast_memory
+    from ..memory.kv_placement import FastPlacement
+    from ..memory.estimates import available_ram_bytes, free_vram_bytes
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, make_generator
     from ..wan.vae.model import VAEConfig, WanVAE

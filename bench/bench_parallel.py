@@ -254,8 +254,9 @@ def child_base(spec: dict) -> dict:
 
 
 def child_fast(spec: dict) -> dict:
-    from ..memory.kv_placement import FastPlacement, plan_fast_memory
-    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..memory.fast_planner import plan_fast_memory
+    from ..memory.kv_placement import FastPlacement
+    from ..memory.estimates import available_ram_bytes, free_vram_bytes
     from ..parallel.layout import plan_layout
     from ..wan.dit.kv_cache import cache_layout
     from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator

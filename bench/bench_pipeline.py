@@ -223,7 +223,9 @@ def step_times(step_ends: list[tuple[int, str, float]], events: list[dict]) -> l
 
 # ---- children --------------------------------------------------------------------------------------------
 def child_sample(spec: dict) -> dict:
-    from ..memory.placement import estimate_activation_bytes, free_vram_bytes, make_provider, plan_memory, available_ram_bytes
+    from ..memory.estimates import available_ram_bytes, estimate_activation_bytes, free_vram_bytes
+    from ..memory.expert_plan import plan_memory
+    from ..memory.placement import make_provider
     from ..wan.sampling.sampler import make_noise, sample
 
     device = torch.device(spec["device"])
@@ -368,7 +370,7 @@ def timed_forwards(model, inputs: dict, device: torch.device, batch: bool, steps
 def child_cfg(spec: dict) -> dict:
     """Batched vs sequential CFG and FFN chunking on one NF4 expert, uncapped (issue 7)."""
     from ..loaders.expert_loader import load_expert
-    from ..memory.placement import estimate_activation_bytes
+    from ..memory.estimates import estimate_activation_bytes
 
     device = torch.device(spec["device"])
     cfg = DiTConfig.from_json(spec["config"])

@@ -30,8 +30,9 @@ def output_path(workdir, what: str, case: str, model: str = "v1-fast") -> Path:
 def child_case(spec: dict) -> dict:
     from safetensors.torch import save_file
 
-    from ..memory.kv_placement import FastPlacement, plan_fast_memory
-    from ..memory.placement import available_ram_bytes, free_vram_bytes
+    from ..memory.fast_planner import plan_fast_memory
+    from ..memory.kv_placement import FastPlacement
+    from ..memory.estimates import available_ram_bytes, free_vram_bytes
     from ..speed.decode import ChunkDecoder
     from ..speed.levers import ChunkLevers
     from ..speed.options import GRAPHS_ENV, apply_speed, graphs_enabled, resolve_speed

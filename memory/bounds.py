@@ -1,6 +1,6 @@
 """Is a requested video possible at all on this machine? Checked from shapes before any work starts.
 
-Not a plan (that is placement.py, which picks a memory mode once the run is under way), only a floor: a
+Not a plan (that is expert_plan.py, which picks a memory mode once the run is under way), only a floor: a
 video whose unavoidable tensors alone exceed the machine's total RAM (or, on a GPU, the card's total memory)
 is refused with the numbers, instead of failing after minutes or asking the allocator for 119 GiB.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..wan.dit.model import DiTConfig
-from .placement import estimate_activation_bytes
+from .estimates import estimate_activation_bytes
 
 # Host bytes per pixel per frame that a run holds at its peak, at least: the VAE's input video (fp32 RGB, 12),
 # the packed Plücker camera input (384 fp32 channels per 4 frames x 8x8 pixels, 6), the decoded video and its

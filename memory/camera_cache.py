@@ -15,7 +15,8 @@ from ..wan.dit.film_cache import FilmCache
 from ..wan.dit.model import DiTConfig
 from ..wan.sizes import token_count
 from .film_stream import HostFilmStore
-from .placement import RAM_RESERVE, VRAM_HEADROOM, MemoryPlan, available_ram_bytes
+from .estimates import RAM_RESERVE, VRAM_HEADROOM, available_ram_bytes
+from .expert_plan import MemoryPlan
 
 CAMERA_CACHE_CHOICES = ("auto", "off", "host", "device")
 

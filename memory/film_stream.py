@@ -9,7 +9,7 @@ writes the values (device -> host on the compute stream, right after the block c
 
 Device memory: one block's values (0.65 GB at 480p; `slots` of them), allocated at the first forward that reads,
 while that forward skips the camera tokens (0.32 GB) and the FiLM's temporaries. Host memory: the cached blocks' values,
-page-locked by a few worker threads (like the K/V cache's host layers, memory/kv_stream.py). On a CPU "device"
+page-locked by a few worker threads (like the K/V cache's host layers, memory/kv_host_alloc.py). On a CPU "device"
 the same schedule runs with synchronous copies (the CI tests check the bookkeeping and outputs that way).
 
 The writes go on the side stream too (the Fast model writes its chunk's values at every chunk, and a device-to-host

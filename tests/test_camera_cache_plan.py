@@ -4,7 +4,8 @@ import pytest
 from lingbot_world.memory.camera_cache import (CameraCacheError, film_block_bytes, plan_camera_cache,
                                                 plan_host_bytes)
 from lingbot_world.memory.film_stream import HostFilmStore
-from lingbot_world.memory.placement import RAM_RESERVE, plan_memory
+from lingbot_world.memory.estimates import RAM_RESERVE
+from lingbot_world.memory.expert_plan import plan_memory
 from lingbot_world.wan.dit.model import DiTConfig
 
 GB = 10**9

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from lingbot_world.memory.kv_park import ParkedKVError, copy_out, filled_bytes, park, placement_layers
-from lingbot_world.memory.kv_placement import CachePlacement, FastMemoryPlan
+from lingbot_world.memory.fast_plan import FastMemoryPlan
+from lingbot_world.memory.kv_placement import CachePlacement
 from lingbot_world.memory.kv_stream import KVStreamer
 from lingbot_world.wan.control.act_to_camera import keys_to_camera
 from lingbot_world.wan.control.actions import KeyTimeline

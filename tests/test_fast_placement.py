@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lingbot_world.memory.kv_placement import (
-    CACHE_VRAM_SPARE, FastMemoryError, FastPlacement, place_kv_cache, plan_fast_memory)
+from lingbot_world.memory.fast_plan import FastMemoryError
+from lingbot_world.memory.fast_planner import CACHE_VRAM_SPARE, plan_fast_memory
+from lingbot_world.memory.kv_placement import FastPlacement, place_kv_cache
 from lingbot_world.memory.kv_stream import KVStreamer
-from lingbot_world.memory.placement import VRAM_HEADROOM
+from lingbot_world.memory.estimates import VRAM_HEADROOM
 from lingbot_world.memory.pinned import clear_device_caches
 from lingbot_world.wan.dit.kv_cache import KVCache, cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
@@ -64,7 +65,7 @@ def test_consumer_cards_stream_the_cache_from_host_ram(card_gib):
 
 
 def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
-    from lingbot_world.memory.kv_placement import GRAPH_POOL_FACTOR
+    from lingbot_world.memory.fast_planner import GRAPH_POOL_FACTOR
 
     vram = int(23.5 * GiB)
     rolling = layout480(window_frames=15, sink_frames=3)
@@ -133,8 +134,8 @@ def test_the_blocks_the_card_has_no_room_for_keep_their_film_in_pinned_ram():
     in the chunk's later calls through FILM_HOST_SLOTS device buffers, for as many blocks as RAM holds beside the
     pinned cache and the RAM reserve. The buffers and the allocator's slack beside them (FILM_HOST_SLACK, measured)
     come before the cache layers and the device-kept blocks, and the plan still leaves the card's spare free."""
-    from lingbot_world.memory.kv_placement import FILM_HOST_SLACK, FILM_HOST_SLOTS, _film_places
-    from lingbot_world.memory.placement import RAM_RESERVE
+    from lingbot_world.memory.fast_planner import FILM_HOST_SLACK, FILM_HOST_SLOTS, _film_places
+    from lingbot_world.memory.estimates import RAM_RESERVE
 
     vram, decoder = int(23.5 * GiB), int(7.0e9)
     per = 2 * 3 * 30 * 52 * FULL.dim * 2
@@ -222,7 +223,7 @@ def test_a_cache_that_would_fill_the_cards_spare_streams_its_last_layers():
 def test_a_ulysses_rank_keeps_room_for_nccl():
     """NCCL's buffers live outside torch's allocator: a rank's plan leaves SEQ_PARALLEL_VRAM for them (on 2 x H100
     capped at 24 GB, rank 0 reached 24.7 GB in nvidia-smi with 22.0 GB reserved by torch)."""
-    from lingbot_world.memory.placement import SEQ_PARALLEL_VRAM
+    from lingbot_world.memory.estimates import SEQ_PARALLEL_VRAM
 
     vram, decoder = int(23.5 * GiB), int(5.5e9)
     one = plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, extra_vram=decoder)
@@ -337,7 +338,7 @@ def test_host_streamed_cache_gives_the_resident_latents(model, layout_kw, frames
 
 
 def test_host_ring_maps_slots_like_the_shifted_cache():
-    from lingbot_world.memory.kv_stream import _SlotMap
+    from lingbot_world.memory.kv_host_layers import _SlotMap
 
     cap, sink = 10, 3
     m = _SlotMap(cap, sink)

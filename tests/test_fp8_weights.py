@@ -367,7 +367,7 @@ def test_damaged_or_foreign_fp8_files_are_named_in_one_line(release, tmp_path):
 
 # ---- memory ------------------------------------------------------------------------------------------------------
 def test_memory_estimate_of_an_fp8_model(release):
-    from lingbot_world.memory.placement import expert_sizes
+    from lingbot_world.memory.estimates import expert_sizes
 
     root, _ = release
     meta = WanDiT(CFG, device="meta")

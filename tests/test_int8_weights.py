@@ -225,7 +225,7 @@ def test_int8_folders_are_not_mixed_up(release):
 
 
 def test_memory_estimate_of_an_int8_model(release):
-    from lingbot_world.memory.placement import expert_sizes
+    from lingbot_world.memory.estimates import expert_sizes
 
     root, _ = release
     params = dict(WanDiT(CFG, device="meta").named_parameters())

@@ -1,4 +1,4 @@
-"""The FP8 K/V cache (the `draft` preset's kv_fp8 lever; wan/dit/kv_fp8.py, memory/kv_stream.py).
+"""The FP8 K/V cache (the `draft` preset's kv_fp8 lever; wan/dit/kv_fp8.py, memory/kv_fp8_layers.py).
 
 - The rounding against an independent one: every e4m3 value enumerated from its bits, the nearest (ties to an even
   code) taken for each value over a power-of-two scale found by a float64 loop.
@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from lingbot_world.memory.kv_park import ParkedKV, park
-from lingbot_world.memory.kv_placement import FastMemoryError, place_kv_cache, plan_fast_memory
-from lingbot_world.memory.placement import RAM_RESERVE
+from lingbot_world.memory.fast_plan import FastMemoryError
+from lingbot_world.memory.fast_planner import plan_fast_memory
+from lingbot_world.memory.kv_placement import place_kv_cache
+from lingbot_world.memory.estimates import RAM_RESERVE
 from lingbot_world.memory.kv_stream import KVStreamer, layer_places
 from lingbot_world.speed.levers import ChunkLevers, plan_levers
 from lingbot_world.speed.presets import PRESETS

@@ -276,7 +276,7 @@ def test_cli_offers_layered_and_maps_it_where_a_layout_decides(caplog):
 
 
 def test_sampler_node_offers_layered_and_the_plan_names_its_activations():
-    from lingbot_world.memory.placement import CFG_MODES as PLANNER_MODES, MemoryPlan
+    from lingbot_world.memory.expert_plan import CFG_MODES as PLANNER_MODES, MemoryPlan
     from lingbot_world.nodes.adapters.memory import activation_bytes
     from lingbot_world.nodes.sampler import LingBotSampler, plan_summary
 

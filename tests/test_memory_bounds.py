@@ -2,7 +2,7 @@
 import pytest
 
 from lingbot_world.memory.bounds import HOST_BYTES_PER_PIXEL_FRAME, VideoTooLargeError, check_video_fits
-from lingbot_world.memory.placement import estimate_activation_bytes
+from lingbot_world.memory.estimates import estimate_activation_bytes
 from lingbot_world.wan.dit.model import DiTConfig
 
 GIB = 2**30

@@ -91,7 +91,7 @@ def test_encode_summary():
 
 
 def test_sampler_node_text_says_what_auto_picked():
-    from lingbot_world.memory.placement import MemoryPlan
+    from lingbot_world.memory.expert_plan import MemoryPlan
     from lingbot_world.nodes.sampler import plan_summary
     from lingbot_world.wan.sampling.sampler import SamplingSettings
 
@@ -107,7 +107,7 @@ def test_sampler_node_text_says_what_auto_picked():
 
 
 def test_fast_sampler_node_text_says_what_it_generates_and_where_the_cache_lives():
-    from lingbot_world.memory.kv_placement import plan_fast_memory
+    from lingbot_world.memory.fast_planner import plan_fast_memory
     from lingbot_world.nodes.adapters.fast_host import fast_summary
     from lingbot_world.wan.dit.kv_cache import cache_layout
     from lingbot_world.wan.dit.model import DiTConfig

@@ -519,7 +519,7 @@ def test_cfg_parallel_puts_the_experts_loras_on_the_second_copy(comfy, graph, mo
 def test_comfyui_memory_budget_becomes_block_swap(comfy):
     """ComfyUI's lowvram budget for a model that does not fit: the expert loads whole when the budget holds it,
     else with as many blocks on the GPU as fit beside the base weights and the two streaming buffers."""
-    from lingbot_world.memory.placement import expert_sizes
+    from lingbot_world.memory.estimates import expert_sizes
     from lingbot_world.nodes.adapters.expert_weights import compute_bytes_for
 
     import dataclasses

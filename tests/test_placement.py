@@ -8,17 +8,9 @@ import torch
 from lingbot_world.loaders.expert_loader import load_expert
 from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
 from lingbot_world.memory.pinned import HostBuffer, WeightPart, dit_parts, tensor_slots
-from lingbot_world.memory.placement import (
-    ACTIVATION_SAFETY,
-    VRAM_HEADROOM,
-    BlockSwapProvider,
-    ResidentProvider,
-    SwapProvider,
-    estimate_activation_bytes,
-    expert_sizes,
-    make_provider,
-    plan_memory,
-)
+from lingbot_world.memory.estimates import ACTIVATION_SAFETY, VRAM_HEADROOM, estimate_activation_bytes, expert_sizes
+from lingbot_world.memory.expert_plan import plan_memory
+from lingbot_world.memory.placement import BlockSwapProvider, ResidentProvider, SwapProvider, make_provider
 from lingbot_world.wan.dit.model import DiTConfig, pad_context
 
 GiB = 1024**3
@@ -217,7 +209,7 @@ def test_bad_options_name_the_choices():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_free_vram_reads_the_card():
-    from lingbot_world.memory.placement import available_ram_bytes, free_vram_bytes
+    from lingbot_world.memory.estimates import available_ram_bytes, free_vram_bytes
 
     total = torch.cuda.get_device_properties(0).total_memory
     for dev in ("cuda", "cuda:0", torch.device("cuda")):
@@ -366,7 +358,7 @@ def test_swap_drop_cuts_the_model_loose(experts):
 
 
 def test_block_swap_warns_when_ram_cannot_hold_the_streamed_blocks():
-    from lingbot_world.memory.placement import plan_memory
+    from lingbot_world.memory.expert_plan import plan_memory
     from lingbot_world.wan.dit.model import DiTConfig
 
     cfg = DiTConfig()  # the released size: 40 blocks of ~236 MB
@@ -378,8 +370,8 @@ def test_block_swap_warns_when_ram_cannot_hold_the_streamed_blocks():
 
 
 def test_a_ulysses_rank_plans_room_for_nccl():
-    """Every planner keeps the same room for NCCL on a sequence-parallel rank (memory.placement.vram_headroom)."""
-    from lingbot_world.memory.placement import SEQ_PARALLEL_VRAM, vram_headroom
+    """Every planner keeps the same room for NCCL on a sequence-parallel rank (memory.estimates.vram_headroom)."""
+    from lingbot_world.memory.estimates import SEQ_PARALLEL_VRAM, vram_headroom
 
     one, two = plan(24), plan(24, seq_parallel=2)
     assert one.estimates["headroom"] == VRAM_HEADROOM == vram_headroom(1)

@@ -146,7 +146,7 @@ def test_the_state_is_taken_between_chunks(comfy, inputs, players):
 
 def test_an_unused_or_too_big_state_is_not_kept_and_says_why(comfy, inputs, players, monkeypatch):
     import lingbot_world.nodes.play as play_node
-    from lingbot_world.memory.kv_placement import RAM_MARGIN
+    from lingbot_world.memory.fast_planner import RAM_MARGIN
 
     play(inputs, window=0)
     step("w-8")

@@ -14,9 +14,10 @@ from PIL import Image
 
 from lingbot_world.cli import main
 from lingbot_world.world.model_load import LoadStopped, ModelLoad
-from lingbot_world.memory import kv_stream
-from lingbot_world.memory.kv_placement import FastPlacement, plan_fast_memory
-from lingbot_world.memory.kv_stream import HostLayers, KVHostMemoryError, release_host_layers
+from lingbot_world.memory import kv_host_alloc
+from lingbot_world.memory.fast_planner import plan_fast_memory
+from lingbot_world.memory.kv_placement import FastPlacement
+from lingbot_world.memory.kv_host_alloc import HostLayers, KVHostMemoryError, release_host_layers
 from lingbot_world.memory.overlap import Step, plan_overlap
 from lingbot_world.memory.pinned import discard_host_pages
 from lingbot_world.wan.dit.kv_cache import cache_layout
@@ -101,7 +102,7 @@ def test_host_layers_allocate_in_the_background_and_free_on_close():
 def _tracking(monkeypatch, fail_at=None, delay=0.0):
     """_HostLayer that records every instance (and can fail or be slow) so a test can see what stays allocated."""
     made, calls = [], []
-    real = kv_stream._HostLayer
+    real = kv_host_alloc._HostLayer
 
     class Tracked(real):
         def __init__(self, *a, **kw):
@@ -112,7 +113,7 @@ def _tracking(monkeypatch, fail_at=None, delay=0.0):
             super().__init__(*a, **kw)
             made.append(self)
 
-    monkeypatch.setattr(kv_stream, "_HostLayer", Tracked)
+    monkeypatch.setattr(kv_host_alloc, "_HostLayer", Tracked)
     return made
 
 

@@ -1,4 +1,4 @@
-"""Where the v2 models go on consumer cards (the memory plan, memory/kv_placement.py; sizes from the registry's full
+"""Where the v2 models go on consumer cards (the memory plan, memory/fast_planner.py; sizes from the registry's full
 configs, nothing allocated): the 14B on a 24 GB card streams its K/V window from pinned RAM (its bf16 window of 18
 latent frames alone is 23 GB at 480x832) with the NF4 model resident; the 1.3B keeps the model and its whole
 window on a 12 GB card with the tiny decoder (the VAE's streaming decode takes 4.7-7 GB at 480x832: beside it a
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingbot_world.memory.kv_placement import plan_fast_memory
+from lingbot_world.memory.fast_planner import plan_fast_memory
 from lingbot_world.wan.sampling.fast_state import FastSettings
 from lingbot_world.wan.vae.model import VAEConfig
 from lingbot_world.wan.vae.streaming import streaming_decode_bytes

@@ -292,7 +292,7 @@ def test_the_camera_film_kept_per_chunk_changes_no_bit(files, tmp_path, monkeypa
     video with it equals one whose plan keeps none, bit for bit (and the cache was read, not only filled)."""
     from dataclasses import replace
 
-    from lingbot_world.memory.kv_placement import FastMemoryPlan
+    from lingbot_world.memory.fast_plan import FastMemoryPlan
 
     made = []
     make_film = FastMemoryPlan.make_film

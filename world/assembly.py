@@ -191,7 +191,7 @@ def plan_memory(checked: Checked, video: FastSettings, device: torch.device, set
     the model). play: a played video's layout (room for 81 frames at once without a window). vram: what the door
     can give (ComfyUI: what its model management can free; -1: the device's free memory). The decoder counted is
     the tiny decoder's when there is one (beside_vae: the VAE stays on the device too), else the VAE's streaming
-    decode; decode_bytes: another decoder's. Raises memory.kv_placement.FastMemoryError when nothing fits."""
+    decode; decode_bytes: another decoder's. Raises memory.fast_plan.FastMemoryError when nothing fits."""
     layout = play_layout(video, latent_frames) if play else session_layout(video, latent_frames)
     if layout.note:
         log.warning("K/V cache: %s", layout.note)

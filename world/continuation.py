@@ -125,7 +125,7 @@ class Continuation:
     def place(self) -> None:
         """The speed plan for this part (its length's compile policy, the kernels the video was made with) and the
         memory plan for the whole video so far (nothing fits: one line)."""
-        from ..memory.kv_placement import FastMemoryError
+        from ..memory.fast_plan import FastMemoryError
         from ..speed.plans import fast_compile_policy, follow_started_compile, log_speed_plan
         from .errors import WorldError
 

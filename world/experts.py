@@ -1,5 +1,6 @@
-"""A base world's two experts: where they live (memory/placement.py's plan and provider), the LoRAs put on each right
-after it loads, the camera layers' cache the memory plan leaves room for, and each rank's share of the tokens.
+"""A base world's two experts: where they live (memory/expert_plan.py's plan, memory/placement.py's provider), the
+LoRAs put on each right after it loads, the camera layers' cache the memory plan leaves room for, and each rank's
+share of the tokens.
 
 The LoRA files are read and matched against the experts' config before anything expensive runs (a LoRA for another
 model, or a pickle, stops there with one line naming where it was given). They go on each expert right after it

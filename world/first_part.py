@@ -175,7 +175,7 @@ class FirstPart:
     def place(self) -> None:
         """The layout over the ranks and the memory plan (nothing fits: one line); the ranks' checks end here, then
         every rank takes the layout, logs its plan on rank 0 and checks that every rank loads the same model."""
-        from ..memory.kv_placement import FastMemoryError
+        from ..memory.fast_plan import FastMemoryError
         from ..parallel.ranks import agree_on_plans, check_same_models, plan, use
         from .errors import WorldError
 

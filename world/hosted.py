@@ -19,7 +19,8 @@ from typing import Callable, Optional
 import torch
 
 from ..memory.kv_park import ParkedKV, ParkedKVError
-from ..memory.kv_placement import FastMemoryError, place_kv_cache
+from ..memory.fast_plan import FastMemoryError
+from ..memory.kv_placement import place_kv_cache
 from ..speed.levers import plan_levers
 from ..wan.sampling.fast_state import FastSettings, FastState, PartPlan, plan_first_part, plan_next_part
 from . import assembly

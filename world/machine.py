@@ -2,10 +2,10 @@
 this process's peak, the RAM a door keeps free beside what it copies, freed heap pages given back to the OS, and a
 size in words. memory/ measures; the doors see it here.
 """
-from ..memory.kv_placement import RAM_MARGIN
+from ..memory.fast_planner import RAM_MARGIN
 from ..memory.memstats import peak_rss_bytes
 from ..memory.pinned import return_freed_host_memory
-from ..memory.placement import available_ram_bytes
+from ..memory.estimates import available_ram_bytes
 
 __all__ = ["RAM_MARGIN", "available_ram_bytes", "gb", "peak_rss_bytes", "return_freed_host_memory"]
 

@@ -11,8 +11,9 @@ from typing import Optional
 
 import torch
 
-from ..memory.kv_placement import FastMemoryPlan, plan_fast_memory
-from ..memory.placement import available_ram_bytes, free_vram_bytes
+from ..memory.fast_plan import FastMemoryPlan
+from ..memory.fast_planner import plan_fast_memory
+from ..memory.estimates import available_ram_bytes, free_vram_bytes
 from ..quant.nf4_format import default_compute_dtype
 from ..speed.options import graphs_enabled
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
@@ -42,7 +43,7 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     (speed.levers.plan_levers): a bf16 decode leaves the K/V cache about 2.3 GB more at 480x832, and an FP8 cache
     takes half the RAM and half the link. decode_bytes: what the streaming decoder needs when it is not the VAE (a
     tiny decoder: wan.vae.tiny.tiny_decode_bytes; about 1 GB instead of 6-7 GB at 480x832).
-    Raises memory.kv_placement.FastMemoryError when nothing fits (the
+    Raises memory.fast_plan.FastMemoryError when nothing fits (the
     message has the numbers).
     """
     if stream_decode not in STREAM_DECODE:

@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional
 
 # The values a door may offer for a setting (a flag's choices, a widget's combo), from the layer that owns each.
 from ..memory.camera_cache import CAMERA_CACHE_CHOICES  # BaseSettings.camera_cache
-from ..memory.kv_placement import CACHE_PLACEMENTS  # WorldSettings.kv_cache
+from ..memory.fast_planner import CACHE_PLACEMENTS  # WorldSettings.kv_cache
 from ..quant.lowp_kinds import LOWP_WEIGHTS  # the stored low-precision weights among `weights`
 from ..wan.control.camera import DEFAULT_POSE_PRECISION, POSE_PRECISIONS  # precision
 from ..wan.sampling.fast_state import FAST_MODES  # WorldSettings.rule

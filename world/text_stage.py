@@ -137,7 +137,7 @@ def _reason(overlap: OverlapPlan, first: str) -> OverlapPlan:
 def _free_vram(device: torch.device) -> Optional[int]:
     if device.type != "cuda":
         return None
-    from ..memory.placement import free_vram_bytes
+    from ..memory.estimates import free_vram_bytes
 
     return free_vram_bytes(device)
 

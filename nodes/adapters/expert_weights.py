@@ -17,7 +17,7 @@ import torch
 from ...loaders.expert_loader import load_expert
 from ...memory.block_swap import BlockSwapper, streamed_block_keys
 from ...memory.pinned import park_on_host, unpark
-from ...memory.placement import expert_sizes
+from ...memory.estimates import expert_sizes
 from ...quant.nf4 import default_compute_dtype
 from ...wan.dit.model import WanDiT
 from ...world.detect import ExpertFormat

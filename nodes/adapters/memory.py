@@ -4,7 +4,7 @@ Each expert is loaded with `load_models_gpu([patcher], memory_required=<activati
 right before its phase, so ComfyUI first evicts whatever else it holds (other models, our VAE, the other
 expert if needed) and can unload ours later ("free memory", OOM recovery, the next workflow's models).
 
-The memory mode is planned by `memory.placement.plan_memory` (issue 9) from the video size, the expert
+The memory mode is planned by `memory.expert_plan.plan_memory` (issue 9) from the video size, the expert
 config, the VRAM ComfyUI could make free and the host RAM:
 - resident: both experts stay loaded after use (ComfyUI may still evict one when something else needs room);
 - swap: each expert is released right after its phase, dropped or (keep_in_ram, "swap_pinned") parked in
@@ -19,7 +19,8 @@ from typing import Callable, Optional
 
 import torch.nn as nn
 
-from ...memory.placement import MemoryPlan, available_ram_bytes, plan_memory
+from ...memory.estimates import available_ram_bytes
+from ...memory.expert_plan import MemoryPlan, plan_memory
 from .expert_weights import compute_bytes_for
 from .payloads import ExpertPair
 

@@ -29,7 +29,7 @@ import comfy.model_base
 import comfy.patcher_extension
 import comfy.supported_models_base
 
-from ...memory.placement import ACTIVATION_SAFETY, estimate_activation_bytes
+from ...memory.estimates import ACTIVATION_SAFETY, estimate_activation_bytes
 from ...wan.dit.model import CAMERA_CHANNELS, DiTConfig
 from .dit_slot import DiTSlot
 
@@ -122,7 +122,7 @@ class LingBotWorldModel(comfy.model_base.WAN21):
         return out
 
     def memory_required(self, input_shape, cond_shapes={}):
-        """Peak activation bytes of one forward of this batch (memory.placement's estimate, checked on an H100)."""
+        """Peak activation bytes of one forward of this batch (memory.estimates' estimate, checked on an H100)."""
         b, _, f, h, w = input_shape
         compute_bytes = torch.empty(0, dtype=self.get_dtype()).element_size()
         per_pair = estimate_activation_bytes((f - 1) * 4 + 1, h * 8, w * 8, self.cfg, cfg_batch=b >= 2,

@@ -25,7 +25,7 @@ import comfy.model_patcher
 import comfy.utils
 from comfy.patcher_extension import CallbacksMP
 
-from ...memory.placement import expert_sizes
+from ...memory.estimates import expert_sizes
 from ...world.text import stop_all_text_encoders
 from . import host_memory
 from .dit_slot import DiTSlot
