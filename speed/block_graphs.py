@@ -1,9 +1,10 @@
-"""CUDA graphs for the Fast model's blocks once its K/V window has rolled (issue 26; opt in: LINGBOT_CUDA_GRAPHS=1).
+"""CUDA graphs for a causal model's blocks once its K/V window has rolled (on by default for models narrower than
+the 14B; LINGBOT_CUDA_GRAPHS=1 / 0 decides for every model: speed/options.graphs_enabled).
 
 Why: the host issues some 12,000 kernels per `draft` chunk, one Python call at a time; a captured block replays
-its few hundred kernels in one call. Measured on an H100 (BENCHMARKS, "CUDA graphs"): the same bits, 0.00-0.03 s
-of a chunk for 0.9 GB of VRAM, since the GPU rarely waits for the host there. So they are off unless asked for;
-a machine with a slower CPU may gain more.
+its few hundred kernels in one call. Measured on an H100 (BENCHMARKS, "CUDA graphs"): for the 14B the same bits,
+0.00-0.03 s of a chunk for 0.9 GB of VRAM, since the GPU rarely waits for the host there; the v2 1.3B's small
+kernels wait on the host, and graphs take its 2-step chunk from 0.41 to 0.24 s.
 
 When: a causal forward whose window has rolled (the video is past the cache's capacity, and the chunk's slots end
 it). From then on every chunk, every step and the context pass read and write the same cache slots with the same
@@ -14,6 +15,9 @@ capture costs about one eager forward, which a shape seen for one chunk would no
 How:
 - The first forward of a new shape runs eagerly (it builds the cuDNN plans, compiled code and cuBLAS handles a
   capture must not build); the next one captures each block on a side stream and replays it; later ones replay.
+- The graphs may run per-token phases of their own (`ops`: the compiled ones under `compile="graphs"`), which cost
+  no host time once replayed; the first forward of the rolled shape then runs with them uncaptured, and `build`
+  compiles them at load so no played chunk waits for the compiler.
 - What changes between forwards (block 0's tokens, the time modulation, the camera tokens, the RoPE tables) is
   copied into static tensors the graphs read. Block 0 writes the float32 residual stream, which the later blocks
   update in place, as eager does.
