@@ -1,6 +1,6 @@
 """A real ComfyUI server for the opt-in tests: temp base directory with this pack linked in, start, stop.
 
-Loaded by path (tests/ is not a package): see `load_helper` in the test modules. Needs COMFYUI_PATH (a ComfyUI
+Loaded by path (tests/ is not a package): `load_sibling` in conftest.py. Needs COMFYUI_PATH (a ComfyUI
 checkout, never modified) and optionally COMFYUI_PYTHON (its interpreter, default this one).
 """
 from __future__ import annotations

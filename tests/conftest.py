@@ -1,7 +1,9 @@
 """Shared fixtures. The official example inputs the tests use ship in the repository (assets/examples, see its
 NOTICE.md), so a fresh clone runs every CPU test."""
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -24,6 +26,21 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()
+
+_SIBLINGS: dict[Path, ModuleType] = {}
+
+
+def load_sibling(name: str) -> ModuleType:
+    """tests/<name>.py, run once per process and shared: tests/ is no package and pytest imports its files apart
+    (--import-mode=importlib), so a test file reaches another's helpers by path, and this one as tests.conftest."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    if path not in _SIBLINGS:
+        spec = importlib.util.spec_from_file_location(name.replace("/", "."), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SIBLINGS[path] = module
+    return _SIBLINGS[path]
+
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "assets" / "examples"
 

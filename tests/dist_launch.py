@@ -85,13 +85,3 @@ class Ranks:
 
     def __exit__(self, *exc) -> None:
         self.kill()
-
-
-def load(name: str):
-    """A helper module of tests/ by file path."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"_lingbot_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod

@@ -1,8 +1,5 @@
 """The Act model's 7-channel control (fast-act spec §6): layout against the spec's formula, the release's Act
 inputs, the Act DiT's input width, and the refusal of a control that does not fit the model."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,12 +13,7 @@ from lingbot_world.wan.control.camera import CameraInputError, camera_condition
 from lingbot_world.wan.control.control_kind import ControlMismatchError, check_control
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
-
-def _numerics():
-    spec = importlib.util.spec_from_file_location("_lingbot_numerics", Path(__file__).with_name("test_camera_numerics.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
 def _wandering(n: int, seed: int = 0) -> np.ndarray:
@@ -78,7 +70,7 @@ def test_release_act_input_of_example_05_matches_the_reference(examples_dir):
     assert act.actions.dtype == np.int32 and act.actions.shape == (961, 4)
     cond = act_condition(act.path.poses, act.path.intrinsics, act.actions, 48, 80, 121)
     assert cond.frames == 121 and cond.tensor.shape == (1, 448, 31, 6, 10)
-    num = _numerics()
+    num = load_sibling("test_camera_numerics")
     ref_rel = num.reference_relative(act.path.poses[:121], np.linspace(0, 120, 31))
     ref = num.reference_plucker(ref_rel, act.path.intrinsics, 48, 80)[:, 192:]  # rays_d only
     assert (cond.tensor[:, :192] - ref).abs().max().item() <= 1e-6

@@ -1,8 +1,5 @@
 """Keys -> camera path (fast-act spec §7): trajectory rules against an independent formulation, and the
 act-to-camera conditioning against the reference's float32 arithmetic."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -13,12 +10,7 @@ from lingbot_world.wan.control.act_to_camera import WalkState, keys_to_camera, w
 from lingbot_world.wan.control.actions import KeyTimeline, keys_for_video
 from lingbot_world.wan.control.camera import camera_condition
 
-
-def _numerics():
-    spec = importlib.util.spec_from_file_location("_lingbot_numerics", Path(__file__).with_name("test_camera_numerics.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
 def independent_walk(keys: KeyTimeline) -> np.ndarray:
@@ -110,7 +102,7 @@ def test_act_to_camera_conditioning_reproduces_the_reference():
     assert path.poses.shape == (94, 4, 4) and path.intrinsics.shape == (94, 4)
     cond = camera_condition(path.poses, path.intrinsics, 48, 80, frames, includes_end_pose=True)
     assert cond.frames == 93 and cond.plucker.shape == (1, 384, 24, 6, 10) and cond.message is None
-    num = _numerics()
+    num = load_sibling("test_camera_numerics")
     ref = num.reference_relative(path.poses, np.linspace(0, 93, 24))
     assert (cond.relative_poses - ref).abs().max().item() <= 1e-7
     assert (cond.plucker - num.reference_plucker(ref, path.intrinsics, 48, 80)).abs().max().item() <= 1e-6
@@ -126,7 +118,7 @@ def test_key_files_of_the_examples_reproduce_the_reference(examples_dir, name):
     assert frames == 81 and "first 81" in note
     path, _ = keys_to_camera(keys, src.intrinsics)
     cond = camera_condition(path.poses, path.intrinsics, 48, 80, 81, includes_end_pose=True)
-    num = _numerics()
+    num = load_sibling("test_camera_numerics")
     ref = num.reference_relative(path.poses, np.linspace(0, 81, 21))
     assert (cond.relative_poses - ref).abs().max().item() <= 1e-7
     assert torch.isfinite(cond.plucker).all()

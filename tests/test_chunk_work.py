@@ -6,9 +6,6 @@ FiLM kept), a run without its last context pass, and the v2 recipe's chunks of 4
 1.3B)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,15 +18,10 @@ from lingbot_world.wan.dit.model import DiTConfig
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, fast_schedule, make_generator
 from lingbot_world.world.models import V1_FAST, V2_1_3B
 
-
-def _load_fast_tiny():
-    spec = importlib.util.spec_from_file_location("fast_tiny", Path(__file__).with_name("fast_tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_sibling
 
 
-ft = _load_fast_tiny()
+ft = load_sibling("fast_tiny")
 GEMM_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.convolution")
 
 

@@ -4,7 +4,6 @@ HF_ENDPOINT pointed at it), the first load writes the NF4 copy, the run makes a 
 copy. Opt-in like the other real-server tests (COMFYUI_PATH)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -15,20 +14,15 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.comfyui
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-comfy = _load("comfyui_server")
+comfy = load_sibling("comfyui_server")
 if comfy.skip_reason():
     pytest.skip(comfy.skip_reason(), allow_module_level=True)
-fake_hub = _load("fake_hub")
+fake_hub = load_sibling("fake_hub")
 
 FAST = "Fast image to video, camera preset"
 V2 = "V2 1.3B causal model, camera preset"

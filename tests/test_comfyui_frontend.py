@@ -13,7 +13,6 @@ installed in ComfyUI's venv: LINGBOT_COMFY_ARGS="--front-end-root /path/to/comfy
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -21,17 +20,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.comfyui
 
 
-def _load_helper():
-    spec = importlib.util.spec_from_file_location("comfyui_server", Path(__file__).with_name("comfyui_server.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-comfy = _load_helper()
+comfy = load_sibling("comfyui_server")
 if comfy.skip_reason():
     pytest.skip(comfy.skip_reason(), allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed in this venv "

@@ -7,7 +7,6 @@ checkpoint (`loaders.demo_checkpoint`) plus a larger random pair for the interru
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -22,17 +21,12 @@ from lingbot_world.nodes import NODE_CLASS_MAPPINGS
 from lingbot_world.nodes.adapters.example_inputs import DEMO_IMAGE
 from lingbot_world.nodes.adapters.workflow_convert import FRONTEND_ONLY, ui_to_api
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.comfyui
 
 
-def _load_helper():
-    spec = importlib.util.spec_from_file_location("comfyui_server", Path(__file__).with_name("comfyui_server.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-comfy = _load_helper()
+comfy = load_sibling("comfyui_server")
 REPO, PACK_DIR_NAME, COMFYUI, PYTHON = comfy.REPO, comfy.PACK_DIR_NAME, comfy.COMFYUI, comfy.PYTHON
 WORKFLOWS = REPO / "example_workflows"
 API_COPIES = REPO / "tests" / "workflows"

@@ -4,22 +4,14 @@ every later load; a copy's own name whose release folder is installed is made fr
 releases' layouts, with test_nodes_pipeline.py's stand-ins for ComfyUI's modules."""
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-
-def _pipeline_helpers():
-    spec = importlib.util.spec_from_file_location("_lingbot_test_pipeline_convert", Path(__file__).with_name(
-        "test_nodes_pipeline.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
-P = _pipeline_helpers()
+P = load_sibling("test_nodes_pipeline")
 demo_base = P.demo_base
 comfy = P.comfy
 

@@ -6,29 +6,20 @@ multi-frame latent, text zero-padded to 512 rows on both sides (the reference pa
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
 
+from tests.conftest import load_sibling
+
 diffusers = pytest.importorskip("diffusers")
 from diffusers import WanTransformer3DModel  # noqa: E402
 
 
-def _load_key_map():
-    # tests/ is not a package; load the helper by file path instead of touching sys.path.
-    path = Path(__file__).with_name("dit_key_map.py")
-    spec = importlib.util.spec_from_file_location("dit_key_map", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-key_map = _load_key_map()
+key_map = load_sibling("dit_key_map")
 
 CFG = DiTConfig.tiny()  # dim 64 = 4 heads x 16, 2 layers, ffn 128, text_dim 32, freq_dim 32
 

@@ -5,22 +5,14 @@ its input state usable, and a windowed video copies its (bounded) cache per step
 from __future__ import annotations
 
 import gc
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-
-def _helpers():
-    spec = importlib.util.spec_from_file_location("_lingbot_test_fast_nodes", Path(__file__).with_name(
-        "test_fast_nodes.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
-F = _helpers()
+F = load_sibling("test_fast_nodes")
 comfy = F.comfy
 demo_base = F.demo_base
 Interrupted = F.Interrupted

@@ -3,9 +3,7 @@ test_nodes_pipeline.py (model management, progress bar, previewer, interrupt fla
 run, previews every chunk, loads through model management, frees the cache on cancel, refuses wrong models."""
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,18 +15,12 @@ from lingbot_world.wan.dit.model import pad_context
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.world.models import V1_FAST
 
+from tests.conftest import load_sibling
+
 H, W, FRAMES = 32, 48, 33  # 9 latent frames: 3 chunks
 
 
-def _pipeline_helpers():
-    spec = importlib.util.spec_from_file_location("_lingbot_test_pipeline", Path(__file__).with_name(
-        "test_nodes_pipeline.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-P = _pipeline_helpers()
+P = load_sibling("test_nodes_pipeline")
 demo_base = P.demo_base
 comfy = P.comfy
 Interrupted = P.Interrupted

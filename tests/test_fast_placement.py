@@ -7,9 +7,7 @@ in host memory) is checked against the all-resident cache bit for bit. The CUDA 
 from __future__ import annotations
 
 import gc
-import importlib.util
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +21,8 @@ from lingbot_world.memory.pinned import clear_device_caches
 from lingbot_world.wan.dit.kv_cache import KVCache, cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 from lingbot_world.wan.sampling.sampler import Cancelled
+
+from tests.conftest import load_sibling
 
 GB = 10**9
 GiB = 1024**3
@@ -306,14 +306,7 @@ def test_cache_layouts():
 
 
 # ---- identical latents in every placement -------------------------------------------------------------------
-def _load_fast_tiny():
-    spec = importlib.util.spec_from_file_location("fast_tiny", Path(__file__).with_name("fast_tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_tiny = _load_fast_tiny()
+_tiny = load_sibling("fast_tiny")
 TINY, LH, LW, FSL, fast_latents = _tiny.TINY, _tiny.LH, _tiny.LW, _tiny.FSL, _tiny.fast_latents
 
 

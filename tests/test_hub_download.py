@@ -2,22 +2,16 @@
 and the stored copy made once on the first load (world/stored_copy.py)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from lingbot_world.world import hub, stored_copy
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_sibling
 
 
-fake_hub = _load("fake_hub")
+fake_hub = load_sibling("fake_hub")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ of the demo (its INT8 copy, torch's int8 GEMM on the CPU) give the same frames; 
 where it cannot apply (the base model, a card without INT8 GEMMs), and check-expert loads the copy."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,16 +11,10 @@ import numpy as np
 from lingbot_world.cli import main
 from lingbot_world.world import TextSettings, WorldFiles, WorldSettings, open_session
 
-
-def _fp8_cli_test():
-    """tests/test_fp8_cli.py: its batch run (`_generate`) and demo settings serve every weights mode."""
-    spec = importlib.util.spec_from_file_location("_lingbot_test_fp8_cli", Path(__file__).with_name("test_fp8_cli.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
-FP8_CLI = _fp8_cli_test()
+FP8_CLI = load_sibling("test_fp8_cli")  # its batch run (`_generate`) and demo settings serve every weights mode
 
 
 def test_int8_weights_play_as_the_batch_run(copy_demo, tmp_path, capsys):

@@ -12,10 +12,8 @@ formulas written here (float32 and int32 maths, tiny, CPU; torch's CPU `_int_mm`
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,17 +25,10 @@ from lingbot_world.loaders.expert_loader import check_expert_keys, device_bytes,
 from lingbot_world.quant.nf4_format import nf4_linear_names
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
-
-def _fp8_test_module():
-    """tests/test_fp8_weights.py: its tiny Fast config and forward serve both stored kinds."""
-    spec = importlib.util.spec_from_file_location("_lingbot_test_fp8_weights",
-                                                  Path(__file__).with_name("test_fp8_weights.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
-FP8_TEST = _fp8_test_module()
+FP8_TEST = load_sibling("test_fp8_weights")  # its tiny Fast config and forward serve both stored kinds
 CFG, fast_forward, source_tensors = FP8_TEST.CFG, FP8_TEST.fast_forward, FP8_TEST.source_tensors
 LINEARS = nf4_linear_names(CFG.num_layers)
 

@@ -10,9 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,14 +27,9 @@ from lingbot_world.wan.dit import kv_fp8
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT
 
-def _load_fast_tiny():
-    spec = importlib.util.spec_from_file_location("fast_tiny", Path(__file__).with_name("fast_tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_sibling
 
-
-_tiny = _load_fast_tiny()
+_tiny = load_sibling("fast_tiny")
 TINY, LH, LW, FSL = _tiny.TINY, _tiny.LH, _tiny.LW, _tiny.FSL
 
 

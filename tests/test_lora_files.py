@@ -23,6 +23,8 @@ from lingbot_world.quant.lora import lora_scale
 from lingbot_world.quant.nf4 import nf4_linear_names
 from lingbot_world.wan.dit.model import DiTConfig
 
+from tests.conftest import load_sibling
+
 CFG = DiTConfig.tiny(dim=64, ffn_dim=128, num_heads=4, num_layers=2, text_dim=32)
 SHAPES = dit_weight_shapes(CFG)
 LINEARS = nf4_linear_names(CFG.num_layers)
@@ -99,14 +101,9 @@ def test_musubi_kohya_format_matches_diffusers_converter():
 def test_every_diffusers_linear_name_resolves_to_the_released_one():
     """Module names of diffusers' WanTransformer3DModel (built tiny) against tests/dit_key_map (the parity test's
     independent released->diffusers table)."""
-    import importlib.util
-    from pathlib import Path
-
     from diffusers import WanTransformer3DModel
 
-    spec = importlib.util.spec_from_file_location("dit_key_map", Path(__file__).with_name("dit_key_map.py"))
-    key_map = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(key_map)
+    key_map = load_sibling("dit_key_map")
     model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=36,
                                   out_channels=16, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2)
     resolver = KeyResolver(SHAPES)

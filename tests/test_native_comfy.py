@@ -10,24 +10,19 @@ runs the node itself with inductor (it compiled and matched on a CPU in about 3 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.comfyui
 
 
-def _helper():
-    spec = importlib.util.spec_from_file_location("comfyui_server", Path(__file__).with_name("comfyui_server.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-comfy = _helper()
+comfy = load_sibling("comfyui_server")
 if comfy.skip_reason():
     pytest.skip(comfy.skip_reason(), allow_module_level=True)
 

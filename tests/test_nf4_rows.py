@@ -1,9 +1,6 @@
 """NF4 weight -> FP8 / INT8 rows in one pass (quant/nf4_rows.py): the recipe equals bitsandbytes' dequantize
 followed by the row quantizer bit for bit, and the NF4 linears use the one-pass op where it is offered. The
 Triton kernel itself runs on a GPU only (tests/test_speed_cuda.py checks it against both)."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn as nn
@@ -13,9 +10,9 @@ import bitsandbytes.functional as bnbf
 from lingbot_world.quant import fp8, int8, nf4_rows
 from lingbot_world.quant.nf4 import NF4Linear, quantize_nf4
 
-_spec = importlib.util.spec_from_file_location("nf4_recipe", Path(__file__).with_name("nf4_recipe.py"))
-recipe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe)
+from tests.conftest import load_sibling
+
+recipe = load_sibling("nf4_recipe")
 
 QUANTIZERS = {"fp8": fp8.quantize_weight, "int8": int8.quantize_weight}
 

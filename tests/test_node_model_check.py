@@ -14,18 +14,10 @@ from lingbot_world.nodes.model import LingBotModelLoader
 from lingbot_world.nodes.text import LingBotTextEncode
 from lingbot_world.nodes.vae import LingBotVAELoader
 
-
-def _make_folder_paths():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("_lingbot_test_nodes", Path(__file__).with_name("test_nodes.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_folder_paths
+from tests.conftest import load_sibling
 
 
-make_folder_paths = _make_folder_paths()  # ComfyUI's folder_paths stand-in, shared with test_nodes.py
+make_folder_paths = load_sibling("test_nodes").make_folder_paths  # ComfyUI's folder_paths stand-in, as test_nodes.py
 
 
 @pytest.fixture

@@ -2,26 +2,19 @@
 with the stand-ins for ComfyUI of test_nodes.py / test_nodes_pipeline.py (loaded by path)."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_lingbot_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
-nodes_helpers = _load("test_nodes")
-pipeline_helpers = _load("test_nodes_pipeline")
+nodes_helpers = load_sibling("test_nodes")
+pipeline_helpers = load_sibling("test_nodes_pipeline")
 fake_folder_paths = nodes_helpers.fake_folder_paths  # the fixture, reused
 
 from lingbot_world.nodes.action import ACTION_STRING, CUSTOM_PATH, LingBotActions  # noqa: E402

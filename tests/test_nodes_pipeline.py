@@ -21,6 +21,8 @@ from lingbot_world.loaders.expert_loader import load_expert
 from lingbot_world.wan.dit.model import pad_context
 from lingbot_world.wan.sampling.sampler import ResidentExperts, SamplingSettings, make_noise, sample
 
+from tests.conftest import load_sibling
+
 H, W, FRAMES, STEPS = 32, 48, 9, 3
 
 
@@ -180,18 +182,7 @@ def make_comfy(base) -> dict[str, types.ModuleType]:
 
     return {"comfy": comfy, "comfy.model_management": mm, "comfy.model_patcher": mp, "comfy.utils": utils,
             "comfy.patcher_extension": ext, "comfy.latent_formats": lf, "latent_preview": preview,
-            "folder_paths": _declaration_tests().make_folder_paths(base)}
-
-
-def _declaration_tests():
-    """test_nodes.py's folder_paths stand-in, loaded by file path (tests are not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("_lingbot_test_nodes", Path(__file__).with_name("test_nodes.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+            "folder_paths": load_sibling("test_nodes").make_folder_paths(base)}  # test_nodes.py's stand-in
 
 
 @pytest.fixture(scope="module")

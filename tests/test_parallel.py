@@ -19,18 +19,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-DL = None
+from tests.conftest import load_sibling
 
 
 def _helpers():
-    global DL
-    if DL is None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("_lingbot_dist_launch", Path(__file__).with_name("dist_launch.py"))
-        DL = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(DL)
-    return DL, DL.load("dist_worker")
+    return load_sibling("dist_launch"), load_sibling("dist_worker")
 
 
 def _launch(world: int, folder: Path) -> tuple[dict, dict]:

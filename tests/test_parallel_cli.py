@@ -19,20 +19,13 @@ from PIL import Image
 
 from lingbot_world.cli import main
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.slow
 TIMEOUT = 240  # seconds for a whole launch on a busy 2-core machine (an idle one needs 10-20)
 
 
-def _launcher():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_lingbot_dist_launch", Path(__file__).with_name("dist_launch.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DL = _launcher()
+DL = load_sibling("dist_launch")
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import load_sibling
+
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 
 
 def _helpers():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_lingbot_dist_launch", Path(__file__).with_name("dist_launch.py"))
-    dl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dl)
-    return dl, dl.load("dist_worker")
+    return load_sibling("dist_launch"), load_sibling("dist_worker")
 
 
 def _frames(folder: Path) -> np.ndarray:

@@ -4,24 +4,17 @@ again returns the played keys as the node's action string, and "Free model and n
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_sibling
 
 pytestmark = pytest.mark.comfyui
 
 
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(file))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-comfy = _load("comfyui_server", "comfyui_server.py")
+comfy = load_sibling("comfyui_server")
 if comfy.skip_reason():
     pytest.skip(comfy.skip_reason(), allow_module_level=True)
 

@@ -4,25 +4,17 @@ presets (the player's "render this path" with Fast is that batch run: `generate 
 --actions <recorded>` with the player's seed, noise, window, sink and preset)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
+from tests.conftest import load_sibling
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-support = _load("test_player_support")
-server_tests = _load("test_player_server")  # its socket helpers (Tab, _restart); its tests are not collected here
+support = load_sibling("test_player_support")
+server_tests = load_sibling("test_player_server")  # its socket helpers (Tab, _restart); its tests aren't collected here
 KEYS = ("w-8", "wj-12", "d-6,dl-6", "none-12", "i-12")
 
 

@@ -9,25 +9,17 @@ session's thread."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 
 from lingbot_world.world.models import V1_FAST
 
-
-def _helpers():
-    spec = importlib.util.spec_from_file_location("_lingbot_test_fast_continue_nodes", Path(__file__).with_name(
-        "test_fast_continue_nodes.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_sibling
 
 
-C = _helpers()
+C = load_sibling("test_fast_continue_nodes")
 comfy = C.comfy
 demo_base = C.demo_base
 inputs = C.inputs

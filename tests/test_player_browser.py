@@ -4,24 +4,18 @@ tiny demo checkpoint, and the played clip equals the batch run of the recorded k
 decoder a chunk's preview is shown marked, then its real frames, and the page times both."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pytest
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.slow
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-support = _load("test_player_support")
+support = load_sibling("test_player_support")
 WAIT_MS = 300_000  # every wait ends on a condition in the page; this only bounds a hung run
 P = "window.lingbotPlayer"
 

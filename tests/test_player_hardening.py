@@ -4,7 +4,6 @@ messages, the render child's arguments and working folder, the loading page, the
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shlex
 import signal
@@ -15,17 +14,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.slow
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-support = _load("test_player_support")
+support = load_sibling("test_player_support")
 WAIT_S = 300.0
 BAD_LINES = ("Traceback", "Task was destroyed", "Event loop is closed", "Exception ignored")
 

@@ -5,24 +5,18 @@ connects later is shown a real frame; the exit summary and the --timings JSON ca
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.slow
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-support = _load("test_player_support")
+support = load_sibling("test_player_support")
 WAIT_S = 300.0  # bounds a hung run only: every wait ends on a message
 KEYS = ["w-8", "j-6,jw-6"]
 

@@ -3,7 +3,6 @@ the tiny demo checkpoint, CPU) driven over HTTP and its WebSocket with aiohttp's
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import io
 import json
 import shutil
@@ -14,17 +13,12 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tests.conftest import load_sibling
+
 pytestmark = pytest.mark.slow
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-support = _load("test_player_support")
+support = load_sibling("test_player_support")
 WAIT_S = 300.0  # a whole chunk or render on a busy CI machine; every wait ends on a message, not on a clock
 
 

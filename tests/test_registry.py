@@ -4,7 +4,6 @@ here runs through the CLI, a played session and the ComfyUI Fast nodes with no d
 equals its batch run bit for bit. The real entries are told from their files (never a folder name)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from dataclasses import replace
@@ -26,6 +25,8 @@ from lingbot_world.world import TextSettings, WorldFiles, WorldSettings, models,
 from lingbot_world.world.detect import identify
 from lingbot_world.world.models import (CAUSAL, CC_BY_NC_SA, V1_FAST, V2_14B, V2_1_3B, Demo, ModelEntry,
                                         ModelFiles)
+
+from tests.conftest import load_sibling
 
 IMAGE = "assets/examples/00/image.jpg"
 PROMPT = "a lake with a lone tree"
@@ -73,15 +74,7 @@ def test_a_fake_model_plays_as_its_batch_run_through_the_cli(fake, tmp_path):
     assert saved.model_name == fake.name and saved.recipe == fake.recipe
 
 
-def _pipeline_helpers():
-    spec = importlib.util.spec_from_file_location("_lingbot_test_pipeline_registry",
-                                                  Path(__file__).with_name("test_nodes_pipeline.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-P = _pipeline_helpers()
+P = load_sibling("test_nodes_pipeline")
 demo_base = P.demo_base
 comfy = P.comfy
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import load_sibling
+
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 CUDA = torch.device("cuda")
@@ -282,22 +284,12 @@ def test_nf4_row_kernel_is_bit_identical_to_dequantize_then_quantize(kind, shape
     q, s = nf4_rows.prepare(packed, state, dtype, kind)
     # the two passes the kernel replaces: bnb's dequantize, then the Triton row quantizer
     q2, s2 = rowwise_triton_weight(kind)(bnbf.dequantize_4bit(packed, state))
-    q3, s3 = _nf4_recipe().reference(packed, state, dtype, kind)
+    q3, s3 = load_sibling("nf4_recipe").reference(packed, state, dtype, kind)
     assert q.shape == q2.shape == shape and s.shape == s2.shape == (1, shape[0])
     for qr, sr in ((q2, s2), (q3, s3)):
         assert torch.equal(s, sr), f"{(s != sr).sum().item()} of {s.numel()} scales differ"
         codes, codes_ref = (q.view(torch.uint8), qr.view(torch.uint8)) if kind == "fp8" else (q, qr)
         assert torch.equal(codes, codes_ref), f"{(codes != codes_ref).sum().item()} of {q.numel()} codes differ"
-
-
-def _nf4_recipe():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("nf4_recipe", Path(__file__).with_name("nf4_recipe.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def rowwise_triton_weight(kind):

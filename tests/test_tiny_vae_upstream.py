@@ -4,7 +4,6 @@ repository). The file's contents, not its name, decide which latents it takes.""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,12 @@ from safetensors.torch import load_file, save_file
 from lingbot_world.loaders.tiny_vae_files import check_tiny_decoder_file, load_tiny_decoder
 from lingbot_world.wan.vae.tiny import TinyConfig, TinyDecoder, TinyStreamingDecoder
 
+from tests.conftest import load_sibling
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tiny_vae"
 
 
-def _maker():
-    spec = importlib.util.spec_from_file_location("tiny_vae_make_fixtures", FIXTURES / "make_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make = _maker()
+make = load_sibling("fixtures/tiny_vae/make_fixtures")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ DiT: upstream rotates q/k in float64, we in float32; its per-token time embeddin
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -31,18 +30,13 @@ from lingbot_world.wan.i2v import first_frame_mask
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, fast_frames, fast_schedule, make_generator
 from lingbot_world.wan.sampling.unipc import flow_timesteps
 
+from tests.conftest import load_sibling
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "v2"
 V2_STEPS = (0, 250, 500, 750)
 
 
-def _tiny():
-    spec = importlib.util.spec_from_file_location("v2_tiny_model", FIXTURES / "tiny_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tiny = _tiny()
+tiny = load_sibling("fixtures/v2/tiny_model")
 CFG = DiTConfig(dim=tiny.DIM, ffn_dim=tiny.FFN, freq_dim=tiny.FREQ_DIM, num_heads=tiny.HEADS, num_layers=tiny.LAYERS,
                 text_dim=tiny.TEXT_DIM, text_len=tiny.TEXT_LEN, causal=True)
 FSL = tiny.FRAME_TOKENS
