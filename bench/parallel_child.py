@@ -187,7 +187,7 @@ def child_fast(spec: dict) -> dict:
     from ..wan.sampling.fast_sampler import FastRun, draw, fast_frames, make_generator
     from ..speed.vae_norm import decoder_norm_silu
     from ..wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
-    from .bench_fast import fast_inputs
+    from .fast_child import fast_inputs
     from .bench_models import spec_recipe
 
     session = _session(spec)
