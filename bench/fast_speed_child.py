@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_fast import child_start, fast_inputs
+from .fast_child import child_start, fast_inputs
 from .bench_models import spec_recipe
 from .bench_pipeline import sync
 from .common import peak_rss_bytes
@@ -150,7 +150,7 @@ def child_case(spec: dict) -> dict:
         del warm
         cache.global_end = cache.local_end = 0
         if spec.get("profile"):
-            from .bench_fast import profile_chunk
+            from .fast_child import profile_chunk
 
             out["profile"] = profile_chunk(new_run(), device, host_gaps=spec.get("host_gaps", False))
             return out

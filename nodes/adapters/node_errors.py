@@ -2,7 +2,7 @@
 
 The layers below speak to the CLI ("run it with --model fast", "--camera-cache host"); inside ComfyUI the same fact
 is a node or a widget. And ComfyUI names an error by its class's module, which for a custom node is the pack's file
-path ("/home/me/ComfyUI/custom_nodes/ComfyUI-LingBot-World.loaders.expert_format.ExpertLoadError"). `node_door` wraps
+path ("/home/me/ComfyUI/custom_nodes/ComfyUI-LingBot-World.loaders.expert_config.ExpertLoadError"). `node_door` wraps
 each node's function once, at registration, so every node's error reaches the UI with the message in node words and
 a type name without a path ("ValueError", "LingBot-World.ExpertLoadError"); it stays an instance of its class. ComfyUI's interrupt and
 anything that is not an `Exception` pass through untouched.

@@ -53,7 +53,7 @@ class DiTConfig:
     patch_size: tuple = (1, 2, 2)
     eps: float = 1e-6
     # Input width of patch_embedding_wancamctrl: 1536 (6-channel Plücker camera) or 1792 (Act: 7 channels).
-    # The release's config.json does not carry it; loaders/expert_format.py reads it from the weights.
+    # The release's config.json does not carry it; loaders/expert_config.py reads it from the weights.
     control_in: int = 6 * PIXELS_PER_CELL * 4
     # Fast (causal) model: run chunk by chunk with a K/V cache. local_attn_size / sink_size are the release
     # config's values (latent frames; -1 = no window), kept for round trips; the released pipeline never evicts.
