@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .bench_e2e import build_shared_files
 from .bench_models import add_model_argument, parse_model
-from .bench_pipeline import write_random_experts
+from .expert_files import write_random_experts
 from .common import SmiPoller, machine_info, write_json
 
 MODULE = __spec__.name if __spec__ is not None else __name__

@@ -80,7 +80,8 @@ def build_shared_files(folder: Path, tiny: bool, device: str) -> dict:
 def build_files(workdir: Path, tiny: bool, device: str) -> dict:
     """Reused when present (config.json of the experts matches; the other files exist)."""
     from ..wan.dit.model import DiTConfig
-    from .bench_pipeline import bench_config, write_random_experts
+    from .pipeline_setup import bench_config
+    from .expert_files import write_random_experts
 
     t0 = time.perf_counter()
     base = bench_config(tiny)

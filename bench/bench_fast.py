@@ -26,7 +26,7 @@ resident, seconds per 70-step-schedule step (CFG cond + uncond) from a warm-up a
 extrapolated to 70 steps (+ one expert switch from the pipeline benchmark, --switch-seconds).
 
 fast480_profile (not in the default list): fast480_24 up to its middle chunk, that chunk (4 steps + the context
-pass) under torch.profiler: device time by kernel category (bench_speed.profile_split), the top 15 operators by
+pass) under torch.profiler: device time by kernel category (speed_profile.profile_split), the top 15 operators by
 device time and by CPU time, and the unprofiled wall time of the chunks on either side, to tell whether the Fast
 forward (4,680 query tokens per call at 480x832) keeps the GPU busy or waits for the CPU.
 """
@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 
 from ..wan.dit.model import DiTConfig
-from .bench_pipeline import bench_config, random_experts
+from .pipeline_setup import bench_config
+from .expert_files import random_experts
 from .common import (
     CaseLoop,
     add_case_arguments,

@@ -104,7 +104,7 @@ import torch
 
 from ..quant.lowp_kinds import LOWP_WEIGHTS
 from .bench_models import BenchModel, add_model_argument, parse_model
-from .bench_pipeline import PACKAGE, random_experts
+from .expert_files import PACKAGE, random_experts
 from .common import (
     CaseLoop,
     add_case_arguments,

@@ -97,7 +97,7 @@ def bench_model(name: str = DEFAULT_MODEL, tiny: bool = False) -> BenchModel:
                          f"{', '.join(model_names())}")
     chunk = entry.recipe.chunk_frames
     if tiny:
-        from .bench_pipeline import bench_config
+        from .pipeline_setup import bench_config
 
         window, sink = TINY_WINDOW[chunk]
         return BenchModel(entry, True, replace(bench_config(True), causal=True), window, sink, TINY_CHUNKS,

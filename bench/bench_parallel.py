@@ -52,7 +52,8 @@ from typing import Optional
 import torch
 
 from ..wan.dit.model import DiTConfig
-from .bench_pipeline import bench_config, random_experts
+from .pipeline_setup import bench_config
+from .expert_files import random_experts
 from .common import CaseLoop, add_case_arguments, case_ok, child_main, parse_cases, run_case_child
 from .parallel_child import CHILDREN
 

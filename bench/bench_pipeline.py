@@ -29,11 +29,11 @@ import torch
 from ..wan.dit.model import DiTConfig
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
 from .common import CaseLoop, add_case_arguments, child_main, parse_cases, run_case_child, tiny_children
-from .expert_files import PACKAGE, expert_paths, random_experts, write_random_experts  # noqa: F401  (the drivers')
+from .expert_files import expert_paths, random_experts
 from .pipeline_cases import CASES, DEFAULT_CASES, TINY_VIDEO, V480
-from .pipeline_child import CHILDREN, timed_forwards  # noqa: F401  (timed_forwards: bench_fast's)
+from .pipeline_child import CHILDREN
 from .pipeline_report import check_targets, print_report, summarize
-from .pipeline_setup import apply_cap, bench_config, make_inputs, schedule, sync  # noqa: F401  (the drivers')
+from .pipeline_setup import bench_config
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)
 

@@ -54,7 +54,8 @@ import torch
 
 from ..speed.levers import plan_levers
 from .bench_models import BenchModel, add_model_argument, parse_bench_size, parse_model
-from .bench_pipeline import apply_cap, sync, write_random_experts
+from .pipeline_setup import apply_cap, sync
+from .expert_files import write_random_experts
 from .common import SmiPoller, machine_info, rss_bytes, tiny_children, write_json
 
 GiB = 1024**3

@@ -51,7 +51,6 @@ from .pipeline_cases import V480
 from .pipeline_setup import bench_config
 from .speed_cases import CASES, DEFAULT_CASES, FORWARD, REFERENCE, SMALL_VIDEO, TINY_SMALL_VIDEO, TINY_VIDEO
 from .speed_child import CHILDREN
-from .speed_profile import compute_stream_gaps, profile_split  # noqa: F401  (bench_fast's, the tests')
 from .speed_report import check_targets, errors_vs_reference, print_report, summarize
 
 MODULE = __spec__.name if __spec__ is not None else __name__  # the name this file runs under (`-m`)

@@ -13,7 +13,8 @@ import torch
 
 from ..wan.dit.model import DiTConfig
 from .bench_models import spec_recipe
-from .bench_pipeline import apply_cap, sync, timed_forwards
+from .pipeline_setup import apply_cap, sync
+from .pipeline_child import timed_forwards
 from .common import peak_rss_bytes, rss_bytes
 
 PROFILE_TOP_OPS = 15
@@ -176,7 +177,7 @@ def profile_chunk(run, device: torch.device, host_gaps: bool = False) -> dict:
     """Profile the middle chunk of `run` (its 4 steps and the context pass: one `next_chunk()`), after the chunks
     before it, and time the chunks on either side without the profiler: the chunk's wall time where the profiler's
     own CPU cost is absent. Device time well below that wall means the GPU waits for the CPU (launch-bound)."""
-    from .bench_speed import profile_split
+    from .speed_profile import profile_split
 
     mid = run.chunks // 2
     walls: dict = {}
@@ -205,7 +206,7 @@ def _timed_chunk(run, device: torch.device, walls: dict) -> None:
 def child_base(spec: dict) -> dict:
     """One base expert resident: s/step of the 70-step schedule (CFG cond + uncond) at the Fast cases' size."""
     from ..loaders.expert_loader import load_expert
-    from .bench_pipeline import make_inputs
+    from .pipeline_setup import make_inputs
 
     device = torch.device(spec["device"])
     out: dict = {"cap_bytes": apply_cap(device, spec.get("cap_gib"), spec["context_gib"])}

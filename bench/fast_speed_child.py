@@ -10,7 +10,7 @@ import torch
 
 from .fast_child import child_start, fast_inputs
 from .bench_models import spec_recipe
-from .bench_pipeline import sync
+from .pipeline_setup import sync
 from .common import peak_rss_bytes
 
 WARM_CHUNKS = 2

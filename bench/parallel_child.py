@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..wan.dit.model import DiTConfig
-from .bench_pipeline import make_inputs, schedule, sync
+from .pipeline_setup import make_inputs, schedule, sync
 from .common import peak_rss_bytes
 
 ISSUE_CAP_GIB, ISSUE_WARM_CHUNKS = 24, 2
@@ -196,7 +196,7 @@ def child_fast(spec: dict) -> dict:
     issue = bool(spec.get("issue"))
     try:
         if issue and cuda:
-            from .bench_pipeline import apply_cap
+            from .pipeline_setup import apply_cap
 
             apply_cap(device, ISSUE_CAP_GIB, spec.get("context_gib", 0.5))
         cfg = DiTConfig.from_json(spec["fast_config"])

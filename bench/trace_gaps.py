@@ -8,7 +8,7 @@ of `torch.profiler` run with `with_stack=True`:
   went idle (the innermost frames say which code kept the host busy);
 - a gap whose next kernel was already launched is a **wait** on another stream (an event: a K/V or weight upload).
 
-`compute_stream` and `idle_gaps` find the busiest stream and walk its kernels' gaps; bench_speed.compute_stream_gaps
+`compute_stream` and `idle_gaps` find the busiest stream and walk its kernels' gaps; speed_profile.compute_stream_gaps
 (gaps by size, from the profiler's events) uses them too.
 
     trace = json.load(open("chunk.trace.json"))

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lingbot_world.bench import bench_fast, bench_parallel, bench_pipeline, bench_speed
+from lingbot_world.bench import bench_fast, bench_parallel, bench_pipeline, bench_speed, speed_profile
 from lingbot_world.bench.common import CaseLoop, add_case_arguments, child_main, parse_cases, run_case_child
 
 CASES = {"a": {}, "b": {}, "c": {}}
@@ -295,14 +295,14 @@ def test_compute_stream_gaps_bins_the_idle_time_of_the_busiest_stream():
               kernel(9, 0, 50), kernel(9, 400, 1290, key="Memcpy HtoD (Pinned -> Device)"),
               SimpleNamespace(device_type="DeviceType.CPU", key="aten::mm", device_resource_id=1,
                               time_range=SimpleNamespace(start=0, end=5000))]
-    g = bench_speed.compute_stream_gaps(events)
+    g = speed_profile.compute_stream_gaps(events)
     assert g["stream"] == 7 and g["kernels"] == 5 and g["gaps"] == 3
     assert g["span_s"] == pytest.approx(1400e-6) and g["busy_s"] == pytest.approx(365e-6)
     assert g["idle_s"] == pytest.approx(1035e-6)
     assert g["idle_by_gap"] == {"0-10us": pytest.approx(5e-6), "10-50us": pytest.approx(30e-6),
                                 "50-500us": 0.0, "500-infus": pytest.approx(1000e-6)}
     assert g["idle_ending_with_a_copy_s"] == pytest.approx(1000e-6)  # the 1000 us gap ends 10 us after the copy
-    assert bench_speed.compute_stream_gaps([]) == {}
+    assert speed_profile.compute_stream_gaps([]) == {}
 
 
 def test_host_gap_sources_charges_host_bound_gaps_to_the_package_frames_the_host_was_in():
