@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -182,20 +183,11 @@ class BlockGraphs:
         y = torch.randn(1, cfg.in_dim - cfg.out_dim, 1, h, w, generator=g).to(device)
         cam = torch.randn(1, cfg.camera_in // math.prod(cfg.patch_size), 1, h, w, generator=g).to(device)
         ctx = torch.randn(1, 4, cfg.text_dim, generator=g).to(device)
+        # a scratch cache that never rolls: this forward's blocks run uncaptured, through the model's own loop
         cache = KVCache.allocate(cfg.num_layers, 35, cfg.num_heads, cfg.head_dim, dtype=model.dtype_for_compute(),
                                  device=device)
-        own = [b.ops for b in model.blocks]
-        runner, model.block_runner = model.block_runner, None
-        try:
-            for b in model.blocks:
-                b.ops = self.ops
-            with torch.no_grad():
-                model(x, torch.tensor([999], device=device), ctx, y, camera=cam, kv_cache=cache)
-        finally:
-            for b, ops in zip(model.blocks, own):
-                b.ops = ops
-            model.block_runner = runner
-            del cache
+        with _phases(model.blocks, self.ops), torch.no_grad():
+            model(x, torch.tensor([999], device=device), ctx, y, camera=cam, kv_cache=cache)
 
     def stats(self) -> dict:
         return {"graphed_forwards": self.graphed_forwards, "captures": self.captures, "replays": self.replays,
@@ -321,10 +313,19 @@ class UncapturedForward:
 
 def _run_block(block, ops, x, e0, cam, rope, dtype, kv) -> torch.Tensor:
     """block's forward over one causal chunk with the per-token phases `ops` (None: the block's own)."""
-    own = block.ops
-    if ops is not None:
-        block.ops = ops
-    try:
+    with _phases([block], ops):
         return block.forward_layered([x], [e0], [None], cam, rope, dtype, inplace=True, kv=kv, film=None)[0]
+
+
+@contextmanager
+def _phases(blocks, ops):
+    """The blocks run the per-token phases `ops` (None: their own) inside the `with`, their own again after."""
+    own = [b.ops for b in blocks]
+    if ops is not None:
+        for b in blocks:
+            b.ops = ops
+    try:
+        yield
     finally:
-        block.ops = own
+        for b, phases in zip(blocks, own):
+            b.ops = phases
