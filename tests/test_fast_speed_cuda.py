@@ -75,6 +75,25 @@ def _chunks(model, cfg, plan, latent_frames=6, film=None):
     return first[0], latent
 
 
+def _rolling_window_run(model, cfg, seed: int, **run_options):
+    """The latents of an 18-frame FastRun (6 chunks) over a 6-frame window with a 1-frame sink, so the window rolls
+    from chunk 2 on; inputs from `seed`, noise from seed 11."""
+    from lingbot_world.wan.dit.kv_cache import cache_layout
+    from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
+
+    frames = 18
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    y = torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g, device=CUDA)
+    cam = torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g, device=CUDA).bfloat16()
+    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g, device=CUDA).bfloat16()
+    layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=6, sink_frames=1)
+    cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
+    gen = make_generator(11, "cuda")
+    noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
+    with torch.inference_mode():
+        return FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN, **run_options).run()
+
+
 def test_auto_preset_compiled_chunks_match_eager():
     from lingbot_world.speed import compile as compile_mod
     from lingbot_world.speed.presets import resolve_preset
@@ -145,8 +164,6 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
     from lingbot_world.speed import compile as compile_mod
     from lingbot_world.speed.options import GRAPHS_ENV, apply_speed
     from lingbot_world.speed.presets import resolve_preset
-    from lingbot_world.wan.dit.kv_cache import cache_layout
-    from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 
     if compile_mod.unavailable_reason(CUDA):
         pytest.skip(compile_mod.unavailable_reason(CUDA))
@@ -155,21 +172,10 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
         if hasattr(m, "lowp_min_rows"):
             m.lowp_min_rows = 64  # the tiny chunk's 72 tokens take the low-precision path under `fast`
     plan = resolve_preset(preset, CUDA, explicit={"compile": "blocks"})
-    frames = 18
-    g = torch.Generator(device=CUDA).manual_seed(5)
-    y = torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g, device=CUDA)
-    cam = torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g, device=CUDA).bfloat16()
-    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g, device=CUDA).bfloat16()
-    layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=6, sink_frames=1)
 
     def run():
         apply_speed(model, plan)
-        cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
-        gen = make_generator(11, "cuda")
-        noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
-        with torch.inference_mode():
-            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN, **plan.fast_run_options(V1_FAST.recipe)).run()
-        return latent, model.block_runner
+        return _rolling_window_run(model, cfg, 5, **plan.fast_run_options(V1_FAST.recipe)), model.block_runner
 
     monkeypatch.setenv(GRAPHS_ENV, "0")  # unset, a model this narrow would replay graphs by default
     eager, none = run()
@@ -188,28 +194,16 @@ def test_compile_graphs_builds_at_load_and_compiles_only_the_rolled_forwards(mon
     the rolled ones replay graphs of the compiled phases, within 1e-3 of eager."""
     from lingbot_world.speed import compile as compile_mod
     from lingbot_world.speed.options import GRAPHS_ENV, SpeedPlan, apply_speed
-    from lingbot_world.wan.dit.kv_cache import cache_layout
-    from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 
     if compile_mod.unavailable_reason(CUDA):
         pytest.skip(compile_mod.unavailable_reason(CUDA))
     cfg, model = _causal_nf4_model(3)
-    frames = 18
-    g = torch.Generator(device=CUDA).manual_seed(6)
-    y = torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g, device=CUDA)
-    cam = torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g, device=CUDA).bfloat16()
-    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, generator=g, device=CUDA).bfloat16()
-    layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=6, sink_frames=1)
     monkeypatch.setenv(GRAPHS_ENV, "1")
 
     def run(compile_choice):
         apply_speed(model, SpeedPlan(compile_choice, "bf16", "sdpa", "cuda", strict_compile=True))
         compiled_before = compile_mod.STATS.compiling_calls
-        cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
-        gen = make_generator(11, "cuda")
-        noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
-        with torch.inference_mode():
-            latent = FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN).run()
+        latent = _rolling_window_run(model, cfg, 6)
         return latent, model.block_runner, compile_mod.STATS.compiling_calls - compiled_before
 
     eager, _, _ = run("off")
