@@ -130,6 +130,14 @@ CASES: dict[str, dict] = {
     "auto_rolling_as_played_overlap": dict(preset="auto", chunks=16, levers=dict(decode_overlap=True),
                                            reference="exact_rolling"),
     "draft_rolling_steps2_tiny_vae_as_played": dict(preset="draft", levers=dict(steps=2), tiny_vae=True, chunks=16),
+    # the camera FiLM kept per chunk under the CUDA graphs (a graph that keeps it, one that reads it) against
+    # computed at every call: the same latents (error 0), the time it saves; and the profile against the floor
+    "exact_rolling_no_film": dict(preset="exact", chunks=16, film=False, reference="exact_rolling"),
+    "auto_rolling_as_played_no_film": dict(preset="auto", chunks=16, film=False, reference="auto_rolling_as_played"),
+    "auto_rolling_as_played_profile": dict(preset="auto", chunks=16, profile=True),
+    "draft_rolling_steps2_tiny_vae_as_played_no_film": dict(preset="draft", levers=dict(steps=2), tiny_vae=True,
+                                                            chunks=16, film=False,
+                                                            reference="draft_rolling_steps2_tiny_vae_as_played"),
     # the v2 1.3B's exact and auto levers (issue 48): the decode on a side stream beside the next chunk's DiT (the
     # same frames, later), and auto's compiled per-token work replayed from CUDA graphs, with and without it
     "exact_rolling_overlap": dict(preset="exact", chunks=16, levers=dict(decode_overlap=True),

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..wan.dit.blocks import DEFAULT_TOKEN_CHUNK
-from ..wan.dit.film_cache import FilmCache
+from ..wan.dit.film_cache import DeviceFilmStore, FilmCache
 from ..wan.dit.kv_cache import CacheLayout
 from .film_stream import HostFilmStore
 from .kv_stream import host_indices
@@ -41,20 +41,23 @@ class FastMemoryPlan:
     def num_layers(self) -> int:
         return int(self.estimates.get("num_layers", 0))
 
-    def make_film(self, device=None, host_store: Optional[HostFilmStore] = None) -> Optional[FilmCache]:
+    def make_film(self, device=None, host_store: Optional[HostFilmStore] = None,
+                  device_store: Optional[DeviceFilmStore] = None) -> Optional[FilmCache]:
         """The camera FiLM cache of this plan (None: every call computes it); the run closes it. Blocks kept in
         pinned RAM go to `host_store` when given (a store that outlives the cache: its host buffers are pinned
-        once for every chunk), else to a store of their own on `device`."""
+        once for every chunk), else to a store of their own on `device`; the device's blocks likewise go to
+        `device_store` when given (its tensors serve every chunk: CUDA graphs replay over their addresses)."""
         if not self.film_blocks and not self.film_host_blocks:
             return None
         device_blocks = range(self.film_blocks)
         if not self.film_host_blocks:
-            return FilmCache(device_blocks=device_blocks)
+            return FilmCache(device_blocks=device_blocks, device_store=device_store)
         if host_store is None and device is None:
             raise ValueError("this plan keeps camera FiLM in host RAM: make_film needs the device or a host store")
         host_blocks = range(self.film_blocks, self.film_blocks + self.film_host_blocks)
         return FilmCache(device_blocks=device_blocks, host_blocks=host_blocks,
-                         host_store=host_store or self.make_film_store(device), own_host_store=host_store is None)
+                         host_store=host_store or self.make_film_store(device), own_host_store=host_store is None,
+                         device_store=device_store)
 
     def make_film_store(self, device) -> Optional[HostFilmStore]:
         """The pinned store of the host-kept FiLM blocks (None: the plan keeps none there), for a caller that keeps

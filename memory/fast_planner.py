@@ -104,9 +104,9 @@ def plan_fast_memory(
     vram_free=None means the CPU computes: the model and the whole cache live in host RAM (no device budget; the
     plan says so, like the experts' planner). seq_parallel N (parallel/ulysses.py): this rank caches H/N heads and
     computes 1/N of each chunk's tokens. graphs: the blocks replay CUDA graphs once a window rolls (their pool is
-    counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks; the
-    CUDA graphs replay blocks without one, so graphs turn it off too). film_host=False: only the blocks whose FiLM
-    fits on the device keep it (A/B benchmarks); else the others keep theirs in pinned RAM when it has room beside
+    counted when the layout has a rolling window). camera_film=False: no camera FiLM cache (A/B benchmarks).
+    film_host=False: only the blocks whose FiLM fits on the device keep it (A/B benchmarks; and with graphs, which
+    replay over the device's values); else the others keep theirs in pinned RAM when it has room beside
     everything else pinned and RAM_RESERVE. kv_fp8 (the `fast` and `draft` presets' lever): the cache holds
     FP8-rounded K/V; its layers in RAM take half the bytes (codes and one exponent per token and head) and stream
     through one more device buffer of that size, where they are decoded. When RAM is short (the layers left for
@@ -139,7 +139,8 @@ def plan_fast_memory(
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
     whole_cache = n_layers * layer
     cpu = vram_free is None
-    film_on = camera and camera_film and not graphs
+    film_on = camera and camera_film
+    film_host = film_host and not graphs  # the graphs replay over FiLM kept on the device only
     # one block's FiLM for this rank's tokens of a chunk
     film = film_block_bytes((chunk_pixels, height, width), cfg, compute_bytes, seq_parallel) if film_on else 0
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,

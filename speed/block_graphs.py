@@ -21,9 +21,12 @@ How:
 - What changes between forwards (block 0's tokens, the time modulation, the camera tokens, the RoPE tables) is
   copied into static tensors the graphs read. Block 0 writes the float32 residual stream, which the later blocks
   update in place, as eager does.
+- With a camera FiLM cache on the device (wan/dit/film_cache.py; its store keeps the same tensors chunk after
+  chunk), a block has two graphs: one that computes its FiLM and keeps it (a chunk's first call), one that reads
+  it (the chunk's later calls), so the camera's GEMMs run once per chunk as in the eager path.
 - Each block's graph is keyed by the address of everything it reads outside those statics: its input, weights
   (a block streamed through the block-swap ring sits in one of two buffers), its cache layer's K/V (a streamed
-  cache layer sits in a ring buffer) and text K/V. A new address set captures another graph of that block (up to
+  cache layer sits in a ring buffer), text K/V and kept FiLM. A new address set captures another graph of that block (up to
   four are kept: with an odd number of streamed cache layers a layer alternates between the ring's two buffers
   from one forward to the next): a replay reads whatever its addresses hold now, which is right only while they
   are the same tensors.
@@ -86,16 +89,20 @@ class _Captured:
 class _Statics:
     """The static copies of a forward's per-call inputs that every block's graph reads."""
 
-    def __init__(self, x: torch.Tensor, e0: torch.Tensor, cam: Optional[torch.Tensor], rope: tuple):
+    def __init__(self, x: torch.Tensor, e0: torch.Tensor, rope: tuple):
         self.x = torch.empty_like(x)
         self.e0 = torch.empty_like(e0)
-        self.cam = None if cam is None else torch.empty_like(cam)
+        self.cam: Optional[torch.Tensor] = None  # made by the first forward with camera tokens
         self.rope = (torch.empty_like(rope[0]), torch.empty_like(rope[1]))
 
     def load(self, x: torch.Tensor, e0: torch.Tensor, cam: Optional[torch.Tensor], rope: tuple) -> None:
         self.x.copy_(x)
         self.e0.copy_(e0)
         if cam is not None:
+            # With a FiLM cache only a chunk's first forward has camera tokens (the later ones read its FiLM);
+            # the graphs that compute the FiLM read this tensor, so it is made once and kept.
+            if self.cam is None:
+                self.cam = torch.empty_like(cam)
             self.cam.copy_(cam)
         self.rope[0].copy_(rope[0])
         self.rope[1].copy_(rope[1])
@@ -213,14 +220,15 @@ class BlockGraphs:
                 return None if self.ops is None else UncapturedForward(self.ops, dtype, hs[0], e0s[0], cam, rope)
             self.reset()
             self.shape_key = key
-            self.statics = _Statics(hs[0], e0s[0], cam, rope)
+            self.statics = _Statics(hs[0], e0s[0], rope)
         self.statics.load(hs[0], e0s[0], cam, rope)
         self.graphed_forwards += 1
         return GraphedForward(self, kv_cache, dtype)
 
     def _shape_key(self, model, kv_cache, hs, e0s, ctxs, cam, rope, film, dtype) -> Optional[tuple]:
         """The forward's shape when its blocks may replay graphs, else None."""
-        if (kv_cache is None or len(hs) != 1 or film is not None or getattr(model, "seq_parallel", None) is not None
+        if (kv_cache is None or len(hs) != 1 or getattr(film, "host_blocks", None)
+                or getattr(model, "seq_parallel", None) is not None
                 or torch.is_grad_enabled() or hs[0].device != self.device or ctxs[0] is not None
                 or not kv_cache.text_ready):
             return None
@@ -231,7 +239,10 @@ class BlockGraphs:
         if any(getattr(m, "lora", None) is not None for m in model.blocks.modules()):
             return None
         return (id(model), plan.write_start, plan.write_end, plan.attend_start, plan.tokens, dtype,
-                torch.is_inference_mode_enabled(), _signature(hs[0]), _signature(e0s[0]), _signature(cam),
+                # with a FiLM cache a forward has camera tokens or not (the chunk's first call or a later one):
+                # the same shape, each block's graph for the FiLM it computes or reads (GraphedForward.run)
+                torch.is_inference_mode_enabled(), _signature(hs[0]), _signature(e0s[0]),
+                "film" if film is not None else _signature(cam),
                 _signature(rope[0]), _signature(rope[1]))
 
     def disable(self, reason: str) -> None:
@@ -248,38 +259,44 @@ class GraphedForward:
         self.statics = graphs.statics  # kept for this forward even if a failed capture drops the graphs'
         self.x = self.statics.x
 
-    def run(self, i: int, block: torch.nn.Module, kv) -> list:
+    def run(self, i: int, block: torch.nn.Module, kv, film=None) -> list:
+        """film: the block's layer of the camera FiLM cache (None: it computes its FiLM from the camera tokens).
+        Its graph computes and keeps the FiLM (a chunk's first call) or reads it (the later ones): two graphs."""
         g = self.graphs
         if g.disabled is None:
-            fp = self._fingerprint(i, block)
+            wrote = film is not None and not film.ready
+            fp = self._fingerprint(i, block, film)
             entry = g.graphs.get(i, {}).get(fp)
             if entry is not None:
                 entry.replay()
                 g.replays += 1
+                if film is not None:
+                    film.replayed(wrote)
             else:
-                entry = self._capture(i, block, kv, fp)
+                entry = self._capture(i, block, kv, film, fp)
             if entry is not None:
                 self.x = entry.out
                 return [self.x]
-        self.x = self._eager(block, kv, self.x)
+        self.x = self._eager(block, kv, film, self.x)
         return [self.x]
 
-    def _eager(self, block, kv, x: torch.Tensor) -> torch.Tensor:
+    def _eager(self, block, kv, film, x: torch.Tensor) -> torch.Tensor:
         s = self.statics
-        return _run_block(block, self.graphs.ops, x, s.e0, s.cam, s.rope, self.dtype, kv)
+        return _run_block(block, self.graphs.ops, x, s.e0, s.cam, s.rope, self.dtype, kv, film)
 
-    def _fingerprint(self, i: int, block) -> tuple:
+    def _fingerprint(self, i: int, block, film) -> tuple:
         c = self.kv_cache
         text = c.text_kv[i]
+        kept = () if film is None else (film.ready, *(t.data_ptr() for t in film.cache.store_of(i).read(i)))
         return (self.x.data_ptr(), c.k[i].data_ptr(), c.v[i].data_ptr(), text[0].data_ptr(), text[1].data_ptr(),
-                *block_fingerprint(block))
+                kept, *block_fingerprint(block))
 
-    def _capture(self, i: int, block, kv, fp: tuple) -> Optional[_Captured]:
+    def _capture(self, i: int, block, kv, film, fp: tuple) -> Optional[_Captured]:
         g = self.graphs
         backend = g.backend
         x = self.x  # the graph reads this address on every replay: block 0's static input, then the residual
         try:
-            replay, out = backend.capture(lambda: self._eager(block, kv, x))
+            replay, out = backend.capture(lambda: self._eager(block, kv, film, x))
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to the same maths, eagerly
             g.disable(f"capturing block {i} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
@@ -306,15 +323,16 @@ class UncapturedForward:
                  rope: tuple):
         self.ops, self.dtype, self.x, self.e0, self.cam, self.rope = ops, dtype, x, e0, cam, rope
 
-    def run(self, i: int, block: torch.nn.Module, kv) -> list:
-        self.x = _run_block(block, self.ops, self.x, self.e0, self.cam, self.rope, self.dtype, kv)
+    def run(self, i: int, block: torch.nn.Module, kv, film=None) -> list:
+        self.x = _run_block(block, self.ops, self.x, self.e0, self.cam, self.rope, self.dtype, kv, film)
         return [self.x]
 
 
-def _run_block(block, ops, x, e0, cam, rope, dtype, kv) -> torch.Tensor:
-    """block's forward over one causal chunk with the per-token phases `ops` (None: the block's own)."""
+def _run_block(block, ops, x, e0, cam, rope, dtype, kv, film) -> torch.Tensor:
+    """block's forward over one causal chunk with the per-token phases `ops` (None: the block's own) and its layer
+    of the camera FiLM cache (None: none)."""
     with _phases([block], ops):
-        return block.forward_layered([x], [e0], [None], cam, rope, dtype, inplace=True, kv=kv, film=None)[0]
+        return block.forward_layered([x], [e0], [None], cam, rope, dtype, inplace=True, kv=kv, film=film)[0]
 
 
 @contextmanager

@@ -68,16 +68,19 @@ def window_cache(window_frames: int = 6, sink_frames: int = 0) -> KVCache:
                             sink_tokens=sink_frames * FSL, evict=True)
 
 
-def play(model, cache, frames: int = 18, seed: int = 0, between=None) -> list[torch.Tensor]:
-    """Chunk after chunk, each with its denoising calls and the context pass; every model output, in order."""
+def play(model, cache, frames: int = 18, seed: int = 0, between=None, film=None) -> list[torch.Tensor]:
+    """Chunk after chunk, each with its denoising calls and the context pass; every model output, in order.
+    film: a camera FiLM cache handed to every call (a chunk's calls share one camera tensor, as the sampler's)."""
     x, y, cam, ctx = video(frames, seed)
     outs = []
     with torch.inference_mode():
         for chunk, s in enumerate(range(0, frames, 3)):
+            sl = slice(s, s + 3)
+            camera = cam[:, :, sl]
             for j, t in enumerate(STEPS):
-                sl = slice(s, s + 3)
-                outs.append(model(x[:, :, sl] * (1 + j), torch.tensor([t]), ctx, y[:, :, sl], camera=cam[:, :, sl],
-                                  kv_cache=cache, start_frame=s, cache_final=t == 0))
+                outs.append(model(x[:, :, sl] * (1 + j), torch.tensor([t]), ctx, y[:, :, sl], camera=camera,
+                                  kv_cache=cache, start_frame=s, cache_final=t == 0,
+                                  **({} if film is None else {"film": film})))
             if between is not None:
                 between(chunk, cache)
     return outs
@@ -255,3 +258,25 @@ def test_build_runs_the_graphs_phases_once_at_load_and_leaves_the_model_as_it_wa
     finally:
         model.before_block = None
     assert streamed.ops.calls == 0
+
+
+def test_a_kept_camera_film_gives_each_block_a_graph_that_keeps_it_and_one_that_reads_it(model):
+    """With the camera FiLM kept on the device (its store's tensors the same every chunk), a chunk's first call
+    replays a graph that computes and keeps each block's FiLM, its later calls one that reads it: two graphs per
+    block, captured once, and the outputs of the run that computes the FiLM at every call, bit for bit. The block
+    without a place keeps computing its own from the camera tokens (one graph)."""
+    from lingbot_world.wan.dit.film_cache import DeviceFilmStore, FilmCache
+
+    eager = play(model, window_cache())
+    store = DeviceFilmStore()
+    film = FilmCache(device_blocks=range(CFG.num_layers - 1), device_store=store)
+    runner = model.block_runner = BlockGraphs("cpu", capture=StandInCapture())
+    graphed = play(model, window_cache(), film=film)
+    assert_same(graphed, eager)
+    assert runner.disabled is None and runner.graphed_forwards == 4 * 4 - 1
+    assert [len(runner.graphs[i]) for i in range(CFG.num_layers)] == [2, 2, 1]
+    assert runner.captures == 2 * (CFG.num_layers - 1) + 1
+    addresses = {i: (a.data_ptr(), b.data_ptr()) for i, (a, b) in store.values.items()}
+    film.close()
+    # a given store outlives the cache: the next cache's graphs still replay over the same tensors
+    assert {i: (a.data_ptr(), b.data_ptr()) for i, (a, b) in store.values.items()} == addresses

@@ -70,7 +70,7 @@ def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
     vram = int(23.5 * GiB)
     rolling = layout480(window_frames=15, sink_frames=3)
     without = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, camera_film=False)
-    graphed = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, graphs=True)
+    graphed = plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, graphs=True, camera_film=False)
     pool = graphed.estimates["graph_pool_bytes"]
     assert pool == int(without.estimates["activation_bytes"] * GRAPH_POOL_FACTOR)
     layer = without.estimates["cache_layer_bytes"]  # 0.48 GB: the pool (1.05 GB) takes 2-3 layers' room
@@ -78,8 +78,24 @@ def test_cuda_graphs_pool_is_planned_only_where_a_window_rolls():
     assert graphed.estimates["device_bytes"] + pool <= without.estimates["device_bytes"] + layer
     assert "CUDA graphs" in graphed.reason
     whole = layout480()  # the cache holds the whole video: it never rolls, no graph is ever captured
-    assert plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB, graphs=True).reason == \
+    assert plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB, graphs=True, camera_film=False).reason == \
         plan_fast_memory(480, 832, FULL, whole, vram, 64 * GiB, camera_film=False).reason
+
+
+def test_with_cuda_graphs_the_camera_film_is_kept_on_the_device_only():
+    """The graphs replay over the FiLM values' device addresses (speed/block_graphs.py), so a graphed plan keeps
+    the FiLM of the blocks the card has room for and none in pinned RAM: the v2 1.3B on a 24 GB card keeps every
+    block's, the 14B (which keeps some in RAM without graphs) only the device's."""
+    from lingbot_world.world.models import model
+
+    small = model("v2-1.3b").dit
+    window = cache_layout(40, 30 * 52, 4, window_frames=18, sink_frames=6)
+    plan = plan_fast_memory(480, 832, small, window, int(23.5 * GiB), 64 * GiB, graphs=True)
+    assert plan.film_blocks == small.num_layers and plan.film_host_blocks == 0, plan.reason
+    rolling = layout480(window_frames=15, sink_frames=3)
+    eager = plan_fast_memory(480, 832, FULL, rolling, int(23.5 * GiB), 64 * GiB)
+    graphed = plan_fast_memory(480, 832, FULL, rolling, int(23.5 * GiB), 64 * GiB, graphs=True)
+    assert eager.film_host_blocks > 0 and graphed.film_host_blocks == 0
 
 
 def test_the_camera_film_takes_only_the_room_the_model_and_cache_layers_leave():
@@ -118,10 +134,8 @@ def test_the_camera_film_takes_only_the_room_the_model_and_cache_layers_leave():
     # a Ulysses rank keeps the FiLM of its half of the tokens
     half = plan_fast_memory(480, 832, FULL, layout480(), 79 * GiB, 64 * GiB, seq_parallel=2)
     assert half.estimates["film_block_bytes"] == per // 2
-    # nothing to keep: no camera, or CUDA graphs (they replay blocks that compute it)
+    # nothing to keep without a camera
     assert plan_fast_memory(480, 832, FULL, layout480(), vram, 64 * GiB, camera=False).film_blocks == 0
-    rolling = layout480(window_frames=15, sink_frames=3)
-    assert plan_fast_memory(480, 832, FULL, rolling, vram, 64 * GiB, graphs=True).film_blocks == 0
     # a CPU run keeps it in RAM when RAM allows
     assert plan_fast_memory(480, 832, FULL, layout480(), None, 100 * GiB).film_blocks == 40
     assert 0 < plan_fast_memory(480, 832, FULL, layout480(), None, 40 * GiB).film_blocks < 40

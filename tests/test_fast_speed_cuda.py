@@ -215,6 +215,34 @@ def test_compile_graphs_builds_at_load_and_compiles_only_the_rolled_forwards(mon
     assert rel_err(graphed, eager) < 1e-3
 
 
+@pytest.mark.parametrize("compile_choice", ["off", "graphs"])
+def test_cuda_graphs_keep_the_camera_film_per_chunk(compile_choice, monkeypatch):
+    """Graphs over a camera FiLM kept on the device: each block has a graph that computes and keeps its FiLM (a
+    chunk's first call) and one that reads it (the later calls); the latents equal the graphed run that computes
+    the FiLM at every call, bit for bit, eager or with the compiled phases in the graphs."""
+    from lingbot_world.speed import compile as compile_mod
+    from lingbot_world.speed.options import GRAPHS_ENV, SpeedPlan, apply_speed
+    from lingbot_world.wan.dit.film_cache import DeviceFilmStore, FilmCache
+
+    if compile_choice == "graphs" and compile_mod.unavailable_reason(CUDA):
+        pytest.skip(compile_mod.unavailable_reason(CUDA))
+    cfg, model = _causal_nf4_model(3)
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+
+    def run(film):
+        apply_speed(model, SpeedPlan(compile_choice, "bf16", "sdpa", "cuda", strict_compile=True))
+        return _rolling_window_run(model, cfg, 6, **({} if film is None else {"film": film})), model.block_runner
+
+    computed, plain = run(None)
+    film = FilmCache(device_blocks=range(cfg.num_layers - 1), device_store=DeviceFilmStore())
+    kept, runner = run(film)
+    assert plain.disabled is None and runner.disabled is None, (plain.disabled, runner.disabled)
+    assert plain.captures == cfg.num_layers and runner.captures == 2 * (cfg.num_layers - 1) + 1
+    assert film.stats["read"] > 0 and runner.replays > 0
+    assert torch.equal(kept, computed), f"max |diff| {(kept - computed).abs().max().item():.3g}"
+    film.close()
+
+
 @pytest.mark.parametrize("where", ["device", "host"])
 @pytest.mark.parametrize("preset", ["exact", "auto", "fast", "draft"])
 def test_camera_film_kept_per_chunk_gives_the_same_bits_on_the_gpu(preset, where):

@@ -297,16 +297,23 @@ def test_the_camera_film_kept_per_chunk_changes_no_bit(files, tmp_path, monkeypa
     made = []
     make_film = FastMemoryPlan.make_film
 
-    def recording(plan, device=None, host_store=None):
-        film = make_film(plan, device, host_store)
+    def recording(plan, device=None, host_store=None, device_store=None):
+        film = make_film(plan, device, host_store, device_store)
         made.append(film)
         return film
 
     monkeypatch.setattr(FastMemoryPlan, "make_film", recording)
     with _open(files, tmp_path, window=6, sink=3) as s:
         assert s.placement.plan.film_blocks == s.placement.plan.num_layers  # a CPU run: all of them, in RAM
-        kept = _play(s, KEYS[:3])
+        kept = _play(s, KEYS[:2])
+        store = s._film_device_store
+        addresses = {i: (a.data_ptr(), b.data_ptr()) for i, (a, b) in store.values.items()}
+        kept = np.concatenate([kept, _play(s, KEYS[2:3])])
+        # one store for the video, its tensors the same every chunk (CUDA graphs replay over their addresses)
+        assert s._film_device_store is store and len(addresses) == s.placement.plan.num_layers
+        assert {i: (a.data_ptr(), b.data_ptr()) for i, (a, b) in store.values.items()} == addresses
         kept_latent = s.latent()
+    assert store.values == {}  # freed with the session
     assert made and all(f is not None and f.stats["read"] > 0 for f in made)
     with _open(files, tmp_path, window=6, sink=3) as s:
         s.placement.plan = replace(s.placement.plan, film_blocks=0)

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
+from ..wan.dit.film_cache import DeviceFilmStore
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun
 from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
@@ -80,6 +81,7 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
         self.decoder = None  # a StreamingDecoder (the VAE's) or a TinyStreamingDecoder
         # the camera FiLM's pinned host buffers (a plan with film_host_blocks): pinned once, kept with the cache
         self._film_store = None  # a memory.film_stream.HostFilmStore
+        self._film_device_store = None  # a wan.dit.film_cache.DeviceFilmStore: the same tensors every chunk
         self.condition = None
         self.context: Optional[torch.Tensor] = None  # [L, dim] float32, CPU (trimmed)
         self.prompt = ""
@@ -304,17 +306,21 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
         self.kv.release()
 
     def _close_film_store(self) -> None:
-        if self._film_store is not None:
-            self._film_store.close()
-            self._film_store = None
+        for store in (self._film_store, self._film_device_store):
+            if store is not None:
+                store.close()
+        self._film_store = self._film_device_store = None
 
     def _film(self):
-        """A camera FiLM cache for one part (None: every call computes the FiLM); its blocks kept in host RAM use
-        the session's store, whose pinned buffers serve every part until the cache is released."""
+        """A camera FiLM cache for one part (None: every call computes the FiLM); its blocks use the session's
+        stores, which serve every part until the cache is released: the pinned buffers of the blocks kept in host
+        RAM, and the device's tensors (the same addresses every chunk, which the CUDA graphs replay over)."""
         plan = self.placement.plan
         if plan.film_host_blocks and self._film_store is None:
             self._film_store = plan.make_film_store(self.device)
-        return plan.make_film(host_store=self._film_store)
+        if plan.film_blocks and self._film_device_store is None:
+            self._film_device_store = DeviceFilmStore()
+        return plan.make_film(host_store=self._film_store, device_store=self._film_device_store)
 
     def _reset_cache(self) -> None:
         """An empty cache for a new video: the placed one with its counters at zero, or none yet."""

@@ -41,8 +41,8 @@ class FilmStore(Protocol):
         """Free everything."""
 
     def release(self) -> None:
-        """Free the device memory, keep what a later cache of the same shape can reuse (a store that outlives one
-        cache; see FilmCache(own_host_store=False))."""
+        """Free what a later cache of the same shape cannot reuse, keep what it can (a store that outlives one
+        cache; see FilmCache.close)."""
 
 
 class DeviceFilmStore:
@@ -53,14 +53,16 @@ class DeviceFilmStore:
         self._spec: Optional[tuple] = None
 
     def prepare(self, blocks, shape, dtype, device) -> None:
-        self.values = {}
-        self._spec = (tuple(shape), dtype, torch.device(device))
+        """Every block's tensors now; the same ones again for the same blocks and shape (the next chunk of a
+        video): CUDA graphs captured over their addresses then replay (speed/block_graphs.py)."""
+        spec = (tuple(shape), dtype, torch.device(device))
+        if spec == self._spec and set(blocks) == set(self.values):
+            return
+        self._spec, self.values = spec, {}  # the old tensors go before the new ones are made
+        self.values = {i: (torch.empty(shape, dtype=dtype, device=device),
+                           torch.empty(shape, dtype=dtype, device=device)) for i in blocks}
 
     def write(self, i, sl, scale1, shift) -> None:
-        if i not in self.values:
-            shape, dtype, device = self._spec
-            self.values[i] = (torch.empty(shape, dtype=dtype, device=device),
-                              torch.empty(shape, dtype=dtype, device=device))
         self.values[i][0][:, sl].copy_(scale1)
         self.values[i][1][:, sl].copy_(shift)
 
@@ -79,8 +81,10 @@ class DeviceFilmStore:
 
     def close(self) -> None:
         self.values = {}
+        self._spec = None
 
-    release = close  # nothing to keep: the values are device memory
+    def release(self) -> None:
+        """Keep the tensors for the next cache of the same shape (a store that outlives one cache: a video's)."""
 
 
 class FilmLayer:
@@ -102,6 +106,13 @@ class FilmLayer:
     def done(self) -> None:
         self.cache.store_of(self.index).done(self.index)
 
+    def replayed(self, wrote: bool) -> None:
+        """A CUDA graph replayed this block (speed/block_graphs.py): the bookkeeping its Python did at capture."""
+        if wrote:
+            self.written()
+        else:
+            self.cache.stats["read"] += 1
+
     def write(self, sl: slice, scale1: torch.Tensor, shift: torch.Tensor) -> None:
         self.cache.store_of(self.index).write(self.index, sl, scale1, shift)
 
@@ -121,7 +132,8 @@ class FilmCache:
     """
 
     def __init__(self, device_blocks: Sequence[int] = (), host_blocks: Sequence[int] = (),
-                 host_store: Optional[FilmStore] = None, own_host_store: bool = True):
+                 host_store: Optional[FilmStore] = None, own_host_store: bool = True,
+                 device_store: Optional[DeviceFilmStore] = None):
         overlap = set(device_blocks) & set(host_blocks)
         if overlap:
             raise ValueError(f"blocks {sorted(overlap)[:5]} are given both a device and a host place")
@@ -131,8 +143,9 @@ class FilmCache:
         self.host_blocks = tuple(sorted(set(host_blocks)))
         self.stores: dict[str, FilmStore] = {}
         self._own_host_store = own_host_store
+        self._own_device_store = device_store is None  # a given one outlives this cache (a video's chunks)
         if self.device_blocks:
-            self.stores["device"] = DeviceFilmStore()
+            self.stores["device"] = device_store if device_store is not None else DeviceFilmStore()
         if self.host_blocks:
             self.stores["host"] = host_store
         self._place = {i: "device" for i in self.device_blocks}
@@ -179,10 +192,11 @@ class FilmCache:
         return FilmLayer(self, i) if i in self._place else None
 
     def close(self) -> None:
-        """Free the values. A host store given with own_host_store=False (one that outlives this cache) is only
-        released: it frees its device buffer and keeps its host buffers for the next cache."""
+        """Free the values. A store that outlives this cache (a host store given with own_host_store=False, a
+        given device store) is only released: the host store frees its device buffer and keeps its host buffers,
+        the device store keeps its tensors, for the next cache."""
         for place, store in self.stores.items():
-            if place == "host" and not self._own_host_store:
+            if not (self._own_host_store if place == "host" else self._own_device_store):
                 store.release()
             else:
                 store.close()

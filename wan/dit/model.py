@@ -254,7 +254,7 @@ class WanDiT(nn.Module):
                 if self.before_block is not None:
                     self.before_block(i)
                 if graphed is not None:
-                    hs = graphed.run(i, block, kv_cache.layer(i))
+                    hs = graphed.run(i, block, kv_cache.layer(i), None if film is None else film.layer(i))
                 else:
                     hs = block.forward_layered(hs, e0s, ctxs, cam, rope, dtype, inplace=True,
                                                kv=None if kv_cache is None else kv_cache.layer(i),
