@@ -74,7 +74,8 @@ def add_speed_args(parser) -> None:
                         "compiles, later runs use the cache in ~/.cache/lingbot-world/inductor)")
     g.add_argument("--compute", choices=COMPUTE_CHOICES, default=SPEED_DEFAULTS["compute"], action=_Explicit,
                    help="GEMM precision of the NF4 linears: bf16 (exact, default), fp8 (RTX 40xx/Ada, Hopper+), "
-                        "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards), or auto (fp8 "
+                        "int8 (Ampere+), fp16acc (fp16 with fp16 accumulation: 2x on GeForce cards; the DiT then "
+                        "computes in fp16, max 65504, its residual stream staying float32), or auto (fp8 "
                         "where the card has it, else int8 on Ampere, else bf16); all but bf16 change the output "
                         "slightly")
     g.add_argument("--attention", choices=ATTENTION_CHOICES, default=SPEED_DEFAULTS["attention"], action=_Explicit,

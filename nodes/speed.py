@@ -53,7 +53,8 @@ class LingBotSpeedOptions:
                     "Precision of the big matrix multiplies. bf16: exact (the reference's). fp8: RTX 40xx / Ada, "
                     "Hopper and newer, faster, slightly different output. int8: Ampere (RTX 30xx) and newer, "
                     "faster, slightly different output. fp16acc: fp16 multiplies with fp16 accumulation, 2x on RTX "
-                    "cards, slightly different output. auto: the fastest the card has.")}),
+                    "cards; the model then computes in fp16 (max 65504; its residual stream stays float32), slightly "
+                    "different output. auto: the fastest the card has.")}),
                 "attention": (list(ATTENTION_CHOICES), {"default": DEFAULTS["attention"], "tooltip": (
                     "auto / sdpa: torch's attention with the fastest exact kernel for the GPU (cuDNN on H100, "
                     "FlashAttention-2 on RTX cards). sage: SageAttention (installed separately; approximate, faster "

@@ -212,6 +212,20 @@ class NF4Linear(Linear4bit):
             self._held[key] = prepared
         return prepared
 
+    def _bias_in(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The bias in the GEMM's dtype; a bias kept in the load dtype (an fp16 model, WanDiT.set_compute_dtype) is
+        cast once per held phase, like the weight."""
+        bias = self.bias
+        if bias is None or bias.dtype == dtype:
+            return bias
+        key = ("bias", dtype)
+        if self._held is not None and key in self._held:
+            return self._held[key]
+        bias = bias.to(dtype)
+        if self._held is not None:
+            self._held[key] = bias
+        return bias
+
     def _mode_for(self, x: torch.Tensor, dtype: torch.dtype) -> str:
         if self.compute_mode == "bf16" or dtype not in (torch.bfloat16, torch.float16):
             return "bf16"
@@ -226,9 +240,7 @@ class NF4Linear(Linear4bit):
         dtype = self.compute_dtype or x.dtype
         inp_dtype = x.dtype
         x = x if x.dtype == dtype else x.to(dtype)
-        bias = self.bias
-        if bias is not None and bias.dtype != dtype:
-            bias = bias.to(dtype)
+        bias = self._bias_in(dtype)
         # Step 2, one GEMM.
         mode = self._mode_for(x, dtype)
         ops = self._lowp_ops or {}
@@ -261,7 +273,7 @@ class NF4Linear(Linear4bit):
             return None
         inp_dtype = x.dtype
         x2 = (x if x.dtype == dtype else x.to(dtype)).reshape(-1, self.in_features)
-        y = torch._addmm_activation(self.bias.to(dtype), x2, self._prepared("float", dtype).t(), use_gelu=True)
+        y = torch._addmm_activation(self._bias_in(dtype), x2, self._prepared("float", dtype).t(), use_gelu=True)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if y.dtype == inp_dtype else y.to(inp_dtype)
 

@@ -57,7 +57,8 @@ class SpeedOptions:
 
 @dataclass
 class SpeedPlan:
-    """What runs: compile "off"/"blocks"/"graphs" (compiled only inside CUDA graphs: fit_to_model), compute "bf16"/"fp8"/"int8", attention "sdpa"/"sage"/"flash"/"fp8"/
+    """What runs: compile "off"/"blocks"/"graphs" (compiled only inside CUDA graphs: fit_to_model), compute "bf16"/
+    "fp8"/"int8"/"fp16acc" (the DiT then computes in fp16: activation_dtype), attention "sdpa"/"sage"/"flash"/"fp8"/
     "cudnn"."""
 
     compile: str
@@ -194,6 +195,9 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
         compile_requested=options.compile,
     )
     plan.sdpa_order = attn.sdpa_kernel_order(device) if plan.attention == "sdpa" else None
+    if compute == "fp16acc":
+        notes.append("fp16acc: the DiT's GEMMs, attention and K/V cache run in fp16 (largest value 65504); its "
+                     "residual stream, time modulation and head stay float32")
     if compute in ("fp8", "int8"):
         why_not = rowwise_triton.unavailable_reason(device)
         notes.append(f"{compute} activations and weights quantized by " + (
@@ -242,11 +246,26 @@ def graphs_enabled(device, cfg=None) -> bool:
     return cfg is not None and cfg.dim < GRAPHS_BELOW_DIM
 
 
+def activation_dtype(compute: str) -> Optional[torch.dtype]:
+    """The dtype the DiT computes in under `compute`: float16 for fp16acc (its GEMMs take and give fp16, so the
+    activations, attention and K/V cache stay fp16 and no cast surrounds a GEMM), None (the load's) otherwise."""
+    return torch.float16 if compute == "fp16acc" else None
+
+
 def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
-    """Set the plan on a loaded DiT: attention kernel (process-wide), compiled or eager per-token phases on every
-    block and the head, compute mode on every NF4 linear, CUDA graphs for a rolling K/V window's blocks where opted
-    in. Cheap; call it after each load (a new plan drops the graphs of the old one)."""
+    """Set the plan on a loaded DiT: attention kernel (process-wide), compute dtype (activation_dtype; another plan
+    restores the load's) and compute mode of every NF4 linear, compiled or eager per-token phases on every block and
+    the head, CUDA graphs for a rolling K/V window's blocks where opted in. Cheap; call it after each load and before
+    the K/V cache and camera FiLM cache are made (they take the model's compute dtype; a new plan drops the graphs
+    of the old one)."""
     attn.set_backend(plan.attention, torch.device(plan.device), plan.sdpa_order)
+    if hasattr(model, "set_compute_dtype"):
+        model.set_compute_dtype(activation_dtype(plan.compute))
+    # before the graphs' build below: its forward compiles the phases for the dtype and GEMMs the run uses
+    lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else eager_quantizers()
+    for module in model.modules():
+        if hasattr(module, "set_compute"):
+            module.set_compute(plan.compute, ops=lowp_ops)
     if plan.compile in ("blocks", "graphs"):
         compile_mod.configure_cache()
     if plan.attention == "fp8":
@@ -272,10 +291,6 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
         if model.block_runner is not None:
             log.info("speed: CUDA graphs on (%s): once a K/V window rolls, the blocks replay captured graphs",
                      GRAPHS_ENV)
-    lowp_ops = compiled_quantizers(plan.strict_compile) if plan.compile == "blocks" else eager_quantizers()
-    for module in model.modules():
-        if hasattr(module, "set_compute"):
-            module.set_compute(plan.compute, ops=lowp_ops)
     return model
 
 

@@ -38,7 +38,7 @@ def rel_err(a, b) -> float:
 
 
 # ---- the quantization maths (CPU) --------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_quantize_fills_the_e4m3_range_and_its_descale_inverts_it(dtype):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 300, 3, 128, generator=g) * 7.0).to(dtype)
@@ -53,19 +53,31 @@ def test_quantize_fills_the_e4m3_range_and_its_descale_inverts_it(dtype):
     assert 0.01 < rel_err(back, x.float()) < 0.04  # ~2.5 % rms: FP8's rounding, not a bug and not exactness
 
 
-def test_quantize_of_zeros_is_finite():
-    q8, descale = attention_fp8.quantize(torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quantize_of_zeros_is_finite(dtype):
+    q8, descale = attention_fp8.quantize(torch.zeros(1, 4, 1, 128, dtype=dtype))
     assert torch.isfinite(descale).all() and (q8.float() == 0).all()
 
 
-def test_dequantize_undoes_the_output_scale():
+def test_an_fp16_tensor_of_tiny_values_keeps_a_finite_scale():
+    """448 / amax would overflow fp16 (65504) for amax below 0.0068 (an fp16 model's v): the scale stops there."""
+    x = torch.full((1, 4, 1, 128), 1e-4, dtype=torch.float16)
+    q8, descale = attention_fp8.quantize(x)
+    assert torch.isfinite(descale).all() and torch.isfinite(q8.float()).all()
+    assert rel_err(q8.float() * descale.reshape(()), x.float()) < 0.07
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequantize_undoes_the_output_scale(dtype):
     g = torch.Generator().manual_seed(1)
     o = torch.randn(1, 50, 2, 128, generator=g) * 0.3
     scale = torch.tensor([[[[200.0]]]])
     o8 = (o * scale).to(torch.float8_e4m3fn)
-    out = attention_fp8.dequantize(o8, scale)
-    assert out.dtype == torch.bfloat16
+    out = attention_fp8.dequantize(o8, scale, dtype=dtype)
+    assert out.dtype == dtype
     assert rel_err(out.float(), o) < 0.04
+    into = attention_fp8.dequantize(o8, scale, out=torch.empty(o8.shape, dtype=dtype))  # an fp16 q reused
+    assert into.dtype == dtype and torch.equal(into, out)
 
 
 # ---- the option -------------------------------------------------------------------------------------------------

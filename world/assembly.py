@@ -32,7 +32,7 @@ from ..wan.sizes import height_width, max_area_for, target_size
 from .errors import WorldError
 from .files import WorldFiles
 from .models import ModelEntry
-from .plan import compute_dtype, play_layout, plan_world_memory, session_layout
+from .plan import cache_dtype, compute_dtype, play_layout, plan_world_memory, session_layout
 from .settings import MODEL_DEFAULT, WorldSettings
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def video_settings(checked: Checked, settings: WorldSettings, device: torch.devi
     The model's recipe (chunk, steps, shift, camera form) and window / sink defaults, the speed preset's window cap
     (draft), the K/V cache's dtype. keep: the video may be continued, so the model's files are fingerprinted (a
     state checks them). window / sink: given over the settings' (a continuation keeps its state's)."""
-    dtype = compute_dtype(settings.weights, device)
+    dtype = cache_dtype(settings.weights, device, settings.speed)
     w, s = window_and_sink(checked.entry, settings)
     if window != MODEL_DEFAULT:
         w = window

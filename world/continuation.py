@@ -23,6 +23,7 @@ from functools import partial
 import torch
 
 from . import assembly, controls
+from .plan import cache_dtype
 from .settings import ModelSource, VideoRequest, WorldSettings
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,10 @@ class Continuation:
         cfg = checked.config
         here = assembly.video_settings(checked, s, device, st.height, st.width, seed=st.seed, mode=st.mode,
                                        window=st.window, sink=st.sink)
-        here = replace(here, max_attention=st.max_attention, precision=st.precision, noise_source=st.noise_source)
+        # the cache dtype this run's compute gives (fp16 under --compute fp16acc): the speed plan is not in s yet
+        dtype = cache_dtype(s.weights, device, self._available)
+        here = replace(here, max_attention=st.max_attention, precision=st.precision, noise_source=st.noise_source,
+                       cache_dtype=str(dtype).replace("torch.", ""))
         st.check_continue(here, str(sf.path))
         sf.check_model(cfg.num_layers, cfg.num_heads, cfg.head_dim, getattr(torch, here.cache_dtype))
         if state.condition is None:

@@ -210,7 +210,7 @@ class FirstPart:
         from ..wan.vae.model import VAEConfig
         from . import text_stage
         from .model_load import ModelLoad
-        from .plan import compute_dtype
+        from .plan import cache_dtype
         from .session import FixedCondition, WorldSession
 
         s, files, device, ranks, stages, log = self.settings, self.files, self.device, self.ranks, self.stages, \
@@ -234,7 +234,7 @@ class FirstPart:
         self._load = load = ModelLoad(lambda progress: loader(placement, progress), device,
                                       before=self._wait_imports)
         if text_plan.overlap.host_early:  # pinned host memory from now on, beside the text, encode and load
-            placement.start_host_memory(self.config, compute_dtype(s.weights, device))
+            placement.start_host_memory(self.config, cache_dtype(s.weights, device, self.speed))
         self._text = text = text_plan.start(log)
         if not text.background:
             stages.mark("text")

@@ -15,7 +15,7 @@ from ..memory.fast_plan import FastMemoryPlan
 from ..memory.fast_planner import plan_fast_memory
 from ..memory.estimates import available_ram_bytes, free_vram_bytes
 from ..quant.nf4_format import default_compute_dtype
-from ..speed.options import graphs_enabled
+from ..speed.options import activation_dtype, graphs_enabled
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from ..wan.vae.model import VAEConfig
 from ..wan.vae.streaming import streaming_decode_bytes
@@ -26,8 +26,14 @@ STREAM_DECODE = ("auto", "on", "off")
 
 
 def compute_dtype(weights: str, device: torch.device) -> torch.dtype:
-    """The Fast model's compute dtype, which its K/V cache has too."""
+    """The Fast model's compute dtype as it loads (its unquantized weights and LoRAs are kept in it)."""
     return torch.bfloat16 if weights == "bf16" else default_compute_dtype(device)
+
+
+def cache_dtype(weights: str, device: torch.device, speed=None) -> torch.dtype:
+    """The dtype the model computes in once the speed plan (a SpeedPlan or None) is applied, which its K/V cache has
+    too: fp16 under `--compute fp16acc` (speed.options.activation_dtype), else the load's."""
+    return (activation_dtype(speed.compute) if speed is not None else None) or compute_dtype(weights, device)
 
 
 def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int, *, weights: str = "nf4",

@@ -4,7 +4,8 @@
 q, k and v are quantized per tensor to float8 e4m3 (scale 448 / amax, computed on the GPU: no host sync). Inside the
 kernel the softmax probabilities are quantized with the fixed scale 448 (they lie in [0, 1]). On Hopper cuDNN writes
 the output in FP8 too (bf16 output needs Blackwell); it is scaled by 256 / amax(v): every output row is a convex
-combination of v's rows, so |o| <= amax(v) and the scaled output cannot overflow. The output is returned in bf16.
+combination of v's rows, so |o| <= amax(v) and the scaled output cannot overflow. The output is returned in the
+inputs' dtype (bf16, or fp16 in an fp16 model: e4m3 values are exact in both).
 
 Measured on an H100 (1 x 40 heads x 31,668 x 128): 24 ms against 39 ms for bf16 cuDNN SDPA (~870 against 530
 TFLOP/s); relative error against float32 attention 6e-2 on random inputs, 1.3e-1 on peaked ones (bf16: 2e-3).
@@ -22,6 +23,7 @@ from .attention_cudnn import Built, GraphCache, finalize, installed
 E4M3_MAX = 448.0
 # The output's scale over amax(v): headroom below 448 (FP8's relative precision does not depend on the scale).
 OUTPUT_SCALE = 256.0
+FP16_MAX = 65504.0
 HEAD_DIM = 128  # cuDNN's FP8 attention on Hopper takes head dim 128 only
 MIN_CAPABILITY = (9, 0)
 
@@ -52,8 +54,10 @@ def cast(x: torch.Tensor, x_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """x -> (float8 e4m3 of x * scale, 1 / scale as a [1, 1, 1, 1] float32 tensor), scale = 448 / amax.
 
     The product is taken in x's dtype with the scale rounded to it (no float32 copy of a 0.3 GB q in eager mode;
-    the compiled version is one kernel), and the descale is that rounded scale's exact inverse."""
-    scale = (E4M3_MAX / x_amax.clamp_min(1e-30)).to(x.dtype)
+    the compiled version is one kernel), and the descale is that rounded scale's exact inverse. The scale is kept
+    within x's dtype (fp16 ends at 65504: an fp16 tensor whose amax is below 448 / 65504 is scaled by 65504)."""
+    floor = E4M3_MAX / FP16_MAX if x.dtype == torch.float16 else 1e-30
+    scale = (E4M3_MAX / x_amax.clamp_min(floor)).to(x.dtype)
     q8 = (x * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q8, (1.0 / scale.float()).reshape(1, 1, 1, 1)
 
@@ -63,12 +67,14 @@ def quantize(x: torch.Tensor, cast_fn: Callable = cast) -> tuple[torch.Tensor, t
     return cast_fn(x, amax(x))
 
 
-def dequantize(o8: torch.Tensor, scale: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The kernel's FP8 output (o * scale) back to bf16 (FP8 values are exact in bf16; one rounding, of the
-    product), into `out` (a bf16 tensor of o8's shape) when given."""
-    inv = (1.0 / scale).to(torch.bfloat16).reshape(())
+def dequantize(o8: torch.Tensor, scale: torch.Tensor, out: Optional[torch.Tensor] = None,
+               dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The kernel's FP8 output (o * scale) back to `dtype`, bf16 or fp16 (FP8 values are exact in both; one
+    rounding, of the product), into `out` (a tensor of o8's shape, whose dtype then counts) when given."""
+    dtype = dtype if out is None else out.dtype
+    inv = (1.0 / scale).to(dtype).reshape(())
     if out is None:
-        return o8.to(torch.bfloat16).mul_(inv)
+        return o8.to(dtype).mul_(inv)
     return out.copy_(o8).mul_(inv)
 
 
@@ -128,10 +134,11 @@ class FP8Attention:
                 "amax_o": self._constant(device, 0.0, "amax_o")}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reuse_q: bool = False) -> torch.Tensor:
-        """q [B, Lq, H, 128], k/v [B, Lk, H, 128] on a CUDA device -> attention output [B, Lq, H, 128] in bf16.
+        """q [B, Lq, H, 128], k/v [B, Lk, H, 128] (bf16 or fp16) on a CUDA device -> attention output [B, Lq, H, 128]
+        in q's dtype.
 
-        reuse_q: the caller no longer needs q (a bf16 tensor): the output is written into it, so the bf16 output
-        costs no memory next to q, k, v and their FP8 copies (the block's peak at full size: -0.32 GB)."""
+        reuse_q: the caller no longer needs q: the output is written into it, so the output costs no memory next to
+        q, k, v and their FP8 copies (the block's peak at full size: -0.32 GB)."""
         graph, handle = self.graph_for(q, k)
         q8, dq = quantize(q, self.cast)
         k8, dk = quantize(k, self.cast)
@@ -140,9 +147,9 @@ class FP8Attention:
         o8 = torch.empty(q.shape, device=q.device, dtype=torch.float8_e4m3fn)
         graph.execute(self.pack(q8, k8, v8, o8, dq, dk, dv, scale_o), handle)
         del q8, k8, v8
-        if reuse_q and q.dtype == torch.bfloat16 and q.is_contiguous():
+        if reuse_q and q.dtype in (torch.bfloat16, torch.float16) and q.is_contiguous():
             return dequantize(o8, scale_o, out=q)  # eager: a compiled in-place write would stage a copy
-        return self.dequantizer(o8, scale_o)
+        return self.dequantizer(o8, scale_o, dtype=q.dtype if q.dtype == torch.float16 else torch.bfloat16)
 
     def _constant(self, device: torch.device, value: float, tag: str = "") -> torch.Tensor:
         key = (str(device), value, tag)

@@ -52,6 +52,9 @@ class WanLayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 class WanRMSNorm(nn.Module):
     """q/k RMSNorm over the full width (before the head split): fp32 maths, cast back, times weight."""
 
@@ -66,9 +69,12 @@ class WanRMSNorm(nn.Module):
         ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
         inv = torch.rsqrt(ss.square() / x.shape[-1] + self.eps)
         normed = token_ops.mul_to(x, inv, x.dtype)
-        if self.weight.dtype == normed.dtype:
-            return normed.mul_(self.weight)
-        return normed * self.weight
+        w = self.weight
+        if w.dtype in _HALF and normed.dtype in _HALF and w.dtype != normed.dtype:
+            w = w.to(normed.dtype)  # bf16 gains in an fp16 model (set_compute_dtype): not a float32 product
+        if w.dtype == normed.dtype:
+            return normed.mul_(w)
+        return normed * w
 
 
 # Per-token phases (norms, modulation, projections, RoPE, cross-attention, camera FiLM, FFN, gated residuals)

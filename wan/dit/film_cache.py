@@ -153,7 +153,7 @@ class FilmCache:
         self.valid: set[int] = set()
         self._model: Optional[weakref.ref] = None
         self._camera: Optional[weakref.ref] = None
-        self._shape: Optional[tuple] = None
+        self._shape: Optional[tuple] = None  # (shape, dtype) of the stored values
         self.stats = {"forwards": 0, "filled": 0, "read": 0, "restarts": 0}
 
     @classmethod
@@ -171,13 +171,14 @@ class FilmCache:
     def begin(self, model: torch.nn.Module, camera: torch.Tensor, shape: tuple, dtype: torch.dtype,
               device: torch.device) -> None:
         """A forward of `model` over `camera` whose blocks see FiLM values of `shape` [B, L, dim] starts."""
+        # the dtype too: values stored in another compute dtype (a plan applied since) are not this forward's
         same = (self._model is not None and self._model() is model and self._camera is not None
-                and self._camera() is camera and self._shape == tuple(shape))
+                and self._camera() is camera and self._shape == (tuple(shape), dtype))
         if not same:
             if self._model is not None:
                 self.stats["restarts"] += 1
             self.valid = set()
-            self._model, self._camera, self._shape = weakref.ref(model), weakref.ref(camera), tuple(shape)
+            self._model, self._camera, self._shape = weakref.ref(model), weakref.ref(camera), (tuple(shape), dtype)
             for place, store in self.stores.items():
                 store.prepare([i for i in self.blocks if self._place[i] == place], shape, dtype, device)
         self.stats["forwards"] += 1

@@ -84,6 +84,26 @@ class WanDiT(nn.Module):
     def dtype_for_compute(self) -> torch.dtype:
         return self.compute_dtype or self.patch_embedding.weight.dtype
 
+    def set_compute_dtype(self, dtype: Optional[torch.dtype] = None) -> None:
+        """Run the GEMMs, attention, the camera FiLM and the K/V cache made from now on in `dtype` (float16 for
+        fp16-accumulating GEMMs: no cast around any GEMM), or in the load's dtype again (None). The quantized linears
+        (those with a `compute_dtype`) dequantize their weights straight into it; the float32 parts (residual stream,
+        time modulation, head) stay float32. The other parameters keep their load dtype: block swap packs them into
+        flat buffers of that dtype, and bf16 -> fp16 -> bf16 is not exact for tiny values; the few that meet the
+        activations (biases, q/k RMSNorm gains, a [dim] vector each) are cast where they are used."""
+        quantized = [m for m in self.modules() if m is not self and hasattr(m, "compute_dtype")]
+        if dtype is not None:
+            plain = [n for n, m in self.named_modules() if isinstance(m, nn.Linear) and not hasattr(m, "compute_dtype")
+                     and m.weight.dtype != dtype]
+            if plain:
+                raise ValueError(f"compute dtype {dtype}: {plain[0]} is a float linear holding "
+                                 f"{self.get_submodule(plain[0]).weight.dtype} weights; only a model with quantized "
+                                 "linears (NF4) computes in another dtype than its weights'")
+        for m in (self, *quantized):
+            if "_load_compute_dtype" not in m.__dict__:  # first switch: remember what the load set
+                m._load_compute_dtype = m.compute_dtype
+            m.compute_dtype = m._load_compute_dtype if dtype is None else dtype
+
     def set_token_chunk(self, tokens: Optional[int]) -> None:
         """Tokens per chunk in the blocks' per-token phases (None = whole sequence at once; more memory)."""
         for blk in self.blocks:

@@ -122,7 +122,8 @@ class FastSettings:
             raise StateMismatchError(
                 f"{source} was made with another Fast model ({self.model_label or self.model[:12]}); this run loads "
                 f"{here.model_label or here.model[:12]}: continue with the model file the video was started with")
-        for name, fix in (("weights", "--weights"), ("cache_dtype", "the same kind of device (GPU / CPU)")):
+        for name, fix in (("weights", "--weights"),
+                          ("cache_dtype", "the same kind of device (GPU / CPU) and --compute (fp16acc: float16)")):
             a, b = getattr(self, name), getattr(here, name)
             if a != b:
                 raise StateMismatchError(f"{source} was made with {name} {a}, this run uses {b}: the continuation would "
