@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..memory.pinned import HostBuffer
+from ..memory.host_buffer import HostBuffer
 from .common import machine_info, write_json
 
 MiB = 1024**2

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from ..text_encoder.encode import encode_prompts, run_text_encoder
+from ..text_encoder.child_process import run_text_encoder
+from ..text_encoder.encode import encode_prompts
 from ..loaders.t5_tokenizer import resolve_tokenizer_source
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 from ..wan.text.umt5 import UMT5Config, UMT5Encoder

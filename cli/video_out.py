@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..text_encoder.encode import own_session
+from ..text_encoder.child_process import own_session
 from .outputs import check_folder
 from ..loaders.atomic import (atomic_dir, commit, commit_new, naming_full_disk, out_of_room, remove_path,
                               remove_stale_temps, temp_path)

@@ -20,7 +20,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from .pinned import Device, WeightPart, clear_device_caches, dit_parts, return_freed_host_memory, synchronize
+from .host_buffer import return_freed_host_memory
+from .pinned import Device, WeightPart, clear_device_caches, dit_parts, synchronize
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .pinned import HostBuffer, pair_views, tensor_bytes
+from .host_buffer import HostBuffer, pair_views, tensor_bytes
 
 log = logging.getLogger(__name__)
 

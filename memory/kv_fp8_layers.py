@@ -18,7 +18,7 @@ import torch
 from ..speed.kv_fp8_fused import EAGER, Fp8Ops
 from ..wan.dit import kv_fp8
 from .kv_host_layers import _HostLayer, _kv_views
-from .pinned import HostBuffer
+from .host_buffer import HostBuffer
 
 
 class _FP8HostLayer(_HostLayer):

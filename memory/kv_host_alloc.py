@@ -15,7 +15,7 @@ import torch
 
 from .kv_fp8_layers import _FP8HostLayer, fp8_pair_bytes
 from .kv_host_layers import _HostLayer
-from .pinned import tensor_bytes
+from .host_buffer import tensor_bytes
 
 HOST_ALLOC_THREADS = 4
 

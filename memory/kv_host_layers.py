@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..wan.dit.kv_cache import KVCache
-from .pinned import HostBuffer, pair_views, tensor_bytes
+from .host_buffer import HostBuffer, pair_views, tensor_bytes
 
 _kv_views = pair_views  # a layer's K and V in one flat buffer
 

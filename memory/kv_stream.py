@@ -37,7 +37,7 @@ from .block_swap import _Ring
 from .kv_fp8_layers import _CodeUploads, _FP8DeviceLayer, _FP8HostLayer, fp8_pair_bytes
 from .kv_host_alloc import HostLayers, host_layer, release_host_layers
 from .kv_host_layers import _HostLayer, _kv_views, _SlotMap
-from .pinned import tensor_bytes
+from .host_buffer import tensor_bytes
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ between model calls and previews, and shows the frames and the memory plan on th
 LingBot Fast Sampler -> Fast Continue -> Fast Continue ...: each Continue goes on with new keys (or a new camera)
 from the state of the node before it, adds whole chunks (the model's chunk: 12 frames for v1, 16 for v2), shows its chunks as they come (progress,
 previews), and outputs the whole video so far, the new part alone and the state. Each part runs through the World
-session too; how the states of one chain share one K/V cache in RAM: adapters/fast_state_store.py.
+session too; how the states of one chain share one K/V cache in RAM, how a Continue puts the parked cache back
+and finds the conditioning of later frames: adapters/fast_state_store.py.
 
 LingBot Fast LoRA Loader: a Wan 14B LoRA on the Fast model, applied on its NF4 weights when it loads (the same
 patching as the experts' LoRAs: low-rank terms beside the NF4 GEMMs, stackable).
@@ -30,9 +31,10 @@ from ..world.session import FixedCondition
 from ..world.settings import CACHE_PLACEMENTS, FAST_MODES, MODEL_DEFAULT, WorldSettings
 from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.expert_weights import ExpertWeights
-from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, condition_track,
-                                 open_fast_world, run_fast_part)
-from .adapters.fast_state_store import FastStateHandle, KVStore, state_line, state_output_used
+from .adapters.fast_host import (FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, camera_source, open_fast_world,
+                                 run_fast_part)
+from .adapters.fast_state_store import (FastStateHandle, KVStore, ParkedCacheRestore, continuation_condition,
+                                        state_line, state_output_used)
 from .adapters.lora_attach import patcher_with_lora
 from .adapters.model_fetch import DOWNLOAD
 from .adapters.payloads import (CAMERA, CATEGORY, CONTEXT_KEY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput,
@@ -240,19 +242,6 @@ class LingBotFastSampler:
         return ({"samples": latent}, handle if handle is not None else FastStateHandle.empty(fast_model, i2v))
 
 
-class _Restore:
-    """A parked cache put back into the new placement: moved (the chain's one cache) or copied (a window)."""
-
-    def __init__(self, parked, move: bool):
-        self.parked, self.move = parked, move
-
-    def fill(self, i, k, v) -> None:
-        self.parked.fill(i, k, v, move=self.move)
-
-    def restore_counters(self, cache) -> None:
-        self.parked.restore_counters(cache)
-
-
 class LingBotFastContinue:
     """Continues a Fast video from a state with new keys or a new camera; outputs the video so far and the state."""
 
@@ -315,7 +304,7 @@ class LingBotFastContinue:
         part = world.next_part(st, source, int(frames) or None)
         if part.note:
             log.warning("LingBot-World Fast Continue: %s", part.note)
-        st.condition = self._condition(handle)
+        st.condition = continuation_condition(handle)
         keep = state_output_used(prompt, unique_id, 2)
         store = handle.store
         parked = store.take(handle)
@@ -347,7 +336,7 @@ class LingBotFastContinue:
         try:
             session, summary = open_fast_world(fast_model, world, st.settings, st.latent_frames + part.latent_frames,
                                                part, preview_vae, so_far=st.frames, show=show_on_node)
-            session.resume(st, _Restore(parked, move))
+            session.resume(st, ParkedCacheRestore(parked, move))
             if text is not None:
                 session.context, session.prompt = text.positive.detach().to("cpu", torch.float32), text.prompt
             z = run_fast_part(session, part, source, int(frames) or None, preview_vae, keep=keep, after=after,
@@ -371,17 +360,6 @@ class LingBotFastContinue:
         if out.store is not None:
             show_on_node(f"{summary}\n{state_line(out.store.nbytes, shared=not out.store.evicting)}")
         return ({"samples": i2v.to_raw_latent(whole).to(mm.intermediate_device())}, segment, out)
-
-    @staticmethod
-    def _condition(handle: FastStateHandle):
-        """The I2V conditioning of later frames: the state's, else built once per video and kept."""
-        st = handle.state
-        if st.condition is None:
-            try:
-                st.condition = condition_track(handle.i2v)
-            except ValueError as e:
-                raise ValueError(f"LingBot Fast Continue: {e}") from None
-        return st.condition
 
 
 class LingBotFastLoraLoader:

@@ -182,7 +182,7 @@ def test_streamed_block_keys_pick_blocks_from_n_on():
 
 TRIM_PROBE = """
 import torch
-from lingbot_world.memory.pinned import return_freed_host_memory
+from lingbot_world.memory.host_buffer import return_freed_host_memory
 def rss(): return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]) * 1024
 n = 8 << 20
 t = torch.ones(n, dtype=torch.uint8); del t  # freeing an mmapped chunk raises glibc's mmap threshold

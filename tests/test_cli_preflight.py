@@ -222,7 +222,7 @@ def test_debug_shows_the_traceback_and_bugs_always_do(capsys, demo_ckpt, tmp_pat
 
 def test_exit_code_table():
     from lingbot_world.cli.errors import Terminated, UsageError, classify
-    from lingbot_world.text_encoder.encode import TextEncoderInputError, TextEncoderKilled
+    from lingbot_world.text_encoder.child_process import TextEncoderInputError, TextEncoderKilled
 
     assert classify(KeyboardInterrupt()) == (130, "interrupted")
     assert classify(Terminated(15)) == (143, "terminated (SIGTERM)")

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from lingbot_world.cli import main
-from lingbot_world.text_encoder import encode as text_encode
+from lingbot_world.text_encoder import child_process as text_encoder_child
 from lingbot_world.text_encoder.worker import TEST_DELAY_ENV
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="POSIX signals")
@@ -151,7 +151,7 @@ def test_sigkill_of_the_parent_takes_the_child_along(demo_ckpt, tmp_path):
     assert time.monotonic() - t0 < 5
     left = list(run.tmp.glob("lingbot-t5-*"))
     assert len(left) == 1 and not (left[0] / "job.json").exists()  # the prompt was deleted when the child read it
-    assert text_encode.remove_stale_workdirs(run.tmp) == left and list(run.tmp.glob("lingbot-t5-*")) == []
+    assert text_encoder_child.remove_stale_workdirs(run.tmp) == left and list(run.tmp.glob("lingbot-t5-*")) == []
 
 
 def test_ctrl_c_during_sampling_leaves_no_output(demo_ckpt, demo_text_cache, tmp_path):
@@ -177,7 +177,7 @@ def test_killed_text_encoder_is_one_line(demo_ckpt, tmp_path, capsys, monkeypatc
     monkeypatch.setenv(TEST_DELAY_ENV, "60")
 
     def kill_child():
-        pid = _wait(lambda: (text_encode.live_text_encoder_pids() or [None])[0], 60, "the child")
+        pid = _wait(lambda: (text_encoder_child.live_text_encoder_pids() or [None])[0], 60, "the child")
         os.kill(pid, signal.SIGKILL)  # what the kernel's OOM killer does
 
     killer = threading.Thread(target=kill_child, daemon=True)
@@ -198,4 +198,4 @@ def test_timed_out_text_encoder_is_one_line(demo_ckpt, tmp_path, capsys, monkeyp
     assert rc == 1 and time.monotonic() - t0 < 30 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(
         "lingbot-world generate: the text encoder process did not finish within 1 s")
-    assert text_encode.live_text_encoder_pids() == []
+    assert text_encoder_child.live_text_encoder_pids() == []

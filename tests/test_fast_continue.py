@@ -22,8 +22,8 @@ from lingbot_world.wan.control.camera_presets import preset_camera
 from lingbot_world.wan.control.camera_track import KEY_STEP, CameraTrack
 from lingbot_world.wan.dit.model import DiTConfig, WanDiT, pad_context
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
-from lingbot_world.wan.sampling.fast_state import (CameraSource, FastSettings, finish_part, plan_first_part,
-                                                    plan_next_part, start_part)
+from lingbot_world.wan.sampling.fast_parts import CameraSource, finish_part, plan_first_part, plan_next_part, start_part
+from lingbot_world.wan.sampling.fast_state import FastSettings
 from lingbot_world.world.models import V1_FAST
 
 CFG = DiTConfig.tiny(num_layers=2, text_dim=16, text_len=8, causal=True)

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from lingbot_world.memory.pinned import _malloc_trim
+from lingbot_world.memory.host_buffer import _malloc_trim
 
 pytestmark = pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's malloc_trim (Linux)")
 

@@ -417,7 +417,7 @@ def test_text_encode_uses_the_cache_and_never_starts_a_slot_on_cpu(comfy, graph,
 
 
 def test_text_encoder_child_stops_on_interrupt_and_on_free_memory(comfy, monkeypatch):
-    from lingbot_world.text_encoder.encode import live_text_encoder_pids
+    from lingbot_world.text_encoder.child_process import live_text_encoder_pids
     from lingbot_world.nodes import NODE_CLASS_MAPPINGS as N
     from lingbot_world.nodes.text import FreeMemoryRequested
 

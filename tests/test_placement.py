@@ -7,7 +7,8 @@ import torch
 
 from lingbot_world.loaders.expert_loader import load_expert
 from lingbot_world.loaders.nf4_writer import make_random_nf4_expert
-from lingbot_world.memory.pinned import HostBuffer, WeightPart, dit_parts, tensor_slots
+from lingbot_world.memory.host_buffer import HostBuffer
+from lingbot_world.memory.pinned import dit_parts, tensor_slots
 from lingbot_world.memory.estimates import ACTIVATION_SAFETY, VRAM_HEADROOM, estimate_activation_bytes, expert_sizes
 from lingbot_world.memory.expert_plan import plan_memory
 from lingbot_world.memory.placement import BlockSwapProvider, ResidentProvider, SwapProvider, make_provider

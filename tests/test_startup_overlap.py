@@ -19,7 +19,7 @@ from lingbot_world.memory.fast_planner import plan_fast_memory
 from lingbot_world.memory.kv_placement import FastPlacement
 from lingbot_world.memory.kv_host_alloc import HostLayers, KVHostMemoryError, release_host_layers
 from lingbot_world.memory.overlap import Step, plan_overlap
-from lingbot_world.memory.pinned import discard_host_pages
+from lingbot_world.memory.host_buffer import discard_host_pages
 from lingbot_world.wan.dit.kv_cache import cache_layout
 from lingbot_world.wan.sampling.fast_sampler import FastRun, draw, make_generator
 from lingbot_world.world.models import V1_FAST

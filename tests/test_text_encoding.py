@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lingbot_world.text_encoder import child_process as text_encoder_child
 from lingbot_world.text_encoder import encode as te
 from lingbot_world.loaders.t5_files import load_umt5
 from lingbot_world.loaders.t5_tokenizer import UMT5Tokenizer
@@ -51,7 +52,7 @@ def encoder_pth(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _no_leftover_children():
     yield
-    assert te.live_text_encoder_pids() == []
+    assert text_encoder_child.live_text_encoder_pids() == []
 
 
 def reference_embeddings(encoder, tokenizer_source, texts):
@@ -77,7 +78,7 @@ def run_in_thread(fn):
 def wait_for_child(timeout=20.0) -> int:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        pids = te.live_text_encoder_pids()
+        pids = text_encoder_child.live_text_encoder_pids()
         if pids:
             return pids[0]
         time.sleep(0.02)
@@ -129,7 +130,7 @@ def comfy_fp16_file(encoder_pth: Path, spiece: Path, path: Path) -> Path:
 def test_stage_reader_reads_lines_as_they_are_completed(tmp_path):
     out = tmp_path / "stdout.txt"
     seen = []
-    reader = te.StageReader(out, lambda *a: seen.append(a))
+    reader = text_encoder_child.StageReader(out, lambda *a: seen.append(a))
     reader.poll()  # no file yet
     out.write_bytes(b'{"stage": "load", "done": 5, "total": 10}\nnot json\n{"stage": "enc')
     reader.poll()
@@ -138,9 +139,10 @@ def test_stage_reader_reads_lines_as_they_are_completed(tmp_path):
         f.write(b'ode", "done": 1, "total": 2}\n{"ok": true}\n')
     reader.poll()
     assert seen == [("load", 5, 10), ("encode", 1, 2)]
-    assert te._status(out) == {"ok": True}
+    assert text_encoder_child._status(out) == {"ok": True}
     out.write_bytes(b'{"ok": true, "device": "cpu"}\n{"stage": "encode", "done": 2, "total": 2}\n')
-    assert te._status(out) == {"ok": True, "device": "cpu"}  # progress lines are never taken for the status
+    # progress lines are never taken for the status
+    assert text_encoder_child._status(out) == {"ok": True, "device": "cpu"}
 
 
 def test_worker_runs_from_any_folder_without_the_pack_init(tmp_path, encoder_pth, spiece):
@@ -211,7 +213,7 @@ def test_cache_hit_never_starts_the_child(tmp_path, encoder_pth, spiece, fake_en
         raise AssertionError("a cache hit started the text encoder")
 
     monkeypatch.setattr(te, "run_text_encoder", no_child)
-    monkeypatch.setattr(te.subprocess, "Popen", no_child)
+    monkeypatch.setattr(text_encoder_child.subprocess, "Popen", no_child)
     stats = {}
     times = []
     for _ in range(5):
@@ -275,7 +277,7 @@ def test_nan_from_the_encoder_is_an_error_not_a_black_video(tmp_path, encoder_pt
         return [torch.full((3, 32), float("nan")).bfloat16() for _ in texts], {"ok": True, "device": "fake"}
 
     monkeypatch.setattr(te, "run_text_encoder", nan_encoder)
-    with pytest.raises(te.TextEncoderError, match="NaN or infinite values"):
+    with pytest.raises(text_encoder_child.TextEncoderError, match="NaN or infinite values"):
         te.encode_prompts(encoder_pth, spiece, [PROMPT], cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
@@ -296,7 +298,7 @@ def test_cache_write_failure_is_a_warning(tmp_path, encoder_pth, spiece, fake_en
 
 
 def test_missing_inputs_fail_before_any_child(tmp_path, spiece, monkeypatch):
-    monkeypatch.setattr(te.subprocess, "Popen", lambda *a, **k: pytest.fail("child started"))
+    monkeypatch.setattr(text_encoder_child.subprocess, "Popen", lambda *a, **k: pytest.fail("child started"))
     with pytest.raises(FileNotFoundError, match="text encoder file .* does not exist"):
         te.encode_prompts(tmp_path / "missing.pth", spiece, [PROMPT])
     enc = tmp_path / "t5.pth"
@@ -306,7 +308,7 @@ def test_missing_inputs_fail_before_any_child(tmp_path, spiece, monkeypatch):
 
 
 def test_bad_choices_fail_before_any_child(encoder_pth, spiece, monkeypatch):
-    monkeypatch.setattr(te.subprocess, "Popen", lambda *a, **k: pytest.fail("child started"))
+    monkeypatch.setattr(text_encoder_child.subprocess, "Popen", lambda *a, **k: pytest.fail("child started"))
     with pytest.raises(ValueError, match="device must be"):
         te.encode_prompts(encoder_pth, spiece, [PROMPT], device="gpu")
     with pytest.raises(ValueError, match="float16"):
@@ -324,7 +326,7 @@ def test_wrong_file_is_reported_with_stderr_tail(tmp_path, spiece):
     vae = tmp_path / "wan_2.1_vae.safetensors"
     save_file({"decoder.middle.0.residual.0.gamma": torch.ones(4, 1, 1, 1),
                "encoder.conv1.weight": torch.ones(4, 3, 3, 3, 3)}, vae)
-    with pytest.raises(te.TextEncoderInputError) as ei:
+    with pytest.raises(text_encoder_child.TextEncoderInputError) as ei:
         te.encode_prompts(vae, spiece, [PROMPT], use_cache=False)
     msg = str(ei.value)
     assert "it looks like the Wan VAE" in msg
@@ -336,10 +338,10 @@ def test_stop_all_from_another_thread(encoder_pth, spiece, monkeypatch):
     th, box = run_in_thread(lambda: te.encode_prompts(encoder_pth, spiece, [PROMPT], use_cache=False))
     wait_for_child()
     t0 = time.monotonic()
-    assert te.stop_all_text_encoders() == 1
+    assert text_encoder_child.stop_all_text_encoders() == 1
     th.join(15)
     assert not th.is_alive() and time.monotonic() - t0 < 10
-    assert isinstance(box.get("error"), te.TextEncoderStopped), box
+    assert isinstance(box.get("error"), text_encoder_child.TextEncoderStopped), box
     assert "stopped" in str(box["error"])
 
 
@@ -350,7 +352,7 @@ def test_sigkill_is_reported_as_out_of_ram(encoder_pth, spiece, monkeypatch):
     os.kill(wait_for_child(), signal.SIGKILL)  # what the kernel's OOM killer does
     th.join(15)
     err = box.get("error")
-    assert isinstance(err, te.TextEncoderKilled), box
+    assert isinstance(err, text_encoder_child.TextEncoderKilled), box
     assert str(err).startswith(
         "the text encoder process was killed, most likely out of RAM; try device=cuda or the fp8 encoder"
     )
@@ -359,7 +361,7 @@ def test_sigkill_is_reported_as_out_of_ram(encoder_pth, spiece, monkeypatch):
 def test_timeout(encoder_pth, spiece, monkeypatch):
     monkeypatch.setenv(TEST_DELAY_ENV, "60")
     t0 = time.monotonic()
-    with pytest.raises(te.TextEncoderTimeout, match="did not finish within 1 s"):
+    with pytest.raises(text_encoder_child.TextEncoderTimeout, match="did not finish within 1 s"):
         te.encode_prompts(encoder_pth, spiece, [PROMPT], use_cache=False, timeout=1.0)
     assert time.monotonic() - t0 < 10
 
@@ -367,7 +369,7 @@ def test_timeout(encoder_pth, spiece, monkeypatch):
 def test_cancel_check(encoder_pth, spiece, monkeypatch):
     monkeypatch.setenv(TEST_DELAY_ENV, "60")
     t0 = time.monotonic()
-    with pytest.raises(te.TextEncoderStopped, match="cancelled"):
+    with pytest.raises(text_encoder_child.TextEncoderStopped, match="cancelled"):
         te.encode_prompts(encoder_pth, spiece, [PROMPT], use_cache=False,
                           cancel_check=lambda: time.monotonic() - t0 > 0.3)
 

@@ -15,7 +15,7 @@ from lingbot_world.world import text_stage
 from lingbot_world.loaders.t5_files import load_umt5
 from lingbot_world.loaders.t5_tokenizer import UMT5Tokenizer
 from lingbot_world.memory.overlap import Step, plan_overlap
-from lingbot_world.text_encoder import encode as te
+from lingbot_world.text_encoder import child_process as text_encoder_child
 from lingbot_world.text_encoder.background import BackgroundEncoding
 from lingbot_world.text_encoder.worker import TEST_DELAY_ENV
 from lingbot_world.wan.text.umt5 import UMT5Config, UMT5Encoder
@@ -29,7 +29,7 @@ PROMPT = "The camera pans slowly to the left over a misty green valley at dawn."
 @pytest.fixture(autouse=True)
 def _no_leftover_children():
     yield
-    assert te.live_text_encoder_pids() == []
+    assert text_encoder_child.live_text_encoder_pids() == []
 
 
 # ---- the admission -------------------------------------------------------------------------------------------
@@ -65,9 +65,9 @@ def test_background_result_error_and_stop():
     assert BackgroundEncoding(lambda cancel_check: [torch.ones(2)]).result()[0].sum() == 2
 
     def fails(cancel_check):
-        raise te.TextEncoderInputError("bad tokenizer")
+        raise text_encoder_child.TextEncoderInputError("bad tokenizer")
 
-    with pytest.raises(te.TextEncoderInputError, match="bad tokenizer"):
+    with pytest.raises(text_encoder_child.TextEncoderInputError, match="bad tokenizer"):
         BackgroundEncoding(fails).result()
 
     seen = threading.Event()
@@ -76,7 +76,7 @@ def test_background_result_error_and_stop():
         while not cancel_check():
             time.sleep(0.01)
         seen.set()
-        raise te.TextEncoderStopped("text encoding was cancelled")
+        raise text_encoder_child.TextEncoderStopped("text encoding was cancelled")
 
     job = BackgroundEncoding(waits)
     assert job.running
@@ -166,11 +166,11 @@ def test_a_step_that_does_not_fit_waits_and_stop_kills_the_child(t5_files, monke
     stage = text_stage.start(_text(), t5_files, [PROMPT], torch.device("cuda"), steps, _OneProcess(),
                              LOG)
     deadline = time.monotonic() + 20
-    while not te.live_text_encoder_pids() and time.monotonic() < deadline:
+    while not text_encoder_child.live_text_encoder_pids() and time.monotonic() < deadline:
         time.sleep(0.05)
     t = time.monotonic()
     stage.stop()  # e.g. the VAE encode failed, or Ctrl-C: the child goes at once
-    assert time.monotonic() - t < 5 and te.live_text_encoder_pids() == []
+    assert time.monotonic() - t < 5 and text_encoder_child.live_text_encoder_pids() == []
 
 
 # ---- the CLI --------------------------------------------------------------------------------------------------------

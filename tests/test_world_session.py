@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from lingbot_world.cli import main
 from lingbot_world.wan.control.actions import ActionStringError, KeyInputError
-from lingbot_world.wan.sampling.fast_state import CameraSource
+from lingbot_world.wan.sampling.fast_parts import CameraSource
 from lingbot_world.wan.sampling.sampler import Cancelled
 from lingbot_world.world import WorldFiles, TextSettings, WorldError, WorldSession, WorldSettings, open_session
 

@@ -1,6 +1,6 @@
 """Child process: tokenize and encode prompts with umT5, write the embeddings as safetensors, exit.
 
-Run as a plain script, `python worker.py <job.json>` (started by `encode.run_text_encoder`). It reads and
+Run as a plain script, `python worker.py <job.json>` (started by `child_process.run_text_encoder`). It reads and
 deletes the job file at once, and dies with its parent (see `_die_with_parent`).
 Inside ComfyUI the pack's module name is a filesystem path and `multiprocessing` cannot re-import it, so
 this file is self-contained: at module level it imports only the standard library, and it reaches the
@@ -69,7 +69,7 @@ def peak_rss_bytes() -> Optional[int]:
 
 
 def report(stage: str, done: int, total: int, **extra) -> None:
-    """One progress line for the parent (see encode.StageReader)."""
+    """One progress line for the parent (see child_process.StageReader)."""
     print(json.dumps({"stage": stage, "done": int(done), "total": int(total), **extra}), flush=True)
 
 

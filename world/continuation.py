@@ -63,7 +63,7 @@ class Continuation:
         """The generator's device, the speed flags (the video's preset and steps followed), the model's files checked
         against the state, and the part planned from the steering; returns the PartPlan."""
         from ..speed.plans import follow_started_speed, speed_plan
-        from ..wan.sampling.fast_state import plan_next_part
+        from ..wan.sampling.fast_parts import plan_next_part
         from .errors import WorldError
         from .files import WorldFiles
 

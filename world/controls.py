@@ -20,7 +20,7 @@ import torch
 
 from ..wan.control.act_control import act_condition
 from ..wan.control.control_kind import ACT, CAMERA, check_control
-from ..wan.sampling.fast_state import CameraSource
+from ..wan.sampling.fast_parts import CameraSource
 from .cameras import camera_condition
 from .settings import Steering
 

@@ -133,7 +133,7 @@ class FirstPart:
         compile / compute / attention choice refused before loading; a compiler check waits for the imports), and
         the video's fixed settings with the preset's window cap."""
         from ..speed.plans import fast_speed_plan, log_speed_plan
-        from ..wan.sampling.fast_state import plan_first_part
+        from ..wan.sampling.fast_parts import plan_first_part
 
         s, checked, device = self.settings, self.checked, self.device
         self.seed = s.seed if s.seed >= 0 else random.randrange(2**31)

@@ -24,7 +24,8 @@ from typing import Optional
 import torch
 
 from ..wan.control.actions import KeyTimeline
-from ..wan.sampling.fast_state import CameraSource, FastState
+from ..wan.sampling.fast_parts import CameraSource
+from ..wan.sampling.fast_state import FastState
 
 log = logging.getLogger(__name__)
 

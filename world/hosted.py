@@ -22,7 +22,8 @@ from ..memory.kv_park import ParkedKV, ParkedKVError
 from ..memory.fast_plan import FastMemoryError
 from ..memory.kv_placement import place_kv_cache
 from ..speed.levers import plan_levers
-from ..wan.sampling.fast_state import FastSettings, FastState, PartPlan, plan_first_part, plan_next_part
+from ..wan.sampling.fast_parts import PartPlan, plan_first_part, plan_next_part
+from ..wan.sampling.fast_state import FastSettings, FastState
 from . import assembly
 from .controls import CameraSource
 from .session import WorldSession

@@ -4,7 +4,7 @@ size in words. memory/ measures; the doors see it here.
 """
 from ..memory.fast_planner import RAM_MARGIN
 from ..memory.memstats import peak_rss_bytes
-from ..memory.pinned import return_freed_host_memory
+from ..memory.host_buffer import return_freed_host_memory
 from ..memory.estimates import available_ram_bytes
 
 __all__ = ["RAM_MARGIN", "available_ram_bytes", "gb", "peak_rss_bytes", "return_freed_host_memory"]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..wan.control.actions import KeyInputError, KeyTimeline
-from ..wan.sampling.fast_state import CameraSource
+from ..wan.sampling.fast_parts import CameraSource
 from .errors import WorldError
 from .frames import ChunkFrames, ChunkTimes, to_uint8
 

@@ -9,7 +9,8 @@ import torch
 
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun, context_pass
-from ..wan.sampling.fast_state import FastState, plan_first_part, plan_next_part
+from ..wan.sampling.fast_parts import plan_first_part, plan_next_part
+from ..wan.sampling.fast_state import FastState
 from .errors import WorldError
 
 

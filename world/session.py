@@ -32,8 +32,9 @@ import torch.nn as nn
 from ..wan.dit.film_cache import DeviceFilmStore
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun
-from ..wan.sampling.fast_state import (CameraSource, FastSettings, FastState, PartPlan, finish_part, plan_first_part,
-                                       plan_next_part, start_part)
+from ..wan.sampling.fast_parts import (CameraSource, PartPlan, finish_part, plan_first_part, plan_next_part,
+                                       start_part)
+from ..wan.sampling.fast_state import FastSettings, FastState
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from .cache import SessionCache
 from .decoding import SessionDecoding

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..loaders.t5_tokenizer import MAX_LENGTH as TEXT_LENGTH
-from ..text_encoder.encode import (TextEncoderStopped, encode_prompts, estimate_child_vram_bytes,
-                                   stop_all_text_encoders)
+from ..text_encoder.child_process import TextEncoderStopped, stop_all_text_encoders
+from ..text_encoder.encode import encode_prompts, estimate_child_vram_bytes
 from ..wan.text.prompts import DEFAULT_NEGATIVE_PROMPT
 
 __all__ = ["DEFAULT_NEGATIVE_PROMPT", "EMBEDDING_DTYPE", "TEXT_LENGTH", "TextEncoderStopped", "all_cached",

@@ -13,6 +13,9 @@ each:
   Continue copies its input's (bounded) cache and leaves it intact; every state then holds its own window.
 The cache is freed when ComfyUI drops the outputs that hold it. The Sampler keeps its state only when a node takes
 its state output (read from the queued prompt); otherwise its cache is freed at once.
+
+A Continue puts the parked cache back into its run with `ParkedCacheRestore` (moved or copied, as above) and takes
+the I2V conditioning of later frames from `continuation_condition` (the state's, else built once per video).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Any, Optional
 
 from ...world.hosted import FastState, ParkedKV
 from ...world.machine import gb
+from .fast_host import condition_track
 
 _ids = itertools.count(1)
 
@@ -73,6 +77,19 @@ class KVStore:
             self.lineage.append(state_id)
 
 
+class ParkedCacheRestore:
+    """A parked cache put back into the new placement: moved (the chain's one cache) or copied (a window)."""
+
+    def __init__(self, parked, move: bool):
+        self.parked, self.move = parked, move
+
+    def fill(self, i, k, v) -> None:
+        self.parked.fill(i, k, v, move=self.move)
+
+    def restore_counters(self, cache) -> None:
+        self.parked.restore_counters(cache)
+
+
 @dataclass(eq=False)
 class FastStateHandle:
     """LINGBOT_FAST_STATE: a Fast video after some chunks (`state`), the model and I2V input it was made with, and
@@ -112,6 +129,17 @@ class FastStateHandle:
         if self.state is None:
             return "FastStateHandle(empty)"
         return f"FastStateHandle({self.state.frames} frames, {self.state.chunks} chunks)"
+
+
+def continuation_condition(handle: FastStateHandle):
+    """The I2V conditioning of later frames: the state's, else built once per video and kept."""
+    st = handle.state
+    if st.condition is None:
+        try:
+            st.condition = condition_track(handle.i2v)
+        except ValueError as e:
+            raise ValueError(f"LingBot Fast Continue: {e}") from None
+    return st.condition
 
 
 def state_output_used(prompt: Optional[dict], unique_id: Optional[str], output: int = 1) -> bool:

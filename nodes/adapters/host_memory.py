@@ -2,7 +2,7 @@
 
 glibc keeps the pages of freed allocations below its (dynamic, up to 32 MB) mmap threshold, and NF4 / VAE
 weights are exactly such 1-40 MB tensors: without a trim the server's RSS stays at its peak after the models
-are gone. Two triggers, both ending in `memory.pinned.return_freed_host_memory` (glibc `malloc_trim(0)`):
+are gone. Two triggers, both ending in `memory.host_buffer.return_freed_host_memory` (glibc `malloc_trim(0)`):
 - an expert unload trims at once (`trim_now`), after the last reference to the weights is dropped;
 - objects that die with ComfyUI's node cache (`track`: the expert pair, the VAE) mark a trim as pending, and the
   next full garbage collection (ComfyUI runs one right after freeing its caches) performs it.
