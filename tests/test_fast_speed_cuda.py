@@ -237,7 +237,11 @@ def test_cuda_graphs_keep_the_camera_film_per_chunk(compile_choice, monkeypatch)
     film = FilmCache(device_blocks=range(cfg.num_layers - 1), device_store=DeviceFilmStore())
     kept, runner = run(film)
     assert plain.disabled is None and runner.disabled is None, (plain.disabled, runner.disabled)
-    assert plain.captures == cfg.num_layers and runner.captures == 2 * (cfg.num_layers - 1) + 1
+    variants = [len(runner.graphs[i]) for i in range(cfg.num_layers)]
+    # the kept blocks: a graph that keeps the FiLM and one that reads it; the last block computes its own (one graph
+    # per residual address its input has: block 0's two graphs may leave the residual at two addresses)
+    assert plain.captures == cfg.num_layers and variants[:-1] == [2] * (cfg.num_layers - 1), (variants, runner.stats())
+    assert variants[-1] in (1, 2) and runner.captures == sum(variants), (variants, runner.stats())
     assert film.stats["read"] > 0 and runner.replays > 0
     assert torch.equal(kept, computed), f"max |diff| {(kept - computed).abs().max().item():.3g}"
     film.close()
