@@ -195,10 +195,11 @@ def summarize(res: dict, workdir: Path) -> dict:
                "uploaded_gb_per_chunk": round(r.get("uploaded_bytes_timed", 0) / 1e9 / len(chunks), 2),
                "film_blocks": [r["plan"].get("film_blocks", 0), r["plan"].get("film_host_blocks", 0)]}
         rolled = r.get("rolled_from_chunk")
-        if rolled is not None and rolled + 1 < len(chunks):  # the rolled chunks after the one that captures
-            row.update(rolling_chunk_s=mean(chunks[rolled + 1:]), rolling_dit_s=mean(r["dit_s"][rolled + 1:]),
-                       rolling_decode_s=mean(r["decode_s"][rolled + 1:]), capture_chunk_s=chunks[rolled],
-                       rolling_chunks=len(chunks) - rolled - 1, graphs=r.get("graphs"))
+        steady = None if rolled is None else _steady_from(rolled, r.get("captures_by_chunk"))
+        if steady is not None and steady < len(chunks):  # the rolled chunks after the ones that capture
+            row.update(rolling_chunk_s=mean(chunks[steady:]), rolling_dit_s=mean(r["dit_s"][steady:]),
+                       rolling_decode_s=mean(r["decode_s"][steady:]), capture_chunk_s=chunks[rolled],
+                       rolling_chunks=len(chunks) - steady, graphs=r.get("graphs"))
         row.update(errors_against_reference(workdir, name, chunk, model))
         target = targets.get(name)
         if target is not None:
@@ -206,6 +207,18 @@ def summarize(res: dict, workdir: Path) -> dict:
             row["met"] = row["mean_chunk_s"] <= target
         s[name] = row
     return s
+
+
+def _steady_from(rolled: int, captures: list | None) -> int:
+    """The first chunk of the steady state: after the chunk where the window rolled (its first rolled shape runs
+    eagerly and the next captures) and after any later chunk that captured graphs (with the camera FiLM kept, a
+    chunk's first call has graphs of its own, captured in the chunk after the roll)."""
+    start = rolled + 1
+    if captures:
+        for i in range(rolled + 1, len(captures)):
+            if captures[i] > captures[i - 1]:
+                start = i + 1
+    return start
 
 
 def print_report(res: dict) -> None:

@@ -163,9 +163,11 @@ def child_case(spec: dict) -> dict:
         marks: list[tuple] = []
         latents: list[torch.Tensor] = []
         pending: list = []
+        captures: list[int] = []  # the CUDA graphs captured by the end of each chunk (the rolled mean skips those)
 
         def on_chunk(index: int, x0: torch.Tensor) -> None:
             latents.append(x0.cpu())  # waits for the chunk's DiT (a copy to the host)
+            captures.append(getattr(model.block_runner, "captures", 0) if model.block_runner is not None else 0)
             t_dit = time.perf_counter()
             pending.append(decoder.submit(x0))
             if not decoder.overlapped:
@@ -197,6 +199,7 @@ def child_case(spec: dict) -> dict:
         out["dit_s"] = [round(d - s, 4) for s, (d, _) in zip(starts, marks)]
         out["decode_s"] = [round(e - d, 4) for d, e in marks]
         out["calls_per_chunk"] = run.model_calls / run.chunks
+        out["captures_by_chunk"] = captures
         latent = torch.cat(latents, dim=2)
         out["finite"] = bool(torch.isfinite(latent).all())
         save_file({"latent": latent.contiguous(), "first_call": first_call[0].contiguous()},

@@ -195,7 +195,8 @@ def test_fp8_attention_takes_fp16_inputs():
     out16 = kernel(q.half(), k.half(), v.half())
     out_bf16 = kernel(q.bfloat16(), k.bfloat16(), v.bfloat16())
     assert out16.dtype == torch.float16 and torch.isfinite(out16).all()
-    assert rel_err(out16, ref) < 0.1 and rel_err(out16, out_bf16) < 0.05
+    # FP8's rounding dominates both (0.058 from float64 with fp16 inputs on an H200): fp16 is no worse than bf16
+    assert rel_err(out16, ref) < 0.1 and rel_err(out16, ref) <= 1.1 * rel_err(out_bf16.float(), ref)
     q16 = q.half().contiguous()
     into = kernel(q16, k.half(), v.half(), reuse_q=True)
     assert into.data_ptr() == q16.data_ptr() and torch.equal(into, out16)
