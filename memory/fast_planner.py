@@ -17,9 +17,10 @@ a 24 GB card's chunk, and pin 0.5-0.8 GB more RAM (measured on an H100, bench/re
 and RAM is what a 32 GB machine runs short of first. The blocks the device has no room for keep theirs in pinned
 RAM (memory/film_stream.py) when RAM has room beside the pinned cache and RAM_RESERVE: written once per chunk,
 streamed back ahead of the blocks in its later calls, through two blocks' device buffers. Last, where the card still
-has room for every block's GEMM weights as their GEMMs take them (memory/resident_weights.py: 2 bytes per weight in
-bf16, 1 and a scale per row in FP8 / INT8), they are kept there instead of prepared from NF4 at every call: the v2
-1.3B's 3.1 GB in bf16 on a 24 GB card; never the 14B's 32 GB on 24 GB.
+has room for the GEMM weights every call multiplies, as their GEMMs take them (memory/resident_weights.py: 2 bytes
+per weight in bf16, 1 and a scale per row in FP8 / INT8), they are kept there instead of prepared from NF4 at every
+call: the v2 1.3B's 2.5 GB in bf16 on a 24 GB card; never the 14B's 24 GB on 24 GB. Coming after the FiLM, they
+are kept only where every block's FiLM is (its 4 camera layers then run once per chunk, and are not kept).
 
 The plan counts with the expert planner's estimates and margins (memory/estimates.py) and says why in one line; it
 refuses with the numbers when the cache cannot fit even in host RAM, before anything is allocated. A pure function

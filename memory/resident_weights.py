@@ -7,8 +7,10 @@ the kept tensor is the one a call would prepare. Costs the prepared bytes (bf16:
 float32 scale per row) beside the NF4 codes; saves the preparation per call (on an H200 0.017 s of a rolled 0.87 s
 `auto` chunk of the v2 1.3B), and a captured CUDA graph then reads the weights with no dequantization kernels.
 
-Not kept: the cross-attention's k / v (their GEMMs take the 512 text rows once per prompt while the cache keeps the
-text K/V), and any block whose weights block swap moves between host and device (`model.streamed_blocks`).
+Kept: the linears every call runs over the video tokens (q, k, v, o, the cross-attention's q and o, the FFN). Not the
+cross-attention's k / v (their GEMMs take the 512 text rows once per prompt while the cache keeps the text K/V), nor
+the camera layers: the plan keeps the weights only where every block's camera FiLM fits before them, so those run
+once per chunk. Never for a block whose weights block swap moves between host and device (`model.streamed_blocks`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from ..wan.dit.model import DiTConfig
 log = logging.getLogger(__name__)
 
 TEXT_LINEARS = ("cross_attn.k", "cross_attn.v")
-RESIDENT_LINEARS = tuple(n for n in BLOCK_NF4_LINEARS if n not in TEXT_LINEARS)
+CAMERA_LINEARS = ("cam_injector_layer1", "cam_injector_layer2", "cam_scale_layer", "cam_shift_layer")
+RESIDENT_LINEARS = tuple(n for n in BLOCK_NF4_LINEARS if n not in TEXT_LINEARS + CAMERA_LINEARS)
 
 
 def resident_weight_bytes(cfg: DiTConfig, compute: str = "bf16", compute_bytes: int = 2) -> int:
