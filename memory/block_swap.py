@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from .host_buffer import return_freed_host_memory
 from .pinned import Device, WeightPart, clear_device_caches, dit_parts, synchronize
+from .resident_weights import drop_resident_weights
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,8 @@ class BlockSwapper:
 
     def install(self) -> "BlockSwapper":
         """Place the model and hook into its forward (previous hooks keep running)."""
+        drop_resident_weights(self.model, self.streamed)  # their weights move: a kept copy would outlive them
+        self.model.streamed_blocks = self.streamed  # and none is kept for them later (memory/resident_weights.py)
         self.place()
         self._prev_hooks = (self.model.before_block, self.model.after_block)
         self.model.before_block = self.before_block
@@ -203,6 +206,7 @@ class BlockSwapper:
         if self._prev_hooks is not None:
             self.model.before_block, self.model.after_block = self._prev_hooks
             self._prev_hooks = None
+        self.model.__dict__.pop("streamed_blocks", None)
         synchronize(self.device)
         if self.ring is not None:
             self.ring.close()

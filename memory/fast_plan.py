@@ -1,8 +1,10 @@
 """What the Fast model's memory plan says (`FastMemoryPlan`): where the model, its K/V cache, the text K/V and the
-camera FiLM go, with the numbers and the reason in one line; and `FastMemoryError`, when nothing fits.
+camera FiLM go and whether the blocks keep their prepared GEMM weights, with the numbers and the reason in one line;
+and `FastMemoryError`, when nothing fits.
 
 Decided by memory/fast_planner.py, carried out by memory/kv_placement.py; the World session also makes each chunk's
-camera FiLM cache from it (`make_film`, `make_film_store`).
+camera FiLM cache from it (`make_film`, `make_film_store`) and keeps the GEMM weights it says
+(memory/resident_weights.py).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class FastMemoryPlan:
     film_host_blocks: int = 0  # the next blocks: their FiLM kept in pinned RAM, streamed back ahead of the block
     kv_fp8: bool = False  # the K/V cache rounded to FP8 (wan/dit/kv_fp8.py), its host layers stored as codes
     code_layers_on_gpu: int = 0  # of cache_layers_on_gpu, those an FP8 cache keeps on the device as codes
+    resident_weights: bool = False  # every block keeps its prepared GEMM weights (memory/resident_weights.py)
 
     @property
     def num_layers(self) -> int:
@@ -66,6 +69,11 @@ class FastMemoryPlan:
             return None
         slots = int(self.estimates.get("film_buffer_slots", 1))
         return HostFilmStore(device, slots=max(1, slots), keep_buffers=True)  # planned as the plan's own
+
+    @property
+    def resident_weight_bytes(self) -> int:
+        """Device bytes of the kept GEMM weights (0 when the plan keeps none)."""
+        return int(self.estimates.get("resident_weight_bytes", 0)) if self.resident_weights else 0
 
     @property
     def streamed_layers(self) -> int:

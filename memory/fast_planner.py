@@ -16,7 +16,11 @@ room the model and the cache layers leave. A cache layer given up for it would b
 a 24 GB card's chunk, and pin 0.5-0.8 GB more RAM (measured on an H100, bench/results/fast_*film*_h100.json),
 and RAM is what a 32 GB machine runs short of first. The blocks the device has no room for keep theirs in pinned
 RAM (memory/film_stream.py) when RAM has room beside the pinned cache and RAM_RESERVE: written once per chunk,
-streamed back ahead of the blocks in its later calls, through two blocks' device buffers.
+streamed back ahead of the blocks in its later calls, through two blocks' device buffers. Last, where the card still
+has room for the GEMM weights every call multiplies, as their GEMMs take them (memory/resident_weights.py: 2 bytes
+per weight in bf16, 1 and a scale per row in FP8 / INT8), they are kept there instead of prepared from NF4 at every
+call: the v2 1.3B's 2.5 GB in bf16 on a 24 GB card; never the 14B's 24 GB on 24 GB. Coming after the FiLM, they
+are kept only where every block's FiLM is (its 4 camera layers then run once per chunk, and are not kept).
 
 The plan counts with the expert planner's estimates and margins (memory/estimates.py) and says why in one line; it
 refuses with the numbers when the cache cannot fit even in host RAM, before anything is allocated. A pure function
@@ -35,6 +39,7 @@ from .camera_cache import film_block_bytes
 from .estimates import (ACTIVATION_SAFETY, RAM_RESERVE, WEIGHTS, _fits_line, _gb, estimate_activation_bytes,
                         expert_sizes, vram_headroom)
 from .fast_plan import FastMemoryError, FastMemoryPlan
+from .resident_weights import resident_weight_bytes
 
 CACHE_PLACEMENTS = ("auto", "gpu", "host")
 # Host RAM that must stay free beside the pinned cache (page-locked memory cannot be swapped out).
@@ -97,6 +102,8 @@ def plan_fast_memory(
     film_host: bool = True,
     kv_fp8: bool = False,
     kv_codes_on_gpu: Optional[bool] = None,
+    compute: str = "bf16",
+    resident_weights: bool = True,
 ) -> FastMemoryPlan:
     """Where the model, the K/V cache and the text K/V go (a pure function of its arguments; tested with made-up
     numbers). cache "auto" keeps the whole cache on the device when it fits, else streams it from host RAM with as
@@ -116,6 +123,10 @@ def plan_fast_memory(
     `draft --chunk-steps 2 --tiny-vae` chunk took 0.4-6.0 % longer with them (3.9 % in the mean of five pairs; RSS
     9.4 against 12.5 GB; bench/results/fast_*_kv_codes_*h100.json), so a machine with RAM to spare keeps bf16.
     kv_codes_on_gpu: None decides so; True keeps codes whenever the cache streams, False never (benchmarks' A/B).
+    compute: the NF4 linears' GEMM mode (the speed plan's "bf16", "fp8", "int8" or "fp16acc"): when the card has room
+    for every block's prepared GEMM weights in it after everything else and the spare, they are kept
+    (memory/resident_weights.py; all or none, never with block swap or on the CPU); resident_weights=False: never
+    (benchmarks' A/B).
     Raises FastMemoryError when the streamed layers do not fit in host RAM either (saying so when an FP8 cache
     would fit).
     """
@@ -137,6 +148,7 @@ def plan_fast_memory(
     layer = layout.layer_bytes(heads, cfg.head_dim, compute_bytes)
     host_layer = layout.fp8_layer_bytes(heads, cfg.head_dim) if kv_fp8 else layer  # one streamed layer in RAM
     text = n_layers * 2 * cfg.text_len * cfg.dim * compute_bytes
+    resident = resident_weight_bytes(cfg, compute, compute_bytes) if weights == "nf4" and resident_weights else 0
     whole_cache = n_layers * layer
     cpu = vram_free is None
     film_on = camera and camera_film
@@ -146,7 +158,8 @@ def plan_fast_memory(
     est = {"film_block_bytes": film, "num_layers": n_layers, "model_bytes": sizes.total, "block_bytes": sizes.block,
            "cache_layer_bytes": layer, "cache_bytes": whole_cache, "text_kv_bytes": text, "activation_bytes": acts,
            "extra_vram": int(extra_vram), "vram_free": None if cpu else int(vram_free), "ram_free": int(ram_free),
-           "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity, "host_layer_bytes": host_layer}
+           "headroom": 0 if cpu else headroom, "cache_tokens": layout.capacity, "host_layer_bytes": host_layer,
+           "resident_weight_bytes": resident}
     size_txt = f"{width}x{height}, chunks of {chunk_pixels} frames"
     acts_label = f"activations ({size_txt})"
     prefix = "auto: " if cache == "auto" else "requested: "
@@ -177,15 +190,20 @@ def plan_fast_memory(
     spare_vram = cache_vram_spare(cfg)
     if cache == "gpu" or (cache == "auto" and gpu_need + spare_vram <= vram_free):
         ok = gpu_need <= vram_free
-        why = _fits_line(gpu_parts, vram_free, "free VRAM")
         note = "" if ok else "; WARNING: it may not fit: use cache 'auto' or 'host', a window, or fewer frames"
         films, hosted, slots = _film_places(vram_free - gpu_need - spare_vram if ok else 0, film, n_layers,
                                             ram_free - RAM_RESERVE if film_host else 0)
-        est.update(film_host_bytes=hosted * film, film_buffer_slots=slots,
-                   film_buffer_bytes=_film_buffer_bytes(slots, film))
+        staging = _film_buffer_bytes(slots, film)
+        # the GEMM weights take what everything else leaves
+        keep = ok and 0 < resident <= vram_free - gpu_need - spare_vram - films * film - staging
+        kept = [(_resident_label(compute, compute_bytes), resident)] if keep else []
+        why = _fits_line(gpu_parts + kept, vram_free, "free VRAM")
+        on_device = gpu_need - sum(n for _, n in extra) + films * film + staging + (resident if keep else 0)
+        est.update(film_host_bytes=hosted * film, film_buffer_slots=slots, film_buffer_bytes=staging,
+                   device_bytes=on_device)  # the plan's own: the decoder and the graphs' pool are `extra`
         return FastMemoryPlan("gpu", n_layers, True, None, layout, f"{prefix}K/V cache on the GPU ({why}){note}"
-                              f"{_film_note(films, film, n_layers, hosted)}", ok, token_chunk, est, cache_heads,
-                              films, hosted, kv_fp8)
+                              f"{_film_note(films, film, n_layers, hosted)}{_resident_note(keep, resident)}", ok,
+                              token_chunk, est, cache_heads, films, hosted, kv_fp8, resident_weights=keep)
 
     # Host: the model (or its resident blocks), two one-layer buffers and as many cache layers as fit. What can
     # stream (model blocks, cache layers, the text K/V by recomputing) fills the card up to `room` only.
@@ -251,6 +269,8 @@ def plan_fast_memory(
     staging = _film_buffer_bytes(slots, film)
     on_device = fixed + layer_bytes(on) + (text if cache_text else 0) + films * film + staging
     ok = on_device <= vram
+    keep = ok and blocks is None and 0 < resident <= room - on_device  # what the cache layers and the FiLM leave
+    on_device += resident if keep else 0
     est.update(host_bytes=host_need, cache_layers_on_gpu=n, device_bytes=on_device, film_host_bytes=hosted * film,
                film_buffer_bytes=staging, film_buffer_slots=slots, code_layers_on_gpu=n_codes)
     model_label = "model" if blocks is None else f"model base + {blocks}/{sizes.num_blocks} blocks + 2 ring buffers"
@@ -263,6 +283,8 @@ def plan_fast_memory(
         parts.append((f"camera FiLM of {films}/{n_layers} blocks", films * film))
     if hosted:
         parts.append((f"{slots} camera FiLM buffer{'s' if slots > 1 else ''} and its stream's slack", staging))
+    if keep:
+        parts.append((_resident_label(compute, compute_bytes), resident))
     parts += [(acts_label, acts), ("headroom", headroom)] + extra
     why = _fits_line(parts, vram_free, "free VRAM")
     if host_need > ram_free - RAM_MARGIN:
@@ -289,8 +311,26 @@ def plan_fast_memory(
     if host_need > ram_free - RAM_RESERVE:
         notes.append(f"WARNING: only {_gb(ram_free - host_need)} RAM left beside the pinned cache")
     reason = f"{prefix}K/V cache in pinned RAM, {n}/{n_layers} layers on the GPU ({why}; {'; '.join(notes)})"
-    return FastMemoryPlan("host", n, cache_text, blocks, layout, reason + _film_note(films, film, n_layers, hosted),
-                          ok, token_chunk, est, cache_heads, films, hosted, kv_fp8, n_codes)
+    return FastMemoryPlan("host", n, cache_text, blocks, layout,
+                          reason + _film_note(films, film, n_layers, hosted) + _resident_note(keep, resident), ok,
+                          token_chunk, est, cache_heads, films, hosted, kv_fp8, n_codes, resident_weights=keep)
+
+
+_PREPARED_AS = {"bf16": "bf16", "fp16acc": "fp16", "fp8": "FP8", "int8": "INT8"}  # what a compute mode keeps
+
+
+def _resident_label(compute: str, compute_bytes: int) -> str:
+    kept = _PREPARED_AS.get(compute, compute) if compute_bytes == 2 else "float32"  # no low precision in float32
+    return f"GEMM weights kept in {kept}"
+
+
+def _resident_note(keep: bool, resident: int) -> str:
+    """The GEMM weights the plan does not keep (kept ones are a part of the sum); empty for weights stored as they
+    compute (FP8 / INT8 / bf16)."""
+    if keep or not resident:
+        return ""
+    return (f"; the blocks' GEMM weights are prepared from NF4 at every call (kept, they would take {_gb(resident)}: "
+            "no room)")
 
 
 def _fp8_way_out(args: dict) -> str:

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from .host_buffer import HostBuffer
+from .resident_weights import drop_resident_weights
 
 
 ALIGN = 256  # byte alignment of every tensor inside a flat buffer (what CUDA kernels expect of weights)
@@ -218,10 +219,11 @@ def parts_nbytes(parts: Iterable[WeightPart]) -> int:
 
 
 def clear_device_caches(model: nn.Module) -> None:
-    """Drop per-device caches a model keeps outside its tensors (the DiT's RoPE tables)."""
+    """Drop per-device caches a model keeps outside its tensors (the DiT's RoPE tables, its kept GEMM weights)."""
     rope = getattr(model, "rope", None)
     if rope is not None and hasattr(rope, "head_dim"):
         model.rope = type(rope)(rope.head_dim)
+    drop_resident_weights(model)
 
 
 def synchronize(device: Device) -> None:

@@ -169,6 +169,14 @@ def detach(module: nn.Module) -> None:
     if handle is not None:
         handle.remove()
     module.__dict__.pop("lora", None)
+    _drop_kept(module)
+
+
+def _drop_kept(module: nn.Module) -> None:
+    """A prepared weight kept for good (NF4Linear.keep_weight) was made under the old hook's weight patches."""
+    drop = getattr(module, "drop_kept_weight", None)
+    if drop is not None:
+        drop()
 
 
 def merge(module: nn.Module, lora: LinearLora) -> None:

@@ -42,6 +42,7 @@ from .nf4_format import (  # noqa: F401 - the format's names, re-exported for th
     packed_shapes,
     parse_quant_state_json,
     swap_quantized_linears,
+    token_gemm_mode,
 )
 
 # Compute paths of the NF4 linears' forward (quant/compute.py picks one per GPU): the dequantized weight in the
@@ -58,7 +59,9 @@ class NF4Linear(Linear4bit):
     also serving the DiT's fp32 regions), then one GEMM in the compute mode (`set_compute`). For FP8 / INT8 GEMMs
     on a GPU the weight's preparation (dequantize, then quantize per row) runs as one kernel where the speed plan
     offers it (`quant/nf4_rows.py`, the same bits), except under a LoRA that patches the weight. Between
-    `hold_weight()` and `release_weight()` the prepared weight is kept for all token chunks of a block phase.
+    `hold_weight()` and `release_weight()` the prepared weight is kept for all token chunks of a block phase;
+    `keep_weight()` keeps the one its token-wise GEMMs use until `drop_kept_weight()` (the memory plan's resident
+    weights: no preparation per call at all), and anything that changes the weight drops it.
     `lora` is the LoRA hook (`quant.lora.LinearLora`, set by `quant.lora.attach`): its weight patches go between
     "dequantize" and "GEMM" (every compute mode starts from the patched weight), its low-rank terms are added to
     the output.
@@ -69,6 +72,7 @@ class NF4Linear(Linear4bit):
     fp8_fast_accum = True
     _lowp_ops: Optional[dict] = None  # the quantizers apply_speed picked (Triton row kernel, compiled or eager)
     _held: Optional[dict] = None
+    _kept: Optional[tuple] = None  # keep_weight's (key, prepared, source): see _kept_for
     lora = None  # quant.lora.LinearLora while a LoRA is attached
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_dtype: torch.dtype = torch.bfloat16):
@@ -91,8 +95,13 @@ class NF4Linear(Linear4bit):
         return getattr(self.weight, "quant_state", None) is not None and not self.weight.is_meta
 
     def _set_weight(self, param: Params4bit) -> None:
+        self._kept = None  # prepared from the old weight
         self.weight = param
         self.quant_state = param.quant_state
+
+    def _apply(self, fn, recurse=True):
+        self._kept = None  # .to() / .cpu() / .half() move or change the weight; the kept copy would stay behind
+        return super()._apply(fn, recurse)
 
     def load_prequantized(self, packed: torch.Tensor, pieces: Mapping[str, torch.Tensor], where: str = "") -> None:
         """Rebuild the weight from its stored pieces (keys as in NF4_COMPONENTS) with bnb's deserialization.
@@ -181,6 +190,55 @@ class NF4Linear(Linear4bit):
             self.fp8_fast_accum = bool(fast_accum)
         self._lowp_ops = ops
         self._held = None
+        self._kept = None
+
+    # ---- the prepared weight kept for good (the memory plan's resident weights) --------------------------------
+    def _token_key(self) -> Optional[tuple]:
+        """(kind, dtype) the token-wise GEMMs prepare (None: no compute dtype set, so it follows the input)."""
+        dtype = self.compute_dtype
+        if dtype is None:
+            return None
+        mode = token_gemm_mode(self.compute_mode, self.out_features, self.in_features,
+                               dtype in (torch.bfloat16, torch.float16))
+        return _key(mode, dtype)
+
+    def _source(self) -> tuple:
+        """What a prepared weight is made from: the stored codes' address and the LoRA hook (compared by identity)."""
+        return (self.weight.data.data_ptr(), self.weight.device, self.lora)
+
+    def keep_weight(self) -> int:
+        """Prepare the weight the token-wise GEMMs use now (the same tensor `_prepared` makes, so the same output bits)
+        and keep it until drop_kept_weight(), set_compute, a new or moved weight, or another LoRA hook; returns its
+        bytes (0: nothing to keep). Other GEMMs (few rows, another dtype) prepare theirs per call as before."""
+        key = self._token_key()
+        if key is None or not self.is_quantized:
+            self._kept = None
+            return 0
+        if self._kept_for(key) is None:
+            self._kept = None  # the old one goes before the new one is made
+            with torch.no_grad():
+                self._kept = (key, self._make(*key), self._source())
+        return sum(t.numel() * t.element_size() for t in self.kept_tensors())
+
+    def drop_kept_weight(self) -> None:
+        self._kept = None
+
+    def kept_tensors(self) -> list:
+        """The kept prepared weight's tensors (empty when none is kept): the CUDA graphs' fingerprint reads them."""
+        if self._kept is None:
+            return []
+        prepared = self._kept[1]
+        return list(prepared) if isinstance(prepared, tuple) else [prepared]
+
+    def _kept_for(self, key: tuple):
+        kept = self._kept
+        if kept is None or kept[0] != key:
+            return None
+        made_from, now = kept[2], self._source()
+        if made_from[:2] != now[:2] or made_from[2] is not now[2]:
+            self._kept = None  # the weight or the hook changed without a word (explicit drops cover the known ways)
+            return None
+        return kept[1]
 
     def hold_weight(self) -> None:
         """Keep the prepared (dequantized / FP8 / INT8) weight until release_weight()."""
@@ -191,8 +249,18 @@ class NF4Linear(Linear4bit):
 
     def _prepared(self, kind: str, dtype: torch.dtype):
         key = (kind, dtype)
+        if self._kept is not None:
+            kept = self._kept_for(key)
+            if kept is not None:
+                return kept
         if self._held is not None and key in self._held:
             return self._held[key]
+        prepared = self._make(kind, dtype)
+        if self._held is not None:
+            self._held[key] = prepared
+        return prepared
+
+    def _make(self, kind: str, dtype: torch.dtype):
         lora = self.lora
         patched = lora is not None and lora.patches_weight
         ops = self._lowp_ops or {}  # the weight quantizers apply_speed picked (one fused kernel where it can)
@@ -208,8 +276,6 @@ class NF4Linear(Linear4bit):
                 w = self.dequantized_weight(dtype)
             prepared = (ops.get("fp8_weight", fp8.quantize_weight)(w) if kind == "fp8"
                         else ops.get("int8_weight", int8.quantize_weight)(w) if kind == "int8" else w)
-        if self._held is not None:
-            self._held[key] = prepared
         return prepared
 
     def _bias_in(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -227,13 +293,11 @@ class NF4Linear(Linear4bit):
         return bias
 
     def _mode_for(self, x: torch.Tensor, dtype: torch.dtype) -> str:
-        if self.compute_mode == "bf16" or dtype not in (torch.bfloat16, torch.float16):
-            return "bf16"
         rows = x.numel() // max(1, x.shape[-1])
-        # _scaled_mm needs K, N multiples of 16; _int_mm more than 16 rows (cuBLASLt limits).
-        if rows < max(self.lowp_min_rows, 17) or self.in_features % 16 or self.out_features % 16:
+        if rows < max(self.lowp_min_rows, 17):  # _int_mm needs more than 16 rows (cuBLASLt)
             return "bf16"
-        return self.compute_mode
+        return token_gemm_mode(self.compute_mode, self.out_features, self.in_features,
+                               dtype in (torch.bfloat16, torch.float16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_in = x
@@ -245,17 +309,17 @@ class NF4Linear(Linear4bit):
         mode = self._mode_for(x, dtype)
         ops = self._lowp_ops or {}
         if mode == "fp8":
-            w8, scale = self._prepared("fp8", dtype)
+            w8, scale = self._prepared(*_key(mode, dtype))
             y = fp8.linear(x, w8, scale, bias, dtype, quantize=ops.get("fp8", fp8.quantize_rows),
                            fast_accum=self.fp8_fast_accum)
         elif mode == "int8":
-            w8, scale = self._prepared("int8", dtype)
+            w8, scale = self._prepared(*_key(mode, dtype))
             y = int8.linear(x, w8, scale, bias, dtype, quantize=ops.get("int8", int8.quantize_rows),
                             rescale_fn=ops.get("int8_rescale", int8.rescale))
         elif mode == "fp16acc":
-            y = fp16acc.linear(x, self._prepared("float", torch.float16), bias, dtype)
+            y = fp16acc.linear(x, self._prepared(*_key(mode, dtype)), bias, dtype)
         else:
-            y = F.linear(x, self._prepared("float", dtype), bias)
+            y = F.linear(x, self._prepared(*_key(mode, dtype)), bias)
         if self.lora is not None:  # the low-rank terms and bias difference of a LoRA, added to the output
             y = self.lora.add_terms(x_in, y)
         return y if y.dtype == inp_dtype else y.to(inp_dtype)
@@ -280,6 +344,14 @@ class NF4Linear(Linear4bit):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, nf4, "
                 f"compute_dtype={self.compute_dtype}, compute={self.compute_mode}")
+
+
+def _key(mode: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
+    """(kind, dtype) of the prepared weight a GEMM mode multiplies: FP8 / INT8 rows, or a float weight (fp16 for
+    fp16acc's fp16-accumulating GEMMs, else the compute dtype)."""
+    if mode in ("fp8", "int8"):
+        return mode, dtype
+    return "float", torch.float16 if mode == "fp16acc" else dtype
 
 
 def dequantize_nf4(packed: torch.Tensor, state: bnbf.QuantState, dtype: torch.dtype) -> torch.Tensor:

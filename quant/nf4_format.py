@@ -95,6 +95,25 @@ def default_compute_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def token_gemm_mode(compute: str, out_features: int, in_features: int, half: bool = True) -> str:
+    """The mode an NF4 linear's token-wise GEMMs (LOWP_MIN_ROWS rows or more) run in under `compute`: that mode, or
+    "bf16" (a GEMM in the compute dtype) where it cannot run: a float32 compute dtype (half=False, the CPU), or
+    dims that are not multiples of 16 (_scaled_mm's and _int_mm's limits)."""
+    if compute == "bf16" or not half or in_features % 16 or out_features % 16:
+        return "bf16"
+    return compute
+
+
+def prepared_weight_bytes(out_features: int, in_features: int, compute: str, compute_bytes: int = 2) -> int:
+    """Device bytes of one NF4 weight prepared for its token-wise GEMMs (what NF4Linear.keep_weight keeps): FP8 /
+    INT8 codes with a float32 scale per row, an fp16 weight for fp16acc, else the weight in the compute dtype."""
+    mode = token_gemm_mode(compute, out_features, in_features, compute_bytes == 2)
+    n = out_features * in_features
+    if mode in ("fp8", "int8"):
+        return n + 4 * out_features
+    return n * (2 if mode == "fp16acc" else compute_bytes)
+
+
 def packed_shapes(out_features: int, in_features: int, blocksize: int = NF4_BLOCKSIZE) -> dict[str, tuple[int, ...]]:
     """Shapes of the stored pieces of one NF4 weight (double quant), keyed like NF4_COMPONENT_DTYPES."""
     n = out_features * in_features

@@ -25,11 +25,12 @@ How:
   chunk), a block has two graphs: one that computes its FiLM and keeps it (a chunk's first call), one that reads
   it (the chunk's later calls), so the camera's GEMMs run once per chunk as in the eager path.
 - Each block's graph is keyed by the address of everything it reads outside those statics: its input, weights
-  (a block streamed through the block-swap ring sits in one of two buffers), its cache layer's K/V (a streamed
-  cache layer sits in a ring buffer), text K/V and kept FiLM. A new address set captures another graph of that block (up to
-  four are kept: with an odd number of streamed cache layers a layer alternates between the ring's two buffers
-  from one forward to the next): a replay reads whatever its addresses hold now, which is right only while they
-  are the same tensors.
+  (a block streamed through the block-swap ring sits in one of two buffers), the prepared GEMM weights the memory
+  plan keeps (made again they sit elsewhere; dropped, the graph must prepare them itself), its cache layer's K/V
+  (a streamed cache layer sits in a ring buffer), text K/V and kept FiLM. A new address set captures another graph
+  of that block (up to four are kept: with an odd number of streamed cache layers a layer alternates between the
+  ring's two buffers from one forward to the next): a replay reads whatever its addresses hold now, which is right
+  only while they are the same tensors.
 - A replay launches the kernels the eager run launched, on the same inputs: the output is the same bit for bit.
 - The graphs share one memory pool: they replay one after another on one stream, so one block's scratch memory
   is free again before the next block's starts.
@@ -132,6 +133,9 @@ def block_fingerprint(block: torch.nn.Module) -> tuple:
         ptrs.extend(t.data_ptr() for t in module.parameters(recurse=False))
         ptrs.extend(t.data_ptr() for t in module.buffers(recurse=False))
         ptrs.extend(t.data_ptr() for t in _quant_tensors(module) if isinstance(t, torch.Tensor))
+        kept = getattr(module, "kept_tensors", None)  # a kept prepared weight is read instead of the NF4 codes
+        if kept is not None:
+            ptrs.append(tuple(t.data_ptr() for t in kept()))
         mode = getattr(module, "compute_mode", None)
         if mode is not None:
             ptrs.append(mode)

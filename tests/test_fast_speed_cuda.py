@@ -188,6 +188,46 @@ def test_cuda_graphs_replay_a_rolling_window_bit_for_bit(preset, monkeypatch):
     assert torch.equal(graphed, eager), f"max |diff| {(graphed - eager).abs().max().item():.3g}"
 
 
+@pytest.mark.parametrize("preset", ["exact", "fast"])
+def test_kept_gemm_weights_give_the_same_bits_eagerly_and_in_graphs(preset, monkeypatch):
+    """The memory plan's resident GEMM weights (memory/resident_weights.py: bf16, or FP8 rows from the NF4 row
+    kernel under `fast`): a rolled-window run with them equals the run that prepares them per call, eagerly and
+    replaying CUDA graphs; kept again at other addresses mid-video, the graphs re-capture and still match."""
+    from types import SimpleNamespace
+
+    from lingbot_world.memory.resident_weights import apply_resident_weights, kept_bytes
+    from lingbot_world.speed.options import GRAPHS_ENV, apply_speed
+    from lingbot_world.speed.presets import resolve_preset
+
+    cfg, model = _causal_nf4_model(7)
+    for m in model.modules():
+        if hasattr(m, "lowp_min_rows"):
+            m.lowp_min_rows = 64  # the tiny chunk's 72 tokens take the low-precision path under `fast`
+    plan = resolve_preset(preset, CUDA, explicit={"compile": "off"})
+    keep, drop = SimpleNamespace(resident_weights=True), SimpleNamespace(resident_weights=False)
+
+    def run(graphs: bool, plan_kept):
+        monkeypatch.setenv(GRAPHS_ENV, "1" if graphs else "0")
+        apply_speed(model, plan)  # drops kept weights (set_compute): the plan's decision makes them again
+        apply_resident_weights(model, plan_kept)
+        return _rolling_window_run(model, cfg, 8, **plan.fast_run_options(V1_FAST.recipe))
+
+    want = run(False, drop)
+    assert torch.equal(run(False, keep), want) and kept_bytes(model) > 0
+    assert torch.equal(run(True, keep), want)
+    runner = model.block_runner
+    assert runner.disabled is None and runner.captures == cfg.num_layers
+    held = kept_bytes(model)
+    lin = model.blocks[1].ffn[0]
+    old = lin.kept_tensors()  # still allocated: the weight made again lands elsewhere
+    lin.drop_kept_weight()
+    apply_resident_weights(model, keep)
+    assert kept_bytes(model) == held and lin.kept_tensors()[0].data_ptr() != old[0].data_ptr()
+    again = _rolling_window_run(model, cfg, 8, **plan.fast_run_options(V1_FAST.recipe))
+    del old
+    assert torch.equal(again, want) and runner.captures > cfg.num_layers  # block 1 captured again
+
+
 def test_compile_graphs_builds_at_load_and_compiles_only_the_rolled_forwards(monkeypatch):
     """compile="graphs" (a narrow model's `auto`): the compiled phases are built when the plan is applied (no
     compile later, at the first rolled chunk); the chunks before the window rolls are the eager run's bit for bit,

@@ -262,15 +262,23 @@ class _Held:
 
         self._lock, self.depth, self.entries = threading.RLock(), 0, 0
 
+    def acquire(self, blocking=True, timeout=-1):
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self.depth += 1
+            self.entries += 1
+        return got
+
+    def release(self):
+        self.depth -= 1
+        self._lock.release()
+
     def __enter__(self):
-        self._lock.__enter__()
-        self.depth += 1
-        self.entries += 1
+        self.acquire()
         return self
 
     def __exit__(self, *exc):
-        self.depth -= 1
-        return self._lock.__exit__(*exc)
+        self.release()
 
 
 def test_every_use_of_the_model_holds_the_model_lock(files, tmp_path):

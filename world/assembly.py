@@ -205,9 +205,14 @@ def plan_memory(checked: Checked, video: FastSettings, device: torch.device, set
                                      kv_layers_on_gpu=settings.kv_layers_on_gpu, with_camera=with_camera,
                                      stream_decode=stream_decode, vae_cfg=checked.files.vae_config(),
                                      seq_parallel=seq_parallel, vram=vram, decode_bytes=decode_bytes,
-                                     **plan_levers(settings.speed))
+                                     compute=gemm_compute(settings.speed), **plan_levers(settings.speed))
     log.info("memory plan: %s", plan.reason)
     return plan, stream
+
+
+def gemm_compute(speed) -> str:
+    """The NF4 GEMMs' mode a speed plan sets on the model (apply_speed; none: the linears' bf16)."""
+    return getattr(speed, "compute", None) or "bf16"
 
 
 def model_loader(checked: Checked, settings: WorldSettings, device: torch.device) -> Callable:

@@ -42,13 +42,16 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
                       vram: Optional[int] = -1, ram: Optional[int] = None,
                       camera_film: bool = True, film_host: bool = True,
                       decode_bf16: bool = False, kv_fp8: bool = False,
-                      decode_bytes: Optional[int] = None) -> tuple[FastMemoryPlan, bool]:
+                      decode_bytes: Optional[int] = None, compute: str = "bf16",
+                      resident_weights: bool = True) -> tuple[FastMemoryPlan, bool]:
     """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
     memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device
     (benchmarks' A/B). decode_bf16 / kv_fp8: the speed levers the plan counts
     (speed.levers.plan_levers): a bf16 decode leaves the K/V cache about 2.3 GB more at 480x832, and an FP8 cache
     takes half the RAM and half the link. decode_bytes: what the streaming decoder needs when it is not the VAE (a
-    tiny decoder: wan.vae.tiny.tiny_decode_bytes; about 1 GB instead of 6-7 GB at 480x832).
+    tiny decoder: wan.vae.tiny.tiny_decode_bytes; about 1 GB instead of 6-7 GB at 480x832). compute: the NF4 GEMMs'
+    mode (the speed plan's), which the blocks' kept GEMM weights are prepared for where the card has room
+    (resident_weights=False: never; benchmarks' A/B).
     Raises memory.fast_plan.FastMemoryError when nothing fits (the
     message has the numbers).
     """
@@ -61,7 +64,7 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     kw = dict(weights=weights, cache=kv_cache, cache_layers_on_gpu=kv_layers_on_gpu, camera=with_camera,
               compute_bytes=torch.empty(0, dtype=compute_dtype(weights, device)).element_size(),
               seq_parallel=seq_parallel, graphs=graphs_enabled(device, cfg), camera_film=camera_film,
-              film_host=film_host, kv_fp8=kv_fp8)
+              film_host=film_host, kv_fp8=kv_fp8, compute=compute, resident_weights=resident_weights)
     plan = plan_fast_memory(height, width, cfg, layout, vram, ram, **kw)
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"
     if cuda and stream_decode != "off":

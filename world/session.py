@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
+from ..memory.resident_weights import apply_resident_weights, drop_resident_weights
 from ..wan.dit.film_cache import DeviceFilmStore
 from ..wan.dit.model import pad_context
 from ..wan.sampling.fast_sampler import FastRun
@@ -232,7 +233,7 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
         with self.model_lock:  # one user of the model at a time (a door may share it between sessions)
             self._check_open()
             latent_start = self.state.latent_frames if self.parts else 0
-            model = self._ensure_model()
+            model = self._ready_model()
             self._ensure_cache(latent_start + part.latent_frames)
             y = self.condition.frames(latent_start, part.latent_frames)
             ctx = pad_context([self.context], self._text_len(model)).to(self.device)
@@ -295,6 +296,14 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
             self.model = model
             self.load_seconds = time.perf_counter() - t
         return self.model
+
+    def _ready_model(self) -> nn.Module:
+        """The model with the GEMM weights the plan keeps made (or dropped), before the cache is placed: here, not at
+        the load, since a door's start-up may still hold the card then (the CLI's text encoder beside the load).
+        Every part checks them: another session on the same model (ComfyUI) or a LoRA may have dropped them."""
+        model = self._ensure_model()
+        apply_resident_weights(model, self.placement.plan)
+        return model
 
     def _text_len(self, model) -> int:
         return self.text_len or int(getattr(getattr(model, "cfg", None), "text_len", 512))
@@ -362,6 +371,13 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
         self._close_history()
         self.kv.cache = None
         self._close_film_store()
+        # The kept GEMM weights go: a host keeps the model (ComfyUI) and its memory accounting does not count them.
+        # Not while another session runs the same model (holding the lock): its chunk reads them.
+        if self.model is not None and self.model_lock.acquire(blocking=False):
+            try:
+                drop_resident_weights(self.model)
+            finally:
+                self.model_lock.release()
         self.model = None
         self.tiny_decoder = None
         self.placement.close()

@@ -137,7 +137,8 @@ class ComfyFastPlacement(HostPlacement):
         beside = (plan.device_cache_bytes + est["activation_bytes"]
                   + (est["text_kv_bytes"] if plan.cache_text else 0)
                   + (2 * est["cache_layer_bytes"] if plan.cache == "host" else 0)
-                  + plan.film_blocks * est.get("film_block_bytes", 0) + est.get("film_buffer_bytes", 0))
+                  + plan.film_blocks * est.get("film_block_bytes", 0) + est.get("film_buffer_bytes", 0)
+                  + plan.resident_weight_bytes)  # the session keeps them once the model is loaded
         models = [patcher] + ([self.preview_vae.patcher] if self.preview_vae is not None else [])
         weights.progress = load_progress()("fast")
         try:
