@@ -278,7 +278,7 @@ def run(args, bm: BenchModel) -> dict:
                                                        "profile", "save_frames", "weights", "host_gaps",
                                                        "graphs", "film", "film_host", "vae_plan_f32", "fp8_kernel",
                                                        "tiny_vae", "tiny_plan_as_vae", "env", "warm_video",
-                                                       "kv_codes_on_gpu")}}
+                                                       "kv_codes_on_gpu", "resident")}}
         if args.tiny:
             spec.pop("compile", None)
             if spec.get("levers", {}).get("decode_bf16") and device == "cpu":

@@ -135,6 +135,11 @@ CASES: dict[str, dict] = {
     "exact_rolling_no_film": dict(preset="exact", chunks=16, film=False, reference="exact_rolling"),
     "auto_rolling_as_played_no_film": dict(preset="auto", chunks=16, film=False, reference="auto_rolling_as_played"),
     "auto_rolling_as_played_profile": dict(preset="auto", chunks=16, profile=True),
+    # the blocks' prepared GEMM weights kept on the card (the plan's resident_weights) against prepared from the NF4
+    # codes at every call: the same latents (error 0), the dequantization it saves
+    "exact_rolling_not_resident": dict(preset="exact", chunks=16, resident=False, reference="exact_rolling"),
+    "auto_rolling_as_played_not_resident": dict(preset="auto", chunks=16, resident=False,
+                                                reference="auto_rolling_as_played"),
     "draft_rolling_steps2_tiny_vae_as_played_no_film": dict(preset="draft", levers=dict(steps=2), tiny_vae=True,
                                                             chunks=16, film=False,
                                                             reference="draft_rolling_steps2_tiny_vae_as_played"),

@@ -32,6 +32,7 @@ def child_case(spec: dict) -> dict:
 
     from ..memory.fast_planner import plan_fast_memory
     from ..memory.kv_placement import FastPlacement
+    from ..memory.resident_weights import apply_resident_weights
     from ..memory.estimates import available_ram_bytes, free_vram_bytes
     from ..speed.decode import ChunkDecoder
     from ..speed.levers import ChunkLevers
@@ -103,7 +104,8 @@ def child_case(spec: dict) -> dict:
     plan = plan_fast_memory(h, w, cfg, layout, vram, available_ram_bytes(), extra_vram=extra, weights=weights,
                             graphs=graphs_enabled(device, cfg), camera_film=spec.get("film", True),
                             film_host=spec.get("film_host", True), kv_fp8=levers.kv_fp8,
-                            kv_codes_on_gpu=spec.get("kv_codes_on_gpu"))
+                            kv_codes_on_gpu=spec.get("kv_codes_on_gpu"), compute=plan_speed.compute,
+                            resident_weights=spec.get("resident", True))
     out["plan"] = plan.to_json()
     out["weights"] = weights
     if levers.kv_fp8:
@@ -115,6 +117,7 @@ def child_case(spec: dict) -> dict:
     try:
         t0 = time.perf_counter()
         model = apply_speed(placement.load_model(spec["fast_lowp"].get(weights, spec["fast"]), weights), plan_speed)
+        out["resident_weight_bytes"] = apply_resident_weights(model, plan)  # as the World session does
         sync(device)
         out["load_s"] = round(time.perf_counter() - t0, 3)
         cache = placement.make_cache()
