@@ -92,7 +92,7 @@ def build_session(args, device: torch.device, model_path: Path, bm: BenchModel):
     from ..speed.options import resolve_speed
     from ..wan.i2v import ConditionTrack
     from ..wan.vae.model import VAEConfig, WanVAE
-    from ..world.assembly import Checked, fit_speed, speed_preparer, video_settings
+    from ..world.assembly import Checked, fit_speed, gemm_compute, speed_preparer, video_settings
     from ..world.files import WorldFiles
     from ..world.plan import compute_dtype, plan_world_memory, play_layout
     from ..world.session import WorldSession
@@ -134,7 +134,7 @@ def build_session(args, device: torch.device, model_path: Path, bm: BenchModel):
     plan, _ = plan_world_memory(cfg, play_layout(fs), device, h, w, weights=args.weights, kv_cache=args.kv_cache,
                                 stream_decode="on", vae_cfg=vae.cfg, camera_film=not args.no_camera_film,
                                 film_host=not args.film_device_only, **plan_levers(plan_speed),
-                                decode_bytes=tiny_bytes(tiny, h, w, beside_vae=vae.cfg))
+                                decode_bytes=tiny_bytes(tiny, h, w, beside_vae=vae.cfg), compute=gemm_compute(plan_speed))
     placement = FastPlacement(plan, device, lambda s: None)
     dtype = compute_dtype(args.weights, device)
     session = WorldSession(placement, fs, device=device, vae=vae, prepare_model=speed_preparer(plan_speed),

@@ -140,6 +140,7 @@ CASES: dict[str, dict] = {
     "exact_rolling_not_resident": dict(preset="exact", chunks=16, resident=False, reference="exact_rolling"),
     "auto_rolling_as_played_not_resident": dict(preset="auto", chunks=16, resident=False,
                                                 reference="auto_rolling_as_played"),
+    "auto_rolling_as_played_not_resident_profile": dict(preset="auto", chunks=16, resident=False, profile=True),
     "draft_rolling_steps2_tiny_vae_as_played_no_film": dict(preset="draft", levers=dict(steps=2), tiny_vae=True,
                                                             chunks=16, film=False,
                                                             reference="draft_rolling_steps2_tiny_vae_as_played"),

@@ -69,7 +69,8 @@ def _chunks(model, cfg, plan, latent_frames=6, film=None):
     hook = model.register_forward_hook(lambda m, a, out: first.append(out.float()) if not first else None)
     try:
         with torch.inference_mode():
-            latent = FastRun(model, noise, ctx, y, cam, cache, gen, film=film, **V1_RUN, **plan.fast_run_options(V1_FAST.recipe)).run()
+            options = {**V1_RUN, **plan.fast_run_options(V1_FAST.recipe)}  # a preset's levers over the schedule
+            latent = FastRun(model, noise, ctx, y, cam, cache, gen, film=film, **options).run()
     finally:
         hook.remove()
     return first[0], latent
@@ -91,7 +92,7 @@ def _rolling_window_run(model, cfg, seed: int, **run_options):
     gen = make_generator(11, "cuda")
     noise = draw(gen, (1, 16, frames, LAT_H, LAT_W), CUDA)
     with torch.inference_mode():
-        return FastRun(model, noise, ctx, y, cam, cache, gen, **V1_RUN, **run_options).run()
+        return FastRun(model, noise, ctx, y, cam, cache, gen, **{**V1_RUN, **run_options}).run()
 
 
 def test_auto_preset_compiled_chunks_match_eager():
@@ -344,7 +345,8 @@ def test_a_chunk_queues_its_work_without_a_host_sync(preset):
     layout = cache_layout(frames, (LAT_H // 2) * (LAT_W // 2), window_frames=window, sink_frames=1 if window else 0)
     cache = layout.make(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=torch.bfloat16, device=CUDA)
     run = FastRun(model, None, ctx, y, cam, cache, make_generator(11, "cpu"), device=CUDA,
-                  film=FilmCache(device_blocks=range(cfg.num_layers)), **V1_RUN, **plan.fast_run_options(V1_FAST.recipe))
+                  film=FilmCache(device_blocks=range(cfg.num_layers)),
+                  **{**V1_RUN, **plan.fast_run_options(V1_FAST.recipe)})
     with torch.inference_mode():
         run.next_chunk()  # first use: cuDNN plans, pinned buffers, the text K/V
         torch.cuda.synchronize()
