@@ -162,6 +162,34 @@ def test_an_interrupted_chunk_leaves_the_video_at_its_last_chunk(files, tmp_path
         assert np.array_equal(_play(s, KEYS[3:]), reference[33:])
 
 
+def test_a_chunk_that_comes_out_as_nan_stops_with_one_line_and_the_video_stays_whole(files, tmp_path):
+    """A model whose output turns non-finite (fp16 passing 65504 on real weights, a broken file) would make black
+    frames and poison every later chunk through the cache: the session stops at that chunk with one line naming
+    the cause, before its frames are decoded or shown, and the video stays at its last whole chunk."""
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        reference = _play(s, KEYS)
+    with _open(files, tmp_path, window=6, sink=3) as s:
+        _play(s, KEYS[:3])
+        hook = s.model.register_forward_hook(lambda mod, args, out: out * float("nan"))
+        try:
+            with pytest.raises(WorldError, match=r"chunk 1 of this part came out as inf/NaN: .*check-expert"):
+                _play(s, KEYS[3:4])
+        finally:
+            hook.remove()
+        assert s.chunks == 3
+        assert np.array_equal(_play(s, KEYS[3:]), reference[33:])
+
+
+def test_a_non_finite_chunk_under_fp16acc_points_at_bf16():
+    from lingbot_world.world.errors import check_finite_chunk
+
+    check_finite_chunk(torch.zeros(1, 16, 1, 2, 2), 0, "fp16acc")  # finite: nothing
+    bad = torch.zeros(1, 16, 1, 2, 2)
+    bad[0, 3, 0, 1, 1] = float("inf")
+    with pytest.raises(WorldError, match=r"chunk 3 .*fp16.*65504.*--compute bf16"):
+        check_finite_chunk(bad, 2, "fp16acc")
+
+
 def test_bad_keys_are_refused_before_any_work(files, tmp_path):
     with _open(files, tmp_path) as s:
         with pytest.raises(KeyInputError, match="9 frames of keys for one chunk, which takes 8"):

@@ -39,7 +39,7 @@ from ..wan.sampling.fast_state import FastSettings, FastState
 from ..wan.sizes import VAE_TEMPORAL_STRIDE
 from .cache import SessionCache
 from .decoding import SessionDecoding
-from .errors import WorldError
+from .errors import WorldError, check_finite_chunk
 from .frames import ChunkTimes, FixedCondition
 from .history import PartHistory
 from .played import PlayedVideo
@@ -243,6 +243,7 @@ class WorldSession(PartHistory, PlayedVideo, Rewinding, SessionDecoding):
 
             def on_chunk(index: int, x0: torch.Tensor) -> None:
                 nonlocal t_decode
+                check_finite_chunk(x0, index, getattr(self.speed, "compute", None))
                 if on_latent is not None:
                     on_latent(index, x0)
                 if release_cache_after and on_done is None and index == run.chunks - 1:
