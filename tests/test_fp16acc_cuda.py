@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lingbot_world.world.models import V1_FAST
+from tests.conftest import load_sibling
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -38,25 +39,9 @@ def plan(compute: str, **kw):
 
 
 def causal_nf4_model(seed=0):
-    """A 3-block causal model, 256 wide with head dim 128, NF4 linears and bf16 weights as a CUDA load makes."""
-    from lingbot_world.quant.nf4 import NF4Linear, replace_linears_with_nf4
-    from lingbot_world.wan.dit.model import DiTConfig, WanDiT
-
-    cfg = DiTConfig.tiny(dim=256, ffn_dim=512, num_heads=2, text_dim=64, text_len=16, num_layers=3, causal=True)
-    torch.manual_seed(seed)
-    ref = WanDiT(cfg)
-    model = WanDiT(cfg, device="meta")
-    replace_linears_with_nf4(model, cfg.num_layers, torch.bfloat16)
-    plain = {}
-    for key, value in ref.state_dict().items():
-        mod = model.get_submodule(key.rpartition(".")[0])
-        if isinstance(mod, NF4Linear) and key.endswith(".weight"):
-            mod.load_float_weight(value.to(CUDA))
-        else:
-            plain[key] = value.to(CUDA, torch.bfloat16)
-    model.load_state_dict(plain, strict=False, assign=True)
-    model.compute_dtype = torch.bfloat16
-    return cfg, model.eval().requires_grad_(False)
+    """A 3-block causal model, 256 wide with head dim 128, NF4 linears and bf16 weights as a CUDA load makes (the
+    GPU speed tests' model)."""
+    return load_sibling("test_fast_speed_cuda")._causal_nf4_model(seed)
 
 
 def run(model, cfg, speed, frames=6, window=None, seed=3):
