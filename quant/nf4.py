@@ -18,7 +18,7 @@ file gives a message that names it.
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import bitsandbytes.functional as bnbf
 import torch
@@ -253,12 +253,16 @@ class NF4Linear(Linear4bit):
             kept = self._kept_for(key)
             if kept is not None:
                 return kept
+        return self._held_or(key, lambda: self._make(kind, dtype))
+
+    def _held_or(self, key: tuple, make: Callable[[], object]):
+        """What `make` returns, kept under `key` while a hold is on (hold_weight): made once per held phase."""
         if self._held is not None and key in self._held:
             return self._held[key]
-        prepared = self._make(kind, dtype)
+        value = make()
         if self._held is not None:
-            self._held[key] = prepared
-        return prepared
+            self._held[key] = value
+        return value
 
     def _make(self, kind: str, dtype: torch.dtype):
         lora = self.lora
@@ -284,13 +288,7 @@ class NF4Linear(Linear4bit):
         bias = self.bias
         if bias is None or bias.dtype == dtype:
             return bias
-        key = ("bias", dtype)
-        if self._held is not None and key in self._held:
-            return self._held[key]
-        bias = bias.to(dtype)
-        if self._held is not None:
-            self._held[key] = bias
-        return bias
+        return self._held_or(("bias", dtype), lambda: bias.to(dtype))
 
     def _mode_for(self, x: torch.Tensor, dtype: torch.dtype) -> str:
         rows = x.numel() // max(1, x.shape[-1])
