@@ -106,6 +106,10 @@ class FilmLayer:
     def done(self) -> None:
         self.cache.store_of(self.index).done(self.index)
 
+    def addresses(self) -> tuple[int, int]:
+        """Where its device-store values live (not counted as a read): a CUDA graph over them replays there."""
+        return tuple(t.data_ptr() for t in self.cache.store_of(self.index).read(self.index))
+
     def replayed(self, wrote: bool) -> None:
         """A CUDA graph replayed this block (speed/block_graphs.py): the bookkeeping its Python did at capture."""
         if wrote:
