@@ -199,6 +199,21 @@ CASES: dict[str, dict] = {
                                                               reference="draft_rolling_steps2_tiny_vae_graphs"),
     "draft_rolling_steps2_sage_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True, attention="sage",
                                                                       profile=True),
+    # the FFN's GELU in its GEMM's epilogue, which the compiled phases now ask for, against a phase of its own (as
+    # before): the error it adds to auto's per forward, the time it saves, and the profile against the floor
+    "auto_rolling_as_played_no_gelu_epilogue": dict(preset="auto", chunks=16, env={"LINGBOT_GELU_EPILOGUE": "0"},
+                                                    reference="auto_rolling_as_played"),
+    "auto_rolling_as_played_no_gelu_epilogue_profile": dict(preset="auto", chunks=16, profile=True,
+                                                            env={"LINGBOT_GELU_EPILOGUE": "0"}),
+    # INT8 GEMMs (per-token activations, per-row weights; the RTX 30xx's fastest, twice fp16acc's rate there):
+    # their error against bf16 GEMMs, alone and with SageAttention, and a profile for the consumer-card projection
+    "draft_rolling_steps2_int8_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, compute="int8",
+                                                              reference="draft_rolling_steps2_bf16_tiny_vae_graphs"),
+    "draft_rolling_steps2_int8_sage_tiny_vae_graphs": _draft2_tiny(
+        chunks=16, graphs=True, compute="int8", attention="sage",
+        reference="draft_rolling_steps2_bf16_tiny_vae_graphs"),
+    "draft_rolling_steps2_int8_sage_tiny_vae_graphs_profile": _draft2_tiny(chunks=16, graphs=True, compute="int8",
+                                                                           attention="sage", profile=True),
     "auto_rolling": dict(preset="auto", compile="blocks", chunks=16),
     "auto_rolling_graphs": dict(preset="auto", compile="blocks", chunks=16, graphs=True, reference="auto_rolling"),
     "draft_rolling": dict(preset="draft", compile="blocks", chunks=16),

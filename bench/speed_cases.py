@@ -30,8 +30,9 @@ CASES: dict[str, dict] = {
     # whole FP8 path (FP8 GEMMs + FP8 attention, what `--compute fp8` picks with `--attention auto` on Hopper)
     "compile_fp8attn": dict(kind=FORWARD, compile="blocks", attention="fp8", profile=True),
     "fp8_compile_fp8attn": dict(kind=FORWARD, compute="fp8", compile="blocks", attention="fp8", profile=True),
-    # the exact path with the FFN's GELU in the first GEMM's cuBLASLt epilogue (blocks.FFN_GELU_EPILOGUE)
+    # compiled phases with the FFN's GELU in the first GEMM's cuBLASLt epilogue (now their default) and without
     "compile_epilogue": dict(kind=FORWARD, compile="blocks", gelu_epilogue=True, profile=True),
+    "compile_no_epilogue": dict(kind=FORWARD, compile="blocks", gelu_epilogue=False, profile=True),
     # the exact path with bf16 attention through cudnn-frontend on cuDNN's fastest plan (issue 15's 6.3 s/step)
     "compile_cudnn": dict(kind=FORWARD, compile="blocks", attention="cudnn", profile=True),
     # layered CFG (issue 15): a step is ONE model call whose cond and uncond samples run one after the other inside

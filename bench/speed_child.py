@@ -41,11 +41,11 @@ def _forward_setup(spec: dict):
     device = torch.device(spec["device"])
     cfg = DiTConfig.from_json(spec["config"])
     info: dict = {}
-    from ..wan.dit import blocks
+    from ..speed.options import GELU_EPILOGUE_ENV
 
-    if spec.get("gelu_epilogue") is not None:  # the FFN's GELU in the GEMM epilogue or a separate phase (default)
-        blocks.FFN_GELU_EPILOGUE = bool(spec["gelu_epilogue"])
-    info["ffn_gelu_epilogue"] = blocks.FFN_GELU_EPILOGUE
+    if spec.get("gelu_epilogue") is not None:  # compiled phases: the FFN's GELU in the GEMM epilogue or its own
+        os.environ[GELU_EPILOGUE_ENV] = "1" if spec["gelu_epilogue"] else "0"
+    info["ffn_gelu_epilogue"] = os.environ.get(GELU_EPILOGUE_ENV, "1") != "0"
     if spec.get("compile") == "blocks":
         info["inductor_cache"] = str(compile_mod.configure_cache(Path(spec["workdir"]) / "inductor"))
         if spec.get("inductor_options") is not None:

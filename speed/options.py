@@ -208,6 +208,7 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
     return plan
 
 
+GELU_EPILOGUE_ENV = "LINGBOT_GELU_EPILOGUE"  # "0": compiled phases keep the FFN's GELU out of its GEMM
 GRAPHS_ENV = "LINGBOT_CUDA_GRAPHS"  # "1" / "0": replay the causal model's blocks from CUDA graphs, or never
 GRAPHS_ON = ("1", "true", "yes", "on")
 GRAPHS_OFF = ("0", "false", "no", "off")
@@ -295,10 +296,14 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
 
 
 def compiled_token_ops(strict: bool = False):
-    """The DiT's per-token phases through torch.compile, shared by every model in the process."""
+    """The DiT's per-token phases through torch.compile, shared by every model in the process. They put the FFN's
+    GELU into its GEMM's epilogue where the GEMM is bf16 (TokenOps.gelu_in_gemm; GELU_EPILOGUE_ENV=0 keeps it a
+    phase of its own): compiled phases already round in another order than eager ones."""
     from ..wan.dit.token_ops import TokenOps
 
-    return TokenOps(lambda fn: compile_mod.compiled(fn, strict), name="compiled" + ("-strict" if strict else ""))
+    gelu_in_gemm = os.environ.get(GELU_EPILOGUE_ENV, "1").strip() != "0"
+    return TokenOps(lambda fn: compile_mod.compiled(fn, strict), name="compiled" + ("-strict" if strict else ""),
+                    gelu_in_gemm=gelu_in_gemm)
 
 
 def compiled_quantizers(strict: bool = False) -> dict:

@@ -205,6 +205,7 @@ class CountingOps:
         from lingbot_world.wan.dit import token_ops
 
         self.calls = 0
+        self.gelu_in_gemm = False  # TokenOps' switch (the epilogue exists on a GPU only)
         for phase in token_ops.PHASES:
             setattr(self, phase, self._counted(getattr(token_ops.EAGER, phase)))
 

@@ -186,7 +186,7 @@ def test_the_compiled_weight_quantizer_is_used_when_given():
 
 def test_the_gelu_epilogue_is_only_offered_on_a_gpu_with_bf16_gemms(monkeypatch):
     """On the CPU (and for FP8/INT8 compute, or a LoRA adding terms) forward_gelu declines and the block's FFN runs
-    the GEMM then the GELU phase, exactly as before; the block asks for it only when switched on."""
+    the GEMM then the GELU phase, exactly as before; the block asks for it only when its phases do (gelu_in_gemm)."""
     from lingbot_world.wan.dit import blocks, token_ops
 
     lin = nf4_layer(seed=9)
@@ -195,7 +195,20 @@ def test_the_gelu_epilogue_is_only_offered_on_a_gpu_with_bf16_gemms(monkeypatch)
         assert lin.forward_gelu(x) is None
         expected = torch.nn.functional.gelu(lin(x), approximate="tanh")
         assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), expected)
+        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.TokenOps(gelu_in_gemm=True)), expected)  # declined
         monkeypatch.setattr(lin, "forward_gelu", lambda t: torch.zeros(1))
-        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), expected)  # off by default: never asked
-        monkeypatch.setattr(blocks, "FFN_GELU_EPILOGUE", True)
-        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), torch.zeros(1))  # switched on, offered: used
+        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.EAGER), expected)  # eager ops never ask
+        assert torch.equal(blocks.linear_gelu(lin, x, token_ops.TokenOps(gelu_in_gemm=True)), torch.zeros(1))
+
+
+def test_compiled_phases_ask_for_the_gelu_epilogue_unless_switched_off(monkeypatch):
+    """The eager phases keep the reference's separate GELU (its bits); the compiled ones, which round in another
+    order already, take the GEMM's epilogue where it is offered; LINGBOT_GELU_EPILOGUE=0 keeps it a phase."""
+    from lingbot_world.speed import options
+    from lingbot_world.wan.dit import token_ops
+
+    assert token_ops.EAGER.gelu_in_gemm is False
+    monkeypatch.delenv(options.GELU_EPILOGUE_ENV, raising=False)
+    assert options.compiled_token_ops().gelu_in_gemm is True
+    monkeypatch.setenv(options.GELU_EPILOGUE_ENV, "0")
+    assert options.compiled_token_ops().gelu_in_gemm is False

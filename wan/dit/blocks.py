@@ -111,15 +111,10 @@ def weights_held(*layers: nn.Module):
             _HOLDING.discard(id(m))
 
 
-# The FFN's GELU in the first GEMM's epilogue where the linear offers it (NF4Linear.forward_gelu: CUDA, bf16 GEMMs).
-# cuBLASLt's GELU is the tanh one the model uses (tests/test_speed_cuda.py on an H100), but it saved 0.6 % of a
-# step there (bench_speed compile_epilogue): off, a separate GELU phase as the reference.
-FFN_GELU_EPILOGUE = False
-
-
 def linear_gelu(linear: nn.Module, x: torch.Tensor, ops: token_ops.TokenOps) -> torch.Tensor:
-    """tanh-GELU(linear(x)): fused into the GEMM where possible, else the GEMM then the (compiled) GELU phase."""
-    fused = getattr(linear, "forward_gelu", None) if FFN_GELU_EPILOGUE else None
+    """tanh-GELU(linear(x)): in the GEMM's epilogue where the ops ask for it and the linear offers it
+    (TokenOps.gelu_in_gemm), else the GEMM then the GELU phase."""
+    fused = getattr(linear, "forward_gelu", None) if ops.gelu_in_gemm else None
     y = fused(x) if fused is not None else None
     return y if y is not None else ops.gelu_tanh(linear(x))
 

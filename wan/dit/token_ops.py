@@ -98,10 +98,16 @@ PHASES = ("modulate", "qk_norm_rope", "norm_to", "gated_residual", "residual", "
 
 
 class TokenOps:
-    """The phase functions a block calls: the eager ones, or each passed through `wrap` (torch.compile)."""
+    """The phase functions a block calls: the eager ones, or each passed through `wrap` (torch.compile).
 
-    def __init__(self, wrap: Optional[Callable[[Callable], Callable]] = None, name: str = "eager"):
+    gelu_in_gemm: the FFN's tanh GELU goes into its first GEMM's epilogue where the linear offers one
+    (NF4Linear.forward_gelu: cuBLASLt, bf16 GEMMs): one rounding of the GELU's output instead of two, so not the
+    eager bits; the compiled phases, which give up those bits already, use it."""
+
+    def __init__(self, wrap: Optional[Callable[[Callable], Callable]] = None, name: str = "eager",
+                 gelu_in_gemm: bool = False):
         self.name = name
+        self.gelu_in_gemm = gelu_in_gemm
         for phase in PHASES:
             fn = globals()[phase]
             setattr(self, phase, wrap(fn) if wrap is not None else fn)
