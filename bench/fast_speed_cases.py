@@ -205,6 +205,11 @@ CASES: dict[str, dict] = {
                                                     reference="auto_rolling_as_played"),
     "auto_rolling_as_played_no_gelu_epilogue_profile": dict(preset="auto", chunks=16, profile=True,
                                                             env={"LINGBOT_GELU_EPILOGUE": "0"}),
+    # the compiled phases' LayerNorms in one Triton kernel each (speed/token_norm.py) against inductor's two
+    "auto_rolling_as_played_no_token_norm": dict(preset="auto", chunks=16, env={"LINGBOT_TOKEN_NORM": "0"},
+                                                 reference="auto_rolling_as_played"),
+    "auto_rolling_as_played_no_token_norm_profile": dict(preset="auto", chunks=16, profile=True,
+                                                         env={"LINGBOT_TOKEN_NORM": "0"}),
     # INT8 GEMMs (per-token activations, per-row weights; the RTX 30xx's fastest, twice fp16acc's rate there):
     # their error against bf16 GEMMs, alone and with SageAttention, and a profile for the consumer-card projection
     "draft_rolling_steps2_int8_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, compute="int8",

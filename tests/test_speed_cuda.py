@@ -397,3 +397,42 @@ def test_fused_vae_decode_streams_to_the_whole_decode_bit_for_bit():
     # mantissa bits, so a one-ulp change shows at ~1e-4..1e-3 in the frames (5.1e-4 measured on an H100); the kernel
     # itself is checked to 1e-6 above
     assert rel_err(whole, vae.decode(z)) < 2e-3
+
+
+@pytest.mark.parametrize("width", [1536, 5120])
+def test_fused_layer_norm_rows_match_the_phases_they_replace(width):
+    """The compiled phases' LayerNorm kernel (speed/token_norm.py) on the GPU: modulate's and norm_to's results in
+    bf16 against the eager phases, one bf16 rounding apart at most, and inside CUDA graphs the same bits."""
+    from lingbot_world.speed.token_norm import KERNEL, layer_norm_rows, with_fused_norms
+    from lingbot_world.wan.dit import token_ops
+    from lingbot_world.wan.dit.blocks import WanLayerNorm
+
+    g = torch.Generator(device=CUDA).manual_seed(4)
+    stream = torch.randn(1, 5000, width, generator=g, device=CUDA) * 2 + 0.3
+    x = stream[:, 1000:4500]
+    mods = torch.randn(1, 6, 1, width, generator=g, device=CUDA)
+    shift, scale1 = mods[:, 0], 1 + mods[:, 1]
+    norm = WanLayerNorm(width, 1e-6, elementwise_affine=False).to(CUDA)
+    norm3 = WanLayerNorm(width, 1e-6, elementwise_affine=True).to(CUDA)
+    with torch.no_grad():
+        norm3.weight.copy_(1 + 0.1 * torch.randn(width, generator=g, device=CUDA))
+        norm3.bias.copy_(0.1 * torch.randn(width, generator=g, device=CUDA))
+    with torch.inference_mode():
+        got = layer_norm_rows(norm, x, torch.bfloat16, shift, scale1)
+        if got is None:
+            pytest.skip(f"the kernel does not run here: {KERNEL.failed or 'no Triton'}")
+        want = token_ops.modulate(norm, x, shift, scale1, torch.bfloat16)
+        ulp = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp(min=1e-3)
+        off = (got.float() - want.float()).abs() / ulp
+        assert off.max() <= 1.0 and (off > 0).float().mean() < 0.01, (off.max(), (off > 0).float().mean())
+        got3 = layer_norm_rows(norm3, x, torch.bfloat16)
+        want3 = token_ops.norm_to(norm3, x, torch.bfloat16)
+        assert rel_err(got3, want3) < 2e-3 and got3.dtype == torch.bfloat16
+        ops = with_fused_norms(token_ops.TokenOps(name="wrapped"))
+        static = ops.modulate(norm, x, shift, scale1, torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = ops.modulate(norm, x, shift, scale1, torch.bfloat16)
+        x.mul_(1.5)
+        graph.replay()
+        assert torch.equal(static, layer_norm_rows(norm, x, torch.bfloat16, shift, scale1))
