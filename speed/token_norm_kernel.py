@@ -3,7 +3,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Integers not specialized: one compiled variant serves every token count and stride, so the one BlockGraphs.build
+# compiles at load (a short forward) is the one the captured graphs launch (compiling inside a capture fails).
+@triton.jit(do_not_specialize=["tokens", "width", "xs_b", "xs_t", "shift_b", "scale_b"])
 def layer_norm_rows_kernel(x_ptr, out_ptr, w_ptr, b_ptr, shift_ptr, scale_ptr, tokens, width,
                            xs_b, xs_t, shift_b, scale_b, eps,
                            AFFINE: tl.constexpr, ROUND_NORM: tl.constexpr, MODULATE: tl.constexpr,
