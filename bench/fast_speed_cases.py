@@ -119,6 +119,9 @@ CASES: dict[str, dict] = {
     # eager (no compile) with the window rolled, with and without CUDA graphs: for the v2 1.3B, whose small kernels
     # leave the GPU waiting on the host more than a 14B's do
     "exact_rolling": dict(preset="exact", chunks=16),
+    # the same case run again (e.g. by today's code after the one before a change, in one workdir): the bits
+    # against the first's, and the time on one machine
+    "exact_rolling_again": dict(preset="exact", chunks=16, reference="exact_rolling"),
     "exact_rolling_graphs": dict(preset="exact", chunks=16, graphs=True, reference="exact_rolling"),
     "draft_rolling_steps2_tiny_vae_eager": dict(preset="draft", compile="off", levers=dict(steps=2), tiny_vae=True,
                                                 chunks=16, reference="draft_rolling_steps2_tiny_vae"),
@@ -205,11 +208,12 @@ CASES: dict[str, dict] = {
                                                     reference="auto_rolling_as_played"),
     "auto_rolling_as_played_no_gelu_epilogue_profile": dict(preset="auto", chunks=16, profile=True,
                                                             env={"LINGBOT_GELU_EPILOGUE": "0"}),
-    # the compiled phases' LayerNorms in one Triton kernel each (speed/token_norm.py) against inductor's two
-    "auto_rolling_as_played_no_token_norm": dict(preset="auto", chunks=16, env={"LINGBOT_TOKEN_NORM": "0"},
-                                                 reference="auto_rolling_as_played"),
-    "auto_rolling_as_played_no_token_norm_profile": dict(preset="auto", chunks=16, profile=True,
-                                                         env={"LINGBOT_TOKEN_NORM": "0"}),
+    # the compiled phases' LayerNorms in one Triton kernel each (speed/token_norm.py, LINGBOT_TOKEN_NORM=1) against
+    # inductor's two: the error it adds, the time it saves, and its profile
+    "auto_rolling_as_played_token_norm": dict(preset="auto", chunks=16, env={"LINGBOT_TOKEN_NORM": "1"},
+                                              reference="auto_rolling_as_played"),
+    "auto_rolling_as_played_token_norm_profile": dict(preset="auto", chunks=16, profile=True,
+                                                      env={"LINGBOT_TOKEN_NORM": "1"}),
     # INT8 GEMMs (per-token activations, per-row weights; the RTX 30xx's fastest, twice fp16acc's rate there):
     # their error against bf16 GEMMs, alone and with SageAttention, and a profile for the consumer-card projection
     "draft_rolling_steps2_int8_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, compute="int8",

@@ -3,10 +3,13 @@
 The modulate phase (norm(x) * (1 + scale) + shift, stored in the GEMM dtype) and the cross-attention's affine
 norm3 read a float32 row of the residual stream and write one row in the GEMM dtype. Inductor compiles a norm
 over a row wider than 1024 (the 1.3B's 1536, the 14B's 5120) as a looped reduction: one kernel for the
-statistics and one that reads the row again to apply them (0.031 s of a rolled v2 1.3B `auto` chunk on an H200).
-Here one program holds a row in registers, so the row is read once and written once. The sums run in float32 in
-another order than eager's, as the compiled phases' already do: only `with_fused_norms` (the compiled phases)
-uses it, never the eager ones that keep the reference's bits.
+statistics and one that reads the row again to apply them (0.015-0.031 s of a rolled v2 1.3B `auto` chunk in
+H200 profiles). Here one program holds a row in registers, so the row is read once and written once. The sums run
+in float32 in another order than eager's, as the compiled phases' already do: only `with_fused_norms` (the
+compiled phases) uses it, never the eager ones that keep the reference's bits. It needs row-major rows (the
+residual stream is, since WanDiT copies the patch conv's output to rows); elsewhere the phases it wraps serve.
+Off by default (LINGBOT_TOKEN_NORM=1 turns it on, speed/options.compiled_token_ops): checked against LayerNorm on
+the GPU and in Triton's interpreter, not yet timed inside the model.
 
     ops = with_fused_norms(compiled_ops)   # ops.modulate / ops.norm_to: the kernel where it runs, else theirs
 """

@@ -238,3 +238,35 @@ def test_rope_tables_of_any_frame_offset_equal_the_whole_table_formula():
                 cos, sin = cache.get(grid, torch.device("cpu"), frame_offset=offset)
                 ang = rope_angles(grid, head_dim, frame_offset=offset)
                 assert torch.equal(cos, ang.cos().float()) and torch.equal(sin, ang.sin().float()), (grid, offset)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_residual_stream_is_row_major_and_its_layout_changes_no_bit(model, dtype):
+    """The blocks receive [B, L, dim] with each token's channels side by side (the patch conv's output transposed
+    and copied once), so the per-token kernels read it coalesced; the same forward with the stream left
+    channel-strided, as it was, gives the same bits: every op on it is per element or copies the row first."""
+    net = model if dtype == torch.float32 else WanDiT(CFG, dtype=dtype).eval()
+    if net is not model:
+        net.load_state_dict(model.state_dict())
+    x, t, ctx, y, cam = make_inputs(torch.Generator().manual_seed(61))
+    seen = []
+    block = net.blocks[0]
+    own = block.forward_layered
+
+    def record(hs, *args, **kw):
+        seen.append(hs[0].stride())
+        return own(hs, *args, **kw)
+
+    def channel_strided(hs, *args, **kw):
+        return own([h.transpose(1, 2).contiguous().transpose(1, 2) for h in hs], *args, **kw)
+
+    with torch.no_grad():
+        try:
+            block.forward_layered = record
+            rows = net(x, t, ctx, y, camera=cam)
+            block.forward_layered = channel_strided
+            columns = net(x, t, ctx, y, camera=cam)
+        finally:
+            del block.forward_layered
+    assert seen and seen[0][-1] == 1
+    assert torch.equal(rows, columns)

@@ -111,10 +111,10 @@ def test_where_the_kernel_cannot_serve_the_phases_are_the_wrapped_ones():
     assert token_ops.EAGER.modulate is token_ops.modulate  # the eager phases are never the kernel's
 
 
-def test_compiled_phases_take_the_kernel_unless_switched_off(monkeypatch):
+def test_compiled_phases_take_the_kernel_when_switched_on(monkeypatch):
     from lingbot_world.speed import options
 
     monkeypatch.delenv(options.TOKEN_NORM_ENV, raising=False)
+    assert options.compiled_token_ops().modulate.__name__ != "fused_modulate"  # off until measured in the model
+    monkeypatch.setenv(options.TOKEN_NORM_ENV, "1")
     assert options.compiled_token_ops().modulate.__name__ == "fused_modulate"
-    monkeypatch.setenv(options.TOKEN_NORM_ENV, "0")
-    assert options.compiled_token_ops().modulate.__name__ != "fused_modulate"

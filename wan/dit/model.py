@@ -215,7 +215,11 @@ class WanDiT(nn.Module):
         hs = [self.patch_embedding(torch.cat([x[s], y[s]], dim=1).to(self.patch_embedding.weight.dtype))
               for s in inputs]
         grid = tuple(hs[0].shape[2:])
-        hs = [h.flatten(2).transpose(1, 2).to(dtype) for h in hs]  # [B, L, dim]
+        # [B, L, dim] with each token's channels side by side: the conv's [B, dim, L] transposed would leave the
+        # residual stream channel-strided, and every per-token kernel (norms, modulation, gated residuals) reading
+        # it against row-major operands uncoalesced (and each LayerNorm copying it to rows first). The values are
+        # the same: each op on the stream is per element, and the norms read a contiguous copy either way.
+        hs = [h.flatten(2).transpose(1, 2).to(dtype).contiguous() for h in hs]
 
         mod = [self.time_modulation(t[s]) for s in inputs]
         es = [m[0] for m in mod] * (len(samples) // len(inputs))
