@@ -222,26 +222,30 @@ def _steady_from(rolled: int, captures: list | None) -> int:
 
 
 def print_report(res: dict) -> None:
-    print("\n| case | preset / options / levers | s per chunk (DiT + decode) | DiT | decode | fps | error per forward "
-          "| error per chunk (first / last) | peak reserved | nvidia-smi | RSS |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| case | preset / options / levers | s per chunk (DiT + decode) | DiT | decode | steady: s per chunk (DiT + "
+          "decode) | fps | error per forward | error per chunk (first / last) | peak reserved | nvidia-smi | RSS |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in res["cases"].items():
         if "error" in r:
-            print(f"| {name} | ERROR: {r['error'][:160]} | | | | | | | | | |")
+            print(f"| {name} | ERROR: {r['error'][:160]} | | | | | | | | | | |")
             continue
         row = res.get("summary", {}).get(name, {})
         if CASES.get(name, {}).get("kind") in ("decode", "link"):
-            print(f"| {name} | {CASES[name]['kind']} alone: {json.dumps(row)} | | | | | | | | | |")
+            print(f"| {name} | {CASES[name]['kind']} alone: {json.dumps(row)} | | | | | | | | | | |")
             continue
         if r.get("profile"):
             print(f"| {name} | profiled chunk: kernels {row.get('device_s')} s of ~{row.get('wall_s_around')} s "
                   f"(busy {row.get('device_busy_share')}), copies {row.get('copies_s')} s beside them, "
-                  f"{json.dumps(row.get('device_split_s'))} | | | | | | | | | |")
+                  f"{json.dumps(row.get('device_split_s'))} | | | | | | | | | | |")
             continue
         errs = row.get("error_chunks") or []
+        # a rolled video's steady state: the chunks after the last that captured CUDA graphs (the video's mean
+        # holds the chunks before the roll and the captures)
+        steady = (f"{row['rolling_chunk_s']} ({row['rolling_dit_s']} + {row['rolling_decode_s']})"
+                  if "rolling_chunk_s" in row else "-")
         print(f"| {name} | {row['preset']} {row.get('weights', 'nf4')} weights {json.dumps(row['speed'])} "
               f"{json.dumps(row['levers'])} | "
-              f"{row['mean_chunk_s']} | {row['mean_dit_s']} | {row['mean_decode_s']} | {row['fps']} | "
+              f"{row['mean_chunk_s']} | {row['mean_dit_s']} | {row['mean_decode_s']} | {steady} | {row['fps']} | "
               f"{row.get('error_forward', '-')} | {errs[0] if errs else '-'} / {errs[-1] if errs else '-'} | "
               f"{row['peak_reserved_gb']} GB | {row['smi_peak_gb']} GB | {row['peak_rss_gb']} GB |")
 

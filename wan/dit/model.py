@@ -219,7 +219,10 @@ class WanDiT(nn.Module):
         # residual stream channel-strided, and every per-token kernel (norms, modulation, gated residuals) reading
         # it against row-major operands uncoalesced (and each LayerNorm copying it to rows first). The values are
         # the same: each op on the stream is per element, and the norms read a contiguous copy either way.
-        hs = [h.flatten(2).transpose(1, 2).to(dtype).contiguous() for h in hs]
+        for i, h in enumerate(hs):  # one copy each, the conv's output freed as its copy is made
+            rows = h.flatten(2).transpose(1, 2)
+            hs[i] = rows.contiguous() if rows.dtype == dtype else rows.to(dtype, memory_format=torch.contiguous_format)
+        del h, rows
 
         mod = [self.time_modulation(t[s]) for s in inputs]
         es = [m[0] for m in mod] * (len(samples) // len(inputs))
