@@ -168,9 +168,10 @@ def test_speed_node_declares_the_choices():
     from lingbot_world.nodes.speed import LingBotSpeedOptions
 
     req = LingBotSpeedOptions.INPUT_TYPES()["required"]
-    assert req["compile"][0] == list(options.COMPILE_CHOICES)
-    assert req["compute"][0] == list(options.COMPUTE_CHOICES) and req["compute"][1]["default"] == "bf16"
-    assert req["attention"][0] == list(options.ATTENTION_CHOICES)
+    assert req["compile"][0] == ["from preset", *options.COMPILE_CHOICES]
+    assert req["compute"][0] == ["from preset", *options.COMPUTE_CHOICES]
+    assert req["attention"][0] == ["from preset", *options.ATTENTION_CHOICES]
+    assert all(req[name][1]["default"] == "from preset" for name in ("compile", "compute", "attention"))
 
 
 def test_compile_graphs_hands_the_compiled_phases_to_the_graphs_only(monkeypatch, tmp_path):

@@ -134,10 +134,17 @@ def test_speed_node_offers_the_presets(monkeypatch):
     opt = speed_node.LingBotSpeedOptions.INPUT_TYPES()["optional"]["speed"]
     assert opt[0] == ["custom", "exact", "fast", "draft", "auto"] and opt[1]["default"] == "custom"
     seen = _planned_by_the_node(monkeypatch, speed_node)
-    speed_node.LingBotSpeedOptions().choose("blocks", "fp8", "fp8", speed="draft")
-    assert seen[-1][:2] == (PRESETS["draft"].options, "draft")  # the preset replaces the three widgets
+    speed_node.LingBotSpeedOptions().choose(speed="draft")
+    assert seen[-1][:2] == (PRESETS["draft"].options, "draft")  # widgets at "from preset": the preset's choices
+    # a widget set to a value is kept over the preset's, as a CLI flag over --speed: the RTX 40xx real-time play
+    speed_node.LingBotSpeedOptions().choose("from preset", "fp16acc", "sage", speed="draft", chunk_steps="2")
+    assert seen[-1] == (SpeedOptions(PRESETS["draft"].options.compile, "fp16acc", "sage"), "draft", 2)
     speed_node.LingBotSpeedOptions().choose("blocks", "fp8", "fp8")
     assert seen[-1][:2] == (SpeedOptions("blocks", "fp8", "fp8"), None)  # custom: the widgets decide
+    speed_node.LingBotSpeedOptions().choose(compute="int8")
+    assert seen[-1][:2] == (SpeedOptions(compute="int8"), None)  # custom, the others "from preset": the defaults
+    with pytest.raises(ValueError, match="compute='fp4'; choose one of from preset, auto, bf16"):
+        speed_node.LingBotSpeedOptions().choose(compute="fp4")
     with pytest.raises(ValueError, match="speed='turbo' is not a preset"):
         speed_node.LingBotSpeedOptions().choose(speed="turbo")
 
