@@ -95,7 +95,8 @@ FILE_COMBOS = {"LingBotExpertLoader.high_noise_expert", "LingBotExpertLoader.low
                "LingBotCameraFromFiles.trajectory", "LingBotActions.key_files"}
 NATIVE_WORKFLOWS = ("Image to video with native KSamplers, camera preset", "Image to video with native KSamplers and LoRA",
                     "Tiny CPU demo with native KSamplers (random weights)")
-PLAY_WORKFLOWS = ("Play the Fast model live with keys", "Tiny CPU demo, Play (random weights)")
+PLAY_WORKFLOWS = ("Play the Fast model live with keys", "Tiny CPU demo, Play (random weights)",
+                  "Play the v2 1.3B model live in real time")
 V2_WORKFLOWS = ("V2 1.3B causal model, camera preset", "Tiny CPU demo, v2 1.3B model (random weights)")
 
 

@@ -1,5 +1,6 @@
 """Templates derived from others (tools/update_templates.py runs them): the tiny CPU demos of the Fast, Act, Play
-and v2 1.3B graphs, the Play template and the v2 1.3B template, each from the graph it shows."""
+and v2 1.3B graphs, the Play template, the v2 1.3B template and the v2 1.3B Play template, each from the graph it
+shows."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,8 @@ V2 = "V2 1.3B causal model, camera preset"
 V2_DEMO = "Tiny CPU demo, v2 1.3B model (random weights)"
 V2_MODEL = "lingbot-world-v2-1.3b-causal-fast"
 V2_DEMO_MODEL = "lingbot-demo-v2-1.3b/transformers"
-DERIVED = (FAST_DEMO, ACT_DEMO, PLAY, PLAY_DEMO, V2, V2_DEMO)
+PLAY_V2 = "Play the v2 1.3B model live in real time"
+DERIVED = (FAST_DEMO, ACT_DEMO, PLAY, PLAY_DEMO, V2, V2_DEMO, PLAY_V2)
 
 DEMO_SETUP = ("Nothing to install: the tiny demo checkpoint (random weights, a few MB) is built into "
               "**ComfyUI/models/lingbot_world/{folder}/** the first time this graph runs (a few seconds). The first "
@@ -253,3 +255,37 @@ def demo_notes(name: str, ui: dict) -> None:
                   "text and the tiny VAE's latents, so the prompt comes from LingBot Text Encode and the VAE from "
                   "LingBot VAE Loader here; with the real experts use CLIPLoader + CLIPTextEncode (umT5-XXL) and Load "
                   "VAE (wan_2.1_vae.safetensors).")
+
+
+# ---- the v2 1.3B played ----------------------------------------------------------------------------------------
+def play_v2(played: dict, set_widget) -> dict:
+    """The Play graph on the v2 1.3B with LingBot Speed Options on its loader: the real-time preset (draft in 2
+    steps a chunk), the GPU-specific choices left to the user in the note."""
+    ui = copy.deepcopy(played)
+    loader = node(ui, "LingBotFastLoader")
+    set_widget(loader, "fast_model", V2_MODEL)
+    loader.setdefault("inputs", [])
+    if not any(e["name"] == "speed" for e in loader["inputs"]):
+        loader["inputs"].append({"name": "speed", "type": "LINGBOT_SPEED", "link": None})
+    speed = _new(ui, "LingBotSpeedOptions", (loader["pos"][0], loader["pos"][1] - 230), (400, 180), [],
+                 [{"name": "speed", "type": "LINGBOT_SPEED", "links": None, "slot_index": 0}],
+                 ["from preset", "from preset", "from preset", "draft", "2"])
+    _link(ui, speed, 0, loader, "speed", "LINGBOT_SPEED")
+    note(ui, "## Play the v2 1.3B model live in real time\n\n"
+             "Press Run: LingBot Play loads the v2 1.3B causal model and opens the player in a panel over the graph. "
+             "Click the video, press Play (or Space) and hold **W A S D** to move, **I J K L** to look. "
+             "**Licence of its weights: CC BY-NC-SA 4.0 — non-commercial use only, with attribution.**\n\n"
+             "**Speed**: LingBot Speed Options asks for the real-time preset, `draft` in 2 denoising steps per "
+             "16-frame chunk. For real time on a 24 GB card also:\n"
+             "- put TAEHV's **taew2_1.safetensors** in **ComfyUI/models/vae_approx/**, press R and choose it in LingBot "
+             "Play's **tiny_vae** (the tiny decoder: preview quality, a fraction of the VAE's time);\n"
+             "- on an RTX 40xx / 50xx / 30xx set **compute fp16acc** and, with `pip install sageattention`, **attention "
+             "sage**. The RTX 4090 is projected at 0.92–0.95 s per 16-frame chunk, one second of video (a projection "
+             "from an H200's profile, not a measurement). fp16's range is smaller than bf16's: a chunk that "
+             "overflows stops the play with one line; then set compute to bf16.\n\n"
+             "**Files**: the DiT from huggingface.co/robbyant/lingbot-world-v2-1.3b-causal-fast into "
+             "**ComfyUI/models/lingbot_world/lingbot-world-v2-1.3b-causal-fast/**: turn on the Fast Model Loader's "
+             "**download** switch and press Run (a stopped download resumes). The first load writes its NF4 copy "
+             "beside it once. The umT5 encoder, tokenizer and VAE come from robbyant/lingbot-world-base-cam "
+             "(Apache-2.0), fetched the same way by LingBot Text Encode and LingBot VAE Loader.")
+    return ui

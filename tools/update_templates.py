@@ -13,7 +13,7 @@ What it does to every template:
 - the native tiny demo reads the tiny demo's own VAE through LingBot VAE Loader / Decode (no 254 MB download);
 - the LingBot-Sampler templates are laid out in the native templates' four groups;
 - the derived templates (tools/template_demos.py): the Fast, Act, Play and v2 1.3B demos on the tiny demo's files,
-  the Play template and the v2 1.3B template, from the Fast graph.
+  the Play template and the v2 1.3B template, from the Fast graph, and the v2 1.3B Play template from the Play one.
 """
 from __future__ import annotations
 
@@ -321,6 +321,7 @@ def all_templates(defs: Optional[dict] = None) -> dict[str, dict]:
     derived[td.PLAY_DEMO] = td.play_demo(derived[td.PLAY], setter)
     derived[td.V2] = td.v2(fast, setter)
     derived[td.V2_DEMO] = td.v2_demo(derived[td.V2], setter)
+    derived[td.PLAY_V2] = td.play_v2(derived[td.PLAY], setter)
     for name, ui in derived.items():
         out[name] = updated(name, ui, defs)
     return out

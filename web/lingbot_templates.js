@@ -18,6 +18,7 @@ export const DESCRIPTIONS = {
   "Fast model steered with keys, continued": "The Fast model walks with keys, then goes on twice with new keys.",
   "Play the Fast model live with keys": "Play the Fast model live in a panel: hold W A S D to move, I J K L to look.",
   "V2 1.3B causal model, camera preset": "The v2 1.3B causal model (CC BY-NC-SA 4.0, non-commercial) with a camera preset.",
+  "Play the v2 1.3B model live in real time": "Play the v2 1.3B live with its real-time speed preset (non-commercial weights).",
   "Image to video with native KSamplers, camera preset": "The experts as native MODELs with two KSamplerAdvanced.",
   "Image to video with native KSamplers and LoRA": "Native KSamplers with a LoRA slot on each expert.",
   "Tiny CPU demo (random weights)": "The whole pipeline on tiny random weights: runs in seconds on a CPU.",

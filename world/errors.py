@@ -20,7 +20,7 @@ def check_finite_chunk(x0, chunk: int, compute: Optional[str]) -> None:
         return
     if compute == "fp16acc":
         cause = ("with --compute fp16acc the DiT computes in fp16, and these weights pass fp16's largest value "
-                 "(65504); run it with --compute bf16")
+                 "(65504); run it with compute bf16 (--compute bf16, or LingBot Speed Options' compute widget)")
     else:
         cause = ("the model's output is not finite; check the weights with `lingbot-world check-expert`, or run "
                  "it with --speed exact")
