@@ -24,7 +24,8 @@ from typing import Optional
 
 from ..world.machine import RAM_MARGIN, available_ram_bytes, gb
 from ..world.settings import MODEL_DEFAULT
-from .adapters.comfy_paths import NO_TINY_VAE, list_tiny_vaes, resolve_tiny_vae
+from .adapters import model_fetch
+from .adapters.comfy_paths import NO_TINY_VAE
 from .adapters.fast_host import FAST_MODEL, FAST_STATE, NOISE_SOURCES, FastModel, condition_track, open_fast_world
 from .adapters.fast_state_store import FastStateHandle, state_line, state_output_used
 from .adapters.payloads import CATEGORY, I2V, TEXT, I2VCondition, TextEmbeds
@@ -82,12 +83,14 @@ class LingBotPlay:
                     "With a window: the first latent frames are never evicted")}),
             },
             "optional": {
-                "tiny_vae": (list_tiny_vaes(), {"default": NO_TINY_VAE, "tooltip": (
+                "tiny_vae": (model_fetch.tiny_vae_choices(), {"default": NO_TINY_VAE, "tooltip": (
                     "A tiny decoder from ComfyUI/models/vae_approx (taew2_1 or lighttaew2_1) decodes the played "
                     "frames instead of the VAE: preview quality, a fraction of the VAE's decode time and about 1 GB "
                     "of VRAM instead of 4.7 GB at 480x832, so more of the K/V cache stays on the card. The played "
                     "keys re-rendered through LingBot Fast Sampler + VAE Decode use the full VAE. none: the VAE "
-                    "decodes")}),
+                    "decodes. taew2_1 and lighttaew2_1 are listed before they are installed: the download switch "
+                    "fetches the one chosen")}),
+                "download": model_fetch.DOWNLOAD_TINY_VAE,
             },
             "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"},
         }
@@ -112,6 +115,13 @@ class LingBotPlay:
                    "state to LingBot Fast Continue. Free model and node cache closes the session.")
 
     @classmethod
+    def VALIDATE_INPUTS(cls, tiny_vae=None, download=None):
+        """A tiny decoder that is offered but not installed stops the queue with where it comes from (and asks for
+        the download switch) before anything loads."""
+        message = model_fetch.tiny_vae_missing(str(tiny_vae or NO_TINY_VAE), bool(download))
+        return True if message is None else f"LingBot Play: {message}"
+
+    @classmethod
     def IS_CHANGED(cls, unique_id=None, **_):
         """The keys played since the last run: queueing again after playing re-runs the node with them (its state
         output is taken in the same run, with the same keys)."""
@@ -120,7 +130,7 @@ class LingBotPlay:
 
     def play(self, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int = 42,
              noise_source: str = "cpu", window: int = 0, sink: int = 0, tiny_vae: str = NO_TINY_VAE,
-             prompt: Optional[dict] = None, unique_id: Optional[str] = None):
+             download: bool = False, prompt: Optional[dict] = None, unique_id: Optional[str] = None):
         if noise_source not in NOISE_SOURCES:
             raise ValueError(f"noise_source must be one of {NOISE_SOURCES}, got {noise_source!r}")
         if window and not 0 <= sink < window:  # window 0: the model's play window and sink
@@ -132,7 +142,8 @@ class LingBotPlay:
         if current is None or current.key != key or current.driver.closed:
             close_player(node)
             current = _open[node] = _start(key, fast_model, text, i2v, int(seed), noise_source,
-                                           window or MODEL_DEFAULT, sink if window else MODEL_DEFAULT, tiny_vae)
+                                           window or MODEL_DEFAULT, sink if window else MODEL_DEFAULT, tiny_vae,
+                                           bool(download))
             current.serial = next(_serials)
             weakref.finalize(i2v, _dropped, node, current.serial)  # Free (or new inputs) drops it: close
         keep = state_output_used(prompt, unique_id)
@@ -166,7 +177,7 @@ def _played(session, keep: bool):
 
 
 def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed: int, noise_source: str,
-           window: Optional[int], sink: int, tiny_vae: str = NO_TINY_VAE) -> _Open:
+           window: Optional[int], sink: int, tiny_vae: str = NO_TINY_VAE, download: bool = False) -> _Open:
     import comfy.model_management as mm
     import folder_paths
 
@@ -183,7 +194,7 @@ def _start(key, fast_model: FastModel, text: TextEmbeds, i2v: I2VCondition, seed
                          "decodes each chunk with it and encodes the conditioning of later frames)")
     opening = OpeningProgress()
     device = mm.get_torch_device()
-    tiny = _load_tiny(tiny_vae, device)
+    tiny = _load_tiny(tiny_vae, device, download)
     hosted = HostedWorld(fast_model.checked, fast_model.settings(seed=seed, noise=noise_source, rule="continuable",
                                                                   window=window, sink=sink, vae_tiled=i2v.tiled,
                                                                   play=True), device)
@@ -248,15 +259,15 @@ class OpeningProgress:
         show_on_node(f"LingBot Play: {words}")
 
 
-def _load_tiny(name: str, device):
-    """The tiny decoder chosen as tiny_vae, on `device` (None for none); a missing or wrong file is one line naming
-    the input, said before the session opens."""
+def _load_tiny(name: str, device, download: bool = False):
+    """The tiny decoder chosen as tiny_vae, on `device` (None for none), downloaded first when it is offered, missing
+    and the switch is on; a missing or wrong file is one line naming the input, said before the session opens."""
     if name == NO_TINY_VAE:
         return None
     from ..world.assembly import load_tiny
 
     try:
-        return load_tiny(resolve_tiny_vae(name), device)
+        return load_tiny(model_fetch.resolve_tiny_vae(name, download), device)
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"LingBot Play: tiny_vae {name}: {e}") from None
 

@@ -133,3 +133,30 @@ def test_the_first_load_makes_the_nf4_copy_and_later_loads_read_it(served, tmp_p
     assert "read the NF4 copy" in again.line(source, "nf4")
     assert stored_copy.ensure(source, "bf16").how == "as chosen"  # bf16 reads the release's files
     assert not list(models.glob(".*tmp*"))  # no half copy left behind
+
+
+def test_a_tiny_decoder_is_one_file_with_its_licence_first_and_not_fetched_twice(tmp_path, monkeypatch):
+    from lingbot_world.loaders.demo_checkpoint import write_random_tiny_vae
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    repo = tmp_path / "autoencoders"
+    repo.mkdir()
+    write_random_tiny_vae(repo / "taew2_1.safetensors")
+    (repo / "Wan2.1_VAE.pth").write_bytes(b"x" * 1000)  # the repository's other files stay there
+    f = hub.TINY_DECODERS["taew2_1.safetensors"]
+    said, seen = [], []
+    with fake_hub.FakeHub({f.repo: repo}) as h:
+        got = hub.fetch_file(f, tmp_path / "vae_approx", progress=lambda d, t: seen.append((d, t)), say=said.append,
+                             endpoint=h.url)
+        assert got == tmp_path / "vae_approx" / "taew2_1.safetensors"
+        assert got.read_bytes() == (repo / "taew2_1.safetensors").read_bytes()
+        size = got.stat().st_size
+        assert said[0].startswith(f"downloading the {f.what}") and f.licence in said[0] and len(said) == 2
+        assert seen[-1] == (size, size) and all(d <= t == size for d, t in seen)
+        gets = [p for m, p, _ in h.requests if m == "GET" and "/resolve/" in p]
+        assert gets == [f"/{f.repo}/resolve/{fake_hub.SHA}/taew2_1.safetensors"]
+        said.clear()
+        assert hub.fetch_file(f, tmp_path / "vae_approx", say=said.append, endpoint=h.url) == got
+        assert not said and len([p for m, p, _ in h.requests if m == "GET" and "/resolve/" in p]) == 1
+        with pytest.raises(FileNotFoundError, match="holds no lighttaew2_1.safetensors"):
+            hub.fetch_file(hub.TINY_DECODERS["lighttaew2_1.safetensors"], tmp_path / "vae_approx", endpoint=h.url)

@@ -203,14 +203,16 @@ def test_tiny_vae_lists_the_vae_approx_folder(comfy, tmp_path):
     import sys
 
     choices, opts = tiny_vae_choices()
-    assert choices == ["none"] and opts["default"] == "none"  # a ComfyUI without the folder: nothing to list
+    offers = ["taew2_1.safetensors", "lighttaew2_1.safetensors"]  # listed before they are installed: downloadable
+    assert choices == ["none", *offers] and opts["default"] == "none"  # a ComfyUI without the folder
     folder = tmp_path / "vae_approx"
     (folder / "sub").mkdir(parents=True)
     for name in ("taew2_1.safetensors", "taesd_decoder.pth", "sub/lighttaew2_1.pt", "readme.txt", "taew2_1.json"):
         (folder / name).write_bytes(b"")
     sys.modules["folder_paths"].add_model_folder_path("vae_approx", str(folder))
     choices, opts = tiny_vae_choices()
-    assert choices == ["none", "sub/lighttaew2_1.pt", "taesd_decoder.pth", "taew2_1.safetensors"]
+    assert choices == ["none", "sub/lighttaew2_1.pt", "taesd_decoder.pth", "taew2_1.safetensors",
+                       "lighttaew2_1.safetensors"]
     assert opts["default"] == "none"
     assert "vae_approx" in opts["tooltip"] and "full VAE" in opts["tooltip"]
 
@@ -277,3 +279,43 @@ def test_a_bad_tiny_vae_is_one_line_naming_the_input_before_the_session_opens(co
     assert NODE not in _open and not comfy.calls  # nothing planned, loaded or opened
     play(inputs, tiny_vae=TINY)
     assert driver().call_now(lambda s: s.tiny_decoder) is not None
+
+
+def test_an_offered_tiny_vae_is_asked_for_at_queue_time_and_fetched_with_the_switch(comfy, inputs, players, tmp_path,
+                                                                                    monkeypatch):
+    """taew2_1 listed but not installed: the queue stops with where it comes from and its licence, naming the
+    download switch; with the switch on, the node fetches the one file into vae_approx (from a local fake hub) and
+    the session decodes with it."""
+    import functools
+    import sys
+
+    from lingbot_world.loaders.demo_checkpoint import write_random_tiny_vae
+    from lingbot_world.nodes.play import LingBotPlay
+    from lingbot_world.world import hub
+
+    from tests.conftest import load_sibling
+
+    folder = tmp_path / "vae_approx"
+    folder.mkdir()
+    sys.modules["folder_paths"].add_model_folder_path("vae_approx", str(folder))
+    line = LingBotPlay.VALIDATE_INPUTS(tiny_vae=TINY, download=False)
+    assert line.startswith(f"LingBot Play: tiny_vae: {TINY} is not installed.") and "\n" not in line
+    assert "huggingface.co/lightx2v/Autoencoders" in line and "download switch" in line and "MIT" in line
+    assert LingBotPlay.VALIDATE_INPUTS(tiny_vae=TINY, download=True) is True
+    assert LingBotPlay.VALIDATE_INPUTS(tiny_vae="none", download=False) is True
+    with pytest.raises(ValueError, match=f"tiny_vae {TINY}: tiny_vae: {TINY} is not installed"):
+        play(inputs, tiny_vae=TINY)  # queued without the check (an API client): the same line, nothing fetched
+    repo = tmp_path / "autoencoders"
+    repo.mkdir()
+    write_random_tiny_vae(repo / TINY)
+    (repo / "lightvaew2_1.safetensors").write_bytes(b"not asked for")
+    fake_hub = load_sibling("fake_hub")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    with fake_hub.FakeHub({"lightx2v/Autoencoders": repo}) as served:
+        monkeypatch.setattr(hub, "fetch_file", functools.partial(hub.fetch_file, endpoint=served.url))
+        play(inputs, tiny_vae=TINY, download=True)
+        assert [p for m, p, _ in served.requests if m == "GET" and "/resolve/" in p] == [
+            f"/lightx2v/Autoencoders/resolve/{fake_hub.SHA}/{TINY}"]
+    assert (folder / TINY).read_bytes() == (repo / TINY).read_bytes()
+    assert driver().call_now(lambda s: s.tiny_decoder) is not None
+    assert LingBotPlay.VALIDATE_INPUTS(tiny_vae=TINY, download=False) is True  # installed now

@@ -271,14 +271,16 @@ def play_v2(played: dict, set_widget) -> dict:
                  [{"name": "speed", "type": "LINGBOT_SPEED", "links": None, "slot_index": 0}],
                  ["from preset", "from preset", "from preset", "draft", "2"])
     _link(ui, speed, 0, loader, "speed", "LINGBOT_SPEED")
+    set_widget(node(ui, "LingBotPlay"), "tiny_vae", "taew2_1.safetensors")
     note(ui, "## Play the v2 1.3B model live in real time\n\n"
              "Press Run: LingBot Play loads the v2 1.3B causal model and opens the player in a panel over the graph. "
              "Click the video, press Play (or Space) and hold **W A S D** to move, **I J K L** to look. "
              "**Licence of its weights: CC BY-NC-SA 4.0 — non-commercial use only, with attribution.**\n\n"
              "**Speed**: LingBot Speed Options asks for the real-time preset, `draft` in 2 denoising steps per "
-             "16-frame chunk. For real time on a 24 GB card also:\n"
-             "- put TAEHV's **taew2_1.safetensors** in **ComfyUI/models/vae_approx/**, press R and choose it in LingBot "
-             "Play's **tiny_vae** (the tiny decoder: preview quality, a fraction of the VAE's time);\n"
+             "16-frame chunk, and LingBot Play decodes the frames with the tiny decoder **taew2_1** (preview "
+             "quality, a fraction of the VAE's time; *none* uses the VAE). If it is not in ComfyUI/models/vae_approx/ "
+             "the first Run says so: turn on LingBot Play's **download** switch and press Run again (23 MB from "
+             "huggingface.co/lightx2v/Autoencoders). For real time on a 24 GB card also:\n"
              "- on an RTX 40xx / 50xx / 30xx set **compute fp16acc** and, with `pip install sageattention`, **attention "
              "sage**. The RTX 4090 is projected at 0.92–0.95 s per 16-frame chunk, one second of video (a projection "
              "from an H200's profile, not a measurement). fp16's range is smaller than bf16's: a chunk that "

@@ -220,6 +220,56 @@ def _bar_class(on_bytes: Callable[[int], None]):
     return Bar
 
 
+@dataclass(frozen=True)
+class HubFile:
+    """One file a node fetches into a ComfyUI folder of its kind: a tiny decoder into vae_approx."""
+
+    repo: str
+    name: str
+    what: str
+    licence: str
+
+    def source(self) -> str:
+        return f"huggingface.co/{self.repo}"
+
+
+# The tiny decoders LingBot Play offers before they are installed; lightx2v keeps both on the hub (TAEHV's own
+# weights are published on GitHub only).
+TINY_DECODERS = {f.name: f for f in (
+    HubFile("lightx2v/Autoencoders", "taew2_1.safetensors", "TAEHV tiny decoder for Wan 2.1 (23 MB)",
+            "licence: MIT (TAEHV, Ollin Boer Bohan), in lightx2v's Apache-2.0 collection"),
+    HubFile("lightx2v/Autoencoders", "lighttaew2_1.safetensors", "lightx2v tiny decoder for Wan 2.1",
+            "licence: Apache-2.0 (lightx2v)"),
+)}
+
+
+def fetch_file(f: HubFile, folder: Path, progress: Optional[Progress] = None,
+               say: Callable[[str], None] = log.info, endpoint: Optional[str] = None) -> Path:
+    """Download one file into `folder` unless it is there whole (a partial one resumes); returns its path. The
+    licence is said before the file is fetched."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    with _lock:
+        info = HfApi(endpoint=endpoint).model_info(f.repo, revision=REVISION, files_metadata=True)
+        size = next((int(s.size or 0) for s in (info.siblings or []) if s.rfilename == f.name), None)
+        if size is None:
+            raise FileNotFoundError(f"{f.source()} holds no {f.name}: has the repository changed?")
+        target = Path(folder) / f.name
+        if _complete(target, size):
+            return target
+        check_disk(Path(folder), size, f"the {f.what}")
+        say(f"downloading the {f.what} ({gb(size)}) from {f.source()} into {folder}; {f.licence}")
+        kwargs = {}
+        if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
+            kwargs["tqdm_class"] = _bar_class(lambda n: progress(min(n, size), size))
+        hf_hub_download(f.repo, f.name, revision=info.sha or REVISION, local_dir=str(folder), endpoint=endpoint,
+                        **kwargs)
+        if progress is not None:
+            progress(size, size)
+        say(f"downloaded the {f.what} into {folder}")
+        return target
+
+
 def release_names(kind: str) -> list[str]:
     """The release parts of every registry model, named as a model folder lists them (`<hub dir>/<part>`), by the
     kind of file a loader picks: "experts", "fast", "text_encoder", "vae". The nodes offer them before they exist."""

@@ -138,6 +138,14 @@ def list_tiny_vaes() -> list[str]:
     return [NO_TINY_VAE] + _safe(scan, "tiny VAEs")
 
 
+def tiny_vae_folder() -> Path:
+    """The vae_approx folder a downloaded tiny decoder goes into (ComfyUI's first)."""
+    roots = _paths(TINY_VAE_FOLDER)
+    if not roots:
+        raise ModelFileNotFound("ComfyUI has no vae_approx model folder to put a tiny decoder in")
+    return Path(roots[0])
+
+
 def resolve_tiny_vae(name: str) -> Path:
     full = _fp().get_full_path(TINY_VAE_FOLDER, name)
     if full is None:

@@ -185,3 +185,60 @@ def read_folder(name: str, widget: str, weights: str, download: bool, device=Non
     path = resolve(name, widget, find, download)
     chosen = convert_once(path, weights, device)
     return Read(chosen.path, chosen.line(path, weights))
+
+
+# ---- LingBot Play's tiny decoder ---------------------------------------------------------------------------------
+DOWNLOAD_TINY_VAE = ("BOOLEAN", {"default": False, "label_on": "download if missing", "label_off": "no download",
+                                 "tooltip": (
+    "Download the chosen tiny decoder when it is not in ComfyUI/models/vae_approx: one file from its Hugging Face "
+    "repository (huggingface_hub: your token, cache and HF_ENDPOINT mirror), a stopped download resumes. The "
+    "queue-time message says where it comes from and its licence first.")})
+
+
+def tiny_vae_choices() -> list[str]:
+    """LingBot Play's tiny_vae list: none, the installed ones, then those a download provides."""
+    found = comfy_paths.list_tiny_vaes()
+    return found + [name for name in hub.TINY_DECODERS if name not in found]
+
+
+def tiny_vae_missing(name: str, download: bool) -> Optional[str]:
+    """The queue-time line for a tiny decoder that is offered but not installed (None: installed, not offered, or
+    the switch is on)."""
+    f = hub.TINY_DECODERS.get(name)
+    if f is None or download:
+        return None
+    try:
+        comfy_paths.resolve_tiny_vae(name)
+        return None
+    except FileNotFoundError:
+        pass
+    return (f"tiny_vae: {name} is not installed. It is the {f.what}, from {f.source()} into ComfyUI/models/"
+            f"vae_approx/. Turn on this node's download switch and press Run to fetch it, or put the file there "
+            f"yourself and refresh the page (press R); {f.licence}.")
+
+
+def resolve_tiny_vae(name: str, download: bool) -> Path:
+    """The tiny decoder's file; a missing one a download provides is fetched when the switch is on."""
+    try:
+        return comfy_paths.resolve_tiny_vae(name)
+    except FileNotFoundError:
+        message = tiny_vae_missing(name, download)
+        if message is not None:
+            raise comfy_paths.ModelFileNotFound(message) from None
+        if not download or name not in hub.TINY_DECODERS:
+            raise
+    import comfy.utils
+
+    from .progress import show_on_node
+
+    f = hub.TINY_DECODERS[name]
+    bar = comfy.utils.ProgressBar(1000)
+
+    def progress(done: int, total: int) -> None:
+        bar.update_absolute(int(1000 * done / total) if total else 1000, 1000)  # also ComfyUI's cancel point
+
+    def say(line: str) -> None:
+        log.info("LingBot-World: %s", line)
+        show_on_node(line)
+
+    return hub.fetch_file(f, comfy_paths.tiny_vae_folder(), progress=progress, say=say)
