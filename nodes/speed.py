@@ -21,6 +21,9 @@ FROM_PRESET = "from preset"
 CHUNK_STEP_WIDGET = (FROM_PRESET,) + tuple(str(n) for n in CHUNK_STEP_CHOICES)
 FLAG_WIDGETS = {"compile": (FROM_PRESET,) + tuple(COMPILE_CHOICES), "compute": (FROM_PRESET,) + tuple(COMPUTE_CHOICES),
                 "attention": (FROM_PRESET,) + tuple(ATTENTION_CHOICES)}
+# What a workflow saved before `from preset` holds with a preset chosen (the widgets' old defaults, which the preset
+# replaced): read as `from preset`, so those workflows run as they did.
+SAVED_BEFORE = {name: DEFAULTS[name] for name in FLAG_WIDGETS}
 
 
 def plan_speed(options: SpeedOptions, weights: str = "nf4", preset: str | None = None,
@@ -73,7 +76,8 @@ class LingBotSpeedOptions:
             "optional": {
                 "speed": (list(SPEED_CHOICES), {"default": CUSTOM, "tooltip": (
                     "A speed preset; the three settings above left at 'from preset' take its choices, one set to "
-                    "anything else is kept over it (as a CLI flag over --speed). "
+                    "anything else is kept over it (as a CLI flag over --speed; all three at auto / bf16 / auto, "
+                    "as workflows saved before 'from preset' hold them, take the preset's). "
                     + " ".join(f"{name}: {PRESETS[name].summary}." for name in PRESET_NAMES)
                     + " The draft levers apply to the Fast model's chunks.")}),
                 "chunk_steps": (list(CHUNK_STEP_WIDGET), {"default": FROM_PRESET, "tooltip": (
@@ -102,6 +106,8 @@ class LingBotSpeedOptions:
                 raise ValueError(f"LingBot Speed Options: {name}={value!r}; choose one of "
                                  f"{', '.join(FLAG_WIDGETS[name])}")
         given = {name: value for name, value in widgets.items() if value != FROM_PRESET}
+        if speed != CUSTOM and widgets == SAVED_BEFORE:
+            given = {}
         steps = None if str(chunk_steps) == FROM_PRESET else int(chunk_steps)
         if speed == CUSTOM:
             plan = plan_speed(SpeedOptions(**{**DEFAULTS, **given}), chunk_steps=steps)

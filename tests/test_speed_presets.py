@@ -136,6 +136,10 @@ def test_speed_node_offers_the_presets(monkeypatch):
     seen = _planned_by_the_node(monkeypatch, speed_node)
     speed_node.LingBotSpeedOptions().choose(speed="draft")
     assert seen[-1][:2] == (PRESETS["draft"].options, "draft")  # widgets at "from preset": the preset's choices
+    speed_node.LingBotSpeedOptions().choose("auto", "bf16", "auto", speed="draft")  # a workflow saved before
+    assert seen[-1][:2] == (PRESETS["draft"].options, "draft")  # runs as it did: the preset replaces them
+    speed_node.LingBotSpeedOptions().choose("auto", "bf16", "from preset", speed="draft")
+    assert seen[-1][:2] == (SpeedOptions("auto", "bf16", PRESETS["draft"].options.attention), "draft")
     # a widget set to a value is kept over the preset's, as a CLI flag over --speed: the RTX 40xx real-time play
     speed_node.LingBotSpeedOptions().choose("from preset", "fp16acc", "sage", speed="draft", chunk_steps="2")
     assert seen[-1] == (SpeedOptions(PRESETS["draft"].options.compile, "fp16acc", "sage"), "draft", 2)
