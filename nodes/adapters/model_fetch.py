@@ -80,14 +80,22 @@ def _files_words(part: hub.HubPart) -> str:
 def fetch(name: str, what: str) -> Path:
     """Download the part of a model's repository that provides `name` into the first lingbot_world folder; the
     path of `name` afterwards (for a stored copy's name: the release folder it is made from)."""
-    import comfy.utils
-
-    from .progress import show_on_node
-
     part = hub.part_for(name)
     root = _root()
     if part is None or root is None:
         raise comfy_paths.ModelFileNotFound(f"{what} '{name}' is not installed and no download provides it")
+    hub.fetch(part, root, progress=_bar_progress(f"downloading the {part.what()}"), say=_say)
+    base = hub.strip_stored_suffix(name)[0]
+    return root / base
+
+
+def _bar_progress(shown: Optional[str] = None):
+    """A (done, total) callback driving a ComfyUI progress bar of one long step (each update is also ComfyUI's cancel
+    point); with `shown`, every 5 % is also written on the node as "<shown>: done of total"."""
+    import comfy.utils
+
+    from .progress import show_on_node
+
     bar = comfy.utils.ProgressBar(1000)
     last = [-1]
 
@@ -95,42 +103,32 @@ def fetch(name: str, what: str) -> Path:
         value = int(1000 * done / total) if total else 1000
         if value != last[0]:
             last[0] = value
-            bar.update_absolute(value, 1000)  # also ComfyUI's cancel point
-            if value % 50 == 0:
-                show_on_node(f"downloading the {part.what()}: {hub.gb(done)} of {hub.gb(total)}")
+            bar.update_absolute(value, 1000)
+            if shown is not None and value % 50 == 0:
+                show_on_node(f"{shown}: {hub.gb(done)} of {hub.gb(total)}")
 
-    def say(line: str) -> None:
-        log.info("LingBot-World: %s", line)
-        show_on_node(line)
+    return progress
 
-    hub.fetch(part, root, progress=progress, say=say)
-    base = hub.strip_stored_suffix(name)[0]
-    return root / base
+
+def _say(line: str) -> None:
+    """A line for the log and the node."""
+    from .progress import show_on_node
+
+    log.info("LingBot-World: %s", line)
+    show_on_node(line)
 
 
 def convert_once(path: Path, weights: str, device=None) -> stored_copy.Chosen:
     """The folder a load with `weights` reads for `path`: its stored copy (made now the first time) or itself."""
-    import comfy.utils
-
-    from .progress import show_on_node
-
     if weights not in stored_copy.SUFFIX or not stored_copy.needs_copy(path, weights):
         return stored_copy.Chosen(Path(path), "as chosen")
     found = stored_copy.find(path, weights)
     if found is not None:
         return stored_copy.Chosen(found, "copy")
-    bar = comfy.utils.ProgressBar(1000)
-
-    def progress(done: int, total: int) -> None:
-        bar.update_absolute(int(1000 * done / total) if total else 1000, 1000)  # also ComfyUI's cancel point
-
-    def say(line: str) -> None:
-        log.info("LingBot-World: %s", line)
-        show_on_node(line)
-
+    progress = _bar_progress()
     make_room(device)
-    chosen = stored_copy.ensure(path, weights, device=device, progress=progress, say=say)
-    bar.update_absolute(1000, 1000)  # the writers count the files' bytes (headers too): the bar ends at its end
+    chosen = stored_copy.ensure(path, weights, device=device, progress=progress, say=_say)
+    progress(1, 1)  # the writers count the files' bytes (headers too): the bar ends at its end
     return chosen
 
 
@@ -227,18 +225,6 @@ def resolve_tiny_vae(name: str, download: bool) -> Path:
             raise comfy_paths.ModelFileNotFound(message) from None
         if not download or name not in hub.TINY_DECODERS:
             raise
-    import comfy.utils
-
-    from .progress import show_on_node
-
     f = hub.TINY_DECODERS[name]
-    bar = comfy.utils.ProgressBar(1000)
-
-    def progress(done: int, total: int) -> None:
-        bar.update_absolute(int(1000 * done / total) if total else 1000, 1000)  # also ComfyUI's cancel point
-
-    def say(line: str) -> None:
-        log.info("LingBot-World: %s", line)
-        show_on_node(line)
-
-    return hub.fetch_file(f, comfy_paths.tiny_vae_folder(), progress=progress, say=say)
+    return hub.fetch_file(f, comfy_paths.tiny_vae_folder(), progress=_bar_progress(f"downloading the {f.what}"),
+                          say=_say)
