@@ -267,7 +267,7 @@ def play_v2(played: dict, set_widget) -> dict:
     loader.setdefault("inputs", [])
     if not any(e["name"] == "speed" for e in loader["inputs"]):
         loader["inputs"].append({"name": "speed", "type": "LINGBOT_SPEED", "link": None})
-    speed = _new(ui, "LingBotSpeedOptions", (loader["pos"][0], loader["pos"][1] - 230), (400, 180), [],
+    speed = _new(ui, "LingBotSpeedOptions", (loader["pos"][0], loader["pos"][1] - 330), (400, 250), [],
                  [{"name": "speed", "type": "LINGBOT_SPEED", "links": None, "slot_index": 0}],
                  ["from preset", "from preset", "from preset", "draft", "2"])
     _link(ui, speed, 0, loader, "speed", "LINGBOT_SPEED")
