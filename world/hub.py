@@ -193,13 +193,22 @@ def _download(p: DownloadPlan, name: str, done: int, total: int, progress: Optio
     """One file, resumed where a partial download stopped; returns `done` before this file."""
     from huggingface_hub import hf_hub_download
 
-    kwargs = {}
-    if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
-        kwargs["tqdm_class"] = _bar_class(lambda n: progress(min(done + n, total), total))
-    hf_hub_download(p.part.repo, name, revision=p.revision, local_dir=str(p.target), endpoint=p.endpoint, **kwargs)
+    bar = None if progress is None else (lambda n: progress(min(done + n, total), total))
+    hf_hub_download(p.part.repo, name, revision=p.revision, local_dir=str(p.target), endpoint=p.endpoint,
+                    **_bar_kwargs(bar))
     if progress is not None:
         progress(min(done + dict(p.files)[name], total), total)
     return done
+
+
+def _bar_kwargs(on_bytes: Optional[Callable[[int], None]]) -> dict:
+    """hf_hub_download's keyword for a byte bar reporting to `on_bytes` (none when there is nothing to report to or
+    the installed huggingface_hub takes no tqdm_class)."""
+    from huggingface_hub import hf_hub_download
+
+    if on_bytes is None or "tqdm_class" not in inspect.signature(hf_hub_download).parameters:
+        return {}
+    return {"tqdm_class": _bar_class(on_bytes)}
 
 
 def _bar_class(on_bytes: Callable[[int], None]):
@@ -259,11 +268,9 @@ def fetch_file(f: HubFile, folder: Path, progress: Optional[Progress] = None,
             return target
         check_disk(Path(folder), size, f"the {f.what}")
         say(f"downloading the {f.what} ({gb(size)}) from {f.source()} into {folder}; {f.licence}")
-        kwargs = {}
-        if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
-            kwargs["tqdm_class"] = _bar_class(lambda n: progress(min(n, size), size))
+        bar = None if progress is None else (lambda n: progress(min(n, size), size))
         hf_hub_download(f.repo, f.name, revision=info.sha or REVISION, local_dir=str(folder), endpoint=endpoint,
-                        **kwargs)
+                        **_bar_kwargs(bar))
         if progress is not None:
             progress(size, size)
         say(f"downloaded the {f.what} into {folder}")

@@ -209,8 +209,11 @@ def tiny_vae_missing(name: str, download: bool) -> Optional[str]:
         comfy_paths.resolve_tiny_vae(name)
         return None
     except FileNotFoundError:
-        pass
-    return (f"tiny_vae: {name} is not installed. It is the {f.what}, from {f.source()} into ComfyUI/models/"
+        return _tiny_vae_line(f)
+
+
+def _tiny_vae_line(f: hub.HubFile) -> str:
+    return (f"tiny_vae: {f.name} is not installed. It is the {f.what}, from {f.source()} into ComfyUI/models/"
             f"vae_approx/. Turn on this node's download switch and press Run to fetch it, or put the file there "
             f"yourself and refresh the page (press R); {f.licence}.")
 
@@ -220,11 +223,10 @@ def resolve_tiny_vae(name: str, download: bool) -> Path:
     try:
         return comfy_paths.resolve_tiny_vae(name)
     except FileNotFoundError:
-        message = tiny_vae_missing(name, download)
-        if message is not None:
-            raise comfy_paths.ModelFileNotFound(message) from None
-        if not download or name not in hub.TINY_DECODERS:
+        f = hub.TINY_DECODERS.get(name)
+        if f is None:
             raise
-    f = hub.TINY_DECODERS[name]
+        if not download:
+            raise comfy_paths.ModelFileNotFound(_tiny_vae_line(f)) from None
     return hub.fetch_file(f, comfy_paths.tiny_vae_folder(), progress=_bar_progress(f"downloading the {f.what}"),
                           say=_say)
