@@ -285,8 +285,8 @@ def run(args, bm: BenchModel) -> dict:
                                                        "kv_codes_on_gpu", "resident")}}
         if args.tiny:
             spec.pop("compile", None)
-            if spec.get("levers", {}).get("decode_bf16") and device == "cpu":
-                spec["levers"] = {**spec["levers"], "decode_bf16": False}  # CPU autocast: minutes on 2 cores
+            if spec.get("levers", {}).get("decode_dtype", "float32") != "float32" and device == "cpu":
+                spec["levers"] = {**spec["levers"], "decode_dtype": "float32"}  # CPU autocast: minutes on 2 cores
         return run_case_child(spec, workdir, timeout, MODULE)
 
     return loop.run(run_case, workdir, written=[*paths.values(), *lowp_paths.values()])

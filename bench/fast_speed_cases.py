@@ -50,10 +50,10 @@ CASES: dict[str, dict] = {
     "fold": dict(preset="auto", compile="blocks", levers=dict(fold_context=True)),
     "window15": dict(preset="auto", compile="blocks", levers=dict(window_frames=15)),
     "auto_overlap": dict(preset="auto", compile="blocks", levers=dict(decode_overlap=True), save_frames=True),
-    "auto_decode_bf16": dict(preset="auto", compile="blocks", levers=dict(decode_bf16=True), save_frames=True),
-    "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
-    "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_bf16=True)),
-    "decode": dict(kind="decode"),  # the VAE's chunk decode alone, four ways
+    "auto_decode_bf16": dict(preset="auto", compile="blocks", levers=dict(decode_dtype="bf16"), save_frames=True),
+    "fast_overlap": dict(preset="fast", compile="blocks", levers=dict(decode_overlap=True, decode_dtype="bf16")),
+    "draft_overlap": dict(preset="draft", compile="blocks", levers=dict(decode_overlap=True, decode_dtype="bf16")),
+    "decode": dict(kind="decode"),  # the VAE's chunk decode alone, six ways
     # the tiny decoder (--tiny-vae; a random taew2_1-format file in --workdir) instead of the VAE: decode and plan
     "draft_tiny_vae": dict(preset="draft", compile="blocks", tiny_vae=True),
     "draft_steps2_tiny_vae": _draft2_tiny(),
@@ -214,6 +214,14 @@ CASES: dict[str, dict] = {
                                               reference="auto_rolling_as_played"),
     "auto_rolling_as_played_token_norm_profile": dict(preset="auto", chunks=16, profile=True,
                                                       env={"LINGBOT_TOKEN_NORM": "1"}),
+    # the VAE decode in fp16 (10 bits of mantissa, TF32's) instead of float32: the same latents (error 0), the
+    # time it saves alone and on the side stream; its frames against float32's are the `decode` case's
+    "exact_rolling_decode_fp16": dict(preset="exact", chunks=16, levers=dict(decode_dtype="fp16"),
+                                      reference="exact_rolling"),
+    "auto_rolling_as_played_decode_fp16": dict(preset="auto", chunks=16, levers=dict(decode_dtype="fp16"),
+                                               reference="exact_rolling"),
+    "auto_rolling_as_played_decode_fp16_overlap": dict(preset="auto", chunks=16, reference="exact_rolling",
+                                                       levers=dict(decode_dtype="fp16", decode_overlap=True)),
     # INT8 GEMMs (per-token activations, per-row weights; the RTX 30xx's fastest, twice fp16acc's rate there):
     # their error against bf16 GEMMs, alone and with SageAttention, and a profile for the consumer-card projection
     "draft_rolling_steps2_int8_tiny_vae_graphs": _draft2_tiny(chunks=16, graphs=True, compute="int8",

@@ -88,8 +88,8 @@ def child_case(spec: dict) -> dict:
     out["rolled_from_chunk"] = next((c for c in range(fr.chunks) if window is not None and layout.evict
                                      and recipe.chunk_frames * (c + 1) > window), None)
     vram = free_vram_bytes(device) if cuda else 1 << 60
-    bf16_decode_planned = levers.decode_bf16 and not spec.get("vae_plan_f32")
-    extra = streaming_decode_bytes(vae_cfg, h, w, bf16=bf16_decode_planned) if cuda else 0
+    half_decode_planned = levers.decode_dtype != "float32" and not spec.get("vae_plan_f32")
+    extra = streaming_decode_bytes(vae_cfg, h, w, half=half_decode_planned) if cuda else 0
     tiny = None
     if spec.get("tiny_vae"):  # the file in taew2_1's format, loaded as the doors load it
         from ..loaders.demo_checkpoint import DEMO_TINY_WIDTHS, write_random_tiny_vae
@@ -137,9 +137,9 @@ def child_case(spec: dict) -> dict:
             return TinyStreamingDecoder(tiny) if tiny is not None else StreamingDecoder(vae, norm_silu=norm_silu)
 
         warm, warm_decoder = new_run(seed=7), new_decoder()
-        # in the timed run's precision: a bf16 decode builds its own Triton kernels (0.76 s on an H100 when the
-        # warm-up decoded in float32 only; fast_chunk_fused_h100.json)
-        warm_decode = ChunkDecoder(warm_decoder.decode, device, bf16=levers.decode_bf16)
+        # in the timed run's precision: a half-precision decode builds its own Triton kernels (0.76 s on an H100
+        # when the warm-up decoded in float32 only; fast_chunk_fused_h100.json)
+        warm_decode = ChunkDecoder(warm_decoder.decode, device, dtype=levers.decode_dtype)
         warm_chunks, warm_s = warm.chunks if spec.get("warm_video") else min(WARM_CHUNKS, warm.chunks), []
         with torch.inference_mode():
             for _ in range(warm_chunks):
@@ -162,7 +162,7 @@ def child_case(spec: dict) -> dict:
         hook = model.register_forward_hook(
             lambda mod, args, result: first_call.append(result.float().cpu()) if not first_call else None)
         decoder = ChunkDecoder(new_decoder().decode, device,
-                               overlap=levers.decode_overlap, bf16=levers.decode_bf16)
+                               overlap=levers.decode_overlap, dtype=levers.decode_dtype)
         marks: list[tuple] = []
         latents: list[torch.Tensor] = []
         pending: list = []
@@ -229,7 +229,7 @@ def child_case(spec: dict) -> dict:
 def child_decode(spec: dict) -> dict:
     """The streaming decode of the video (v1 Fast: 21 latent frames) chunk by chunk (the model's chunks), alone:
     float32 and bf16 under autocast, each with the eager norm + SiLU and with the fused kernel every door uses on a
-    CUDA GPU (speed/vae_norm.py), and bf16 also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per
+    CUDA GPU (speed/vae_norm.py), fp16 under autocast with the fused kernel, and bf16 also with cuDNN's autotuner (torch.backends.cudnn.benchmark); seconds per
     chunk after one warm-up video, and each variant's frames against eager float32's (relative L2)."""
     from ..speed.decode import ChunkDecoder
     from ..speed.vae_norm import decoder_norm_silu
@@ -248,13 +248,14 @@ def child_decode(spec: dict) -> dict:
     out: dict = {"latent_frames": lat}
     ref = None
     fused = decoder_norm_silu(device)
-    for name, bf16, bench, norm_silu in (("fp32", False, False, None), ("bf16", True, False, None),
-                                         ("fp32_fused", False, False, fused), ("bf16_fused", True, False, fused),
-                                         ("bf16_fused_cudnn_benchmark", True, True, fused)):
+    for name, dtype, bench, norm_silu in (("fp32", "float32", False, None), ("bf16", "bf16", False, None),
+                                          ("fp32_fused", "float32", False, fused), ("bf16_fused", "bf16", False, fused),
+                                          ("fp16_fused", "fp16", False, fused),
+                                          ("bf16_fused_cudnn_benchmark", "bf16", True, fused)):
         torch.backends.cudnn.benchmark = bench
         times = []
         for rep in range(2):  # the first video warms up (and lets the autotuner choose)
-            dec = ChunkDecoder(StreamingDecoder(vae, norm_silu=norm_silu).decode, device, bf16=bf16)
+            dec = ChunkDecoder(StreamingDecoder(vae, norm_silu=norm_silu).decode, device, dtype=dtype)
             got = []
             for c in range(0, lat, chunk):
                 sync(device)

@@ -75,7 +75,7 @@ def add_parser(sub) -> None:
     gen.add_argument("--no-preview", action="store_true",
                      help="with --tiny-vae, do not show each chunk's preview (its frames after the first denoising "
                           "step, replaced by the real ones when they come)")
-    add_speed_args(p)  # --speed draft: the preset made for real-time play (3 steps, window 15, bf16 decode);
+    add_speed_args(p)  # --speed draft: the preset made for real-time play (3 steps, window 15, FP8 K/V cache);
     # --chunk-steps 2 plays it about a quarter faster
     srv = p.add_argument_group("server")
     srv.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the page (0: any free port)")

@@ -56,11 +56,12 @@ class _Explicit(argparse.Action):
 def add_speed_args(parser) -> None:
     g = parser.add_argument_group("speed")
     g.add_argument("--speed", choices=PRESET_NAMES, default=None,
-                   help="speed preset: exact (eager, bf16, exact attention: the reference numerics), auto (the "
-                        "fastest exact path for the card: compiled per-token work, bf16, exact attention), fast (FP8 "
+                   help="speed preset: exact (eager, bf16, exact attention, float32 VAE decode: the reference "
+                        "numerics), auto (the fastest exact path for the card: compiled per-token work, bf16, exact "
+                        "attention, the VAE decode in fp16 on a GPU, frames within one bf16 rounding), fast (FP8 "
                         "GEMMs on RTX 40xx/Hopper+, INT8 on RTX 30xx, exact attention, the Fast model's K/V cache in "
                         "FP8; approximate), draft (fast + 3 steps per chunk, the context pass folded into the last "
-                        "step, a 15-frame K/V window and a bf16 VAE decode for the Fast model; for previews and "
+                        "step and a 15-frame K/V window for the Fast model; for previews and "
                         "real-time play). --compile/--compute/--attention/--chunk-steps given explicitly override the "
                         "preset; a continuation without --speed runs the preset its video was made with")
     g.add_argument("--chunk-steps", type=int, choices=CHUNK_STEP_CHOICES, default=None,

@@ -17,7 +17,8 @@ them at the release's schedule. Each is measured on its own in BENCHMARKS ("Fast
 
 And the door's VAE decode of each chunk (speed/decode.py ChunkDecoder; the latents do not change):
 - decode_overlap: the chunk's decode on a side stream beside the next chunk's DiT (the same frames, later).
-- decode_bf16: the decoder's convolutions in bf16 (approximate frames).
+- decode_dtype: "float32" (the release's), or the decoder's convolutions in "fp16" or "bf16" (approximate frames;
+  speed/decode.py says how far each is from float32).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..wan.sampling.recipe import ChunkRecipe
+from .decode import DECODE_DTYPES
 
 # Denoising calls per chunk the levers offer: the release's 4 and the fewer-step variants every causal recipe has.
 STEP_CHOICES = (4, 3, 2)
@@ -37,7 +39,7 @@ class ChunkLevers:
     fold_context: bool = False
     window_frames: Optional[int] = None
     decode_overlap: bool = False
-    decode_bf16: bool = False
+    decode_dtype: str = "float32"
     kv_fp8: bool = False
 
     def __post_init__(self):
@@ -46,12 +48,14 @@ class ChunkLevers:
         if self.window_frames is not None and (isinstance(self.window_frames, bool)
                                                or not isinstance(self.window_frames, int) or self.window_frames < 3):
             raise ValueError(f"window_frames={self.window_frames!r} must be None or at least one 3-frame chunk")
+        if self.decode_dtype not in DECODE_DTYPES:
+            raise ValueError(f"decode_dtype={self.decode_dtype!r}: choose one of {', '.join(DECODE_DTYPES)}")
 
     @property
     def exact(self) -> bool:
         """True when nothing changes the latents or the frames (overlapping the decode alone changes only when)."""
-        return (self.steps == RELEASE_STEPS and not self.fold_context and self.window_frames is None and not self.decode_bf16
-                and not self.kv_fp8)
+        return (self.steps == RELEASE_STEPS and not self.fold_context and self.window_frames is None
+                and self.decode_dtype == "float32" and not self.kv_fp8)
 
     def fast_run_options(self, recipe: ChunkRecipe) -> dict:
         """FastRun keyword options for these levers on a model of `recipe`; empty for the release's schedule (the
@@ -84,8 +88,8 @@ class ChunkLevers:
             out.append(f"a K/V window of at most {self.window_frames} latent frames")
         if self.decode_overlap:
             out.append("each chunk's VAE decode on a side stream beside the next chunk's DiT (same frames)")
-        if self.decode_bf16:
-            out.append("the VAE decode in bf16 (approximate frames)")
+        if self.decode_dtype != "float32":
+            out.append(f"the VAE decode in {self.decode_dtype} (approximate frames)")
         if self.kv_fp8:
             out.append("the K/V cache in FP8 (e4m3, a power-of-two scale per token and head)")
         return out
@@ -93,6 +97,7 @@ class ChunkLevers:
 
 def plan_levers(speed_plan) -> dict:
     """The levers of a SpeedPlan (speed/options.py; None: the defaults) that the memory plan counts, as
-    plan_world_memory's keywords: a bf16 decode (the decoder's rings take half the bytes) and an FP8 K/V cache."""
+    plan_world_memory's keywords: the decode's precision (a half-precision decoder's rings take half the bytes) and
+    an FP8 K/V cache. Every door decodes with `decode_precision(device, plan_levers(speed)["decode_dtype"])`."""
     levers = getattr(speed_plan, "levers", None) or ChunkLevers()
-    return {"decode_bf16": bool(levers.decode_bf16), "kv_fp8": bool(levers.kv_fp8)}
+    return {"decode_dtype": levers.decode_dtype, "kv_fp8": bool(levers.kv_fp8)}

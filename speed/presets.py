@@ -4,10 +4,13 @@
     preset.options       # SpeedOptions (compile, compute, attention), resolved per GPU by resolve_speed
     preset.levers        # ChunkLevers of the Fast chunk loop (steps, context pass, window)
 
-- exact: the reference numerics: eager bf16 GEMMs and exact attention, the release's chunk schedule.
+- exact: the reference numerics: eager bf16 GEMMs and exact attention, the release's chunk schedule, the VAE decode
+  in float32 (the release's).
 - auto: the fastest *exact* path for the card: the per-token work compiled where the compiler runs (within 1e-3 of
   eager per forward, bf16 rounding in another order), bf16 GEMMs, torch SDPA with the GPU's fastest exact kernel;
-  the release's schedule. This is also what the speed flags give when no preset is named.
+  the release's schedule; the VAE decode in fp16 on a CUDA GPU (frames within 3e-3 of float32's on random weights,
+  less than one bf16 rounding; twice as fast on tensor cores: v2 1.3B chunk 0.31 -> 0.19 s on an H200,
+  bench/results/v2_1.3b_decode_fp16*_h200.json). This is also what the speed flags give when no preset is named.
 - fast: low-precision GEMMs where the card has them (FP8 on Ada / Hopper+, INT8 on Ampere), compiled; exact
   attention (FP8 attention gained nothing measurable beside FP8 GEMMs for chunk queries over a long cache: H100,
   2.36 s per chunk with it, 2.29 and 2.35 without, three machines); the K/V cache in FP8 (the same speed within
@@ -17,7 +20,7 @@
 - draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
   15-frame window, the K/V cache in FP8 (half the RAM and link bytes; an 81-frame video's chunk 6 % faster on one
   H100, a rolled chunk as fast within the noise on another: bench/results/fast_*kvfp8*_h100.json), and the VAE
-  decode in bf16. Changes the video visibly more than fast; for previews and real-time play. Its attention stays
+  decode in fp16 as auto's (bf16 before: as fast, 8x further from float32). Changes the video visibly more than fast; for previews and real-time play. Its attention stays
   exact: FP8 attention made its chunk slower (H100, 24 GB cap: 1.72 s against 1.35 s;
   bench/results/fast_chunk_final_h100.json).
 
@@ -40,7 +43,8 @@ from .options import SpeedOptionError, SpeedOptions, SpeedPlan, resolve_speed
 
 PRESET_NAMES = ("exact", "fast", "draft", "auto")
 CHUNK_STEP_CHOICES = STEP_CHOICES  # --chunk-steps: 4 (the release's), 3, 2
-DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True, kv_fp8=True)
+HALF_DECODE = "fp16"  # every preset but exact decodes in fp16 on a CUDA GPU
+DRAFT_LEVERS = ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_dtype=HALF_DECODE, kv_fp8=True)
 
 
 @dataclass(frozen=True)
@@ -54,16 +58,18 @@ class SpeedPreset:
 
 PRESETS = {
     "exact": SpeedPreset("exact", SpeedOptions(compile="off", compute="bf16", attention="sdpa"), ChunkLevers(), True,
-                         "reference numerics: eager, bf16 GEMMs, exact attention"),
-    "auto": SpeedPreset("auto", SpeedOptions(compile="auto", compute="bf16", attention="auto"), ChunkLevers(), True,
-                        "the fastest exact path for this card (compiled per-token work where the compiler runs)"),
+                         "reference numerics: eager, bf16 GEMMs, exact attention, float32 VAE decode"),
+    "auto": SpeedPreset("auto", SpeedOptions(compile="auto", compute="bf16", attention="auto"),
+                        ChunkLevers(decode_dtype=HALF_DECODE), True,
+                        "the fastest exact path for this card (compiled per-token work where the compiler runs, "
+                        "the VAE decode in fp16)"),
     "fast": SpeedPreset("fast", SpeedOptions(compile="auto", compute="auto", attention="sdpa"),
-                        ChunkLevers(kv_fp8=True), False,
+                        ChunkLevers(kv_fp8=True, decode_dtype=HALF_DECODE), False,
                         "FP8 (Ada/Hopper+) or INT8 (Ampere) GEMMs where they run, exact attention, the K/V cache in "
                         "FP8; approximate"),
     "draft": SpeedPreset("draft", SpeedOptions(compile="auto", compute="auto", attention="sdpa"), DRAFT_LEVERS, False,
                          "fast + 3 steps per chunk, the context pass folded into the last step, a 15-frame window, "
-                         "the K/V cache in FP8, the VAE decode in bf16"),
+                         "the K/V cache in FP8, the VAE decode in fp16"),
 }
 FLAG_NAMES = ("compile", "compute", "attention")
 
@@ -76,19 +82,21 @@ def preset_options(name: str, explicit: dict | None = None) -> SpeedOptions:
 
 
 def attach_preset(plan: SpeedPlan, name: str | None, chunk_steps: int | None = None) -> SpeedPlan:
-    """The plan with the preset's name and chunk levers recorded (levers only for the Fast model's chunk loop);
-    chunk_steps (--chunk-steps) replaces the preset's denoising calls per chunk (None: the preset's)."""
-    if name is None and chunk_steps is None:
-        return plan
+    """The plan with the preset's name and chunk levers recorded (levers only for the Fast model's chunk loop; no
+    preset: auto's, as the flags' defaults are auto's options); chunk_steps (--chunk-steps) replaces the preset's
+    denoising calls per chunk (None: the preset's). Off a CUDA GPU the decode stays float32: half-precision
+    convolutions are slower than float32 there (a CPU's autocast)."""
     if chunk_steps is not None and chunk_steps not in CHUNK_STEP_CHOICES:
         raise SpeedOptionError(f"chunk steps {chunk_steps!r}: the Fast model's schedule has "
                                f"{', '.join(map(str, CHUNK_STEP_CHOICES))} steps per chunk")
     notes = []
-    levers = ChunkLevers()
+    levers = PRESETS["auto"].levers
     if name is not None:
         preset = _get(name)
         levers = preset.levers
         notes.append(f"speed preset {name}: {preset.summary}")
+    if levers.decode_dtype != "float32" and not plan.device.startswith("cuda"):
+        levers = dataclasses.replace(levers, decode_dtype="float32")
     if chunk_steps is not None and chunk_steps != levers.steps:
         whose = f"preset {name}'s" if name else "release's"
         notes.append(f"chunk steps {chunk_steps}: {chunk_steps} denoising calls per Fast chunk instead of the {whose} "

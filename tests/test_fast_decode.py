@@ -3,6 +3,7 @@ whole-video decode, bit for bit (the same operations run: conv2 and the decoder 
 import pytest
 import torch
 
+from lingbot_world.speed.decode import decode_precision
 from lingbot_world.wan.vae.model import VAEConfig, WanVAE
 from lingbot_world.wan.vae.streaming import StreamingDecoder, streaming_decode_bytes
 
@@ -48,22 +49,23 @@ def _cache_bytes(dec: StreamingDecoder) -> tuple[int, int]:
     return rings, sum(v.numel() * v.element_size() for v in held if isinstance(v, torch.Tensor))
 
 
-def _held_after_two_chunks(vae, h: int, w: int, bf16: bool) -> tuple[int, int]:
+def _held_after_two_chunks(vae, h: int, w: int, dtype: str) -> tuple[int, int]:
     dec = StreamingDecoder(vae)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with decode_precision("cpu", dtype):
         for _ in range(2):
             dec.decode(torch.randn(1, 16, 3, h // 8, w // 8))
     return _cache_bytes(dec)
 
 
-def test_a_bf16_decode_is_planned_with_half_the_ring_bytes(vae):
-    """Under bf16 autocast (the `draft` preset's decode) the decoder's rings take half the bytes, and the estimate
-    the memory plan reserves for the decoder is smaller by exactly that half of the rings a float32 decode holds;
-    what the bf16 decode really holds between chunks stays within the estimate's caches."""
+@pytest.mark.parametrize("half", ["bf16", "fp16"])
+def test_a_half_precision_decode_is_planned_with_half_the_ring_bytes(vae, half):
+    """Under bf16 or fp16 autocast (the presets' decode levers) the decoder's rings take half the bytes, and the
+    estimate the memory plan reserves for the decoder is smaller by exactly that half of the rings a float32 decode
+    holds; what the half-precision decode really holds between chunks stays within the estimate's caches."""
     h, w = 48, 64
-    rings32, other32 = _held_after_two_chunks(vae, h, w, bf16=False)
-    rings16, other16 = _held_after_two_chunks(vae, h, w, bf16=True)
+    rings32, other32 = _held_after_two_chunks(vae, h, w, "float32")
+    rings16, other16 = _held_after_two_chunks(vae, h, w, half)
     assert rings32 > 4 * other32 > 0 and rings16 * 2 == rings32
-    f32, b16 = streaming_decode_bytes(vae.cfg, h, w), streaming_decode_bytes(vae.cfg, h, w, bf16=True)
+    f32, b16 = streaming_decode_bytes(vae.cfg, h, w), streaming_decode_bytes(vae.cfg, h, w, half=True)
     assert abs((f32 - b16) - rings32 / 2) <= 1
     assert rings16 + other16 <= rings32 / 2 + other32

@@ -383,7 +383,7 @@ def test_draft_and_fast_turn_the_fp8_cache_on_and_say_so():
     assert PRESETS["fast"].levers.kv_fp8  # approximate already: the cache in FP8 takes 13 GB less RAM there
     assert not any(PRESETS[n].levers.kv_fp8 for n in ("exact", "auto"))  # the exact presets: bf16
     assert ChunkLevers(kv_fp8=True).exact is False
-    assert plan_levers(None) == {"decode_bf16": False, "kv_fp8": False}
+    assert plan_levers(None) == {"decode_dtype": "float32", "kv_fp8": False}
 
 
 # ---- CUDA -------------------------------------------------------------------------------------------------------

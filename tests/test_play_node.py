@@ -233,7 +233,7 @@ def test_a_tiny_vae_decodes_the_played_frames_and_a_new_choice_starts_a_new_sess
     by_vae = driver()
     assert by_vae.call_now(lambda s: (s.tiny_decoder, s.vae is vae.model)) == (None, True)
     assert by_vae.call_now(lambda s: s.placement.extra_vram) == streaming_decode_bytes(vae.model.cfg, C.H, C.W,
-                                                                                       bf16=False)
+                                                                                       half=False)
     vae_frames = played_frames("w-8")
     z = played_latent()
 

@@ -249,7 +249,7 @@ CONTEXT_GIB = 0.85  # a card's CUDA context and libraries outside torch (as test
 def _plan(entry, h, w, card_gib, decoder, *, window=None, graphs=None, **kw):
     video = FastSettings(h, w, 42, "cuda", "continuable", window=window or entry.play_window, sink=entry.play_sink,
                          recipe=entry.recipe)
-    decode = {"vae": streaming_decode_bytes(VAEConfig(), h, w, bf16=False),
+    decode = {"vae": streaming_decode_bytes(VAEConfig(), h, w, half=False),
               "tiny": tiny_decode_bytes(TinyConfig(), h, w, 2)}[decoder]
     graphs = entry.dit.dim < 5120 if graphs is None else graphs  # speed.options.graphs_enabled's default on a GPU
     return plan_fast_memory(h, w, entry.dit, play_layout(video), int((card_gib - CONTEXT_GIB) * GiB), 48 * GiB,

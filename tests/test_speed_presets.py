@@ -2,6 +2,7 @@
 the CLI flag and the node's widget."""
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
@@ -27,11 +28,11 @@ def test_the_presets_and_what_they_turn_on():
     assert PRESETS["exact"].options == SpeedOptions("off", "bf16", "sdpa") and PRESETS["exact"].exact
     assert PRESETS["auto"].options == SpeedOptions("auto", "bf16", "auto") and PRESETS["auto"].exact
     assert PRESETS["fast"].options.compute == "auto" and not PRESETS["fast"].exact
-    for name in ("exact", "auto"):
-        assert PRESETS[name].levers == ChunkLevers()
-    assert PRESETS["fast"].levers == ChunkLevers(kv_fp8=True)  # the release's schedule; its K/V cache in FP8
+    assert PRESETS["exact"].levers == ChunkLevers()  # the release's schedule and its float32 decode
+    assert PRESETS["auto"].levers == ChunkLevers(decode_dtype="fp16")
+    assert PRESETS["fast"].levers == ChunkLevers(kv_fp8=True, decode_dtype="fp16")  # its K/V cache in FP8
     assert PRESETS["fast"].options.attention == "sdpa"  # FP8 attention measured slower for chunk shapes
-    assert PRESETS["draft"].levers == ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_bf16=True,
+    assert PRESETS["draft"].levers == ChunkLevers(steps=3, fold_context=True, window_frames=15, decode_dtype="fp16",
                                                   kv_fp8=True)
     assert not any(p.levers.decode_overlap for p in PRESETS.values())  # over the 22.5 GB budget on a 24 GB card
     assert PRESETS["draft"].options == PRESETS["fast"].options
@@ -41,7 +42,8 @@ def test_on_the_cpu_every_preset_resolves_to_the_exact_kernels_with_its_levers()
     for name in PRESET_NAMES:
         plan = resolve_preset(name, CPU)
         assert (plan.compile, plan.compute, plan.attention) == ("off", "bf16", "sdpa")
-        assert plan.preset == name and plan.levers == PRESETS[name].levers
+        # the release's float32 decode off a CUDA GPU (half-precision convolutions are slower on a CPU)
+        assert plan.preset == name and plan.levers == dataclasses.replace(PRESETS[name].levers, decode_dtype="float32")
         assert plan.notes[0].startswith(f"speed preset {name}: ")
         assert plan.summary().startswith(f"preset={name}, compile=off")
     draft = resolve_preset("draft", CPU)
@@ -52,7 +54,7 @@ def test_on_the_cpu_every_preset_resolves_to_the_exact_kernels_with_its_levers()
     assert resolve_preset("exact", CPU).fast_run_options(V1_FAST.recipe) == {}
     assert resolve_preset("exact", CPU).to_json()["levers"] == {"steps": 4, "fold_context": False,
                                                                 "window_frames": None, "decode_overlap": False,
-                                                                "decode_bf16": False, "kv_fp8": False}
+                                                                "decode_dtype": "float32", "kv_fp8": False}
 
 
 def test_auto_compiles_where_the_compiler_runs(monkeypatch):
@@ -155,21 +157,36 @@ def test_speed_node_offers_the_presets(monkeypatch):
 
 def test_chunk_steps_replace_the_presets_step_count_and_say_so():
     draft2 = resolve_preset("draft", CPU, chunk_steps=2)
-    assert draft2.levers == PRESETS["draft"].levers.__class__(**{**PRESETS["draft"].levers.__dict__, "steps": 2})
+    assert draft2.levers == dataclasses.replace(PRESETS["draft"].levers, steps=2, decode_dtype="float32")
     assert draft2.fast_run_options(V1_FAST.recipe)["schedule"].timesteps == (999, 825) and draft2.fast_run_options(V1_FAST.recipe)["fold_context"]
     assert any(n.startswith("chunk steps 2: 2 denoising calls per Fast chunk instead of the preset draft's 3")
                for n in draft2.notes)
-    assert resolve_preset("draft", CPU, chunk_steps=3).levers == PRESETS["draft"].levers  # the preset's own: no note
+    assert resolve_preset("draft", CPU, chunk_steps=3).levers == resolve_preset("draft", CPU).levers  # no note
     assert not any(n.startswith("chunk steps") for n in resolve_preset("draft", CPU, chunk_steps=3).notes)
     from lingbot_world.speed.options import resolve_speed
     from lingbot_world.speed.presets import attach_preset
 
     plain = attach_preset(resolve_speed(SpeedOptions(), CPU), None, 3)  # no preset: over the release's schedule
-    assert plain.preset is None and plain.levers == ChunkLevers(steps=3)
+    assert plain.preset is None and plain.levers == ChunkLevers(steps=3)  # and the CPU's float32 decode
     assert plain.fast_run_options(V1_FAST.recipe)["schedule"].timesteps == (999, 947, 825)
     assert any("instead of the release's 4" in n for n in plain.notes)
     with pytest.raises(SpeedOptionError, match="chunk steps 5: the Fast model's schedule has 4, 3, 2 steps"):
         resolve_preset("draft", CPU, chunk_steps=5)
+
+
+def test_on_a_cuda_gpu_every_preset_but_exact_decodes_in_fp16_and_no_preset_is_autos():
+    from lingbot_world.speed.options import SpeedPlan
+    from lingbot_world.speed.presets import attach_preset
+
+    gpu = SpeedPlan("off", "bf16", "sdpa", "cuda:0")  # the levers alone: attach_preset reads only the device
+    assert attach_preset(gpu, "exact").levers.decode_dtype == "float32"
+    for name in ("auto", "fast", "draft"):
+        plan = attach_preset(gpu, name)
+        assert plan.levers == PRESETS[name].levers and plan.levers.decode_dtype == "fp16"
+        assert any(n == f"speed preset {name}: the VAE decode in fp16 (approximate frames)" for n in plan.notes)
+    plain = attach_preset(gpu, None)
+    assert plain.preset is None and plain.levers == PRESETS["auto"].levers
+    assert "speed: the VAE decode in fp16 (approximate frames)" in plain.notes
 
 
 def test_cli_chunk_steps_reach_the_plan_and_are_a_fast_model_flag():

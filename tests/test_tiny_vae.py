@@ -236,7 +236,7 @@ def test_the_memory_plan_counts_the_tiny_decoder_instead_of_the_vae():
     assert tiny_bytes(tiny, 480, 832, beside_vae=None) - alone == vae_weight_bytes(VAEConfig())
     assert tiny_bytes(None, 480, 832) is None
     layout = cache_layout(21, 30 * 52, window_frames=15, sink_frames=3)
-    kw = dict(vram=24 * 2**30, ram=64 * 2**30, kv_fp8=True, decode_bf16=True)
+    kw = dict(vram=24 * 2**30, ram=64 * 2**30, kv_fp8=True, decode_dtype="bf16")
     with_vae, stream = plan_world_memory(DiTConfig(), layout, torch.device("cuda"), 480, 832, **kw)
     with_tiny, stream_tiny = plan_world_memory(DiTConfig(), layout, torch.device("cuda"), 480, 832,
                                                decode_bytes=tiny_bytes(tiny, 480, 832, beside_vae=None), **kw)

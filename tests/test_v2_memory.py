@@ -23,8 +23,8 @@ CONTEXT_GIB = 0.85  # what a card's CUDA context and libraries take outside torc
 def _plan(entry, h, w, card_gib, decoder, *, kv_fp8=False, weights="nf4"):
     video = FastSettings(h, w, 42, "cuda", "continuable", window=entry.play_window, sink=entry.play_sink,
                          recipe=entry.recipe)
-    decode = {"vae": streaming_decode_bytes(VAEConfig(), h, w, bf16=False),
-              "vae_bf16": streaming_decode_bytes(VAEConfig(), h, w, bf16=True),
+    decode = {"vae": streaming_decode_bytes(VAEConfig(), h, w, half=False),
+              "vae_bf16": streaming_decode_bytes(VAEConfig(), h, w, half=True),
               "tiny": tiny_decode_bytes(TinyConfig(), h, w, 2)}[decoder]
     return plan_fast_memory(h, w, entry.dit, play_layout(video), int((card_gib - CONTEXT_GIB) * GiB), 48 * GiB,
                             extra_vram=decode, weights=weights, compute_bytes=2, kv_fp8=kv_fp8)

@@ -310,7 +310,9 @@ def _summary(variant: Variant) -> str:
     levers = getattr(speed, "levers", None)
     if levers is not None:
         line += f", {levers.steps} steps per chunk"
-        on = [name for name in ("fold_context", "decode_bf16", "kv_fp8") if getattr(levers, name)]
+        on = [name for name in ("fold_context", "kv_fp8") if getattr(levers, name)]
+        if levers.decode_dtype != "float32":
+            on.append(f"decode in {levers.decode_dtype}")
         if levers.window_frames is not None:
             on.append(f"window cap {levers.window_frames}")
         if on:

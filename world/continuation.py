@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from functools import partial
 import torch
 
 from . import assembly, controls
@@ -201,33 +200,32 @@ class Continuation:
         if self.vae is not None and (part or whole):
             self.vae.to(self.device)
 
-    def _precision(self):
-        from ..speed.decode import decode_precision
-        from ..speed.levers import plan_levers
-
-        return partial(decode_precision, self.device, plan_levers(self.speed)["decode_bf16"])
-
     def decode_part(self, latent: torch.Tensor) -> torch.Tensor:
         """The part's frames (decoded with the video's last latents as context): [3, F, H, W] in [-1, 1]."""
         from ..speed.vae_norm import decoder_norm_silu
         from ..wan.vae.streaming import decode_part
+        from .decoding import plan_decode
 
-        with torch.inference_mode(), self._precision()():
-            return decode_part(self.vae, self.z_before.to(self.device), latent, tiled=self.settings.vae_tiled,
-                               norm_silu=decoder_norm_silu(self.device))[0]
+        with torch.inference_mode():
+            return plan_decode(self.device, self.speed, lambda: decode_part(
+                self.vae, self.z_before.to(self.device), latent, tiled=self.settings.vae_tiled,
+                norm_silu=decoder_norm_silu(self.device))[0])
 
     def decode_whole(self, latent: torch.Tensor) -> torch.Tensor:
         """The whole video so far: [3, F, H, W] in [-1, 1] (the tiny decoder's when there is one)."""
         from ..speed.vae_norm import decoder_norm_silu
         from ..wan.vae.tiny import TinyStreamingDecoder
+        from .decoding import plan_decode
 
         z_whole = torch.cat([self.z_before.to(self.device), latent.to(self.device)], dim=2)
         tiny = self.checked.tiny
-        with torch.inference_mode(), self._precision()():
-            if tiny is not None:
-                return TinyStreamingDecoder(tiny).decode(z_whole)[0]
-            return self.vae.decode(z_whole, tiled=self.settings.vae_tiled,
-                                   norm_silu=decoder_norm_silu(self.device))[0]
+        if tiny is not None:
+            decode = lambda: TinyStreamingDecoder(tiny).decode(z_whole)[0]  # noqa: E731
+        else:
+            decode = lambda: self.vae.decode(z_whole, tiled=self.settings.vae_tiled,  # noqa: E731
+                                             norm_silu=decoder_norm_silu(self.device))[0]
+        with torch.inference_mode():
+            return plan_decode(self.device, self.speed, decode)
 
     def release(self) -> None:
         """The VAE dropped and the device's cache emptied."""

@@ -11,8 +11,21 @@ import torch
 
 from ..wan.vae.streaming import StreamingDecoder, context_latents
 from ..wan.vae.tiny import TinyStreamingDecoder, tiny_context_latents
-from .errors import WorldError
+from .errors import WorldError, check_finite_frames
 from .frames import ChunkFrames, to_uint8
+
+
+def plan_decode(device, speed, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """decode() in the precision the speed plan's decode lever names (speed/decode.py; None: float32), its frames
+    checked finite: every decode of a session, a first part or a continuation goes through here, so the same
+    latents give the same frames in each."""
+    from ..speed.decode import decode_precision
+    from ..speed.levers import plan_levers
+
+    dtype = plan_levers(speed)["decode_dtype"]
+    with decode_precision(device, dtype):
+        frames = decode()
+    return check_finite_frames(frames, dtype)
 
 
 class SessionDecoding:
@@ -91,12 +104,8 @@ class SessionDecoding:
         return StreamingDecoder(self.vae, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.vae.device))
 
     def _decode(self, decoder, z: torch.Tensor) -> torch.Tensor:
-        """The frames of latent frames `z`, in bf16 when the speed plan's decode lever says so."""
-        from ..speed.decode import decode_precision
-        from ..speed.levers import plan_levers
-
-        with decode_precision(self.device, plan_levers(self.speed)["decode_bf16"]):
-            return decoder.decode(z)
+        """The frames of latent frames `z`, in the precision the speed plan's decode lever names."""
+        return plan_decode(self.device, self.speed, lambda: decoder.decode(z))
 
     def _reset_decoder(self) -> None:
         if self.decoder is not None:

@@ -339,14 +339,14 @@ class FirstPart:
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """The whole latent decoded after sampling (the VAE did not fit beside the model), with the decoder's kernels
         and precision as the session's streaming decode runs them: [3, F, H, W] in [-1, 1]."""
-        from ..speed.decode import decode_precision
-        from ..speed.levers import plan_levers
         from ..speed.vae_norm import decoder_norm_silu
+        from .decoding import plan_decode
 
         vae, device = self.vae, self.device
         vae.to(device)
-        with torch.inference_mode(), decode_precision(device, plan_levers(self.speed)["decode_bf16"]):
-            return vae.decode(latent, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(device))[0]
+        with torch.inference_mode():
+            return plan_decode(device, self.speed, lambda: vae.decode(
+                latent, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(device))[0])
 
 
 def _empty_cache(device: torch.device) -> None:

@@ -41,13 +41,13 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
                       stream_decode: str = "auto", vae_cfg: Optional[VAEConfig] = None, seq_parallel: int = 1,
                       vram: Optional[int] = -1, ram: Optional[int] = None,
                       camera_film: bool = True, film_host: bool = True,
-                      decode_bf16: bool = False, kv_fp8: bool = False,
+                      decode_dtype: str = "float32", kv_fp8: bool = False,
                       decode_bytes: Optional[int] = None, compute: str = "bf16",
                       resident_weights: bool = True) -> tuple[FastMemoryPlan, bool]:
     """(the memory plan, whether the VAE decodes each chunk beside the model). vram=-1: read the device's free
     memory (None on the CPU). camera_film=False: no camera FiLM kept per chunk, film_host=False: only on the device
-    (benchmarks' A/B). decode_bf16 / kv_fp8: the speed levers the plan counts
-    (speed.levers.plan_levers): a bf16 decode leaves the K/V cache about 2.3 GB more at 480x832, and an FP8 cache
+    (benchmarks' A/B). decode_dtype / kv_fp8: the speed levers the plan counts
+    (speed.levers.plan_levers): a half-precision decode leaves the K/V cache about 2.3 GB more at 480x832, and an FP8 cache
     takes half the RAM and half the link. decode_bytes: what the streaming decoder needs when it is not the VAE (a
     tiny decoder: wan.vae.tiny.tiny_decode_bytes; about 1 GB instead of 6-7 GB at 480x832). compute: the NF4 GEMMs'
     mode (the speed plan's), which the blocks' kept GEMM weights are prepared for where the card has room
@@ -69,7 +69,7 @@ def plan_world_memory(cfg, layout, device: torch.device, height: int, width: int
     stream = stream_decode == "on" or not cuda and stream_decode == "auto"
     if cuda and stream_decode != "off":
         extra = decode_bytes if decode_bytes is not None else streaming_decode_bytes(
-            vae_cfg or VAEConfig(), height, width, bf16=decode_bf16)
+            vae_cfg or VAEConfig(), height, width, half=decode_dtype != "float32")
         with_vae = plan_fast_memory(height, width, cfg, layout, vram, ram, extra_vram=extra, **kw)
         if stream_decode == "on" or (with_vae.fits and with_vae.blocks_on_gpu is None):
             plan, stream = with_vae, True

@@ -95,19 +95,19 @@ def _decoder_footprint(cfg: VAEConfig) -> tuple[int, float, float]:
     return sum(p.numel() for p in vae.parameters()), rings / (side * side), kept / (side * side)
 
 
-def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool = False, bf16: bool = False) -> int:
+def streaming_decode_bytes(cfg: VAEConfig, height: int, width: int, tiled: bool = False, half: bool = False) -> int:
     """Device bytes a StreamingDecoder needs while it lives: weights, the causal feature caches (kept between
     chunks: about 5.3 GB at 480x832 in float32, most of it the full-resolution rings holding three frames each)
     and one frame's full-resolution activations. Tiling does not shrink the caches here (every tile keeps its own
     until the video ends).
 
-    bf16: the decode runs under bf16 autocast (the `draft` preset's decode lever). Its rings are stored in bf16
-    (blocks.ring_dtype), half the bytes; the other caches and the activations are still counted in float32 (on
+    half: the decode runs under fp16 or bf16 autocast (the presets' decode levers). Its rings are stored in that
+    dtype (blocks.ring_dtype), half the bytes; the other caches and the activations are still counted in float32 (on
     CUDA autocast keeps the norms' outputs in float32)."""
     s = cfg.spatial_factor
     cells = (height // s) * (width // s)
     params, ring_per_cell, kept_per_cell = _decoder_footprint(cfg)
-    if bf16:
+    if half:
         ring_per_cell /= 2
     activations = 8 * cfg.dim * height * width * 4  # a few full-resolution tensors of the last stage
     return int(4 * params + (ring_per_cell + kept_per_cell) * cells + activations)
