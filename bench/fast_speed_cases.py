@@ -208,12 +208,6 @@ CASES: dict[str, dict] = {
                                                     reference="auto_rolling_as_played"),
     "auto_rolling_as_played_no_gelu_epilogue_profile": dict(preset="auto", chunks=16, profile=True,
                                                             env={"LINGBOT_GELU_EPILOGUE": "0"}),
-    # the compiled phases' LayerNorms in one Triton kernel each (speed/token_norm.py, LINGBOT_TOKEN_NORM=1) against
-    # inductor's two: the error it adds, the time it saves, and its profile
-    "auto_rolling_as_played_token_norm": dict(preset="auto", chunks=16, env={"LINGBOT_TOKEN_NORM": "1"},
-                                              reference="auto_rolling_as_played"),
-    "auto_rolling_as_played_token_norm_profile": dict(preset="auto", chunks=16, profile=True,
-                                                      env={"LINGBOT_TOKEN_NORM": "1"}),
     # the VAE decode in fp16 (10 bits of mantissa, TF32's) instead of float32: the same latents (error 0), the
     # time it saves alone and on the side stream; its frames against float32's are the `decode` case's
     "exact_rolling_decode_fp16": dict(preset="exact", chunks=16, levers=dict(decode_dtype="fp16"),

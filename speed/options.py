@@ -28,7 +28,6 @@ from ..wan.dit import attention as attn
 from . import compile as compile_mod
 from .block_graphs import BlockGraphs
 from .levers import ChunkLevers
-from .token_norm import with_fused_norms
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +208,6 @@ def resolve_speed(options: SpeedOptions, device, weights: str = "nf4") -> SpeedP
     return plan
 
 
-TOKEN_NORM_ENV = "LINGBOT_TOKEN_NORM"  # "1": compiled phases run their LayerNorms in one Triton kernel each
 GELU_EPILOGUE_ENV = "LINGBOT_GELU_EPILOGUE"  # "0": compiled phases keep the FFN's GELU out of its GEMM
 GRAPHS_ENV = "LINGBOT_CUDA_GRAPHS"  # "1" / "0": replay the causal model's blocks from CUDA graphs, or never
 GRAPHS_ON = ("1", "true", "yes", "on")
@@ -300,14 +298,12 @@ def apply_speed(model: torch.nn.Module, plan: SpeedPlan) -> torch.nn.Module:
 def compiled_token_ops(strict: bool = False):
     """The DiT's per-token phases through torch.compile, shared by every model in the process. They put the FFN's
     GELU into its GEMM's epilogue where the GEMM is bf16 (TokenOps.gelu_in_gemm; GELU_EPILOGUE_ENV=0 keeps it a
-    phase of its own): compiled phases already round in another order than eager ones. TOKEN_NORM_ENV=1 runs
-    their LayerNorms in one Triton kernel each (speed/token_norm.py), off until it is measured inside the model."""
+    phase of its own): compiled phases already round in another order than eager ones."""
     from ..wan.dit.token_ops import TokenOps
 
     gelu_in_gemm = os.environ.get(GELU_EPILOGUE_ENV, "1").strip() != "0"
-    ops = TokenOps(lambda fn: compile_mod.compiled(fn, strict), name="compiled" + ("-strict" if strict else ""),
-                   gelu_in_gemm=gelu_in_gemm)
-    return with_fused_norms(ops) if os.environ.get(TOKEN_NORM_ENV, "0").strip() == "1" else ops
+    return TokenOps(lambda fn: compile_mod.compiled(fn, strict), name="compiled" + ("-strict" if strict else ""),
+                    gelu_in_gemm=gelu_in_gemm)
 
 
 def compiled_quantizers(strict: bool = False) -> dict:
