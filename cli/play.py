@@ -166,8 +166,10 @@ def _run(request: PlayRequest) -> int:
                                 hosts=host_check(request.host, sock))
         loading = LoadingServer(sock, RequestGuard(options.token, options.hosts), options.title).start()
         session = open_session(files, settings, device=device)  # checks every file's header first
-        # the render replays the played keys with the session's window and sink (the model's, the preset's cap)
-        options = replace(options, render=_render_source(request, size, device_name, noise, speed, session.settings))
+        # the render replays the played keys with the session's window and sink (the model's, the preset's cap), and
+        # its kernels as the session fitted them to the model (compile auto is `graphs` for a narrow one)
+        options = replace(options, render=_render_source(request, size, device_name, noise, session.speed or speed,
+                                                         session.settings))
         print(f"player page: {page_url(options, sock)} (it says loading until the model is ready)", flush=True)
         driver = SessionDriver(session, prompt=prompt or "", image=image, write_video=write_frames,
                                previews=not request.no_preview)
