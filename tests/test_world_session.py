@@ -448,8 +448,10 @@ def test_a_tiny_decoder_played_on_the_gpu_equals_its_batch_run(files, demo_ckpt,
         s.rewind(4)
         assert np.array_equal(_play(s, KEYS[4:]), played[45:])
         actions = s.action_string()
+    # a session without a speed plan runs the exact defaults, float32 decode included: `--speed exact` (without
+    # --speed the CLI's flags are auto's, whose decode is fp16 on a GPU)
     batch = _batch(demo_ckpt, tmp_path, actions, "--window", "6", "--sink", "3", "--tiny-vae", str(tiny_vae),
-                   "--device", "cuda", "--noise", "cpu")
+                   "--device", "cuda", "--noise", "cpu", "--speed", "exact")
     assert np.array_equal(played, batch)
 
 
