@@ -98,6 +98,6 @@ class ChunkLevers:
 def plan_levers(speed_plan) -> dict:
     """The levers of a SpeedPlan (speed/options.py; None: the defaults) that the memory plan counts, as
     plan_world_memory's keywords: the decode's precision (a half-precision decoder's rings take half the bytes) and
-    an FP8 K/V cache. Every door decodes with `decode_precision(device, plan_levers(speed)["decode_dtype"])`."""
+    an FP8 K/V cache. Every world decode runs in that precision (world/decoding.py plan_decode)."""
     levers = getattr(speed_plan, "levers", None) or ChunkLevers()
     return {"decode_dtype": levers.decode_dtype, "kv_fp8": bool(levers.kv_fp8)}

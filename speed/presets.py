@@ -20,8 +20,8 @@
 - draft (opt-in): fast plus the chunk-schedule levers: 3 steps, the context pass folded into the last step, a
   15-frame window, the K/V cache in FP8 (half the RAM and link bytes; an 81-frame video's chunk 6 % faster on one
   H100, a rolled chunk as fast within the noise on another: bench/results/fast_*kvfp8*_h100.json), and the VAE
-  decode in fp16 as auto's (bf16 before: as fast, 8x further from float32). Changes the video visibly more than fast; for previews and real-time play. Its attention stays
-  exact: FP8 attention made its chunk slower (H100, 24 GB cap: 1.72 s against 1.35 s;
+  decode in fp16 as auto's (bf16 before: as fast, 8x further from float32). Changes the video visibly more than
+  fast; for previews and real-time play. Its attention stays exact: FP8 attention made its chunk slower (H100, 24 GB cap: 1.72 s against 1.35 s;
   bench/results/fast_chunk_final_h100.json).
 
 The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: with today's decoder it saved 0.06 s of
