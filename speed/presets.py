@@ -21,8 +21,8 @@
   15-frame window, the K/V cache in FP8 (half the RAM and link bytes; an 81-frame video's chunk 6 % faster on one
   H100, a rolled chunk as fast within the noise on another: bench/results/fast_*kvfp8*_h100.json), and the VAE
   decode in fp16 as auto's (bf16 before: as fast, 8x further from float32). Changes the video visibly more than
-  fast; for previews and real-time play. Its attention stays exact: FP8 attention made its chunk slower (H100, 24 GB cap: 1.72 s against 1.35 s;
-  bench/results/fast_chunk_final_h100.json).
+  fast; for previews and real-time play. Its attention stays exact: FP8 attention made its chunk slower (H100,
+  24 GB cap: 1.72 s against 1.35 s; bench/results/fast_chunk_final_h100.json).
 
 The decode on a side stream (ChunkLevers.decode_overlap) is in no preset: with today's decoder it saved 0.06 s of
 `auto`'s 2.47 s chunk and nothing of `draft`'s on an H100, and took nvidia-smi from 21.0 to 22.1-22.2 GB on the

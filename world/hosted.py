@@ -87,7 +87,8 @@ class HostedWorld:
         in the precision the speed plan decodes with."""
         from .vae import streaming_decode_bytes
 
-        return streaming_decode_bytes(vae_cfg, height, width, half=plan_levers(self.settings.speed)["decode_dtype"] != "float32")
+        half = plan_levers(self.settings.speed)["decode_dtype"] != "float32"
+        return streaming_decode_bytes(vae_cfg, height, width, half=half)
 
     def tiny_bytes(self, tiny, height: int, width: int) -> int:
         """The device memory of a tiny decoder decoding every frame (the VAE's weights then stay off the card)."""
