@@ -38,7 +38,7 @@ from .adapters.fast_state_store import (FastStateHandle, KVStore, ParkedCacheRes
 from .adapters.lora_attach import patcher_with_lora
 from .adapters.model_fetch import DOWNLOAD
 from .adapters.payloads import (CAMERA, CATEGORY, CONTEXT_KEY, FAST_WEIGHT_MODES, I2V, SPEED, TEXT, VAE, CameraInput,
-                                I2VCondition, TextEmbeds, VAEHandle)
+                                I2VCondition, TextEmbeds, VAEHandle, latent_payload)
 from .adapters.progress import show_on_node
 from .adapters.ui_hints import hide_if, short_labels
 
@@ -239,7 +239,8 @@ class LingBotFastSampler:
             show_on_node(f"{summary}\n{state_line(handle.store.nbytes, shared=not handle.store.evicting)}")
         latent = i2v.to_raw_latent(z).to(mm.intermediate_device())
         del z
-        return ({"samples": latent}, handle if handle is not None else FastStateHandle.empty(fast_model, i2v))
+        return (latent_payload(latent, fast_model.speed),
+                handle if handle is not None else FastStateHandle.empty(fast_model, i2v))
 
 
 class LingBotFastContinue:
@@ -354,12 +355,12 @@ class LingBotFastContinue:
         from ..world.vae import context_latents
 
         n_ctx = context_latents(i2v.vae.model.cfg, z_before.shape[2]) if i2v.vae is not None else z_before.shape[2]
-        segment = {"samples": i2v.to_raw_latent(torch.cat([z_before[:, :, z_before.shape[2] - n_ctx:], z], dim=2)),
-                   CONTEXT_KEY: n_ctx}
+        segment = latent_payload(i2v.to_raw_latent(torch.cat([z_before[:, :, z_before.shape[2] - n_ctx:], z], dim=2)),
+                                 fast_model.speed, **{CONTEXT_KEY: n_ctx})
         out = new_handle if (keep and new_handle is not None) else FastStateHandle.empty(fast_model, i2v)
         if out.store is not None:
             show_on_node(f"{summary}\n{state_line(out.store.nbytes, shared=not out.store.evicting)}")
-        return ({"samples": i2v.to_raw_latent(whole).to(mm.intermediate_device())}, segment, out)
+        return (latent_payload(i2v.to_raw_latent(whole).to(mm.intermediate_device()), fast_model.speed), segment, out)
 
 
 class LingBotFastLoraLoader:

@@ -15,7 +15,7 @@ from .adapters import cfg_parallel as cfg_parallel_mod
 from .adapters.conditioning import text_from_conditioning
 from .adapters.memory import ComfyExpertProvider, camera_cache_for, plan_for, vram_comfy_can_free
 from .adapters.payloads import (ACT, CAMERA, CATEGORY, EXPERTS, I2V, TEXT, ActInput, CameraInput, ExpertPair,
-                                I2VCondition, TextEmbeds)
+                                I2VCondition, TextEmbeds, latent_payload)
 
 log = logging.getLogger(__name__)
 
@@ -249,4 +249,4 @@ class LingBotSampler:
         progress.finish(settings.steps)
         latent = i2v.to_raw_latent(x).to(mm.intermediate_device())
         del x
-        return ({"samples": latent},)
+        return (latent_payload(latent, experts.speed),)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from ..world.decoding import decode_in
 from ..world.vae import DEFAULT_OVERLAP, decoder_norm_silu, read_vae, vae_work_bytes
 from .adapters import comfy_paths, host_memory, model_check, model_fetch
 from .adapters.comfy_paths import _combo
-from .adapters.payloads import CATEGORY, CONTEXT_KEY, VAE, VAEHandle
+from .adapters.payloads import CATEGORY, CONTEXT_KEY, DECODE_KEY, VAE, VAEHandle
 from .adapters.ui_hints import short_labels, show_if
 from .adapters.video_setup import load_vae_to_device
 
@@ -74,7 +75,9 @@ class LingBotVAEDecode:
     OUTPUT_TOOLTIPS = ("Video frames [F, H, W, 3] in 0..1, e.g. for Create Video -> Save Video (16 fps)",)
     FUNCTION = "decode"
     CATEGORY = CATEGORY
-    DESCRIPTION = "Decodes a LingBot-World latent video with the Wan2.1 VAE (float32, output clamped like the reference)."
+    DESCRIPTION = ("Decodes a LingBot-World latent video with the Wan2.1 VAE, output clamped like the reference, in "
+                   "the precision its sampler's speed preset names: float32 with exact (or a latent from elsewhere), "
+                   "fp16 on a GPU with auto, fast and draft, as the command line and LingBot Play decode it.")
 
     def decode(self, vae: VAEHandle, samples: dict, tiled: bool = False, tile_size: int = 32):
         import comfy.model_management as mm
@@ -93,10 +96,11 @@ class LingBotVAEDecode:
         work = vae_work_bytes(cfg, mu.shape[3] * s, mu.shape[4] * s, frames, tiled, int(tile_size) * s)
         model = load_vae_to_device(vae, work)
         norm_silu = decoder_norm_silu(model.device)  # as the pack's other decodes on this device (fused on CUDA)
+        dtype = str(samples.get(DECODE_KEY) or "float32")  # the sampler's speed plan's (absent: the release's)
         out = []
         for b in range(mu.shape[0]):
-            video = model.decode_raw(mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap,
-                                     norm_silu=norm_silu)  # [1,3,F,H,W]
+            video = decode_in(model.device, dtype, lambda: model.decode_raw(
+                mu[b:b + 1], tiled=tiled, tile=int(tile_size), overlap=overlap, norm_silu=norm_silu))  # [1,3,F,H,W]
             if context:
                 video = video[:, :, 1 + t * (context - 1):]
             out.append(((video[0].permute(1, 2, 3, 0) + 1.0) * 0.5).to(mm.intermediate_device(), torch.float32))

@@ -75,6 +75,10 @@ def test_the_chain_is_one_run_of_the_concatenated_keys(comfy, inputs):
     frames_one = decode.decode(vae, one)[0]
     frames_part = decode.decode(vae, segment)[0]
     assert frames_part.shape[0] == 24 and torch.equal(frames_part, frames_one[21:])  # the new part, exactly
+    from lingbot_world.nodes.adapters.payloads import DECODE_KEY
+
+    # every LATENT says how its model's speed plan decodes (no Speed Options: the exact defaults, float32)
+    assert one[DECODE_KEY] == whole[DECODE_KEY] == segment[DECODE_KEY] == "float32"
 
 
 def test_a_step_can_be_queued_again_and_a_stale_branch_is_refused(comfy, inputs):

@@ -264,6 +264,16 @@ def test_graph_matches_the_library_pipeline(comfy, graph):
     assert 0 <= frames.min() <= frames.max() <= 1
     tiled = N["LingBotVAEDecode"]().decode(graph.vae, latent, True, 8)[0]
     assert tiled.shape == frames.shape
+    # the sampler's LATENT names its speed plan's decode precision (on this CPU the release's float32), and the
+    # decode follows it: a LATENT saying fp16 (a GPU's auto / fast / draft) decodes under fp16 autocast
+    from lingbot_world.nodes.adapters.payloads import DECODE_KEY
+
+    assert latent[DECODE_KEY] == "float32"
+    half = N["LingBotVAEDecode"]().decode(graph.vae, {**latent, DECODE_KEY: "fp16"}, False, 32)[0]
+    err = ((half - frames).norm() / frames.norm()).item()
+    assert half.dtype == torch.float32 and 0 < err < 1e-2, err
+    with pytest.raises(ValueError, match="decode dtype 'fp8'"):
+        N["LingBotVAEDecode"]().decode(graph.vae, {**latent, DECODE_KEY: "fp8"}, False, 32)
     with pytest.raises(ValueError, match="Wan video latent"):
         N["LingBotVAEDecode"]().decode(graph.vae, {"samples": torch.zeros(1, 4, 8, 8)}, False, 32)
 

@@ -221,11 +221,13 @@ class BaseWorld:
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """The video [3, F, H, W] in [-1, 1] (rank 0: it encoded the image and holds the VAE)."""
         from ..speed.vae_norm import decoder_norm_silu
+        from .decoding import plan_decode
 
         vae, self.vae = self.vae, None
         vae.to(self.device)
         with torch.inference_mode():
-            return vae.decode(latent, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.device))[0]
+            return plan_decode(self.device, self.settings.speed, lambda: vae.decode(
+                latent, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.device))[0])
 
 
 def _expert_config(path):

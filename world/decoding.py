@@ -15,17 +15,27 @@ from .errors import WorldError, check_finite_frames
 from .frames import ChunkFrames, to_uint8
 
 
-def plan_decode(device, speed, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """decode() in the precision the speed plan's decode lever names (speed/decode.py; None: float32), its frames
-    checked finite: every decode of a session, a first part or a continuation goes through here, so the same
-    latents give the same frames in each."""
-    from ..speed.decode import decode_precision
+def decode_dtype_of(speed) -> str:
+    """The decode precision a speed plan names ("float32", "fp16" or "bf16"; None: the release's float32)."""
     from ..speed.levers import plan_levers
 
-    dtype = plan_levers(speed)["decode_dtype"]
+    return plan_levers(speed)["decode_dtype"]
+
+
+def decode_in(device, dtype: str, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """decode() in the precision `dtype` (speed/decode.py), its frames checked finite."""
+    from ..speed.decode import decode_precision
+
     with decode_precision(device, dtype):
         frames = decode()
     return check_finite_frames(frames, dtype)
+
+
+def plan_decode(device, speed, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """decode() in the precision the speed plan names: every decode of a session, a base video, a first part or a
+    continuation goes through here (ComfyUI's LingBot VAE Decode through decode_in, with the precision its LATENT
+    carries), so the same latents give the same frames in each."""
+    return decode_in(device, decode_dtype_of(speed), decode)
 
 
 class SessionDecoding:

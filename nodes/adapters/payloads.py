@@ -24,6 +24,16 @@ VAE = "LINGBOT_VAE"
 I2V = "LINGBOT_I2V"
 SPEED = "LINGBOT_SPEED"
 CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames decoded for context, not output
+# LATENT key: the VAE decode's precision the sampler's speed plan names (float32 / fp16 / bf16; absent: float32), so
+# LingBot VAE Decode gives the frames the CLI and LingBot Play give for the same preset
+DECODE_KEY = "lingbot_decode_dtype"
+
+
+def latent_payload(latent, speed, **extra) -> dict:
+    """A sampler's LATENT output: the raw latent, the decode precision of its speed plan, and `extra` keys."""
+    from ...world.decoding import decode_dtype_of
+
+    return {"samples": latent, DECODE_KEY: decode_dtype_of(speed), **extra}
 
 CATEGORY = "LingBot-World"
 WEIGHT_MODES = ("nf4", "bf16")
