@@ -90,14 +90,27 @@ def add_speed_args(parser) -> None:
 
 
 class FlagRequest:
-    """Base of a frozen dataclass holding every flag of one command under its argparse dest name. Subclasses have
-    the fields speed, compile, compute, attention, chunk_steps, speed_explicit and weights."""
+    """Base of a frozen dataclass holding every flag of one command under its argparse dest name."""
 
     @classmethod
     def from_args(cls, args):
         """The one place the command's namespace is read (a flag the parser lacks keeps its default)."""
         source = {"speed_explicit": EXPLICIT}
         return cls(**{f.name: _frozen(getattr(args, source.get(f.name, f.name), f.default)) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class SpeedRequest(FlagRequest):
+    """The flags of a command that takes the speed group (add_speed_args) and --weights, and the speed flags they
+    make."""
+
+    weights: str = "nf4"
+    speed: Optional[str] = None
+    compile: str = SPEED_DEFAULTS["compile"]
+    compute: str = SPEED_DEFAULTS["compute"]
+    attention: str = SPEED_DEFAULTS["attention"]
+    chunk_steps: Optional[int] = None  # --chunk-steps: the Fast model's calls per chunk (None: the preset's)
+    speed_explicit: frozenset = frozenset()  # the speed flags given on the command line (over a --speed preset)
 
     @property
     def speed_flags(self) -> SpeedFlags:
@@ -127,9 +140,10 @@ def model_choices() -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class GenerateRequest(FlagRequest):
+class GenerateRequest(SpeedRequest):
     """Every `generate` flag under its argparse dest name (the flag tables of cli/checks.py look them up by that
-    name); lists become tuples so the request cannot change under a check."""
+    name; the speed flags and --weights are SpeedRequest's); lists become tuples so the request cannot change under a
+    check."""
 
     # inputs
     ckpt_dir: Optional[Path] = None
@@ -159,7 +173,6 @@ class GenerateRequest(FlagRequest):
     cfg_mode: str = "auto"
     # device and memory
     device: str = "auto"
-    weights: str = "nf4"
     memory_mode: str = "auto"
     blocks_on_gpu: Optional[int] = None
     t5_device: str = "auto"
@@ -169,14 +182,8 @@ class GenerateRequest(FlagRequest):
     vae_tiled: bool = False
     camera_cache: str = "auto"
     overlap: str = "auto"
-    # speed
-    speed: Optional[str] = None
-    compile: str = SPEED_DEFAULTS["compile"]
-    compute: str = SPEED_DEFAULTS["compute"]
-    attention: str = SPEED_DEFAULTS["attention"]
-    chunk_steps: Optional[int] = None  # --chunk-steps: the Fast model's calls per chunk (None: the preset's)
-    speed_explicit: frozenset = frozenset()  # the speed flags given on the command line (over a --speed preset)
-    given_flags: frozenset = frozenset()  # flags given on the command line though equal to their default (Given)
+    # flags given on the command line though equal to their default (Given)
+    given_flags: frozenset = frozenset()
     # several GPUs
     parallel: str = "auto"
     parallel_timeout: float = DEFAULT_TIMEOUT_S
@@ -244,8 +251,8 @@ class GenerateRequest(FlagRequest):
 
 
 @dataclass(frozen=True)
-class PlayRequest(FlagRequest):
-    """Every `play` flag under its argparse dest name."""
+class PlayRequest(SpeedRequest):
+    """Every `play` flag under its argparse dest name (the speed flags and --weights are SpeedRequest's)."""
 
     # inputs
     model: str = "fast"
@@ -260,7 +267,6 @@ class PlayRequest(FlagRequest):
     size: Optional[str] = None  # None: 480*832, or the demo's size
     window: Optional[int] = None  # None: the model's play window (v1 Fast 21, v2 18); 0: the whole video
     sink: Optional[int] = None
-    weights: str = "nf4"
     kv_cache: str = "auto"
     device: str = "auto"
     noise: str = "auto"
@@ -268,13 +274,6 @@ class PlayRequest(FlagRequest):
     cache_dir: Optional[Path] = None
     tiny_vae: Optional[Path] = None  # --tiny-vae: play with a tiny decoder (the render uses the VAE)
     no_preview: bool = False  # --no-preview: no chunk previews (made only with a tiny decoder)
-    # speed
-    speed: Optional[str] = None
-    compile: str = SPEED_DEFAULTS["compile"]
-    compute: str = SPEED_DEFAULTS["compute"]
-    attention: str = SPEED_DEFAULTS["attention"]
-    chunk_steps: Optional[int] = None  # --chunk-steps: the Fast model's calls per chunk (None: the preset's)
-    speed_explicit: frozenset = frozenset()  # the speed flags given on the command line (over a --speed preset)
     # server
     port: int = DEFAULT_PORT
     host: str = LOCAL_HOST
