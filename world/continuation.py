@@ -219,13 +219,11 @@ class Continuation:
 
         z_whole = torch.cat([self.z_before.to(self.device), latent.to(self.device)], dim=2)
         tiny = self.checked.tiny
-        if tiny is not None:
-            decode = lambda: TinyStreamingDecoder(tiny).decode(z_whole)[0]  # noqa: E731
-        else:
-            decode = lambda: self.vae.decode(z_whole, tiled=self.settings.vae_tiled,  # noqa: E731
-                                             norm_silu=decoder_norm_silu(self.device))[0]
         with torch.inference_mode():
-            return plan_decode(self.device, self.speed, decode)
+            if tiny is not None:
+                return plan_decode(self.device, self.speed, lambda: TinyStreamingDecoder(tiny).decode(z_whole)[0])
+            return plan_decode(self.device, self.speed, lambda: self.vae.decode(
+                z_whole, tiled=self.settings.vae_tiled, norm_silu=decoder_norm_silu(self.device))[0])
 
     def release(self) -> None:
         """The VAE dropped and the device's cache emptied."""

@@ -28,18 +28,18 @@ CONTEXT_KEY = "lingbot_context_latents"  # LATENT key: leading latent frames dec
 # LingBot VAE Decode gives the frames the CLI and LingBot Play give for the same preset
 DECODE_KEY = "lingbot_decode_dtype"
 
+CATEGORY = "LingBot-World"
+WEIGHT_MODES = ("nf4", "bf16")
+# stored FP8 / INT8 weights exist for the Fast model only (convert-fp8 / convert-int8)
+FAST_WEIGHT_MODES = WEIGHT_MODES + LOWP_WEIGHTS
+MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
+
 
 def latent_payload(latent, speed, **extra) -> dict:
     """A sampler's LATENT output: the raw latent, the decode precision of its speed plan, and `extra` keys."""
     from ...world.decoding import decode_dtype_of
 
     return {"samples": latent, DECODE_KEY: decode_dtype_of(speed), **extra}
-
-CATEGORY = "LingBot-World"
-WEIGHT_MODES = ("nf4", "bf16")
-# stored FP8 / INT8 weights exist for the Fast model only (convert-fp8 / convert-int8)
-FAST_WEIGHT_MODES = WEIGHT_MODES + LOWP_WEIGHTS
-MEMORY_MODES = ("auto", "resident", "swap", "swap_pinned", "block_swap")
 
 
 @dataclass
